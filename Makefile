@@ -1,0 +1,44 @@
+# Two entry points for a fresh machine with Python 3.11 (see README "Quickstart"):
+#   make demo   set up .venv and run the main job on the embedded sandbox
+#   make test   set up .venv and run every check: ruff, ruff format, mypy --strict, pytest
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint typecheck unit bench lock clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[sandbox,dev]'
+	touch $@
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/queue-processor inspect tests/fixtures/messages/*.json
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict queue_processor
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/parse.py
+
+lock:
+	rm -rf /tmp/queue-processor-lock && $(PYTHON) -m venv /tmp/queue-processor-lock
+	/tmp/queue-processor-lock/bin/pip install --quiet '.[sandbox,dev]'
+	{ head -n 2 constraints.txt; /tmp/queue-processor-lock/bin/pip freeze | grep -v '^queue-processor'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

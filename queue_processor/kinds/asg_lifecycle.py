@@ -1,0 +1,118 @@
+"""Auto Scaling lifecycle actions → :class:`~queue_processor.events.AsgLifecycleEvent` (terminate and
+launch, warm pools included).
+
+Two formats carry the same fields ("Amazon EC2 Auto Scaling lifecycle hooks" and "Use EventBridge to handle
+Auto Scaling events", EC2 Auto Scaling User Guide):
+
+- EventBridge: source ``aws.autoscaling``, detail-type ``EC2 Instance-terminate Lifecycle Action`` or
+  ``EC2 Instance-launch Lifecycle Action``, the fields below in ``detail`` and the time in the envelope;
+- the hook's own notification, sent straight to an SQS (or SNS) target: the same fields at the top level plus
+  ``Service``, ``Time``, ``RequestId``, ``AccountId`` and, for a test notification, ``Event``.
+
+Fields: ``EC2InstanceId``, ``AutoScalingGroupName``, ``LifecycleHookName``, ``LifecycleActionToken``,
+``LifecycleTransition``, and optionally ``Origin``/``Destination`` (``EC2``, ``AutoScalingGroup``,
+``WarmPool``) and ``NotificationMetadata``. ``autoscaling:TEST_NOTIFICATION`` (sent when a hook is created)
+is skipped. ``start_time = time``: the instance stays in ``Terminating:Wait`` until the action is completed or
+its heartbeat timeout passes.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from queue_processor.events import TRANSITION_KINDS, AsgLifecycleEvent, EventKind, SqsMessageRef
+from queue_processor.kinds.base import ParseResult, Poison, describe_validation_error, register
+
+TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
+
+_DETAIL_TYPE_KINDS = {
+    "EC2 Instance-terminate Lifecycle Action": EventKind.ASG_TERMINATE_LIFECYCLE,
+    "EC2 Instance-launch Lifecycle Action": EventKind.ASG_LAUNCH_LIFECYCLE,
+}
+
+
+class LifecycleProbe(BaseModel):
+    """A lenient view of an Auto Scaling notification, read only to explain one that is not an action:
+    a test notification, a plain scaling notification (``Event`` without ``LifecycleTransition``), or a
+    transition that is not acted on."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    event: str | None = Field(default=None, alias="Event")
+    lifecycle_transition: str | None = Field(default=None, alias="LifecycleTransition")
+    lifecycle_hook_name: str | None = Field(default=None, alias="LifecycleHookName")
+
+    @property
+    def is_test_notification(self) -> bool:
+        """Whether this is the ``autoscaling:TEST_NOTIFICATION`` sent when a hook is created."""
+        return TEST_NOTIFICATION in (self.event, self.lifecycle_transition)
+
+    @property
+    def looks_direct(self) -> bool:
+        """Whether a top-level object read this way is an Auto Scaling notification (sent straight to SQS)."""
+        if self.lifecycle_transition is not None or self.lifecycle_hook_name is not None:
+            return True
+        return self.event is not None and self.event.startswith("autoscaling:")
+
+    def not_an_action(self, envelope: str) -> ParseResult | None:
+        """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
+        if self.is_test_notification:
+            return ParseResult.skip("Auto Scaling test notification", envelope)
+        if self.lifecycle_transition is None:
+            return ParseResult.skip(f"Auto Scaling notification {self.event!r} is not acted on", envelope)
+        if self.lifecycle_transition not in TRANSITION_KINDS:
+            return ParseResult.skip(
+                f"lifecycle transition {self.lifecycle_transition!r} is not acted on", envelope
+            )
+        return None
+
+
+class _EventBridgeProbe(BaseModel):
+    detail: LifecycleProbe | None = None
+
+
+def _explain_invalid(body: str | bytes) -> ParseResult | None:
+    """A terminate/launch EventBridge message that did not validate as an action: a skip when its detail is
+    a test notification or a transition not acted on, else ``None`` (poison)."""
+    try:
+        probe = _EventBridgeProbe.model_validate_json(body)
+    except ValidationError:
+        return None
+    return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
+
+
+@register("aws.autoscaling", AsgLifecycleEvent, on_invalid=_explain_invalid)
+def finish_lifecycle(event: AsgLifecycleEvent, message: SqsMessageRef | None) -> ParseResult:
+    """The event; poison when its ``LifecycleTransition`` does not match its detail-type."""
+    if _DETAIL_TYPE_KINDS[event.detail_type] is not event.kind:
+        raise Poison(
+            f"detail.LifecycleTransition: {event.lifecycle_transition!r} does not match "
+            f"detail-type {event.detail_type!r}"
+        )
+    return ParseResult("events", (event,), None, "eventbridge")
+
+
+def parse_direct(body: str | bytes, message: SqsMessageRef | None) -> ParseResult:
+    """An Auto Scaling notification sent straight to SQS: one event for a terminate or launch action
+    (validated from JSON in one pass), a skip for a test notification, a plain scaling notification or a
+    transition not acted on, poison when a field an action needs is missing or mistyped."""
+    try:
+        event = AsgLifecycleEvent.__pydantic_validator__.validate_json(
+            body, context=None if message is None else {"message": message}
+        )
+    except ValidationError as exc:
+        error = exc
+    else:
+        return ParseResult("events", (event,), None, "asg-direct")
+    try:
+        probe = LifecycleProbe.model_validate_json(body)
+    except ValidationError as exc:
+        return ParseResult.poison(describe_validation_error(exc), "asg-direct")
+    skipped = probe.not_an_action("asg-direct")
+    if skipped is not None:
+        return skipped
+    # A missing field is reported at its first alias, the EventBridge one ("detail.X"); name the direct key.
+    first_loc = error.errors(include_url=False)[0]["loc"]
+    return ParseResult.poison(
+        describe_validation_error(error, skip_loc=int(first_loc[:1] == ("detail",))), "asg-direct"
+    )

@@ -1,0 +1,156 @@
+"""What every message-kind module shares: the parse result, the message models, the registry.
+
+A kind module registers, with :func:`register`, the model a body of its detail-type is validated into
+(usually its event model, whose validation aliases read the EventBridge message) and a function that turns
+the validated model into a :class:`ParseResult`. The parser validates a body against every registered model
+at once, straight from JSON (a pydantic union tagged by ``detail-type``), then calls the function of the model
+that matched. The function raises :class:`Poison` when a message of its kind lacks what it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, NamedTuple, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from queue_processor.events import Event, SqsMessageRef
+
+Outcome = Literal["events", "skip", "poison"]
+
+
+class ParseResult(NamedTuple):
+    """What the parser made of one message body.
+
+    - ``outcome == "events"``: ``events`` holds one or more typed events, ``reason`` is ``None``;
+    - ``outcome == "skip"``: a valid message the controller does not act on; ``reason`` says why;
+    - ``outcome == "poison"``: a message that cannot be understood; ``reason`` says why. Poison messages are
+      never deleted: they are left for the queue's redrive policy (dead-letter queue).
+
+    ``envelope`` names the format that was recognised: ``"eventbridge"``, ``"asg-direct"`` (a lifecycle hook
+    notification sent straight to SQS), ``"sns"``, an inner format prefixed with ``"sns+"`` when it came in an
+    SNS envelope, or ``None`` when no format was recognised.
+    """
+
+    outcome: Outcome
+    events: tuple[Event, ...] = ()
+    reason: str | None = None
+    envelope: str | None = None
+
+    @classmethod
+    def of_events(cls, events: tuple[Event, ...], envelope: str = "eventbridge") -> ParseResult:
+        """An ``events`` result; ``events`` must not be empty."""
+        return cls("events", events, None, envelope)
+
+    @classmethod
+    def skip(cls, reason: str, envelope: str | None = "eventbridge") -> ParseResult:
+        """A ``skip`` result with its reason."""
+        return cls("skip", (), reason, envelope)
+
+    @classmethod
+    def poison(cls, reason: str, envelope: str | None = None) -> ParseResult:
+        """A ``poison`` result with its reason."""
+        return cls("poison", (), reason, envelope)
+
+
+class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of ours
+    """Raised inside a kind parser when a message of a known kind lacks a field it needs."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EventBridgeMessage(BaseModel):
+    """The EventBridge envelope ("Amazon EventBridge events", EventBridge User Guide).
+
+    Kind modules subclass it, narrowing ``detail_type`` to a ``Literal`` and ``detail`` to their model.
+
+    Only the fields the controller uses are declared: the validator skips the others (``version``,
+    ``account``, ``region``, ``resources``) without building Python objects for them, which is a third of
+    the cost of validating a small event. A kind that needs one declares it in its subclass.
+    """
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    id: str | None = None
+    detail_type: str = Field(alias="detail-type")
+    source: str
+    time: datetime | None = None
+    detail: Any = None
+
+
+M = TypeVar("M", bound=BaseModel)
+KindParser = Callable[[Any, SqsMessageRef | None], ParseResult]
+InvalidHook = Callable[[str | bytes], ParseResult | None]
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """A registered EventBridge kind: its ``source``, the detail-types it takes, the model a body is validated
+    into, the function that turns that model into a :class:`ParseResult`, and ``on_invalid``, which may
+    explain a body of this detail-type that failed validation (a skip) before it is called poison."""
+
+    source: str
+    detail_types: tuple[str, ...]
+    model: type[BaseModel]
+    finish: KindParser
+    on_invalid: InvalidHook | None = None
+
+
+#: EventBridge ``(source, detail-type)`` → its kind. Filled by the kind modules when they are imported.
+REGISTRY: dict[tuple[str, str], KindSpec] = {}
+#: The same kinds by model, for the parser's hot path.
+BY_MODEL: dict[type[BaseModel], KindSpec] = {}
+
+
+def register(
+    source: str, model: type[M], on_invalid: InvalidHook | None = None
+) -> Callable[
+    [Callable[[M, SqsMessageRef | None], ParseResult]], Callable[[M, SqsMessageRef | None], ParseResult]
+]:
+    """Register the decorated function as what finishes a body validated into ``model``: an EventBridge
+    message of ``source`` whose detail-type is one of the values of ``model.detail_type``'s ``Literal``
+    (``model`` is an event model of :mod:`queue_processor.events`, or a message model for a kind that
+    needs more than one pass, such as AWS Health's one event per instance).
+
+    Raises ``ValueError`` when ``detail_type`` is not a ``Literal`` of strings or a detail-type is registered
+    already (the parser tells kinds apart by detail-type alone).
+    """
+    values = get_args(model.model_fields["detail_type"].annotation)
+    if not values or not all(isinstance(value, str) for value in values):
+        raise ValueError(f"{model.__name__}.detail_type must be a Literal of detail-types")
+    detail_types: tuple[str, ...] = values
+    for detail_type in detail_types:
+        if any(detail_type in spec.detail_types for spec in REGISTRY.values()):
+            raise ValueError(f"detail-type {detail_type!r} is registered twice")
+
+    def decorate(
+        fn: Callable[[M, SqsMessageRef | None], ParseResult],
+    ) -> Callable[[M, SqsMessageRef | None], ParseResult]:
+        spec = KindSpec(source, detail_types, model, fn, on_invalid)
+        for detail_type in detail_types:
+            REGISTRY[(source, detail_type)] = spec
+        BY_MODEL[model] = spec
+        return fn
+
+    return decorate
+
+
+def describe_validation_error(exc: ValidationError, skip_loc: int = 0) -> str:
+    """One line for a pydantic ``ValidationError``: ``"<path>: <message>"`` of its first error, with the
+    count of the others; ``skip_loc`` leading path items are left out (a tagged union's tag)."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    first = errors[0]
+    loc = ".".join(str(part) for part in first["loc"][skip_loc:])
+    line = f"{loc}: {first['msg']}" if loc else str(first["msg"])
+    if len(errors) > 1:
+        line += f" (and {len(errors) - 1} more)"
+    return line
+
+
+def single(event: Event, message: SqsMessageRef | None) -> ParseResult:
+    """The finish of a kind whose model is its event: the event, as it is."""
+    return ParseResult("events", (event,), None, "eventbridge")

@@ -1,0 +1,180 @@
+"""Message body → typed events: ``parse(body) -> ParseResult``, pure and total.
+
+Accepted formats:
+
+- an EventBridge event (``source``, ``detail-type``, ``detail``…), dispatched on ``(source, detail-type)``
+  through :data:`queue_processor.kinds.REGISTRY`;
+- an Auto Scaling lifecycle hook notification sent straight to SQS (``LifecycleTransition``, ``RequestId``,
+  ``Time``, ``Event``…), see :mod:`queue_processor.kinds.asg_lifecycle`;
+- either of those wrapped in an SNS envelope (``"Type": "Notification"``, the JSON text in ``Message``), as
+  SNS delivers to SQS without raw message delivery ("Amazon SNS message and JSON formats").
+
+The body is validated straight from JSON by pydantic in one pass (no ``json.loads`` first); only an SNS
+envelope's ``Message`` string is decoded a second time, because it is JSON inside a JSON string.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Annotated, Any, Union
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from queue_processor.events import SqsMessageRef
+from queue_processor.kinds import REGISTRY, ParseResult, Poison
+from queue_processor.kinds.asg_lifecycle import LifecycleProbe, parse_direct
+from queue_processor.kinds.base import BY_MODEL, describe_validation_error
+
+__all__ = ["MAX_MESSAGE_BYTES", "ParseResult", "parse"]
+
+#: The largest SQS message body: 1 MiB ("Amazon SQS message quotas", SQS Developer Guide).
+MAX_MESSAGE_BYTES = 1_048_576
+
+#: Errors of the tagged union that mean "not one of the registered EventBridge kinds".
+_NOT_A_KIND = frozenset({"union_tag_not_found", "union_tag_invalid"})
+
+
+class OtherMessage(LifecycleProbe):
+    """The top level of a body that is not a registered EventBridge kind: an SNS envelope ("Amazon SNS
+    message and JSON formats"), an Auto Scaling notification sent straight to SQS (the
+    :class:`LifecycleProbe` fields), an EventBridge event of a kind not acted on, or something unknown."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    detail_type: str | None = Field(default=None, alias="detail-type")
+    source: str | None = None
+    sns_type: str | None = Field(default=None, alias="Type")
+    sns_message: str | None = Field(default=None, alias="Message")
+
+
+@cache
+def _kinds() -> TypeAdapter[Any]:
+    """Every registered model as one union tagged by ``detail-type``, built once (the registry is complete
+    once :mod:`queue_processor.kinds` is imported)."""
+    models = tuple(dict.fromkeys(spec.model for spec in REGISTRY.values()))
+    union: Any = Union[models]  # noqa: UP007 - a runtime tuple of types needs the subscript form
+    # cache_strings=False: the parser's string cache pays off for repeated values, but a message's values
+    # (IDs, tokens, times) are unique; measured 7 % faster on the benchmark's mix.
+    return TypeAdapter(
+        Annotated[union, Field(discriminator="detail_type")], config=ConfigDict(cache_strings=False)
+    )
+
+
+def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult:
+    """What the controller makes of one SQS message body. Never raises, whatever ``body`` holds.
+
+    ``body`` is the message body (text, or UTF-8 bytes); ``message``, when given, is attached to every
+    event so the consumer can delete or requeue the message it came from. Returns a :class:`ParseResult`
+    whose ``outcome`` is ``"events"``, ``"skip"`` (with a reason) or ``"poison"`` (with a reason).
+    """
+    try:
+        return _parse(body, message, wrapped=False)
+    except Exception as exc:  # parse is total: a bug in a kind parser must not kill the receive loop
+        return ParseResult.poison(f"unexpected {type(exc).__name__} while parsing: {exc}")
+
+
+def _size_reason(body: str | bytes) -> str | None:
+    length = len(body)
+    if isinstance(body, str):
+        if length > MAX_MESSAGE_BYTES:
+            return f"larger than SQS allows: more than {MAX_MESSAGE_BYTES} bytes"
+        length = len(body.encode("utf-8", "surrogatepass"))
+    if length > MAX_MESSAGE_BYTES:
+        return f"larger than SQS allows: {length} bytes > {MAX_MESSAGE_BYTES}"
+    return None
+
+
+def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -> ParseResult:
+    if len(body) * 4 > MAX_MESSAGE_BYTES:  # a UTF-8 character is at most 4 bytes
+        too_large = _size_reason(body)
+        if too_large is not None:
+            return ParseResult.poison(too_large)
+    # Hints, not decisions: a body naming "detail-type" is most likely an EventBridge event, one naming
+    # "LifecycleTransition" a lifecycle notification sent straight to SQS; each is tried in one pass first,
+    # and whatever it does not take goes through the other shapes.
+    result: ParseResult | None = None
+    text = body if isinstance(body, str) else body.decode("utf-8", "replace")
+    hinted = '"detail-type"' in text
+    if hinted:
+        result = _eventbridge(body, message)
+    elif '"LifecycleTransition"' in text:
+        result = parse_direct(body, message)
+    if result is None:
+        result = _other(body, message, wrapped=wrapped, tried_eventbridge=hinted)
+    if wrapped and result.envelope is not None:
+        return result._replace(envelope=f"sns+{result.envelope}")
+    return result
+
+
+def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResult | None:
+    """A registered EventBridge kind, validated from JSON in one pass into its model (for most kinds, the
+    event itself); ``None`` when the body is not one."""
+    try:
+        # pydantic-core's validator directly: TypeAdapter.validate_json adds a Python layer per call.
+        validated = _kinds().validator.validate_json(
+            body, context=None if message is None else {"message": message}
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+        kind = first["type"]
+        if kind == "json_invalid":
+            return ParseResult.poison(f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
+        if kind == "dict_type" and not first["loc"]:
+            return ParseResult.poison("not a JSON object")
+        if kind in _NOT_A_KIND:
+            return None
+        # A registered kind (the first location item is its detail-type) that lacks what it needs.
+        spec = next(spec for (_, detail_type), spec in REGISTRY.items() if detail_type == first["loc"][0])
+        explained = spec.on_invalid(body) if spec.on_invalid is not None else None
+        if explained is not None:
+            return explained
+        return ParseResult.poison(describe_validation_error(exc, skip_loc=1), "eventbridge")
+    spec = BY_MODEL[type(validated)]
+    if validated.source != spec.source:
+        return ParseResult.skip(
+            f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on"
+        )
+    try:
+        return spec.finish(validated, message)
+    except Poison as poison:
+        return ParseResult.poison(poison.reason, "eventbridge")
+
+
+def _other(
+    body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool, tried_eventbridge: bool
+) -> ParseResult:
+    """Anything but a registered EventBridge kind: SNS, a direct Auto Scaling notification, an EventBridge
+    event of another kind, or poison."""
+    try:
+        raw = OtherMessage.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+        if first["type"] == "json_invalid":
+            return ParseResult.poison(f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
+        if first["type"] == "model_type" and not first["loc"]:
+            return ParseResult.poison("not a JSON object")
+        return ParseResult.poison(describe_validation_error(exc))
+    if raw.source is not None or raw.detail_type is not None:
+        if not tried_eventbridge:  # the hint missed it (an escaped key): go the EventBridge way
+            result = _eventbridge(body, message)
+            if result is not None:
+                return result
+        if raw.source is None:
+            return ParseResult.poison("source: Field required", "eventbridge")
+        if raw.detail_type is None:
+            return ParseResult.poison("detail-type: Field required", "eventbridge")
+        return ParseResult.skip(f"EventBridge event {raw.source!r} / {raw.detail_type!r} is not acted on")
+    if raw.sns_type is not None:
+        if wrapped:
+            return ParseResult.poison("an SNS envelope inside an SNS envelope", "sns")
+        if raw.sns_type != "Notification":
+            return ParseResult.skip(f"SNS {raw.sns_type} message is not acted on", "sns")
+        if raw.sns_message is None:
+            return ParseResult.poison("Message: Field required", "sns")
+        return _parse(raw.sns_message, message, wrapped=True)
+    if raw.looks_direct:
+        return raw.not_an_action("asg-direct") or parse_direct(body, message)
+    return ParseResult.poison(
+        "not a known message shape: neither an EventBridge event, an Auto Scaling notification "
+        "nor an SNS notification"
+    )
