@@ -142,7 +142,9 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
     Exits 0 when every file was read (poison included), 2 when a file could not be read.
     """
     unreadable = 0
-    table = Table("file", "outcome", "kind", "instance", "event ID", "start time", "reason")
+    table = Table()
+    for column in ("file", "outcome", "kind", "instance", "event ID", "start time", "reason"):
+        table.add_column(column, overflow="fold")  # IDs are copied from here: wrap them, never cut them
     for path, body, error in _read(paths):
         if body is None:
             unreadable += 1

@@ -131,6 +131,8 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         return ParseResult.poison(describe_validation_error(exc, skip_loc=1), "eventbridge")
     spec = BY_MODEL[type(validated)]
     if validated.source != spec.source:
+        if validated.source is None:
+            return ParseResult.poison("source: Field required", "eventbridge")
         return ParseResult.skip(
             f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on"
         )

@@ -111,8 +111,16 @@ def parse_direct(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
     skipped = probe.not_an_action("asg-direct")
     if skipped is not None:
         return skipped
-    # A missing field is reported at its first alias, the EventBridge one ("detail.X"); name the direct key.
-    first_loc = error.errors(include_url=False)[0]["loc"]
+    # A missing field is reported at its first alias, the EventBridge one ("detail.X", "time"); name the key
+    # of the direct notification instead.
+    first = error.errors(include_url=False, include_input=False, include_context=False)[0]
+    loc = first["loc"][1:] if first["loc"][:1] == ("detail",) else first["loc"]
+    name = ".".join(_DIRECT_KEYS.get(str(part), str(part)) for part in loc)
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return ParseResult.poison(
-        describe_validation_error(error, skip_loc=int(first_loc[:1] == ("detail",))), "asg-direct"
+        f"{name}: {first['msg']}{more}" if name else f"{first['msg']}{more}", "asg-direct"
     )
+
+
+# EventBridge envelope field → the direct notification's key for the same value.
+_DIRECT_KEYS = {"time": "Time", "id": "RequestId"}

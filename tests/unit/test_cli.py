@@ -1,0 +1,148 @@
+"""The command line: inspect, config, version, through click's runner and the installed console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from queue_processor import __version__
+from queue_processor.cli import main
+from queue_processor.config import configuration_markdown
+from tests.conftest import ROOT
+
+SPOT = json.dumps(
+    {
+        "id": "e-1",
+        "detail-type": "EC2 Spot Instance Interruption Warning",
+        "source": "aws.ec2",
+        "time": "2026-11-22T12:00:00Z",
+        "detail": {"instance-id": "i-0abc", "instance-action": "terminate"},
+    }
+)
+
+
+def test_inspect_prints_one_json_line_per_file(tmp_path: Path) -> None:
+    (tmp_path / "spot.json").write_text(SPOT)
+    (tmp_path / "bad.json").write_text("not json")
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "spot.json"), str(tmp_path / "bad.json")])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert [line["outcome"] for line in lines] == ["events", "poison"]
+    spot, bad = lines
+    assert spot["file"] == str(tmp_path / "spot.json")
+    assert spot["reason"] is None
+    (event,) = spot["events"]
+    assert event["kind"] == "spot-interruption"
+    assert event["instance_id"] == "i-0abc"
+    assert event["time"] == "2026-11-22T12:00:00Z"
+    assert event["start_time"] == "2026-11-22T12:02:00Z"
+    assert event["event_id"].startswith("spot-interruption-")
+    assert "message" not in event
+    assert "detail_type" not in event
+    assert bad["events"] == []
+    assert bad["reason"].startswith("not JSON")
+
+
+def test_inspect_reads_stdin() -> None:
+    result = CliRunner().invoke(main, ["inspect", "-"], input=SPOT)
+    assert result.exit_code == 0
+    assert json.loads(result.output)["file"] == "-"
+
+
+def test_inspect_exits_2_when_a_file_cannot_be_read(tmp_path: Path) -> None:
+    (tmp_path / "spot.json").write_text(SPOT)
+    result = CliRunner().invoke(
+        main, ["inspect", str(tmp_path / "missing.json"), str(tmp_path / "spot.json")]
+    )
+    assert result.exit_code == 2
+    assert "cannot read" in result.stderr
+    assert "missing.json" in result.stderr
+    assert json.loads(result.stdout)["outcome"] == "events"  # the readable file was still inspected
+
+
+def test_inspect_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich sizes the table to the terminal; IDs fold on narrow ones
+    result = CliRunner().invoke(main, ["inspect", "--format", "table", "-"], input=SPOT)
+    assert result.exit_code == 0
+    assert "spot-interruption" in result.output
+    assert "i-0abc" in result.output
+
+
+def test_inspect_asg_fields_are_snake_case() -> None:
+    body = json.dumps(
+        {
+            "LifecycleActionToken": "t-1",
+            "AutoScalingGroupName": "workers",
+            "LifecycleHookName": "drain",
+            "EC2InstanceId": "i-1",
+            "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+            "Origin": "WarmPool",
+            "Destination": "AutoScalingGroup",
+            "Time": "2026-11-22T12:00:00Z",
+            "RequestId": "r-1",
+        }
+    )
+    (event,) = json.loads(CliRunner().invoke(main, ["inspect", "-"], input=body).output)["events"]
+    assert event["auto_scaling_group_name"] == "workers"
+    assert event["lifecycle_hook_name"] == "drain"
+    assert event["lifecycle_action_token"] == "t-1"
+    assert event["lifecycle_transition"] == "autoscaling:EC2_INSTANCE_LAUNCHING"
+    assert (event["origin"], event["destination"]) == ("WarmPool", "AutoScalingGroup")
+    assert event["notification_metadata"] is None
+
+
+def test_config_reports_a_bad_setting_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/q")
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", "10")
+    result = CliRunner().invoke(main, ["config"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "queue-processor: invalid configuration: HEARTBEAT_INTERVAL=10: must be -1 (automatic), 0 (off) or "
+        "30-3600 seconds"
+    ]
+
+
+def test_config_flags_win_and_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/q")
+    monkeypatch.setenv("CORDON_ONLY", "false")
+    monkeypatch.setenv("WEBHOOK_URL", "https://hooks.example.com/s3cr3t")
+    result = CliRunner().invoke(
+        main, ["config", "--cordon-only", "--heartbeat-interval", "60", "--webhook-headers", '{"X": "1"}']
+    )
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["CORDON_ONLY"] is True
+    assert shown["HEARTBEAT_INTERVAL"] == 60
+    assert shown["WEBHOOK_HEADERS"] == {"X": "1"}
+    assert shown["WEBHOOK_URL"] == "***"
+    assert "s3cr3t" not in result.output
+
+
+def test_config_reference_is_the_committed_doc() -> None:
+    result = CliRunner().invoke(main, ["config", "--reference"])
+    assert result.output == configuration_markdown()
+
+
+def test_version() -> None:
+    assert CliRunner().invoke(main, ["version"]).output.strip() == __version__
+
+
+def test_console_script_is_installed(tmp_path: Path) -> None:
+    script = shutil.which("queue-processor", path=str(Path(sys.executable).parent))
+    assert script, "the queue-processor console script is not installed next to this Python"
+    (tmp_path / "body.json").write_text(SPOT)
+    done = subprocess.run(
+        [script, "inspect", str(tmp_path / "body.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outcome"] == "events"
