@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/queue-processor inspect tests/fixtures/messages/*.json
+	$(BIN)/queue-processor inspect --format table tests/fixtures/messages/*.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

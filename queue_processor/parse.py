@@ -101,8 +101,8 @@ def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -
         result = parse_direct(body, message)
     if result is None:
         result = _other(body, message, wrapped=wrapped, tried_eventbridge=hinted)
-    if wrapped and result.envelope is not None:
-        return result._replace(envelope=f"sns+{result.envelope}")
+    if wrapped:
+        return result._replace(envelope="sns" if result.envelope is None else f"sns+{result.envelope}")
     return result
 
 
@@ -168,7 +168,7 @@ def _other(
         return ParseResult.skip(f"EventBridge event {raw.source!r} / {raw.detail_type!r} is not acted on")
     if raw.sns_type is not None:
         if wrapped:
-            return ParseResult.poison("an SNS envelope inside an SNS envelope", "sns")
+            return ParseResult.poison("an SNS envelope inside an SNS envelope")  # the caller adds "sns"
         if raw.sns_type != "Notification":
             return ParseResult.skip(f"SNS {raw.sns_type} message is not acted on", "sns")
         if raw.sns_message is None:
