@@ -16,10 +16,10 @@ several instances). Every event carries:
 
 Each model reads its own wire format: its fields carry validation aliases for the EventBridge message (and, for
 lifecycle actions, the notification Auto Scaling sends straight to SQS), so the parser validates a body into
-its event in one pass from JSON, and ``event_id`` and ``start_time`` are derived by the model itself. Models
-also accept their field names, so an event can be built in code: ``SpotInterruptionEvent(instance_id=...,
-time=..., source_id=...)``. ``detail_type`` and ``source`` are the EventBridge envelope's, kept out of
-``model_dump``.
+its event in one pass from JSON; ``event_id`` and ``start_time`` are computed by the model from its fields.
+Models also accept their field names, so an event can be built in code: ``SpotInterruptionEvent(
+instance_id=..., time=..., source_id=...)``. ``detail_type`` and ``source`` are the EventBridge envelope's,
+kept out of ``model_dump``.
 
 Formats: "Amazon EventBridge events" in the EC2 User Guide (Spot interruption warning, rebalance
 recommendation, state-change, Capacity Reservation interruption), "Amazon EC2 Auto Scaling lifecycle hooks"
@@ -30,24 +30,27 @@ Health events with Amazon EventBridge").
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from functools import cached_property
+from typing import Annotated, Literal
 
 from pydantic import (
     AliasChoices,
     AliasPath,
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
-    ValidationInfo,
-    model_validator,
+    computed_field,
 )
 
 __all__ = [
     "SPOT_NOTICE",
+    "AsgLaunchLifecycleEvent",
     "AsgLifecycleEvent",
+    "AsgTerminateLifecycleEvent",
     "BaseEvent",
     "CapacityReservationInterruptionEvent",
     "Event",
@@ -84,16 +87,8 @@ class EventKind(StrEnum):
 #: interruptible Capacity Reservation.
 SPOT_NOTICE = timedelta(seconds=120)
 
-TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
-LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
-#: The lifecycle transitions acted on, and the event kind of each.
-TRANSITION_KINDS = {TERMINATING: EventKind.ASG_TERMINATE_LIFECYCLE, LAUNCHING: EventKind.ASG_LAUNCH_LIFECYCLE}
-
 #: A required, non-blank string such as an instance ID.
 NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-
-# Stands for "not given" in ``start_time`` until the model derives it; never a real start time.
-_UNSET_TIME = datetime.min.replace(tzinfo=UTC)
 
 
 def _detail(key: str) -> AliasPath:
@@ -117,11 +112,12 @@ class SqsMessageRef(BaseModel):
 
 
 class BaseEvent(BaseModel):
-    """Fields every event carries; see the module docstring. Times are timezone-aware (a naive time is
-    taken to be UTC).
+    """Fields every event carries; see the module docstring. ``time`` must carry a timezone (AWS always
+    sends one); a time without one is a validation error.
 
-    Validation derives ``event_id`` (always) and ``start_time`` (when not given), and takes ``message`` from
-    the validation context (``{"message": SqsMessageRef}``) when it is not given.
+    ``event_id`` and ``start_time`` are computed from the fields (once, on first use) and appear in
+    ``model_dump``. Validation runs no Python code: every check is pydantic-core's, which keeps parsing
+    at a few microseconds a message.
     """
 
     # extra="ignore": the wire format has many fields we do not read. frozen: events are shared by tasks.
@@ -131,9 +127,7 @@ class BaseEvent(BaseModel):
     source: str | None = Field(default=None, exclude=True, repr=False)
     kind: EventKind
     instance_id: NonEmptyStr
-    event_id: str = ""
-    time: datetime
-    start_time: datetime = _UNSET_TIME
+    time: AwareDatetime
     source_id: str | None = Field(default=None, validation_alias="id")
     message: SqsMessageRef | None = None
 
@@ -141,56 +135,44 @@ class BaseEvent(BaseModel):
         """What names this occurrence whatever its serialisation (see :func:`make_event_id`)."""
         return self.source_id or f"{self.time.isoformat()}|{self.detail_type}"
 
-    def _default_start_time(self) -> datetime:
-        """``start_time`` when the message does not give one."""
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def event_id(self) -> str:
+        """The event's deterministic identity, :func:`make_event_id` of its kind, instance and key."""
+        return make_event_id(self.kind, self.instance_id, self._identity_key())
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def start_time(self) -> datetime:
+        """When the instance is expected to go away (aware datetime); the event time unless the kind says
+        otherwise."""
         return self.time
 
-    def _prepare(self) -> None:
-        """Set fields that the ones below depend on (overridden by kinds that derive ``kind``)."""
-
-    @model_validator(mode="after")
-    def _complete(self, info: ValidationInfo) -> Self:
-        # The model is frozen: derived fields are written to its __dict__, where pydantic keeps field values
-        # (object.__setattr__ does the same, three times slower; this runs once per message).
-        self._prepare()
-        values = self.__dict__
-        time: datetime = values["time"]
-        if time.tzinfo is None:
-            values["time"] = time.replace(tzinfo=UTC)
-        start_time: datetime = values["start_time"]
-        if start_time is _UNSET_TIME:
-            values["start_time"] = self._default_start_time()
-        elif start_time.tzinfo is None:
-            values["start_time"] = start_time.replace(tzinfo=UTC)
-        values["event_id"] = make_event_id(self.kind, self.instance_id, self._identity_key())
-        context = info.context
-        if context is not None and values["message"] is None:
-            values["message"] = context.get("message")
-        return self
+    def attach(self, message: SqsMessageRef) -> None:
+        """Record the SQS message this event came from (the parser does, after validation). Raises
+        ``ValueError`` when the event already has a different one."""
+        if self.message is not None and self.message != message:
+            raise ValueError(f"event {self.event_id} already came from message {self.message.message_id}")
+        # Frozen model: the field is written where pydantic keeps field values.
+        self.__dict__["message"] = message
 
 
 class AsgLifecycleEvent(BaseEvent):
     """An Auto Scaling lifecycle action, read from EventBridge's ``detail`` or from the notification the hook
-    sends straight to SQS (the same field names at the top level, with ``Time`` and ``RequestId``).
+    sends straight to SQS (the same field names at the top level, with ``Time`` and ``RequestId``). Its two
+    kinds are :class:`AsgTerminateLifecycleEvent` and :class:`AsgLaunchLifecycleEvent`.
 
-    ``kind`` follows ``lifecycle_transition`` (``autoscaling:EC2_INSTANCE_TERMINATING`` or
-    ``…_LAUNCHING``; any other transition is a validation error). ``lifecycle_action_token`` and the instance
-    ID address the action in ``CompleteLifecycleAction`` and ``RecordLifecycleActionHeartbeat``.
-    ``origin``/``destination`` are ``EC2``, ``AutoScalingGroup`` or ``WarmPool`` ("Lifecycle hooks for
-    instances in a warm pool", EC2 Auto Scaling User Guide); ``notification_metadata`` is the hook's free-form
-    string. The identity key is the token, so both forms of one action share an ``event_id``.
+    ``lifecycle_action_token`` and the instance ID address the action in ``CompleteLifecycleAction`` and
+    ``RecordLifecycleActionHeartbeat``. ``origin``/``destination`` are ``EC2``, ``AutoScalingGroup`` or
+    ``WarmPool`` ("Lifecycle hooks for instances in a warm pool", EC2 Auto Scaling User Guide);
+    ``notification_metadata`` is the hook's free-form string. The identity key is the token, so the
+    EventBridge and the direct form of one action share an ``event_id``.
     """
 
-    detail_type: Literal[
-        "EC2 Instance-terminate Lifecycle Action", "EC2 Instance-launch Lifecycle Action"
-    ] = Field(
-        default="EC2 Instance-terminate Lifecycle Action", alias="detail-type", exclude=True, repr=False
-    )
-    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE, EventKind.ASG_LAUNCH_LIFECYCLE] = (
-        EventKind.ASG_TERMINATE_LIFECYCLE
-    )
+    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE, EventKind.ASG_LAUNCH_LIFECYCLE]
+    lifecycle_transition: str
     instance_id: NonEmptyStr = Field(validation_alias=AliasChoices(_detail("EC2InstanceId"), "EC2InstanceId"))
-    time: datetime = Field(validation_alias=AliasChoices("time", "Time"))
+    time: AwareDatetime = Field(validation_alias=AliasChoices("time", "Time"))
     source_id: str | None = Field(default=None, validation_alias=AliasChoices("id", "RequestId"))
     auto_scaling_group_name: NonEmptyStr = Field(
         validation_alias=AliasChoices(_detail("AutoScalingGroupName"), "AutoScalingGroupName")
@@ -202,9 +184,6 @@ class AsgLifecycleEvent(BaseEvent):
         default=None,
         validation_alias=AliasChoices(_detail("LifecycleActionToken"), "LifecycleActionToken"),
     )
-    lifecycle_transition: str = Field(
-        validation_alias=AliasChoices(_detail("LifecycleTransition"), "LifecycleTransition")
-    )
     origin: str | None = Field(default=None, validation_alias=AliasChoices(_detail("Origin"), "Origin"))
     destination: str | None = Field(
         default=None, validation_alias=AliasChoices(_detail("Destination"), "Destination")
@@ -214,14 +193,35 @@ class AsgLifecycleEvent(BaseEvent):
         validation_alias=AliasChoices(_detail("NotificationMetadata"), "NotificationMetadata"),
     )
 
-    def _prepare(self) -> None:
-        kind = TRANSITION_KINDS.get(self.lifecycle_transition)
-        if kind is None:
-            raise ValueError(f"lifecycle transition {self.lifecycle_transition!r} is not acted on")
-        self.__dict__["kind"] = kind
-
     def _identity_key(self) -> str:
         return self.lifecycle_action_token or super()._identity_key()
+
+
+class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
+    """A terminate lifecycle action (``autoscaling:EC2_INSTANCE_TERMINATING``): drain, then complete it.
+    ``start_time = time``: the instance waits in ``Terminating:Wait`` until the action is completed or its
+    heartbeat timeout passes."""
+
+    detail_type: Literal["EC2 Instance-terminate Lifecycle Action"] = Field(
+        default="EC2 Instance-terminate Lifecycle Action", alias="detail-type", exclude=True, repr=False
+    )
+    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE] = EventKind.ASG_TERMINATE_LIFECYCLE
+    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_TERMINATING"] = Field(
+        validation_alias=AliasChoices(_detail("LifecycleTransition"), "LifecycleTransition")
+    )
+
+
+class AsgLaunchLifecycleEvent(AsgLifecycleEvent):
+    """A launch lifecycle action (``autoscaling:EC2_INSTANCE_LAUNCHING``), into the group or a warm pool:
+    wait for the node, then complete it. ``start_time = time``."""
+
+    detail_type: Literal["EC2 Instance-launch Lifecycle Action"] = Field(
+        default="EC2 Instance-launch Lifecycle Action", alias="detail-type", exclude=True, repr=False
+    )
+    kind: Literal[EventKind.ASG_LAUNCH_LIFECYCLE] = EventKind.ASG_LAUNCH_LIFECYCLE
+    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_LAUNCHING"] = Field(
+        validation_alias=AliasChoices(_detail("LifecycleTransition"), "LifecycleTransition")
+    )
 
 
 class SpotInterruptionEvent(BaseEvent):
@@ -235,7 +235,10 @@ class SpotInterruptionEvent(BaseEvent):
     instance_id: NonEmptyStr = Field(validation_alias=_detail("instance-id"))
     instance_action: str | None = Field(default=None, validation_alias=_detail("instance-action"))
 
-    def _default_start_time(self) -> datetime:
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def start_time(self) -> datetime:
+        """The end of the two-minute notice: ``time + 120 s``."""
         return self.time + SPOT_NOTICE
 
 
@@ -262,23 +265,30 @@ class StateChangeEvent(BaseEvent):
 
 
 class ScheduledChangeEvent(BaseEvent):
-    """One affected instance of an AWS Health EC2 ``scheduledChange`` event; ``start_time`` is the event's
-    ``startTime``, ``end_time`` its ``endTime`` when given. Built by the parser, one per affected instance;
-    the identity key is ``event_arn``."""
+    """One affected instance of an AWS Health EC2 ``scheduledChange`` event, built by the parser for each
+    affected instance. ``scheduled_start_time``/``end_time`` are the event's ``startTime``/``endTime``
+    (``start_time`` is ``scheduled_start_time``); the identity key is ``event_arn``."""
 
     kind: Literal[EventKind.SCHEDULED_CHANGE] = EventKind.SCHEDULED_CHANGE
+    scheduled_start_time: AwareDatetime
+    end_time: AwareDatetime | None = None
     event_arn: str | None = None
     event_type_code: str | None = None
-    end_time: datetime | None = None
 
     def _identity_key(self) -> str:
         return self.event_arn or super()._identity_key()
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def start_time(self) -> datetime:
+        """The Health event's ``startTime``."""
+        return self.scheduled_start_time
 
 
 class CapacityReservationInterruptionEvent(BaseEvent):
     """An interruptible Capacity Reservation (or Capacity Block) reclaiming the instance: ``detail`` =
     ``{"instance-id", "instance-action", "instance-termination-time", "azId" | "availability-zone-id"}``.
-    ``start_time`` is ``instance-termination-time``, or ``time`` + 120 s when the message has none."""
+    ``start_time`` is ``instance_termination_time``, or ``time`` + 120 s when the message has none."""
 
     detail_type: Literal["EC2 Capacity Reservation Instance Interruption Warning"] = Field(
         default="EC2 Capacity Reservation Instance Interruption Warning",
@@ -288,19 +298,24 @@ class CapacityReservationInterruptionEvent(BaseEvent):
     )
     kind: Literal[EventKind.CAPACITY_RESERVATION_INTERRUPTION] = EventKind.CAPACITY_RESERVATION_INTERRUPTION
     instance_id: NonEmptyStr = Field(validation_alias=_detail("instance-id"))
-    start_time: datetime = Field(default=_UNSET_TIME, validation_alias=_detail("instance-termination-time"))
+    instance_termination_time: AwareDatetime | None = Field(
+        default=None, validation_alias=_detail("instance-termination-time")
+    )
     instance_action: str | None = Field(default=None, validation_alias=_detail("instance-action"))
     availability_zone_id: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(_detail("availability-zone-id"), _detail("azId")),
+        default=None, validation_alias=AliasChoices(_detail("availability-zone-id"), _detail("azId"))
     )
 
-    def _default_start_time(self) -> datetime:
-        return self.time + SPOT_NOTICE
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def start_time(self) -> datetime:
+        """``instance_termination_time``, else the end of a two-minute notice."""
+        return self.instance_termination_time or self.time + SPOT_NOTICE
 
 
 Event = Annotated[
-    AsgLifecycleEvent
+    AsgTerminateLifecycleEvent
+    | AsgLaunchLifecycleEvent
     | SpotInterruptionEvent
     | RebalanceRecommendationEvent
     | StateChangeEvent

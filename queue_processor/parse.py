@@ -111,9 +111,7 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
     event itself); ``None`` when the body is not one."""
     try:
         # pydantic-core's validator directly: TypeAdapter.validate_json adds a Python layer per call.
-        validated = _kinds().validator.validate_json(
-            body, context=None if message is None else {"message": message}
-        )
+        validated = _kinds().validator.validate_json(body)
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
         kind = first["type"]
@@ -137,9 +135,14 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
             f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on"
         )
     try:
-        return spec.finish(validated, message)
+        result: ParseResult = spec.finish(validated, message)
     except Poison as poison:
         return ParseResult.poison(poison.reason, "eventbridge")
+    if message is not None:
+        for event in result.events:
+            if event.message is None:
+                event.attach(message)
+    return result
 
 
 def _other(

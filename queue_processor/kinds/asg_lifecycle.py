@@ -20,14 +20,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from queue_processor.events import TRANSITION_KINDS, AsgLifecycleEvent, EventKind, SqsMessageRef
-from queue_processor.kinds.base import ParseResult, Poison, describe_validation_error, register
+from queue_processor.events import (
+    AsgLaunchLifecycleEvent,
+    AsgTerminateLifecycleEvent,
+    SqsMessageRef,
+)
+from queue_processor.kinds.base import ParseResult, describe_validation_error, register, single
 
 TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
 
-_DETAIL_TYPE_KINDS = {
-    "EC2 Instance-terminate Lifecycle Action": EventKind.ASG_TERMINATE_LIFECYCLE,
-    "EC2 Instance-launch Lifecycle Action": EventKind.ASG_LAUNCH_LIFECYCLE,
+#: The lifecycle transitions acted on, and the event model of each.
+TRANSITION_EVENTS: dict[str, type[AsgTerminateLifecycleEvent] | type[AsgLaunchLifecycleEvent]] = {
+    "autoscaling:EC2_INSTANCE_TERMINATING": AsgTerminateLifecycleEvent,
+    "autoscaling:EC2_INSTANCE_LAUNCHING": AsgLaunchLifecycleEvent,
 }
 
 
@@ -60,7 +65,7 @@ class LifecycleProbe(BaseModel):
             return ParseResult.skip("Auto Scaling test notification", envelope)
         if self.lifecycle_transition is None:
             return ParseResult.skip(f"Auto Scaling notification {self.event!r} is not acted on", envelope)
-        if self.lifecycle_transition not in TRANSITION_KINDS:
+        if self.lifecycle_transition not in TRANSITION_EVENTS:
             return ParseResult.skip(
                 f"lifecycle transition {self.lifecycle_transition!r} is not acted on", envelope
             )
@@ -72,8 +77,8 @@ class _EventBridgeProbe(BaseModel):
 
 
 def _explain_invalid(body: str | bytes) -> ParseResult | None:
-    """A terminate/launch EventBridge message that did not validate as an action: a skip when its detail is
-    a test notification or a transition not acted on, else ``None`` (poison)."""
+    """A terminate/launch EventBridge message that did not validate as its action: a skip when its detail
+    is a test notification or a transition not acted on, else ``None`` (poison)."""
     try:
         probe = _EventBridgeProbe.model_validate_json(body)
     except ValidationError:
@@ -81,29 +86,29 @@ def _explain_invalid(body: str | bytes) -> ParseResult | None:
     return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
 
 
-@register("aws.autoscaling", AsgLifecycleEvent, on_invalid=_explain_invalid)
-def finish_lifecycle(event: AsgLifecycleEvent, message: SqsMessageRef | None) -> ParseResult:
-    """The event; poison when its ``LifecycleTransition`` does not match its detail-type."""
-    if _DETAIL_TYPE_KINDS[event.detail_type] is not event.kind:
-        raise Poison(
-            f"detail.LifecycleTransition: {event.lifecycle_transition!r} does not match "
-            f"detail-type {event.detail_type!r}"
-        )
-    return ParseResult("events", (event,), None, "eventbridge")
+# A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
+finish_terminate = register("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid)(
+    single
+)
+finish_launch = register("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid)(single)
+
+# EventBridge envelope field → the direct notification's key for the same value.
+_DIRECT_KEYS = {"time": "Time", "id": "RequestId"}
 
 
 def parse_direct(body: str | bytes, message: SqsMessageRef | None) -> ParseResult:
     """An Auto Scaling notification sent straight to SQS: one event for a terminate or launch action
     (validated from JSON in one pass), a skip for a test notification, a plain scaling notification or a
     transition not acted on, poison when a field an action needs is missing or mistyped."""
-    try:
-        event = AsgLifecycleEvent.__pydantic_validator__.validate_json(
-            body, context=None if message is None else {"message": message}
-        )
-    except ValidationError as exc:
-        error = exc
-    else:
-        return ParseResult("events", (event,), None, "asg-direct")
+    text = body if isinstance(body, str) else body.decode("utf-8", "replace")
+    model = next(
+        (model for transition, model in TRANSITION_EVENTS.items() if f'"{transition}"' in text), None
+    )
+    if model is not None:
+        try:
+            return _direct_event(model, body, message)
+        except ValidationError as exc:
+            error = exc
     try:
         probe = LifecycleProbe.model_validate_json(body)
     except ValidationError as exc:
@@ -111,16 +116,30 @@ def parse_direct(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
     skipped = probe.not_an_action("asg-direct")
     if skipped is not None:
         return skipped
+    if model is None:  # the text search missed the transition (JSON escapes in it); the probe read it
+        try:
+            return _direct_event(TRANSITION_EVENTS[str(probe.lifecycle_transition)], body, message)
+        except ValidationError as exc:
+            error = exc
+    return ParseResult.poison(_direct_reason(error), "asg-direct")
+
+
+def _direct_event(
+    model: type[AsgTerminateLifecycleEvent] | type[AsgLaunchLifecycleEvent],
+    body: str | bytes,
+    message: SqsMessageRef | None,
+) -> ParseResult:
+    event = model.model_validate_json(body)
+    if message is not None:
+        event.attach(message)
+    return ParseResult("events", (event,), None, "asg-direct")
+
+
+def _direct_reason(error: ValidationError) -> str:
     # A missing field is reported at its first alias, the EventBridge one ("detail.X", "time"); name the key
     # of the direct notification instead.
     first = error.errors(include_url=False, include_input=False, include_context=False)[0]
     loc = first["loc"][1:] if first["loc"][:1] == ("detail",) else first["loc"]
     name = ".".join(_DIRECT_KEYS.get(str(part), str(part)) for part in loc)
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return ParseResult.poison(
-        f"{name}: {first['msg']}{more}" if name else f"{first['msg']}{more}", "asg-direct"
-    )
-
-
-# EventBridge envelope field → the direct notification's key for the same value.
-_DIRECT_KEYS = {"time": "Time", "id": "RequestId"}
+    return f"{name}: {first['msg']}{more}" if name else f"{first['msg']}{more}"

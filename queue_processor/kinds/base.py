@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal, NamedTuple, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from queue_processor.events import Event, SqsMessageRef
 
@@ -78,7 +77,7 @@ class EventBridgeMessage(BaseModel):
     id: str | None = None
     detail_type: str = Field(alias="detail-type")
     source: str
-    time: datetime | None = None
+    time: AwareDatetime | None = None
     detail: Any = None
 
 

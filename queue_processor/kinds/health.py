@@ -147,7 +147,7 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
         ScheduledChangeEvent(
             instance_id=instance_id,
             time=msg.time,
-            start_time=start_time,
+            scheduled_start_time=start_time,
             source_id=health.event_arn or msg.id,
             message=message,
             event_arn=health.event_arn,
