@@ -132,7 +132,7 @@ def _direct_event(
     event = model.model_validate_json(body)
     if message is not None:
         event.attach(message)
-    return ParseResult("events", (event,), None, "asg-direct")
+    return ParseResult.of_events((event,), "asg-direct")
 
 
 def _direct_reason(error: ValidationError) -> str:

@@ -65,7 +65,9 @@ class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of o
 class EventBridgeMessage(BaseModel):
     """The EventBridge envelope ("Amazon EventBridge events", EventBridge User Guide).
 
-    Kind modules subclass it, narrowing ``detail_type`` to a ``Literal`` and ``detail`` to their model.
+    A kind whose message is not its event (AWS Health: one event per affected instance) subclasses it,
+    narrowing ``detail_type`` to a ``Literal`` and ``detail`` to its model; the others validate straight
+    into their event models.
 
     Only the fields the controller uses are declared: the validator skips the others (``version``,
     ``account``, ``region``, ``resources``) without building Python objects for them, which is a third of
@@ -152,4 +154,4 @@ def describe_validation_error(exc: ValidationError, skip_loc: int = 0) -> str:
 
 def single(event: Event, message: SqsMessageRef | None) -> ParseResult:
     """The finish of a kind whose model is its event: the event, as it is."""
-    return ParseResult("events", (event,), None, "eventbridge")
+    return ParseResult.of_events((event,))

@@ -156,4 +156,4 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
         )
         for instance_id in instances
     )
-    return ParseResult("events", events, None, "eventbridge")
+    return ParseResult.of_events(events)

@@ -18,4 +18,4 @@ def finish_state_change(event: StateChangeEvent, message: SqsMessageRef | None) 
     """The event for a state in :data:`DRAIN_STATES`, a skip for any other state."""
     if event.state not in DRAIN_STATES:
         return ParseResult.skip(f"instance state {event.state!r} is not acted on")
-    return ParseResult("events", (event,), None, "eventbridge")
+    return ParseResult.of_events((event,))
