@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -154,11 +155,12 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
         if output == "json":
             click.echo(json.dumps(_result_json(path, result)))
             continue
+        name = Path(path).name if path != "-" else path
         if not result.events:
-            table.add_row(path, result.outcome, "", "", "", "", result.reason or "")
+            table.add_row(name, result.outcome, "", "", "", "", result.reason or "")
         for event in result.events:
             table.add_row(
-                path,
+                name,
                 result.outcome,
                 event.kind,
                 event.instance_id,
