@@ -33,7 +33,7 @@ import hashlib
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -87,8 +87,22 @@ class EventKind(StrEnum):
 #: interruptible Capacity Reservation.
 SPOT_NOTICE = timedelta(seconds=120)
 
+T = TypeVar("T")
+
 #: A required, non-blank string such as an instance ID.
 NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+class cached_field(cached_property[T]):  # noqa: N801 - used like the decorator it extends
+    """``functools.cached_property`` without the lock Python 3.11 takes on every first read (gone in 3.12):
+    an event is computed by one task, and a race would only compute the same value twice."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> T:  # type: ignore[override]
+        if instance is None:
+            return self  # type: ignore[return-value]
+        value = self.func(instance)
+        instance.__dict__[self.attrname or self.func.__name__] = value
+        return value
 
 
 def _detail(key: str) -> AliasPath:
@@ -135,14 +149,14 @@ class BaseEvent(BaseModel):
         """What names this occurrence whatever its serialisation (see :func:`make_event_id`)."""
         return self.source_id or f"{self.time.isoformat()}|{self.detail_type}"
 
-    @computed_field  # type: ignore[prop-decorator]
-    @cached_property
+    @computed_field
+    @cached_field
     def event_id(self) -> str:
         """The event's deterministic identity, :func:`make_event_id` of its kind, instance and key."""
         return make_event_id(self.kind, self.instance_id, self._identity_key())
 
-    @computed_field  # type: ignore[prop-decorator]
-    @cached_property
+    @computed_field
+    @cached_field
     def start_time(self) -> datetime:
         """When the instance is expected to go away (aware datetime); the event time unless the kind says
         otherwise."""
@@ -235,8 +249,8 @@ class SpotInterruptionEvent(BaseEvent):
     instance_id: NonEmptyStr = Field(validation_alias=_detail("instance-id"))
     instance_action: str | None = Field(default=None, validation_alias=_detail("instance-action"))
 
-    @computed_field  # type: ignore[prop-decorator]
-    @cached_property
+    @computed_field
+    @cached_field
     def start_time(self) -> datetime:
         """The end of the two-minute notice: ``time + 120 s``."""
         return self.time + SPOT_NOTICE
@@ -278,8 +292,8 @@ class ScheduledChangeEvent(BaseEvent):
     def _identity_key(self) -> str:
         return self.event_arn or super()._identity_key()
 
-    @computed_field  # type: ignore[prop-decorator]
-    @cached_property
+    @computed_field
+    @cached_field
     def start_time(self) -> datetime:
         """The Health event's ``startTime``."""
         return self.scheduled_start_time
@@ -306,8 +320,8 @@ class CapacityReservationInterruptionEvent(BaseEvent):
         default=None, validation_alias=AliasChoices(_detail("availability-zone-id"), _detail("azId"))
     )
 
-    @computed_field  # type: ignore[prop-decorator]
-    @cached_property
+    @computed_field
+    @cached_field
     def start_time(self) -> datetime:
         """``instance_termination_time``, else the end of a two-minute notice."""
         return self.instance_termination_time or self.time + SPOT_NOTICE
