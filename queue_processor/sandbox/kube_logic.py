@@ -1,0 +1,369 @@
+"""Pure pieces of the Kubernetes API emulation: selectors, patches, PodDisruptionBudget arithmetic.
+
+No I/O; :mod:`queue_processor.sandbox.kube` serves them over HTTP. Semantics follow the Kubernetes API
+reference: "Labels and Selectors" and "Field Selectors" (concepts/overview/working-with-objects), JSON merge
+patch (RFC 7386), JSON patch (RFC 6902), strategic merge patch ("Update API Objects in Place Using kubectl
+patch"), and the disruption controller / eviction subresource ("Specifying a Disruption Budget for your
+Application", "API-initiated Eviction").
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+class ApiError(Exception):
+    """An API error to answer with a ``Status`` object: ``code`` (HTTP status), ``reason`` (``NotFound``,
+    ``Conflict``, ``AlreadyExists``, ``BadRequest``, ``TooManyRequests``, ``InternalError``, ``Invalid``)."""
+
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+
+    def status(self) -> Obj:
+        """The ``v1.Status`` body the API server sends with this error."""
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "details": self.details,
+            "code": self.code,
+        }
+
+
+# ---------------------------------------------------------------------------------------------- selectors
+
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses (``a in (x,y),b=c``)."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        parts.append(current)
+    return [part.strip() for part in parts if part.strip()]
+
+
+LabelTest = Callable[[Mapping[str, str]], bool]
+
+
+def _label_in(key: str, values: set[str], negate: bool) -> LabelTest:
+    return lambda labels: (labels.get(key) in values) != negate
+
+
+def _label_equals(key: str, value: str, negate: bool) -> LabelTest:
+    return lambda labels: (labels.get(key) == value) != negate
+
+
+def _label_exists(key: str, negate: bool) -> LabelTest:
+    return lambda labels: (key in labels) != negate
+
+
+def parse_label_selector(text: str) -> LabelTest:
+    """A predicate over labels for a label selector string (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``,
+    ``a in (x,y)``, ``a notin (x)``, comma = AND). Raises :class:`ApiError` 400 for a malformed one."""
+    tests: list[LabelTest] = []
+    for part in _split_selector(text):
+        match = _SET_RE.match(part)
+        if match:
+            values = {value.strip() for value in match.group(3).split(",")}
+            tests.append(_label_in(match.group(1), values, negate=match.group(2) == "notin"))
+        elif "!=" in part:
+            key, value = (s.strip() for s in part.split("!=", 1))
+            tests.append(_label_equals(key, value, negate=True))
+        elif "=" in part:
+            key, value = (s.strip() for s in part.replace("==", "=").split("=", 1))
+            tests.append(_label_equals(key, value, negate=False))
+        elif part.startswith("!"):
+            tests.append(_label_exists(part[1:].strip(), negate=True))
+        elif re.fullmatch(r"[A-Za-z0-9_./-]+", part):
+            tests.append(_label_exists(part, negate=False))
+        else:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
+    return lambda labels: all(test(labels) for test in tests)
+
+
+def selector_matches(selector: Obj | None, labels: Mapping[str, str]) -> bool:
+    """Whether a ``LabelSelector`` object (``matchLabels`` and ``matchExpressions`` with In, NotIn, Exists,
+    DoesNotExist) selects ``labels``. An empty selector selects everything; ``None`` selects nothing
+    (as for a PodDisruptionBudget without one in policy/v1)."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, op, values = expression["key"], expression["operator"], expression.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _metadata(field: str) -> Callable[[Obj], str]:
+    return lambda obj: str(obj["metadata"].get(field) or "")
+
+
+def _spec_node(obj: Obj) -> str:
+    return str((obj.get("spec") or {}).get("nodeName") or "")
+
+
+def _status_phase(obj: Obj) -> str:
+    return str((obj.get("status") or {}).get("phase") or "")
+
+
+_COMMON_FIELDS: dict[str, Callable[[Obj], str]] = {
+    "metadata.name": _metadata("name"),
+    "metadata.namespace": _metadata("namespace"),
+}
+#: Field selectors the emulation supports per resource, as the API server does for these.
+FIELD_PATHS: dict[str, dict[str, Callable[[Obj], str]]] = {
+    "pods": {**_COMMON_FIELDS, "spec.nodeName": _spec_node, "status.phase": _status_phase},
+    "*": _COMMON_FIELDS,
+}
+
+FieldTest = Callable[[Obj], bool]
+
+
+def _field_test(getter: Callable[[Obj], str], value: str, negate: bool) -> FieldTest:
+    return lambda obj: (getter(obj) == value) != negate
+
+
+def parse_field_selector(resource: str, text: str) -> tuple[FieldTest, dict[str, str]]:
+    """A predicate for a field selector (``f=v``, ``f==v``, ``f!=v``, comma = AND) on ``resource``, and the
+    equality terms (for index lookups). Raises :class:`ApiError` 400 for a field the resource does not
+    support, as the API server does ("field label not supported")."""
+    paths = FIELD_PATHS.get(resource, FIELD_PATHS["*"])
+    tests: list[FieldTest] = []
+    equals: dict[str, str] = {}
+    for part in _split_selector(text):
+        negate = "!=" in part
+        field, value = (s.strip() for s in part.replace("==", "=").replace("!=", "=").split("=", 1))
+        getter = paths.get(field)
+        if getter is None:
+            raise ApiError(400, "BadRequest", f"field label not supported: {field}")
+        if not negate:
+            equals[field] = value
+        tests.append(_field_test(getter, value, negate))
+    return (lambda obj: all(test(obj) for test in tests)), equals
+
+
+# ------------------------------------------------------------------------------------------------ patches
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge recursively, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+#: List fields that strategic merge patch merges by a key (patchMergeKey in the Kubernetes API types);
+#: other lists are replaced.
+MERGE_KEYS = {
+    "taints": "key",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "containers": "name",
+    "initContainers": "name",
+    "volumes": "name",
+    "env": "name",
+    "addresses": "type",
+    "finalizers": None,  # a set of strings: merged as a set
+}
+
+
+def strategic_merge_patch(target: Any, patch: Any, field: str | None = None) -> Any:
+    """Strategic merge patch, the subset the API server applies for the objects emulated here: maps merge
+    (``null`` deletes, ``$patch: replace`` replaces, ``$patch: delete`` removes), lists in
+    :data:`MERGE_KEYS` merge item by item on their key (an item with ``$patch: delete`` is removed), other
+    lists are replaced; ``$setElementOrder/...`` and ``$retainKeys`` directives are ignored."""
+    if isinstance(patch, dict):
+        if patch.get("$patch") == "replace":
+            return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        result = dict(target) if isinstance(target, dict) else {}
+        for key, value in patch.items():
+            if key.startswith("$setElementOrder/") or key in ("$retainKeys", "$patch"):
+                continue
+            if value is None:
+                result.pop(key, None)
+            else:
+                result[key] = strategic_merge_patch(result.get(key), value, key)
+        return result
+    if isinstance(patch, list) and field in MERGE_KEYS:
+        key = MERGE_KEYS[field]
+        existing = list(target) if isinstance(target, list) else []
+        if key is None:
+            return existing + [item for item in patch if item not in existing]
+        for item in patch:
+            if not isinstance(item, dict):
+                continue
+            index = next((i for i, old in enumerate(existing) if old.get(key) == item.get(key)), None)
+            if item.get("$patch") == "delete":
+                if index is not None:
+                    existing.pop(index)
+            elif index is None:
+                existing.append(copy.deepcopy(item))
+            else:
+                existing[index] = strategic_merge_patch(existing[index], item)
+        return existing
+    return copy.deepcopy(patch)
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, "Invalid", f"invalid JSON pointer {path!r}")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def json_patch(target: Obj, operations: list[Obj]) -> Obj:
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test). Raises :class:`ApiError` 422 when an
+    operation does not apply (a missing path, a failed test), leaving ``target`` unchanged."""
+    doc: Any = copy.deepcopy(target)
+
+    def parent(parts: list[str]) -> tuple[Any, str]:
+        node = doc
+        for part in parts[:-1]:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        return node, parts[-1]
+
+    def get(parts: list[str]) -> Any:
+        node = doc
+        for part in parts:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        return node
+
+    def add(parts: list[str], value: Any) -> None:
+        nonlocal doc
+        if not parts:
+            doc = value
+            return
+        node, last = parent(parts)
+        if isinstance(node, list):
+            node.insert(len(node) if last == "-" else int(last), value)
+        else:
+            node[last] = value
+
+    def remove(parts: list[str]) -> Any:
+        node, last = parent(parts)
+        return node.pop(int(last)) if isinstance(node, list) else node.pop(last)
+
+    try:
+        for op in operations:
+            kind, parts = op["op"], _pointer(op["path"])
+            if kind == "add":
+                add(parts, copy.deepcopy(op["value"]))
+            elif kind == "remove":
+                remove(parts)
+            elif kind == "replace":
+                remove(parts)
+                add(parts, copy.deepcopy(op["value"]))
+            elif kind == "move":
+                add(parts, remove(_pointer(op["from"])))
+            elif kind == "copy":
+                add(parts, copy.deepcopy(get(_pointer(op["from"]))))
+            elif kind == "test":
+                if get(parts) != op["value"]:
+                    raise ApiError(422, "Invalid", f"test operation failed at {op['path']}")
+            else:
+                raise ApiError(422, "Invalid", f"unknown JSON patch operation {kind!r}")
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise ApiError(422, "Invalid", f"JSON patch does not apply: {exc!r}") from None
+    if not isinstance(doc, dict):
+        raise ApiError(422, "Invalid", "a JSON patch must leave an object")
+    return doc
+
+
+# -------------------------------------------------------------------------- PodDisruptionBudget arithmetic
+
+
+def is_terminating(pod: Obj) -> bool:
+    """Whether the pod has a deletionTimestamp (is being deleted)."""
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def is_ready(pod: Obj) -> bool:
+    """Whether the pod is Running with a Ready condition True and not terminating (a "healthy" pod for a
+    PodDisruptionBudget)."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or is_terminating(pod):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _scaled(value: int | str, total: int, round_up: bool) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        fraction = int(value[:-1]) * total / 100
+        return math.ceil(fraction) if round_up else math.floor(fraction)
+    return int(value)
+
+
+def pdb_status(pdb: Obj, pods: list[Obj], expected: int) -> Obj:
+    """The status the disruption controller would give ``pdb``: ``currentHealthy`` (selected pods that are
+    ready), ``desiredHealthy``, ``expectedPods`` (``expected``: the replicas of the selected pods'
+    controllers, or the pod count for pods without one), ``disruptionsAllowed``.
+
+    ``minAvailable`` and ``maxUnavailable`` may be integers or percentages; a percentage of
+    ``minAvailable`` rounds up, of ``maxUnavailable`` rounds up too (as the controller does).
+    """
+    spec = pdb.get("spec") or {}
+    selected = [
+        pod for pod in pods if selector_matches(spec.get("selector"), pod["metadata"].get("labels") or {})
+    ]
+    healthy = sum(1 for pod in selected if is_ready(pod))
+    if "maxUnavailable" in spec and spec["maxUnavailable"] is not None:
+        desired = max(0, expected - _scaled(spec["maxUnavailable"], expected, round_up=True))
+    elif spec.get("minAvailable") is not None:
+        desired = _scaled(spec["minAvailable"], expected, round_up=True)
+    else:
+        desired = expected  # neither given: policy/v1 treats it as minAvailable 100 %... of none selected
+    return {
+        "currentHealthy": healthy,
+        "desiredHealthy": desired,
+        "expectedPods": expected,
+        "disruptionsAllowed": max(0, healthy - desired),
+        "observedGeneration": pdb["metadata"].get("generation", 1),
+    }
+
+
+def owner(obj: Obj) -> Obj | None:
+    """The controller ownerReference of ``obj`` (``controller: true``), if any."""
+    for reference in obj["metadata"].get("ownerReferences") or []:
+        if reference.get("controller"):
+            return dict(reference)
+    return None
