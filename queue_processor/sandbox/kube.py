@@ -138,6 +138,9 @@ class KubeSandbox:
         """Every pod an eviction deleted, as it was just before (tests check which pods were evicted)."""
         self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
         self._pods_by_node: dict[str, set[Key]] = {}
+        # (namespace, label, value) → pods: PodDisruptionBudgets and ReplicaSets select through it, so an
+        # eviction costs the size of its selection, not of the cluster.
+        self._pods_by_label: dict[tuple[str, str, str], set[Key]] = {}
         self._rv = 0
         self._snapshot: dict[str, dict[Key, Obj]] = {}
         self._snapshot_by_node: dict[str, list[Key]] = {}
@@ -500,6 +503,26 @@ class KubeSandbox:
             self._pods_by_node.get(old_node, set()).discard(key)
         if new_node:
             self._pods_by_node.setdefault(new_node, set()).add(key)
+        old_labels = (old["metadata"].get("labels") or {}) if old else {}
+        new_labels = (new["metadata"].get("labels") or {}) if new else {}
+        if old_labels != new_labels:
+            for label, value in old_labels.items():
+                self._pods_by_label.get((key[0], label, value), set()).discard(key)
+            for label, value in new_labels.items():
+                self._pods_by_label.setdefault((key[0], label, value), set()).add(key)
+
+    def _select_pods(self, namespace: str, selector: Obj | None) -> list[Obj]:
+        """The pods of ``namespace`` that a LabelSelector object selects (through the label index when it
+        has matchLabels)."""
+        match_labels = (selector or {}).get("matchLabels") or {}
+        if match_labels:
+            keys = set.intersection(
+                *(self._pods_by_label.get((namespace, label, value), set()) for label, value in match_labels.items())
+            )
+            candidates = [self._objects["pods"][key] for key in keys]
+        else:
+            candidates = [p for p in self._objects["pods"].values() if p["metadata"].get("namespace") == namespace]
+        return [p for p in candidates if selector_matches(selector, p["metadata"].get("labels") or {})]
 
     def _schedule(self, delay_s: float, action: str, key: Key, payload: Any = None) -> None:
         at = self.clock.monotonic() + self.clock.real(delay_s)
@@ -608,10 +631,8 @@ class KubeSandbox:
             return
         active = [
             p
-            for p in self._objects["pods"].values()
-            if p["metadata"].get("namespace") == namespace
-            and (owner(p) or {}).get("uid") == rs["metadata"]["uid"]
-            and not is_terminating(p)
+            for p in self._select_pods(namespace, rs["spec"].get("selector"))
+            if (owner(p) or {}).get("uid") == rs["metadata"]["uid"] and not is_terminating(p)
         ]
         for _ in range(int(rs["spec"].get("replicas", 0)) - len(active)):
             template = {
@@ -911,14 +932,7 @@ class KubeSandbox:
         return count + sum(replicas.values())
 
     def _pdb_status(self, pdb: Obj) -> Obj:
-        namespace = pdb["metadata"]["namespace"]
-        selector = (pdb.get("spec") or {}).get("selector")
-        pods = [
-            pod
-            for pod in self._objects["pods"].values()
-            if pod["metadata"].get("namespace") == namespace
-            and selector_matches(selector, pod["metadata"].get("labels") or {})
-        ]
+        pods = self._select_pods(pdb["metadata"]["namespace"], (pdb.get("spec") or {}).get("selector"))
         return pdb_status(pdb, pods, self._expected_pods([p for p in pods if not is_terminating(p)] or pods))
 
     def _evict(self, key: Key, body: Obj) -> Obj:
