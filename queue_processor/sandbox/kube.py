@@ -34,6 +34,7 @@ import heapq
 import itertools
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -289,6 +290,30 @@ class KubeSandbox:
         with self.lock:
             self._schedule(register_after_s, "register-node", ("", name), (node, ready_after_s))
 
+    def wait_for_nodes(self, names: list[str], timeout_s: float = 30.0) -> None:
+        """Block until every named Node exists and is Ready; raises ``TimeoutError`` after ``timeout_s`` real
+        seconds."""
+        deadline = time.monotonic() + timeout_s
+        wanted = set(names)
+        while True:
+            with self.lock:
+                ready = {
+                    name
+                    for name in wanted
+                    if (node := self._objects["nodes"].get(("", name))) is not None
+                    and any(
+                        c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in node["status"]["conditions"]
+                    )
+                }
+            if ready == wanted:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(wanted - ready)} of {len(wanted)} nodes not Ready after {timeout_s} s"
+                )
+            time.sleep(0.005)
+
     def delete_node(self, name: str) -> None:
         """Remove a Node and every pod bound to it (the cloud node controller and pod GC do this when the
         instance is gone)."""
@@ -517,11 +542,16 @@ class KubeSandbox:
         match_labels = (selector or {}).get("matchLabels") or {}
         if match_labels:
             keys = set.intersection(
-                *(self._pods_by_label.get((namespace, label, value), set()) for label, value in match_labels.items())
+                *(
+                    self._pods_by_label.get((namespace, label, value), set())
+                    for label, value in match_labels.items()
+                )
             )
             candidates = [self._objects["pods"][key] for key in keys]
         else:
-            candidates = [p for p in self._objects["pods"].values() if p["metadata"].get("namespace") == namespace]
+            candidates = [
+                p for p in self._objects["pods"].values() if p["metadata"].get("namespace") == namespace
+            ]
         return [p for p in candidates if selector_matches(selector, p["metadata"].get("labels") or {})]
 
     def _schedule(self, delay_s: float, action: str, key: Key, payload: Any = None) -> None:
