@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine with Python 3.11 (see README "Quickstart"):
-#   make demo   set up .venv and run the main job on the embedded sandbox
+#   make demo   set up .venv and run the main job on the embedded sandbox (a 20-node cluster, a scenario)
 #   make test   set up .venv and run every check: ruff, ruff format, mypy --strict, pytest
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/queue-processor inspect --format table tests/fixtures/messages/*.json
+	$(BIN)/queue-processor sandbox --nodes 20 --scale 0.01 --scenario mixed-duplicates --exit-after 3
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -33,6 +33,7 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/parse.py
+	$(BIN)/python benchmarks/sandbox.py
 
 docs: $(STAMP)
 	$(BIN)/queue-processor config --reference > docs/configuration.md

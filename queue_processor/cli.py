@@ -2,6 +2,7 @@
 
 - ``inspect PATH...``: what the controller would make of message bodies taken from a queue or its DLQ;
 - ``config``: check the settings from the environment and flags, and print them (secrets masked);
+- ``sandbox``: the embedded AWS and Kubernetes, with a cluster and scenarios (needs the ``sandbox`` extra);
 - ``version``.
 
 Exit codes: 0 success; 2 a usage error, a bad setting (one line on stderr naming the variable) or a file that
@@ -11,7 +12,11 @@ cannot be read.
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +29,7 @@ from rich.table import Table
 from queue_processor import __version__
 from queue_processor.config import ConfigError, Settings, configuration_markdown, env_name, load_settings
 from queue_processor.parse import ParseResult, parse
+from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,6 +104,102 @@ def config_command(reference: bool, **flags: Any) -> None:
         for name, value in settings.model_dump().items()
     }
     click.echo(json.dumps(shown, indent=2, default=str))
+
+
+@main.command()
+@click.option(
+    "--nodes",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Nodes (EC2 instances) in the cluster.",
+)
+@click.option(
+    "--asgs",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Auto Scaling groups the nodes are spread over.",
+)
+@click.option(
+    "--scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Real seconds per simulated second: 0.01 runs a 120 s Spot notice in 1.2 s.",
+)
+@click.option(
+    "--scenario", type=click.Choice(sorted(SCENARIOS)), help="Publish this scenario's events once started."
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".sandbox"),
+    show_default=True,
+    help="Where the kubeconfig and the env file are written.",
+)
+@click.option(
+    "--exit-after",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Stop after this many real seconds (0: publish, report and stop). Default: serve until Ctrl-C.",
+)
+def sandbox(
+    nodes: int, asgs: int, scale: float, scenario: str | None, workdir: Path, exit_after: float | None
+) -> None:
+    """Start the embedded sandbox: AWS (SQS queue and dead-letter queue, EventBridge rules, Auto Scaling groups
+    with lifecycle hooks, on moto's server) and a Kubernetes API server, with a cluster of --nodes nodes.
+
+    Writes WORKDIR/kubeconfig and WORKDIR/sandbox.env (QUEUE_URL, AWS_REGION, AWS_ENDPOINT, fake credentials,
+    KUBECONFIG), prints how to point the controller at them, publishes --scenario's events, and serves until
+    Ctrl-C (or --exit-after). The last line is a JSON summary of what was published.
+    """
+    started = time.monotonic()
+    console = Console(stderr=True)
+    options = SandboxOptions(nodes=nodes, asgs=asgs, scale=scale)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with Sandbox(options, workdir=workdir) as running:
+        env_file = running.env_path
+        console.print(
+            f"[bold]sandbox up[/] in {time.monotonic() - started:.1f} s: {nodes} nodes, "
+            f"{len(running.kube.objects('pods'))} pods, queue {running.env()['QUEUE_URL']}"
+        )
+        console.print(f"  settings: {env_file}  (kubeconfig: {running.kubeconfig_path})")
+        console.print(
+            f"  point the controller at it: [cyan]set -a; . {env_file}; set +a[/], then "
+            "[cyan]queue-processor config[/] checks the settings (queue-processor run arrives with the controller)"
+        )
+        done: dict[str, Any] = running.publish(scenario) if scenario else {}
+        if scenario:
+            console.print(f"  scenario [bold]{scenario}[/]: {done}")
+        stop.wait(exit_after)
+        summary = _sandbox_summary(running, scenario, nodes, time.monotonic() - started)
+    table = Table("outcome", "kind", "messages", title="published to the queue")
+    for (outcome, kind), count in sorted(summary.pop("_rows").items()):
+        table.add_row(outcome, kind, str(count))
+    console.print(table)
+    click.echo(json.dumps(summary))
+
+
+def _sandbox_summary(running: Sandbox, scenario: str | None, nodes: int, seconds: float) -> dict[str, Any]:
+    rows: Counter[tuple[str, str]] = Counter()
+    queue_url = running.env()["QUEUE_URL"]
+    published = [m for m in running.aws.published() if any(queue_url.endswith(q) for q in m.queues)]
+    for message in published:
+        result = parse(message.body)
+        kinds = sorted({str(event.kind) for event in result.events}) or [result.reason or ""]
+        for kind in kinds:
+            rows[(result.outcome, kind[:60])] += 1
+    return {
+        "_rows": rows,
+        "scenario": scenario,
+        "nodes": nodes,
+        "nodes_left": len(running.kube.objects("nodes")),
+        "published": len(published),
+        "seconds": round(seconds, 2),
+    }
 
 
 def _result_json(path: str, result: ParseResult) -> dict[str, Any]:

@@ -589,6 +589,7 @@ class AwsSandbox:
         self._botocore: botocore.session.Session | None = None
         self._clients: dict[str, Any] = {}
         self._timer_errors: list[BaseException] = []
+        self._listeners: list[Callable[[SandboxInstance, str], None]] = []
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -885,6 +886,18 @@ class AwsSandbox:
                 self.terminate_instance(instance_id)
             return chosen[:count]
 
+    def on_instance(self, listener: Callable[[SandboxInstance, str], None]) -> None:
+        """Call ``listener(instance, event)`` when an instance starts running in a group (``"launched"``: a
+        launch into the group, or out of the warm pool into it) or is terminated (``"terminated"``), so the
+        Kubernetes side can register or remove its node. Called under the sandbox's lock: the listener must
+        be quick and must not call the sandbox."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def _notify(self, instance: SandboxInstance, event: str) -> None:
+        for listener in self._listeners:
+            listener(instance, event)
+
     def launch_instances(
         self,
         asg_name: str,
@@ -921,6 +934,8 @@ class AwsSandbox:
             for state in states:
                 waiting = "Warmed:Pending" if destination == "WarmPool" else "Pending"
                 state.lifecycle_state = waiting
+                if destination == "AutoScalingGroup":
+                    self._notify(self._describe(state), "launched")
                 if not self._open_actions(state, LAUNCH_TRANSITION, origin, destination):
                     self._finish_transition(state, LAUNCH_TRANSITION, destination, "CONTINUE")
             return [self._describe(state) for state in states]
@@ -1330,7 +1345,10 @@ class AwsSandbox:
             return str(zone.zone_id) if zone is not None else ""
 
     def _terminate_ec2(self, instance_id: str) -> None:
-        """Out of its group, its open actions cancelled, terminated in EC2, state changes published."""
+        """Out of its group, its open actions cancelled, terminated in EC2, state changes published, listeners
+        told."""
+        state = self._find_state(instance_id)
+        described = self._describe(state) if state is not None else None
         for group in self._autoscaling.autoscaling_groups.values():
             if any(s.instance.id == instance_id for s in group.instance_states):
                 group.instance_states = [s for s in group.instance_states if s.instance.id != instance_id]
@@ -1343,6 +1361,8 @@ class AwsSandbox:
         self._ec2.terminate_instances([instance_id])
         self.publish_state_change(instance_id, "shutting-down")
         self.publish_state_change(instance_id, "terminated")
+        if described is not None:
+            self._notify(described, "terminated")
         self._changed.notify_all()
 
     def _stop_ec2(self, instance_id: str) -> None:

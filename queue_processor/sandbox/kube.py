@@ -390,6 +390,27 @@ class KubeSandbox:
             "poddisruptionbudgets", {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
         )
 
+    def set_pdb(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        min_available: int | str | None = None,
+        max_unavailable: int | str | None = None,
+    ) -> None:
+        """Change a PodDisruptionBudget's minAvailable/maxUnavailable (exactly one of them is kept). Raises
+        ``KeyError`` when it does not exist."""
+        with self.lock:
+            key = (namespace, name)
+            pdb = copy.deepcopy(self._objects["poddisruptionbudgets"][key])
+            spec = {k: v for k, v in pdb["spec"].items() if k not in ("minAvailable", "maxUnavailable")}
+            if min_available is not None:
+                spec["minAvailable"] = min_available
+            if max_unavailable is not None:
+                spec["maxUnavailable"] = max_unavailable
+            pdb["spec"] = spec
+            self._replace("poddisruptionbudgets", key, pdb)
+
     def add_pod(
         self,
         namespace: str,
@@ -522,11 +543,12 @@ class KubeSandbox:
         return obj
 
     def _index_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
-        old_node = (old or {}).get("spec", {}).get("nodeName") if old else None
-        new_node = (new or {}).get("spec", {}).get("nodeName") if new else None
-        if old_node and old_node != new_node:
+        # Unscheduled pods are indexed under "" (the scheduler's queue).
+        old_node = (old.get("spec") or {}).get("nodeName") or "" if old else None
+        new_node = (new.get("spec") or {}).get("nodeName") or "" if new else None
+        if old_node is not None and old_node != new_node:
             self._pods_by_node.get(old_node, set()).discard(key)
-        if new_node:
+        if new_node is not None:
             self._pods_by_node.setdefault(new_node, set()).add(key)
         old_labels = (old["metadata"].get("labels") or {}) if old else {}
         new_labels = (new["metadata"].get("labels") or {}) if new else {}
@@ -700,7 +722,7 @@ class KubeSandbox:
     def _schedule_pending(self) -> None:
         """The scheduler: bind unscheduled pods to the schedulable node with the fewest pods; they turn
         Ready ``pod_start_s`` later. Pods with nowhere to go are retried every simulated second."""
-        pending = [key for key, p in self._objects["pods"].items() if not p["spec"].get("nodeName")]
+        pending = list(self._pods_by_node.get("", ()))
         if not pending:
             return
         nodes = self._schedulable_nodes()

@@ -1,0 +1,256 @@
+"""The whole sandbox in one object: AWS, Kubernetes, a cluster spanning both, and scenarios.
+
+:class:`Sandbox` starts :class:`~queue_processor.sandbox.aws.AwsSandbox` (queue, dead-letter queue, the
+standard EventBridge rules, Auto Scaling groups with lifecycle hooks) and
+:class:`~queue_processor.sandbox.kube.KubeSandbox` (a Node per instance and the workloads of a
+:class:`~queue_processor.sandbox.cluster.ClusterSpec`), keeps the two in step the way a real cluster does (a
+launched instance registers its Node after ``node_register_s``; a terminated one loses it), and writes a
+kubeconfig and an env file that point ``queue-processor run`` at both.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from queue_processor.sandbox.aws import AwsSandbox, SandboxInstance, SandboxQueue
+from queue_processor.sandbox.clock import SandboxClock
+from queue_processor.sandbox.cluster import ClusterSpec, Instance, build_kubernetes
+from queue_processor.sandbox.kube import KubeSandbox
+
+__all__ = ["SCENARIOS", "Sandbox", "SandboxOptions"]
+
+POISON_BODIES = (
+    "this is not JSON",
+    json.dumps({"Records": [{"eventSource": "aws:s3", "eventName": "ObjectCreated:Put"}]}),
+    json.dumps({"source": "aws.ec2", "detail-type": "EC2 Spot Instance Interruption Warning", "detail": {}}),
+)
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """How big and how fast: ``nodes`` instances spread over ``asgs`` Auto Scaling groups (``workers-<n>``)
+    across ``zones``; ``scale`` real seconds per simulated second; terminate hooks with
+    ``heartbeat_timeout_s`` and launch hooks (``launch_hooks``); the queue's ``visibility_timeout_s`` and
+    ``max_receive_count`` before the dead-letter queue; ``node_register_s``/``node_ready_s``: how long a
+    launched instance takes to register its Node and for the Node to turn Ready (simulated seconds)."""
+
+    nodes: int = 3
+    asgs: int = 1
+    zones: tuple[str, ...] = ("us-east-1a", "us-east-1b", "us-east-1c")
+    scale: float = 1.0
+    heartbeat_timeout_s: int = 300
+    launch_hooks: bool = True
+    visibility_timeout_s: int = 30
+    max_receive_count: int = 5
+    node_register_s: float = 30.0
+    node_ready_s: float = 10.0
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+
+
+class Sandbox:
+    """AWS and Kubernetes for a cluster of ``options.nodes`` nodes; files go to ``workdir``.
+
+    Use as a context manager or call :meth:`start`/:meth:`stop`. Raises ``RuntimeError`` from :meth:`start`
+    when another AWS sandbox runs in the process (moto's state is process-wide).
+    """
+
+    def __init__(self, options: SandboxOptions | None = None, *, workdir: Path) -> None:
+        self.options = options or SandboxOptions()
+        self.workdir = workdir
+        self.clock = SandboxClock(self.options.scale)
+        self.aws = AwsSandbox(self.clock)
+        self.kube = KubeSandbox(self.clock)
+        self.queue: SandboxQueue | None = None
+        self.instances: list[SandboxInstance] = []
+        self._timers: list[threading.Timer] = []
+
+    def start(self) -> Sandbox:
+        """Start both sides, build the cluster, write the kubeconfig and env file."""
+        options = self.options
+        if options.nodes < 1 or options.asgs < 1:
+            raise ValueError("a sandbox needs at least one node and one Auto Scaling group")
+        self.aws.start()
+        try:
+            self.kube.start()
+            self.queue = self.aws.create_queue(
+                visibility_timeout_s=options.visibility_timeout_s, max_receive_count=options.max_receive_count
+            )
+            self.aws.put_standard_rules(self.queue.arn)
+            sizes = {
+                f"workers-{index}": options.nodes // options.asgs
+                + (1 if index < options.nodes % options.asgs else 0)
+                for index in range(options.asgs)
+            }
+            self.instances = self.aws.build_cluster(
+                {name: size for name, size in sizes.items() if size},
+                availability_zones=list(options.zones),
+                heartbeat_timeout_s=options.heartbeat_timeout_s,
+                launch_hook=options.launch_hooks,
+            )
+            build_kubernetes(self.kube, [self._instance(i) for i in self.instances], options.cluster)
+            self.aws.on_instance(self._follow)
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.kube.kubeconfig(self.kubeconfig_path)
+            self.env_path.write_text("".join(f"{key}={value}\n" for key, value in self.env().items()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop timers, both servers and their threads."""
+        for timer in self._timers:
+            timer.cancel()
+        self.kube.stop()
+        self.aws.stop()
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """The kubeconfig written by :meth:`start`."""
+        return self.workdir / "kubeconfig"
+
+    @property
+    def env_path(self) -> Path:
+        """The env file written by :meth:`start` (``KEY=value`` lines)."""
+        return self.workdir / "sandbox.env"
+
+    def env(self) -> dict[str, str]:
+        """The environment that points ``queue-processor run`` at this sandbox."""
+        if self.queue is None:
+            raise RuntimeError("the sandbox is not started")
+        return {
+            "QUEUE_URL": self.queue.url,
+            "AWS_REGION": self.aws.region,
+            "AWS_ENDPOINT": self.aws.endpoint_url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "KUBECONFIG": str(self.kubeconfig_path),
+        }
+
+    @staticmethod
+    def _instance(instance: SandboxInstance) -> Instance:
+        return Instance(
+            instance.instance_id, instance.private_dns_name, instance.availability_zone, instance.asg_name
+        )
+
+    def _follow(self, instance: SandboxInstance, event: str) -> None:
+        """Keep Kubernetes in step with EC2 (called by the AWS side under its lock)."""
+        if event == "launched":
+            self.kube.add_node(
+                instance.private_dns_name,
+                provider_id=instance.provider_id,
+                labels={"topology.kubernetes.io/zone": instance.availability_zone},
+                register_after_s=self.options.node_register_s,
+                ready_after_s=self.options.node_ready_s,
+            )
+        elif event == "terminated":
+            self.kube.delete_node(instance.private_dns_name)
+
+    def after(self, simulated_s: float, action: Callable[[], None]) -> None:
+        """Run ``action`` ``simulated_s`` simulated seconds from now, in a timer thread :meth:`stop` cancels."""
+        timer = threading.Timer(self.clock.real(simulated_s), action)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def publish(self, scenario: str) -> dict[str, Any]:
+        """Publish the events of ``scenario`` (a key of :data:`SCENARIOS`); returns what was done. Raises
+        ``KeyError`` for an unknown scenario."""
+        return SCENARIOS[scenario](self)
+
+
+def _in_service(sandbox: Sandbox) -> list[SandboxInstance]:
+    """The cluster's instances still InService (a scenario acts on those; earlier ones may have gone)."""
+    return [i for i in sandbox.instances if sandbox.aws.lifecycle_state(i.instance_id) == "InService"]
+
+
+def _spot_storm(sandbox: Sandbox) -> dict[str, Any]:
+    """Every instance gets a rebalance recommendation, then a Spot interruption warning (terminated when the
+    120 s notice ends)."""
+    chosen = _in_service(sandbox)
+    for instance in chosen:
+        sandbox.aws.rebalance_recommendation(instance.instance_id)
+        sandbox.aws.spot_interruption(instance.instance_id)
+    return {"interrupted": len(chosen)}
+
+
+def _asg_scale_in(sandbox: Sandbox) -> dict[str, Any]:
+    """Half the instances (at least one) leave their group through the terminate lifecycle hook."""
+    available = _in_service(sandbox)
+    chosen = available[: max(1, len(available) // 2)]
+    for instance in chosen:
+        sandbox.aws.terminate_instance(instance.instance_id)
+    return {"terminating": len(chosen)}
+
+
+def _warm_pool_launch(sandbox: Sandbox) -> dict[str, Any]:
+    """Two instances launch into the first group's warm pool, then two warmed ones move into the group (their
+    nodes register after ``node_register_s``); the launch hook holds each in Pending:Wait."""
+    group = sandbox.instances[0].asg_name
+    warmed = sandbox.aws.launch_instances(group, 2, origin="EC2", destination="WarmPool")
+    for instance in warmed:
+        for action in sandbox.aws.actions(instance.instance_id, status="open"):
+            sandbox.aws.client("autoscaling").complete_lifecycle_action(
+                AutoScalingGroupName=group,
+                LifecycleHookName=action.hook_name,
+                LifecycleActionToken=action.token,
+                LifecycleActionResult="CONTINUE",
+            )  # the warm-pool bootstrap finishing its own launch action
+    launched = sandbox.aws.launch_instances(group, 2, origin="WarmPool", destination="AutoScalingGroup")
+    return {"warmed": len(warmed), "launched": [i.instance_id for i in launched]}
+
+
+def _mixed_duplicates(sandbox: Sandbox) -> dict[str, Any]:
+    """For up to three instances at once: a rebalance recommendation, a Spot warning, a state change to
+    ``stopping`` and an ASG terminate action; then every one of those messages again (redeliveries)."""
+    chosen = _in_service(sandbox)[:3]
+    before = len(sandbox.aws.published())
+    for instance in chosen:
+        sandbox.aws.rebalance_recommendation(instance.instance_id)
+        sandbox.aws.spot_interruption(instance.instance_id)
+        sandbox.aws.publish_state_change(instance.instance_id, "stopping")
+        sandbox.aws.terminate_instance(instance.instance_id)
+    published = sandbox.aws.published()[before:]
+    for message in published:
+        sandbox.aws.send_raw(sandbox.env()["QUEUE_URL"], message.body)
+    return {"instances": len(chosen), "messages": 2 * len(published)}
+
+
+def _pdb_blocked(sandbox: Sandbox) -> dict[str, Any]:
+    """The PodDisruptionBudget of ``app-000`` allows no disruption; one instance is scaled in; after 60
+    simulated seconds the budget is relaxed to maxUnavailable 1, so a drain that timed out can succeed."""
+    sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)
+    instance = _in_service(sandbox)[0]
+    sandbox.aws.terminate_instance(instance.instance_id)
+    sandbox.after(60.0, lambda: sandbox.kube.set_pdb("apps", "app-000", max_unavailable=1))
+    return {"terminating": instance.instance_id, "relaxed_after_s": 60.0}
+
+
+def _poison(sandbox: Sandbox) -> dict[str, Any]:
+    """Bodies the controller cannot understand, for the dead-letter queue, and one good Spot warning."""
+    for body in POISON_BODIES:
+        sandbox.aws.send_raw(sandbox.env()["QUEUE_URL"], body)
+    sandbox.aws.spot_interruption(_in_service(sandbox)[0].instance_id)
+    return {"poison": len(POISON_BODIES), "good": 1}
+
+
+#: Scenario name → what it publishes (see each function's docstring).
+SCENARIOS: dict[str, Callable[[Sandbox], dict[str, Any]]] = {
+    "spot-storm": _spot_storm,
+    "asg-scale-in": _asg_scale_in,
+    "warm-pool-launch": _warm_pool_launch,
+    "mixed-duplicates": _mixed_duplicates,
+    "pdb-blocked": _pdb_blocked,
+    "poison": _poison,
+}

@@ -1,0 +1,165 @@
+"""The whole sandbox: AWS and Kubernetes in step, the files it writes, the scenarios and the command."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from click.testing import CliRunner
+from kubernetes import client, config
+
+from queue_processor.cli import main
+from queue_processor.config import load_settings
+from queue_processor.events import EventKind
+from queue_processor.parse import parse
+from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
+    options = SandboxOptions(nodes=6, asgs=2, scale=0.01, node_register_s=20, node_ready_s=10)
+    with Sandbox(options, workdir=tmp_path / "sandbox") as running:
+        yield running
+
+
+def drain_queue(running: Sandbox, wait_s: float = 0.5) -> list[str]:
+    sqs = boto3.client("sqs", **running.aws.client_kwargs)
+    bodies: list[str] = []
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        got = sqs.receive_message(
+            QueueUrl=running.env()["QUEUE_URL"], MaxNumberOfMessages=10, WaitTimeSeconds=0
+        )
+        for message in got.get("Messages", []):
+            bodies.append(message["Body"])
+            sqs.delete_message(QueueUrl=running.env()["QUEUE_URL"], ReceiptHandle=message["ReceiptHandle"])
+    return bodies
+
+
+def kinds(bodies: list[str]) -> Counter[str]:
+    return Counter(str(event.kind) for body in bodies for event in parse(body).events)
+
+
+def test_nodes_are_the_instances(sandbox: Sandbox) -> None:
+    api = config.new_client_from_config(str(sandbox.kubeconfig_path))
+    nodes = {node.metadata.name: node for node in client.CoreV1Api(api).list_node().items}
+    assert len(sandbox.instances) == 6
+    assert {i.asg_name for i in sandbox.instances} == {"workers-0", "workers-1"}
+    for instance in sandbox.instances:
+        node = nodes[instance.private_dns_name]
+        assert node.spec.provider_id == f"aws:///{instance.availability_zone}/{instance.instance_id}"
+    ec2 = boto3.client("ec2", **sandbox.aws.client_kwargs)
+    described = ec2.describe_instances(InstanceIds=[i.instance_id for i in sandbox.instances])
+    tags = [
+        {tag["Key"] for tag in instance.get("Tags", [])}
+        for reservation in described["Reservations"]
+        for instance in reservation["Instances"]
+    ]
+    assert all("aws-node-termination-handler/managed" in keys for keys in tags)
+
+
+def test_the_env_file_configures_the_controller(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = dict(line.split("=", 1) for line in sandbox.env_path.read_text().splitlines())
+    assert lines == sandbox.env()
+    for key, value in lines.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings()
+    assert settings.queue_url == sandbox.env()["QUEUE_URL"]
+    assert settings.aws_endpoint == sandbox.aws.endpoint_url
+    assert settings.aws_region == "us-east-1"
+
+
+def test_a_terminated_instance_loses_its_node_and_a_launched_one_registers_later(sandbox: Sandbox) -> None:
+    gone = sandbox.instances[0]
+    sandbox.aws.spot_interruption(gone.instance_id)
+    deadline = time.monotonic() + 5
+    while sandbox.kube.get("nodes", gone.private_dns_name) is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert sandbox.aws.ec2_state(gone.instance_id) == "terminated"
+    (launched,) = sandbox.aws.launch_instances("workers-0", 1)
+    assert sandbox.kube.get("nodes", launched.private_dns_name) is None  # registers 20 s (0.2 s) later
+    sandbox.kube.wait_for_nodes([launched.private_dns_name], timeout_s=5)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "expected"),
+    [
+        ("spot-storm", {EventKind.SPOT_INTERRUPTION: 6, EventKind.REBALANCE_RECOMMENDATION: 6}),
+        ("asg-scale-in", {EventKind.ASG_TERMINATE_LIFECYCLE: 3}),
+        ("warm-pool-launch", {EventKind.ASG_LAUNCH_LIFECYCLE: 4}),
+    ],
+)
+def test_scenarios_publish_what_they_say(
+    sandbox: Sandbox, scenario: str, expected: dict[EventKind, int]
+) -> None:
+    sandbox.publish(scenario)
+    got = kinds(drain_queue(sandbox))
+    for kind, count in expected.items():
+        assert got[str(kind)] == count, got
+
+
+def test_mixed_duplicates_sends_every_message_twice(sandbox: Sandbox) -> None:
+    done = sandbox.publish("mixed-duplicates")
+    bodies = drain_queue(sandbox)
+    ids = Counter(event.event_id for body in bodies for event in parse(body).events)
+    assert done["instances"] == 3
+    assert {str(kind) for kind in kinds(bodies)} >= {
+        "spot-interruption",
+        "rebalance-recommendation",
+        "state-change",
+        "asg-terminate-lifecycle",
+    }
+    assert min(ids.values()) >= 2  # every event arrived at least twice
+
+
+def test_poison_scenario_sends_bodies_that_do_not_parse(sandbox: Sandbox) -> None:
+    sandbox.publish("poison")
+    outcomes = Counter(parse(body).outcome for body in drain_queue(sandbox))
+    assert outcomes["poison"] == 3
+    assert outcomes["events"] >= 1
+
+
+def test_pdb_blocked_relaxes_its_budget_later(sandbox: Sandbox) -> None:
+    sandbox.publish("pdb-blocked")
+    assert sandbox.kube.get("poddisruptionbudgets", "app-000", "apps")["spec"]["maxUnavailable"] == 0  # type: ignore[index]
+    deadline = time.monotonic() + 5
+    while sandbox.kube.get("poddisruptionbudgets", "app-000", "apps")["spec"]["maxUnavailable"] == 0:  # type: ignore[index]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_every_scenario_is_tested() -> None:
+    tested = {"spot-storm", "asg-scale-in", "warm-pool-launch", "mixed-duplicates", "poison", "pdb-blocked"}
+    assert set(SCENARIOS) == tested
+
+
+def test_the_sandbox_command(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "sandbox",
+            "--nodes",
+            "4",
+            "--scale",
+            "0.01",
+            "--scenario",
+            "asg-scale-in",
+            "--exit-after",
+            "0.2",
+            "--workdir",
+            str(tmp_path / "sb"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["scenario"] == "asg-scale-in"
+    assert summary["nodes"] == 4
+    assert summary["published"] >= 2
+    assert (tmp_path / "sb" / "kubeconfig").is_file()
+    assert "QUEUE_URL=" in (tmp_path / "sb" / "sandbox.env").read_text()
