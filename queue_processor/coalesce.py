@@ -1,0 +1,222 @@
+"""The event store: deduplication by event ID and one operation per instance (pure, no I/O).
+
+SQS delivers at least once, EventBridge may duplicate, and one instance can produce a Spot warning, a
+rebalance recommendation, a state change and an ASG lifecycle action within seconds. The store makes sure a
+node is cordoned and drained **once**, that every message which asked for it is acknowledged when that drain
+ends, and that every lifecycle action among them is completed (DESIGN.md, rule 2).
+
+- :meth:`EventStore.admit` takes an event (with the SQS message it came in) and answers whether it starts a
+  new :class:`NodeOperation`, joins the one in flight for its instance, or repeats one that already succeeded
+  (then its message needs nothing more). Launch actions get operations of their own: waiting for a node to
+  register is not draining it.
+- :meth:`EventStore.finish` ends an operation and says, for each message whose every operation has now ended,
+  whether to delete it (all succeeded) or requeue it (any failed). A message stays in flight, and invisible,
+  while any of its operations runs.
+- Succeeded event IDs are remembered for ``dedup_ttl_s`` seconds; a redelivered copy is acknowledged at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import TypeVar
+
+from queue_processor.events import (
+    AsgLaunchLifecycleEvent,
+    AsgLifecycleEvent,
+    AsgTerminateLifecycleEvent,
+    Event,
+    EventKind,
+    SqsMessageRef,
+)
+
+__all__ = ["Admission", "EventStore", "MessageOutcome", "Mode", "NodeOperation", "Settlement"]
+
+
+class Mode(StrEnum):
+    """What an operation does to its node."""
+
+    DRAIN = "drain"
+    """Cordon and drain (every kind but launch actions)."""
+    LAUNCH = "launch"
+    """Wait for the node to register and turn Ready, then complete the launch action(s)."""
+
+
+def mode_of(event: Event) -> Mode:
+    """The mode of the operation an event belongs to."""
+    return Mode.LAUNCH if event.kind is EventKind.ASG_LAUNCH_LIFECYCLE else Mode.DRAIN
+
+
+@dataclass
+class NodeOperation:
+    """Everything asked of one instance at once: its events (unique event IDs, in arrival order) and the
+    messages they came in. ``started_at`` is the store clock's reading (seconds) when it began."""
+
+    instance_id: str
+    mode: Mode
+    started_at: float
+    events: list[Event] = field(default_factory=list)
+    messages: dict[str, SqsMessageRef] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, Mode]:
+        """``(instance_id, mode)``: at most one operation per key is in flight."""
+        return (self.instance_id, self.mode)
+
+    @property
+    def first(self) -> Event:
+        """The event that started the operation."""
+        return self.events[0]
+
+    @property
+    def kinds(self) -> list[EventKind]:
+        """The kinds of its events, without repeats, in arrival order."""
+        return list(dict.fromkeys(event.kind for event in self.events))
+
+    @property
+    def terminate_actions(self) -> list[AsgTerminateLifecycleEvent]:
+        """Its ASG terminate lifecycle actions, one per lifecycle action token (or instance and hook)."""
+        return _unique_actions(e for e in self.events if isinstance(e, AsgTerminateLifecycleEvent))
+
+    @property
+    def launch_actions(self) -> list[AsgLaunchLifecycleEvent]:
+        """Its ASG launch lifecycle actions, one per token."""
+        return _unique_actions(e for e in self.events if isinstance(e, AsgLaunchLifecycleEvent))
+
+    @property
+    def deadline(self) -> datetime:
+        """The earliest ``start_time`` of its events: when the instance is expected to go away."""
+        return min(event.start_time for event in self.events)
+
+
+A = TypeVar("A", bound=AsgLifecycleEvent)
+
+
+def _unique_actions(events: Iterable[A]) -> list[A]:
+    seen: dict[tuple[str, str, str], A] = {}
+    for event in events:
+        key = (event.lifecycle_action_token or "", event.auto_scaling_group_name, event.lifecycle_hook_name)
+        seen.setdefault(key, event)
+    return list(seen.values())
+
+
+class AdmissionKind(StrEnum):
+    """What :meth:`EventStore.admit` made of an event."""
+
+    NEW = "new"
+    """It starts an operation: handle it."""
+    JOINED = "joined"
+    """It joined the operation in flight for its instance (or repeats one of its events)."""
+    DONE = "done"
+    """It repeats an event whose operation already succeeded: nothing to do."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The answer of :meth:`EventStore.admit`: ``kind``, and the operation it started or joined."""
+
+    kind: AdmissionKind
+    operation: NodeOperation | None
+
+
+class MessageOutcome(StrEnum):
+    """What to do with a message whose operations have all ended."""
+
+    DELETE = "delete"
+    REQUEUE = "requeue"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """Messages whose every operation has ended, with what to do with each."""
+
+    messages: tuple[tuple[SqsMessageRef, MessageOutcome], ...]
+
+
+@dataclass
+class _MessageState:
+    ref: SqsMessageRef
+    running: int = 0
+    failed: bool = False
+
+
+class EventStore:
+    """Deduplication and per-instance coalescing. Not thread-safe: one asyncio loop owns it.
+
+    ``dedup_ttl_s`` (seconds) is how long a succeeded event ID is remembered; ``clock`` returns seconds
+    (``time.monotonic`` by default; tests pass their own).
+    """
+
+    def __init__(self, dedup_ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.dedup_ttl_s = dedup_ttl_s
+        self.clock = clock
+        self._operations: dict[tuple[str, Mode], NodeOperation] = {}
+        self._done: dict[str, float] = {}  # event_id → expiry
+        self._messages: dict[str, _MessageState] = {}
+        self._message_ops: dict[str, set[tuple[str, Mode]]] = {}
+
+    @property
+    def operations(self) -> list[NodeOperation]:
+        """The operations in flight."""
+        return list(self._operations.values())
+
+    def in_flight(self, message_id: str) -> bool:
+        """Whether a message still has an operation running."""
+        state = self._messages.get(message_id)
+        return state is not None and state.running > 0
+
+    def admit(self, event: Event) -> Admission:
+        """Take one event. Its ``message`` (when set) is tracked until every operation it joined has ended."""
+        self._expire()
+        if event.event_id in self._done:
+            return Admission(AdmissionKind.DONE, None)
+        key = (event.instance_id, mode_of(event))
+        operation = self._operations.get(key)
+        kind = AdmissionKind.JOINED
+        if operation is None:
+            operation = NodeOperation(event.instance_id, key[1], self.clock())
+            self._operations[key] = operation
+            kind = AdmissionKind.NEW
+        if all(existing.event_id != event.event_id for existing in operation.events):
+            operation.events.append(event)
+        message = event.message
+        if message is not None:
+            state = self._messages.setdefault(message.message_id, _MessageState(message))
+            state.ref = message  # the newest receipt handle wins
+            operations = self._message_ops.setdefault(message.message_id, set())
+            if key not in operations:
+                operations.add(key)
+                state.running += 1
+            operation.messages[message.message_id] = message
+        return Admission(kind, operation)
+
+    def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
+        """End an operation. On success its event IDs are remembered for ``dedup_ttl_s``. Returns the
+        messages that have no operation left: DELETE when all theirs succeeded, REQUEUE otherwise. Raises
+        ``KeyError`` for an operation that is not in flight."""
+        if self._operations.get(operation.key) is not operation:
+            raise KeyError(f"no operation in flight for {operation.key}")
+        del self._operations[operation.key]
+        if succeeded:
+            expiry = self.clock() + self.dedup_ttl_s
+            for event in operation.events:
+                self._done[event.event_id] = expiry
+        settled: list[tuple[SqsMessageRef, MessageOutcome]] = []
+        for message_id in operation.messages:
+            state = self._messages[message_id]
+            state.running -= 1
+            state.failed = state.failed or not succeeded
+            self._message_ops[message_id].discard(operation.key)
+            if state.running == 0:
+                del self._messages[message_id]
+                del self._message_ops[message_id]
+                settled.append((state.ref, MessageOutcome.REQUEUE if state.failed else MessageOutcome.DELETE))
+        return Settlement(tuple(settled))
+
+    def _expire(self) -> None:
+        now = self.clock()
+        if self._done and next(iter(self._done.values())) <= now:
+            self._done = {event_id: expiry for event_id, expiry in self._done.items() if expiry > now}

@@ -1,0 +1,206 @@
+"""The event store: one operation per instance, every message settled, duplicates acknowledged."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, Mode
+from queue_processor.events import (
+    AsgLaunchLifecycleEvent,
+    AsgTerminateLifecycleEvent,
+    Event,
+    RebalanceRecommendationEvent,
+    SpotInterruptionEvent,
+    SqsMessageRef,
+    StateChangeEvent,
+)
+
+T0 = datetime(2026, 11, 22, 12, tzinfo=UTC)
+
+
+def msg(message_id: str, handle: str = "rh") -> SqsMessageRef:
+    return SqsMessageRef(queue_url="q", message_id=message_id, receipt_handle=f"{handle}-{message_id}")
+
+
+def spot(instance: str, message: str, source: str = "s") -> SpotInterruptionEvent:
+    return SpotInterruptionEvent(
+        instance_id=instance, time=T0, source_id=f"{source}-{instance}", message=msg(message)
+    )
+
+
+def terminate(instance: str, message: str, token: str = "tok") -> AsgTerminateLifecycleEvent:
+    return AsgTerminateLifecycleEvent(
+        instance_id=instance,
+        time=T0,
+        auto_scaling_group_name="workers",
+        lifecycle_hook_name="drain",
+        lifecycle_action_token=f"{token}-{instance}",
+        lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+        message=msg(message),
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_every_kind_for_one_instance_makes_one_drain_and_settles_every_message() -> None:
+    store = EventStore()
+    events: list[Event] = [
+        RebalanceRecommendationEvent(instance_id="i-1", time=T0, source_id="r", message=msg("m1")),
+        spot("i-1", "m2"),
+        StateChangeEvent(instance_id="i-1", time=T0, source_id="sc", state="stopping", message=msg("m3")),
+        terminate("i-1", "m4"),
+        terminate("i-1", "m5", token="other"),
+    ]
+    admissions = [store.admit(event) for event in events]
+    assert [a.kind for a in admissions] == [AdmissionKind.NEW] + [AdmissionKind.JOINED] * 4
+    (operation,) = store.operations
+    assert operation.mode is Mode.DRAIN
+    assert len(operation.terminate_actions) == 2  # both lifecycle actions get completed
+    settlement = store.finish(operation, succeeded=True)
+    assert sorted((ref.message_id, outcome) for ref, outcome in settlement.messages) == [
+        (f"m{n}", MessageOutcome.DELETE) for n in range(1, 6)
+    ]
+    assert store.operations == []
+
+
+def test_a_redelivered_message_joins_and_then_is_done() -> None:
+    store = EventStore()
+    first = store.admit(spot("i-1", "m1"))
+    again = store.admit(spot("i-1", "m1"))  # the same message, delivered again while in flight
+    assert again.kind is AdmissionKind.JOINED
+    assert first.operation is again.operation
+    assert len(first.operation.events) == 1  # type: ignore[union-attr]
+    settled = store.finish(first.operation, succeeded=True)  # type: ignore[arg-type]
+    assert [outcome for _, outcome in settled.messages] == [MessageOutcome.DELETE]
+    later = store.admit(spot("i-1", "m1"))
+    assert later.kind is AdmissionKind.DONE
+    assert not store.in_flight("m1")
+
+
+def test_a_failed_operation_requeues_its_messages_and_is_not_remembered() -> None:
+    store = EventStore()
+    operation = store.admit(spot("i-1", "m1")).operation
+    store.admit(terminate("i-1", "m2"))
+    settled = store.finish(operation, succeeded=False)  # type: ignore[arg-type]
+    assert sorted((ref.message_id, outcome) for ref, outcome in settled.messages) == [
+        ("m1", MessageOutcome.REQUEUE),
+        ("m2", MessageOutcome.REQUEUE),
+    ]
+    assert store.admit(spot("i-1", "m1")).kind is AdmissionKind.NEW  # retried for real
+
+
+def test_a_message_for_several_instances_settles_when_its_last_operation_ends() -> None:
+    store = EventStore()
+    shared = msg("health")
+    a = store.admit(
+        SpotInterruptionEvent(instance_id="i-a", time=T0, source_id="h", message=shared)
+    ).operation
+    b = store.admit(
+        SpotInterruptionEvent(instance_id="i-b", time=T0, source_id="h", message=shared)
+    ).operation
+    assert a is not b
+    assert store.finish(a, succeeded=True).messages == ()  # type: ignore[arg-type]
+    assert store.in_flight("health")
+    ((ref, outcome),) = store.finish(b, succeeded=False).messages  # type: ignore[arg-type]
+    assert (ref.message_id, outcome) == ("health", MessageOutcome.REQUEUE)
+    # When it comes back, the instance already drained is done; only the failed one is retried.
+    assert store.admit(
+        SpotInterruptionEvent(instance_id="i-a", time=T0, source_id="h", message=shared)
+    ).kind is (AdmissionKind.DONE)
+    assert store.admit(
+        SpotInterruptionEvent(instance_id="i-b", time=T0, source_id="h", message=shared)
+    ).kind is (AdmissionKind.NEW)
+
+
+def test_launch_actions_get_their_own_operation() -> None:
+    store = EventStore()
+    launch = AsgLaunchLifecycleEvent(
+        instance_id="i-1",
+        time=T0,
+        auto_scaling_group_name="workers",
+        lifecycle_hook_name="launch",
+        lifecycle_action_token="t",
+        lifecycle_transition="autoscaling:EC2_INSTANCE_LAUNCHING",
+        message=msg("m1"),
+    )
+    launching = store.admit(launch).operation
+    draining = store.admit(spot("i-1", "m2")).operation
+    assert launching is not draining
+    assert (launching.mode, draining.mode) == (Mode.LAUNCH, Mode.DRAIN)  # type: ignore[union-attr]
+    assert launching.launch_actions == [launch]  # type: ignore[union-attr]
+
+
+def test_the_newest_receipt_handle_is_the_one_settled() -> None:
+    store = EventStore()
+    operation = store.admit(spot("i-1", "m1")).operation
+    store.admit(
+        SpotInterruptionEvent(instance_id="i-1", time=T0, source_id="s-i-1", message=msg("m1", "second"))
+    )
+    ((ref, _),) = store.finish(operation, succeeded=True).messages  # type: ignore[arg-type]
+    assert ref.receipt_handle == "second-m1"
+
+
+def test_remembered_ids_expire() -> None:
+    clock = Clock()
+    store = EventStore(dedup_ttl_s=60, clock=clock)
+    store.finish(store.admit(spot("i-1", "m1")).operation, succeeded=True)  # type: ignore[arg-type]
+    clock.now = 59
+    assert store.admit(spot("i-1", "m1")).kind is AdmissionKind.DONE
+    clock.now = 61
+    assert store.admit(spot("i-1", "m1")).kind is AdmissionKind.NEW
+
+
+def test_finishing_an_unknown_operation_raises() -> None:
+    store = EventStore()
+    operation = store.admit(spot("i-1", "m1")).operation
+    store.finish(operation, succeeded=True)  # type: ignore[arg-type]
+    with pytest.raises(KeyError):
+        store.finish(operation, succeeded=True)  # type: ignore[arg-type]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["i-1", "i-2", "i-3"]), st.sampled_from(["m1", "m2", "m3", "m4"]), st.booleans()
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_every_admitted_message_is_settled_once_its_operations_end(
+    steps: list[tuple[str, str, bool]],
+) -> None:
+    """Whatever arrives and however operations end: at most one operation per instance is in flight, a
+    message is settled only after it was admitted (and not again until admitted again), and when every
+    operation has ended no message is left unsettled."""
+    store = EventStore()
+    unsettled: set[str] = set()
+
+    def settle(messages: tuple[tuple[SqsMessageRef, MessageOutcome], ...]) -> None:
+        for ref, _ in messages:
+            assert ref.message_id in unsettled
+            unsettled.remove(ref.message_id)
+
+    for instance, message, succeed in steps:
+        admission = store.admit(spot(instance, message, source=message))
+        if admission.kind is AdmissionKind.DONE:
+            continue
+        unsettled.add(message)
+        keys = [op.key for op in store.operations]
+        assert len(keys) == len(set(keys))
+        if succeed:  # end the operation now; otherwise leave it running
+            settle(store.finish(admission.operation, succeeded=True).messages)  # type: ignore[arg-type]
+    for operation in store.operations:
+        settle(store.finish(operation, succeeded=False).messages)
+    assert store.operations == []
+    assert unsettled == set()
