@@ -1,0 +1,296 @@
+"""The controller's Kubernetes client: the synchronous ``kubernetes`` client behind one bounded thread pool
+and a client-side QPS/burst limit, speaking JSON dicts.
+
+Every call goes through :meth:`KubeClient.request`: it waits for a token of the :class:`RateLimiter`
+(``KUBE_API_QPS`` / ``KUBE_API_BURST``, as client-go's token bucket), runs the ``kubernetes`` client's own
+HTTP machinery (configuration, auth, TLS) in the thread pool, and returns the decoded JSON body. Objects stay
+dicts in the API's JSON shape: decoding into the client's models costs milliseconds per pod list, which a
+storm of a thousand drains cannot afford. Connection errors and 5xx answers (but a 500 from the eviction
+subresource, which means "several PodDisruptionBudgets") are retried with tenacity, exponential backoff and
+jitter; urllib3 under the client also retries a 429 that carries Retry-After and timed-out GETs.
+
+API paths and semantics: the Kubernetes API reference (core/v1 Node and Pod, policy/v1 Eviction,
+coordination.k8s.io/v1 Lease, core/v1 Event) and "API-initiated Eviction".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+__all__ = ["KubeClient", "KubeError", "RateLimiter", "load_api_client"]
+
+Obj = dict[str, Any]
+
+PATCH_TYPES = {
+    "strategic": "application/strategic-merge-patch+json",
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+}
+
+
+class KubeError(Exception):
+    """An error answer from the API server: ``status`` (HTTP code; 0 for a connection error), ``reason``
+    (the Status object's reason, e.g. ``NotFound``, ``TooManyRequests``, ``Conflict``) and ``message``."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class RateLimiter:
+    """A token bucket: ``qps`` tokens per second, at most ``burst`` saved up (client-go's flowcontrol).
+    ``clock`` returns seconds."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError("qps must be > 0 and burst >= 1")
+        self.qps = qps
+        self.burst = burst
+        self.clock = clock
+        self._tokens = float(burst)
+        self._last = clock()
+
+    async def acquire(self) -> None:
+        """Take one token, waiting for it when the bucket is empty."""
+        while True:
+            now = self.clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+            self._last = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            await asyncio.sleep((1 - self._tokens) / self.qps)
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
+    ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster. Raises ``kubernetes.config.ConfigException``
+    when neither is available."""
+    configuration = client.Configuration()
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, KubeError) and (
+        exc.status == 0 or exc.status in (502, 503, 504) or exc.status == 500
+    )
+
+
+class KubeClient:
+    """JSON access to the API server for the controller. ``on_request(verb, resource, status)`` is called
+    after every request (for metrics). Raises :class:`KubeError` from every call that fails."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        qps: float = 200.0,
+        burst: int = 300,
+        threads: int = 32,
+        timeout_s: float = 30.0,
+        attempts: int = 4,
+        on_request: Callable[[str, str, int], None] | None = None,
+    ) -> None:
+        self.api = api_client
+        self.api.configuration.connection_pool_maxsize = max(threads, 4)
+        self.limiter = RateLimiter(qps, burst)
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+        self.on_request = on_request
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+        self.answered_at = 0.0
+        """``time.monotonic()`` of the last answer from the API server (for readiness)."""
+
+    def close(self) -> None:
+        """Shut the thread pool down (waits for calls in progress) and close the connection pool."""
+        self._pool.shutdown(wait=True)
+        self.api.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        retry: bool = True,
+    ) -> Any:
+        """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller."""
+        if not retry:
+            return await self._once(method, path, query, body, content_type)
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            wait=wait_random_exponential(multiplier=0.2, max=5),
+            stop=stop_after_attempt(self.attempts),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._once(method, path, query, body, content_type)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once(
+        self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str | None
+    ) -> Any:
+        await self.limiter.acquire()
+        loop = asyncio.get_running_loop()
+        status, data = await loop.run_in_executor(
+            self._pool, self._call, method, path, query, body, content_type
+        )
+        verb, resource = _describe(method, path, query)
+        if self.on_request is not None:
+            self.on_request(verb, resource, status)
+        if status:
+            self.answered_at = time.monotonic()
+        if status >= 400 or status == 0:
+            raise _error(status, data)
+        return json.loads(data) if data else None
+
+    def _call(
+        self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str | None
+    ) -> tuple[int, bytes]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        try:
+            params = self.api.param_serialize(
+                method,
+                path,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api.call_api(*params, _request_timeout=self.timeout_s)
+            response.read()
+            return int(response.status), bytes(response.data or b"")
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode()
+
+    # ------------------------------------------------------------------------------------------ nodes
+
+    async def get_node(self, name: str) -> Obj | None:
+        """The Node, or ``None`` when it does not exist."""
+        try:
+            node: Obj = await self.request("GET", f"/api/v1/nodes/{name}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return node
+
+    async def list_nodes(self, label_selector: str | None = None, *, cached: bool = False) -> list[Obj]:
+        """Every Node (matching ``label_selector``); ``cached`` reads from the API server's cache
+        (``resourceVersion=0``)."""
+        query = {"labelSelector": label_selector} if label_selector else {}
+        if cached:
+            query["resourceVersion"] = "0"
+        answer = await self.request("GET", "/api/v1/nodes", query=query)
+        return list(answer.get("items") or [])
+
+    async def patch_node(self, name: str, patch: Any, patch_type: str = "strategic") -> Obj:
+        """Patch a Node (``strategic``, ``merge`` or ``json`` patch); the Node after it."""
+        node: Obj = await self.request(
+            "PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=PATCH_TYPES[patch_type]
+        )
+        return node
+
+    # ------------------------------------------------------------------------------------------- pods
+
+    async def pods_on_node(self, node: str, *, cached: bool = False) -> list[Obj]:
+        """The pods bound to ``node`` (``fieldSelector=spec.nodeName=<node>``), from the API server's cache
+        when ``cached`` (``resourceVersion=0``: cheaper, possibly stale)."""
+        query = {"fieldSelector": f"spec.nodeName={node}"}
+        if cached:
+            query["resourceVersion"] = "0"
+        answer = await self.request("GET", "/api/v1/pods", query=query)
+        return list(answer.get("items") or [])
+
+    async def evict(self, namespace: str, name: str, grace_s: int | None = None) -> None:
+        """POST a policy/v1 Eviction. Raises :class:`KubeError`: 429 when a PodDisruptionBudget allows no
+        disruption now, 500 when several budgets match the pod, 404 when it is gone. Not retried here: each
+        answer means something to the drain."""
+        body: Obj = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if grace_s is not None and grace_s >= 0:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
+        await self.request(
+            "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body, retry=False
+        )
+
+    async def create_event(self, namespace: str, event: Obj) -> None:
+        """Record a core/v1 Event."""
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
+    # ------------------------------------------------------------------------------------------ leases
+
+    async def get_lease(self, namespace: str, name: str) -> Obj | None:
+        """The Lease, or ``None``."""
+        try:
+            lease: Obj = await self.request(
+                "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return lease
+
+    async def create_lease(self, namespace: str, lease: Obj) -> Obj:
+        """Create a Lease; :class:`KubeError` 409 when it exists."""
+        created: Obj = await self.request(
+            "POST", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", body=lease, retry=False
+        )
+        return created
+
+    async def replace_lease(self, namespace: str, lease: Obj) -> Obj:
+        """Replace a Lease; :class:`KubeError` 409 when its resourceVersion is stale."""
+        name = lease["metadata"]["name"]
+        replaced: Obj = await self.request(
+            "PUT",
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+            body=lease,
+            retry=False,
+        )
+        return replaced
+
+
+def _describe(method: str, path: str, query: Mapping[str, str] | None) -> tuple[str, str]:
+    parts = [p for p in path.split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) != 2:
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    if len(rest) >= 3:
+        resource += "/" + rest[2]
+    verbs = {"GET": "get" if len(rest) >= 2 else "list", "POST": "create", "PUT": "update", "PATCH": "patch"}
+    return verbs.get(method, method.lower()), resource
+
+
+def _error(status: int, data: bytes) -> KubeError:
+    try:
+        body = json.loads(data) if data else {}
+    except ValueError:
+        body = {"message": data[:200].decode(errors="replace")}
+    return KubeError(status, str(body.get("reason") or ""), str(body.get("message") or ""))
