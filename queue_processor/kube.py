@@ -80,11 +80,11 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     configuration = client.Configuration()
     if kubeconfig is None:
         try:
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             return client.ApiClient(configuration)
         except config.ConfigException:
             pass
-    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration)
 
 
@@ -122,7 +122,7 @@ class KubeClient:
     def close(self) -> None:
         """Shut the thread pool down (waits for calls in progress) and close the connection pool."""
         self._pool.shutdown(wait=True)
-        self.api.close()
+        self.api.close()  # type: ignore[no-untyped-call]
 
     async def request(
         self,
@@ -180,7 +180,7 @@ class KubeClient:
                 auth_settings=["BearerToken"],
             )
             response = self.api.call_api(*params, _request_timeout=self.timeout_s)
-            response.read()
+            response.read()  # type: ignore[no-untyped-call]
             return int(response.status), bytes(response.data or b"")
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode()
