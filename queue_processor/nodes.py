@@ -1,0 +1,184 @@
+"""Instance → node: EC2 DescribeInstances (batched, cached), the managed-tag check, and the Node lookup.
+
+- :class:`InstanceResolver` describes instances. Requests arriving within ``window_s`` of each other go in
+  one ``DescribeInstances`` call (an ``instance-id`` filter, so one unknown ID does not fail the others, as
+  ``InstanceIds`` would with ``InvalidInstanceID.NotFound``); answers are cached for ``ttl_s``, so the Spot
+  warning, the rebalance recommendation and the lifecycle action of one instance cost one call.
+- :func:`is_managed` applies CHECK_TAG_BEFORE_DRAINING / MANAGED_TAG (/ MANAGED_TAG_VALUE).
+- :class:`NodeFinder` finds the Node: by name (the instance's PrivateDnsName, the name the kubelet registers
+  on EC2 by default) and then by the ``kubernetes.io/hostname`` label; or, with USE_PROVIDER_ID, by
+  ``spec.providerID`` (``aws:///<az>/<instance-id>``) through a node index refreshed at most every
+  ``refresh_s`` — never a full node LIST per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from queue_processor.kube import KubeClient
+
+__all__ = ["InstanceInfo", "InstanceResolver", "NodeFinder", "is_managed"]
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """What EC2 says of an instance: ``private_dns_name`` (the node name by default), ``availability_zone``,
+    ``state`` (``running``, ``shutting-down``…), ``asg_name`` (the ``aws:autoscaling:groupName`` tag) and its
+    tags."""
+
+    instance_id: str
+    private_dns_name: str
+    availability_zone: str
+    state: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def asg_name(self) -> str | None:
+        """The instance's Auto Scaling group, if any."""
+        return self.tags.get("aws:autoscaling:groupName")
+
+    @property
+    def provider_id(self) -> str:
+        """``aws:///<az>/<instance-id>``: the Node's spec.providerID on AWS."""
+        return f"aws:///{self.availability_zone}/{self.instance_id}"
+
+
+def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") -> bool:
+    """Whether the controller may act on the instance: always when ``check`` is off; else the instance
+    carries ``tag`` (with ``value``, when one is given)."""
+    if not check:
+        return True
+    if tag not in info.tags:
+        return False
+    return not value or info.tags[tag] == value
+
+
+Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
+
+
+class InstanceResolver:
+    """Batched, cached DescribeInstances. ``describe(ids)`` performs one call for a list of IDs and returns
+    EC2's instance dicts (``Reservations[].Instances[]`` flattened). Times in seconds."""
+
+    def __init__(
+        self, describe: Describe, *, window_s: float = 0.02, ttl_s: float = 60.0, max_batch: int = 200
+    ) -> None:
+        self._describe = describe
+        self.window_s = window_s
+        self.ttl_s = ttl_s
+        self.max_batch = max_batch
+        self._cache: dict[str, tuple[float, InstanceInfo | None]] = {}
+        self._waiting: dict[str, list[asyncio.Future[InstanceInfo | None]]] = {}
+        self._flush: asyncio.Task[None] | None = None
+        self.calls = 0
+        """DescribeInstances calls made (tests and benchmarks read it)."""
+
+    async def get(self, instance_id: str) -> InstanceInfo | None:
+        """The instance, or ``None`` when EC2 does not know it (terminated long ago, another account…).
+        Raises what the describe call raises."""
+        cached = self._cache.get(instance_id)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(instance_id, []).append(future)
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._run_batch(), name="describe-instances")
+        return await future
+
+    async def close(self) -> None:
+        """Cancel a pending batch (its waiters get ``CancelledError``)."""
+        if self._flush is not None:
+            self._flush.cancel()
+            await asyncio.gather(self._flush, return_exceptions=True)
+
+    async def _run_batch(self) -> None:
+        await asyncio.sleep(self.window_s)
+        while self._waiting:
+            ids = list(self._waiting)[: self.max_batch]
+            waiters = {instance_id: self._waiting.pop(instance_id) for instance_id in ids}
+            try:
+                found = {info.instance_id: info for info in map(_info, await self._describe(ids))}
+            except BaseException as exc:
+                for futures in waiters.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(
+                                exc if isinstance(exc, Exception) else asyncio.CancelledError()
+                            )
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            self.calls += 1
+            expiry = time.monotonic() + self.ttl_s
+            for instance_id, futures in waiters.items():
+                info = found.get(instance_id)
+                self._cache[instance_id] = (expiry, info)
+                for future in futures:
+                    if not future.done():
+                        future.set_result(info)
+
+
+def _info(instance: dict[str, Any]) -> InstanceInfo:
+    return InstanceInfo(
+        instance_id=instance["InstanceId"],
+        private_dns_name=instance.get("PrivateDnsName") or "",
+        availability_zone=(instance.get("Placement") or {}).get("AvailabilityZone", ""),
+        state=(instance.get("State") or {}).get("Name", ""),
+        tags={tag["Key"]: tag.get("Value", "") for tag in instance.get("Tags") or []},
+    )
+
+
+class NodeFinder:
+    """Finds the Node of an instance (see the module docstring). The providerID index is rebuilt (one
+    cached node LIST) when older than ``refresh_s``, or after a miss when older than ``miss_refresh_s``
+    (seconds), so a node that has just registered is found soon while a storm costs a LIST per
+    ``miss_refresh_s`` at most."""
+
+    def __init__(
+        self, kube: KubeClient, *, use_provider_id: bool, refresh_s: float = 30.0, miss_refresh_s: float = 2.0
+    ) -> None:
+        self.kube = kube
+        self.use_provider_id = use_provider_id
+        self.refresh_s = refresh_s
+        self.miss_refresh_s = miss_refresh_s
+        self._by_provider: dict[str, str] = {}
+        self._indexed_at = -1e18
+        self._index_lock = asyncio.Lock()
+
+    async def find(self, info: InstanceInfo) -> dict[str, Any] | None:
+        """The Node (a dict), or ``None`` when the cluster has none for the instance."""
+        if self.use_provider_id:
+            return await self._by_provider_id(info)
+        if info.private_dns_name:
+            node = await self.kube.get_node(info.private_dns_name)
+            if node is not None:
+                return node
+            short = info.private_dns_name.split(".")[0]
+            nodes = await self.kube.list_nodes(f"kubernetes.io/hostname in ({info.private_dns_name},{short})")
+            if nodes:
+                return nodes[0]
+        return None
+
+    async def _by_provider_id(self, info: InstanceInfo) -> dict[str, Any] | None:
+        name = await self._provider_name(info, refresh=False)
+        if name is None:
+            name = await self._provider_name(info, refresh=True)
+        return await self.kube.get_node(name) if name is not None else None
+
+    async def _provider_name(self, info: InstanceInfo, *, refresh: bool) -> str | None:
+        async with self._index_lock:
+            age = time.monotonic() - self._indexed_at
+            if age > self.refresh_s or (refresh and age > self.miss_refresh_s):
+                nodes = await self.kube.list_nodes(cached=True)
+                self._by_provider = {
+                    (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes
+                }
+                self._indexed_at = time.monotonic()
+        name = self._by_provider.get(info.provider_id)
+        if name is None:  # some providers omit the zone: aws:///<instance-id>
+            name = next((n for p, n in self._by_provider.items() if p.endswith("/" + info.instance_id)), None)
+        return name
