@@ -70,13 +70,18 @@ def is_no_active_action(exc: BaseException) -> bool:
     return error_code(exc) == "ValidationError" and "No active Lifecycle Action" in str(exc)
 
 
-async def call(fn: Callable[..., Awaitable[T]], /, *, attempts: int = 5, **kwargs: Any) -> T:
-    """``await fn(**kwargs)``, retried with jittered exponential backoff (up to 0.2 s * 2^n, at most 5 s between
-    attempts) while :func:`is_retryable`; raises the last error, or at once a non-retryable one."""
+#: Attempts per AWS call, the first included.
+ATTEMPTS = 5
+
+
+async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
+    """``await fn(**kwargs)``, retried with jittered exponential backoff (up to 0.2 s * 2^n, at most 5 s
+    between attempts, :data:`ATTEMPTS` in all) while :func:`is_retryable`; raises the last error, or at once
+    a non-retryable one."""
     async for attempt in AsyncRetrying(
         retry=retry_if_exception(is_retryable),
         wait=wait_random_exponential(multiplier=0.2, max=5),
-        stop=stop_after_attempt(attempts),
+        stop=stop_after_attempt(ATTEMPTS),
         reraise=True,
     ):
         with attempt:

@@ -235,6 +235,20 @@ class Settings(BaseSettings):
         nth="same; NTH requires HEARTBEAT_INTERVAL with it and defaults it to 172800",
         unit="seconds",
     )
+    complete_warm_pool_launch: bool = _field(
+        False,
+        "Complete launch lifecycle actions of instances headed for a warm pool too (by default their own "
+        "bootstrap does, as AWS recommends for warm pools).",
+        nth="none: NTH never completes launch actions for warm pools",
+    )
+    launch_ready_timeout_sec: int = _field(
+        900,
+        "Longest wait for a launching instance's node to register and turn Ready before the launch action's "
+        "message is requeued.",
+        nth="none",
+        unit="seconds",
+        ge=1,
+    )
     complete_lifecycle_action_delay_seconds: int = _field(
         -1,
         "Wait this long after the drain before CompleteLifecycleAction; -1 = no wait.",

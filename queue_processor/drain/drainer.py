@@ -1,0 +1,160 @@
+"""Cordon, taint, label and drain one node, with kubectl-drain semantics.
+
+One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1): list the node's pods once
+(``fieldSelector=spec.nodeName``; ``resourceVersion=0`` with the cache option), filter them with
+:func:`queue_processor.drain.filters.plan_drain`, evict the chosen pods in parallel through the policy/v1
+Eviction API — a 429 (a PodDisruptionBudget allows no disruption now) is retried with backoff, a 500 (several
+budgets match) fails that pod, a 404 means it is gone — then wait until the pods are gone by re-listing the
+node's pods (never a GET per pod), until the deadline. Draining is bounded by the drain budget (nodes drained
+at once); cordoning never waits for it ("Safely Drain a Node", "API-initiated Eviction").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
+from queue_processor.kube import KubeClient, KubeError
+
+__all__ = ["DrainResult", "Drainer"]
+
+#: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
+EVICTION_RETRY_S = (1.0, 10.0)
+
+
+@dataclass
+class DrainResult:
+    """How a drain ended: ``completed`` when every pod to evict is gone; else ``reason``. ``evicted`` pods were
+    evicted, ``blocked`` were refused by a PodDisruptionBudget until the deadline, ``failed`` got another
+    error, ``skipped`` were left alone by the filters, ``remaining`` were still on the node at the end."""
+
+    completed: bool
+    reason: str | None = None
+    evicted: int = 0
+    blocked: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped: list[PodDecision] = field(default_factory=list)
+    remaining: int = 0
+
+
+class Drainer:
+    """Node operations through a :class:`KubeClient`. ``budget`` bounds concurrent drains (DRAIN_BUDGET);
+    ``grace_s`` is POD_TERMINATION_GRACE_PERIOD (-1: each pod's own); ``use_cache`` is USE_APISERVER_CACHE;
+    ``clock`` returns seconds (monotonic)."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        options: DrainOptions,
+        *,
+        budget: int,
+        grace_s: int = -1,
+        use_cache: bool = False,
+        on_eviction: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.options = options
+        self.budget = asyncio.Semaphore(budget)
+        self.grace_s = grace_s
+        self.use_cache = use_cache
+        self.on_eviction = on_eviction or (lambda result: None)
+        self.clock = clock
+        self.draining = 0
+
+    async def cordon(self, node: str) -> None:
+        """Mark the node unschedulable (``spec.unschedulable: true``); idempotent."""
+        await self.kube.patch_node(node, {"spec": {"unschedulable": True}})
+
+    async def taint(self, node: str, key: str, value: str, effect: str) -> None:
+        """Add (or update) a taint; strategic merge keys taints by ``key``, so others are kept."""
+        await self.kube.patch_node(
+            node, {"spec": {"taints": [{"key": key, "value": value[:63], "effect": effect}]}}
+        )
+
+    async def label(self, node: str, key: str, value: str) -> None:
+        """Set a label on the node."""
+        await self.kube.patch_node(node, {"metadata": {"labels": {key: value}}})
+
+    async def drain(self, node: str, deadline: float) -> DrainResult:
+        """Evict the node's pods and wait until they are gone, or until ``deadline`` (a ``clock`` reading).
+        Waits for a drain-budget slot first. Raises :class:`KubeError` when the pods cannot be listed."""
+        async with self.budget:
+            self.draining += 1
+            try:
+                return await self._drain(node, deadline)
+            finally:
+                self.draining -= 1
+
+    async def _drain(self, node: str, deadline: float) -> DrainResult:
+        pods = await self.kube.pods_on_node(node, cached=self.use_cache)
+        plan = plan_drain(pods, self.options)
+        result = DrainResult(completed=False, skipped=list(plan.skipped))
+        if plan.errors:
+            names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in plan.errors)
+            result.reason = f"cannot drain: {names}"
+            return result
+        outcomes = await asyncio.gather(*(self._evict(pod, deadline) for pod in plan.evict))
+        for pod, outcome in zip(plan.evict, outcomes, strict=True):
+            if outcome == "evicted":
+                result.evicted += 1
+            elif outcome == "blocked":
+                result.blocked += 1
+            elif outcome != "gone":
+                result.failed.append(
+                    f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}: {outcome}"
+                )
+        waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
+        result.remaining = await self._wait_gone(node, waiting, deadline)
+        if result.blocked or result.failed:
+            result.reason = (
+                f"{result.blocked} evictions refused by PodDisruptionBudgets, {len(result.failed)} failed"
+            )
+        elif result.remaining:
+            result.reason = f"{result.remaining} pods still on the node at the deadline"
+        else:
+            result.completed = True
+        return result
+
+    async def _evict(self, pod: dict[str, Any], deadline: float) -> str:
+        namespace, name = pod_key(pod)
+        delay = EVICTION_RETRY_S[0]
+        grace = None if self.grace_s < 0 else self.grace_s
+        while True:
+            try:
+                await self.kube.evict(namespace, name, grace)
+            except KubeError as exc:
+                if exc.status == 404:
+                    self.on_eviction("gone")
+                    return "gone"
+                if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
+                    self.on_eviction("error")
+                    return f"several PodDisruptionBudgets match it: {exc.message}"
+                outcome = "blocked" if exc.status == 429 else f"{exc.status} {exc.reason}: {exc.message}"
+                if self.clock() + delay >= deadline:
+                    self.on_eviction("pdb-blocked" if exc.status == 429 else "error")
+                    return outcome
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, EVICTION_RETRY_S[1])
+                continue
+            self.on_eviction("evicted")
+            return "evicted"
+
+    async def _wait_gone(self, node: str, waiting: set[tuple[tuple[str, str], Any]], deadline: float) -> int:
+        """Re-list the node's pods until none of ``waiting`` (key, uid) is left or the deadline; the count
+        left."""
+        poll = 0.05
+        while waiting:
+            pods = await self.kube.pods_on_node(node)  # a quorum read: the cache may still show them
+            present = {(pod_key(pod), pod["metadata"].get("uid")) for pod in pods}
+            waiting &= present
+            if not waiting or self.clock() >= deadline:
+                break
+            await asyncio.sleep(min(poll, max(0.0, deadline - self.clock())))
+            poll = min(poll * 1.5, 2.0)
+        return len(waiting)

@@ -1,0 +1,276 @@
+"""The per-node pipeline: PreDrain → cordon → drain → PostDrain, and EarlyExit on any failure.
+
+For a drain operation (every kind but launch actions), :meth:`Handler.handle`:
+
+1. resolves the instance (EC2, batched and cached) and checks the managed tag — an unknown instance or an
+   unmanaged one is terminal: acknowledged, nothing done;
+2. finds the Node — none: DELETE_SQS_MSG_IF_NODE_NOT_FOUND decides (acknowledge and complete the lifecycle
+   actions with CONTINUE, or requeue);
+3. PreDrain: starts one heartbeat task per ASG terminate action (their owner is this call: they are cancelled
+   and awaited when it returns, whatever happened — DESIGN.md rule 3), taints the node with NTH's key for each
+   kind (value = event ID, TAINT_EFFECT) when TAINT_NODE, labels it out of external load balancers when
+   EXCLUDE_FROM_LOAD_BALANCERS;
+4. cordons it at once (no drain budget involved);
+5. drains it unless CORDON_ONLY, until NODE_TERMINATION_GRACE_PERIOD and never past the instance's start
+   time (the end of a Spot notice);
+6. PostDrain: waits COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS, completes every terminate action with CONTINUE
+   (an action that is over already counts as done), adds the out-of-service taint when asked.
+
+A launch operation waits until the instance's node is registered and Ready, then completes its launch
+actions; an action headed for a warm pool is left to the instance's own bootstrap unless
+COMPLETE_WARM_POOL_LAUNCH. With DRY_RUN nothing is changed: each step is logged instead.
+
+``handle`` returns :attr:`Outcome.DONE` (acknowledge the messages) or :attr:`Outcome.RETRY` (EarlyExit:
+requeue them). It raises nothing but ``CancelledError``: unexpected errors are logged and become RETRY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import structlog
+
+from queue_processor.coalesce import Mode, NodeOperation
+from queue_processor.config import Settings
+from queue_processor.drain.drainer import Drainer
+from queue_processor.events import EventKind
+from queue_processor.lifecycle import Lifecycle
+from queue_processor.nodes import InstanceResolver, NodeFinder, is_managed
+
+__all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "TAINT_KEYS", "Handler", "Outcome"]
+
+log = structlog.get_logger("queue_processor.handler")
+
+#: NTH's taint keys (pkg/node/node.go); capacity-reservation interruptions are ours. State changes: none.
+TAINT_KEYS = {
+    EventKind.SPOT_INTERRUPTION: "aws-node-termination-handler/spot-itn",
+    EventKind.SCHEDULED_CHANGE: "aws-node-termination-handler/scheduled-maintenance",
+    EventKind.ASG_TERMINATE_LIFECYCLE: "aws-node-termination-handler/asg-lifecycle-termination",
+    EventKind.REBALANCE_RECOMMENDATION: "aws-node-termination-handler/rebalance-recommendation",
+    EventKind.CAPACITY_RESERVATION_INTERRUPTION: "aws-node-termination-handler/capacity-reservation-interruption",
+}
+OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+EXCLUDE_FROM_LB_LABEL = (
+    "node.kubernetes.io/exclude-from-external-load-balancers",
+    "aws-node-termination-handler",
+)
+
+
+class Outcome(StrEnum):
+    """The end of an operation for its messages."""
+
+    DONE = "done"
+    """Acknowledge: drained, or nothing to do."""
+    RETRY = "retry"
+    """EarlyExit: make the messages visible again after a backoff."""
+
+
+def _is_ready(node: dict[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class Handler:
+    """Runs operations. ``on_step(step, status)`` and ``on_timing(name, seconds, labels)`` feed metrics
+    (``cordon``, ``drain``…); ``clock`` returns monotonic seconds."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        resolver: InstanceResolver,
+        finder: NodeFinder,
+        lifecycle: Lifecycle,
+        drainer: Drainer,
+        on_step: Callable[[str, str], None] | None = None,
+        on_timing: Callable[[str, float, dict[str, str]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.resolver = resolver
+        self.finder = finder
+        self.lifecycle = lifecycle
+        self.drainer = drainer
+        self.on_step = on_step or (lambda step, status: None)
+        self.on_timing = on_timing or (lambda name, seconds, labels: None)
+        self.clock = clock
+
+    async def handle(self, operation: NodeOperation) -> Outcome:
+        """Run one operation to its end (see the module docstring)."""
+        bound = log.bind(
+            instance_id=operation.instance_id,
+            kind=str(operation.first.kind),
+            event_id=operation.first.event_id,
+        )
+        try:
+            if operation.mode is Mode.LAUNCH:
+                return await self._launch(operation, bound)
+            return await self._drain(operation, bound)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one operation must never take the controller down
+            bound.error("operation failed", error=repr(exc))
+            self.on_step("handle", "error")
+            return Outcome.RETRY
+
+    async def _node_of(
+        self, operation: NodeOperation, bound: Any
+    ) -> tuple[dict[str, Any] | None, Outcome | None]:
+        info = await self.resolver.get(operation.instance_id)
+        if info is None:
+            bound.info("instance unknown to EC2: nothing to do")
+            return None, Outcome.DONE
+        settings = self.settings
+        if not is_managed(
+            info,
+            check=settings.check_tag_before_draining,
+            tag=settings.managed_tag,
+            value=settings.managed_tag_value,
+        ):
+            bound.info("instance not managed: ignored", managed_tag=settings.managed_tag)
+            return None, Outcome.DONE
+        node = await self.finder.find(info)
+        return node, None
+
+    async def _drain(self, operation: NodeOperation, bound: Any) -> Outcome:
+        settings = self.settings
+        node, outcome = await self._node_of(operation, bound)
+        if outcome is not None:
+            return outcome
+        if node is None:
+            if settings.delete_sqs_msg_if_node_not_found:
+                bound.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
+                await self._complete_terminate_actions(operation, bound)
+                return Outcome.DONE
+            bound.info("no node for the instance: requeued")
+            return Outcome.RETRY
+        name = node["metadata"]["name"]
+        bound = bound.bind(node=name)
+        heartbeats = await self._start_heartbeats(operation)
+        try:
+            if settings.dry_run:
+                bound.info("dry run: would cordon and drain", cordon_only=settings.cordon_only)
+                return Outcome.DONE
+            await self._pre_drain(operation, name)
+            await self.drainer.cordon(name)
+            self.on_step("cordon", "success")
+            self.on_timing("cordon", self.clock() - operation.started_at, {})
+            bound.info("cordoned")
+            if not settings.cordon_only:
+                started = self.clock()
+                result = await self.drainer.drain(name, self._deadline(operation))
+                labels = {
+                    "kind": str(operation.first.kind),
+                    "result": "ok" if result.completed else "incomplete",
+                }
+                self.on_timing("drain", self.clock() - started, labels)
+                if not result.completed:
+                    self.on_step("cordon-and-drain", "error")
+                    bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
+                    return Outcome.RETRY
+                self.on_step("cordon-and-drain", "success")
+                bound.info("drained", evicted=result.evicted, skipped=len(result.skipped))
+            return await self._post_drain(operation, name, bound)
+        finally:
+            for task in heartbeats:
+                task.cancel()
+            await asyncio.gather(*heartbeats, return_exceptions=True)
+
+    async def _start_heartbeats(self, operation: NodeOperation) -> list[asyncio.Task[None]]:
+        tasks = []
+        for action in operation.terminate_actions:
+            interval = await self.lifecycle.interval_s(action)
+            if interval:
+                name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
+                tasks.append(asyncio.create_task(self.lifecycle.heartbeat(action, interval), name=name))
+        return tasks
+
+    async def _pre_drain(self, operation: NodeOperation, node: str) -> None:
+        settings = self.settings
+        if settings.taint_node:
+            for kind in operation.kinds:
+                key = TAINT_KEYS.get(kind)
+                if key is not None:
+                    event = next(e for e in operation.events if e.kind is kind)
+                    await self.drainer.taint(node, key, event.event_id, settings.taint_effect)
+                    self.on_step("taint", "success")
+        if settings.exclude_from_load_balancers:
+            await self.drainer.label(node, *EXCLUDE_FROM_LB_LABEL)
+
+    def _deadline(self, operation: NodeOperation) -> float:
+        """NODE_TERMINATION_GRACE_PERIOD from now, and never past the instance's start time."""
+        now = self.clock()
+        deadline = now + self.settings.node_termination_grace_period
+        left = (operation.deadline - datetime.now(UTC)).total_seconds()
+        if any(
+            e.kind in (EventKind.SPOT_INTERRUPTION, EventKind.CAPACITY_RESERVATION_INTERRUPTION)
+            for e in operation.events
+        ):
+            deadline = min(deadline, now + max(left, 0.0))
+        return deadline
+
+    async def _post_drain(self, operation: NodeOperation, node: str, bound: Any) -> Outcome:
+        settings = self.settings
+        if settings.complete_lifecycle_action_delay_seconds > 0:
+            await asyncio.sleep(settings.complete_lifecycle_action_delay_seconds)
+        await self._complete_terminate_actions(operation, bound)
+        if settings.enable_out_of_service_taint and not settings.cordon_only:
+            await self.drainer.taint(node, *OUT_OF_SERVICE_TAINT)
+        return Outcome.DONE
+
+    async def _complete_terminate_actions(self, operation: NodeOperation, bound: Any) -> None:
+        for action in operation.terminate_actions:
+            if self.settings.dry_run:
+                bound.info("dry run: would complete the lifecycle action", hook=action.lifecycle_hook_name)
+                continue
+            result = await self.lifecycle.complete(action, "CONTINUE")
+            self.on_step("lifecycle-complete", "success")
+            bound.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
+
+    async def _launch(self, operation: NodeOperation, bound: Any) -> Outcome:
+        settings = self.settings
+        actions = operation.launch_actions
+        if not settings.complete_warm_pool_launch:
+            actions = [a for a in actions if a.destination != "WarmPool"]
+            if not actions:
+                bound.info("launch into a warm pool: left to the instance's bootstrap")
+                return Outcome.DONE
+        node, outcome = await self._node_of(operation, bound)
+        if outcome is not None:
+            return outcome
+        heartbeats = []
+        for action in actions:
+            interval = await self.lifecycle.interval_s(action)
+            if interval:
+                heartbeats.append(asyncio.create_task(self.lifecycle.heartbeat(action, interval)))
+        try:
+            deadline = self.clock() + settings.launch_ready_timeout_sec
+            poll = 0.1
+            while node is None or not _is_ready(node):
+                if self.clock() >= deadline:
+                    bound.warning(
+                        "node not Ready in time: requeued", timeout_s=settings.launch_ready_timeout_sec
+                    )
+                    return Outcome.RETRY
+                await asyncio.sleep(poll)
+                poll = min(poll * 1.5, 5.0)
+                info = await self.resolver.get(operation.instance_id)
+                node = await self.finder.find(info) if info is not None else None
+            bound = bound.bind(node=node["metadata"]["name"])
+            for action in actions:
+                if settings.dry_run:
+                    bound.info("dry run: would complete the launch action")
+                    continue
+                result = await self.lifecycle.complete(action, "CONTINUE")
+                self.on_step("lifecycle-complete", "success")
+                bound.info("launch action completed: node Ready", result=result)
+            return Outcome.DONE
+        finally:
+            for task in heartbeats:
+                task.cancel()
+            await asyncio.gather(*heartbeats, return_exceptions=True)
