@@ -1,0 +1,298 @@
+"""The SQS side: receive loops, the in-flight budget, visibility extension, acknowledge and requeue.
+
+- One or more long-poll loops per queue (ReceiveMessage: up to 10 messages, WaitTimeSeconds 20, with
+  ``SentTimestamp`` and ``ApproximateReceiveCount``). A loop asks only for as many messages as the in-flight
+  budget has room for, and waits only when it is full (DESIGN.md rule 6).
+- Each message is parsed (:func:`queue_processor.parse.parse`): poison is logged with its message ID, counted,
+  never deleted, and hidden for :data:`POISON_VISIBILITY_S` so it does not hot-loop while the redrive policy
+  moves it to the dead-letter queue; a skip is deleted; events go to the :class:`EventStore`, and a new
+  operation to the :class:`Handler` in a task this consumer owns.
+- While any operation of a message runs, a visibility extender renews its visibility timeout (rule 5).
+- When its operations end, a message is deleted (DeleteMessageBatch) or requeued: ChangeMessageVisibility to a
+  backoff that grows with ApproximateReceiveCount.
+- :meth:`Consumer.shutdown` (SIGTERM/SIGINT): stop receiving, cancel every operation (their heartbeats stop
+  with them) and make their messages visible again at once.
+
+No single message and no AWS error ends a loop: errors are logged, counted, and the loop goes on after a
+short pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from queue_processor.aws import call
+from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
+from queue_processor.events import SqsMessageRef
+from queue_processor.handler import Handler, Outcome
+from queue_processor.parse import parse
+
+__all__ = ["POISON_VISIBILITY_S", "Consumer", "ConsumerHooks", "requeue_backoff_s"]
+
+log = structlog.get_logger("queue_processor.consumer")
+
+#: How long a poison message stays hidden before SQS offers it again (towards maxReceiveCount): 1 hour.
+POISON_VISIBILITY_S = 3600
+
+
+def requeue_backoff_s(receive_count: int) -> int:
+    """Visibility timeout for a requeued message: 10 s, doubling with each receive, at most 15 minutes,
+    with ±20 % jitter so a storm's retries spread out."""
+    base = min(10 * 2 ** max(receive_count - 1, 0), 900)
+    return max(1, int(base * random.uniform(0.8, 1.2)))
+
+
+@dataclass
+class ConsumerHooks:
+    """Callbacks for metrics: ``message(queue, what, label)`` with what in received, deleted, requeued, poison,
+    skipped; ``error(where)``; ``in_flight(messages, operations)``."""
+
+    message: Callable[[str, str, str], None] = lambda queue, what, label: None
+    error: Callable[[str], None] = lambda where: None
+    in_flight: Callable[[int, int], None] = lambda messages, operations: None
+
+
+class Consumer:
+    """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``.
+
+    ``in_flight_budget`` messages at most are being handled; ``visibility_timeout_s`` is given on receive and
+    renewed every half of it; ``loops_per_queue`` long polls run per queue; ``wait_s`` is the long-poll wait.
+    """
+
+    def __init__(
+        self,
+        sqs: Any,
+        handler: Handler,
+        store: EventStore,
+        *,
+        queue_urls: list[str],
+        in_flight_budget: int,
+        visibility_timeout_s: int,
+        loops_per_queue: int = 2,
+        wait_s: int = 20,
+        hooks: ConsumerHooks | None = None,
+        on_answer: Callable[[], None] | None = None,
+    ) -> None:
+        self.sqs = sqs
+        self.handler = handler
+        self.store = store
+        self.queue_urls = queue_urls
+        self.visibility_timeout_s = visibility_timeout_s
+        self.loops_per_queue = loops_per_queue
+        self.wait_s = wait_s
+        self.hooks = hooks or ConsumerHooks()
+        self.on_answer = on_answer or (lambda: None)
+        self._budget = asyncio.Semaphore(in_flight_budget)
+        self._held: dict[str, SqsMessageRef] = {}  # message_id → ref, while its operations run
+        self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._extender: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self.loop_heartbeat = time.monotonic()
+        """``time.monotonic()`` of the last loop iteration (liveness)."""
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the receive loops and the visibility extender."""
+        for url in self.queue_urls:
+            for index in range(self.loops_per_queue):
+                self._loops.append(
+                    asyncio.create_task(self._receive_loop(url), name=f"receive-{index}-{url}")
+                )
+        self._extender = asyncio.create_task(self._extend_loop(), name="visibility-extender")
+
+    @property
+    def tasks(self) -> int:
+        """Operation tasks alive (tests check it returns to zero)."""
+        return len(self._operations)
+
+    async def shutdown(self) -> None:
+        """Stop receiving, cancel and await every operation, make their messages visible again at once."""
+        self._stopping.set()
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        operations = list(self._operations.values())
+        for task in operations:
+            task.cancel()
+        await asyncio.gather(*operations, return_exceptions=True)
+        if self._extender is not None:
+            self._extender.cancel()
+            await asyncio.gather(self._extender, return_exceptions=True)
+        held = list(self._held.values())
+        self._held.clear()
+        await asyncio.gather(*(self._change_visibility(ref, 0) for ref in held), return_exceptions=True)
+
+    # -------------------------------------------------------------------------------------------- receive
+
+    async def _receive_loop(self, queue_url: str) -> None:
+        while not self._stopping.is_set():
+            self.loop_heartbeat = time.monotonic()
+            await self._budget.acquire()  # at least one slot before asking for anything
+            room = 1
+            while room < 10 and not self._budget.locked():
+                await self._budget.acquire()
+                room += 1
+            try:
+                answer = await call(
+                    self.sqs.receive_message,
+                    QueueUrl=queue_url,
+                    MaxNumberOfMessages=room,
+                    WaitTimeSeconds=self.wait_s,
+                    VisibilityTimeout=self.visibility_timeout_s,
+                    MessageSystemAttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
+                )
+            except asyncio.CancelledError:
+                for _ in range(room):
+                    self._budget.release()
+                raise
+            except Exception as exc:
+                for _ in range(room):
+                    self._budget.release()
+                self.hooks.error("receive")
+                log.warning("receive failed", queue=queue_url, error=repr(exc))
+                await asyncio.sleep(1.0)
+                continue
+            self.on_answer()
+            messages = answer.get("Messages") or []
+            for _ in range(room - len(messages)):
+                self._budget.release()
+            for message in messages:
+                try:
+                    await self._take(queue_url, message)
+                except Exception as exc:  # the loop survives any single message
+                    self.hooks.error("handle")
+                    log.error("message handling failed", message_id=message.get("MessageId"), error=repr(exc))
+                    self._budget.release()
+
+    async def _take(self, queue_url: str, message: dict[str, Any]) -> None:
+        """One received message; holds one budget slot until it is settled."""
+        attributes = message.get("Attributes") or {}
+        sent = attributes.get("SentTimestamp")
+        ref = SqsMessageRef(
+            queue_url=queue_url,
+            message_id=message["MessageId"],
+            receipt_handle=message["ReceiptHandle"],
+            receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
+            sent_timestamp=datetime.fromtimestamp(int(sent) / 1000, UTC) if sent else None,
+        )
+        bound = log.bind(message_id=ref.message_id)
+        result = parse(message.get("Body") or "", ref)
+        kinds = ",".join(sorted({str(e.kind) for e in result.events})) or result.outcome
+        self.hooks.message(queue_url, "received", kinds)
+        if result.outcome == "poison":
+            bound.warning("poison message left for the dead-letter queue", reason=result.reason)
+            self.hooks.message(queue_url, "poison", result.reason or "")
+            await self._change_visibility(ref, POISON_VISIBILITY_S)
+            self._budget.release()
+            return
+        if result.outcome == "skip":
+            bound.info("message skipped", reason=result.reason)
+            self.hooks.message(queue_url, "skipped", result.reason or "")
+            await self._delete(ref, kinds)
+            self._budget.release()
+            return
+        for event in result.events:
+            admission = self.store.admit(event)
+            if admission.kind is AdmissionKind.NEW and admission.operation is not None:
+                self._launch(admission.operation)
+        if self.store.in_flight(ref.message_id):
+            self._held[ref.message_id] = ref
+            if len([r for r in self._held.values() if r.message_id == ref.message_id]) > 1:
+                self._budget.release()  # a redelivery of a message already held: one slot per message
+        else:  # every event repeats one already done
+            bound.info("message repeats events already handled: deleted")
+            await self._delete(ref, kinds)
+            self._budget.release()
+        self.hooks.in_flight(len(self._held), len(self._operations))
+
+    def _launch(self, operation: NodeOperation) -> None:
+        key = (operation.instance_id, str(operation.mode))
+        self._operations[key] = asyncio.create_task(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
+
+    async def _run(self, operation: NodeOperation) -> None:
+        key = (operation.instance_id, str(operation.mode))
+        succeeded = False
+        try:
+            succeeded = await self.handler.handle(operation) is Outcome.DONE
+        finally:
+            self._operations.pop(key, None)
+            settlement = self.store.finish(operation, succeeded=succeeded)
+            if not self._stopping.is_set():
+                await asyncio.gather(
+                    *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
+                    return_exceptions=True,
+                )
+            self.hooks.in_flight(len(self._held), len(self._operations))
+
+    async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:
+        held = self._held.pop(ref.message_id, ref)
+        kinds = ",".join(str(kind) for kind in operation.kinds)
+        try:
+            if outcome is MessageOutcome.DELETE:
+                await self._delete(held, kinds)
+            else:
+                backoff = requeue_backoff_s(held.receive_count)
+                await self._change_visibility(held, backoff)
+                self.hooks.message(held.queue_url, "requeued", kinds)
+                log.info("requeued", message_id=held.message_id, visible_in_s=backoff)
+        finally:
+            self._budget.release()
+
+    # ----------------------------------------------------------------------------------------- SQS calls
+
+    async def _delete(self, ref: SqsMessageRef, kinds: str) -> None:
+        try:
+            await call(self.sqs.delete_message, QueueUrl=ref.queue_url, ReceiptHandle=ref.receipt_handle)
+        except Exception as exc:
+            self.hooks.error("delete")
+            log.warning("delete failed", message_id=ref.message_id, error=repr(exc))
+            return
+        self.hooks.message(ref.queue_url, "deleted", kinds)
+
+    async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
+        try:
+            await call(
+                self.sqs.change_message_visibility,
+                QueueUrl=ref.queue_url,
+                ReceiptHandle=ref.receipt_handle,
+                VisibilityTimeout=seconds,
+            )
+        except Exception as exc:
+            self.hooks.error("requeue")
+            log.warning("visibility change failed", message_id=ref.message_id, error=repr(exc))
+
+    async def _extend_loop(self) -> None:
+        """Every half visibility timeout, renew the visibility of every held message (batches of 10)."""
+        period = max(self.visibility_timeout_s / 2, 1.0)
+        while True:
+            await asyncio.sleep(period)
+            by_queue: dict[str, list[SqsMessageRef]] = {}
+            for ref in list(self._held.values()):
+                by_queue.setdefault(ref.queue_url, []).append(ref)
+            for queue_url, refs in by_queue.items():
+                for start in range(0, len(refs), 10):
+                    entries = [
+                        {
+                            "Id": str(i),
+                            "ReceiptHandle": r.receipt_handle,
+                            "VisibilityTimeout": self.visibility_timeout_s,
+                        }
+                        for i, r in enumerate(refs[start : start + 10])
+                    ]
+                    try:
+                        await call(
+                            self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
+                        )
+                    except Exception as exc:
+                        self.hooks.error("extend")
+                        log.warning("visibility extension failed", error=repr(exc))
