@@ -206,9 +206,10 @@ class Consumer:
             if admission.kind is AdmissionKind.NEW and admission.operation is not None:
                 self._launch(admission.operation)
         if self.store.in_flight(ref.message_id):
-            self._held[ref.message_id] = ref
-            if len([r for r in self._held.values() if r.message_id == ref.message_id]) > 1:
-                self._budget.release()  # a redelivery of a message already held: one slot per message
+            redelivered = ref.message_id in self._held
+            self._held[ref.message_id] = ref  # the newest receipt handle is the one that works
+            if redelivered:
+                self._budget.release()  # a message already held keeps the one slot it has
         else:  # every event repeats one already done
             bound.info("message repeats events already handled: deleted")
             await self._delete(ref, kinds)
