@@ -1,5 +1,6 @@
 """The ``queue-processor`` command.
 
+- ``run``: the controller;
 - ``inspect PATH...``: what the controller would make of message bodies taken from a queue or its DLQ;
 - ``config``: check the settings from the environment and flags, and print them (secrets masked);
 - ``sandbox``: the embedded AWS and Kubernetes, with a cluster and scenarios (needs the ``sandbox`` extra);
@@ -11,6 +12,7 @@ cannot be read.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sys
@@ -27,7 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 from queue_processor import __version__
+from queue_processor.app import run_controller
 from queue_processor.config import ConfigError, Settings, configuration_markdown, env_name, load_settings
+from queue_processor.observe.logs import configure_logging
 from queue_processor.parse import ParseResult, parse
 from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
 
@@ -84,6 +88,28 @@ def main() -> None:
 def version() -> None:
     """Print the version."""
     click.echo(__version__)
+
+
+@main.command()
+@_settings_options
+def run(**flags: Any) -> None:
+    """Run the controller: consume the queue(s) and make each affected node leave gracefully.
+
+    Settings come from the environment and these flags (docs/configuration.md). Kubernetes: the in-cluster
+    service account, else KUBECONFIG. SIGTERM/SIGINT stop receiving, make every message in flight visible
+    again at once, and exit. Exits 2 with one line naming the variable when a setting is bad.
+    """
+    settings = _load(flags)
+    configure_logging(settings.log_level, settings.json_logging)
+    asyncio.run(_run_until_signalled(settings))
+
+
+async def _run_until_signalled(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await run_controller(settings, stop)
 
 
 @main.command("config")

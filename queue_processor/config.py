@@ -276,11 +276,13 @@ class Settings(BaseSettings):
         "Serve Prometheus metrics on PROMETHEUS_SERVER_PORT at /metrics.",
         nth="same name; NTH's default is false",
     )
-    prometheus_server_port: int = _field(9092, "Port of the metrics server.", ge=1, le=65535)
+    prometheus_server_port: int = _field(
+        9092, "Port of the metrics server (0: any free port).", ge=0, le=65535
+    )
     enable_probes_server: bool = _field(
         True, "Serve /healthz and /readyz on PROBES_SERVER_PORT.", nth="same name; NTH's default is false"
     )
-    probes_server_port: int = _field(8080, "Port of the probes server.", ge=1, le=65535)
+    probes_server_port: int = _field(8080, "Port of the probes server (0: any free port).", ge=0, le=65535)
     json_logging: bool = _field(False, "Log JSON lines instead of human-readable lines.")
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "Least severe level logged.", nth="same; NTH has no warning level"

@@ -38,7 +38,7 @@ import structlog
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
-from queue_processor.events import EventKind
+from queue_processor.events import EventKind, StateChangeEvent
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder, is_managed
 
@@ -59,6 +59,10 @@ EXCLUDE_FROM_LB_LABEL = (
     "node.kubernetes.io/exclude-from-external-load-balancers",
     "aws-node-termination-handler",
 )
+
+
+#: Kinds whose start time is a hard deadline: the instance is reclaimed then.
+NOTICE_KINDS = frozenset({EventKind.SPOT_INTERRUPTION, EventKind.CAPACITY_RESERVATION_INTERRUPTION})
 
 
 class Outcome(StrEnum):
@@ -143,6 +147,10 @@ class Handler:
         if outcome is not None:
             return outcome
         if node is None:
+            if await self._instance_gone(operation):
+                bound.info("instance terminated and its node gone: nothing to drain")
+                await self._complete_terminate_actions(operation, bound)
+                return Outcome.DONE
             if settings.delete_sqs_msg_if_node_not_found:
                 bound.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
                 await self._complete_terminate_actions(operation, bound)
@@ -180,6 +188,15 @@ class Handler:
             for task in heartbeats:
                 task.cancel()
             await asyncio.gather(*heartbeats, return_exceptions=True)
+
+    async def _instance_gone(self, operation: NodeOperation) -> bool:
+        """Whether the instance is shutting down or terminated (its node will never come back): from the
+        operation's own state changes, else from a fresh DescribeInstances."""
+        gone = ("shutting-down", "terminated")
+        if any(isinstance(e, StateChangeEvent) and e.state in gone for e in operation.events):
+            return True
+        info = await self.resolver.get(operation.instance_id, fresh=True)
+        return info is None or info.state in gone
 
     async def _start_heartbeats(self, operation: NodeOperation) -> list[asyncio.Task[None]]:
         tasks = []

@@ -73,11 +73,12 @@ class RateLimiter:
             await asyncio.sleep((1 - self._tokens) / self.qps)
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+def load_api_client(kubeconfig: str | None = None, *, pool_size: int = 32) -> client.ApiClient:
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
-    ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster. Raises ``kubernetes.config.ConfigException``
-    when neither is available."""
+    ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
+    thread of :class:`KubeClient`). Raises ``kubernetes.config.ConfigException`` when neither is available."""
     configuration = client.Configuration()
+    configuration.connection_pool_maxsize = pool_size
     if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -110,7 +111,6 @@ class KubeClient:
         on_request: Callable[[str, str, int], None] | None = None,
     ) -> None:
         self.api = api_client
-        self.api.configuration.connection_pool_maxsize = max(threads, 4)
         self.limiter = RateLimiter(qps, burst)
         self.timeout_s = timeout_s
         self.attempts = attempts

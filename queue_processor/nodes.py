@@ -77,11 +77,11 @@ class InstanceResolver:
         self.calls = 0
         """DescribeInstances calls made (tests and benchmarks read it)."""
 
-    async def get(self, instance_id: str) -> InstanceInfo | None:
-        """The instance, or ``None`` when EC2 does not know it (terminated long ago, another account…).
-        Raises what the describe call raises."""
+    async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
+        """The instance, or ``None`` when EC2 does not know it (terminated long ago, another account…);
+        ``fresh`` skips the cache (the instance's state matters). Raises what the describe call raises."""
         cached = self._cache.get(instance_id)
-        if cached is not None and cached[0] > time.monotonic():
+        if not fresh and cached is not None and cached[0] > time.monotonic():
             return cached[1]
         future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(instance_id, []).append(future)

@@ -1,0 +1,193 @@
+"""The controller assembled: settings in, a running consumer out, until asked to stop.
+
+:func:`run_controller` opens the AWS clients and the Kubernetes client, builds the pipeline (instance
+resolver, node finder, lifecycle, drainer, handler, event store, consumer), serves ``/healthz``, ``/readyz``
+and ``/metrics``, consumes until ``stop`` is set, then shuts down in order: stop receiving, EarlyExit for
+everything in flight (messages visible again at once), close the clients. It is what ``queue-processor run``
+and the sandbox command run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from queue_processor import __version__
+from queue_processor.aws import AwsClients, call
+from queue_processor.coalesce import EventStore
+from queue_processor.config import Settings
+from queue_processor.consumer import Consumer, ConsumerHooks
+from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.filters import DrainOptions
+from queue_processor.handler import Handler
+from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.lifecycle import Lifecycle
+from queue_processor.nodes import InstanceResolver, NodeFinder
+from queue_processor.observe.metrics import Metrics
+from queue_processor.server import ProbeServer
+
+__all__ = ["Controller", "run_controller"]
+
+log = structlog.get_logger("queue_processor.app")
+
+
+async def describe_instances(ec2: Any, instance_ids: list[str]) -> list[dict[str, Any]]:
+    """EC2 DescribeInstances for ``instance_ids`` through an ``instance-id`` filter (unknown IDs are simply
+    absent), every page; the instances, flattened out of their reservations."""
+    instances: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"Filters": [{"Name": "instance-id", "Values": instance_ids}]}
+        if token:
+            kwargs["NextToken"] = token
+        answer = await call(ec2.describe_instances, **kwargs)
+        for reservation in answer.get("Reservations") or []:
+            instances.extend(reservation.get("Instances") or [])
+        token = answer.get("NextToken")
+        if not token:
+            return instances
+
+
+@dataclass
+class Controller:
+    """The running pieces, for tests and the sandbox command to look at."""
+
+    consumer: Consumer
+    handler: Handler
+    store: EventStore
+    kube: KubeClient
+    lifecycle: Lifecycle
+    drainer: Drainer
+    resolver: InstanceResolver
+    metrics: Metrics
+    server: ProbeServer | None
+
+
+async def run_controller(
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    kubeconfig: str | None = None,
+    serve: bool = True,
+    started: Callable[[Controller], None] | None = None,
+) -> None:
+    """Run until ``stop`` is set. ``kubeconfig`` overrides the in-cluster / KUBECONFIG lookup; ``serve``
+    starts the probe and metrics server; ``started`` is called with the :class:`Controller` once it
+    consumes. Raises what start-up raises (AWS or Kubernetes configuration)."""
+    metrics = Metrics(__version__)
+    async with AwsClients(settings) as aws:
+        kube = KubeClient(
+            load_api_client(kubeconfig),
+            qps=settings.kube_api_qps,
+            burst=settings.kube_api_burst,
+            on_request=lambda verb, resource, code: metrics.kube_requests.labels(
+                verb, resource, str(code) if code else "error"
+            ).inc(),
+        )
+        resolver = InstanceResolver(lambda ids: describe_instances(aws.ec2, ids))
+        finder = NodeFinder(kube, use_provider_id=settings.use_provider_id)
+        lifecycle = Lifecycle(
+            aws.autoscaling, settings, on_result=lambda what, result: _lifecycle_metric(metrics, what, result)
+        )
+        own_pod = (settings.pod_namespace, settings.pod_name) if settings.pod_name else None
+        drainer = Drainer(
+            kube,
+            DrainOptions(
+                ignore_daemonsets=settings.ignore_daemon_sets,
+                delete_emptydir_data=settings.delete_local_data,
+                force=True,
+                own_pod=own_pod,
+            ),
+            budget=settings.drain_budget,
+            grace_s=settings.pod_termination_grace_period,
+            use_cache=settings.use_apiserver_cache,
+            on_eviction=lambda result: metrics.evictions.labels(result).inc(),
+        )
+        handler = Handler(
+            settings,
+            resolver=resolver,
+            finder=finder,
+            lifecycle=lifecycle,
+            drainer=drainer,
+            on_step=lambda step, status: metrics.count_action(step, status == "success"),
+            on_timing=lambda name, seconds, labels: _timing_metric(metrics, name, seconds, labels),
+        )
+        store = EventStore()
+        consumer = Consumer(
+            aws.sqs,
+            handler,
+            store,
+            queue_urls=settings.all_queue_urls,
+            in_flight_budget=settings.in_flight_budget,
+            visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,
+            loops_per_queue=settings.receive_loops_per_queue,
+            hooks=ConsumerHooks(
+                message=lambda queue, what, label: _message_metric(metrics, queue, what, label),
+                error=metrics.count_error,
+                in_flight=lambda messages, operations: _in_flight_metric(
+                    metrics, drainer, messages, operations
+                ),
+            ),
+            on_answer=aws.mark_answered,
+        )
+        server = ProbeServer.from_settings(settings, metrics) if serve else None
+        if server is not None:
+            server.add_liveness("receive-loops", lambda: time.monotonic() - consumer.loop_heartbeat < 120)
+            server.add_readiness("sqs", lambda: time.monotonic() - aws.answered_at < 120)
+            server.add_readiness(
+                "kubernetes", lambda: kube.answered_at == 0 or time.monotonic() - kube.answered_at < 300
+            )
+            await server.start()
+        consumer.start()
+        log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
+        if started is not None:
+            started(Controller(consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, server))
+        try:
+            await stop.wait()
+        finally:
+            log.info("stopping: EarlyExit for everything in flight")
+            await consumer.shutdown()
+            await resolver.close()
+            if server is not None:
+                await server.stop()
+            await asyncio.get_running_loop().run_in_executor(None, kube.close)
+
+
+def _lifecycle_metric(metrics: Metrics, what: str, result: str) -> None:
+    if what == "heartbeat":
+        metrics.heartbeats.labels(result).inc()
+        metrics.count_action("heartbeat", result == "ok")
+    else:
+        metrics.lifecycle_completions.labels(result).inc()
+
+
+def _timing_metric(metrics: Metrics, name: str, seconds: float, labels: dict[str, str]) -> None:
+    if name == "cordon":
+        metrics.event_to_cordon.observe(seconds)
+    elif name == "drain":
+        metrics.drain_duration.labels(labels.get("kind", ""), labels.get("result", "")).observe(seconds)
+
+
+def _message_metric(metrics: Metrics, queue: str, what: str, label: str) -> None:
+    if what == "received":
+        metrics.messages_received.labels(queue, label).inc()
+        metrics.mark_receive(queue)
+    elif what == "deleted":
+        metrics.messages_deleted.labels(queue, label).inc()
+    elif what == "requeued":
+        metrics.messages_requeued.labels(queue, label).inc()
+    elif what == "poison":
+        metrics.count_poison(queue, label)
+    elif what == "skipped":
+        metrics.count_skip(queue, label)
+
+
+def _in_flight_metric(metrics: Metrics, drainer: Drainer, messages: int, operations: int) -> None:
+    metrics.in_flight_messages.set(messages)
+    metrics.in_flight_operations.set(operations)
+    metrics.draining_nodes.set(drainer.draining)

@@ -1,0 +1,415 @@
+"""Prometheus metrics of the controller: one :class:`Metrics` object per process (tests create many).
+
+Every metric lives in the object's own :class:`prometheus_client.CollectorRegistry`, never in the library's
+global one, so two :class:`Metrics` never collide. Names follow the Prometheus conventions ("Metric and label
+naming", prometheus.io): base units (seconds), ``_total`` for counters, ``_seconds`` for durations and
+timestamps, ``_info``-style constant gauges for build facts.
+
+Two families are kept from aws-node-termination-handler (NTH, ``pkg/observability/opentelemetry.go``) with its
+names and label names and **no prefix**, so dashboards and alerts written for NTH keep working:
+
+- ``actions_total{node_action, node_status}``: NTH's ``actions`` counter (the low-cardinality one; NTH's
+  deprecated ``actions_node_total`` with node name and event ID labels is not kept). ``node_status`` is
+  ``success`` or ``error``; ``node_action`` is one of :data:`NODE_ACTIONS` (``cordon``, ``cordon-and-drain``,
+  ``taint``, ``lifecycle-complete``, ``heartbeat``...).
+- ``events_error_total{event_error_where}``: NTH's ``events.error`` counter; ``event_error_where`` names the
+  step that failed, one of :data:`ERROR_WHERE` (``receive``, ``parse``, ``handle``, ``delete``, ``requeue``...).
+
+Every other metric is ours and carries the ``queue_processor_`` prefix; see :class:`Metrics` for the list.
+
+Label conventions, so that label sets stay small and bounded:
+
+- ``queue``: the queue URL as configured (``QUEUE_URL`` / ``QUEUE_URLS``); URLs, not names, because two
+  regions or accounts may hold queues of the same name.
+- ``kind``: an :class:`~queue_processor.events.EventKind` value (``spot-interruption``...), or ``"skip"`` /
+  ``"poison"`` (:data:`KIND_SKIP`, :data:`KIND_POISON`) for a message that gave no event.
+- ``reason`` (poison) and ``reason_class`` (skip): a short class from :func:`poison_class` /
+  :func:`skip_class`, never the parser's free-text reason (which holds IDs and would explode cardinality).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections.abc import Iterable
+from typing import Final, Literal
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from queue_processor import __version__
+
+__all__ = [
+    "DRAIN_BUCKETS",
+    "ERROR_WHERE",
+    "EVENT_TO_CORDON_BUCKETS",
+    "KIND_POISON",
+    "KIND_SKIP",
+    "NODE_ACTIONS",
+    "POISON_CLASSES",
+    "PREFIX",
+    "SKIP_CLASSES",
+    "AwsResult",
+    "DrainResult",
+    "EvictionResult",
+    "HeartbeatResult",
+    "LifecycleResult",
+    "Metrics",
+    "NodeStatus",
+    "poison_class",
+    "skip_class",
+]
+
+#: Prefix of every metric that is not one of NTH's.
+PREFIX: Final = "queue_processor"
+
+#: ``kind`` label of a message that was skipped (valid, not acted on) or poison (not understood).
+KIND_SKIP: Final = "skip"
+KIND_POISON: Final = "poison"
+
+#: ``node_action`` values of ``actions_total`` created at zero, so ``rate()`` and ``increase()`` see the
+#: series before the first interruption. Others may be counted too (NTH also counts e.g. ``pre-drain``).
+NODE_ACTIONS: Final = (
+    "cordon",
+    "cordon-and-drain",
+    "taint",
+    "exclude-from-lb",
+    "out-of-service-taint",
+    "heartbeat",
+    "lifecycle-complete",
+    "launch-ready",
+)
+#: ``event_error_where`` values of ``events_error_total`` created at zero.
+ERROR_WHERE: Final = ("receive", "parse", "handle", "delete", "requeue", "visibility")
+
+#: Buckets of ``queue_processor_event_to_cordon_seconds``: 10 ms to 120 s (a Spot notice).
+EVENT_TO_CORDON_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120)
+#: Buckets of ``queue_processor_drain_duration_seconds``: 0.5 s to 600 s (10 minutes).
+DRAIN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 450, 600)
+
+NodeStatus = Literal["success", "error"]
+"""``node_status`` of NTH's ``actions_total``."""
+HeartbeatResult = Literal["ok", "error", "validation-error"]
+"""``result`` of ``queue_processor_heartbeats_total``: ``validation-error`` is AWS's ``ValidationError``
+(no active lifecycle action: the heartbeat task stops)."""
+LifecycleResult = Literal["continue", "abandon", "error", "no-active-action"]
+"""``result`` of ``queue_processor_lifecycle_completions_total``: the ``LifecycleActionResult`` sent
+(``CONTINUE`` / ``ABANDON``), a failed call, or ``ValidationError: No active Lifecycle Action found``."""
+EvictionResult = Literal["evicted", "pdb-blocked", "error"]
+"""``result`` of ``queue_processor_evictions_total``: ``pdb-blocked`` is a 429 from the Eviction API."""
+DrainResult = Literal["drained", "timeout", "error", "cancelled"]
+"""``result`` of ``queue_processor_drain_duration_seconds``."""
+AwsResult = Literal["ok", "error", "throttled"]
+"""``result`` of ``queue_processor_aws_requests_total``."""
+
+#: Every value :func:`poison_class` returns.
+POISON_CLASSES: Final = (
+    "not-json",
+    "not-object",
+    "too-large",
+    "unknown-shape",
+    "missing-field",
+    "invalid-field",
+    "other",
+)
+#: Every value :func:`skip_class` returns for a parser skip reason.
+SKIP_CLASSES: Final = (
+    "test-notification",
+    "unhandled-kind",
+    "unhandled-transition",
+    "unhandled-state",
+    "unhandled-health-event",
+    "health-event-closed",
+    "sns-control",
+    "other",
+)
+
+# "<dotted.field.path>: <pydantic message>", as kinds.base.describe_validation_error and Poison write them.
+_FIELD_REASON = re.compile(r"^[\w.\-\[\]]+: (?P<message>.*)$", re.DOTALL)
+
+
+def poison_class(reason: str) -> str:
+    """The short class of a poison reason of :func:`queue_processor.parse.parse`, for the ``reason`` label of
+    ``queue_processor_messages_poison_total``. One of :data:`POISON_CLASSES`:
+
+    - ``not-json``: ``"not JSON: <decoder message>"`` (including an empty body, or an SNS ``Message`` that
+      is not JSON);
+    - ``not-object``: ``"not a JSON object"`` (an array, a string, a number, ``null``);
+    - ``too-large``: ``"larger than SQS allows: ..."`` (over 1 MiB);
+    - ``unknown-shape``: ``"not a known message shape: ..."``, and an SNS envelope inside an SNS envelope;
+    - ``missing-field``: ``"<field path>: Field required"`` and an AWS Health event naming no instance;
+    - ``invalid-field``: any other ``"<field path>: <message>"`` (a wrong type, a blank ID, an unreadable
+      time, a lifecycle transition under the other detail-type);
+    - ``other``: anything else (e.g. ``"unexpected KeyError while parsing: ..."``, a parser bug).
+    """
+    if reason.startswith("not JSON"):
+        return "not-json"
+    if reason.startswith("not a JSON object"):
+        return "not-object"
+    if reason.startswith("larger than SQS allows"):
+        return "too-large"
+    if reason.startswith(("not a known message shape", "an SNS envelope inside an SNS envelope")):
+        return "unknown-shape"
+    match = _FIELD_REASON.match(reason)
+    if match is not None:
+        message = match.group("message")
+        if message.startswith(("Field required", "no affected instance")):
+            return "missing-field"
+        return "invalid-field"
+    return "other"
+
+
+def skip_class(reason: str) -> str:
+    """The short class of a skip reason of :func:`queue_processor.parse.parse`, for the ``reason_class``
+    label of ``queue_processor_messages_skipped_total``. One of :data:`SKIP_CLASSES`:
+
+    - ``test-notification``: ``"Auto Scaling test notification"``;
+    - ``unhandled-kind``: an EventBridge ``source`` / ``detail-type`` or an Auto Scaling notification not
+      acted on;
+    - ``unhandled-transition``: ``"lifecycle transition '...' is not acted on"``;
+    - ``unhandled-state``: ``"instance state '...' is not acted on"``;
+    - ``unhandled-health-event``: an AWS Health event of another service or category;
+    - ``health-event-closed``: ``"AWS Health event is closed"``;
+    - ``sns-control``: an SNS message that is not a ``Notification`` (``SubscriptionConfirmation``...);
+    - ``other``: anything else.
+
+    Skips decided after parsing (unmanaged instance, no node for the instance...) are counted by their
+    caller with a class of its own, e.g. ``unmanaged-instance``, ``node-not-found``, ``instance-gone``.
+    """
+    if "test notification" in reason:
+        return "test-notification"
+    if reason.startswith(("EventBridge event ", "Auto Scaling notification ")):
+        return "unhandled-kind"
+    if reason.startswith("lifecycle transition "):
+        return "unhandled-transition"
+    if reason.startswith("instance state "):
+        return "unhandled-state"
+    if reason == "AWS Health event is closed":
+        return "health-event-closed"
+    if reason.startswith("AWS Health event "):
+        return "unhandled-health-event"
+    if reason.startswith("SNS "):
+        return "sns-control"
+    return "other"
+
+
+class _WithoutCreated(Collector):
+    """The families of ``registry`` without prometheus-client's ``*_created`` samples: in the text format
+    each would be one more gauge series per counter or histogram child, which NTH never exposed and no
+    dashboard reads."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            if family.type in ("counter", "histogram", "summary", "gaugehistogram"):
+                family = copy.copy(family)
+                family.samples = [sample for sample in family.samples if not sample.name.endswith("_created")]
+            yield family
+
+
+class Metrics:
+    """The controller's metrics, registered in :attr:`registry` (a registry of their own).
+
+    ``version`` is the ``version`` label of ``queue_processor_build_info`` (default: the installed
+    package's); ``process_metrics`` adds prometheus-client's process (``process_cpu_seconds_total``,
+    ``process_resident_memory_bytes``...), platform (``python_info``) and garbage-collector collectors.
+
+    NTH's, unprefixed (see the module docstring):
+
+    - :attr:`actions`: ``actions_total{node_action, node_status}`` (counter);
+    - :attr:`events_error`: ``events_error_total{event_error_where}`` (counter).
+
+    Ours, prefixed ``queue_processor_`` (``queue``, ``kind`` and reason labels: see the module docstring):
+
+    - :attr:`messages_received`: ``messages_received_total{queue, kind}``, messages received from SQS,
+      counted once parsed;
+    - :attr:`messages_deleted`: ``messages_deleted_total{queue, kind}``, messages deleted (acknowledged);
+    - :attr:`messages_requeued`: ``messages_requeued_total{queue, kind}``, messages made visible again after
+      a backoff (EarlyExit);
+    - :attr:`messages_poison`: ``messages_poison_total{queue, reason}``, poison messages left to the
+      redrive policy, ``reason`` from :func:`poison_class`;
+    - :attr:`messages_skipped`: ``messages_skipped_total{queue, reason_class}``, valid messages not acted
+      on, ``reason_class`` from :func:`skip_class` or the caller's own class;
+    - :attr:`event_to_cordon`: ``event_to_cordon_seconds`` (histogram, :data:`EVENT_TO_CORDON_BUCKETS`),
+      seconds from receiving the message that carried an event to the node's cordon succeeding (our
+      latency; AWS's delivery delay is not included);
+    - :attr:`drain_duration`: ``drain_duration_seconds{kind, result}`` (histogram, :data:`DRAIN_BUCKETS`),
+      seconds from the start of a node's drain to its end, ``result`` a :data:`DrainResult`;
+    - :attr:`in_flight_messages`: ``in_flight_messages`` (gauge), received messages not yet deleted or
+      requeued;
+    - :attr:`in_flight_operations`: ``in_flight_operations`` (gauge), per-node operations under way;
+    - :attr:`draining_nodes`: ``draining_nodes`` (gauge), nodes being drained (bounded by DRAIN_BUDGET);
+    - :attr:`heartbeats`: ``heartbeats_total{result}``, RecordLifecycleActionHeartbeat calls
+      (:data:`HeartbeatResult`);
+    - :attr:`lifecycle_completions`: ``lifecycle_completions_total{result}``, CompleteLifecycleAction calls
+      (:data:`LifecycleResult`);
+    - :attr:`evictions`: ``evictions_total{result}``, Eviction API calls (:data:`EvictionResult`);
+    - :attr:`kube_requests`: ``kube_requests_total{verb, resource, code}``, Kubernetes API requests:
+      ``verb`` as in audit logs (``get``, ``list``, ``patch``, ``create``, ``delete``...), ``resource`` the
+      plural (``nodes``, ``pods``, ``pods/eviction``, ``leases``...), ``code`` the HTTP status (``"200"``)
+      or ``"error"`` when no response came;
+    - :attr:`aws_requests`: ``aws_requests_total{service, operation, result}``, AWS API calls
+      (``sqs`` / ``ReceiveMessage``, ``autoscaling`` / ``CompleteLifecycleAction``...), ``result`` an
+      :data:`AwsResult`;
+    - :attr:`last_receive_timestamp`: ``last_receive_timestamp_seconds{queue}`` (gauge), Unix time in
+      seconds of the last ReceiveMessage call that SQS answered (with or without messages);
+    - :attr:`build_info`: ``build_info{version}`` (gauge, always 1).
+    """
+
+    def __init__(self, version: str | None = None, *, process_metrics: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self._exposed = _WithoutCreated(registry)
+        if process_metrics:
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+
+        # --- NTH's, unprefixed
+        self.actions = Counter(
+            "actions",
+            "Actions taken on nodes (NTH-compatible).",
+            ["node_action", "node_status"],
+            registry=registry,
+        )
+        self.events_error = Counter(
+            "events_error",
+            "Errors while processing events, by where they happened (NTH-compatible).",
+            ["event_error_where"],
+            registry=registry,
+        )
+
+        # --- ours
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            return Counter(name, doc, labels, namespace=PREFIX, registry=registry)
+
+        def gauge(name: str, doc: str, labels: list[str] | None = None) -> Gauge:
+            return Gauge(name, doc, labels or [], namespace=PREFIX, registry=registry)
+
+        self.messages_received = counter(
+            "messages_received", "SQS messages received, by event kind.", ["queue", "kind"]
+        )
+        self.messages_deleted = counter(
+            "messages_deleted", "SQS messages deleted (acknowledged), by event kind.", ["queue", "kind"]
+        )
+        self.messages_requeued = counter(
+            "messages_requeued", "SQS messages made visible again after a backoff.", ["queue", "kind"]
+        )
+        self.messages_poison = counter(
+            "messages_poison",
+            "Poison SQS messages left to the redrive policy, by reason class.",
+            ["queue", "reason"],
+        )
+        self.messages_skipped = counter(
+            "messages_skipped",
+            "Valid SQS messages acknowledged without action, by reason class.",
+            ["queue", "reason_class"],
+        )
+        self.event_to_cordon = Histogram(
+            "event_to_cordon_seconds",
+            "Seconds from receiving an event's message to the node being cordoned.",
+            namespace=PREFIX,
+            buckets=EVENT_TO_CORDON_BUCKETS,
+            registry=registry,
+        )
+        self.drain_duration = Histogram(
+            "drain_duration_seconds",
+            "Seconds a node's drain took, by event kind and result.",
+            ["kind", "result"],
+            namespace=PREFIX,
+            buckets=DRAIN_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight_messages = gauge("in_flight_messages", "SQS messages received and not yet settled.")
+        self.in_flight_operations = gauge("in_flight_operations", "Per-node operations under way.")
+        self.draining_nodes = gauge("draining_nodes", "Nodes being drained.")
+        self.heartbeats = counter(
+            "heartbeats", "RecordLifecycleActionHeartbeat calls, by result.", ["result"]
+        )
+        self.lifecycle_completions = counter(
+            "lifecycle_completions", "CompleteLifecycleAction calls, by result.", ["result"]
+        )
+        self.evictions = counter("evictions", "Pod eviction requests, by result.", ["result"])
+        self.kube_requests = counter(
+            "kube_requests", "Kubernetes API requests.", ["verb", "resource", "code"]
+        )
+        self.aws_requests = counter("aws_requests", "AWS API calls.", ["service", "operation", "result"])
+        self.last_receive_timestamp = gauge(
+            "last_receive_timestamp_seconds",
+            "Unix time of the last ReceiveMessage call SQS answered.",
+            ["queue"],
+        )
+        self.build_info = gauge("build_info", "Build information; always 1.", ["version"])
+        self.build_info.labels(version=version or __version__).set(1)
+
+        # Known label values start at zero, so rate() sees a series before its first increment.
+        for action in NODE_ACTIONS:
+            for status in ("success", "error"):
+                self.actions.labels(node_action=action, node_status=status)
+        for where in ERROR_WHERE:
+            self.events_error.labels(event_error_where=where)
+        for result in ("ok", "error", "validation-error"):
+            self.heartbeats.labels(result=result)
+        for result in ("continue", "abandon", "error", "no-active-action"):
+            self.lifecycle_completions.labels(result=result)
+        for result in ("evicted", "pdb-blocked", "error"):
+            self.evictions.labels(result=result)
+
+    # --- helpers for the labels with a vocabulary
+
+    def count_action(self, node_action: str, ok: bool) -> None:
+        """Count one action on a node in NTH's ``actions_total``: ``node_status`` is ``success`` when
+        ``ok``, else ``error``."""
+        status: NodeStatus = "success" if ok else "error"
+        self.actions.labels(node_action=node_action, node_status=status).inc()
+
+    def count_error(self, where: str) -> None:
+        """Count one error in NTH's ``events_error_total`` (``where``: one of :data:`ERROR_WHERE`)."""
+        self.events_error.labels(event_error_where=where).inc()
+
+    def count_poison(self, queue: str, reason: str) -> str:
+        """Count a poison message of ``queue`` whose parser ``reason`` is the free text; returns the class
+        it was counted under (:func:`poison_class`)."""
+        reason_class = poison_class(reason)
+        self.messages_poison.labels(queue=queue, reason=reason_class).inc()
+        return reason_class
+
+    def count_skip(self, queue: str, reason: str) -> str:
+        """Count a skipped message of ``queue`` whose parser ``reason`` is the free text; returns the class
+        it was counted under (:func:`skip_class`)."""
+        reason_class = skip_class(reason)
+        self.messages_skipped.labels(queue=queue, reason_class=reason_class).inc()
+        return reason_class
+
+    def mark_receive(self, queue: str, at: float | None = None) -> None:
+        """Record that SQS answered a ReceiveMessage call on ``queue`` at Unix time ``at`` (seconds;
+        default: now)."""
+        self.last_receive_timestamp.labels(queue=queue).set(time.time() if at is None else at)
+
+    # --- exposition
+
+    def exposition(self) -> bytes:
+        """Every metric in the Prometheus text exposition format (``text/plain; version=0.0.4``), without
+        the ``*_created`` series prometheus-client would add to each counter and histogram."""
+        return generate_latest(self._exposed)
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """Every metric in the format the ``Accept`` header ``accept`` asks for (OpenMetrics when asked,
+        else Prometheus text), with its content type: ``(body, content_type)``. Like :meth:`exposition`,
+        without ``*_created`` series."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self._exposed), content_type

@@ -1,0 +1,272 @@
+"""HTTP endpoints for the kubelet and Prometheus: ``/healthz``, ``/readyz`` and ``/metrics`` (aiohttp).
+
+:class:`ProbeServer` serves the probes on ``PROBES_SERVER_PORT`` and the metrics on
+``PROMETHEUS_SERVER_PORT`` (:mod:`queue_processor.config`): one listener when the two ports are equal, two
+otherwise. Port 0 binds a free port; the ports actually bound are :attr:`ProbeServer.metrics_port` and
+:attr:`ProbeServer.probes_port` once started.
+
+- ``GET /healthz`` (liveness): 200 when every check registered with :meth:`ProbeServer.add_liveness`
+  returns ``True`` (e.g. "the receive loops are alive"), else 503. A failing liveness probe makes the
+  kubelet restart the container, so liveness checks must only fail when a restart would help.
+- ``GET /readyz`` (readiness): 200 when every check registered with :meth:`ProbeServer.add_readiness`
+  passes (e.g. "SQS answered in the last 60 seconds", "the API server answered recently"), else 503.
+- ``GET /metrics``: :meth:`queue_processor.observe.metrics.Metrics.render`, in the Prometheus text format
+  (``text/plain; version=0.0.4``), or OpenMetrics when the scraper's ``Accept`` header asks for it.
+
+A probe's body is JSON: ``{"status": "ok" | "failing", "checks": {name: bool}, "failing": [name...]}``, plus
+``"errors": {name: "ExceptionType: message"}`` for checks that raised (a raising check fails). Checks are
+plain functions ``() -> bool`` called on the event loop for each request: they must be cheap and never block
+(read a timestamp, a flag, a task's ``done()``). :class:`Freshness` is one for "X happened recently".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import web
+
+from queue_processor.observe.logs import get_logger
+from queue_processor.observe.metrics import Metrics
+
+if TYPE_CHECKING:
+    from queue_processor.config import Settings
+
+__all__ = ["Check", "Freshness", "ProbeServer"]
+
+Check = Callable[[], bool]
+"""A probe check: returns ``True`` when healthy. Called on the event loop; must not block."""
+
+#: Seconds ``stop()`` lets an in-flight request finish before its connection is closed.
+_SHUTDOWN_TIMEOUT_S: Final = 2.0
+
+_log = get_logger()
+
+
+class Freshness:
+    """A :data:`Check` that passes while :meth:`touch` was called less than ``max_age_s`` seconds ago.
+
+    For readiness checks such as "SQS answered a ReceiveMessage call in the last 60 seconds": the receive
+    loop calls ``touch()`` after each answer, the server calls the object. It fails until the first
+    ``touch()``. ``clock`` is a monotonic clock in seconds (default :func:`time.monotonic`).
+    """
+
+    def __init__(self, max_age_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_age_s <= 0:
+            raise ValueError(f"max_age_s must be positive, not {max_age_s}")
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._last: float | None = None
+
+    def touch(self) -> None:
+        """Record that the watched thing happened now."""
+        self._last = self._clock()
+
+    @property
+    def age_s(self) -> float | None:
+        """Seconds since the last :meth:`touch`, ``None`` before the first."""
+        return None if self._last is None else self._clock() - self._last
+
+    def __call__(self) -> bool:
+        """``True`` when the last :meth:`touch` is less than ``max_age_s`` seconds old."""
+        age = self.age_s
+        return age is not None and age < self.max_age_s
+
+
+def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
+    """Run ``checks`` (every one, even after a failure): ``(all passed, JSON body)``."""
+    results: dict[str, bool] = {}
+    errors: dict[str, str] = {}
+    for name, check in checks.items():
+        try:
+            results[name] = bool(check())
+        except Exception as exc:  # a broken check fails its probe; it must not fail the request
+            results[name] = False
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    failing = [name for name, ok in results.items() if not ok]
+    body: dict[str, Any] = {"status": "failing" if failing else "ok", "checks": results, "failing": failing}
+    if errors:
+        body["errors"] = errors
+    return not failing, body
+
+
+class ProbeServer:
+    """The HTTP server of ``/healthz``, ``/readyz`` and ``/metrics``.
+
+    ``metrics`` is what ``/metrics`` exposes. ``metrics_port`` / ``probes_port`` are TCP ports (0: any free
+    port), or ``None`` to not serve metrics / probes (``ENABLE_PROMETHEUS_SERVER`` /
+    ``ENABLE_PROBES_SERVER`` false). ``shared``: serve the three paths on one listener (on
+    ``metrics_port``); ``None`` (the default) shares when the two ports are equal, so two zeros give one
+    listener on one free port; ``False`` with two zeros gives two listeners on two free ports. ``host`` is the
+    address to bind (``"0.0.0.0"``: every IPv4 interface; ``"::"`` for IPv6; tests use ``"127.0.0.1"``).
+
+    Use :meth:`start` and :meth:`stop` (or ``async with``). Checks may be added before or after
+    :meth:`start`. Raises ``ValueError`` for ``shared=True`` with two different ports, or ``shared=False``
+    with the same non-zero port twice.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        metrics_port: int | None = 9092,
+        probes_port: int | None = 8080,
+        host: str = "0.0.0.0",
+        shared: bool | None = None,
+    ) -> None:
+        both = metrics_port is not None and probes_port is not None
+        if shared is None:
+            shared = both and metrics_port == probes_port
+        elif shared and both and metrics_port != probes_port:
+            raise ValueError(f"shared=True but the ports differ: {metrics_port} and {probes_port}")
+        elif not shared and both and metrics_port == probes_port and metrics_port != 0:
+            raise ValueError(f"shared=False but both servers would bind port {metrics_port}")
+        self.metrics = metrics
+        self.host = host
+        self._shared = shared and both
+        self._wanted: dict[str, int | None] = {"metrics": metrics_port, "probes": probes_port}
+        self._bound: dict[str, int] = {}
+        self._liveness: dict[str, Check] = {}
+        self._readiness: dict[str, Check] = {}
+        self._runners: list[web.AppRunner] = []
+        self._started = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings, metrics: Metrics, *, host: str = "0.0.0.0") -> ProbeServer:
+        """The server ``settings`` ask for: ``PROMETHEUS_SERVER_PORT`` when ``ENABLE_PROMETHEUS_SERVER``,
+        ``PROBES_SERVER_PORT`` when ``ENABLE_PROBES_SERVER``, one listener when the ports are equal."""
+        return cls(
+            metrics,
+            metrics_port=settings.prometheus_server_port if settings.enable_prometheus_server else None,
+            probes_port=settings.probes_server_port if settings.enable_probes_server else None,
+            host=host,
+        )
+
+    # --- checks
+
+    def add_liveness(self, name: str, fn: Check) -> None:
+        """Make ``/healthz`` fail (503) while ``fn()`` returns a false value or raises; ``name``
+        identifies it in the body. Raises ``ValueError`` when ``name`` is registered already."""
+        self._add(self._liveness, name, fn)
+
+    def add_readiness(self, name: str, fn: Check) -> None:
+        """Make ``/readyz`` fail (503) while ``fn()`` returns a false value or raises; ``name``
+        identifies it in the body. Raises ``ValueError`` when ``name`` is registered already."""
+        self._add(self._readiness, name, fn)
+
+    @staticmethod
+    def _add(checks: dict[str, Check], name: str, fn: Check) -> None:
+        if name in checks:
+            raise ValueError(f"check {name!r} is registered already")
+        checks[name] = fn
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """Run the liveness checks now: ``(all passed, the /healthz JSON body)``."""
+        return _evaluate(self._liveness)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Run the readiness checks now: ``(all passed, the /readyz JSON body)``."""
+        return _evaluate(self._readiness)
+
+    # --- ports
+
+    @property
+    def shared(self) -> bool:
+        """Whether metrics and probes are served on one listener."""
+        return self._shared
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port ``/metrics`` is served on: the bound one once started (never 0 then), else the one
+        asked for; ``None`` when metrics are not served."""
+        return self._port("metrics")
+
+    @property
+    def probes_port(self) -> int | None:
+        """The port ``/healthz`` and ``/readyz`` are served on: the bound one once started (never 0 then),
+        else the one asked for; ``None`` when probes are not served."""
+        return self._port("probes")
+
+    def _port(self, which: str) -> int | None:
+        if self._wanted[which] is None:
+            return None
+        return self._bound.get(which, self._wanted[which])
+
+    # --- lifecycle
+
+    async def start(self) -> None:
+        """Bind the listeners and serve. Raises ``OSError`` when a port cannot be bound (nothing is left
+        listening then) and ``RuntimeError`` when started already."""
+        if self._started:
+            raise RuntimeError("ProbeServer is started already")
+        self._started = True
+        metrics_port, probes_port = self._wanted["metrics"], self._wanted["probes"]
+        try:
+            if self._shared:
+                assert metrics_port is not None
+                port = await self._listen(self._app(metrics=True, probes=True), metrics_port)
+                self._bound = {"metrics": port, "probes": port}
+            else:
+                if metrics_port is not None:
+                    self._bound["metrics"] = await self._listen(self._app(metrics=True), metrics_port)
+                if probes_port is not None:
+                    self._bound["probes"] = await self._listen(self._app(probes=True), probes_port)
+        except BaseException:
+            await self.stop()
+            raise
+        _log.info(
+            "probe server listening",
+            host=self.host,
+            metrics_port=self.metrics_port,
+            probes_port=self.probes_port,
+        )
+
+    async def stop(self) -> None:
+        """Stop serving and close the listeners. Idempotent; the server can be started again after it."""
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            await runner.cleanup()
+        self._bound = {}
+        self._started = False
+
+    async def __aenter__(self) -> ProbeServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def _app(self, *, metrics: bool = False, probes: bool = False) -> web.Application:
+        app = web.Application()
+        if metrics:
+            app.router.add_get("/metrics", self._handle_metrics)
+        if probes:
+            app.router.add_get("/healthz", self._handle_healthz)
+            app.router.add_get("/readyz", self._handle_readyz)
+        return app
+
+    async def _listen(self, app: web.Application, port: int) -> int:
+        # No access log: the kubelet and Prometheus would fill the log with probe and scrape lines.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+        await runner.setup()
+        self._runners.append(runner)
+        await web.TCPSite(runner, self.host, port).start()
+        address = runner.addresses[0]
+        return int(address[1])
+
+    # --- handlers
+
+    async def _handle_healthz(self, request: web.Request) -> web.Response:
+        return self._probe_response(*self.liveness())
+
+    async def _handle_readyz(self, request: web.Request) -> web.Response:
+        return self._probe_response(*self.readiness())
+
+    @staticmethod
+    def _probe_response(ok: bool, body: dict[str, Any]) -> web.Response:
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def _handle_metrics(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.render(request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type})
