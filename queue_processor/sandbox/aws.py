@@ -53,10 +53,12 @@ Not modelled: ASG replacement of terminated instances, scale-in through ``SetDes
 from __future__ import annotations
 
 import contextlib
+import copy
 import heapq
 import itertools
 import json
 import logging
+import math
 import re
 import socket
 import threading
@@ -75,7 +77,7 @@ from moto.autoscaling.exceptions import ValidationError
 from moto.autoscaling.responses import AutoScalingResponse
 from moto.backends import get_backend
 from moto.core.models import DEFAULT_ACCOUNT_ID
-from moto.core.responses import EmptyResult
+from moto.core.responses import ActionResult, EmptyResult
 from moto.moto_api._internal.models import moto_api_backend
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -507,13 +509,34 @@ def _put_lifecycle_hook(self: Any) -> Any:
     return response
 
 
+def _describe_lifecycle_hooks(self: Any) -> Any:
+    """``DescribeLifecycleHooks`` in the sandbox's real seconds: HeartbeatTimeout and GlobalTimeout go through
+    the clock (at least 1 s), so a consumer that heartbeats at half the timeout it reads keeps an action alive
+    under a scaled clock, as it would at full scale."""
+    sandbox = _current()
+    hooks = []
+    for hook in self.autoscaling_backend.describe_lifecycle_hooks(
+        as_name=self._get_param("AutoScalingGroupName"),
+        lifecycle_hook_names=self._get_param("LifecycleHookNames", []),
+    ):
+        scaled = copy.copy(hook)
+        scaled.heartbeat_timeout = max(1, math.ceil(sandbox.clock.real(hook.heartbeat_timeout)))
+        scaled.global_timeout = max(1, math.ceil(sandbox.clock.real(hook.global_timeout)))
+        hooks.append(scaled)
+    return ActionResult({"LifecycleHooks": hooks})
+
+
 _PUT_HOOK = "put_lifecycle_hook"
-#: The methods added to moto's ``AutoScalingResponse`` (``put_lifecycle_hook`` replaces moto's own).
+_DESCRIBE_HOOKS = "describe_lifecycle_hooks"
+#: The methods added to moto's ``AutoScalingResponse`` (``put_lifecycle_hook`` and
+#: ``describe_lifecycle_hooks`` replace moto's own).
 _METHODS: dict[str, Callable[[Any], Any]] = {
     "record_lifecycle_action_heartbeat": _record_lifecycle_action_heartbeat,
     "complete_lifecycle_action": _complete_lifecycle_action,
     "put_lifecycle_hook": _put_lifecycle_hook,
+    "describe_lifecycle_hooks": _describe_lifecycle_hooks,
 }
+_ORIGINAL_DESCRIBE_HOOKS = AutoScalingResponse.describe_lifecycle_hooks
 
 
 def _install(sandbox: AwsSandbox) -> None:
@@ -537,6 +560,7 @@ def _uninstall(sandbox: AwsSandbox) -> None:
         for name in ("record_lifecycle_action_heartbeat", "complete_lifecycle_action"):
             delattr(AutoScalingResponse, name)
         setattr(AutoScalingResponse, _PUT_HOOK, _ORIGINAL_PUT_HOOK)
+        setattr(AutoScalingResponse, _DESCRIBE_HOOKS, _ORIGINAL_DESCRIBE_HOOKS)
         _ORIGINAL_PUT_HOOK = None
         _ACTIVE = None
 

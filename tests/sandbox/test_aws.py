@@ -7,6 +7,7 @@ each test starts from a reset sandbox, so tests are independent.
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -206,7 +207,7 @@ def test_build_cluster_of_1000_instances(sandbox: AwsSandbox, ec2: Any, asc: Any
     assert {i["LifecycleState"] for i in group["Instances"]} == {"InService"}
     hooks = asc.describe_lifecycle_hooks(AutoScalingGroupName="workers-a")["LifecycleHooks"]
     assert [(h["LifecycleHookName"], h["HeartbeatTimeout"], h["DefaultResult"]) for h in hooks] == [
-        (TERMINATE_HOOK, 120, "CONTINUE")
+        (TERMINATE_HOOK, math.ceil(sandbox.clock.real(120)), "CONTINUE")  # reported in real seconds
     ]
 
 
@@ -225,8 +226,12 @@ def test_hooks_report_global_timeout_and_notification_settings(sandbox: AwsSandb
         h["LifecycleHookName"]: h
         for h in asc.describe_lifecycle_hooks(AutoScalingGroupName="hooks")["LifecycleHooks"]
     }
-    assert hooks[TERMINATE_HOOK]["GlobalTimeout"] == 172800  # 48 h < 100 x 3600 s
-    assert hooks[LAUNCH_HOOK]["GlobalTimeout"] == 6000  # 100 x 60 s
+    # Reported in the sandbox's real seconds (the clock's scale), as a consumer must heartbeat by them.
+    assert hooks[TERMINATE_HOOK]["GlobalTimeout"] == math.ceil(
+        sandbox.clock.real(172800)
+    )  # 48 h < 100 x 3600 s
+    assert hooks[LAUNCH_HOOK]["GlobalTimeout"] == math.ceil(sandbox.clock.real(6000))  # 100 x 60 s
+    assert hooks[LAUNCH_HOOK]["HeartbeatTimeout"] == math.ceil(sandbox.clock.real(60))
     assert hooks[LAUNCH_HOOK]["DefaultResult"] == "ABANDON"
     assert hooks[TERMINATE_HOOK]["NotificationTargetARN"] == direct.arn
     assert hooks[TERMINATE_HOOK]["NotificationMetadata"] == "drain-me"
