@@ -43,11 +43,16 @@ log = structlog.get_logger("queue_processor.consumer")
 POISON_VISIBILITY_S = 3600
 
 
+#: The first requeue backoff (seconds); it doubles with each receive, up to :data:`REQUEUE_MAX_S`.
+REQUEUE_BASE_S = 10.0
+REQUEUE_MAX_S = 900.0
+
+
 def requeue_backoff_s(receive_count: int) -> int:
-    """Visibility timeout for a requeued message: 10 s, doubling with each receive, at most 15 minutes,
-    with ±20 % jitter so a storm's retries spread out."""
-    base = min(10 * 2 ** max(receive_count - 1, 0), 900)
-    return max(1, int(base * random.uniform(0.8, 1.2)))
+    """Visibility timeout for a requeued message: :data:`REQUEUE_BASE_S`, doubling with each receive, at most
+    :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out; at least 1 s."""
+    base = min(REQUEUE_BASE_S * 2 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
+    return max(1, round(base * random.uniform(0.8, 1.2)))
 
 
 @dataclass

@@ -1,0 +1,245 @@
+"""The controller end to end on the sandbox: real SQS (moto over HTTP), real Kubernetes client, scaled time.
+
+Each test starts a sandbox cluster (time scale 0.01: a 120 s Spot notice lasts 1.2 s, a 300 s hook timeout
+3 s), runs the controller in the test's event loop, publishes events and checks what a user would: which
+pods were evicted, which lifecycle actions were completed and how often, what is left in the queue, and that
+no task outlives its operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from queue_processor import consumer as consumer_module
+from queue_processor.app import Controller, run_controller
+from queue_processor.config import Settings, load_settings
+from queue_processor.sandbox.cluster import ClusterSpec
+from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+
+SCALE = 0.01  # hooks: HeartbeatTimeout 1000 s = 10 s real, so the controller heartbeats every 5 s
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
+    options = SandboxOptions(
+        nodes=6,
+        scale=SCALE,
+        visibility_timeout_s=10,
+        max_receive_count=3,
+        heartbeat_timeout_s=1000,  # 10 s real: heartbeats every 5 s
+        node_register_s=50,
+        node_ready_s=20,
+        cluster=ClusterSpec(apps=4, pdb_max_unavailable=1),
+    )
+    with Sandbox(options, workdir=tmp_path / "sandbox") as running:
+        for key, value in running.env().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(consumer_module, "POISON_VISIBILITY_S", 1)
+        yield running
+
+
+@dataclass
+class Running:
+    controller: Controller
+    sandbox: Sandbox
+
+    def queue_depth(self) -> tuple[int, int]:
+        sqs = boto3.client("sqs", **self.sandbox.aws.client_kwargs)
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=self.sandbox.env()["QUEUE_URL"],
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"]), int(
+            attributes["ApproximateNumberOfMessagesNotVisible"]
+        )
+
+    def dlq_depth(self) -> int:
+        sqs = boto3.client("sqs", **self.sandbox.aws.client_kwargs)
+        assert self.sandbox.queue is not None
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=self.sandbox.queue.dlq_url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"])
+
+    def evicted(self, node: str | None = None) -> list[dict[str, Any]]:
+        return [p for p in self.sandbox.kube.evictions if node is None or p["spec"].get("nodeName") == node]
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def controller(sandbox: Sandbox, **overrides: Any) -> AsyncIterator[Running]:
+    settings: Settings = load_settings(**{"prometheus_server_port": 0, "probes_server_port": 0, **overrides})
+    stop = asyncio.Event()
+    started: list[Controller] = []
+    task = asyncio.create_task(
+        run_controller(
+            settings, stop, kubeconfig=str(sandbox.kubeconfig_path), serve=False, started=started.append
+        )
+    )
+    await until(lambda: bool(started) or task.done(), what="controller start")
+    if task.done():
+        task.result()
+    running = Running(started[0], sandbox)
+    try:
+        yield running
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        assert running.controller.consumer.tasks == 0  # no operation task outlives the controller
+
+
+def node_of(sandbox: Sandbox, index: int) -> tuple[str, str]:
+    instance = sandbox.instances[index]
+    return instance.instance_id, instance.private_dns_name
+
+
+def unschedulable(sandbox: Sandbox, node: str) -> bool:
+    found = sandbox.kube.get("nodes", node)
+    return bool(found and (found.get("spec") or {}).get("unschedulable"))
+
+
+async def test_spot_interruption_drains_the_node_before_the_notice_ends(sandbox: Sandbox) -> None:
+    instance_id, node = node_of(sandbox, 0)
+    async with controller(sandbox) as running:
+        sandbox.aws.spot_interruption(instance_id)
+        await until(
+            lambda: unschedulable(sandbox, node) or sandbox.kube.get("nodes", node) is None, what="cordon"
+        )
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    evicted = running.evicted(node)
+    kinds = {(p["metadata"].get("ownerReferences") or [{}])[0].get("kind") for p in evicted}
+    assert "DaemonSet" not in kinds
+    assert not any("kubernetes.io/config.mirror" in (p["metadata"].get("annotations") or {}) for p in evicted)
+    assert len(evicted) >= 4  # the ReplicaSets' pods on it
+
+
+async def test_asg_terminate_is_drained_then_completed_once(sandbox: Sandbox) -> None:
+    instance_id, node = node_of(sandbox, 1)
+    async with controller(sandbox) as running:
+        (action,) = sandbox.aws.terminate_instance(instance_id)
+        await until(lambda: sandbox.aws.action(action.token).status != "open", what="lifecycle completion")
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    completions = [c for c in sandbox.aws.calls(instance_id) if c.operation == "CompleteLifecycleAction"]
+    assert [(c.result, c.ok) for c in completions] == [("CONTINUE", True)]
+    assert sandbox.aws.action(action.token).result == "CONTINUE"
+    assert running.evicted(node)  # drained before the completion
+    first_completion = completions[0].time
+    assert all(
+        e["metadata"].get("deletionTimestamp") is None for e in running.evicted(node)
+    )  # the record is of pods as they were, before eviction
+    assert first_completion is not None
+
+
+async def test_every_kind_for_the_same_instances_drains_once_and_completes_each_action_once(
+    sandbox: Sandbox,
+) -> None:
+    async with controller(sandbox) as running:
+        done = sandbox.publish("mixed-duplicates")
+        await until(lambda: running.queue_depth() == (0, 0), timeout_s=40, what="queue drained")
+    assert done["instances"] == 3
+    evicted = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in running.evicted()]
+    assert len(evicted) == len(set(evicted))  # no pod evicted twice
+    completions = [c for c in sandbox.aws.calls() if c.operation == "CompleteLifecycleAction" and c.ok]
+    tokens = [c.token for c in completions]
+    assert len(tokens) == len(set(tokens))  # no lifecycle action completed twice
+    assert running.dlq_depth() == 0
+
+
+def requeued(running: Running) -> float:
+    registry = running.controller.metrics.registry
+    samples = [
+        sample.value
+        for metric in registry.collect()
+        if metric.name == "queue_processor_messages_requeued"
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    ]
+    return sum(samples)
+
+
+def heartbeats(sandbox: Sandbox, instance_id: str) -> int:
+    return len([c for c in sandbox.aws.calls(instance_id) if c.operation == "RecordLifecycleActionHeartbeat"])
+
+
+async def test_early_exit_stops_the_heartbeat(sandbox: Sandbox) -> None:
+    instance_id, node = node_of(sandbox, 2)
+    sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)  # nothing of app-000 may go
+    async with controller(sandbox, node_termination_grace_period=7) as running:
+        sandbox.aws.terminate_instance(instance_id)
+        await until(lambda: requeued(running) >= 1, timeout_s=30, what="EarlyExit and requeue")
+        assert running.controller.consumer.tasks == 0
+        assert heartbeats(sandbox, instance_id) >= 1  # the 7 s drain outlived a 5 s heartbeat interval
+        beats = heartbeats(sandbox, instance_id)
+        await asyncio.sleep(6.0)  # more than a heartbeat interval; the message stays invisible for 8-12 s
+        assert heartbeats(sandbox, instance_id) == beats, "a heartbeat was sent after EarlyExit"
+
+
+async def test_a_blocked_drain_is_retried_and_completes_once_the_budget_allows(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumer_module, "REQUEUE_BASE_S", 0.5)  # retry well inside the 10 s hook timeout
+    instance_id, node = node_of(sandbox, 2)
+    sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)
+    async with controller(sandbox, node_termination_grace_period=1) as running:
+        (action,) = sandbox.aws.terminate_instance(instance_id)
+        await until(lambda: requeued(running) >= 1, what="first attempt requeued")
+        sandbox.kube.set_pdb("apps", "app-000", max_unavailable=1)
+        await until(
+            lambda: sandbox.aws.action(action.token).status != "open", timeout_s=30, what="completion"
+        )
+    completions = [c for c in sandbox.aws.calls(instance_id) if c.operation == "CompleteLifecycleAction"]
+    assert [(c.result, c.ok) for c in completions] == [("CONTINUE", True)]
+    assert sandbox.aws.action(action.token).status == "completed"
+
+
+async def test_a_warm_pool_launch_completes_only_once_the_node_is_ready(sandbox: Sandbox) -> None:
+    async with controller(sandbox) as running:
+        (launched,) = sandbox.aws.launch_instances("workers-0", 1)
+        (action,) = sandbox.aws.actions(launched.instance_id, status="open")
+        await until(
+            lambda: sandbox.aws.action(action.token).status != "open", timeout_s=30, what="launch completion"
+        )
+        node = sandbox.kube.get("nodes", launched.private_dns_name)
+        assert node is not None
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready[0]["status"] == "True"
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert sandbox.aws.action(action.token).result == "CONTINUE"
+
+
+@pytest.mark.parametrize("cache", [False, True])
+async def test_daemonset_and_mirror_pods_are_never_evicted(sandbox: Sandbox, cache: bool) -> None:
+    instance_id, node = node_of(sandbox, 3)
+    async with controller(sandbox, use_apiserver_cache=cache) as running:
+        sandbox.aws.rebalance_recommendation(instance_id)
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert running.evicted(node)
+    for pod in running.evicted(node):
+        owner = (pod["metadata"].get("ownerReferences") or [{}])[0].get("kind")
+        assert owner != "DaemonSet"
+        assert "kubernetes.io/config.mirror" not in (pod["metadata"].get("annotations") or {})
+
+
+async def test_poison_reaches_the_dead_letter_queue_while_the_loop_keeps_working(sandbox: Sandbox) -> None:
+    instance_id, node = node_of(sandbox, 4)
+    async with controller(sandbox) as running:
+        sandbox.publish("poison")
+        await until(lambda: running.dlq_depth() == 3, timeout_s=30, what="poison in the DLQ")
+        sandbox.aws.rebalance_recommendation(instance_id)
+        await until(lambda: unschedulable(sandbox, node), what="cordon after poison")
