@@ -51,7 +51,7 @@ REQUEUE_MAX_S = 900.0
 def requeue_backoff_s(receive_count: int) -> int:
     """Visibility timeout for a requeued message: :data:`REQUEUE_BASE_S`, doubling with each receive, at most
     :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out; at least 1 s."""
-    base = min(REQUEUE_BASE_S * 2 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
+    base: float = min(REQUEUE_BASE_S * 2.0 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
     return max(1, round(base * random.uniform(0.8, 1.2)))
 
 

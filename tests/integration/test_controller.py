@@ -9,7 +9,6 @@ no task outlives its operation.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -178,7 +177,7 @@ def heartbeats(sandbox: Sandbox, instance_id: str) -> int:
 
 
 async def test_early_exit_stops_the_heartbeat(sandbox: Sandbox) -> None:
-    instance_id, node = node_of(sandbox, 2)
+    instance_id, _node = node_of(sandbox, 2)
     sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)  # nothing of app-000 may go
     async with controller(sandbox, node_termination_grace_period=7) as running:
         sandbox.aws.terminate_instance(instance_id)
@@ -194,7 +193,7 @@ async def test_a_blocked_drain_is_retried_and_completes_once_the_budget_allows(
     sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(consumer_module, "REQUEUE_BASE_S", 0.5)  # retry well inside the 10 s hook timeout
-    instance_id, node = node_of(sandbox, 2)
+    instance_id, _node = node_of(sandbox, 2)
     sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)
     async with controller(sandbox, node_termination_grace_period=1) as running:
         (action,) = sandbox.aws.terminate_instance(instance_id)
