@@ -1,0 +1,122 @@
+"""Small pieces of the controller: the rate limiter, batched DescribeInstances, heartbeat intervals, the
+requeue backoff and the managed-tag check."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from queue_processor.config import load_settings
+from queue_processor.consumer import REQUEUE_MAX_S, requeue_backoff_s
+from queue_processor.events import AsgTerminateLifecycleEvent
+from queue_processor.kube import RateLimiter
+from queue_processor.lifecycle import MAX_HEARTBEAT_UNTIL_S, Lifecycle, action_params
+from queue_processor.nodes import InstanceInfo, InstanceResolver, is_managed
+
+QUEUE = "https://sqs.us-east-1.amazonaws.com/1/q"
+
+
+async def test_rate_limiter_allows_a_burst_then_the_rate() -> None:
+    limiter = RateLimiter(qps=50, burst=5)
+    started = time.monotonic()
+    for _ in range(5):
+        await limiter.acquire()
+    assert time.monotonic() - started < 0.05  # the burst is free
+    for _ in range(10):
+        await limiter.acquire()
+    assert time.monotonic() - started >= 10 / 50 * 0.9  # then 50 per second
+
+
+async def test_instances_asked_together_are_described_in_one_call_and_cached() -> None:
+    calls: list[list[str]] = []
+
+    async def describe(ids: list[str]) -> list[dict[str, Any]]:
+        calls.append(sorted(ids))
+        return [
+            {
+                "InstanceId": i,
+                "PrivateDnsName": f"{i}.internal",
+                "Placement": {"AvailabilityZone": "us-east-1a"},
+                "State": {"Name": "running"},
+                "Tags": [{"Key": "k", "Value": "v"}],
+            }
+            for i in ids
+            if i != "i-unknown"
+        ]
+
+    resolver = InstanceResolver(describe, window_s=0.01)
+    found = await asyncio.gather(*(resolver.get(i) for i in ["i-1", "i-2", "i-1", "i-unknown"]))
+    assert calls == [["i-1", "i-2", "i-unknown"]]
+    assert [f.private_dns_name if f else None for f in found] == [
+        "i-1.internal",
+        "i-2.internal",
+        "i-1.internal",
+        None,
+    ]
+    assert found[0] is not None
+    assert found[0].provider_id == "aws:///us-east-1a/i-1"
+    await resolver.get("i-1")
+    assert len(calls) == 1  # cached
+    await resolver.get("i-1", fresh=True)
+    assert len(calls) == 2
+
+
+def test_managed_tag_check() -> None:
+    info = InstanceInfo("i-1", "n", "us-east-1a", "running", {"team/managed": "blue"})
+    assert is_managed(info, check=False, tag="other")
+    assert is_managed(info, check=True, tag="team/managed")
+    assert is_managed(info, check=True, tag="team/managed", value="blue")
+    assert not is_managed(info, check=True, tag="team/managed", value="green")
+    assert not is_managed(info, check=True, tag="other")
+
+
+class FakeAutoscaling:
+    def __init__(self, timeout: int) -> None:
+        self.timeout = timeout
+        self.describes = 0
+
+    async def describe_lifecycle_hooks(self, **kwargs: Any) -> dict[str, Any]:
+        self.describes += 1
+        return {"LifecycleHooks": [{"HeartbeatTimeout": self.timeout}]}
+
+
+ACTION = AsgTerminateLifecycleEvent(
+    instance_id="i-1",
+    time="2026-11-22T12:00:00Z",  # type: ignore[arg-type]
+    auto_scaling_group_name="workers",
+    lifecycle_hook_name="drain",
+    lifecycle_action_token="tok",
+    lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+)
+
+
+@pytest.mark.parametrize(("interval", "expected"), [("-1", 150.0), ("0", None), ("60", 60.0)])
+async def test_heartbeat_interval(
+    monkeypatch: pytest.MonkeyPatch, interval: str, expected: float | None
+) -> None:
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", interval)
+    autoscaling = FakeAutoscaling(300)
+    lifecycle = Lifecycle(autoscaling, load_settings())
+    assert await lifecycle.interval_s(ACTION) == expected
+    await lifecycle.interval_s(ACTION)
+    assert autoscaling.describes == (1 if interval == "-1" else 0)  # read once per hook, cached
+    assert lifecycle.until_s() == MAX_HEARTBEAT_UNTIL_S
+
+
+def test_actions_are_addressed_by_token_else_by_instance() -> None:
+    assert action_params(ACTION)["LifecycleActionToken"] == "tok"
+    without = ACTION.model_copy(update={"lifecycle_action_token": None})
+    assert action_params(without)["InstanceId"] == "i-1"
+    assert "LifecycleActionToken" not in action_params(without)
+
+
+def test_requeue_backoff_grows_with_receives_and_is_capped() -> None:
+    first = [requeue_backoff_s(1) for _ in range(200)]
+    assert min(first) >= 8
+    assert max(first) <= 12
+    assert 64 <= requeue_backoff_s(4) <= 96
+    assert requeue_backoff_s(50) <= REQUEUE_MAX_S * 1.2
