@@ -134,6 +134,8 @@ async def run_controller(
                 ),
             ),
             on_answer=aws.mark_answered,
+            poison_visibility_s=settings.poison_visibility_timeout_sec,
+            requeue_base_s=settings.requeue_backoff_base_sec,
         )
         server = ProbeServer.from_settings(settings, metrics) if serve else None
         if server is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import SecretStr
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 from queue_processor import __version__
@@ -34,6 +36,7 @@ from queue_processor.config import ConfigError, Settings, configuration_markdown
 from queue_processor.observe.logs import configure_logging
 from queue_processor.parse import ParseResult, parse
 from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
+from queue_processor.sandbox.run import Progress, as_expected, run_scenario
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -158,6 +161,20 @@ def config_command(reference: bool, **flags: Any) -> None:
     "--scenario", type=click.Choice(sorted(SCENARIOS)), help="Publish this scenario's events once started."
 )
 @click.option(
+    "--controller/--no-controller",
+    default=True,
+    show_default=True,
+    help="With --scenario: run the controller against the sandbox, show its progress and judge the end.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="With the controller: give up on the scenario after this many real seconds.",
+)
+@click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path(".sandbox"),
@@ -168,24 +185,30 @@ def config_command(reference: bool, **flags: Any) -> None:
     "--exit-after",
     type=click.FloatRange(min=0),
     default=None,
-    help="Stop after this many real seconds (0: publish, report and stop). Default: serve until Ctrl-C.",
+    help="Without the controller: stop after this many real seconds (0: publish, report and stop). "
+    "Default: serve until Ctrl-C.",
 )
 def sandbox(
-    nodes: int, asgs: int, scale: float, scenario: str | None, workdir: Path, exit_after: float | None
+    nodes: int,
+    asgs: int,
+    scale: float,
+    scenario: str | None,
+    controller: bool,
+    timeout_s: float,
+    workdir: Path,
+    exit_after: float | None,
 ) -> None:
     """Start the embedded sandbox: AWS (SQS queue and dead-letter queue, EventBridge rules, Auto Scaling groups
     with lifecycle hooks, on moto's server) and a Kubernetes API server, with a cluster of --nodes nodes.
 
     Writes WORKDIR/kubeconfig and WORKDIR/sandbox.env (QUEUE_URL, AWS_REGION, AWS_ENDPOINT, fake credentials,
-    KUBECONFIG), prints how to point the controller at them, publishes --scenario's events, and serves until
-    Ctrl-C (or --exit-after). The last line is a JSON summary of what was published.
+    KUBECONFIG). With --scenario (and the controller, the default), runs the controller in the same process,
+    shows its progress, and ends with a summary whose last line is JSON; exits 0 only when the scenario ended
+    as expected. Without a scenario or with --no-controller, serves until Ctrl-C (or --exit-after).
     """
     started = time.monotonic()
     console = Console(stderr=True)
     options = SandboxOptions(nodes=nodes, asgs=asgs, scale=scale)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
     with Sandbox(options, workdir=workdir) as running:
         env_file = running.env_path
         console.print(
@@ -194,9 +217,21 @@ def sandbox(
         )
         console.print(f"  settings: {env_file}  (kubeconfig: {running.kubeconfig_path})")
         console.print(
-            f"  point the controller at it: [cyan]set -a; . {env_file}; set +a[/], then "
-            "[cyan]queue-processor config[/] checks the settings (queue-processor run arrives with the controller)"
+            f"  point a controller at it: [cyan]set -a; . {env_file}; set +a; queue-processor run[/]"
         )
+        if scenario and controller:
+            for key, value in running.env().items():
+                os.environ[key] = value
+            summary = asyncio.run(_watch_scenario(running, scenario, timeout_s, console))
+            ok = as_expected(summary)
+            console.print(
+                f"scenario [bold]{scenario}[/] ended {'as expected' if ok else '[red]NOT as expected[/]'}"
+            )
+            click.echo(json.dumps({k: v for k, v in summary.items() if k != "progress"}))
+            raise click.exceptions.Exit(0 if ok else 1)
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
         done: dict[str, Any] = running.publish(scenario) if scenario else {}
         if scenario:
             console.print(f"  scenario [bold]{scenario}[/]: {done}")
@@ -207,6 +242,23 @@ def sandbox(
         table.add_row(outcome, kind, str(count))
     console.print(table)
     click.echo(json.dumps(summary))
+
+
+async def _watch_scenario(
+    running: Sandbox, scenario: str, timeout_s: float, console: Console
+) -> dict[str, Any]:
+    """Run the scenario with the controller under a live progress line."""
+    total = len(running.instances)
+    with Live(console=console, refresh_per_second=8, transient=False) as live:
+
+        def show(state: Progress) -> None:
+            live.update(
+                f"[{state.seconds:6.1f} s] nodes cordoned {state.cordoned}/{total} · pods evicted {state.evicted} · "
+                f"lifecycle completed {state.completed}, open {state.open}, timed out {state.timed_out} · "
+                f"queue {state.visible} visible, {state.in_flight} in flight · DLQ {state.dlq}"
+            )
+
+        return await run_scenario(running, scenario, timeout_s=timeout_s, progress=show)
 
 
 def _sandbox_summary(running: Sandbox, scenario: str | None, nodes: int, seconds: float) -> dict[str, Any]:

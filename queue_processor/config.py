@@ -126,6 +126,24 @@ class Settings(BaseSettings):
         unit="messages",
         ge=1,
     )
+    poison_visibility_timeout_sec: int = _field(
+        3600,
+        "How long a message that cannot be parsed stays hidden before SQS offers it again, on its way to the "
+        "dead-letter queue (never deleted; the queue's maxReceiveCount decides when it moves).",
+        nth="none: NTH deletes messages it cannot parse",
+        unit="seconds",
+        ge=0,
+        le=43200,
+    )
+    requeue_backoff_base_sec: float = _field(
+        10.0,
+        "First backoff of a requeued message (EarlyExit); it doubles with each receive, up to 900 s, with "
+        "20 % jitter.",
+        nth="none: NTH leaves a failed message to its 20 s visibility timeout",
+        unit="seconds",
+        ge=0,
+        le=900,
+    )
     delete_sqs_msg_if_node_not_found: bool = _field(
         False,
         "Delete a message whose instance has no node in the cluster (otherwise it is requeued until the "

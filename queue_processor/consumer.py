@@ -4,7 +4,7 @@
   ``SentTimestamp`` and ``ApproximateReceiveCount``). A loop asks only for as many messages as the in-flight
   budget has room for, and waits only when it is full (DESIGN.md rule 6).
 - Each message is parsed (:func:`queue_processor.parse.parse`): poison is logged with its message ID, counted,
-  never deleted, and hidden for :data:`POISON_VISIBILITY_S` so it does not hot-loop while the redrive policy
+  never deleted, and hidden for POISON_VISIBILITY_TIMEOUT_SEC so it does not hot-loop while the redrive policy
   moves it to the dead-letter queue; a skip is deleted; events go to the :class:`EventStore`, and a new
   operation to the :class:`Handler` in a task this consumer owns.
 - While any operation of a message runs, a visibility extender renews its visibility timeout (rule 5).
@@ -48,10 +48,11 @@ REQUEUE_BASE_S = 10.0
 REQUEUE_MAX_S = 900.0
 
 
-def requeue_backoff_s(receive_count: int) -> int:
-    """Visibility timeout for a requeued message: :data:`REQUEUE_BASE_S`, doubling with each receive, at most
-    :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out; at least 1 s."""
-    base: float = min(REQUEUE_BASE_S * 2.0 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
+def requeue_backoff_s(receive_count: int, base_s: float = REQUEUE_BASE_S) -> int:
+    """Visibility timeout for a requeued message: ``base_s`` (REQUEUE_BACKOFF_BASE_SEC), doubling with each
+    receive, at most :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out;
+    at least 1 s (SQS counts whole seconds)."""
+    base: float = min(base_s * 2.0 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
     return max(1, round(base * random.uniform(0.8, 1.2)))
 
 
@@ -69,7 +70,8 @@ class Consumer:
     """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``.
 
     ``in_flight_budget`` messages at most are being handled; ``visibility_timeout_s`` is given on receive and
-    renewed every half of it; ``loops_per_queue`` long polls run per queue; ``wait_s`` is the long-poll wait.
+    renewed every half of it; ``loops_per_queue`` long polls run per queue; ``wait_s`` is the long-poll wait;
+    ``poison_visibility_s`` hides a poison message; ``requeue_base_s`` is the first requeue backoff (seconds).
     """
 
     def __init__(
@@ -85,6 +87,8 @@ class Consumer:
         wait_s: int = 20,
         hooks: ConsumerHooks | None = None,
         on_answer: Callable[[], None] | None = None,
+        poison_visibility_s: int = POISON_VISIBILITY_S,
+        requeue_base_s: float = REQUEUE_BASE_S,
     ) -> None:
         self.sqs = sqs
         self.handler = handler
@@ -95,6 +99,8 @@ class Consumer:
         self.wait_s = wait_s
         self.hooks = hooks or ConsumerHooks()
         self.on_answer = on_answer or (lambda: None)
+        self.poison_visibility_s = poison_visibility_s
+        self.requeue_base_s = requeue_base_s
         self._budget = asyncio.Semaphore(in_flight_budget)
         self._held: dict[str, SqsMessageRef] = {}  # message_id → ref, while its operations run
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -197,7 +203,7 @@ class Consumer:
         if result.outcome == "poison":
             bound.warning("poison message left for the dead-letter queue", reason=result.reason)
             self.hooks.message(queue_url, "poison", result.reason or "")
-            await self._change_visibility(ref, POISON_VISIBILITY_S)
+            await self._change_visibility(ref, self.poison_visibility_s)
             self._budget.release()
             return
         if result.outcome == "skip":
@@ -247,7 +253,7 @@ class Consumer:
             if outcome is MessageOutcome.DELETE:
                 await self._delete(held, kinds)
             else:
-                backoff = requeue_backoff_s(held.receive_count)
+                backoff = requeue_backoff_s(held.receive_count, self.requeue_base_s)
                 await self._change_visibility(held, backoff)
                 self.hooks.message(held.queue_url, "requeued", kinds)
                 log.info("requeued", message_id=held.message_id, visible_in_s=backoff)

@@ -19,7 +19,6 @@ from typing import Any
 import boto3
 import pytest
 
-from queue_processor import consumer as consumer_module
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import Settings, load_settings
 from queue_processor.sandbox.cluster import ClusterSpec
@@ -43,7 +42,6 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox
     with Sandbox(options, workdir=tmp_path / "sandbox") as running:
         for key, value in running.env().items():
             monkeypatch.setenv(key, value)
-        monkeypatch.setattr(consumer_module, "POISON_VISIBILITY_S", 1)
         yield running
 
 
@@ -83,7 +81,8 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 20.0, what: st
 
 @asynccontextmanager
 async def controller(sandbox: Sandbox, **overrides: Any) -> AsyncIterator[Running]:
-    settings: Settings = load_settings(**{"prometheus_server_port": 0, "probes_server_port": 0, **overrides})
+    defaults = {"prometheus_server_port": 0, "probes_server_port": 0, "poison_visibility_timeout_sec": 1}
+    settings: Settings = load_settings(**{**defaults, **overrides})
     stop = asyncio.Event()
     started: list[Controller] = []
     task = asyncio.create_task(
@@ -189,13 +188,11 @@ async def test_early_exit_stops_the_heartbeat(sandbox: Sandbox) -> None:
         assert heartbeats(sandbox, instance_id) == beats, "a heartbeat was sent after EarlyExit"
 
 
-async def test_a_blocked_drain_is_retried_and_completes_once_the_budget_allows(
-    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(consumer_module, "REQUEUE_BASE_S", 0.5)  # retry well inside the 10 s hook timeout
+async def test_a_blocked_drain_is_retried_and_completes_once_the_budget_allows(sandbox: Sandbox) -> None:
     instance_id, _node = node_of(sandbox, 2)
     sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)
-    async with controller(sandbox, node_termination_grace_period=1) as running:
+    # retry well inside the 10 s hook timeout
+    async with controller(sandbox, node_termination_grace_period=1, requeue_backoff_base_sec=0.5) as running:
         (action,) = sandbox.aws.terminate_instance(instance_id)
         await until(lambda: requeued(running) >= 1, what="first attempt requeued")
         sandbox.kube.set_pdb("apps", "app-000", max_unavailable=1)

@@ -139,7 +139,7 @@ def test_every_scenario_is_tested() -> None:
     assert set(SCENARIOS) == tested
 
 
-def test_the_sandbox_command(tmp_path: Path) -> None:
+def test_the_sandbox_command_without_the_controller(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         main,
         [
@@ -150,6 +150,7 @@ def test_the_sandbox_command(tmp_path: Path) -> None:
             "0.01",
             "--scenario",
             "asg-scale-in",
+            "--no-controller",
             "--exit-after",
             "0.2",
             "--workdir",
@@ -163,3 +164,28 @@ def test_the_sandbox_command(tmp_path: Path) -> None:
     assert summary["published"] >= 2
     assert (tmp_path / "sb" / "kubeconfig").is_file()
     assert "QUEUE_URL=" in (tmp_path / "sb" / "sandbox.env").read_text()
+
+
+def test_the_sandbox_command_runs_a_scenario_with_the_controller(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "sandbox",
+            "--nodes",
+            "6",
+            "--scale",
+            "0.01",
+            "--scenario",
+            "asg-scale-in",
+            "--workdir",
+            str(tmp_path / "sb"),
+        ],
+    )
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.exit_code == 0, summary
+    assert summary["lifecycle_completed"] == 3  # half the nodes left through their terminate hook
+    assert summary["lifecycle_timed_out"] == 0
+    assert summary["daemonset_pods_evicted"] == 0
+    assert summary["messages_left"] == 0
+    assert summary["heartbeat_tasks_left"] == 0
+    assert summary["drained"] == 3

@@ -1,0 +1,175 @@
+"""Run the controller against a started :class:`~queue_processor.sandbox.environment.Sandbox` for one scenario,
+watch it, and judge the end.
+
+:func:`run_scenario` starts the controller in the current event loop (settings from the sandbox's env, plus
+overrides), publishes the scenario's events, calls ``progress`` about every 0.2 s with a
+:class:`Progress`, and stops when every message is settled (queue empty, dead-letter moves done) or at
+``timeout_s``. The summary it returns is the one ``queue-processor sandbox`` prints as its last line, and
+:func:`as_expected` says whether the scenario ended as it should (DESIGN.md's rules as checks: no DaemonSet
+pod evicted, no message left, no task left, every lifecycle action completed rather than timed out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from queue_processor.app import Controller, run_controller
+from queue_processor.config import load_settings
+from queue_processor.sandbox.environment import Sandbox
+
+__all__ = ["Progress", "as_expected", "run_scenario"]
+
+
+@dataclass
+class Progress:
+    """Where a scenario stands: nodes ``cordoned`` (unschedulable, or gone), pods ``evicted``, lifecycle
+    actions ``completed`` / ``timed_out`` / ``open``, messages ``visible`` and ``in_flight`` in the queue,
+    ``dlq`` in the dead-letter queue, and ``seconds`` since the scenario started."""
+
+    cordoned: int = 0
+    evicted: int = 0
+    completed: int = 0
+    timed_out: int = 0
+    open: int = 0
+    visible: int = 0
+    in_flight: int = 0
+    dlq: int = 0
+    seconds: float = 0.0
+
+
+def _queue_counts(sandbox: Sandbox) -> tuple[int, int, int]:
+    sqs = sandbox.aws.client("sqs")
+    assert sandbox.queue is not None
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    queue = sqs.get_queue_attributes(QueueUrl=sandbox.queue.url, AttributeNames=names)["Attributes"]
+    dlq = sqs.get_queue_attributes(QueueUrl=sandbox.queue.dlq_url, AttributeNames=names[:1])["Attributes"]
+    return int(queue[names[0]]), int(queue[names[1]]), int(dlq[names[0]])
+
+
+def progress_of(sandbox: Sandbox, nodes: list[str], started: float) -> Progress:
+    """A :class:`Progress` snapshot of the sandbox."""
+    cordoned = 0
+    for name in nodes:
+        node = sandbox.kube.get("nodes", name)
+        if node is None or (node.get("spec") or {}).get("unschedulable"):
+            cordoned += 1
+    actions = sandbox.aws.actions()
+    visible, in_flight, dlq = _queue_counts(sandbox)
+    return Progress(
+        cordoned=cordoned,
+        evicted=len(sandbox.kube.evictions),
+        completed=sum(1 for a in actions if a.status == "completed"),
+        timed_out=sum(1 for a in actions if a.status == "timed-out"),
+        open=sum(1 for a in actions if a.status == "open"),
+        visible=visible,
+        in_flight=in_flight,
+        dlq=dlq,
+        seconds=round(time.monotonic() - started, 2),
+    )
+
+
+async def run_scenario(
+    sandbox: Sandbox,
+    scenario: str,
+    *,
+    timeout_s: float = 120.0,
+    overrides: dict[str, Any] | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``scenario`` with the controller; the summary (see the module docstring). Raises ``KeyError`` for an
+    unknown scenario, and what the controller's start-up raises."""
+    scaled = {  # the controller's own waits, in the sandbox's time
+        "poison_visibility_timeout_sec": min(max(1, round(sandbox.clock.real(3600))), 2),
+        "requeue_backoff_base_sec": max(0.1, sandbox.clock.real(10)),
+    }
+    settings = load_settings(
+        **{"prometheus_server_port": 0, "probes_server_port": 0, **scaled, **(overrides or {})}
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    controllers: list[Controller] = []
+
+    def started_with(controller: Controller) -> None:
+        controllers.append(controller)
+        ready.set()
+
+    task = asyncio.create_task(
+        run_controller(
+            settings, stop, kubeconfig=str(sandbox.kubeconfig_path), serve=False, started=started_with
+        )
+    )
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task.done():
+        task.result()
+    started = time.monotonic()
+    nodes = [i.private_dns_name for i in sandbox.instances]
+    published = sandbox.publish(scenario)
+    state = Progress()
+    settled_since: float | None = None
+    while time.monotonic() - started < timeout_s:
+        await asyncio.sleep(0.2)
+        state = await asyncio.get_running_loop().run_in_executor(None, progress_of, sandbox, nodes, started)
+        if progress is not None:
+            progress(state)
+        settled = state.visible == 0 and state.in_flight == 0 and state.open == 0
+        settled_since = (settled_since or time.monotonic()) if settled else None
+        if settled_since is not None and time.monotonic() - settled_since > 1.0:  # quiet for a second
+            break
+    stop.set()
+    await task
+    heartbeat_tasks = sum(
+        1 for t in asyncio.all_tasks() if t.get_name().startswith("heartbeat-") and not t.done()
+    )
+    controller = controllers[0]
+    drained = sum(
+        sample.value
+        for metric in controller.metrics.registry.collect()
+        if metric.name == "actions"
+        for sample in metric.samples
+        if sample.name == "actions_total"
+        and sample.labels.get("node_action") == "cordon-and-drain"
+        and sample.labels.get("node_status") == "success"
+    )
+    daemonset_evicted = sum(
+        1
+        for pod in sandbox.kube.evictions
+        if any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
+    )
+    return {
+        "scenario": scenario,
+        "nodes": len(nodes),
+        "published": published,
+        "drained": int(drained),
+        "cordoned": state.cordoned,
+        "evicted": state.evicted,
+        "lifecycle_completed": state.completed,
+        "lifecycle_timed_out": state.timed_out,
+        "daemonset_pods_evicted": daemonset_evicted,
+        "messages_left": state.visible + state.in_flight,
+        "dlq": state.dlq,
+        "heartbeat_tasks_left": heartbeat_tasks,
+        "operation_tasks_left": controller.consumer.tasks,
+        "seconds": state.seconds,
+        "progress": asdict(state),
+    }
+
+
+def as_expected(summary: dict[str, Any]) -> bool:
+    """Whether a scenario ended as it should: nothing left behind anywhere, no DaemonSet pod evicted, no
+    lifecycle action left to time out, and poison (only) in the dead-letter queue."""
+    scenario = summary["scenario"]
+    clean = bool(
+        summary["messages_left"] == 0
+        and summary["daemonset_pods_evicted"] == 0
+        and summary["heartbeat_tasks_left"] == 0
+        and summary["operation_tasks_left"] == 0
+        and summary["lifecycle_timed_out"] == 0
+    )
+    if scenario == "poison":
+        return clean and bool(summary["dlq"] == summary["published"]["poison"])
+    return clean and bool(summary["dlq"] == 0)
