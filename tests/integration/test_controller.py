@@ -239,3 +239,42 @@ async def test_poison_reaches_the_dead_letter_queue_while_the_loop_keeps_working
         await until(lambda: running.dlq_depth() == 3, timeout_s=30, what="poison in the DLQ")
         sandbox.aws.rebalance_recommendation(instance_id)
         await until(lambda: unschedulable(sandbox, node), what="cordon after poison")
+
+
+async def test_a_health_scheduled_change_drains_every_affected_instance(sandbox: Sandbox) -> None:
+    targets = [node_of(sandbox, index) for index in (0, 1)]
+    async with controller(sandbox) as running:
+        sandbox.aws.scheduled_change([instance_id for instance_id, _ in targets])
+        await until(lambda: all(unschedulable(sandbox, node) for _, node in targets), what="both cordoned")
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    for _, node in targets:
+        assert running.evicted(node)  # NTH drained only the first affected instance
+
+
+async def test_a_capacity_reservation_interruption_is_drained(sandbox: Sandbox) -> None:
+    instance_id, node = node_of(sandbox, 5)
+    async with controller(sandbox) as running:
+        sandbox.aws.capacity_reservation_interruption(instance_id)
+        await until(
+            lambda: unschedulable(sandbox, node) or sandbox.kube.get("nodes", node) is None, what="cordon"
+        )
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert running.evicted(node)
+
+
+async def test_tasks_return_to_their_baseline_after_many_failing_cycles(sandbox: Sandbox) -> None:
+    """Requeued, retried, requeued again: no operation task may pile up, and none outlives the controller
+    (NTH leaked goroutines on failed drains). Heartbeat tasks: see test_early_exit_stops_the_heartbeat."""
+    instance_id, node = node_of(sandbox, 4)
+    sandbox.kube.set_pdb("apps", "app-001", max_unavailable=0)  # this drain can never finish
+    baseline = len(asyncio.all_tasks())
+    async with controller(sandbox, node_termination_grace_period=1, requeue_backoff_base_sec=0.1) as running:
+        running_tasks = len(asyncio.all_tasks())
+        sandbox.aws.rebalance_recommendation(instance_id)
+        await until(lambda: requeued(running) >= 3, timeout_s=60, what="three failed cycles")
+        # maxReceiveCount is 3 here: after its third failure the message moves to the dead-letter queue.
+        await until(lambda: running.dlq_depth() == 1, timeout_s=30, what="the message in the DLQ")
+        await until(lambda: running.controller.consumer.tasks == 0, what="no operation left")
+        assert len(asyncio.all_tasks()) <= running_tasks
+    assert len(asyncio.all_tasks()) == baseline
+    assert unschedulable(sandbox, node)
