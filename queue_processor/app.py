@@ -28,6 +28,7 @@ from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder
+from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.server import ProbeServer
 
@@ -114,6 +115,7 @@ async def run_controller(
             finder=finder,
             lifecycle=lifecycle,
             drainer=drainer,
+            recorder=NodeEventRecorder(kube, enabled=settings.emit_kubernetes_events),
             on_step=lambda step, status: metrics.count_action(step, status == "success"),
             on_timing=lambda name, seconds, labels: _timing_metric(metrics, name, seconds, labels),
         )

@@ -41,6 +41,7 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.events import EventKind, StateChangeEvent
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder, is_managed
+from queue_processor.observe.events import NodeEventRecorder
 
 __all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "TAINT_KEYS", "Handler", "Outcome"]
 
@@ -91,6 +92,7 @@ class Handler:
         finder: NodeFinder,
         lifecycle: Lifecycle,
         drainer: Drainer,
+        recorder: NodeEventRecorder | None = None,
         on_step: Callable[[str, str], None] | None = None,
         on_timing: Callable[[str, float, dict[str, str]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -100,6 +102,7 @@ class Handler:
         self.finder = finder
         self.lifecycle = lifecycle
         self.drainer = drainer
+        self.recorder = recorder
         self.on_step = on_step or (lambda step, status: None)
         self.on_timing = on_timing or (lambda name, seconds, labels: None)
         self.clock = clock
@@ -169,6 +172,7 @@ class Handler:
             self.on_step("cordon", "success")
             self.on_timing("cordon", self.clock() - operation.started_at, {})
             bound.info("cordoned")
+            await self._event(name, "Cordon", f"cordoned for {self._kinds(operation)}")
             if not settings.cordon_only:
                 started = self.clock()
                 result = await self.drainer.drain(name, self._deadline(operation))
@@ -180,14 +184,31 @@ class Handler:
                 if not result.completed:
                     self.on_step("cordon-and-drain", "error")
                     bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
+                    await self._event(
+                        name, "DrainFailed", f"drain incomplete, will retry: {result.reason}", True
+                    )
                     return Outcome.RETRY
                 self.on_step("cordon-and-drain", "success")
                 bound.info("drained", evicted=result.evicted, skipped=len(result.skipped))
+                await self._event(
+                    name, "Drain", f"drained for {self._kinds(operation)}: {result.evicted} pods evicted"
+                )
             return await self._post_drain(operation, name, bound)
         finally:
             for task in heartbeats:
                 task.cancel()
             await asyncio.gather(*heartbeats, return_exceptions=True)
+
+    async def _event(self, node: str, reason: str, message: str, warning: bool = False) -> None:
+        if self.recorder is not None:
+            await self.recorder.record(node, reason, message, warning=warning)
+
+    @staticmethod
+    def _kinds(operation: NodeOperation) -> str:
+        return ", ".join(
+            f"{kind} ({next(e.event_id for e in operation.events if e.kind is kind)})"
+            for kind in operation.kinds
+        )
 
     async def _instance_gone(self, operation: NodeOperation) -> bool:
         """Whether the instance is shutting down or terminated (its node will never come back): from the

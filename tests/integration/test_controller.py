@@ -278,3 +278,13 @@ async def test_tasks_return_to_their_baseline_after_many_failing_cycles(sandbox:
         assert len(asyncio.all_tasks()) <= running_tasks
     assert len(asyncio.all_tasks()) == baseline
     assert unschedulable(sandbox, node)
+
+
+async def test_kubernetes_events_are_recorded_on_the_node_when_asked(sandbox: Sandbox) -> None:
+    instance_id, node = node_of(sandbox, 3)
+    async with controller(sandbox, emit_kubernetes_events=True) as running:
+        sandbox.aws.rebalance_recommendation(instance_id)
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    events = [e for e in sandbox.kube.objects("events") if e["involvedObject"]["name"] == node]
+    assert [e["reason"] for e in events] == ["Cordon", "Drain"]
+    assert "rebalance-recommendation" in events[0]["message"]
