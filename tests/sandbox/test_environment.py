@@ -134,9 +134,12 @@ def test_pdb_blocked_relaxes_its_budget_later(sandbox: Sandbox) -> None:
         time.sleep(0.05)
 
 
-def test_every_scenario_is_tested() -> None:
+def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
+    from queue_processor.cli import SCENARIO_NAMES
+
     tested = {"spot-storm", "asg-scale-in", "warm-pool-launch", "mixed-duplicates", "poison", "pdb-blocked"}
     assert set(SCENARIOS) == tested
+    assert set(SCENARIO_NAMES) == tested
 
 
 def test_the_sandbox_command_without_the_controller(tmp_path: Path) -> None:

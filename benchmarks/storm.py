@@ -1,0 +1,192 @@
+"""A Spot storm: N nodes interrupted at once, the controller running as its own process against the sandbox.
+
+Cluster: ``--nodes`` nodes that get a Spot interruption warning, plus ``--spare`` nodes that do not (a storm
+hits a capacity pool, not the whole cluster; the spares take the evicted pods), 10 pods per node from 10
+ReplicaSets with PodDisruptionBudgets (maxUnavailable ``--pdb``), a DaemonSet and a mirror pod per node. The
+controller is ``queue-processor run`` in a subprocess (its own memory, its own event loop), configured by the
+sandbox's env file; time runs at ``--scale`` (a 120 s notice lasts 120 x scale seconds).
+
+Measured in the same run:
+
+- ``floor_seconds``: receive + delete of N messages from the same moto queue, with no processing;
+- ``seconds_total``: from publishing the N warnings to every message settled (queue empty);
+- ``p99_receive_to_cordon_s``: 99th percentile of receive → cordon, from the controller's
+  ``queue_processor_event_to_cordon_seconds`` histogram (the upper bound of the bucket holding the 99th);
+- ``all_drained_within_notice``: every node's drain completed before its notice ended (the controller only
+  counts a drain as a success when it does);
+- ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node;
+- ``peak_rss_mib``: the controller process's peak resident memory (VmHWM);
+- ``tasks_left``: operation tasks alive when the queue is empty.
+
+Last line: one JSON object with those figures and ``ratio_to_floor``. Goals (issue 6): ratio_to_floor ≤ 1.2,
+p99 receive→cordon ≤ 1 s, all drained within the notice, ≤ 2 x pods + 10 requests per node, RSS ≤ 150 MiB,
+0 tasks left.
+
+Usage: ``python benchmarks/storm.py [--nodes 1000] [--spare 250] [--scale 1.0] [--qps 200] [--pdb 30%]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from queue_processor.sandbox.cluster import ClusterSpec
+from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+
+
+def _depth(sandbox: Sandbox) -> int:
+    assert sandbox.queue is not None
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    attributes = sandbox.aws.client("sqs").get_queue_attributes(
+        QueueUrl=sandbox.queue.url, AttributeNames=names
+    )
+    return sum(int(attributes["Attributes"][name]) for name in names)
+
+
+def floor_seconds(sandbox: Sandbox, count: int) -> float:
+    """Send ``count`` bodies, then time receiving and deleting them all (10 per call, batch deletes)."""
+    assert sandbox.queue is not None
+    sqs = sandbox.aws.client("sqs")
+    body = json.dumps({"detail-type": "floor", "source": "benchmark", "detail": {}})
+    for start in range(0, count, 10):
+        entries = [{"Id": str(i), "MessageBody": body} for i in range(min(10, count - start))]
+        sqs.send_message_batch(QueueUrl=sandbox.queue.url, Entries=entries)
+    started = time.perf_counter()
+    done = 0
+    while done < count:
+        messages = sqs.receive_message(QueueUrl=sandbox.queue.url, MaxNumberOfMessages=10).get("Messages", [])
+        if messages:
+            entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+            sqs.delete_message_batch(QueueUrl=sandbox.queue.url, Entries=entries)
+            done += len(messages)
+    return time.perf_counter() - started
+
+
+def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name, _, labels = name_labels.partition("{")
+        parsed = {
+            part.split("=", 1)[0]: part.split("=", 1)[1].strip('"')
+            for part in labels.rstrip("}").split('",')
+            if "=" in part
+        }
+        samples.setdefault(name, []).append((parsed, float(value)))
+    return samples
+
+
+def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
+    ordered = sorted(((float(labels["le"]), count) for labels, count in buckets), key=lambda pair: pair[0])
+    total = ordered[-1][1]
+    for bound, count in ordered:
+        if total and count >= 0.99 * total:
+            return bound
+    return float("inf")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main() -> None:
+    """Run the storm and print its figures; the last line is the JSON summary."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000, help="interrupted nodes (default 1000)")
+    ap.add_argument("--spare", type=int, default=None, help="nodes not interrupted (default nodes / 4)")
+    ap.add_argument(
+        "--scale", type=float, default=1.0, help="real seconds per simulated second (default 1.0)"
+    )
+    ap.add_argument("--qps", type=float, default=200.0, help="KUBE_API_QPS for the controller (default 200)")
+    ap.add_argument("--pdb", default="30%", help="maxUnavailable of every PodDisruptionBudget (default 30%%)")
+    args = ap.parse_args()
+    spare = args.spare if args.spare is not None else max(1, args.nodes // 4)
+    options = SandboxOptions(
+        nodes=args.nodes + spare,
+        asgs=max(1, (args.nodes + spare) // 250),
+        scale=args.scale,
+        cluster=ClusterSpec(apps=10, pdb_max_unavailable=args.pdb, empty_dir_pods=0, unreplicated_pods=0),
+    )
+    with tempfile.TemporaryDirectory() as workdir, Sandbox(options, workdir=Path(workdir)) as sandbox:
+        print(f"sandbox: {len(sandbox.instances)} nodes, {len(sandbox.kube.objects('pods'))} pods")
+        floor = floor_seconds(sandbox, args.nodes)
+        print(f"floor: receive+delete {args.nodes} messages in {floor:.2f} s")
+        port = _free_port()
+        env = {
+            **os.environ,
+            **sandbox.env(),
+            "PROMETHEUS_SERVER_PORT": str(port),
+            "PROBES_SERVER_PORT": str(port),
+            "KUBE_API_QPS": str(args.qps),
+            "KUBE_API_BURST": str(int(args.qps * 1.5)),
+            "JSON_LOGGING": "true",
+            "LOG_LEVEL": "warning",
+        }
+        log = open(Path(workdir) / "controller.log", "w")  # noqa: SIM115 - closed below
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queue_processor.cli", "run"], env=env, stdout=log, stderr=log
+        )
+        try:
+            time.sleep(2.0)
+            kube_before = sum(sandbox.kube.requests.values())
+            started = time.perf_counter()
+            targets = sandbox.instances[: args.nodes]
+            for instance in targets:
+                sandbox.aws.spot_interruption(instance.instance_id)
+            while _depth(sandbox) > 0 and time.perf_counter() - started < 120 * args.scale * 5 + 60:
+                time.sleep(0.25)
+            seconds = time.perf_counter() - started
+            metrics = _scrape(port)
+            kube_requests = sum(sandbox.kube.requests.values()) - kube_before
+            drained = sum(
+                value
+                for labels, value in metrics.get("actions_total", [])
+                if labels.get("node_action") == "cordon-and-drain" and labels.get("node_status") == "success"
+            )
+            in_flight = sum(value for _, value in metrics.get("queue_processor_in_flight_operations", []))
+            status = (
+                Path(f"/proc/{process.pid}/status").read_text()
+                if Path(f"/proc/{process.pid}/status").exists()
+                else ""
+            )
+            hwm = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM")), 0)
+            figures: dict[str, Any] = {
+                "nodes": args.nodes,
+                "seconds_total": round(seconds, 2),
+                "floor_seconds": round(floor, 2),
+                "ratio_to_floor": round(seconds / floor, 2) if floor else None,
+                "p99_receive_to_cordon_s": _p99(
+                    metrics.get("queue_processor_event_to_cordon_seconds_bucket", [])
+                ),
+                "all_drained_within_notice": drained >= args.nodes,
+                "drained": int(drained),
+                "kube_requests_per_node": round(kube_requests / args.nodes, 1),
+                "peak_rss_mib": round(hwm / 1024, 1),
+                "tasks_left": int(in_flight),
+                "scale": args.scale,
+            }
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)
+            log.close()
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
