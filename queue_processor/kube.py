@@ -49,8 +49,9 @@ class KubeError(Exception):
 
 
 class RateLimiter:
-    """A token bucket: ``qps`` tokens per second, at most ``burst`` saved up (client-go's flowcontrol).
-    ``clock`` returns seconds."""
+    """A token bucket: ``qps`` tokens per second, at most ``burst`` saved up (client-go's flowcontrol), with
+    two classes of callers: an ``urgent`` one (cordoning a node: DESIGN.md says it never waits behind drains)
+    takes the next token before any ordinary one. ``clock`` returns seconds."""
 
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
@@ -60,17 +61,28 @@ class RateLimiter:
         self.clock = clock
         self._tokens = float(burst)
         self._last = clock()
+        self._urgent_waiting = 0
 
-    async def acquire(self) -> None:
-        """Take one token, waiting for it when the bucket is empty."""
-        while True:
-            now = self.clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
-            self._last = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            await asyncio.sleep((1 - self._tokens) / self.qps)
+    def _refill(self) -> None:
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+        self._last = now
+
+    async def acquire(self, *, urgent: bool = False) -> None:
+        """Take one token, waiting for it when the bucket is empty (or, for an ordinary caller, while an
+        urgent one is waiting)."""
+        if urgent:
+            self._urgent_waiting += 1
+        try:
+            while True:
+                self._refill()
+                if self._tokens >= 1 and (urgent or not self._urgent_waiting):
+                    self._tokens -= 1
+                    return
+                await asyncio.sleep(max((1 - self._tokens) / self.qps, 0.001))
+        finally:
+            if urgent:
+                self._urgent_waiting -= 1
 
 
 def load_api_client(kubeconfig: str | None = None, *, pool_size: int = 32) -> client.ApiClient:
@@ -133,10 +145,12 @@ class KubeClient:
         body: Any = None,
         content_type: str | None = None,
         retry: bool = True,
+        urgent: bool = False,
     ) -> Any:
-        """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller."""
+        """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller;
+        ``urgent`` requests (node reads and patches: cordoning) pass the rate limiter before drain traffic."""
         if not retry:
-            return await self._once(method, path, query, body, content_type)
+            return await self._once(method, path, query, body, content_type, urgent)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             wait=wait_random_exponential(multiplier=0.2, max=5),
@@ -144,13 +158,19 @@ class KubeClient:
             reraise=True,
         ):
             with attempt:
-                return await self._once(method, path, query, body, content_type)
+                return await self._once(method, path, query, body, content_type, urgent)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(
-        self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str | None
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str | None,
+        urgent: bool = False,
     ) -> Any:
-        await self.limiter.acquire()
+        await self.limiter.acquire(urgent=urgent)
         loop = asyncio.get_running_loop()
         status, data = await loop.run_in_executor(
             self._pool, self._call, method, path, query, body, content_type
@@ -190,7 +210,7 @@ class KubeClient:
     async def get_node(self, name: str) -> Obj | None:
         """The Node, or ``None`` when it does not exist."""
         try:
-            node: Obj = await self.request("GET", f"/api/v1/nodes/{name}")
+            node: Obj = await self.request("GET", f"/api/v1/nodes/{name}", urgent=True)
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -203,13 +223,13 @@ class KubeClient:
         query = {"labelSelector": label_selector} if label_selector else {}
         if cached:
             query["resourceVersion"] = "0"
-        answer = await self.request("GET", "/api/v1/nodes", query=query)
+        answer = await self.request("GET", "/api/v1/nodes", query=query, urgent=True)
         return list(answer.get("items") or [])
 
     async def patch_node(self, name: str, patch: Any, patch_type: str = "strategic") -> Obj:
         """Patch a Node (``strategic``, ``merge`` or ``json`` patch); the Node after it."""
         node: Obj = await self.request(
-            "PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=PATCH_TYPES[patch_type]
+            "PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=PATCH_TYPES[patch_type], urgent=True
         )
         return node
 

@@ -120,3 +120,19 @@ def test_requeue_backoff_grows_with_receives_and_is_capped() -> None:
     assert max(first) <= 12
     assert 64 <= requeue_backoff_s(4) <= 96
     assert requeue_backoff_s(50) <= REQUEUE_MAX_S * 1.2
+
+
+async def test_urgent_callers_pass_the_rate_limiter_first() -> None:
+    limiter = RateLimiter(qps=20, burst=1)
+    await limiter.acquire()  # the bucket is empty now
+    order: list[str] = []
+
+    async def take(name: str, urgent: bool) -> None:
+        await limiter.acquire(urgent=urgent)
+        order.append(name)
+
+    ordinary = [asyncio.create_task(take(f"drain-{n}", False)) for n in range(3)]
+    await asyncio.sleep(0)  # the ordinary callers queue first
+    cordon = asyncio.create_task(take("cordon", True))
+    await asyncio.gather(*ordinary, cordon)
+    assert order[0] == "cordon"
