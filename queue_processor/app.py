@@ -10,6 +10,8 @@ and the sandbox command run.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder
 from queue_processor.observe.events import NodeEventRecorder
@@ -116,6 +119,14 @@ async def run_controller(
             lifecycle=lifecycle,
             drainer=drainer,
             recorder=NodeEventRecorder(kube, enabled=settings.emit_kubernetes_events),
+            leases=NodeLeases(
+                kube,
+                namespace=settings.pod_namespace or "default",
+                identity=settings.pod_name or f"{socket.gethostname()}-{os.getpid()}",
+                duration_s=settings.node_lease_duration_sec,
+            )
+            if settings.node_leases
+            else None,
             on_step=lambda step, status: metrics.count_action(step, status == "success"),
             on_timing=lambda name, seconds, labels: _timing_metric(metrics, name, seconds, labels),
         )

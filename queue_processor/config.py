@@ -238,6 +238,21 @@ class Settings(BaseSettings):
         unit="requests",
         ge=1,
     )
+    node_leases: bool = _field(
+        False,
+        "Claim a coordination.k8s.io/v1 Lease per node before draining it, so that several replicas never "
+        "drain one node at once. Turn on with more than one replica (the Helm chart does).",
+        nth="none: NTH runs one replica",
+    )
+    node_lease_duration_sec: int = _field(
+        60,
+        "How long a node Lease lasts without renewal (it is renewed every third of this while the node is "
+        "handled); a replica that dies loses its Leases after this.",
+        nth="none",
+        unit="seconds",
+        ge=15,
+        le=3600,
+    )
     # --- lifecycle actions
     heartbeat_interval: int = _field(
         -1,

@@ -6,7 +6,8 @@ For a drain operation (every kind but launch actions), :meth:`Handler.handle`:
    unmanaged one is terminal: acknowledged, nothing done;
 2. finds the Node — none: DELETE_SQS_MSG_IF_NODE_NOT_FOUND decides (acknowledge and complete the lifecycle
    actions with CONTINUE, or requeue);
-3. PreDrain: starts one heartbeat task per ASG terminate action (their owner is this call: they are cancelled
+3. with NODE_LEASES, claims the node's Lease (held by another replica: requeue);
+   PreDrain: starts one heartbeat task per ASG terminate action (their owner is this call: they are cancelled
    and awaited when it returns, whatever happened — DESIGN.md rule 3), taints the node with NTH's key for each
    kind (value = event ID, TAINT_EFFECT) when TAINT_NODE, labels it out of external load balancers when
    EXCLUDE_FROM_LOAD_BALANCERS;
@@ -39,6 +40,7 @@ from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.events import EventKind, StateChangeEvent
+from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder, is_managed
 from queue_processor.observe.events import NodeEventRecorder
@@ -93,6 +95,7 @@ class Handler:
         lifecycle: Lifecycle,
         drainer: Drainer,
         recorder: NodeEventRecorder | None = None,
+        leases: NodeLeases | None = None,
         on_step: Callable[[str, str], None] | None = None,
         on_timing: Callable[[str, float, dict[str, str]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -103,6 +106,7 @@ class Handler:
         self.lifecycle = lifecycle
         self.drainer = drainer
         self.recorder = recorder
+        self.leases = leases
         self.on_step = on_step or (lambda step, status: None)
         self.on_timing = on_timing or (lambda name, seconds, labels: None)
         self.clock = clock
@@ -162,6 +166,10 @@ class Handler:
             return Outcome.RETRY
         name = node["metadata"]["name"]
         bound = bound.bind(node=name)
+        claim = await self.leases.claim(name) if self.leases is not None else None
+        if self.leases is not None and claim is None:
+            bound.info("another replica holds the node's Lease: requeued")
+            return Outcome.RETRY
         heartbeats = await self._start_heartbeats(operation)
         try:
             if settings.dry_run:
@@ -198,6 +206,8 @@ class Handler:
             for task in heartbeats:
                 task.cancel()
             await asyncio.gather(*heartbeats, return_exceptions=True)
+            if claim is not None:
+                await claim.release()
 
     async def _event(self, node: str, reason: str, message: str, warning: bool = False) -> None:
         if self.recorder is not None:

@@ -288,3 +288,16 @@ async def test_kubernetes_events_are_recorded_on_the_node_when_asked(sandbox: Sa
     events = [e for e in sandbox.kube.objects("events") if e["involvedObject"]["name"] == node]
     assert [e["reason"] for e in events] == ["Cordon", "Drain"]
     assert "rebalance-recommendation" in events[0]["message"]
+
+
+async def test_with_node_leases_the_node_is_drained_and_its_lease_released(sandbox: Sandbox) -> None:
+    instance_id, node = node_of(sandbox, 1)
+    async with controller(
+        sandbox, node_leases=True, pod_name="replica-1", pod_namespace="kube-system"
+    ) as running:
+        sandbox.aws.rebalance_recommendation(instance_id)
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    lease = sandbox.kube.get("leases", f"queue-processor-{node}", "kube-system")
+    assert lease is not None
+    assert not lease["spec"].get("holderIdentity")  # released after the drain
+    assert running.evicted(node)

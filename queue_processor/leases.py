@@ -1,0 +1,133 @@
+"""Per-node coordination.k8s.io/v1 Leases: with several replicas consuming one queue, the drain of a node is
+exclusive (DESIGN.md rule 6).
+
+A replica :meth:`NodeLeases.claim`\\ s ``queue-processor-<node>`` in its namespace before PreDrain: it creates
+the Lease, or renews its own, or takes over one whose holder stopped renewing (``renewTime`` +
+``leaseDurationSeconds`` in the past) — always through the API server's optimistic concurrency (create → 409
+AlreadyExists, replace with a stale resourceVersion → 409 Conflict: another replica won). While it handles the
+node, a renewal task keeps the Lease (every third of its duration); :meth:`Claim.release` cancels and awaits
+that task and gives the Lease up. A replica that finds the Lease held by another lets its message be requeued:
+whatever the holder does, a later retry finds the node drained and finishes at once.
+
+"Leases" (Kubernetes concepts, coordination.k8s.io/v1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+
+from queue_processor.kube import KubeClient, KubeError
+
+__all__ = ["Claim", "NodeLeases", "lease_name"]
+
+log = structlog.get_logger("queue_processor.leases")
+
+_MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def lease_name(node: str) -> str:
+    """``queue-processor-<node>``, made a valid object name (lower case, at most 253 characters)."""
+    return ("queue-processor-" + re.sub(r"[^a-z0-9.-]", "-", node.lower()))[:253].rstrip(".-")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _parse(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.strptime(value, _MICRO).replace(tzinfo=UTC)
+    except ValueError:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class Claim:
+    """A held Lease; :meth:`release` it when the node's handling ends (cancels and awaits the renewal)."""
+
+    def __init__(self, leases: NodeLeases, lease: dict[str, Any]) -> None:
+        self._leases = leases
+        self.lease = lease
+        self._renewer = asyncio.create_task(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._leases.duration_s / 3)
+            try:
+                self.lease = await self._leases._write(self.lease, renew=True)
+            except KubeError as exc:
+                log.warning("lease renewal failed", lease=self.lease["metadata"]["name"], error=str(exc))
+
+    async def release(self) -> None:
+        """Stop renewing and give the Lease up (its holder cleared); errors are logged, not raised."""
+        self._renewer.cancel()
+        await asyncio.gather(self._renewer, return_exceptions=True)
+        lease = dict(self.lease)
+        lease["spec"] = {**lease.get("spec", {}), "holderIdentity": None}
+        with contextlib.suppress(KubeError):
+            await self._leases.kube.replace_lease(self._leases.namespace, lease)
+
+
+class NodeLeases:
+    """Lease claims for ``identity`` (this replica: its pod name) in ``namespace``; a Lease lasts
+    ``duration_s`` seconds unless renewed."""
+
+    def __init__(self, kube: KubeClient, *, namespace: str, identity: str, duration_s: int = 60) -> None:
+        self.kube = kube
+        self.namespace = namespace or "default"
+        self.identity = identity
+        self.duration_s = duration_s
+
+    async def claim(self, node: str) -> Claim | None:
+        """The node's Lease for this replica, or ``None`` when another replica holds it. Raises
+        :class:`KubeError` when the API server cannot be reached."""
+        name = lease_name(node)
+        existing = await self.kube.get_lease(self.namespace, name)
+        try:
+            if existing is None:
+                created = await self.kube.create_lease(self.namespace, self._fresh(name))
+                return Claim(self, created)
+            spec = existing.get("spec") or {}
+            holder = spec.get("holderIdentity")
+            renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+            duration = int(spec.get("leaseDurationSeconds") or self.duration_s)
+            expired = renewed is None or renewed + timedelta(seconds=duration) < _now()
+            if holder and holder != self.identity and not expired:
+                return None
+            return Claim(self, await self._write(existing, renew=holder == self.identity))
+        except KubeError as exc:
+            if exc.status == 409:  # another replica created or took it first
+                return None
+            raise
+
+    def _fresh(self, name: str) -> dict[str, Any]:
+        now = _now().strftime(_MICRO)
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self.duration_s,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+
+    async def _write(self, lease: dict[str, Any], *, renew: bool) -> dict[str, Any]:
+        now = _now().strftime(_MICRO)
+        spec = dict(lease.get("spec") or {})
+        if not renew:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec.update(holderIdentity=self.identity, leaseDurationSeconds=self.duration_s, renewTime=now)
+        replaced: dict[str, Any] = await self.kube.replace_lease(self.namespace, {**lease, "spec": spec})
+        return replaced

@@ -1,0 +1,75 @@
+"""Node Leases through the real client against the API emulation: one holder at a time, takeover after
+expiry, renewal, release."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.leases import NodeLeases, lease_name
+from queue_processor.sandbox.clock import SandboxClock
+from queue_processor.sandbox.kube import KubeSandbox
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[KubeClient]:
+    with KubeSandbox(SandboxClock(0.01)) as sandbox:
+        client = KubeClient(load_api_client(str(sandbox.kubeconfig(tmp_path / "kubeconfig"))))
+        yield client
+        client.close()
+
+
+async def test_one_replica_holds_a_node_at_a_time(kube: KubeClient) -> None:
+    a = NodeLeases(kube, namespace="ops", identity="replica-a", duration_s=60)
+    b = NodeLeases(kube, namespace="ops", identity="replica-b", duration_s=60)
+    claims = await asyncio.gather(a.claim("ip-10-0-0-1.ec2.internal"), b.claim("ip-10-0-0-1.ec2.internal"))
+    assert sum(claim is not None for claim in claims) == 1  # exactly one wins the race
+    winner = next(claim for claim in claims if claim is not None)
+    loser = b if winner.lease["spec"]["holderIdentity"] == "replica-a" else a
+    assert await loser.claim("ip-10-0-0-1.ec2.internal") is None
+    await winner.release()
+    again = await loser.claim("ip-10-0-0-1.ec2.internal")  # released: the other may take it
+    assert again is not None
+    assert again.lease["spec"]["leaseTransitions"] >= 1
+    await again.release()
+
+
+async def test_a_lease_whose_holder_stopped_renewing_is_taken_over(kube: KubeClient) -> None:
+    gone = NodeLeases(kube, namespace="ops", identity="crashed", duration_s=15)
+    claim = await gone.claim("n2")
+    assert claim is not None
+    claim._renewer.cancel()  # the replica died: nobody renews
+    lease = await kube.get_lease("ops", lease_name("n2"))
+    assert lease is not None
+    lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"  # long expired
+    await kube.replace_lease("ops", lease)
+    taker = NodeLeases(kube, namespace="ops", identity="alive", duration_s=15)
+    taken = await taker.claim("n2")
+    assert taken is not None
+    assert taken.lease["spec"]["holderIdentity"] == "alive"
+    await taken.release()
+
+
+async def test_the_holder_renews_and_release_stops_the_renewal(kube: KubeClient) -> None:
+    leases = NodeLeases(kube, namespace="ops", identity="me", duration_s=15)
+    leases.duration_s = 0.15  # type: ignore[assignment]  # renew every 50 ms for the test
+    claim = await leases.claim("n3")
+    assert claim is not None
+    first = claim.lease["spec"]["renewTime"]
+    await asyncio.sleep(0.2)
+    assert claim.lease["spec"]["renewTime"] != first
+    await claim.release()
+    assert claim._renewer.done()
+    lease = await kube.get_lease("ops", lease_name("n3"))
+    assert lease is not None
+    assert not lease["spec"].get("holderIdentity")
+
+
+def test_lease_names_are_valid_object_names() -> None:
+    assert lease_name("ip-10-0-0-1.ec2.internal") == "queue-processor-ip-10-0-0-1.ec2.internal"
+    assert lease_name("Node_A") == "queue-processor-node-a"
+    assert len(lease_name("x" * 400)) <= 253
