@@ -43,6 +43,9 @@ log = structlog.get_logger("queue_processor.consumer")
 POISON_VISIBILITY_S = 3600
 
 
+#: How long deletes wait for company before a DeleteMessageBatch call (seconds).
+DELETE_WINDOW_S = 0.02
+
 #: The first requeue backoff (seconds); it doubles with each receive, up to :data:`REQUEUE_MAX_S`.
 REQUEUE_BASE_S = 10.0
 REQUEUE_MAX_S = 900.0
@@ -107,6 +110,8 @@ class Consumer:
         self._loops: list[asyncio.Task[None]] = []
         self._extender: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
+        self._delete_flusher: asyncio.Task[None] | None = None
         self.loop_heartbeat = time.monotonic()
         """``time.monotonic()`` of the last loop iteration (liveness)."""
 
@@ -139,6 +144,8 @@ class Consumer:
         if self._extender is not None:
             self._extender.cancel()
             await asyncio.gather(self._extender, return_exceptions=True)
+        if self._delete_flusher is not None:
+            await asyncio.gather(self._delete_flusher, return_exceptions=True)  # deletes already decided
         held = list(self._held.values())
         self._held.clear()
         await asyncio.gather(*(self._change_visibility(ref, 0) for ref in held), return_exceptions=True)
@@ -263,13 +270,43 @@ class Consumer:
     # ----------------------------------------------------------------------------------------- SQS calls
 
     async def _delete(self, ref: SqsMessageRef, kinds: str) -> None:
-        try:
-            await call(self.sqs.delete_message, QueueUrl=ref.queue_url, ReceiptHandle=ref.receipt_handle)
-        except Exception as exc:
-            self.hooks.error("delete")
-            log.warning("delete failed", message_id=ref.message_id, error=repr(exc))
-            return
-        self.hooks.message(ref.queue_url, "deleted", kinds)
+        """Delete a message: deletes arriving within :data:`DELETE_WINDOW_S` go out together in
+        DeleteMessageBatch calls of up to 10 entries."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending_deletes.setdefault(ref.queue_url, []).append((ref, future))
+        if self._delete_flusher is None or self._delete_flusher.done():
+            self._delete_flusher = asyncio.create_task(self._flush_deletes(), name="delete-batcher")
+        if await future:
+            self.hooks.message(ref.queue_url, "deleted", kinds)
+
+    async def _flush_deletes(self) -> None:
+        await asyncio.sleep(DELETE_WINDOW_S)
+        while self._pending_deletes:
+            queue_url, items = self._pending_deletes.popitem()
+            for start in range(0, len(items), 10):
+                chunk = items[start : start + 10]
+                entries = [
+                    {"Id": str(i), "ReceiptHandle": ref.receipt_handle} for i, (ref, _) in enumerate(chunk)
+                ]
+                try:
+                    answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
+                except Exception as exc:
+                    self.hooks.error("delete")
+                    log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
+                    failed = set(range(len(chunk)))
+                else:
+                    failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
+                    for entry in answer.get("Failed") or []:
+                        self.hooks.error("delete")
+                        log.warning(
+                            "delete failed",
+                            message_id=chunk[int(entry["Id"])][0].message_id,
+                            code=entry.get("Code"),
+                            error=entry.get("Message"),
+                        )
+                for index, (_, future) in enumerate(chunk):
+                    if not future.done():
+                        future.set_result(index not in failed)
 
     async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
         try:
