@@ -295,7 +295,8 @@ class Handler:
         for action in actions:
             interval = await self.lifecycle.interval_s(action)
             if interval:
-                heartbeats.append(asyncio.create_task(self.lifecycle.heartbeat(action, interval)))
+                name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
+                heartbeats.append(asyncio.create_task(self.lifecycle.heartbeat(action, interval), name=name))
         try:
             deadline = self.clock() + settings.launch_ready_timeout_sec
             poll = 0.1
