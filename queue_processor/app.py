@@ -33,6 +33,7 @@ from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder
 from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
+from queue_processor.observe.webhook import Webhook
 from queue_processor.server import ProbeServer
 
 __all__ = ["Controller", "run_controller"]
@@ -126,6 +127,14 @@ async def run_controller(
                 duration_s=settings.node_lease_duration_sec,
             )
             if settings.node_leases
+            else None,
+            webhook=Webhook(
+                settings.webhook_url.get_secret_value(),
+                headers=settings.webhook_headers,
+                template=settings.webhook_template,
+                proxy=settings.webhook_proxy,
+            )
+            if settings.webhook_url.get_secret_value()
             else None,
             on_step=lambda step, status: metrics.count_action(step, status == "success"),
             on_timing=lambda name, seconds, labels: _timing_metric(metrics, name, seconds, labels),

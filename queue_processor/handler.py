@@ -44,6 +44,7 @@ from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder, is_managed
 from queue_processor.observe.events import NodeEventRecorder
+from queue_processor.observe.webhook import Webhook
 
 __all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "TAINT_KEYS", "Handler", "Outcome"]
 
@@ -96,6 +97,7 @@ class Handler:
         drainer: Drainer,
         recorder: NodeEventRecorder | None = None,
         leases: NodeLeases | None = None,
+        webhook: Webhook | None = None,
         on_step: Callable[[str, str], None] | None = None,
         on_timing: Callable[[str, float, dict[str, str]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -107,6 +109,7 @@ class Handler:
         self.drainer = drainer
         self.recorder = recorder
         self.leases = leases
+        self.webhook = webhook
         self.on_step = on_step or (lambda step, status: None)
         self.on_timing = on_timing or (lambda name, seconds, labels: None)
         self.clock = clock
@@ -181,6 +184,9 @@ class Handler:
             self.on_timing("cordon", self.clock() - operation.started_at, {})
             bound.info("cordoned")
             await self._event(name, "Cordon", f"cordoned for {self._kinds(operation)}")
+            if self.webhook is not None:
+                action = "cordoned" if settings.cordon_only else "cordoned, draining"
+                await self.webhook.notify(operation.first, name, f"{self._kinds(operation)}: node {action}")
             if not settings.cordon_only:
                 started = self.clock()
                 result = await self.drainer.drain(name, self._deadline(operation))
