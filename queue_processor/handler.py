@@ -236,13 +236,39 @@ class Handler:
         return info is None or info.state in gone
 
     async def _start_heartbeats(self, operation: NodeOperation) -> list[asyncio.Task[None]]:
-        tasks = []
+        """One heartbeat task per terminate action, and a watcher that starts one for each action that joins
+        the operation later; the caller cancels and awaits them all."""
+        tasks: list[asyncio.Task[None]] = []
+        started: set[tuple[str, str, str]] = set()
+        await self._heartbeat_new(operation, tasks, started)
+        tasks.append(
+            asyncio.create_task(self._watch_joiners(operation, tasks, started), name="heartbeat-watcher")
+        )
+        return tasks
+
+    async def _heartbeat_new(
+        self, operation: NodeOperation, tasks: list[asyncio.Task[None]], started: set[tuple[str, str, str]]
+    ) -> None:
         for action in operation.terminate_actions:
+            key = (
+                action.lifecycle_action_token or action.instance_id,
+                action.auto_scaling_group_name,
+                action.lifecycle_hook_name,
+            )
+            if key in started:
+                continue
+            started.add(key)
             interval = await self.lifecycle.interval_s(action)
             if interval:
                 name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
                 tasks.append(asyncio.create_task(self.lifecycle.heartbeat(action, interval), name=name))
-        return tasks
+
+    async def _watch_joiners(
+        self, operation: NodeOperation, tasks: list[asyncio.Task[None]], started: set[tuple[str, str, str]]
+    ) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self._heartbeat_new(operation, tasks, started)
 
     async def _pre_drain(self, operation: NodeOperation, node: str) -> None:
         settings = self.settings
