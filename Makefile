@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench docs lock clean
+.PHONY: setup demo test lint typecheck unit bench storm docs lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -34,6 +34,9 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python benchmarks/parse.py
 	$(BIN)/python benchmarks/sandbox.py
+
+storm: $(STAMP)
+	$(BIN)/python benchmarks/storm.py
 
 docs: $(STAMP)
 	$(BIN)/queue-processor config --reference > docs/configuration.md
