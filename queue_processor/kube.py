@@ -85,10 +85,11 @@ class RateLimiter:
                 self._urgent_waiting -= 1
 
 
-def load_api_client(kubeconfig: str | None = None, *, pool_size: int = 32) -> client.ApiClient:
+def load_api_client(kubeconfig: str | None = None, *, pool_size: int = 36) -> client.ApiClient:
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
-    thread of :class:`KubeClient`). Raises ``kubernetes.config.ConfigException`` when neither is available."""
+    thread of :class:`KubeClient`: 32 for drains, 4 for node calls). Raises
+    ``kubernetes.config.ConfigException`` when neither is available."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
     if kubeconfig is None:
@@ -108,8 +109,9 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class KubeClient:
-    """JSON access to the API server for the controller. ``on_request(verb, resource, status)`` is called
-    after every request (for metrics). Raises :class:`KubeError` from every call that fails."""
+    """JSON access to the API server for the controller: ``threads`` for drain traffic and 4 more for urgent
+    node calls. ``on_request(verb, resource, status)`` is called after every request (for metrics). Raises
+    :class:`KubeError` from every call that fails."""
 
     def __init__(
         self,
@@ -128,12 +130,15 @@ class KubeClient:
         self.attempts = attempts
         self.on_request = on_request
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+        # Cordoning must not queue behind a storm's evictions and pod lists: node calls get threads of their own.
+        self._urgent_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kube-urgent")
         self.answered_at = 0.0
         """``time.monotonic()`` of the last answer from the API server (for readiness)."""
 
     def close(self) -> None:
         """Shut the thread pool down (waits for calls in progress) and close the connection pool."""
         self._pool.shutdown(wait=True)
+        self._urgent_pool.shutdown(wait=True)
         self.api.close()  # type: ignore[no-untyped-call]
 
     async def request(
