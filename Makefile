@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/queue-processor sandbox --nodes 20 --scale 0.01 --scenario mixed-duplicates
+	$(BIN)/queue-processor sandbox --nodes 20 --scale 0.05 --scenario mixed-duplicates
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
