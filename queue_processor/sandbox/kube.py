@@ -137,6 +137,8 @@ class KubeSandbox:
         """Requests served, by ``"<verb> <resource>[/<subresource>]"`` (``list pods``, ``create pods/eviction``)."""
         self.evictions: list[Obj] = []
         """Every pod an eviction deleted, as it was just before (tests check which pods were evicted)."""
+        self.last_eviction: dict[str, datetime] = {}
+        """Node name → wall-clock time (aware UTC) of the last eviction of a pod bound to it."""
         self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
         self._pods_by_node: dict[str, set[Key]] = {}
         # (namespace, label, value) → pods: PodDisruptionBudgets and ReplicaSets select through it, so an
@@ -1029,5 +1031,8 @@ class KubeSandbox:
                         },
                     )
         self.evictions.append(copy.deepcopy(pod))
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            self.last_eviction[node] = datetime.now(UTC)
         self._start_terminating(key, None if grace is None else int(grace))
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}

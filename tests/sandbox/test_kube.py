@@ -80,10 +80,9 @@ def test_nodes_list_by_label_and_read(kube: KubeSandbox, v1: client.CoreV1Api) -
     listed = v1.list_node(label_selector=f"pool={group}").items
     assert sorted(node.metadata.name for node in listed) == sorted(names)
     assert v1.list_node(label_selector=f"pool in ({group}, other),!missing").items
-    assert v1.list_node(label_selector=f"pool!={group}").items == [] or all(
-        node.metadata.labels.get("pool") != group
-        for node in v1.list_node(label_selector=f"pool!={group}").items
-    )
+    others = {node.metadata.name for node in v1.list_node(label_selector=f"pool!={group}").items}
+    assert others.isdisjoint(names)
+    assert others == {n.metadata.name for n in v1.list_node().items} - set(names)
     node = v1.read_node(names[0])
     assert node.spec.provider_id.startswith("aws:///us-east-1a/i-")
     assert node.metadata.labels["kubernetes.io/hostname"] == names[0]
