@@ -21,6 +21,7 @@ import pytest
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import Settings, load_settings
+from queue_processor.permissions import kubernetes_verbs
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
 
@@ -43,6 +44,9 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox
         for key, value in running.env().items():
             monkeypatch.setenv(key, value)
         yield running
+        # Least privilege, checked on what really crossed the wire: every request the controller made is
+        # one the chart's RBAC grants.
+        assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""What the controller is allowed to do: the Kubernetes RBAC rules and the AWS IAM actions its code calls.
+
+This module is the single list that the Helm chart's ClusterRole/Role (``charts/queue-processor``) and the
+Terraform module's IAM policy (``terraform/``) are tested against, and that tests check against the code
+itself (every API call the code makes is listed here, and nothing else). Least privilege means: when a
+call is added to the code, it is added here, and the chart and module tests then fail until they grant it.
+
+Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/):
+
+- cluster-wide: ``nodes`` get/list/patch (find, cordon, taint, label), ``pods`` list (a node's pods with
+  ``fieldSelector=spec.nodeName``), ``pods/eviction`` create (policy/v1 Eviction API), ``events`` create
+  (``EMIT_KUBERNETES_EVENTS``; Events are written into the Node's namespace ``default``);
+- in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update (``NODE_LEASES``).
+
+Differences from aws-node-termination-handler's ClusterRole, on purpose: no ``pods`` get (the drain re-lists
+the node's pods instead of a GET per pod), no ``daemonsets`` get (DaemonSet pods are recognised by their
+controller reference), no ``events`` patch (Events are never aggregated), no ``pods`` delete (evictions
+only), no ``nodes`` update.
+
+AWS (IAM actions, https://docs.aws.amazon.com/service-authorization/latest/reference/):
+
+- SQS: ReceiveMessage, DeleteMessage (the batch call is authorised by this action), ChangeMessageVisibility
+  (likewise for its batch call);
+- EC2: DescribeInstances (node resolution);
+- Auto Scaling: CompleteLifecycleAction, RecordLifecycleActionHeartbeat, DescribeLifecycleHooks (the hook's
+  HeartbeatTimeout, read once per hook).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "AWS_ACTIONS",
+    "AWS_API_CALLS",
+    "KUBERNETES_RULES",
+    "KubernetesRule",
+    "kubernetes_verbs",
+]
+
+
+@dataclass(frozen=True)
+class KubernetesRule:
+    """One RBAC rule: API group (``""`` = core), resource (``pods/eviction`` for a subresource), verbs, and
+    whether it is granted cluster-wide (ClusterRole) or only in the controller's namespace (Role)."""
+
+    api_group: str
+    resource: str
+    verbs: tuple[str, ...]
+    cluster_wide: bool = True
+    when: str = ""
+    """The setting that makes the controller use this rule, when not always (e.g. ``NODE_LEASES``)."""
+
+
+KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
+    KubernetesRule("", "nodes", ("get", "list", "patch")),
+    KubernetesRule("", "pods", ("list",)),
+    KubernetesRule("", "pods/eviction", ("create",)),
+    KubernetesRule("", "events", ("create",), when="EMIT_KUBERNETES_EVENTS"),
+    KubernetesRule(
+        "coordination.k8s.io", "leases", ("get", "create", "update"), cluster_wide=False, when="NODE_LEASES"
+    ),
+)
+
+AWS_API_CALLS: dict[str, tuple[str, ...]] = {
+    "sqs": (
+        "ReceiveMessage",
+        "DeleteMessageBatch",
+        "ChangeMessageVisibility",
+        "ChangeMessageVisibilityBatch",
+    ),
+    "ec2": ("DescribeInstances",),
+    "autoscaling": ("CompleteLifecycleAction", "RecordLifecycleActionHeartbeat", "DescribeLifecycleHooks"),
+}
+"""Every AWS API operation the controller calls, by service (botocore service name)."""
+
+_BATCH_ACTIONS = {
+    "DeleteMessageBatch": "DeleteMessage",
+    "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
+}
+
+AWS_ACTIONS: tuple[str, ...] = tuple(
+    sorted(
+        {
+            f"{service}:{_BATCH_ACTIONS.get(operation, operation)}"
+            for service, operations in AWS_API_CALLS.items()
+            for operation in operations
+        }
+    )
+)
+"""The IAM actions those calls need (``service:Action``); SQS batch calls are authorised by the single-message
+action (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-api-permissions-reference.html)."""
+
+
+def kubernetes_verbs() -> set[str]:
+    """Every granted ``"<verb> <resource>"`` pair, the form the sandbox API server counts requests by."""
+    return {f"{verb} {rule.resource}" for rule in KUBERNETES_RULES for verb in rule.verbs}

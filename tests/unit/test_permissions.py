@@ -1,0 +1,79 @@
+"""The permissions list (``queue_processor.permissions``) equals the API calls the code makes.
+
+The chart's RBAC and the Terraform module's IAM policy are tested against that list; these tests tie the list
+to the code, read statically (every AWS operation named on a client, every Kubernetes request the client
+module issues), so a new call without a new permission fails here rather than in a cluster.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import botocore.session
+from botocore import xform_name
+
+from queue_processor import kube, permissions
+
+PACKAGE = Path(permissions.__file__).parent
+
+
+def _controller_sources() -> list[Path]:
+    return [path for path in PACKAGE.rglob("*.py") if "sandbox" not in path.relative_to(PACKAGE).parts]
+
+
+def _attribute_names(path: Path) -> set[str]:
+    return {node.attr for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)}
+
+
+def test_every_aws_operation_the_code_names_is_listed_and_nothing_else() -> None:
+    session = botocore.session.get_session()
+    used: dict[str, set[str]] = {}
+    names = set().union(*(_attribute_names(path) for path in _controller_sources()))
+    for service in permissions.AWS_API_CALLS:
+        operations = session.get_service_model(service).operation_names
+        used[service] = {op for op in operations if xform_name(op) in names}
+    assert used == {service: set(ops) for service, ops in permissions.AWS_API_CALLS.items()}
+
+
+def test_iam_actions_fold_sqs_batch_calls_into_their_single_message_action() -> None:
+    assert permissions.AWS_ACTIONS == (
+        "autoscaling:CompleteLifecycleAction",
+        "autoscaling:DescribeLifecycleHooks",
+        "autoscaling:RecordLifecycleActionHeartbeat",
+        "ec2:DescribeInstances",
+        "sqs:ChangeMessageVisibility",
+        "sqs:DeleteMessage",
+        "sqs:ReceiveMessage",
+    )
+
+
+def _kube_requests() -> set[str]:
+    """``"<verb> <resource>"`` for every ``self.request("METHOD", path)`` in the Kubernetes client."""
+    found: set[str] = set()
+    tree = ast.parse(Path(kube.__file__).read_text())
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr != "request" or len(node.args) < 2 or not isinstance(node.args[0], ast.Constant):
+            continue
+        target = node.args[1]
+        if isinstance(target, ast.JoinedStr):
+            path = "".join(
+                str(part.value) if isinstance(part, ast.Constant) else "x" for part in target.values
+            )
+        else:
+            assert isinstance(target, ast.Constant)
+            path = str(target.value)
+        verb, resource = kube._describe(str(node.args[0].value), path, None)
+        found.add(f"{verb} {resource}")
+    return found
+
+
+def test_every_kubernetes_request_the_client_makes_is_granted_and_nothing_else() -> None:
+    assert _kube_requests() == permissions.kubernetes_verbs()
+
+
+def test_leases_are_the_only_namespaced_rule() -> None:
+    namespaced = [rule.resource for rule in permissions.KUBERNETES_RULES if not rule.cluster_wide]
+    assert namespaced == ["leases"]
