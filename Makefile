@@ -5,6 +5,10 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# checkov (Terraform checks) pins libraries the controller also uses; it gets a venv of its own.
+CHECKOV_VENV := .venv-checkov
+CHECKOV := $(CHECKOV_VENV)/bin/checkov
+CHECKOV_VERSION := 3.3.30
 
 .PHONY: setup demo test lint typecheck unit bench storm docs lock clean
 
@@ -14,7 +18,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[sandbox,dev]'
 	touch $@
 
-setup: $(STAMP)
+$(CHECKOV):
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check checkov==$(CHECKOV_VERSION)
+
+setup: $(STAMP) $(CHECKOV)
 
 demo: $(STAMP)
 	$(BIN)/queue-processor sandbox --nodes 20 --scale 0.05 --scenario mixed-duplicates
@@ -26,7 +34,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict queue_processor
 
-unit: $(STAMP)
+unit: $(STAMP) $(CHECKOV)
 	$(BIN)/pytest
 
 test: lint typecheck unit
@@ -48,4 +56,4 @@ lock:
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
