@@ -97,6 +97,24 @@ def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
     return float("inf")
 
 
+def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    return sum(value for _, value in samples.get(name, []))
+
+
+def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Until the controller answers /readyz (it has received from SQS and reached the API server)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"controller exited with {process.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("controller not ready in time")
+
+
 def _free_port() -> int:
     import socket
 
@@ -114,6 +132,7 @@ def main() -> None:
         "--scale", type=float, default=1.0, help="real seconds per simulated second (default 1.0)"
     )
     ap.add_argument("--qps", type=float, default=200.0, help="KUBE_API_QPS for the controller (default 200)")
+    ap.add_argument("--timeline", action="store_true", help="print cordoned/evicted/deleted over time")
     ap.add_argument("--pdb", default="30%", help="maxUnavailable of every PodDisruptionBudget (default 30%%)")
     args = ap.parse_args()
     spare = args.spare if args.spare is not None else max(1, args.nodes // 4)
@@ -143,15 +162,29 @@ def main() -> None:
             [sys.executable, "-m", "queue_processor.cli", "run"], env=env, stdout=log, stderr=log
         )
         try:
-            time.sleep(2.0)
+            _wait_ready(port, process)
             kube_before = sum(sandbox.kube.requests.values())
             started = time.perf_counter()
             targets = sandbox.instances[: args.nodes]
             for instance in targets:
                 sandbox.aws.spot_interruption(instance.instance_id)
-            while _depth(sandbox) > 0 and time.perf_counter() - started < 120 * args.scale * 5 + 60:
-                time.sleep(0.25)
+            published = time.perf_counter() - started
+            timeline: list[str] = []
+            deadline = started + 120 * args.scale * 5 + 60
+            while time.perf_counter() < deadline:
+                time.sleep(0.5)
+                deleted = _total(_scrape(port), "queue_processor_messages_deleted_total")
+                cordoned = sandbox.kube.count("nodes", lambda node: bool(node["spec"].get("unschedulable")))
+                timeline.append(
+                    f"{time.perf_counter() - started:6.1f}s cordoned={cordoned} "
+                    f"evictions={len(sandbox.kube.evictions)} deleted={int(deleted)}"
+                )
+                if deleted >= args.nodes:
+                    break
             seconds = time.perf_counter() - started
+            if args.timeline:
+                print(f"published {args.nodes} warnings in {published:.2f} s")
+                print("\n".join(timeline[:: max(1, len(timeline) // 40)]))
             metrics = _scrape(port)
             kube_requests = sum(sandbox.kube.requests.values()) - kube_before
             drained = sum(
@@ -179,6 +212,8 @@ def main() -> None:
                 "kube_requests_per_node": round(kube_requests / args.nodes, 1),
                 "peak_rss_mib": round(hwm / 1024, 1),
                 "tasks_left": int(in_flight),
+                "messages_left": _depth(sandbox),
+                "publish_seconds": round(published, 2),
                 "scale": args.scale,
             }
         finally:
