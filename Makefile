@@ -52,7 +52,7 @@ docs: $(STAMP)
 lock:
 	rm -rf /tmp/queue-processor-lock && $(PYTHON) -m venv /tmp/queue-processor-lock
 	/tmp/queue-processor-lock/bin/pip install --quiet '.[sandbox,dev]'
-	{ head -n 2 constraints.txt; /tmp/queue-processor-lock/bin/pip freeze | grep -v '^queue-processor'; } > constraints.txt.new
+	{ head -n 2 constraints.txt; /tmp/queue-processor-lock/bin/pip freeze --all | grep -v '^queue-processor\|^pip=='; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
 clean:
