@@ -283,14 +283,15 @@ class Handler:
             await self.drainer.label(node, *EXCLUDE_FROM_LB_LABEL)
 
     def _deadline(self, operation: NodeOperation) -> float:
-        """NODE_TERMINATION_GRACE_PERIOD from now, and never past the instance's start time."""
+        """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among
+        the operation's events, never past the end of the earliest such notice. Other kinds (rebalance,
+        state change, lifecycle actions) carry no notice: their start time is when they were sent, already
+        past, and must not shorten the drain."""
         now = self.clock()
         deadline = now + self.settings.node_termination_grace_period
-        left = (operation.deadline - datetime.now(UTC)).total_seconds()
-        if any(
-            e.kind in (EventKind.SPOT_INTERRUPTION, EventKind.CAPACITY_RESERVATION_INTERRUPTION)
-            for e in operation.events
-        ):
+        notices = [e.start_time for e in operation.events if e.kind in NOTICE_KINDS]
+        if notices:
+            left = (min(notices) - datetime.now(UTC)).total_seconds()
             deadline = min(deadline, now + max(left, 0.0))
         return deadline
 

@@ -177,9 +177,8 @@ class KubeClient:
     ) -> Any:
         await self.limiter.acquire(urgent=urgent)
         loop = asyncio.get_running_loop()
-        status, data = await loop.run_in_executor(
-            self._pool, self._call, method, path, query, body, content_type
-        )
+        pool = self._urgent_pool if urgent else self._pool
+        status, data = await loop.run_in_executor(pool, self._call, method, path, query, body, content_type)
         verb, resource = _describe(method, path, query)
         if self.on_request is not None:
             self.on_request(verb, resource, status)

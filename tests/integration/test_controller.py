@@ -175,6 +175,19 @@ def heartbeats(sandbox: Sandbox, instance_id: str) -> int:
     return len([c for c in sandbox.aws.calls(instance_id) if c.operation == "RecordLifecycleActionHeartbeat"])
 
 
+async def test_a_notice_joined_by_other_kinds_keeps_its_whole_drain_time(sandbox: Sandbox) -> None:
+    # A rebalance recommendation and a state change carry no notice: their start time is when they were
+    # sent. Joined to a Spot warning's operation, they must not cut its drain to nothing (which would
+    # requeue it and drain on a later receive).
+    instance_id, node = node_of(sandbox, 1)
+    async with controller(sandbox) as running:
+        sandbox.aws.rebalance_recommendation(instance_id)
+        sandbox.aws.spot_interruption(instance_id)
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+        assert requeued(running) == 0
+    assert running.evicted(node)
+
+
 async def test_early_exit_stops_the_heartbeat(sandbox: Sandbox) -> None:
     instance_id, _node = node_of(sandbox, 2)
     sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)  # nothing of app-000 may go
