@@ -161,7 +161,7 @@ async def run_controller(
         )
         server = ProbeServer.from_settings(settings, metrics) if serve else None
         if server is not None:
-            server.add_liveness("receive-loops", lambda: time.monotonic() - consumer.loop_heartbeat < 120)
+            server.add_liveness("receive-loops", consumer.alive)
             server.add_readiness("sqs", lambda: time.monotonic() - aws.answered_at < 120)
             server.add_readiness(
                 "kubernetes", lambda: kube.answered_at == 0 or time.monotonic() - kube.answered_at < 300

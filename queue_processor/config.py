@@ -227,14 +227,17 @@ class Settings(BaseSettings):
     kube_api_qps: float = _field(
         200.0,
         "Client-side limit on Kubernetes API requests per second.",
-        nth="same name; NTH's default is 5, too low to drain hundreds of nodes inside a Spot notice",
+        nth=(
+            "new here: NTH has no such setting and runs with client-go's default of 5 requests per second, "
+            "too low to drain hundreds of nodes inside a Spot notice"
+        ),
         unit="requests/second",
         gt=0,
     )
     kube_api_burst: int = _field(
         300,
         "Requests allowed above KUBE_API_QPS in a burst.",
-        nth="same name; NTH's default is 10",
+        nth="new here: NTH runs with client-go's default burst of 10",
         unit="requests",
         ge=1,
     )

@@ -114,6 +114,7 @@ class Consumer:
         self._delete_flusher: asyncio.Task[None] | None = None
         self.loop_heartbeat = time.monotonic()
         """``time.monotonic()`` of the last loop iteration (liveness)."""
+        self._waiting_for_budget = 0  # receive loops waiting for an in-flight slot
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -125,6 +126,14 @@ class Consumer:
                     asyncio.create_task(self._receive_loop(url), name=f"receive-{index}-{url}")
                 )
         self._extender = asyncio.create_task(self._extend_loop(), name="visibility-extender")
+
+    def alive(self, max_idle_s: float = 120.0) -> bool:
+        """Liveness: every receive loop task is running, and one iterated within ``max_idle_s`` seconds or
+        one waits for an in-flight slot (operations hold the whole budget; the loops wait on purpose for them
+        to settle, and a long drain must not get the pod restarted)."""
+        if not self._loops or any(task.done() for task in self._loops):
+            return False
+        return time.monotonic() - self.loop_heartbeat < max_idle_s or self._waiting_for_budget > 0
 
     @property
     def tasks(self) -> int:
@@ -155,7 +164,11 @@ class Consumer:
     async def _receive_loop(self, queue_url: str) -> None:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
-            await self._budget.acquire()  # at least one slot before asking for anything
+            self._waiting_for_budget += 1
+            try:
+                await self._budget.acquire()  # at least one slot before asking for anything
+            finally:
+                self._waiting_for_budget -= 1
             room = 1
             while room < 10 and not self._budget.locked():
                 await self._budget.acquire()

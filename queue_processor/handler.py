@@ -38,7 +38,7 @@ import structlog
 
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.drainer import Drainer, DrainResult
 from queue_processor.events import EventKind, StateChangeEvent
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Lifecycle
@@ -189,12 +189,15 @@ class Handler:
                 await self.webhook.notify(operation.first, name, f"{self._kinds(operation)}: node {action}")
             if not settings.cordon_only:
                 started = self.clock()
-                result = await self.drainer.drain(name, self._deadline(operation))
-                labels = {
-                    "kind": str(operation.first.kind),
-                    "result": "ok" if result.completed else "incomplete",
-                }
-                self.on_timing("drain", self.clock() - started, labels)
+                kind = str(operation.first.kind)
+                try:
+                    result = await self.drainer.drain(name, self._deadline(operation))
+                except asyncio.CancelledError:
+                    self.on_timing("drain", self.clock() - started, {"kind": kind, "result": "cancelled"})
+                    raise
+                self.on_timing(
+                    "drain", self.clock() - started, {"kind": kind, "result": _drain_result(result)}
+                )
                 if not result.completed:
                     self.on_step("cordon-and-drain", "error")
                     bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
@@ -356,3 +359,14 @@ class Handler:
             for task in heartbeats:
                 task.cancel()
             await asyncio.gather(*heartbeats, return_exceptions=True)
+
+
+def _drain_result(result: DrainResult) -> str:
+    """The ``result`` label of ``queue_processor_drain_duration_seconds`` (``observe.metrics.DrainResult``):
+    ``drained``; ``error`` when a pod could not be evicted (filters refused it, or the eviction failed);
+    else ``timeout`` (pods still there at the deadline, PodDisruptionBudgets included)."""
+    if result.completed:
+        return "drained"
+    if result.failed or (result.reason or "").startswith("cannot drain"):
+        return "error"
+    return "timeout"

@@ -171,6 +171,17 @@ def requeued(running: Running) -> float:
     return sum(samples)
 
 
+def drain_results(running: Running) -> dict[str, float]:
+    """``queue_processor_drain_duration_seconds_count`` by ``result``."""
+    counts: dict[str, float] = {}
+    for metric in running.controller.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "queue_processor_drain_duration_seconds_count":
+                result = sample.labels["result"]
+                counts[result] = counts.get(result, 0) + sample.value
+    return counts
+
+
 def heartbeats(sandbox: Sandbox, instance_id: str) -> int:
     return len([c for c in sandbox.aws.calls(instance_id) if c.operation == "RecordLifecycleActionHeartbeat"])
 
@@ -215,6 +226,10 @@ async def test_a_blocked_drain_is_retried_and_completes_once_the_budget_allows(s
     completions = [c for c in sandbox.aws.calls(instance_id) if c.operation == "CompleteLifecycleAction"]
     assert [(c.result, c.ok) for c in completions] == [("CONTINUE", True)]
     assert sandbox.aws.action(action.token).status == "completed"
+    # What a dashboard shows: drains that timed out on the budget, then one that drained.
+    results = drain_results(running)
+    assert results.get("timeout", 0) >= 1
+    assert results.get("drained") == 1
 
 
 async def test_a_warm_pool_launch_completes_only_once_the_node_is_ready(sandbox: Sandbox) -> None:

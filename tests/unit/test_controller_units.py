@@ -136,3 +136,42 @@ async def test_urgent_callers_pass_the_rate_limiter_first() -> None:
     cordon = asyncio.create_task(take("cordon", True))
     await asyncio.gather(*ordinary, cordon)
     assert order[0] == "cordon"
+
+
+async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None:
+    from queue_processor.coalesce import EventStore
+    from queue_processor.consumer import Consumer
+
+    class NeverAnswers:
+        async def receive_message(self, **_: Any) -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+    consumer = Consumer(
+        NeverAnswers(),
+        None,  # type: ignore[arg-type]  # no message ever arrives to be handled
+        EventStore(),
+        queue_urls=["q"],
+        in_flight_budget=2,
+        loops_per_queue=2,
+        visibility_timeout_s=30,
+    )
+    for _ in range(2):
+        await consumer._budget.acquire()  # every slot held by operations under way
+    consumer.start()
+    try:
+        await asyncio.sleep(0.01)
+        consumer.loop_heartbeat -= 600  # no iteration for ten minutes, but the loops wait for slots
+        assert consumer.alive()
+        consumer._budget.release()  # one loop gets a slot and sits in a receive that never answers
+        await asyncio.sleep(0.01)
+        assert consumer.alive()  # the other still waits for a slot
+        consumer._budget.release()
+        await asyncio.sleep(0.01)
+        assert not consumer.alive()  # slots free, no iteration for ten minutes: stuck
+        for task in consumer._loops:
+            task.cancel()
+        await asyncio.gather(*consumer._loops, return_exceptions=True)
+        assert not consumer.alive()  # a dead loop is never alive
+    finally:
+        await consumer.shutdown()
