@@ -85,10 +85,16 @@ class RateLimiter:
                 self._urgent_waiting -= 1
 
 
-def load_api_client(kubeconfig: str | None = None, *, pool_size: int = 36) -> client.ApiClient:
+#: Threads (and connections) reserved for node calls (get, list, patch: finding and cordoning nodes).
+URGENT_THREADS = 16
+
+
+def load_api_client(
+    kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS
+) -> client.ApiClient:
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
-    thread of :class:`KubeClient`: 32 for drains, 4 for node calls). Raises
+    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node calls). Raises
     ``kubernetes.config.ConfigException`` when neither is available."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
@@ -109,9 +115,10 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class KubeClient:
-    """JSON access to the API server for the controller: ``threads`` for drain traffic and 4 more for urgent
-    node calls. ``on_request(verb, resource, status)`` is called after every request (for metrics). Raises
-    :class:`KubeError` from every call that fails."""
+    """JSON access to the API server for the controller: ``threads`` for drain traffic and
+    :data:`URGENT_THREADS` more for urgent node calls (a cordon's rate is these threads over the API
+    server's latency under the storm's load, so they are not few). ``on_request(verb, resource, status)`` is
+    called after every request (for metrics). Raises :class:`KubeError` from every call that fails."""
 
     def __init__(
         self,
@@ -131,7 +138,7 @@ class KubeClient:
         self.on_request = on_request
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         # Cordoning must not queue behind a storm's evictions and pod lists: node calls get threads of their own.
-        self._urgent_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kube-urgent")
+        self._urgent_pool = ThreadPoolExecutor(max_workers=URGENT_THREADS, thread_name_prefix="kube-urgent")
         self.answered_at = 0.0
         """``time.monotonic()`` of the last answer from the API server (for readiness)."""
 

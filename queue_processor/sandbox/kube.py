@@ -144,6 +144,13 @@ class KubeSandbox:
         # (namespace, label, value) → pods: PodDisruptionBudgets and ReplicaSets select through it, so an
         # eviction costs the size of its selection, not of the cluster.
         self._pods_by_label: dict[tuple[str, str, str], set[Key]] = {}
+        # Bumped on every change of a pod carrying the label: a PodDisruptionBudget's status is cached until
+        # a pod it selects (or a ReplicaSet) changes, so a storm of refused evictions stays cheap.
+        self._label_generation: dict[tuple[str, str, str], int] = {}
+        self._replicaset_writes = 0
+        self._node_writes = 0
+        self._schedulable: tuple[int, list[str]] = (-1, [])
+        self._pdb_cache: dict[Key, tuple[tuple[Any, ...], Obj]] = {}
         self._rv = 0
         self._snapshot: dict[str, dict[Key, Obj]] = {}
         self._snapshot_by_node: dict[str, list[Key]] = {}
@@ -527,6 +534,10 @@ class KubeSandbox:
         self._objects[plural][key] = obj
         if plural == "pods":
             self._index_pod(key, None, obj)
+        elif plural == "replicasets":
+            self._replicaset_writes += 1
+        elif plural == "nodes":
+            self._node_writes += 1
         return obj
 
     def _replace(self, plural: str, key: Key, obj: Obj) -> Obj:
@@ -539,6 +550,10 @@ class KubeSandbox:
         self._objects[plural][key] = obj
         if plural == "pods":
             self._index_pod(key, old, obj)
+        elif plural == "replicasets":
+            self._replicaset_writes += 1
+        elif plural == "nodes":
+            self._node_writes += 1
         return obj
 
     def _remove(self, plural: str, key: Key) -> Obj | None:
@@ -548,6 +563,10 @@ class KubeSandbox:
             if plural == "pods":
                 self._index_pod(key, obj, None)
                 self._after_pod_gone(obj)
+            elif plural == "replicasets":
+                self._replicaset_writes += 1
+            elif plural == "nodes":
+                self._node_writes += 1
         return obj
 
     def _index_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
@@ -560,6 +579,9 @@ class KubeSandbox:
             self._pods_by_node.setdefault(new_node, set()).add(key)
         old_labels = (old["metadata"].get("labels") or {}) if old else {}
         new_labels = (new["metadata"].get("labels") or {}) if new else {}
+        for label in {*old_labels.items(), *new_labels.items()}:
+            index = (key[0], *label)
+            self._label_generation[index] = self._label_generation.get(index, 0) + 1
         if old_labels != new_labels:
             for label, value in old_labels.items():
                 self._pods_by_label.get((key[0], label, value), set()).discard(key)
@@ -714,6 +736,9 @@ class KubeSandbox:
         self._schedule_pending()
 
     def _schedulable_nodes(self) -> list[str]:
+        """Names of the Ready, schedulable, untainted nodes (recomputed only after a node changed)."""
+        if self._schedulable[0] == self._node_writes:
+            return self._schedulable[1]
         nodes = []
         for node in self._objects["nodes"].values():
             spec, status = node.get("spec") or {}, node.get("status") or {}
@@ -725,6 +750,7 @@ class KubeSandbox:
                 c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
             ):
                 nodes.append(node["metadata"]["name"])
+        self._schedulable = (self._node_writes, nodes)
         return nodes
 
     def _schedule_pending(self) -> None:
@@ -992,8 +1018,28 @@ class KubeSandbox:
         return count + sum(replicas.values())
 
     def _pdb_status(self, pdb: Obj) -> Obj:
-        pods = self._select_pods(pdb["metadata"]["namespace"], (pdb.get("spec") or {}).get("selector"))
-        return pdb_status(pdb, pods, self._expected_pods([p for p in pods if not is_terminating(p)] or pods))
+        namespace = pdb["metadata"]["namespace"]
+        selector = (pdb.get("spec") or {}).get("selector") or {}
+        stamp: tuple[Any, ...] | None = None
+        if selector.get("matchLabels") and not selector.get("matchExpressions"):
+            stamp = (
+                pdb["metadata"].get("resourceVersion"),
+                self._replicaset_writes,
+                *(
+                    self._label_generation.get((namespace, *label), 0)
+                    for label in selector["matchLabels"].items()
+                ),
+            )
+            cached = self._pdb_cache.get((namespace, pdb["metadata"]["name"]))
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
+        pods = self._select_pods(namespace, selector)
+        status = pdb_status(
+            pdb, pods, self._expected_pods([p for p in pods if not is_terminating(p)] or pods)
+        )
+        if stamp is not None:
+            self._pdb_cache[(namespace, pdb["metadata"]["name"])] = (stamp, status)
+        return status
 
     def _evict(self, key: Key, body: Obj) -> Obj:
         pod = self._objects["pods"].get(key)
