@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from queue_processor import __version__
-from queue_processor.aws import AwsClients, call
+from queue_processor.aws import AwsClients, call, observe_calls
 from queue_processor.coalesce import EventStore
 from queue_processor.config import Settings
 from queue_processor.consumer import Consumer, ConsumerHooks
@@ -85,6 +85,9 @@ async def run_controller(
     starts the probe and metrics server; ``started`` is called with the :class:`Controller` once it
     consumes. Raises what start-up raises (AWS or Kubernetes configuration)."""
     metrics = Metrics(__version__)
+    observe_calls(
+        lambda service, operation, result: metrics.aws_requests.labels(service, operation, result).inc()
+    )
     async with AwsClients(settings) as aws:
         kube = KubeClient(
             load_api_client(kubeconfig),
@@ -155,7 +158,7 @@ async def run_controller(
                     metrics, drainer, messages, operations
                 ),
             ),
-            on_answer=aws.mark_answered,
+            on_answer=lambda queue_url: _answered(aws, metrics, queue_url),
             poison_visibility_s=settings.poison_visibility_timeout_sec,
             requeue_base_s=settings.requeue_backoff_base_sec,
         )
@@ -163,9 +166,7 @@ async def run_controller(
         if server is not None:
             server.add_liveness("receive-loops", consumer.alive)
             server.add_readiness("sqs", lambda: time.monotonic() - aws.answered_at < 120)
-            server.add_readiness(
-                "kubernetes", lambda: kube.answered_at == 0 or time.monotonic() - kube.answered_at < 300
-            )
+            server.add_readiness("kubernetes", kube.reachable)
             await server.start()
         consumer.start()
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
@@ -197,10 +198,15 @@ def _timing_metric(metrics: Metrics, name: str, seconds: float, labels: dict[str
         metrics.drain_duration.labels(labels.get("kind", ""), labels.get("result", "")).observe(seconds)
 
 
+def _answered(aws: AwsClients, metrics: Metrics, queue_url: str) -> None:
+    """SQS answered a ReceiveMessage (with messages or none): readiness, and the alert's receive gauge."""
+    aws.mark_answered()
+    metrics.mark_receive(queue_url)
+
+
 def _message_metric(metrics: Metrics, queue: str, what: str, label: str) -> None:
     if what == "received":
         metrics.messages_received.labels(queue, label).inc()
-        metrics.mark_receive(queue)
     elif what == "deleted":
         metrics.messages_deleted.labels(queue, label).inc()
     elif what == "requeued":

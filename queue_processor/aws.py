@@ -10,6 +10,7 @@ the caller at once, which classifies it (DESIGN.md, rule 4).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from queue_processor.config import Settings
 
-__all__ = ["AwsClients", "call", "error_code", "is_no_active_action", "is_retryable"]
+__all__ = ["AwsClients", "call", "error_code", "is_no_active_action", "is_retryable", "observe_calls"]
 
 T = TypeVar("T")
 
@@ -74,10 +75,32 @@ def is_no_active_action(exc: BaseException) -> bool:
 ATTEMPTS = 5
 
 
+_observer: Callable[[str, str, str], None] | None = None
+
+
+def observe_calls(observer: Callable[[str, str, str], None] | None) -> None:
+    """Have every attempt of :func:`call` reported as ``observer(service, operation, result)``: service as
+    botocore names it (``sqs``), operation as the API does (``ReceiveMessage``), result ``ok``,
+    ``throttled`` or ``error`` (``queue_processor_aws_requests_total``). ``None`` stops the reports."""
+    global _observer
+    _observer = observer
+
+
+def _report(fn: Callable[..., Any], exc: BaseException | None) -> None:
+    if _observer is None:
+        return
+    client = getattr(fn, "__self__", None)
+    meta = getattr(client, "meta", None)
+    service = str(meta.service_model.service_name) if meta is not None else "unknown"
+    operation = meta.method_to_api_mapping.get(fn.__name__, fn.__name__) if meta is not None else fn.__name__
+    result = "ok" if exc is None else ("throttled" if error_code(exc) in THROTTLING else "error")
+    _observer(service, str(operation), result)
+
+
 async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
     """``await fn(**kwargs)``, retried with jittered exponential backoff (up to 0.2 s * 2^n, at most 5 s
     between attempts, :data:`ATTEMPTS` in all) while :func:`is_retryable`; raises the last error, or at once
-    a non-retryable one."""
+    a non-retryable one. Each attempt is reported to the :func:`observe_calls` observer."""
     async for attempt in AsyncRetrying(
         retry=retry_if_exception(is_retryable),
         wait=wait_random_exponential(multiplier=0.2, max=5),
@@ -85,7 +108,15 @@ async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
         reraise=True,
     ):
         with attempt:
-            return await fn(**kwargs)
+            try:
+                answer = await fn(**kwargs)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                _report(fn, exc)
+                raise
+            _report(fn, None)
+            return answer
     raise AssertionError("unreachable")  # pragma: no cover
 
 

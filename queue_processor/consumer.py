@@ -89,7 +89,7 @@ class Consumer:
         loops_per_queue: int = 2,
         wait_s: int = 20,
         hooks: ConsumerHooks | None = None,
-        on_answer: Callable[[], None] | None = None,
+        on_answer: Callable[[str], None] | None = None,
         poison_visibility_s: int = POISON_VISIBILITY_S,
         requeue_base_s: float = REQUEUE_BASE_S,
     ) -> None:
@@ -101,7 +101,7 @@ class Consumer:
         self.loops_per_queue = loops_per_queue
         self.wait_s = wait_s
         self.hooks = hooks or ConsumerHooks()
-        self.on_answer = on_answer or (lambda: None)
+        self.on_answer = on_answer or (lambda _queue_url: None)
         self.poison_visibility_s = poison_visibility_s
         self.requeue_base_s = requeue_base_s
         self._budget = asyncio.Semaphore(in_flight_budget)
@@ -193,7 +193,7 @@ class Consumer:
                 log.warning("receive failed", queue=queue_url, error=repr(exc))
                 await asyncio.sleep(1.0)
                 continue
-            self.on_answer()
+            self.on_answer(queue_url)
             messages = answer.get("Messages") or []
             for _ in range(room - len(messages)):
                 self._budget.release()
@@ -356,5 +356,5 @@ class Consumer:
                             self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
                         )
                     except Exception as exc:
-                        self.hooks.error("extend")
+                        self.hooks.error("visibility")
                         log.warning("visibility extension failed", error=repr(exc))

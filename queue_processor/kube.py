@@ -141,6 +141,8 @@ class KubeClient:
         self._urgent_pool = ThreadPoolExecutor(max_workers=URGENT_THREADS, thread_name_prefix="kube-urgent")
         self.answered_at = 0.0
         """``time.monotonic()`` of the last answer from the API server (for readiness)."""
+        self.unreachable_at = 0.0
+        """``time.monotonic()`` of the last request that got no answer (connection refused, timeout)."""
 
     def close(self) -> None:
         """Shut the thread pool down (waits for calls in progress) and close the connection pool."""
@@ -191,6 +193,8 @@ class KubeClient:
             self.on_request(verb, resource, status)
         if status:
             self.answered_at = time.monotonic()
+        else:
+            self.unreachable_at = time.monotonic()
         if status >= 400 or status == 0:
             raise _error(status, data)
         return json.loads(data) if data else None
@@ -217,6 +221,11 @@ class KubeClient:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode()
 
     # ------------------------------------------------------------------------------------------ nodes
+
+    def reachable(self) -> bool:
+        """Readiness: the API server answered the latest request that was made (or none was made yet). An
+        idle controller makes no request, and stays ready."""
+        return self.unreachable_at <= self.answered_at
 
     async def get_node(self, name: str) -> Obj | None:
         """The Node, or ``None`` when it does not exist."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -98,14 +99,21 @@ class Lifecycle:
 
     async def heartbeat(self, action: AsgLifecycleEvent, interval_s: float) -> None:
         """Send a heartbeat every ``interval_s`` seconds until cancelled, until :meth:`until_s` has passed, or
-        until AWS says the action is over. Other errors are counted and the next beat is tried."""
+        until AWS says the action is over; the first one ``interval_s`` after the action's ``time`` (at once
+        when that has passed). Other errors are counted and the next beat is tried."""
         deadline = self.clock() + self.until_s()
         params = action_params(action)
+        # The hook's timer runs from the action's start (or from a heartbeat this task cannot know of): the
+        # first beat comes ``interval_s`` after the action started, at once for an action older than that (a
+        # message redelivered after a failed attempt and its backoff, or one that waited in the queue).
+        age_s = (datetime.now(UTC) - action.time).total_seconds()
+        wait_s = min(interval_s, max(interval_s - age_s, 0.0))
         while True:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 return
-            await asyncio.sleep(min(interval_s, remaining))
+            await asyncio.sleep(min(wait_s, remaining))
+            wait_s = interval_s
             if self.clock() >= deadline:
                 return
             try:

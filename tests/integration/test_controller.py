@@ -142,6 +142,26 @@ async def test_asg_terminate_is_drained_then_completed_once(sandbox: Sandbox) ->
     assert sandbox.aws.action(action.token).result == "CONTINUE"
     assert running.evicted(node)
     assert sandbox.kube.last_eviction[node] <= completions[0].time  # drained, then completed
+    # What a dashboard shows: the AWS calls made, and that SQS answers (with or without messages).
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for metric in running.controller.metrics.registry.collect()
+        for sample in metric.samples
+    }
+    calls = {
+        labels: value
+        for (name, labels), value in samples.items()
+        if name == "queue_processor_aws_requests_total"
+    }
+    assert (
+        calls[(("operation", "CompleteLifecycleAction"), ("result", "ok"), ("service", "autoscaling"))] == 1
+    )
+    assert calls[(("operation", "ReceiveMessage"), ("result", "ok"), ("service", "sqs"))] >= 1
+    received_at = [
+        v for (name, _), v in samples.items() if name == "queue_processor_last_receive_timestamp_seconds"
+    ]
+    assert received_at
+    assert time.time() - max(received_at) < 30
 
 
 async def test_every_kind_for_the_same_instances_drains_once_and_completes_each_action_once(

@@ -175,3 +175,28 @@ async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None
         assert not consumer.alive()  # a dead loop is never alive
     finally:
         await consumer.shutdown()
+
+
+@pytest.mark.parametrize(("age_s", "beats_at_once"), [(600.0, True), (1.0, False)])
+async def test_an_old_action_gets_its_first_heartbeat_at_once(
+    monkeypatch: pytest.MonkeyPatch, age_s: float, beats_at_once: bool
+) -> None:
+    # A terminate action redelivered after a failed drain and its backoff has gone a whole interval without
+    # a heartbeat: waiting another interval could outlast the hook's HeartbeatTimeout.
+    from datetime import UTC, datetime, timedelta
+
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    beats: list[float] = []
+
+    class Recording(FakeAutoscaling):
+        async def record_lifecycle_action_heartbeat(self, **kwargs: Any) -> dict[str, Any]:
+            beats.append(time.monotonic())
+            return {}
+
+    action = ACTION.model_copy(update={"time": datetime.now(UTC) - timedelta(seconds=age_s)})
+    lifecycle = Lifecycle(Recording(300), load_settings())
+    task = asyncio.create_task(lifecycle.heartbeat(action, interval_s=30.0))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert bool(beats) is beats_at_once
