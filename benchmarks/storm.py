@@ -177,12 +177,15 @@ def main() -> None:
             timeline: list[str] = []
             deadline = started + 120 * args.scale * 5 + 60
             while time.perf_counter() < deadline:
-                time.sleep(0.5)
-                deleted = _total(_scrape(port), "queue_processor_messages_deleted_total")
+                time.sleep(0.25)
+                scraped = _scrape(port)
+                deleted = _total(scraped, "queue_processor_messages_deleted_total")
+                received = _total(scraped, "queue_processor_messages_received_total")
                 cordoned = sandbox.kube.count("nodes", lambda node: bool(node["spec"].get("unschedulable")))
                 timeline.append(
                     f"{time.perf_counter() - started:6.1f}s cordoned={cordoned} "
-                    f"evictions={len(sandbox.kube.evictions)} deleted={int(deleted)}"
+                    f"evictions={len(sandbox.kube.evictions)} deleted={int(deleted)} "
+                    f"node_gets={sandbox.kube.requests['get nodes']} received={int(received)}"
                 )
                 if deleted >= args.nodes:
                     break

@@ -259,8 +259,9 @@ class Settings(BaseSettings):
     # --- lifecycle actions
     heartbeat_interval: int = _field(
         -1,
-        "Seconds between RecordLifecycleActionHeartbeat calls while a terminate action is handled: -1 = half "
-        "the hook's HeartbeatTimeout, 0 = no heartbeats, else 30-3600.",
+        "Seconds between RecordLifecycleActionHeartbeat calls while a lifecycle action (terminate, or launch "
+        "waiting for its node) is handled: -1 = half the hook's HeartbeatTimeout, 0 = no heartbeats, else "
+        "30-3600.",
         nth="same name; NTH's -1 means no heartbeats, here it means automatic (0 turns them off)",
         unit="seconds",
     )

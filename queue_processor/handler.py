@@ -42,7 +42,7 @@ from queue_processor.drain.drainer import Drainer, DrainResult
 from queue_processor.events import EventKind, StateChangeEvent
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Lifecycle
-from queue_processor.nodes import InstanceResolver, NodeFinder, is_managed
+from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
 from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.webhook import Webhook
 
@@ -132,9 +132,11 @@ class Handler:
             self.on_step("handle", "error")
             return Outcome.RETRY
 
-    async def _node_of(
+    async def _instance_of(
         self, operation: NodeOperation, bound: Any
-    ) -> tuple[dict[str, Any] | None, Outcome | None]:
+    ) -> tuple[InstanceInfo | None, Outcome | None]:
+        """The instance as EC2 describes it, or the outcome when there is nothing to do (unknown to EC2, or
+        not managed by this cluster)."""
         info = await self.resolver.get(operation.instance_id)
         if info is None:
             bound.info("instance unknown to EC2: nothing to do")
@@ -148,26 +150,50 @@ class Handler:
         ):
             bound.info("instance not managed: ignored", managed_tag=settings.managed_tag)
             return None, Outcome.DONE
-        node = await self.finder.find(info)
-        return node, None
+        return info, None
+
+    async def _node_of(
+        self, operation: NodeOperation, bound: Any
+    ) -> tuple[dict[str, Any] | None, Outcome | None]:
+        info, outcome = await self._instance_of(operation, bound)
+        if info is None:
+            return None, outcome
+        return await self.finder.find(info), None
+
+    async def _no_node(self, operation: NodeOperation, bound: Any) -> Outcome:
+        """No Node for the instance: done when the instance is gone or DELETE_SQS_MSG_IF_NODE_NOT_FOUND says
+        so (its terminate actions completed), else retried."""
+        if await self._instance_gone(operation):
+            bound.info("instance terminated and its node gone: nothing to drain")
+            await self._complete_terminate_actions(operation, bound)
+            return Outcome.DONE
+        if self.settings.delete_sqs_msg_if_node_not_found:
+            bound.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
+            await self._complete_terminate_actions(operation, bound)
+            return Outcome.DONE
+        bound.info("no node for the instance: requeued")
+        return Outcome.RETRY
 
     async def _drain(self, operation: NodeOperation, bound: Any) -> Outcome:
         settings = self.settings
-        node, outcome = await self._node_of(operation, bound)
-        if outcome is not None:
-            return outcome
-        if node is None:
-            if await self._instance_gone(operation):
-                bound.info("instance terminated and its node gone: nothing to drain")
-                await self._complete_terminate_actions(operation, bound)
-                return Outcome.DONE
-            if settings.delete_sqs_msg_if_node_not_found:
-                bound.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
-                await self._complete_terminate_actions(operation, bound)
-                return Outcome.DONE
-            bound.info("no node for the instance: requeued")
-            return Outcome.RETRY
-        name = node["metadata"]["name"]
+        info, outcome = await self._instance_of(operation, bound)
+        if info is None:
+            return outcome or Outcome.DONE
+        # Cordon at once: when the node is named after the instance's private DNS name (the default on EC2)
+        # and nothing must happen between finding and cordoning it (no Lease to claim, not a dry run), the
+        # cordon patch itself finds it; a 404 falls back to the kubernetes.io/hostname lookup.
+        assumed = (
+            self.leases is None
+            and not settings.dry_run
+            and not settings.use_provider_id
+            and bool(info.private_dns_name)
+        )
+        name = info.private_dns_name if assumed else None
+        if name is None:
+            node = await self.finder.find(info)
+            if node is None:
+                return await self._no_node(operation, bound)
+            name = node["metadata"]["name"]
         bound = bound.bind(node=name)
         claim = await self.leases.claim(name) if self.leases is not None else None
         if self.leases is not None and claim is None:
@@ -178,8 +204,17 @@ class Handler:
             if settings.dry_run:
                 bound.info("dry run: would cordon and drain", cordon_only=settings.cordon_only)
                 return Outcome.DONE
-            await self._pre_drain(operation, name)
-            await self.drainer.cordon(name)
+            taints, labels = self._pre_drain(operation)
+            if not await self.drainer.cordon(name, taints=taints, labels=labels):
+                node = await self.finder.find(info) if assumed else None
+                if node is None or not await self.drainer.cordon(
+                    node["metadata"]["name"], taints=taints, labels=labels
+                ):
+                    return await self._no_node(operation, bound)
+                name = node["metadata"]["name"]
+                bound = bound.bind(node=name)
+            for _ in taints:
+                self.on_step("taint", "success")
             self.on_step("cordon", "success")
             self.on_timing("cordon", self.clock() - operation.started_at, {})
             bound.info("cordoned")
@@ -273,17 +308,19 @@ class Handler:
             await asyncio.sleep(1.0)
             await self._heartbeat_new(operation, tasks, started)
 
-    async def _pre_drain(self, operation: NodeOperation, node: str) -> None:
+    def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
+        """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:
+        the event ID), the exclude-from-load-balancers label when EXCLUDE_FROM_LOAD_BALANCERS."""
         settings = self.settings
+        taints: list[tuple[str, str, str]] = []
         if settings.taint_node:
             for kind in operation.kinds:
                 key = TAINT_KEYS.get(kind)
                 if key is not None:
                     event = next(e for e in operation.events if e.kind is kind)
-                    await self.drainer.taint(node, key, event.event_id, settings.taint_effect)
-                    self.on_step("taint", "success")
-        if settings.exclude_from_load_balancers:
-            await self.drainer.label(node, *EXCLUDE_FROM_LB_LABEL)
+                    taints.append((key, event.event_id, settings.taint_effect))
+        labels = dict([EXCLUDE_FROM_LB_LABEL]) if settings.exclude_from_load_balancers else {}
+        return taints, labels
 
     def _deadline(self, operation: NodeOperation) -> float:
         """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among

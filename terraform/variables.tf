@@ -169,7 +169,7 @@ variable "launch_hook_name" {
 }
 
 variable "launch_hook_heartbeat_timeout_seconds" {
-  description = "HeartbeatTimeout of the launch hook. The controller does not heartbeat launch actions, so this is the longest a new node may take to register and turn Ready; keep it at or above the controller's LAUNCH_READY_TIMEOUT_SEC (default 900)."
+  description = "HeartbeatTimeout of the launch hook. The controller heartbeats a launch action while it waits for the node (up to its LAUNCH_READY_TIMEOUT_SEC, default 900), so this must only outlast one heartbeat interval plus a requeue backoff; with the controller down, it is how long a new instance waits before the default result applies."
   type        = number
   default     = 900
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,9 +67,32 @@ class Drainer:
         self.clock = clock
         self.draining = 0
 
-    async def cordon(self, node: str) -> None:
-        """Mark the node unschedulable (``spec.unschedulable: true``); idempotent."""
-        await self.kube.patch_node(node, {"spec": {"unschedulable": True}})
+    async def cordon(
+        self,
+        node: str,
+        *,
+        taints: Sequence[tuple[str, str, str]] = (),
+        labels: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Mark the node unschedulable (``spec.unschedulable: true``) and, in the same strategic-merge patch,
+        add ``taints`` (``(key, value, effect)``; taints merge by key, others are kept) and ``labels``: one
+        request for PreDrain and cordon. Idempotent. ``False`` when the node does not exist (404); raises
+        :class:`KubeError` for other failures."""
+        spec: dict[str, Any] = {"unschedulable": True}
+        if taints:
+            spec["taints"] = [
+                {"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints
+            ]
+        patch: dict[str, Any] = {"spec": spec}
+        if labels:
+            patch["metadata"] = {"labels": dict(labels)}
+        try:
+            await self.kube.patch_node(node, patch)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def taint(self, node: str, key: str, value: str, effect: str) -> None:
         """Add (or update) a taint; strategic merge keys taints by ``key``, so others are kept."""

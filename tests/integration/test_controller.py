@@ -349,3 +349,48 @@ async def test_with_node_leases_the_node_is_drained_and_its_lease_released(sandb
     assert lease is not None
     assert not lease["spec"].get("holderIdentity")  # released after the drain
     assert running.evicted(node)
+
+
+@pytest.mark.parametrize("delete_if_not_found", [True, False])
+async def test_a_terminate_action_for_an_instance_without_a_node(
+    sandbox: Sandbox, delete_if_not_found: bool
+) -> None:
+    # The instance runs but no Node exists for it (never joined, or deleted by hand). With
+    # DELETE_SQS_MSG_IF_NODE_NOT_FOUND the message is acknowledged and the action completed (nothing to
+    # drain); without it the message is retried, the action left open, and nothing else touched.
+    instance_id, node = node_of(sandbox, 3)
+    sandbox.kube.delete_node(node)
+    async with controller(
+        sandbox, delete_sqs_msg_if_node_not_found=delete_if_not_found, requeue_backoff_base_sec=0.5
+    ) as running:
+        (action,) = sandbox.aws.terminate_instance(instance_id)
+        if delete_if_not_found:
+            await until(lambda: sandbox.aws.action(action.token).status != "open", what="completion")
+            await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+        else:
+            await until(lambda: requeued(running) >= 2, what="retried")
+    completions = [c for c in sandbox.aws.calls(instance_id) if c.operation == "CompleteLifecycleAction"]
+    if delete_if_not_found:
+        assert [(c.result, c.ok) for c in completions] == [("CONTINUE", True)]
+    else:
+        assert completions == []
+        assert sandbox.aws.action(action.token).status == "open"
+    assert not running.evicted()
+
+
+async def test_a_node_named_otherwise_is_found_by_its_hostname_label(sandbox: Sandbox) -> None:
+    # Clusters that name nodes differently keep the instance's private DNS name in kubernetes.io/hostname:
+    # the cordon by name misses (404), the label lookup finds the node, and it is drained.
+    instance_id, node = node_of(sandbox, 4)
+    sandbox.kube.delete_node(node)
+    sandbox.kube.add_node("worker-renamed", labels={"kubernetes.io/hostname": node})
+    sandbox.kube.wait_for_nodes(["worker-renamed"])
+    sandbox.kube.add_replicaset("apps", "renamed", nodes=["worker-renamed"], replicas=2, labels={"app": "r"})
+    async with controller(sandbox) as running:
+        sandbox.aws.spot_interruption(instance_id)
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert unschedulable(sandbox, "worker-renamed")
+    assert {p["metadata"]["name"] for p in running.evicted("worker-renamed")} >= {
+        "renamed-00000",
+        "renamed-00001",
+    }
