@@ -11,7 +11,8 @@ Measured in the same run:
 - ``floor_seconds``: receive + delete of N messages from the same moto queue, with no processing;
 - ``seconds_total``: from publishing the N warnings to every message settled (queue empty);
 - ``p99_receive_to_cordon_s``: 99th percentile of receive → cordon, from the controller's
-  ``queue_processor_event_to_cordon_seconds`` histogram (the upper bound of the bucket holding the 99th);
+  ``queue_processor_event_to_cordon_seconds`` histogram (interpolated inside its bucket, as PromQL's
+  ``histogram_quantile``);
 - ``all_drained_within_notice``: every node's drain completed before its notice ended (the controller only
   counts a drain as a success when it does);
 - ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node;
@@ -89,11 +90,19 @@ def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
+    """The 99th percentile of a Prometheus histogram, interpolated linearly inside its bucket (what PromQL's
+    ``histogram_quantile(0.99, ...)`` returns)."""
     ordered = sorted(((float(labels["le"]), count) for labels, count in buckets), key=lambda pair: pair[0])
-    total = ordered[-1][1]
+    if not ordered or not ordered[-1][1]:
+        return float("nan")
+    rank = 0.99 * ordered[-1][1]
+    lower, below = 0.0, 0.0
     for bound, count in ordered:
-        if total and count >= 0.99 * total:
-            return bound
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return round(lower + (bound - lower) * (rank - below) / max(count - below, 1e-9), 3)
+        lower, below = bound, count
     return float("inf")
 
 

@@ -2,8 +2,9 @@
 else the embedded sandbox's API server. AWS is always the sandbox (moto over HTTP).
 
 On a real cluster the tests touch only what they create: a namespace ``qp-it-<hex>`` and one fake Node per
-test (``qp-it-<hex>.ec2.internal``, labelled ``queue-processor.test/run``, marked Ready through its status
-subresource; no kubelet runs it). A ReplicaSet and a DaemonSet pinned to that node by a node selector get
+test (named as the sandbox instance's private DNS name, labelled ``queue-processor.test/run``, tainted
+``queue-processor.test/fake-node:NoSchedule`` so that no other workload lands on it, marked Ready through its
+status subresource; no kubelet runs it). A ReplicaSet and a DaemonSet pinned to that node by a node selector get
 their pods bound to it by the cluster's own scheduler and controllers; those pods never start (there is no
 kubelet), which is why the controller runs with ``POD_TERMINATION_GRACE_PERIOD=0``: an eviction with a grace
 period of 0 deletes the pod at once instead of waiting for a kubelet. Everything is deleted at the end (the
@@ -42,6 +43,8 @@ from queue_processor.sandbox.kube import KubeSandbox
 
 REAL = bool(os.environ.get("KUBECONFIG"))
 RUN_LABEL = "queue-processor.test/run"
+FAKE_NODE_TAINT = {"key": "queue-processor.test/fake-node", "value": "true", "effect": "NoSchedule"}
+TOLERATION = {"key": FAKE_NODE_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
 
 
 @dataclass
@@ -72,9 +75,10 @@ class Target:
             self.sandbox.wait_for_nodes([name])
         else:
             labels["kubernetes.io/hostname"] = name
+            # Tainted, so that no workload of the cluster is ever scheduled onto a node no kubelet runs.
             body = {
                 "metadata": {"name": name, "labels": labels},
-                "spec": {"providerID": instance.provider_id},
+                "spec": {"providerID": instance.provider_id, "taints": [FAKE_NODE_TAINT]},
             }
             self.core.create_node(body)
             capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
@@ -133,7 +137,11 @@ class Target:
         agent = {"app": "agent"}
         ds_template = {
             "metadata": {"labels": agent},
-            "spec": {"nodeSelector": {RUN_LABEL: self.run}, "containers": [container]},
+            "spec": {
+                "nodeSelector": {RUN_LABEL: self.run},
+                "tolerations": [TOLERATION],
+                "containers": [container],
+            },
         }
         try:
             k8s.AppsV1Api(self.api).create_namespaced_daemon_set(
