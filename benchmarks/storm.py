@@ -188,7 +188,13 @@ def main() -> None:
             while time.perf_counter() < deadline:
                 time.sleep(0.25)
                 scraped = _scrape(port)
-                deleted = _total(scraped, "queue_processor_messages_deleted_total")
+                # Spot warnings only: when a notice ends the instance is terminated and the state changes
+                # that follow are more messages, handled too, but not part of the storm being timed.
+                deleted = sum(
+                    value
+                    for labels, value in scraped.get("queue_processor_messages_deleted_total", [])
+                    if labels.get("kind") == "spot-interruption"
+                )
                 received = _total(scraped, "queue_processor_messages_received_total")
                 cordoned = sandbox.kube.count("nodes", lambda node: bool(node["spec"].get("unschedulable")))
                 timeline.append(
@@ -204,8 +210,15 @@ def main() -> None:
                     f"published {args.nodes} warnings in {published:.2f} s; controller ready after {ready:.2f} s"
                 )
                 print("\n".join(timeline[:: max(1, len(timeline) // 40)]))
-            metrics = _scrape(port)
             kube_requests = sum(sandbox.kube.requests.values()) - kube_before
+            # The messages that followed (state changes of terminated instances) settle too: then count what
+            # is left (tasks, messages), up to 60 s.
+            settle_until = time.perf_counter() + 60
+            while time.perf_counter() < settle_until and (
+                _depth(sandbox) or _total(_scrape(port), "queue_processor_in_flight_operations")
+            ):
+                time.sleep(1.0)
+            metrics = _scrape(port)
             drained = sum(
                 value
                 for labels, value in metrics.get("actions_total", [])

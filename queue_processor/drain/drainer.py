@@ -15,7 +15,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
@@ -117,22 +117,23 @@ class Drainer:
     async def _drain(self, node: str, deadline: float) -> DrainResult:
         pods = await self.kube.pods_on_node(node, cached=self.use_cache)
         plan = plan_drain(pods, self.options)
-        result = DrainResult(completed=False, skipped=list(plan.skipped))
+        # Keep names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once.
+        result = DrainResult(completed=False, skipped=[replace(d, pod={}) for d in plan.skipped])
         if plan.errors:
             names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in plan.errors)
             result.reason = f"cannot drain: {names}"
             return result
-        outcomes = await asyncio.gather(*(self._evict(pod, deadline) for pod in plan.evict))
-        for pod, outcome in zip(plan.evict, outcomes, strict=True):
+        to_evict = [pod_key(pod) for pod in plan.evict]
+        waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
+        del pods, plan
+        outcomes = await asyncio.gather(*(self._evict(key, deadline) for key in to_evict))
+        for (namespace, name), outcome in zip(to_evict, outcomes, strict=True):
             if outcome == "evicted":
                 result.evicted += 1
             elif outcome == "blocked":
                 result.blocked += 1
             elif outcome != "gone":
-                result.failed.append(
-                    f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}: {outcome}"
-                )
-        waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
+                result.failed.append(f"{namespace}/{name}: {outcome}")
         result.remaining = await self._wait_gone(node, waiting, deadline)
         if result.blocked or result.failed:
             result.reason = (
@@ -144,8 +145,8 @@ class Drainer:
             result.completed = True
         return result
 
-    async def _evict(self, pod: dict[str, Any], deadline: float) -> str:
-        namespace, name = pod_key(pod)
+    async def _evict(self, key: tuple[str, str], deadline: float) -> str:
+        namespace, name = key
         delay = EVICTION_RETRY_S[0]
         grace = None if self.grace_s < 0 else self.grace_s
         while True:
