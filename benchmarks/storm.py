@@ -204,6 +204,9 @@ def main() -> None:
                 )
                 if deleted >= args.nodes:
                     break
+                busy = _total(scraped, "queue_processor_in_flight_operations")
+                if len(timeline) % 8 == 0 and not busy and not _depth(sandbox):
+                    break  # every message settled, some of them otherwise (instance gone before drained)
             seconds = time.perf_counter() - started
             if args.timeline:
                 print(

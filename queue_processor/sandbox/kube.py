@@ -57,6 +57,7 @@ from queue_processor.sandbox.kube_logic import (
     parse_field_selector,
     parse_label_selector,
     pdb_status,
+    pdb_status_of,
     selector_matches,
     strategic_merge_patch,
 )
@@ -148,6 +149,11 @@ class KubeSandbox:
         # a pod it selects (or a ReplicaSet) changes, so a storm of refused evictions stays cheap.
         self._label_generation: dict[tuple[str, str, str], int] = {}
         self._replicaset_writes = 0
+        self._active_by_owner: dict[str, set[Key]] = {}  # controller uid -> its pods not being deleted
+        # Per label (namespace, key, value): ready pods, and pods not being deleted by controller reference
+        # (kind, name, uid; None for none): a one-label PodDisruptionBudget's status without a scan.
+        self._label_ready: dict[tuple[str, str, str], int] = {}
+        self._label_owners: dict[tuple[str, str, str], dict[tuple[str, str, str] | None, int]] = {}
         self._node_writes = 0
         self._schedulable: tuple[int, list[str]] = (-1, [])
         self._pdb_cache: dict[Key, tuple[tuple[Any, ...], Obj]] = {}
@@ -570,6 +576,32 @@ class KubeSandbox:
         return obj
 
     def _index_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        for pod, step in ((old, -1), (new, 1)):
+            if pod is None:
+                continue
+            ready = is_ready(pod)
+            terminating = is_terminating(pod)
+            reference = owner(pod)
+            by = (reference["kind"], reference["name"], reference["uid"]) if reference else None
+            for label in (pod["metadata"].get("labels") or {}).items():
+                index = (key[0], *label)
+                if ready:
+                    self._label_ready[index] = self._label_ready.get(index, 0) + step
+                if not terminating:
+                    owners = self._label_owners.setdefault(index, {})
+                    owners[by] = owners.get(by, 0) + step
+                    if not owners[by]:
+                        del owners[by]
+        for pod, add in ((old, False), (new, True)):
+            if pod is None or is_terminating(pod):
+                continue
+            uid = (owner(pod) or {}).get("uid")
+            if uid:
+                members = self._active_by_owner.setdefault(uid, set())
+                if add:
+                    members.add(key)
+                else:
+                    members.discard(key)
         # Unscheduled pods are indexed under "" (the scheduler's queue).
         old_node = (old.get("spec") or {}).get("nodeName") or "" if old else None
         new_node = (new.get("spec") or {}).get("nodeName") or "" if new else None
@@ -711,12 +743,8 @@ class KubeSandbox:
         rs = self._objects["replicasets"].get((namespace, reference["name"]))
         if rs is None:
             return
-        active = [
-            p
-            for p in self._select_pods(namespace, rs["spec"].get("selector"))
-            if (owner(p) or {}).get("uid") == rs["metadata"]["uid"] and not is_terminating(p)
-        ]
-        for _ in range(int(rs["spec"].get("replicas", 0)) - len(active)):
+        active = len(self._active_by_owner.get(rs["metadata"]["uid"], ()))
+        for _ in range(int(rs["spec"].get("replicas", 0)) - active):
             template = {
                 "labels": rs["spec"]["selector"]["matchLabels"],
                 "spec": self._pod_template({}, int(pod["spec"].get("terminationGracePeriodSeconds", 30)))[
@@ -1033,10 +1061,23 @@ class KubeSandbox:
             cached = self._pdb_cache.get((namespace, pdb["metadata"]["name"]))
             if cached is not None and cached[0] == stamp:
                 return cached[1]
-        pods = self._select_pods(namespace, selector)
-        status = pdb_status(
-            pdb, pods, self._expected_pods([p for p in pods if not is_terminating(p)] or pods)
-        )
+        labels = selector.get("matchLabels") or {}
+        index = (namespace, *next(iter(labels.items()))) if len(labels) == 1 else None
+        owners = self._label_owners.get(index, {}) if index is not None else {}
+        if index is not None and owners and not selector.get("matchExpressions"):
+            expected = 0
+            for by, count in owners.items():
+                rs = (
+                    self._objects["replicasets"].get((namespace, by[1]))
+                    if by and by[0] == "ReplicaSet"
+                    else None
+                )
+                expected += int(rs["spec"].get("replicas", 0)) if rs is not None else count
+            status = pdb_status_of(pdb, self._label_ready.get(index, 0), expected)
+        else:
+            pods = self._select_pods(namespace, selector)
+            live = [p for p in pods if not is_terminating(p)]
+            status = pdb_status(pdb, pods, self._expected_pods(live or pods))
         if stamp is not None:
             self._pdb_cache[(namespace, pdb["metadata"]["name"])] = (stamp, status)
         return status

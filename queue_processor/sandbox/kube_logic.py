@@ -345,7 +345,12 @@ def pdb_status(pdb: Obj, pods: list[Obj], expected: int) -> Obj:
     selected = [
         pod for pod in pods if selector_matches(spec.get("selector"), pod["metadata"].get("labels") or {})
     ]
-    healthy = sum(1 for pod in selected if is_ready(pod))
+    return pdb_status_of(pdb, sum(1 for pod in selected if is_ready(pod)), expected)
+
+
+def pdb_status_of(pdb: Obj, healthy: int, expected: int) -> Obj:
+    """:func:`pdb_status` from the counts: ``healthy`` selected pods that are ready, ``expected`` pods."""
+    spec = pdb.get("spec") or {}
     if "maxUnavailable" in spec and spec["maxUnavailable"] is not None:
         desired = max(0, expected - _scaled(spec["maxUnavailable"], expected, round_up=True))
     elif spec.get("minAvailable") is not None:

@@ -406,3 +406,34 @@ def test_kubeconfig_points_at_the_server(kube: KubeSandbox, tmp_path: Path) -> N
     loaded = client.Configuration()
     config.load_kube_config(config_file=str(path), client_configuration=loaded)
     assert loaded.host == kube.url
+
+
+def test_pdb_status_kept_by_counters_equals_a_full_scan(kube: KubeSandbox, v1: client.CoreV1Api) -> None:
+    # The sandbox keeps a one-label budget's status with counters updated on every pod change (a storm of
+    # evictions would otherwise scan every pod of the app each time); it must say what a scan says.
+    from queue_processor.sandbox.kube_logic import is_terminating, pdb_status
+
+    hosts = nodes(kube, 3)
+    namespace = unique("pdb")
+    app = {"app": unique("web")}
+    kube.add_replicaset(namespace, app["app"], nodes=hosts, replicas=6, labels=app, grace_s=30)
+    kube.add_pod(namespace, unique("bare"), node=hosts[0], labels=app)  # unreplicated: counts as itself
+    kube.add_pdb(namespace, app["app"], match_labels=app, max_unavailable=2)
+    pdb_key = (namespace, app["app"])
+
+    def both() -> tuple[dict, dict]:  # type: ignore[type-arg]
+        with kube.lock:
+            pdb = kube._objects["poddisruptionbudgets"][pdb_key]
+            fast = kube._pdb_status(pdb)
+            pods = kube._select_pods(namespace, pdb["spec"]["selector"])
+            live = [p for p in pods if not is_terminating(p)]
+            return fast, pdb_status(pdb, pods, kube._expected_pods(live or pods))
+
+    fast, scanned = both()
+    assert fast == scanned
+    assert fast["expectedPods"] == 7
+    for name in [f"{app['app']}-00000", f"{app['app']}-00001"]:
+        evict(v1, namespace, name)  # terminating for 30 s, replacements scheduled
+        fast, scanned = both()
+        assert fast == scanned
+    assert fast["disruptionsAllowed"] == 0
