@@ -78,6 +78,7 @@ from moto.autoscaling.responses import AutoScalingResponse
 from moto.backends import get_backend
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.core.responses import ActionResult, EmptyResult
+from moto.ec2.models import elastic_network_interfaces as eni_models
 from moto.moto_api._internal.models import moto_api_backend
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -538,6 +539,21 @@ _METHODS: dict[str, Callable[[Any], Any]] = {
     "describe_lifecycle_hooks": _describe_lifecycle_hooks,
 }
 _ORIGINAL_DESCRIBE_HOOKS = AutoScalingResponse.describe_lifecycle_hooks
+_ISSUED_IPS: set[str] = set()
+_ORIGINAL_RANDOM_IP = getattr(eni_models, "random_private_ip")  # noqa: B009 - not re-exported by moto
+
+
+def _unique_private_ip(cidr: str | None = None, ipv6: bool = False) -> str:
+    """moto's random private IP, never one it gave before in this sandbox: AWS never gives two instances of
+    a VPC the same address, and a repeated one would give two instances one node name (with 1,250
+    instances in a /16, moto's plain draw repeats about once in twenty clusters)."""
+    while True:
+        address = str(_ORIGINAL_RANDOM_IP(cidr, ipv6))
+        if ipv6 or address not in _ISSUED_IPS:
+            _ISSUED_IPS.add(address)
+            return address
+
+
 _RETENTION_CHECK = "is_message_valid_based_on_retention_period"
 _ORIGINAL_RETENTION_CHECK = getattr(SQSBackend, _RETENTION_CHECK)
 
@@ -562,6 +578,8 @@ def _install(sandbox: AwsSandbox) -> None:
         for name, method in _METHODS.items():
             setattr(AutoScalingResponse, name, method)
         setattr(SQSBackend, _RETENTION_CHECK, _retention_check)
+        _ISSUED_IPS.clear()
+        setattr(eni_models, "random_private_ip", _unique_private_ip)  # noqa: B010 - not re-exported by moto
 
 
 def _uninstall(sandbox: AwsSandbox) -> None:
@@ -574,6 +592,7 @@ def _uninstall(sandbox: AwsSandbox) -> None:
         setattr(AutoScalingResponse, _PUT_HOOK, _ORIGINAL_PUT_HOOK)
         setattr(AutoScalingResponse, _DESCRIBE_HOOKS, _ORIGINAL_DESCRIBE_HOOKS)
         setattr(SQSBackend, _RETENTION_CHECK, _ORIGINAL_RETENTION_CHECK)
+        setattr(eni_models, "random_private_ip", _ORIGINAL_RANDOM_IP)  # noqa: B010 - not re-exported by moto
         _ORIGINAL_PUT_HOOK = None
         _ACTIVE = None
 
