@@ -79,6 +79,7 @@ from moto.backends import get_backend
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.models import elastic_network_interfaces as eni_models
+from moto.ec2.models import instances as instance_models
 from moto.moto_api._internal.models import moto_api_backend
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -540,6 +541,8 @@ _METHODS: dict[str, Callable[[Any], Any]] = {
 }
 _ORIGINAL_DESCRIBE_HOOKS = AutoScalingResponse.describe_lifecycle_hooks
 _ISSUED_IPS: set[str] = set()
+#: The moto modules that draw instance and interface addresses (each imported the function by name).
+_IP_MODULES = (eni_models, instance_models)
 _ORIGINAL_RANDOM_IP = getattr(eni_models, "random_private_ip")  # noqa: B009 - not re-exported by moto
 
 
@@ -579,7 +582,8 @@ def _install(sandbox: AwsSandbox) -> None:
             setattr(AutoScalingResponse, name, method)
         setattr(SQSBackend, _RETENTION_CHECK, _retention_check)
         _ISSUED_IPS.clear()
-        setattr(eni_models, "random_private_ip", _unique_private_ip)  # noqa: B010 - not re-exported by moto
+        for module in _IP_MODULES:
+            setattr(module, "random_private_ip", _unique_private_ip)  # noqa: B010 - not re-exported by moto
 
 
 def _uninstall(sandbox: AwsSandbox) -> None:
@@ -592,7 +596,8 @@ def _uninstall(sandbox: AwsSandbox) -> None:
         setattr(AutoScalingResponse, _PUT_HOOK, _ORIGINAL_PUT_HOOK)
         setattr(AutoScalingResponse, _DESCRIBE_HOOKS, _ORIGINAL_DESCRIBE_HOOKS)
         setattr(SQSBackend, _RETENTION_CHECK, _ORIGINAL_RETENTION_CHECK)
-        setattr(eni_models, "random_private_ip", _ORIGINAL_RANDOM_IP)  # noqa: B010 - not re-exported by moto
+        for module in _IP_MODULES:
+            setattr(module, "random_private_ip", _ORIGINAL_RANDOM_IP)  # noqa: B010 - not re-exported by moto
         _ORIGINAL_PUT_HOOK = None
         _ACTIVE = None
 
