@@ -62,10 +62,17 @@ Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
 
 class InstanceResolver:
     """Batched, cached DescribeInstances. ``describe(ids)`` performs one call for a list of IDs and returns
-    EC2's instance dicts (``Reservations[].Instances[]`` flattened). Times in seconds."""
+    EC2's instance dicts (``Reservations[].Instances[]`` flattened). IDs asked within ``window_s`` go in one
+    call of at most ``max_batch``; at most ``concurrency`` calls run at once. Times in seconds."""
 
     def __init__(
-        self, describe: Describe, *, window_s: float = 0.02, ttl_s: float = 60.0, max_batch: int = 200
+        self,
+        describe: Describe,
+        *,
+        window_s: float = 0.02,
+        ttl_s: float = 60.0,
+        max_batch: int = 200,
+        concurrency: int = 4,
     ) -> None:
         self._describe = describe
         self.window_s = window_s
@@ -74,6 +81,10 @@ class InstanceResolver:
         self._cache: dict[str, tuple[float, InstanceInfo | None]] = {}
         self._waiting: dict[str, list[asyncio.Future[InstanceInfo | None]]] = {}
         self._flush: asyncio.Task[None] | None = None
+        # Up to ``concurrency`` calls at once: IDs that arrive while a call is answered go out in the next
+        # batch without waiting for it (during a storm a call may take a few hundred ms).
+        self._slots = asyncio.Semaphore(concurrency)
+        self._in_flight: set[asyncio.Task[None]] = set()
         self.calls = 0
         """DescribeInstances calls made (tests and benchmarks read it)."""
 
@@ -90,18 +101,29 @@ class InstanceResolver:
         return await future
 
     async def close(self) -> None:
-        """Cancel a pending batch (its waiters get ``CancelledError``)."""
-        if self._flush is not None:
-            self._flush.cancel()
-            await asyncio.gather(self._flush, return_exceptions=True)
+        """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""
+        tasks = [task for task in (self._flush, *self._in_flight) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run_batch(self) -> None:
         await asyncio.sleep(self.window_s)
         while self._waiting:
+            await self._slots.acquire()
             ids = list(self._waiting)[: self.max_batch]
+            if not ids:
+                self._slots.release()
+                return
             waiters = {instance_id: self._waiting.pop(instance_id) for instance_id in ids}
+            task = asyncio.create_task(self._call(waiters), name="describe-instances-call")
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+    async def _call(self, waiters: dict[str, list[asyncio.Future[InstanceInfo | None]]]) -> None:
+        try:
             try:
-                found = {info.instance_id: info for info in map(_info, await self._describe(ids))}
+                found = {info.instance_id: info for info in map(_info, await self._describe(list(waiters)))}
             except BaseException as exc:
                 for futures in waiters.values():
                     for future in futures:
@@ -111,7 +133,7 @@ class InstanceResolver:
                             )
                 if not isinstance(exc, Exception):
                     raise
-                continue
+                return
             self.calls += 1
             expiry = time.monotonic() + self.ttl_s
             for instance_id, futures in waiters.items():
@@ -120,6 +142,8 @@ class InstanceResolver:
                 for future in futures:
                     if not future.done():
                         future.set_result(info)
+        finally:
+            self._slots.release()
 
 
 def _info(instance: dict[str, Any]) -> InstanceInfo:

@@ -200,3 +200,27 @@ async def test_an_old_action_gets_its_first_heartbeat_at_once(
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert bool(beats) is beats_at_once
+
+
+async def test_a_batch_does_not_wait_for_the_call_before_it() -> None:
+    # During a storm a DescribeInstances call may take a few hundred ms; instances asked meanwhile go out in
+    # their own call at once (up to `concurrency` calls), not after it.
+    release = asyncio.Event()
+    calls: list[list[str]] = []
+
+    async def describe(ids: list[str]) -> list[dict[str, Any]]:
+        calls.append(sorted(ids))
+        if ids == ["i-slow"]:
+            await release.wait()
+        return [{"InstanceId": i, "PrivateDnsName": f"{i}.internal"} for i in ids]
+
+    resolver = InstanceResolver(describe, window_s=0.01, concurrency=2)
+    slow = asyncio.create_task(resolver.get("i-slow"))
+    await asyncio.sleep(0.05)  # its call is under way
+    quick = await asyncio.wait_for(resolver.get("i-quick"), 1.0)
+    assert quick is not None
+    assert not slow.done()
+    release.set()
+    assert (await slow) is not None
+    assert calls == [["i-slow"], ["i-quick"]]
+    await resolver.close()
