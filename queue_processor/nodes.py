@@ -72,7 +72,7 @@ class InstanceResolver:
         window_s: float = 0.02,
         ttl_s: float = 60.0,
         max_batch: int = 200,
-        concurrency: int = 4,
+        concurrency: int = 1,
     ) -> None:
         self._describe = describe
         self.window_s = window_s
@@ -81,8 +81,9 @@ class InstanceResolver:
         self._cache: dict[str, tuple[float, InstanceInfo | None]] = {}
         self._waiting: dict[str, list[asyncio.Future[InstanceInfo | None]]] = {}
         self._flush: asyncio.Task[None] | None = None
-        # Up to ``concurrency`` calls at once: IDs that arrive while a call is answered go out in the next
-        # batch without waiting for it (during a storm a call may take a few hundred ms).
+        # Up to ``concurrency`` calls at once (IDs that arrive while a call is answered then go out without
+        # waiting for it). 1 by default: in the 1,000-node storm, 4 made p99 receive->cordon worse (4.9 s
+        # against 2.5-3.1 s), smaller batches costing more per instance against a serialized endpoint.
         self._slots = asyncio.Semaphore(concurrency)
         self._in_flight: set[asyncio.Task[None]] = set()
         self.calls = 0
