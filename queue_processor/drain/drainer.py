@@ -100,10 +100,6 @@ class Drainer:
             node, {"spec": {"taints": [{"key": key, "value": value[:63], "effect": effect}]}}
         )
 
-    async def label(self, node: str, key: str, value: str) -> None:
-        """Set a label on the node."""
-        await self.kube.patch_node(node, {"metadata": {"labels": {key: value}}})
-
     async def drain(self, node: str, deadline: float) -> DrainResult:
         """Evict the node's pods and wait until they are gone, or until ``deadline`` (a ``clock`` reading).
         Waits for a drain-budget slot first. Raises :class:`KubeError` when the pods cannot be listed."""

@@ -145,18 +145,13 @@ class KubeSandbox:
         # (namespace, label, value) → pods: PodDisruptionBudgets and ReplicaSets select through it, so an
         # eviction costs the size of its selection, not of the cluster.
         self._pods_by_label: dict[tuple[str, str, str], set[Key]] = {}
-        # Bumped on every change of a pod carrying the label: a PodDisruptionBudget's status is cached until
-        # a pod it selects (or a ReplicaSet) changes, so a storm of refused evictions stays cheap.
-        self._label_generation: dict[tuple[str, str, str], int] = {}
-        self._replicaset_writes = 0
         self._active_by_owner: dict[str, set[Key]] = {}  # controller uid -> its pods not being deleted
         # Per label (namespace, key, value): ready pods, and pods not being deleted by controller reference
         # (kind, name, uid; None for none): a one-label PodDisruptionBudget's status without a scan.
         self._label_ready: dict[tuple[str, str, str], int] = {}
         self._label_owners: dict[tuple[str, str, str], dict[tuple[str, str, str] | None, int]] = {}
-        self._node_writes = 0
+        self._writes: Counter[str] = Counter()  # stores and removals by resource, to know when to recompute
         self._schedulable: tuple[int, list[str]] = (-1, [])
-        self._pdb_cache: dict[Key, tuple[tuple[Any, ...], Obj]] = {}
         self._rv = 0
         self._snapshot: dict[str, dict[Key, Obj]] = {}
         self._snapshot_by_node: dict[str, list[Key]] = {}
@@ -538,12 +533,7 @@ class KubeSandbox:
         metadata["generation"] = 1
         metadata["resourceVersion"] = self._next_rv()
         self._objects[plural][key] = obj
-        if plural == "pods":
-            self._index_pod(key, None, obj)
-        elif plural == "replicasets":
-            self._replicaset_writes += 1
-        elif plural == "nodes":
-            self._node_writes += 1
+        self._stored(plural, key, None, obj)
         return obj
 
     def _replace(self, plural: str, key: Key, obj: Obj) -> Obj:
@@ -554,26 +544,23 @@ class KubeSandbox:
         if obj.get("spec") != old.get("spec"):
             obj["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         self._objects[plural][key] = obj
-        if plural == "pods":
-            self._index_pod(key, old, obj)
-        elif plural == "replicasets":
-            self._replicaset_writes += 1
-        elif plural == "nodes":
-            self._node_writes += 1
+        self._stored(plural, key, old, obj)
         return obj
 
     def _remove(self, plural: str, key: Key) -> Obj | None:
         obj = self._objects[plural].pop(key, None)
         if obj is not None:
             self._rv += 1
+            self._stored(plural, key, obj, None)
             if plural == "pods":
-                self._index_pod(key, obj, None)
                 self._after_pod_gone(obj)
-            elif plural == "replicasets":
-                self._replicaset_writes += 1
-            elif plural == "nodes":
-                self._node_writes += 1
         return obj
+
+    def _stored(self, plural: str, key: Key, old: Obj | None, new: Obj | None) -> None:
+        """Bookkeeping after an object was stored, replaced (both given) or removed (``new`` None)."""
+        self._writes[plural] += 1
+        if plural == "pods":
+            self._index_pod(key, old, new)
 
     def _index_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         for pod, step in ((old, -1), (new, 1)):
@@ -611,9 +598,6 @@ class KubeSandbox:
             self._pods_by_node.setdefault(new_node, set()).add(key)
         old_labels = (old["metadata"].get("labels") or {}) if old else {}
         new_labels = (new["metadata"].get("labels") or {}) if new else {}
-        for label in {*old_labels.items(), *new_labels.items()}:
-            index = (key[0], *label)
-            self._label_generation[index] = self._label_generation.get(index, 0) + 1
         if old_labels != new_labels:
             for label, value in old_labels.items():
                 self._pods_by_label.get((key[0], label, value), set()).discard(key)
@@ -765,7 +749,7 @@ class KubeSandbox:
 
     def _schedulable_nodes(self) -> list[str]:
         """Names of the Ready, schedulable, untainted nodes (recomputed only after a node changed)."""
-        if self._schedulable[0] == self._node_writes:
+        if self._schedulable[0] == self._writes["nodes"]:
             return self._schedulable[1]
         nodes = []
         for node in self._objects["nodes"].values():
@@ -778,7 +762,7 @@ class KubeSandbox:
                 c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
             ):
                 nodes.append(node["metadata"]["name"])
-        self._schedulable = (self._node_writes, nodes)
+        self._schedulable = (self._writes["nodes"], nodes)
         return nodes
 
     def _schedule_pending(self) -> None:
@@ -1048,23 +1032,11 @@ class KubeSandbox:
     def _pdb_status(self, pdb: Obj) -> Obj:
         namespace = pdb["metadata"]["namespace"]
         selector = (pdb.get("spec") or {}).get("selector") or {}
-        stamp: tuple[Any, ...] | None = None
-        if selector.get("matchLabels") and not selector.get("matchExpressions"):
-            stamp = (
-                pdb["metadata"].get("resourceVersion"),
-                self._replicaset_writes,
-                *(
-                    self._label_generation.get((namespace, *label), 0)
-                    for label in selector["matchLabels"].items()
-                ),
-            )
-            cached = self._pdb_cache.get((namespace, pdb["metadata"]["name"]))
-            if cached is not None and cached[0] == stamp:
-                return cached[1]
         labels = selector.get("matchLabels") or {}
         index = (namespace, *next(iter(labels.items()))) if len(labels) == 1 else None
         owners = self._label_owners.get(index, {}) if index is not None else {}
         if index is not None and owners and not selector.get("matchExpressions"):
+            # One-label budget (the common case): from the counters kept by _index_pod, no scan.
             expected = 0
             for by, count in owners.items():
                 rs = (
@@ -1073,14 +1045,10 @@ class KubeSandbox:
                     else None
                 )
                 expected += int(rs["spec"].get("replicas", 0)) if rs is not None else count
-            status = pdb_status_of(pdb, self._label_ready.get(index, 0), expected)
-        else:
-            pods = self._select_pods(namespace, selector)
-            live = [p for p in pods if not is_terminating(p)]
-            status = pdb_status(pdb, pods, self._expected_pods(live or pods))
-        if stamp is not None:
-            self._pdb_cache[(namespace, pdb["metadata"]["name"])] = (stamp, status)
-        return status
+            return pdb_status_of(pdb, self._label_ready.get(index, 0), expected)
+        pods = self._select_pods(namespace, selector)
+        live = [p for p in pods if not is_terminating(p)]
+        return pdb_status(pdb, pods, self._expected_pods(live or pods))
 
     def _evict(self, key: Key, body: Obj) -> Obj:
         pod = self._objects["pods"].get(key)

@@ -40,6 +40,7 @@ from queue_processor.config import load_settings
 from queue_processor.sandbox.aws import AwsSandbox, SandboxInstance
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.kube import KubeSandbox
+from tests.integration.test_controller import until
 
 REAL = bool(os.environ.get("KUBECONFIG"))
 RUN_LABEL = "queue-processor.test/run"
@@ -180,13 +181,6 @@ def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> 
         time.sleep(0.2)
 
 
-async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not reached in {timeout_s} s"
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 def aws() -> Iterator[AwsSandbox]:
     with AwsSandbox(SandboxClock(1.0)) as sandbox:
@@ -246,7 +240,7 @@ async def controller(
     task = asyncio.create_task(
         run_controller(settings, stop, kubeconfig=str(target.kubeconfig), serve=False, started=started.append)
     )
-    await _until(lambda: bool(started) or task.done(), "controller start")
+    await until(lambda: bool(started) or task.done(), timeout_s=30, what="controller start")
     if task.done():
         task.result()
     try:
@@ -289,7 +283,7 @@ async def test_a_spot_warning_drains_the_node_and_leaves_daemonset_and_mirror_po
 
     async with controller(aws, target, url, monkeypatch, USE_APISERVER_CACHE=str(cache).lower()):
         aws.spot_interruption(instance.instance_id)
-        await _until(lambda: _depth(aws, url) == 0, "message deleted")
+        await until(lambda: _depth(aws, url) == 0, timeout_s=30, what="message deleted")
 
     assert target.core.read_node(node).spec.unschedulable is True
     after = {p.metadata.uid for p in target.pods_on(node) if p.metadata.deletion_timestamp is None}
@@ -305,8 +299,12 @@ async def test_an_asg_terminate_action_is_completed_once_after_the_drain(
 
     async with controller(aws, target, url, monkeypatch):
         (action,) = aws.terminate_instance(instance.instance_id)
-        await _until(lambda: aws.action(action.token).result is not None, "lifecycle action completed")
-        await _until(lambda: _depth(aws, url) == 0, "message deleted")
+        await until(
+            lambda: aws.action(action.token).result is not None,
+            timeout_s=30,
+            what="lifecycle action completed",
+        )
+        await until(lambda: _depth(aws, url) == 0, timeout_s=30, what="message deleted")
 
     completions = [c for c in aws.calls(instance.instance_id) if c.operation == "CompleteLifecycleAction"]
     assert [c.result for c in completions] == ["CONTINUE"]

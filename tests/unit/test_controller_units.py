@@ -224,3 +224,34 @@ async def test_a_batch_does_not_wait_for_the_call_before_it() -> None:
     assert (await slow) is not None
     assert calls == [["i-slow"], ["i-quick"]]
     await resolver.close()
+
+
+async def test_an_empty_receive_counts_as_an_answer() -> None:
+    # An idle queue answers every long poll with no message: that still proves SQS is reachable (readiness,
+    # and the receive gauge QueueProcessorNotProcessing watches).
+    from queue_processor.coalesce import EventStore
+    from queue_processor.consumer import Consumer
+
+    class Empty:
+        async def receive_message(self, **_: Any) -> dict[str, Any]:
+            await asyncio.sleep(0.01)
+            return {}
+
+    answered: list[str] = []
+    consumer = Consumer(
+        Empty(),
+        None,  # type: ignore[arg-type]  # no message ever arrives to be handled
+        EventStore(),
+        queue_urls=["q"],
+        in_flight_budget=2,
+        loops_per_queue=1,
+        visibility_timeout_s=30,
+        on_answer=answered.append,
+    )
+    consumer.start()
+    try:
+        await asyncio.sleep(0.1)
+    finally:
+        await consumer.shutdown()
+    assert answered
+    assert set(answered) == {"q"}
