@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane the tests run against, from the Go module proxy:
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (tools/cluster/k8s), etcd
+# (tools/cluster/etcd) and the KWOK controller (tools/cluster/kwok).
+#
+# Versions live in the wrapper modules' go.mod files and nowhere else; this script reads them.
+# Binaries go to $QP_CLUSTER_CACHE/<component>/<version>/ (default ~/.cache/queue-processor/cluster),
+# outside the clone so that a fresh clone on a machine that built them once reuses them. A component
+# whose go.mod, go.sum and this script are unchanged since its last build is not built again.
+#
+# Usage: tools/cluster/build.sh [--print-dir]   (--print-dir prints the bin directory and builds nothing)
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${QP_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/queue-processor/cluster}"
+export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false"
+
+command -v go >/dev/null || { echo "build.sh: go not found on PATH (Go >= 1.24 is needed to build the control plane)" >&2; exit 2; }
+
+version_of() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
+
+k8s_version="$(version_of k8s k8s.io/kubernetes)"
+etcd_version="$(version_of etcd go.etcd.io/etcd/server/v3)"
+kwok_version="$(version_of kwok sigs.k8s.io/kwok)"
+bin="$cache/k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version/bin"
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+    echo "$bin"
+    exit 0
+fi
+
+mkdir -p "$bin"
+
+# stamp of a wrapper module: its go.mod, go.sum and this script
+stamp_of() { cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh" | sha256sum | cut -d' ' -f1; }
+
+build() { # build <wrapper dir> <ldflags> <binary name=package>...
+    local dir="$1" ldflags="$2"; shift 2
+    local stamp; stamp="$(stamp_of "$dir")"
+    local missing=()
+    for pair in "$@"; do
+        local name="${pair%%=*}"
+        if [[ ! -x "$bin/$name" || "$(cat "$bin/.$name.stamp" 2>/dev/null)" != "$stamp" ]]; then
+            missing+=("$pair")
+        fi
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        echo "build.sh: $dir up to date in $bin"
+        return
+    fi
+    local start=$SECONDS
+    for pair in "${missing[@]}"; do
+        local name="${pair%%=*}" pkg="${pair#*=}"
+        echo "build.sh: building $name ($pkg)"
+        (cd "$here/$dir" && go build -trimpath -tags selinux,notest -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+        mv "$bin/$name.tmp" "$bin/$name"
+        echo "$stamp" > "$bin/.$name.stamp"
+    done
+    echo "build.sh: $dir built in $((SECONDS - start)) s"
+}
+
+# The version variables upstream's hack/lib/version.sh sets, so that /version and kubectl tell the truth.
+minor="${k8s_version#v1.}"; minor="${minor%%.*}"
+k8s_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+
+build k8s "$k8s_ldflags" \
+    kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+    kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+    kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+    kubectl=k8s.io/kubernetes/cmd/kubectl
+build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3
+build kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" kwok=sigs.k8s.io/kwok/cmd/kwok
+du -sh "$bin" | sed 's/^/build.sh: size of /'
