@@ -13,6 +13,7 @@ cannot be read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -196,6 +197,15 @@ def config_command(reference: bool, **flags: Any) -> None:
     help="Where the kubeconfig and the env file are written.",
 )
 @click.option(
+    "--kubernetes",
+    type=click.Choice(["emulated", "real"]),
+    default="emulated",
+    show_default=True,
+    help="emulated: the sandbox's own API server (no dependencies). real: a real control plane (etcd, "
+    "kube-apiserver, kube-controller-manager, kube-scheduler, KWOK) started on 127.0.0.1 from the binaries "
+    "`make cluster-bin` builds; the controller then runs as a ServiceAccount with only its RBAC rules.",
+)
+@click.option(
     "--exit-after",
     type=click.FloatRange(min=0),
     default=None,
@@ -210,13 +220,15 @@ def sandbox(
     controller: bool,
     timeout_s: float,
     workdir: Path,
+    kubernetes: str,
     exit_after: float | None,
 ) -> None:
     """Start the embedded sandbox: AWS (SQS queue and dead-letter queue, EventBridge rules, Auto Scaling groups
     with lifecycle hooks, on moto's server) and a Kubernetes API server, with a cluster of --nodes nodes.
 
     Writes WORKDIR/kubeconfig and WORKDIR/sandbox.env (QUEUE_URL, AWS_REGION, AWS_ENDPOINT, fake credentials,
-    KUBECONFIG). With --scenario (and the controller, the default), runs the controller in the same process,
+    KUBECONFIG; with --kubernetes real also POD_NAMESPACE, and WORKDIR/admin.kubeconfig for kubectl). With
+    --scenario (and the controller, the default), runs the controller in the same process,
     shows its progress, and ends with a summary whose last line is JSON; exits 0 only when the scenario ended
     as expected. Without a scenario or with --no-controller, serves until Ctrl-C (or --exit-after).
     """
@@ -227,7 +239,15 @@ def sandbox(
     started = time.monotonic()
     console = Console(stderr=True)
     options = SandboxOptions(nodes=nodes, asgs=asgs, scale=scale)
-    with Sandbox(options, workdir=workdir) as running:
+    from queue_processor.sandbox.control_plane import ControlPlaneError
+
+    try:
+        running = Sandbox(options, workdir=workdir, kubernetes="real" if kubernetes == "real" else "emulated")
+        running.start()
+    except ControlPlaneError as exc:
+        raise click.ClickException(f"--kubernetes real: {exc}") from None
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(running.stop)
         env_file = running.env_path
         console.print(
             f"[bold]sandbox up[/] in {time.monotonic() - started:.1f} s: {nodes} nodes, "

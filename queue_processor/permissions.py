@@ -36,6 +36,7 @@ __all__ = [
     "KUBERNETES_RULES",
     "KubernetesRule",
     "kubernetes_verbs",
+    "rbac_rules",
 ]
 
 
@@ -95,3 +96,15 @@ action (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGui
 def kubernetes_verbs() -> set[str]:
     """Every granted ``"<verb> <resource>"`` pair, the form the sandbox API server counts requests by."""
     return {f"{verb} {rule.resource}" for rule in KUBERNETES_RULES for verb in rule.verbs}
+
+
+def rbac_rules(*, cluster_wide: bool, enabled: frozenset[str] = frozenset()) -> list[dict[str, list[str]]]:
+    """The ``rules`` of the ClusterRole (``cluster_wide``) or of the Role in the controller's namespace, as the
+    chart renders them: one item per rule in force, ``{"apiGroups": [...], "resources": [...], "verbs": [...]}``.
+    ``enabled`` names the settings that are on (``{"NODE_LEASES", "EMIT_KUBERNETES_EVENTS"}``); a rule that
+    depends on a setting not named is left out."""
+    return [
+        {"apiGroups": [rule.api_group], "resources": [rule.resource], "verbs": list(rule.verbs)}
+        for rule in KUBERNETES_RULES
+        if rule.cluster_wide == cluster_wide and (not rule.when or rule.when in enabled)
+    ]

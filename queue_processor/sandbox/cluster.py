@@ -8,11 +8,101 @@ DELETE_LOCAL_DATA), and unreplicated pods (evicted by a forced drain only). Size
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-from queue_processor.sandbox.kube import KubeSandbox
+__all__ = ["ClusterSpec", "Instance", "KubeCluster", "build_kubernetes"]
 
-__all__ = ["ClusterSpec", "Instance", "build_kubernetes"]
+
+class KubeCluster(Protocol):
+    """What the sandbox needs of a Kubernetes side: the emulation
+    (:class:`~queue_processor.sandbox.kube.KubeSandbox`) or a real control plane
+    (:class:`~queue_processor.sandbox.real_kube.RealKube`). Durations are simulated seconds."""
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+    def kubeconfig(self, path: Path) -> Path: ...
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        provider_id: str = "",
+        labels: dict[str, str] | None = None,
+        register_after_s: float = 0.0,
+        ready_after_s: float = 0.0,
+    ) -> None: ...
+
+    def wait_for_nodes(self, names: list[str], timeout_s: float = ...) -> None: ...
+
+    def delete_node(self, name: str) -> None: ...
+
+    def add_replicaset(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        nodes: list[str],
+        replicas: int,
+        labels: dict[str, str],
+        grace_s: int = 30,
+        empty_dir: bool = False,
+    ) -> list[str]: ...
+
+    def add_daemonset(
+        self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30
+    ) -> None: ...
+
+    def add_pdb(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        match_labels: dict[str, str],
+        min_available: int | str | None = None,
+        max_unavailable: int | str | None = None,
+    ) -> None: ...
+
+    def set_pdb(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        min_available: int | str | None = None,
+        max_unavailable: int | str | None = None,
+    ) -> None: ...
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        labels: dict[str, str] | None = None,
+        grace_s: int = 30,
+        empty_dir: bool = False,
+        mirror: bool = False,
+        phase: str = "Running",
+    ) -> None: ...
+
+    def objects(self, plural: str) -> list[dict[str, Any]]: ...
+
+    def count(self, plural: str, predicate: Callable[[dict[str, Any]], bool]) -> int: ...
+
+    def get(self, plural: str, name: str, namespace: str = "") -> dict[str, Any] | None: ...
+
+    @property
+    def evictions(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def requests(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -42,7 +132,8 @@ class ClusterSpec:
     - ``empty_dir_pods`` pods of a ReplicaSet ``cache`` with an emptyDir volume;
     - ``unreplicated_pods`` pods without a controller (``debug-<n>``).
 
-    ``grace_s`` is every pod's terminationGracePeriodSeconds (simulated seconds).
+    ``grace_s`` is every pod's terminationGracePeriodSeconds (simulated seconds). The workloads go to
+    ``namespace``, the DaemonSet and mirror pods to ``system_namespace``.
     """
 
     apps: int = 10
@@ -53,10 +144,12 @@ class ClusterSpec:
     empty_dir_pods: int = 1
     unreplicated_pods: int = 1
     grace_s: int = 5
+    namespace: str = "apps"
+    system_namespace: str = "kube-system"
 
 
 def build_kubernetes(
-    kube: KubeSandbox, instances: list[Instance], spec: ClusterSpec | None = None
+    kube: KubeCluster, instances: list[Instance], spec: ClusterSpec | None = None
 ) -> list[str]:
     """Add a Ready Node for each instance and the workloads of ``spec``; returns the node names.
 
@@ -82,26 +175,32 @@ def build_kubernetes(
         )
     kube.wait_for_nodes(names)
     if spec.daemonset:
-        kube.add_daemonset("kube-system", "node-agent", labels={"app": "node-agent"}, grace_s=spec.grace_s)
+        kube.add_daemonset(
+            spec.system_namespace, "node-agent", labels={"app": "node-agent"}, grace_s=spec.grace_s
+        )
     for index in range(spec.apps):
         app = f"app-{index:03d}"
         kube.add_replicaset(
-            "apps",
+            spec.namespace,
             app,
             nodes=names,
             replicas=len(names) * spec.replicas_per_node,
             labels={"app": app},
             grace_s=spec.grace_s,
         )
-        kube.add_pdb("apps", app, match_labels={"app": app}, max_unavailable=spec.pdb_max_unavailable)
+        kube.add_pdb(spec.namespace, app, match_labels={"app": app}, max_unavailable=spec.pdb_max_unavailable)
     if spec.mirror_pods:
         for name in names:
             kube.add_pod(
-                "kube-system", f"kube-proxy-{name}", node=name, labels={"app": "kube-proxy"}, mirror=True
+                spec.system_namespace,
+                f"kube-proxy-{name}",
+                node=name,
+                labels={"app": "kube-proxy"},
+                mirror=True,
             )
     if spec.empty_dir_pods:
         kube.add_replicaset(
-            "apps",
+            spec.namespace,
             "cache",
             nodes=names,
             replicas=spec.empty_dir_pods,
@@ -111,7 +210,7 @@ def build_kubernetes(
         )
     for index in range(spec.unreplicated_pods):
         kube.add_pod(
-            "apps",
+            spec.namespace,
             f"debug-{index}",
             node=names[index % len(names)],
             labels={"app": "debug"},

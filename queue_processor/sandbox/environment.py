@@ -6,6 +6,14 @@ standard EventBridge rules, Auto Scaling groups with lifecycle hooks) and
 :class:`~queue_processor.sandbox.cluster.ClusterSpec`), keeps the two in step the way a real cluster does (a
 launched instance registers its Node after ``node_register_s``; a terminated one loses it), and writes a
 kubeconfig and an env file that point ``queue-processor run`` at both.
+
+``kubernetes="real"`` puts the cluster on a real control plane
+(:class:`~queue_processor.sandbox.real_kube.RealKube`, given or started by the sandbox) instead of the emulation:
+the same nodes, workloads and scenarios, judged by the real API server and controllers. There the kubeconfig it
+writes is a ServiceAccount's whose only rights are the controller's RBAC rules (``rbac``, by default those of
+:mod:`queue_processor.permissions`, which the Helm chart is tested against), ``admin.kubeconfig`` beside it is
+the administrator's, and ``POD_NAMESPACE`` in the env file is that ServiceAccount's namespace. On a control
+plane shared with other sandboxes (``plane`` given), the workloads go to namespaces named after the run.
 """
 
 from __future__ import annotations
@@ -13,14 +21,23 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from queue_processor.permissions import rbac_rules
 from queue_processor.sandbox.aws import AwsSandbox, SandboxInstance, SandboxQueue
 from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import ClusterSpec, Instance, build_kubernetes
+from queue_processor.sandbox.cluster import ClusterSpec, Instance, KubeCluster, build_kubernetes
 from queue_processor.sandbox.kube import KubeSandbox
+
+if TYPE_CHECKING:
+    from queue_processor.sandbox.control_plane import ControlPlane
+
+#: Where the controller's ServiceAccount lives on a real control plane (its Role and Leases too).
+CONTROLLER_SERVICE_ACCOUNT = "queue-processor"
+
+KubernetesKind = Literal["emulated", "real"]
 
 __all__ = ["SCENARIOS", "Sandbox", "SandboxOptions"]
 
@@ -56,15 +73,42 @@ class Sandbox:
     """AWS and Kubernetes for a cluster of ``options.nodes`` nodes; files go to ``workdir``.
 
     Use as a context manager or call :meth:`start`/:meth:`stop`. Raises ``RuntimeError`` from :meth:`start`
-    when another AWS sandbox runs in the process (moto's state is process-wide).
+    when another AWS sandbox runs in the process (moto's state is process-wide), and
+    :class:`~queue_processor.sandbox.control_plane.ControlPlaneError` when ``kubernetes="real"`` and no
+    control plane can be started. ``rbac``: the controller's (ClusterRole rules, Role rules) on a real control
+    plane.
     """
 
-    def __init__(self, options: SandboxOptions | None = None, *, workdir: Path) -> None:
+    def __init__(
+        self,
+        options: SandboxOptions | None = None,
+        *,
+        workdir: Path,
+        kubernetes: KubernetesKind = "emulated",
+        plane: ControlPlane | None = None,
+        rbac: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self.options = options or SandboxOptions()
         self.workdir = workdir
+        self.kubernetes = kubernetes
         self.clock = SandboxClock(self.options.scale)
         self.aws = AwsSandbox(self.clock)
-        self.kube = KubeSandbox(self.clock)
+        self.cluster = self.options.cluster
+        self.rbac = rbac
+        self.controller_namespace = "kube-system"
+        self.kube: KubeCluster
+        if kubernetes == "real":
+            from queue_processor.sandbox.real_kube import RealKube
+
+            real = RealKube(self.clock, plane=plane)
+            self.kube = real
+            self.controller_namespace = f"queue-processor-{real.run}"
+            if plane is not None:  # shared: this run's namespaces
+                self.cluster = replace(
+                    self.cluster, namespace=f"apps-{real.run}", system_namespace=f"system-{real.run}"
+                )
+        else:
+            self.kube = KubeSandbox(self.clock)
         self.queue: SandboxQueue | None = None
         self.instances: list[SandboxInstance] = []
         self._timers: list[threading.Timer] = []
@@ -92,15 +136,36 @@ class Sandbox:
                 heartbeat_timeout_s=options.heartbeat_timeout_s,
                 launch_hook=options.launch_hooks,
             )
-            build_kubernetes(self.kube, [self._instance(i) for i in self.instances], options.cluster)
+            build_kubernetes(self.kube, [self._instance(i) for i in self.instances], self.cluster)
             self.aws.on_instance(self._follow)
             self.workdir.mkdir(parents=True, exist_ok=True)
-            self.kube.kubeconfig(self.kubeconfig_path)
+            self._write_kubeconfigs()
             self.env_path.write_text("".join(f"{key}={value}\n" for key, value in self.env().items()))
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _write_kubeconfigs(self) -> None:
+        if self.kubernetes != "real":
+            self.kube.kubeconfig(self.kubeconfig_path)
+            return
+        from queue_processor.sandbox.real_kube import RealKube
+
+        assert isinstance(self.kube, RealKube)
+        self.kube.kubeconfig(self.workdir / "admin.kubeconfig")
+        enabled = frozenset({"NODE_LEASES", "EMIT_KUBERNETES_EVENTS"})
+        cluster_rules, namespaced_rules = self.rbac or (
+            rbac_rules(cluster_wide=True, enabled=enabled),
+            rbac_rules(cluster_wide=False, enabled=enabled),
+        )
+        self.kube.service_account_kubeconfig(
+            self.kubeconfig_path,
+            namespace=self.controller_namespace,
+            name=CONTROLLER_SERVICE_ACCOUNT,
+            cluster_rules=cluster_rules,
+            namespaced_rules=namespaced_rules,
+        )
 
     def stop(self) -> None:
         """Stop timers, both servers and their threads."""
@@ -136,6 +201,7 @@ class Sandbox:
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "KUBECONFIG": str(self.kubeconfig_path),
+            **({"POD_NAMESPACE": self.controller_namespace} if self.kubernetes == "real" else {}),
         }
 
     @staticmethod
@@ -230,10 +296,11 @@ def _mixed_duplicates(sandbox: Sandbox) -> dict[str, Any]:
 def _pdb_blocked(sandbox: Sandbox) -> dict[str, Any]:
     """The PodDisruptionBudget of ``app-000`` allows no disruption; one instance is scaled in; after 60
     simulated seconds the budget is relaxed to maxUnavailable 1, so a drain that timed out can succeed."""
-    sandbox.kube.set_pdb("apps", "app-000", max_unavailable=0)
+    namespace = sandbox.cluster.namespace
+    sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=0)
     instance = _in_service(sandbox)[0]
     sandbox.aws.terminate_instance(instance.instance_id)
-    sandbox.after(60.0, lambda: sandbox.kube.set_pdb("apps", "app-000", max_unavailable=1))
+    sandbox.after(60.0, lambda: sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=1))
     return {"terminating": instance.instance_id, "relaxed_after_s": 60.0}
 
 

@@ -52,11 +52,13 @@ def _queue_counts(sandbox: Sandbox) -> tuple[int, int, int]:
 
 def progress_of(sandbox: Sandbox, nodes: list[str], started: float) -> Progress:
     """A :class:`Progress` snapshot of the sandbox."""
-    cordoned = 0
-    for name in nodes:
-        node = sandbox.kube.get("nodes", name)
-        if node is None or (node.get("spec") or {}).get("unschedulable"):
-            cordoned += 1
+    wanted = set(nodes)
+    # one pass over the nodes (the real backend serves it from its informer): nodes still schedulable
+    schedulable = sandbox.kube.count(
+        "nodes",
+        lambda node: node["metadata"]["name"] in wanted and not (node.get("spec") or {}).get("unschedulable"),
+    )
+    cordoned = len(wanted) - schedulable
     actions = sandbox.aws.actions()
     visible, in_flight, dlq = _queue_counts(sandbox)
     return Progress(
