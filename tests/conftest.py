@@ -1,9 +1,11 @@
-"""Shared test helpers: where the message fixtures live."""
+"""Shared test helpers: where the message fixtures live, and the real Kubernetes control plane."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,3 +24,39 @@ def samples_dir() -> Path:
             pytest.fail(f"{SHARED_SAMPLES} is missing in CI")
         pytest.skip(f"{SHARED_SAMPLES} is not beside the repository")
     return SHARED_SAMPLES
+
+
+# ------------------------------------------------------------------------------------ the real control plane
+
+#: Set by .ci/run: a control plane that cannot be built or started fails the tests that need it instead of
+#: skipping them.
+REQUIRE_REAL_CLUSTER = os.environ.get("QP_REQUIRE_REAL_CLUSTER") == "1"
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[Any]:
+    """One real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK) for the
+    whole run, started on first use; tests share it and keep to their own namespaces and nodes. Skipped with
+    the reason when its binaries are missing (`make cluster-bin`), failed instead with QP_REQUIRE_REAL_CLUSTER=1.
+    """
+    from queue_processor.sandbox.control_plane import ControlPlane, ControlPlaneError, find_binaries
+
+    try:
+        find_binaries()
+    except ControlPlaneError as exc:
+        if REQUIRE_REAL_CLUSTER:
+            pytest.fail(f"QP_REQUIRE_REAL_CLUSTER=1 and {exc}")
+        pytest.skip(str(exc))
+    plane = ControlPlane()
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"the real control plane did not start: {exc}")
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+#: The two Kubernetes API servers a backend-neutral test runs against.
+KUBERNETES = ["emulated", "real"]

@@ -90,7 +90,10 @@ class KubeCluster(Protocol):
         empty_dir: bool = False,
         mirror: bool = False,
         phase: str = "Running",
+        ready: bool = True,
     ) -> None: ...
+
+    def ensure_namespace(self, namespace: str) -> None: ...
 
     def objects(self, plural: str) -> list[dict[str, Any]]: ...
 

@@ -73,6 +73,8 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools" / "cluster"
 MANUAL_STATUS = "sandbox.queue-processor.dev/status"
 #: Annotation that makes KWOK manage a node (its default selector).
 KWOK_NODE = "kwok.x-k8s.io/node"
+#: Annotation (RFC 3339 time) before which KWOK leaves a node not Ready (a node that registers, then turns Ready).
+READY_AT = "sandbox.queue-processor.dev/ready-at"
 
 
 class ControlPlaneError(RuntimeError):
@@ -306,6 +308,98 @@ class _Process:
                 self.popen.kill()
             self.popen.wait(5)
 
+
+_NODE_STAGES = """\
+# Node stages for KWOK (https://kwok.sigs.k8s.io/docs/user/stages-configuration/): our own. A managed node turns
+# Ready at the time its ready-at annotation names (at once without it); a Ready node's status is refreshed every
+# ten minutes (its Lease, renewed by KWOK, is the heartbeat).
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: qp-node-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Node
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values: ['True']
+  delay:
+    durationMilliseconds: 0
+    durationFrom:
+      expressionFrom: '.metadata.annotations["@READY_AT@"]'
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $now | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+      addresses:
+      - address: {{ NodeIP | Quote }}
+        type: InternalIP
+      - address: {{ .metadata.name | Quote }}
+        type: Hostname
+      allocatable:
+        cpu: "1000"
+        memory: 1Ti
+        pods: "1000"
+      capacity:
+        cpu: "1000"
+        memory: 1Ti
+        pods: "1000"
+      nodeInfo:
+        architecture: amd64
+        operatingSystem: linux
+        kubeletVersion: {{ printf "kwok-%s" Version | Quote }}
+        kubeProxyVersion: {{ printf "kwok-%s" Version | Quote }}
+        containerRuntimeVersion: {{ printf "kwok-%s" Version | Quote }}
+        kernelVersion: {{ printf "kwok-%s" Version | Quote }}
+        bootID: ""
+        machineID: ""
+        osImage: ""
+        systemUUID: ""
+      phase: Running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: qp-node-heartbeat
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Node
+  selector:
+    matchExpressions:
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'In'
+      values: ['True']
+  delay:
+    durationMilliseconds: 600000
+    jitterDurationMilliseconds: 610000
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $now | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+""".replace("@READY_AT@", READY_AT)
 
 _POD_STAGES = """\
 # Pod stages for KWOK (https://kwok.sigs.k8s.io/docs/user/stages-configuration/): our own, written for the
@@ -592,7 +686,7 @@ class ControlPlane:
         )
         self._spawn("kube-scheduler", [f"--config={scheduler_config}", "--secure-port=0", "--v=1"])
         stages = d / "kwok-stages.yaml"
-        stages.write_text(_POD_STAGES)
+        stages.write_text(_NODE_STAGES + "---\n" + _POD_STAGES)
         self._spawn(
             "kwok",
             [

@@ -29,6 +29,7 @@ pool) and asynchronous ones can use it alike; its state is guarded by one lock.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import heapq
 import itertools
@@ -56,6 +57,7 @@ from queue_processor.sandbox.kube_logic import (
     owner,
     parse_field_selector,
     parse_label_selector,
+    pdb_expected,
     pdb_status,
     pdb_status_of,
     selector_matches,
@@ -75,6 +77,7 @@ class ResourceInfo:
 
 
 RESOURCES: dict[str, ResourceInfo] = {
+    "namespaces": ResourceInfo("v1", "Namespace", False),
     "nodes": ResourceInfo("v1", "Node", False),
     "pods": ResourceInfo("v1", "Pod", True),
     "events": ResourceInfo("v1", "Event", True),
@@ -108,6 +111,18 @@ class _Timer:
     action: str = field(compare=False)
     key: Key = field(compare=False)
     payload: Any = field(compare=False, default=None)
+
+
+def _qualified(plural: str) -> str:
+    """``pods``, ``leases.coordination.k8s.io``: how the API server names a resource in its error messages."""
+    group = RESOURCES[plural].group_version.rpartition("/")[0]
+    return f"{plural}.{group}" if group else plural
+
+
+def _details(plural: str) -> dict[str, str]:
+    """The ``group`` (omitted for the core group) and ``kind`` (the plural) of a Status's details."""
+    group = RESOURCES[plural].group_version.rpartition("/")[0]
+    return {"group": group, "kind": plural} if group else {"kind": plural}
 
 
 def _now_iso() -> str:
@@ -164,6 +179,8 @@ class KubeSandbox:
         self._runner: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
         self.port = 0
+        for namespace in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.ensure_namespace(namespace)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -213,6 +230,10 @@ class KubeSandbox:
         self._stopping = asyncio.Event()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/version", self._version)
+        app.router.add_get("/api", self._discovery)
+        app.router.add_get("/apis", self._discovery)
+        app.router.add_get("/api/v1", self._discovery)
+        app.router.add_get("/apis/{group}/{version}", self._discovery)
         app.router.add_route("*", "/api/{tail:.*}", self._handle)
         app.router.add_route("*", "/apis/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
@@ -283,6 +304,21 @@ class KubeSandbox:
         """Copies of the pods bound to ``node``."""
         with self.lock:
             return [copy.deepcopy(self._objects["pods"][key]) for key in self._pods_by_node.get(node, ())]
+
+    def ensure_namespace(self, namespace: str) -> None:
+        """Create ``namespace`` unless it exists (the helpers below do it for the namespaces they use; a request
+        through the API into a missing namespace is answered 404, as the API server does)."""
+        with self.lock:
+            if ("", namespace) not in self._objects["namespaces"]:
+                self._insert(
+                    "namespaces",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Namespace",
+                        "metadata": {"name": namespace},
+                        "status": {"phase": "Active"},
+                    },
+                )
 
     def add_node(
         self,
@@ -438,10 +474,14 @@ class KubeSandbox:
         empty_dir: bool = False,
         mirror: bool = False,
         phase: str = "Running",
+        ready: bool = True,
     ) -> None:
-        """A pod without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``."""
+        """A pod without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``; in
+        ``phase``, and Ready when Running and ``ready``."""
         template = self._pod_template(labels or {}, grace_s, empty_dir)
         pod = self._pod(namespace, name, node, template, None, phase=phase)
+        if not ready:
+            pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
         if mirror:
             pod["metadata"]["annotations"] = {"kubernetes.io/config.mirror": uuid.uuid4().hex}
             pod["metadata"]["ownerReferences"] = [
@@ -520,13 +560,14 @@ class KubeSandbox:
         if RESOURCES[plural].namespaced:
             metadata["namespace"] = namespace or "default"
             namespace = metadata["namespace"]
+            self.ensure_namespace(namespace)
         key = (namespace, metadata["name"])
         if key in self._objects[plural]:
             raise ApiError(
                 409,
                 "AlreadyExists",
-                f'{plural} "{metadata["name"]}" already exists',
-                {"name": metadata["name"], "kind": plural},
+                f'{_qualified(plural)} "{metadata["name"]}" already exists',
+                {"name": metadata["name"], **_details(plural)},
             )
         metadata.setdefault("uid", str(uuid.uuid4()))
         metadata.setdefault("creationTimestamp", _now_iso())
@@ -703,7 +744,8 @@ class KubeSandbox:
             current = int(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
             if grace >= current:
                 return pod
-        if grace == 0 or not pod["spec"].get("nodeName"):  # nothing runs it: gone at once
+        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if grace == 0 or finished or not pod["spec"].get("nodeName"):  # nothing runs it: gone at once
             removed = self._remove("pods", key) or pod
             self._replace_for_rs(removed)
             return removed
@@ -787,6 +829,91 @@ class KubeSandbox:
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response(
             {"major": "1", "minor": "31", "gitVersion": "v1.31.0-queue-processor-sandbox"}
+        )
+
+    async def _discovery(self, request: web.Request) -> web.Response:
+        """Discovery documents (``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``), so that kubectl
+        and other discovery-based clients can talk to the emulation."""
+        path = request.path.rstrip("/")
+        groups: dict[str, list[str]] = {}
+        for info in RESOURCES.values():
+            if "/" in info.group_version:
+                group, version = info.group_version.split("/")
+                if version not in groups.setdefault(group, []):
+                    groups[group].append(version)
+        if path == "/api":
+            body: Obj = {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.port}"}
+                ],
+            }
+            return web.json_response(body)
+        if path == "/apis":
+            body = {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": group,
+                        "versions": [{"groupVersion": f"{group}/{v}", "version": v} for v in versions],
+                        "preferredVersion": {
+                            "groupVersion": f"{group}/{versions[0]}",
+                            "version": versions[0],
+                        },
+                    }
+                    for group, versions in sorted(groups.items())
+                ],
+            }
+            return web.json_response(body)
+        group_version = "v1" if path == "/api/v1" else path.removeprefix("/apis/")
+        resources = []
+        for plural, info in RESOURCES.items():
+            if info.group_version != group_version:
+                continue
+            verbs = ["create", "delete", "get", "list", "patch", "update"]
+            resources.append(
+                {
+                    "name": plural,
+                    "singularName": info.kind.lower(),
+                    "namespaced": info.namespaced,
+                    "kind": info.kind,
+                    "verbs": verbs,
+                }
+            )
+            if plural in ("nodes", "pods"):
+                resources.append(
+                    {
+                        "name": f"{plural}/status",
+                        "singularName": "",
+                        "namespaced": info.namespaced,
+                        "kind": info.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+            if plural == "pods":
+                resources.append(
+                    {
+                        "name": "pods/eviction",
+                        "singularName": "",
+                        "namespaced": True,
+                        "group": "policy",
+                        "version": "v1",
+                        "kind": "Eviction",
+                        "verbs": ["create"],
+                    }
+                )
+        if not resources:
+            error = ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+            return web.json_response(error.status(), status=404)
+        return web.json_response(
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": group_version,
+                "resources": resources,
+            }
         )
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -889,16 +1016,39 @@ class KubeSandbox:
             obj = copy.deepcopy(body)
             obj.setdefault("apiVersion", info.group_version)
             obj.setdefault("kind", info.kind)
-            if info.namespaced:
-                obj.setdefault("metadata", {})["namespace"] = (
-                    namespace or obj.get("metadata", {}).get("namespace") or "default"
+            metadata = obj.setdefault("metadata", {})
+            if not metadata.get("name") and not metadata.get("generateName"):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{info.kind} "" is invalid: metadata.name: Required value: name or generateName is required',
+                    {
+                        "kind": info.kind,
+                        "causes": [{"reason": "FieldValueRequired", "field": "metadata.name"}],
+                    },
                 )
+            if info.namespaced:
+                metadata["namespace"] = namespace or metadata.get("namespace") or "default"
+                if ("", metadata["namespace"]) not in self._objects["namespaces"]:
+                    raise ApiError(
+                        404,
+                        "NotFound",
+                        f'namespaces "{metadata["namespace"]}" not found',
+                        {"name": metadata["namespace"], "kind": "namespaces"},
+                    )
+            if plural == "events":
+                self._validate_event(obj)
             return 201, self._present(plural, self._insert(plural, obj))
         if verb == "create" and plural == "pods" and sub == "eviction":
-            return 201, self._evict(key, body or {})
+            return 201, self._evict(key, body or {}, dry_run=request.query.get("dryRun") == "All")
         current = self._objects[plural].get(key)
         if current is None:
-            raise ApiError(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural})
+            raise ApiError(
+                404,
+                "NotFound",
+                f'{_qualified(plural)} "{name}" not found',
+                {"name": name, **_details(plural)},
+            )
         if verb == "get":
             return 200, self._present(plural, current)
         if verb == "delete":
@@ -908,6 +1058,34 @@ class KubeSandbox:
         if verb == "patch":
             return 200, self._patch(plural, key, current, body, request.content_type, sub)
         raise ApiError(405, "MethodNotAllowed", f"{verb} is not served for {plural}")
+
+    @staticmethod
+    def _validate_event(event: Obj) -> None:
+        """core/v1 Event validation: an Event about a cluster-scoped object (a Node) lives in ``default``."""
+        involved = event.get("involvedObject") or {}
+        namespace = event["metadata"].get("namespace", "")
+        if not involved.get("namespace") and namespace not in ("", "default"):
+            raise ApiError(
+                422,
+                "Invalid",
+                f'Event "{event["metadata"].get("name", "")}" is invalid: involvedObject.namespace: Invalid value: "": '
+                "does not match event.namespace",
+                {
+                    "kind": "Event",
+                    "causes": [{"reason": "FieldValueInvalid", "field": "involvedObject.namespace"}],
+                },
+            )
+        if involved.get("namespace") and involved["namespace"] != namespace:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'Event "{event["metadata"].get("name", "")}" is invalid: involvedObject.namespace: Invalid value: '
+                f'"{involved["namespace"]}": does not match event.namespace',
+                {
+                    "kind": "Event",
+                    "causes": [{"reason": "FieldValueInvalid", "field": "involvedObject.namespace"}],
+                },
+            )
 
     def _present(self, plural: str, obj: Obj) -> Obj:
         if plural == "poddisruptionbudgets":
@@ -943,13 +1121,35 @@ class KubeSandbox:
                 continue
             if keep_fields is not None and not keep_fields(obj):
                 continue
-            items.append(self._present(plural, obj))
+            items.append(obj)
+        # etcd's key order (namespace, then name), and limit/continue pagination as the API server does it
+        items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
+        metadata: Obj = {"resourceVersion": str(self._rv)}
+        token = query.get("continue")
+        if token:
+            try:
+                after = json.loads(base64.urlsafe_b64decode(token.encode()))
+                start = (str(after["namespace"]), str(after["name"]))
+            except (ValueError, KeyError, TypeError):
+                raise ApiError(
+                    400, "BadRequest", "invalid continue token: continue key is not valid"
+                ) from None
+            items = [
+                o for o in items if (o["metadata"].get("namespace") or "", o["metadata"]["name"]) > start
+            ]
+        limit = int(query.get("limit") or 0)
+        if 0 < limit < len(items):
+            last = items[limit - 1]["metadata"]
+            after = {"namespace": last.get("namespace") or "", "name": last["name"]}
+            metadata["continue"] = base64.urlsafe_b64encode(json.dumps(after).encode()).decode()
+            metadata["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
         info = RESOURCES[plural]
         return {
             "apiVersion": info.group_version,
             "kind": f"{info.kind}List",
-            "metadata": {"resourceVersion": str(self._rv)},
-            "items": items,
+            "metadata": metadata,
+            "items": [self._present(plural, obj) for obj in items],
         }
 
     def _check_version(self, plural: str, current: Obj, body: Obj) -> None:
@@ -958,9 +1158,10 @@ class KubeSandbox:
             raise ApiError(
                 409,
                 "Conflict",
-                f'Operation cannot be fulfilled on {plural} "{current["metadata"]["name"]}": the object has been '
-                "modified; please apply your changes to the latest version and try again",
-                {"name": current["metadata"]["name"], "kind": plural},
+                f"Operation cannot be fulfilled on {_qualified(plural)} "
+                f'"{current["metadata"]["name"]}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+                {"name": current["metadata"]["name"], **_details(plural)},
             )
 
     def _update(self, plural: str, key: Key, current: Obj, body: Any, sub: str | None) -> Obj:
@@ -1016,45 +1217,47 @@ class KubeSandbox:
 
     # ------------------------------------------------------------------------------------------- eviction
 
-    def _expected_pods(self, pods: list[Obj]) -> int:
-        replicas: dict[str, int] = {}
-        count = 0
-        for pod in pods:
-            reference = owner(pod)
-            if reference and reference["kind"] == "ReplicaSet":
-                rs = self._objects["replicasets"].get((pod["metadata"]["namespace"], reference["name"]))
-                if rs is not None:
-                    replicas[reference["uid"]] = int(rs["spec"].get("replicas", 0))
-                    continue
-            count += 1
-        return count + sum(replicas.values())
+    def _scale(self, reference: Obj) -> int:
+        """The scale of a pod's controller (a ReplicaSet's replicas; 0 for other kinds)."""
+        if reference["kind"] == "ReplicaSet":
+            rs = self._objects["replicasets"].get((reference["namespace"], reference["name"]))
+            if rs is not None:
+                return int(rs["spec"].get("replicas", 0))
+        return 0
 
     def _pdb_status(self, pdb: Obj) -> Obj:
         namespace = pdb["metadata"]["namespace"]
-        selector = (pdb.get("spec") or {}).get("selector") or {}
-        labels = selector.get("matchLabels") or {}
+        selector = (pdb.get("spec") or {}).get("selector")
+        labels = (selector or {}).get("matchLabels") or {}
         index = (namespace, *next(iter(labels.items()))) if len(labels) == 1 else None
         owners = self._label_owners.get(index, {}) if index is not None else {}
-        if index is not None and owners and not selector.get("matchExpressions"):
+        if index is not None and owners and not (selector or {}).get("matchExpressions"):
             # One-label budget (the common case): from the counters kept by _index_pod, no scan.
-            expected = 0
-            for by, count in owners.items():
-                rs = (
-                    self._objects["replicasets"].get((namespace, by[1]))
-                    if by and by[0] == "ReplicaSet"
-                    else None
+            spec = pdb.get("spec") or {}
+            if spec.get("maxUnavailable") is None and not isinstance(spec.get("minAvailable"), str):
+                expected = (
+                    len(self._pods_by_label.get(index, ())) if spec.get("minAvailable") is not None else 0
                 )
-                expected += int(rs["spec"].get("replicas", 0)) if rs is not None else count
+            else:
+                expected = sum(
+                    self._scale({"kind": by[0], "name": by[1], "namespace": namespace}) for by in owners if by
+                )
             return pdb_status_of(pdb, self._label_ready.get(index, 0), expected)
         pods = self._select_pods(namespace, selector)
-        live = [p for p in pods if not is_terminating(p)]
-        return pdb_status(pdb, pods, self._expected_pods(live or pods))
+        return pdb_status(pdb, pods, pdb_expected(pdb, pods, self._scale))
 
-    def _evict(self, key: Key, body: Obj) -> Obj:
+    def _evict(self, key: Key, body: Obj, dry_run: bool = False) -> Obj:
+        """The policy/v1 Eviction subresource, as pkg/registry/core/pod/storage/eviction.go decides: a pending,
+        finished or terminating pod is deleted without a budget check; a pod under more than one budget is
+        refused (500); an unready pod goes when the budget says AlwaysAllow, or when it is met and wants at
+        least one healthy pod (IfHealthyBudget); otherwise the budget must allow a disruption (else 429).
+        ``dryRun=All`` (in the body's deleteOptions or the query) checks everything and deletes nothing."""
         pod = self._objects["pods"].get(key)
         if pod is None:
             raise ApiError(404, "NotFound", f'pods "{key[1]}" not found', {"name": key[1], "kind": "pods"})
-        grace = (body.get("deleteOptions") or {}).get("gracePeriodSeconds")
+        options = body.get("deleteOptions") or {}
+        dry_run = dry_run or "All" in (options.get("dryRun") or [])
+        grace = options.get("gracePeriodSeconds")
         phase = (pod.get("status") or {}).get("phase")
         if not (is_terminating(pod) or phase in ("Pending", "Succeeded", "Failed")):
             labels = pod["metadata"].get("labels") or {}
@@ -1066,17 +1269,19 @@ class KubeSandbox:
             if len(budgets) > 1:
                 raise ApiError(
                     500,
-                    "InternalError",
+                    "",
                     "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
                 )
             if budgets:
-                status = self._pdb_status(budgets[0])
-                # An unready pod may go as long as the budget is met (unhealthyPodEvictionPolicy IfHealthyBudget).
-                allowed = status["disruptionsAllowed"] > 0 or (
-                    not is_ready(pod) and status["currentHealthy"] >= status["desiredHealthy"]
+                budget = budgets[0]
+                status = self._pdb_status(budget)
+                policy = (budget.get("spec") or {}).get("unhealthyPodEvictionPolicy") or "IfHealthyBudget"
+                unready_may_go = not is_ready(pod) and (
+                    policy == "AlwaysAllow"
+                    or (status["currentHealthy"] >= status["desiredHealthy"] and status["desiredHealthy"] > 0)
                 )
-                if not allowed:
-                    name = budgets[0]["metadata"]["name"]
+                if not unready_may_go and status["disruptionsAllowed"] <= 0:
+                    name = budget["metadata"]["name"]
                     raise ApiError(
                         429,
                         "TooManyRequests",
@@ -1091,9 +1296,24 @@ class KubeSandbox:
                             ]
                         },
                     )
+        if dry_run:
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         self.evictions.append(copy.deepcopy(pod))
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             self.last_eviction[node] = datetime.now(UTC)
+        if phase not in ("Succeeded", "Failed") and not is_terminating(pod):
+            marked = copy.deepcopy(pod)
+            conditions = marked.setdefault("status", {}).setdefault("conditions", [])
+            conditions.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting",
+                    "lastTransitionTime": _now_iso(),
+                }
+            )
+            self._replace("pods", key, marked)
         self._start_terminating(key, None if grace is None else int(grace))
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}

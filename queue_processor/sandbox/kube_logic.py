@@ -31,16 +31,14 @@ class ApiError(Exception):
 
     def status(self) -> Obj:
         """The ``v1.Status`` body the API server sends with this error."""
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "details": self.details,
-            "code": self.code,
-        }
+        body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+        body["message"] = self.message
+        if self.reason:  # empty fields are omitted, as in the API server's JSON
+            body["reason"] = self.reason
+        if self.details:
+            body["details"] = self.details
+        body["code"] = self.code
+        return body
 
 
 # ---------------------------------------------------------------------------------------------- selectors
@@ -139,13 +137,34 @@ def _status_phase(obj: Obj) -> str:
     return str((obj.get("status") or {}).get("phase") or "")
 
 
+def _path(section: str, field: str) -> Callable[[Obj], str]:
+    def get(obj: Obj) -> str:
+        value = (obj.get(section) or {}).get(field)
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return "" if value is None else str(value)
+
+    return get
+
+
 _COMMON_FIELDS: dict[str, Callable[[Obj], str]] = {
     "metadata.name": _metadata("name"),
     "metadata.namespace": _metadata("namespace"),
 }
-#: Field selectors the emulation supports per resource, as the API server does for these.
+#: Field selectors per resource, the ones the API server supports for these (pods: the pod registry's
+#: PodToSelectableFields; nodes: NodeToSelectableFields); others answer 400 "field label not supported".
 FIELD_PATHS: dict[str, dict[str, Callable[[Obj], str]]] = {
-    "pods": {**_COMMON_FIELDS, "spec.nodeName": _spec_node, "status.phase": _status_phase},
+    "pods": {
+        **_COMMON_FIELDS,
+        "spec.nodeName": _spec_node,
+        "spec.restartPolicy": _path("spec", "restartPolicy"),
+        "spec.schedulerName": _path("spec", "schedulerName"),
+        "spec.serviceAccountName": _path("spec", "serviceAccountName"),
+        "status.phase": _status_phase,
+        "status.podIP": _path("status", "podIP"),
+        "status.nominatedNodeName": _path("status", "nominatedNodeName"),
+    },
+    "nodes": {**_COMMON_FIELDS, "spec.unschedulable": _path("spec", "unschedulable")},
     "*": _COMMON_FIELDS,
 }
 
@@ -191,10 +210,10 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-#: List fields that strategic merge patch merges by a key (patchMergeKey in the Kubernetes API types);
-#: other lists are replaced.
+#: List fields that strategic merge patch merges by a key (patchStrategy "merge" with a patchMergeKey in the
+#: Kubernetes API types); other lists are replaced whole. ``Node.spec.taints`` and ``Pod.spec.tolerations`` have
+#: no merge key: a patch that carries them replaces the list (kubectl patch --local shows it).
 MERGE_KEYS = {
-    "taints": "key",
     "conditions": "type",
     "ownerReferences": "uid",
     "containers": "name",
@@ -333,13 +352,33 @@ def _scaled(value: int | str, total: int, round_up: bool) -> int:
     return int(value)
 
 
+def pdb_expected(pdb: Obj, pods: list[Obj], scale: Callable[[Obj], int]) -> int:
+    """``expectedPods`` as the disruption controller computes it for the pods ``pdb`` selects (terminating ones
+    included): with an integer ``minAvailable``, the number of those pods; with ``maxUnavailable`` or a
+    percentage, the sum of the scales of their controllers (``scale(controller reference)``; a pod without a
+    controller counts 0 — the controller warns "UnmanagedPods"); with neither, 0."""
+    spec = pdb.get("spec") or {}
+    min_available = spec.get("minAvailable")
+    if spec.get("maxUnavailable") is None:
+        if min_available is None:
+            return 0
+        if not isinstance(min_available, str):
+            return len(pods)
+    scales: dict[str, int] = {}
+    for pod in pods:
+        reference = owner(pod)
+        if reference is not None and reference["uid"] not in scales:
+            scales[reference["uid"]] = scale(reference | {"namespace": pod["metadata"].get("namespace", "")})
+    return sum(scales.values())
+
+
 def pdb_status(pdb: Obj, pods: list[Obj], expected: int) -> Obj:
     """The status the disruption controller would give ``pdb``: ``currentHealthy`` (selected pods that are
-    ready), ``desiredHealthy``, ``expectedPods`` (``expected``: the replicas of the selected pods'
-    controllers, or the pod count for pods without one), ``disruptionsAllowed``.
+    ready and not terminating), ``desiredHealthy``, ``expectedPods`` (``expected``, see :func:`pdb_expected`),
+    ``disruptionsAllowed`` (0 whenever ``expected`` is 0: a budget that expects no pods protects them all).
 
-    ``minAvailable`` and ``maxUnavailable`` may be integers or percentages; a percentage of
-    ``minAvailable`` rounds up, of ``maxUnavailable`` rounds up too (as the controller does).
+    ``minAvailable`` and ``maxUnavailable`` may be integers or percentages of ``expected``, both rounded up
+    (as the controller does).
     """
     spec = pdb.get("spec") or {}
     selected = [
@@ -351,17 +390,18 @@ def pdb_status(pdb: Obj, pods: list[Obj], expected: int) -> Obj:
 def pdb_status_of(pdb: Obj, healthy: int, expected: int) -> Obj:
     """:func:`pdb_status` from the counts: ``healthy`` selected pods that are ready, ``expected`` pods."""
     spec = pdb.get("spec") or {}
-    if "maxUnavailable" in spec and spec["maxUnavailable"] is not None:
+    if spec.get("maxUnavailable") is not None:
         desired = max(0, expected - _scaled(spec["maxUnavailable"], expected, round_up=True))
     elif spec.get("minAvailable") is not None:
         desired = _scaled(spec["minAvailable"], expected, round_up=True)
     else:
-        desired = expected  # neither given: policy/v1 treats it as minAvailable 100 %... of none selected
+        desired = 0
+    allowed = healthy - desired if expected > 0 else 0
     return {
         "currentHealthy": healthy,
         "desiredHealthy": desired,
         "expectedPods": expected,
-        "disruptionsAllowed": max(0, healthy - desired),
+        "disruptionsAllowed": max(0, allowed),
         "observedGeneration": pdb["metadata"].get("generation", 1),
     }
 

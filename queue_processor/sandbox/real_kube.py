@@ -38,12 +38,12 @@ import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.control_plane import KWOK_NODE, MANUAL_STATUS, ControlPlane
+from queue_processor.sandbox.control_plane import KWOK_NODE, MANUAL_STATUS, READY_AT, ControlPlane
 
 __all__ = ["RUN_LABEL", "RealKube"]
 
@@ -385,16 +385,12 @@ class RealKube:
             self._node_names.add(name)
 
         def register() -> None:
-            if ready_after_s <= 0:
-                body["metadata"]["annotations"] = {KWOK_NODE: "fake"}
-            self._create("/api/v1/nodes", body)
+            annotations = {KWOK_NODE: "fake"}
             if ready_after_s > 0:
-                self._later(
-                    ready_after_s,
-                    lambda: self._patch(
-                        f"/api/v1/nodes/{name}", {"metadata": {"annotations": {KWOK_NODE: "fake"}}}
-                    ),
-                )
+                ready_at = datetime.now(UTC) + timedelta(seconds=self.clock.real(ready_after_s))
+                annotations[READY_AT] = ready_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            body["metadata"]["annotations"] = annotations
+            self._create("/api/v1/nodes", body)
 
         if register_after_s <= 0:
             register()
@@ -463,13 +459,14 @@ class RealKube:
         wait: bool = True,
     ) -> list[str]:
         """A ReplicaSet of ``replicas`` pods spread over ``nodes`` by the scheduler; with ``wait``, returns when
-        they are all Running and Ready, with their names."""
+        they are all Running and Ready, with their names. When ``nodes`` are not all of this run's nodes, the
+        pods are first pinned to them and, once Ready, the pin is lifted from the template: replacements go to
+        any schedulable node of the run, as in the emulation."""
         self.ensure_namespace(namespace)
         spec = self._pod_spec(grace_s, empty_dir)
         spec["nodeSelector"] = {RUN_LABEL: self.run}
-        if len(nodes) == 1:
-            spec["nodeSelector"]["kubernetes.io/hostname"] = nodes[0]
-        elif set(nodes) != self._node_names:
+        pinned = set(nodes) != self._node_names
+        if pinned:
             term = {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(nodes)}
             required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
@@ -482,8 +479,9 @@ class RealKube:
             }
         ]
         pod_labels = {**labels, RUN_LABEL: self.run}
+        path = f"/apis/apps/v1/namespaces/{namespace}/replicasets"
         self._create(
-            f"/apis/apps/v1/namespaces/{namespace}/replicasets",
+            path,
             {
                 "metadata": {"name": name, "labels": pod_labels},
                 "spec": {
@@ -496,6 +494,8 @@ class RealKube:
         if not wait:
             return []
         self.wait_for_ready_pods(namespace, labels, replicas)
+        if pinned:
+            self._patch(f"{path}/{name}", {"spec": {"template": {"spec": {"affinity": None}}}})
         return sorted(
             p["metadata"]["name"]
             for p in self.objects("pods")
@@ -525,7 +525,8 @@ class RealKube:
         self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30, wait: bool = True
     ) -> None:
         """A DaemonSet with a pod on every node of this run, now and on nodes that appear later; with ``wait``,
-        returns when every current node has its pod Ready."""
+        returns when the DaemonSet controller reports a Ready pod on every node it schedules to (nodes with a
+        taint its pods do not tolerate get none, as on a real cluster)."""
         self.ensure_namespace(namespace)
         spec = self._pod_spec(grace_s, False)
         spec["nodeSelector"] = {RUN_LABEL: self.run}
@@ -541,7 +542,17 @@ class RealKube:
             },
         )
         if wait:
-            self.wait_for_ready_pods(namespace, labels, self.count("nodes", lambda n: True))
+            path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+
+            def rolled_out() -> bool:
+                ds = self.plane.request("GET", path)
+                status = ds.get("status") or {}
+                return bool(
+                    status.get("observedGeneration", 0) >= ds["metadata"]["generation"]
+                    and status.get("numberReady", 0) == status.get("desiredNumberScheduled", -1)
+                )
+
+            self._until(rolled_out, f"DaemonSet {namespace}/{name} Ready on every node")
 
     def add_pdb(
         self,
@@ -615,10 +626,12 @@ class RealKube:
         empty_dir: bool = False,
         mirror: bool = False,
         phase: str = "Running",
+        ready: bool = True,
     ) -> None:
         """A pod bound to ``node`` without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``
-        (owned by its Node, as the kubelet makes them). ``phase`` other than Running: the pod's status is set by
-        the sandbox (Succeeded/Failed: finished; Pending: not started), not by KWOK."""
+        (owned by its Node, as the kubelet makes them). ``phase`` other than Running, or not ``ready``: the pod's
+        status is set by the sandbox (Succeeded/Failed: finished; Pending: not started; Running and not Ready),
+        not by KWOK."""
         self.ensure_namespace(namespace)
         metadata: Obj = {"name": name, "labels": {**(labels or {}), RUN_LABEL: self.run}, "annotations": {}}
         if mirror:
@@ -633,13 +646,18 @@ class RealKube:
                     "controller": True,
                 }
             ]
-        if phase != "Running":
+        manual = phase != "Running" or not ready
+        if manual:
             metadata["annotations"][MANUAL_STATUS] = "manual"
         spec = {**self._pod_spec(grace_s, empty_dir), "nodeName": node}
         self._create(f"/api/v1/namespaces/{namespace}/pods", {"metadata": metadata, "spec": spec})
-        if phase != "Running":
+        if manual:
             status: Obj = {"phase": phase, "conditions": [{"type": "Ready", "status": "False"}]}
             self._patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": status})
+            self._until(
+                lambda: (self.get("pods", name, namespace) or {}).get("status", {}).get("phase") == phase,
+                f"pod {namespace}/{name} {phase}",
+            )
         else:
             self.wait_for_ready_pods(namespace, {**(labels or {}), RUN_LABEL: self.run}, 1)
 
@@ -663,7 +681,10 @@ class RealKube:
             self._by_user[(user, described, code)] += 1
             if user != self.admin_user:
                 self._requests[described] += 1
-            if ref.get("subresource") == "eviction" and code == 201:
+            dry_run = "dryRun=All" in event.get("requestURI", "") or "All" in (
+                ((event.get("requestObject") or {}).get("deleteOptions") or {}).get("dryRun") or []
+            )
+            if ref.get("subresource") == "eviction" and code == 201 and not dry_run:
                 key = (ref.get("namespace", ""), ref.get("name", ""))
                 pod = self._last_known_pod(key)
                 if pod is None:

@@ -14,6 +14,7 @@ from queue_processor.sandbox.kube_logic import (
     merge_patch,
     parse_field_selector,
     parse_label_selector,
+    pdb_expected,
     pdb_status,
     selector_matches,
     strategic_merge_patch,
@@ -67,14 +68,26 @@ def test_label_selector_objects() -> None:
 
 
 def test_strategic_merge_merges_keyed_lists_and_replaces_others() -> None:
-    node = {"spec": {"taints": [{"key": "a", "effect": "NoSchedule"}], "podCIDRs": ["10.0.0.0/24"]}}
+    # Node.spec.taints has no patchMergeKey: a real API server replaces the list (kubectl patch --local).
+    node = {
+        "spec": {"taints": [{"key": "a", "effect": "NoSchedule"}], "podCIDRs": ["10.0.0.0/24"]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
     patched = strategic_merge_patch(
-        node, {"spec": {"taints": [{"key": "b", "effect": "NoExecute"}], "podCIDRs": ["10.0.1.0/24"]}}
+        node,
+        {
+            "spec": {"taints": [{"key": "b", "effect": "NoExecute"}], "podCIDRs": ["10.0.1.0/24"]},
+            "status": {"conditions": [{"type": "MemoryPressure", "status": "False"}]},
+        },
     )
-    assert [t["key"] for t in patched["spec"]["taints"]] == ["a", "b"]
+    assert [t["key"] for t in patched["spec"]["taints"]] == ["b"]
     assert patched["spec"]["podCIDRs"] == ["10.0.1.0/24"]
-    removed = strategic_merge_patch(patched, {"spec": {"taints": [{"key": "a", "$patch": "delete"}]}})
-    assert [t["key"] for t in removed["spec"]["taints"]] == ["b"]
+    # NodeStatus.conditions merge on their "type" key; $patch: delete removes one.
+    assert [c["type"] for c in patched["status"]["conditions"]] == ["Ready", "MemoryPressure"]
+    removed = strategic_merge_patch(
+        patched, {"status": {"conditions": [{"type": "Ready", "$patch": "delete"}]}}
+    )
+    assert [c["type"] for c in removed["status"]["conditions"]] == ["MemoryPressure"]
     assert node["spec"]["taints"] == [{"key": "a", "effect": "NoSchedule"}]  # the input is not changed
 
 
@@ -128,6 +141,8 @@ def _pod(name: str, ready: bool = True, terminating: bool = False) -> dict[str, 
         ({"maxUnavailable": 1}, [_pod("a"), _pod("b", ready=False), _pod("c")], 3, 0),
         ({"maxUnavailable": "34%"}, [_pod(str(i)) for i in range(10)], 10, 4),  # ceil(3.4) = 4
         ({"maxUnavailable": 0}, [_pod("a")], 1, 0),
+        ({"maxUnavailable": 1}, [_pod("a")], 0, 0),  # expects no pod (unmanaged): nothing may go
+        ({}, [_pod("a")], 0, 0),  # neither field: desiredHealthy 0, but expectedPods 0 blocks
     ],
 )
 def test_pdb_arithmetic(
@@ -135,3 +150,31 @@ def test_pdb_arithmetic(
 ) -> None:
     pdb = {"metadata": {"name": "web"}, "spec": {"selector": {"matchLabels": {"app": "web"}}, **spec}}
     assert pdb_status(pdb, pods, expected)["disruptionsAllowed"] == allowed
+
+
+def _owned(name: str, rs: str | None, terminating: bool = False) -> dict[str, Any]:
+    pod = _pod(name, terminating=terminating)
+    if rs is not None:
+        pod["metadata"]["ownerReferences"] = [
+            {"kind": "ReplicaSet", "name": rs, "uid": f"uid-{rs}", "controller": True}
+        ]
+    pod["metadata"]["namespace"] = "apps"
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"minAvailable": 2}, 4),  # an integer minAvailable counts the selected pods, terminating ones too
+        ({"maxUnavailable": 1}, 5 + 3),  # the controllers' scales; the unmanaged pod counts 0
+        ({"minAvailable": "50%"}, 5 + 3),
+        ({}, 0),
+    ],
+)
+def test_pdb_expected_pods_as_the_disruption_controller_counts_them(
+    spec: dict[str, Any], expected: int
+) -> None:
+    pods = [_owned("a", "web"), _owned("b", "web", terminating=True), _owned("c", "api"), _owned("d", None)]
+    scales = {"web": 5, "api": 3}
+    pdb = {"metadata": {"name": "x"}, "spec": {"selector": {}, **spec}}
+    assert pdb_expected(pdb, pods, lambda reference: scales[reference["name"]]) == expected
