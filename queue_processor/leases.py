@@ -59,7 +59,7 @@ class Claim:
 
     async def _renew_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._leases.duration_s / 3)
+            await asyncio.sleep(self._leases.renew_every_s)
             try:
                 self.lease = await self._leases._write(self.lease, renew=True)
             except KubeError as exc:
@@ -77,13 +77,23 @@ class Claim:
 
 class NodeLeases:
     """Lease claims for ``identity`` (this replica: its pod name) in ``namespace``; a Lease lasts
-    ``duration_s`` seconds unless renewed."""
+    ``duration_s`` whole seconds (``leaseDurationSeconds`` is an int32) unless renewed, every ``renew_every_s``
+    seconds (default: a third of the duration)."""
 
-    def __init__(self, kube: KubeClient, *, namespace: str, identity: str, duration_s: int = 60) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        namespace: str,
+        identity: str,
+        duration_s: int = 60,
+        renew_every_s: float | None = None,
+    ) -> None:
         self.kube = kube
         self.namespace = namespace or "default"
         self.identity = identity
-        self.duration_s = duration_s
+        self.duration_s = int(duration_s)
+        self.renew_every_s = renew_every_s if renew_every_s is not None else self.duration_s / 3
 
     async def claim(self, node: str) -> Claim | None:
         """The node's Lease for this replica, or ``None`` when another replica holds it. Raises

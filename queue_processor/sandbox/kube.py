@@ -1006,6 +1006,8 @@ class KubeSandbox:
         if info.namespaced and name is not None and not namespace:
             raise ApiError(404, "NotFound", f"{plural} must be addressed in a namespace")
         key: Key = (namespace if info.namespaced else "", name or "")
+        if verb in ("create", "update"):
+            self._check_types(plural, body)
         if verb == "list":
             return 200, self._list(plural, namespace, request.query)
         if verb == "watch":
@@ -1086,6 +1088,22 @@ class KubeSandbox:
                     "causes": [{"reason": "FieldValueInvalid", "field": "involvedObject.namespace"}],
                 },
             )
+
+    @staticmethod
+    def _check_types(plural: str, obj: Any) -> None:
+        """Decoding as the API server does for the typed fields the controller writes: a Lease's
+        ``leaseDurationSeconds`` and ``leaseTransitions`` are int32 (a float is a 400, as Go's JSON decoder says)."""
+        if plural != "leases" or not isinstance(obj, dict):
+            return
+        for name in ("leaseDurationSeconds", "leaseTransitions"):
+            value = (obj.get("spec") or {}).get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f'Lease in version "v1" cannot be handled as a Lease: json: cannot unmarshal '
+                    f"{type(value).__name__} {value} into Go struct field LeaseSpec.spec.{name} of type int32",
+                )
 
     def _present(self, plural: str, obj: Obj) -> Obj:
         if plural == "poddisruptionbudgets":

@@ -1,9 +1,10 @@
-"""Node Leases through the real client against the API emulation: one holder at a time, takeover after
-expiry, renewal, release."""
+"""Node Leases through the controller's client, on the emulation and the real control plane: one holder at a
+time, takeover after expiry, renewal, release."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,20 +13,37 @@ import pytest
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases, lease_name
 from queue_processor.sandbox.clock import SandboxClock
+from queue_processor.sandbox.cluster import KubeCluster
 from queue_processor.sandbox.kube import KubeSandbox
+from tests.conftest import KUBERNETES
+
+OPS = f"ops-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module", params=KUBERNETES)
+def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
+    if request.param == "emulated":
+        with KubeSandbox(SandboxClock(0.01)) as sandbox:
+            sandbox.ensure_namespace(OPS)
+            yield sandbox
+        return
+    from queue_processor.sandbox.real_kube import RealKube
+
+    with RealKube(SandboxClock(0.01), plane=request.getfixturevalue("control_plane")) as real:
+        real.ensure_namespace(OPS)
+        yield real
 
 
 @pytest.fixture
-def kube(tmp_path: Path) -> Iterator[KubeClient]:
-    with KubeSandbox(SandboxClock(0.01)) as sandbox:
-        client = KubeClient(load_api_client(str(sandbox.kubeconfig(tmp_path / "kubeconfig"))))
-        yield client
-        client.close()
+def kube(cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeClient]:
+    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))))
+    yield client
+    client.close()
 
 
 async def test_one_replica_holds_a_node_at_a_time(kube: KubeClient) -> None:
-    a = NodeLeases(kube, namespace="ops", identity="replica-a", duration_s=60)
-    b = NodeLeases(kube, namespace="ops", identity="replica-b", duration_s=60)
+    a = NodeLeases(kube, namespace=OPS, identity="replica-a", duration_s=60)
+    b = NodeLeases(kube, namespace=OPS, identity="replica-b", duration_s=60)
     claims = await asyncio.gather(a.claim("ip-10-0-0-1.ec2.internal"), b.claim("ip-10-0-0-1.ec2.internal"))
     assert sum(claim is not None for claim in claims) == 1  # exactly one wins the race
     winner = next(claim for claim in claims if claim is not None)
@@ -39,24 +57,23 @@ async def test_one_replica_holds_a_node_at_a_time(kube: KubeClient) -> None:
 
 
 async def test_a_lease_whose_holder_stopped_renewing_is_taken_over(kube: KubeClient) -> None:
-    gone = NodeLeases(kube, namespace="ops", identity="crashed", duration_s=15)
-    claim = await gone.claim("n2")
+    gone = NodeLeases(kube, namespace=OPS, identity="crashed", duration_s=15)
+    claim = await gone.claim(f"n2-{id(kube)}")
     assert claim is not None
     claim._renewer.cancel()  # the replica died: nobody renews
-    lease = await kube.get_lease("ops", lease_name("n2"))
+    lease = await kube.get_lease(OPS, lease_name(f"n2-{id(kube)}"))
     assert lease is not None
     lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"  # long expired
-    await kube.replace_lease("ops", lease)
-    taker = NodeLeases(kube, namespace="ops", identity="alive", duration_s=15)
-    taken = await taker.claim("n2")
+    await kube.replace_lease(OPS, lease)
+    taker = NodeLeases(kube, namespace=OPS, identity="alive", duration_s=15)
+    taken = await taker.claim(f"n2-{id(kube)}")
     assert taken is not None
     assert taken.lease["spec"]["holderIdentity"] == "alive"
     await taken.release()
 
 
 async def test_the_holder_renews_and_release_stops_the_renewal(kube: KubeClient) -> None:
-    leases = NodeLeases(kube, namespace="ops", identity="me", duration_s=15)
-    leases.duration_s = 0.15  # type: ignore[assignment]  # renew every 50 ms for the test
+    leases = NodeLeases(kube, namespace=OPS, identity="me", duration_s=15, renew_every_s=0.05)
     claim = await leases.claim("n3")
     assert claim is not None
     first = claim.lease["spec"]["renewTime"]
@@ -64,7 +81,7 @@ async def test_the_holder_renews_and_release_stops_the_renewal(kube: KubeClient)
     assert claim.lease["spec"]["renewTime"] != first
     await claim.release()
     assert claim._renewer.done()
-    lease = await kube.get_lease("ops", lease_name("n3"))
+    lease = await kube.get_lease(OPS, lease_name("n3"))
     assert lease is not None
     assert not lease["spec"].get("holderIdentity")
 
