@@ -467,8 +467,8 @@ class RealKube:
         spec["nodeSelector"] = {RUN_LABEL: self.run}
         pinned = set(nodes) != self._node_names
         if pinned:
-            term = {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(nodes)}
-            required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+            term = {"key": "metadata.name", "operator": "In", "values": sorted(nodes)}
+            required = {"nodeSelectorTerms": [{"matchFields": [term]}]}
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
         spec["topologySpreadConstraints"] = [
             {
