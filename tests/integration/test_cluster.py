@@ -1,5 +1,6 @@
 """The controller against a Kubernetes API server chosen at run time: a real cluster when ``KUBECONFIG`` is set,
-else the embedded sandbox's API server. AWS is always the sandbox (moto over HTTP).
+else both the test run's real control plane (as if it were a user's cluster) and the embedded sandbox's API
+server. AWS is always the sandbox (moto over HTTP).
 
 On a real cluster the tests touch only what they create: a namespace ``qp-it-<hex>`` and one fake Node per
 test (named as the sandbox instance's private DNS name, labelled ``queue-processor.test/run``, tainted
@@ -119,7 +120,7 @@ class Target:
         container = {"name": "c", "image": "registry.k8s.io/pause:3.10"}
         template = {
             "metadata": {"labels": app},
-            "spec": {"nodeSelector": selector, "containers": [container]},
+            "spec": {"nodeSelector": selector, "tolerations": [TOLERATION], "containers": [container]},
         }
         k8s.AppsV1Api(self.api).create_namespaced_replica_set(
             self.namespace,
@@ -166,11 +167,11 @@ class Target:
         with suppress(ApiException):
             self.core.create_namespaced_pod(self.namespace, mirror)
         _wait(
-            lambda: len([p for p in self.pods_on(node) if p.metadata.labels.get("app") == app["app"]]) == 3,
+            lambda: len([p for p in self.pods_on(node) if (p.metadata.labels or {}).get("app") == app["app"]]) == 3,
             "ReplicaSet pods bound to the node",
         )
         _wait(
-            lambda: any(p.metadata.labels.get("app") == "agent" for p in self.pods_on(node)), "DaemonSet pod"
+            lambda: any((p.metadata.labels or {}).get("app") == "agent" for p in self.pods_on(node)), "DaemonSet pod"
         )
 
 
@@ -187,12 +188,18 @@ def aws() -> Iterator[AwsSandbox]:
         yield sandbox
 
 
-@pytest.fixture
-def target(tmp_path: Path) -> Iterator[Target]:
+@pytest.fixture(params=["cluster"] if REAL else ["emulated", "cluster"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """``cluster``: the cluster of ``KUBECONFIG`` when it is set, else the real control plane of the test run
+    (the same code path: nothing of the sandbox's cluster helpers is used). ``emulated``: the sandbox's API
+    server."""
     run = uuid.uuid4().hex[:8]
     namespace = f"qp-it-{run}"
-    if REAL:
-        kubeconfig = Path(os.environ["KUBECONFIG"])
+    if request.param == "cluster":
+        if REAL:
+            kubeconfig = Path(os.environ["KUBECONFIG"])
+        else:
+            kubeconfig = request.getfixturevalue("control_plane").admin_kubeconfig
         api = k8s_config.new_client_from_config(str(kubeconfig))
         current = Target(api, kubeconfig, run, namespace)
         current.core.create_namespace({"metadata": {"name": namespace}})
@@ -274,7 +281,7 @@ async def test_a_spot_warning_drains_the_node_and_leaves_daemonset_and_mirror_po
     url, (instance,) = _setup(aws, target, 1)
     node = instance.private_dns_name
     before = {p.metadata.uid: p for p in target.pods_on(node)}
-    kept = {uid for uid, p in before.items() if p.metadata.labels.get("app") == "agent"}
+    kept = {uid for uid, p in before.items() if (p.metadata.labels or {}).get("app") == "agent"}
     kept |= {
         uid for uid, p in before.items() if "kubernetes.io/config.mirror" in (p.metadata.annotations or {})
     }
@@ -309,5 +316,5 @@ async def test_an_asg_terminate_action_is_completed_once_after_the_drain(
     completions = [c for c in aws.calls(instance.instance_id) if c.operation == "CompleteLifecycleAction"]
     assert [c.result for c in completions] == ["CONTINUE"]
     assert target.core.read_node(node).spec.unschedulable is True
-    left = [p for p in target.pods_on(node) if p.metadata.labels.get("app", "").startswith("web-")]
+    left = [p for p in target.pods_on(node) if (p.metadata.labels or {}).get("app", "").startswith("web-")]
     assert all(p.metadata.deletion_timestamp is not None for p in left)
