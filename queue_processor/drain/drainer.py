@@ -21,7 +21,11 @@ from typing import Any
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.kube import KubeClient, KubeError
 
-__all__ = ["DrainResult", "Drainer"]
+__all__ = ["TAINT_WRITE_ATTEMPTS", "DrainResult", "Drainer"]
+
+#: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
+#: node between our read and our write).
+TAINT_WRITE_ATTEMPTS = 8
 
 #: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
 EVICTION_RETRY_S = (1.0, 10.0)
@@ -74,20 +78,24 @@ class Drainer:
         taints: Sequence[tuple[str, str, str]] = (),
         labels: Mapping[str, str] | None = None,
     ) -> bool:
-        """Mark the node unschedulable (``spec.unschedulable: true``) and, in the same strategic-merge patch,
-        add ``taints`` (``(key, value, effect)``; taints merge by key, others are kept) and ``labels``: one
-        request for PreDrain and cordon. Idempotent. ``False`` when the node does not exist (404); raises
-        :class:`KubeError` for other failures."""
+        """Mark the node unschedulable (``spec.unschedulable: true``) and, in the same request, add ``taints``
+        (``(key, value, effect)``) and ``labels``: one write for PreDrain and cordon. Idempotent. ``False`` when
+        the node does not exist (404); raises :class:`KubeError` for other failures.
+
+        Without taints this is one strategic-merge patch. With taints it is a read-modify-write: ``Node.spec.taints``
+        has no patch merge key, so a patch that carries taints replaces the whole list on a real API server; the
+        node is read, every taint but ours (same key and effect) is kept as it was, and the patch carries the
+        read ``resourceVersion``, so a concurrent change answers 409 Conflict and the write is retried on a
+        fresh read (:data:`TAINT_WRITE_ATTEMPTS` times)."""
         spec: dict[str, Any] = {"unschedulable": True}
-        if taints:
-            spec["taints"] = [
-                {"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints
-            ]
         patch: dict[str, Any] = {"spec": spec}
         if labels:
             patch["metadata"] = {"labels": dict(labels)}
         try:
-            await self.kube.patch_node(node, patch)
+            if taints:
+                await self._write_taints(node, taints, patch)
+            else:
+                await self.kube.patch_node(node, patch)
         except KubeError as exc:
             if exc.status == 404:
                 return False
@@ -95,10 +103,39 @@ class Drainer:
         return True
 
     async def taint(self, node: str, key: str, value: str, effect: str) -> None:
-        """Add (or update) a taint; strategic merge keys taints by ``key``, so others are kept."""
-        await self.kube.patch_node(
-            node, {"spec": {"taints": [{"key": key, "value": value[:63], "effect": effect}]}}
-        )
+        """Add (or update) one taint, keeping every other taint of the node (read-modify-write, see
+        :meth:`cordon`). Raises :class:`KubeError` (404 when the node is gone)."""
+        await self._write_taints(node, [(key, value, effect)], {})
+
+    async def _write_taints(
+        self, node: str, taints: Sequence[tuple[str, str, str]], patch: dict[str, Any]
+    ) -> None:
+        ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
+        identities = {(taint["key"], taint["effect"]) for taint in ours}
+        for attempt in range(TAINT_WRITE_ATTEMPTS):
+            current = await self.kube.get_node(node)
+            if current is None:
+                raise KubeError(404, "NotFound", f'nodes "{node}" not found')
+            kept = [
+                taint
+                for taint in (current.get("spec") or {}).get("taints") or []
+                if (taint.get("key"), taint.get("effect")) not in identities
+            ]
+            body = {
+                **patch,
+                "metadata": {
+                    **patch.get("metadata", {}),
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                },
+                "spec": {**patch.get("spec", {}), "taints": kept + ours},
+            }
+            try:
+                await self.kube.patch_node(node, body)
+                return
+            except KubeError as exc:
+                if exc.status != 409 or attempt == TAINT_WRITE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
 
     async def drain(self, node: str, deadline: float) -> DrainResult:
         """Evict the node's pods and wait until they are gone, or until ``deadline`` (a ``clock`` reading).

@@ -167,11 +167,15 @@ class Target:
         with suppress(ApiException):
             self.core.create_namespaced_pod(self.namespace, mirror)
         _wait(
-            lambda: len([p for p in self.pods_on(node) if (p.metadata.labels or {}).get("app") == app["app"]]) == 3,
+            lambda: (
+                len([p for p in self.pods_on(node) if (p.metadata.labels or {}).get("app") == app["app"]])
+                == 3
+            ),
             "ReplicaSet pods bound to the node",
         )
         _wait(
-            lambda: any((p.metadata.labels or {}).get("app") == "agent" for p in self.pods_on(node)), "DaemonSet pod"
+            lambda: any((p.metadata.labels or {}).get("app") == "agent" for p in self.pods_on(node)),
+            "DaemonSet pod",
         )
 
 

@@ -1,0 +1,133 @@
+"""Cordon and taint keep every taint that is not ours, on both API servers.
+
+``Node.spec.taints`` has no patch merge key: a strategic-merge patch that carries taints replaces the whole list
+on a real API server (the emulation merged them by key, so the bug passed every test: TAINT_NODE or
+ENABLE_OUT_OF_SERVICE_TAINT wiped the node's other taints). The drainer reads, modifies and writes the list with
+the read resourceVersion, and retries a write that a concurrent change made conflict.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.filters import DrainOptions
+from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.sandbox.clock import SandboxClock
+from queue_processor.sandbox.cluster import KubeCluster
+from queue_processor.sandbox.kube import KubeSandbox
+from tests.conftest import KUBERNETES
+
+OTHER = {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}
+
+
+@pytest.fixture(scope="module", params=KUBERNETES)
+def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
+    if request.param == "emulated":
+        with KubeSandbox(SandboxClock(0.01)) as sandbox:
+            yield sandbox
+        return
+    from queue_processor.sandbox.real_kube import RealKube
+
+    with RealKube(SandboxClock(0.01), plane=request.getfixturevalue("control_plane")) as real:
+        yield real
+
+
+@pytest.fixture
+async def kube(cluster: KubeCluster, tmp_path: Path) -> AsyncIterator[KubeClient]:
+    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))))
+    yield client
+    client.close()
+
+
+async def tainted_node(cluster: KubeCluster, kube: KubeClient) -> str:
+    """A Ready node that already carries a taint of someone else's."""
+    name = f"ip-10-1-0-{uuid.uuid4().hex[:6]}.ec2.internal"
+    cluster.add_node(name)
+    cluster.wait_for_nodes([name])
+    await kube.patch_node(name, {"spec": {"taints": [OTHER]}})
+    return name
+
+
+async def taints_of(kube: KubeClient, name: str) -> dict[tuple[str, str], str]:
+    node = await kube.get_node(name)
+    assert node is not None
+    return {(t["key"], t["effect"]): t.get("value", "") for t in node["spec"].get("taints") or []}
+
+
+def drainer(kube: KubeClient) -> Drainer:
+    return Drainer(kube, DrainOptions(), budget=1)
+
+
+async def test_cordon_with_taints_keeps_the_other_taints(cluster: KubeCluster, kube: KubeClient) -> None:
+    name = await tainted_node(cluster, kube)
+    ours = ("aws-node-termination-handler/spot-itn", "spot-interruption-1", "NoSchedule")
+    assert await drainer(kube).cordon(name, taints=[ours], labels={"example.com/leaving": "true"})
+    node = await kube.get_node(name)
+    assert node is not None
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["labels"]["example.com/leaving"] == "true"
+    taints = await taints_of(kube, name)
+    assert taints[(OTHER["key"], OTHER["effect"])] == OTHER["value"]
+    assert taints[(ours[0], ours[2])] == ours[1]
+    # Again, with a new value: ours is replaced (same key and effect), the other stays, nothing doubles.
+    assert await drainer(kube).cordon(name, taints=[(ours[0], "spot-interruption-2", ours[2])])
+    taints = await taints_of(kube, name)
+    assert taints[(ours[0], ours[2])] == "spot-interruption-2"
+    assert taints[(OTHER["key"], OTHER["effect"])] == OTHER["value"]
+    node = await kube.get_node(name)
+    assert node is not None
+    keys = [(t["key"], t["effect"]) for t in node["spec"]["taints"]]
+    assert len(keys) == len(set(keys))
+
+
+async def test_the_out_of_service_taint_keeps_the_other_taints(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    name = await tainted_node(cluster, kube)
+    await drainer(kube).taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+    taints = await taints_of(kube, name)
+    assert taints[("node.kubernetes.io/out-of-service", "NoExecute")] == "nodeshutdown"
+    assert taints[(OTHER["key"], OTHER["effect"])] == OTHER["value"]
+
+
+async def test_a_taint_written_between_our_read_and_our_write_is_kept(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    """Another writer changes the node after our read: our write answers 409 Conflict and is retried on a fresh
+    read, so the other writer's taint survives."""
+    name = await tainted_node(cluster, kube)
+    late = {"key": "example.com/late", "value": "yes", "effect": "PreferNoSchedule"}
+    reads = 0
+    original = kube.get_node
+
+    async def get_then_interfere(node_name: str) -> dict[str, Any] | None:
+        nonlocal reads
+        node = await original(node_name)
+        reads += 1
+        if reads == 1:  # someone else writes after our first read
+            current = await original(node_name)
+            assert current is not None
+            taints = [*(current["spec"].get("taints") or []), late]
+            await kube.patch_node(node_name, {"spec": {"taints": taints}})
+        return node
+
+    kube.get_node = get_then_interfere  # type: ignore[method-assign]
+    assert await drainer(kube).cordon(name, taints=[("ours", "1", "NoSchedule")])
+    assert reads == 2  # the conflicted write was retried on a fresh read
+    taints = await taints_of(kube, name)
+    assert set(taints) >= {
+        (OTHER["key"], OTHER["effect"]),
+        (late["key"], late["effect"]),
+        ("ours", "NoSchedule"),
+    }
+
+
+async def test_cordon_of_a_missing_node_is_false(kube: KubeClient) -> None:
+    assert not await drainer(kube).cordon("no-such-node", taints=[("ours", "1", "NoSchedule")])
+    assert not await drainer(kube).cordon("no-such-node")
