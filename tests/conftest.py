@@ -60,3 +60,40 @@ def control_plane() -> Iterator[Any]:
 
 #: The two Kubernetes API servers a backend-neutral test runs against.
 KUBERNETES = ["emulated", "real"]
+
+
+@pytest.fixture(scope="session")
+def chart_rbac() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The controller's RBAC as the Helm chart renders it with Helm's own engine (helm-python-sdk), with every
+    feature that needs a rule turned on (node Leases, Kubernetes Events): (ClusterRole rules, Role rules).
+    Skipped when Helm's engine cannot be loaded (failed with QP_REQUIRE_REAL_CLUSTER=1 or CI)."""
+    import yaml
+
+    try:
+        import helm_python
+
+        helm_python.helm_sdk_version()
+    except Exception as exc:  # ImportError, OSError, helm_python.HelmLibraryError: no usable libhelm_c
+        if REQUIRE_REAL_CLUSTER or os.environ.get("CI"):
+            pytest.fail(f"Helm's engine (helm-python-sdk) cannot be used: {exc!r}")
+        pytest.skip(f"Helm's engine (helm-python-sdk) cannot be used: {exc!r}")
+    chart = helm_python.Chart.load(str(ROOT / "charts" / "queue-processor"))
+    try:
+        values = {
+            "queueURL": "https://sqs.us-east-1.amazonaws.com/123456789012/queue-processor",
+            "nodeLeases": True,
+            "emitKubernetesEvents": True,
+        }
+        files = chart.render(values=values, name="queue-processor", namespace="queue-processor")
+    finally:
+        chart.close()
+    objects = [
+        doc
+        for path, text in files.items()
+        if path.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    return list(cluster_role["rules"]), list(role["rules"])

@@ -214,6 +214,8 @@ class RealKube:
         """Start the control plane when this object owns it, and the node and pod informers."""
         if self._owns_plane:
             self.plane.start()
+        with contextlib.suppress(FileNotFoundError):  # this run's requests start here
+            self._audit_offset = self.plane.audit_log.stat().st_size
         selector = f"{RUN_LABEL}={self.run}"
         self._nodes = _Informer(self.plane, "nodes", selector)
         self._pods = _Informer(self.plane, "pods", selector)
@@ -678,6 +680,8 @@ class RealKube:
             described = f"{event['verb']} {resource}" + (
                 f"/{ref['subresource']}" if ref.get("subresource") else ""
             )
+            if not self._ours(user):
+                continue
             self._by_user[(user, described, code)] += 1
             if user != self.admin_user:
                 self._requests[described] += 1
@@ -694,6 +698,13 @@ class RealKube:
                 if node:
                     self._last_eviction[node] = datetime.fromisoformat(event["stageTimestamp"])
 
+    def _ours(self, user: str) -> bool:
+        """Whether ``user`` acts for this run: the administrator, or a ServiceAccount of one of its namespaces."""
+        if user == self.admin_user:
+            return True
+        parts = user.split(":")
+        return len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and parts[2] in self._namespaces
+
     def _last_known_pod(self, key: Key) -> Obj | None:
         assert self._pods is not None
         for _ in range(50):  # the watch may be a moment behind the audit log
@@ -708,7 +719,7 @@ class RealKube:
 
     @property
     def requests(self) -> Counter[str]:
-        """Requests served to anyone but the sandbox's administrator and the control plane's own components, by
+        """Requests served since :meth:`start` to the ServiceAccounts of this run's namespaces (the controller's), by
         ``"<verb> <resource>[/<subresource>]"`` (``list pods``, ``create pods/eviction``), from the audit log."""
         with self.lock:
             self._read_audit()
@@ -722,7 +733,8 @@ class RealKube:
             return Counter({(what, code): n for (who, what, code), n in self._by_user.items() if who == user})
 
     def denied(self) -> Counter[tuple[str, str]]:
-        """Requests answered 403 Forbidden, by (user, ``"<verb> <resource>"``)."""
+        """Requests of this run (its administrator and its ServiceAccounts) answered 403 Forbidden, by (user,
+        ``"<verb> <resource>"``)."""
         with self.lock:
             self._read_audit()
             return Counter({(who, what): n for (who, what, code), n in self._by_user.items() if code == 403})

@@ -47,7 +47,10 @@ def sandbox(
     )
     real = request.param == "real"
     plane = request.getfixturevalue("control_plane") if real else None
-    with Sandbox(options, workdir=tmp_path / "sandbox", kubernetes=request.param, plane=plane) as running:
+    rbac = request.getfixturevalue("chart_rbac") if real else None  # the chart's rules, rendered by Helm
+    with Sandbox(
+        options, workdir=tmp_path / "sandbox", kubernetes=request.param, plane=plane, rbac=rbac
+    ) as running:
         for key, value in running.env().items():
             monkeypatch.setenv(key, value)
         yield running

@@ -1,5 +1,6 @@
 """Every sandbox scenario, end to end with the controller, on both Kubernetes API servers: the emulation and the
-real control plane (where the controller runs as a ServiceAccount with only its RBAC rules). What is judged is
+real control plane (where the controller runs as a ServiceAccount whose only rights are the ClusterRole and Role
+that the Helm chart renders, and must get no 403). What is judged is
 what ``queue-processor sandbox --scenario`` judges (:func:`queue_processor.sandbox.run.as_expected`): no message
 left, nothing in the dead-letter queue but poison, no DaemonSet pod evicted, no lifecycle action timed out, no
 task left behind."""
@@ -28,11 +29,15 @@ async def test_the_scenario_ends_as_expected(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    plane = request.getfixturevalue("control_plane") if kubernetes == "real" else None
+    real = kubernetes == "real"
+    plane = request.getfixturevalue("control_plane") if real else None
+    rbac = request.getfixturevalue("chart_rbac") if real else None  # the chart's rules, rendered by Helm
     options = SandboxOptions(
         nodes=6, scale=0.05, node_register_s=20, node_ready_s=10, cluster=ClusterSpec(apps=4)
     )
-    with Sandbox(options, workdir=tmp_path / "sandbox", kubernetes=kubernetes, plane=plane) as sandbox:  # type: ignore[arg-type]
+    with Sandbox(
+        options, workdir=tmp_path / "sandbox", kubernetes=kubernetes, plane=plane, rbac=rbac
+    ) as sandbox:  # type: ignore[arg-type]
         for key, value in sandbox.env().items():
             monkeypatch.setenv(key, value)
         summary = await run_scenario(sandbox, scenario, timeout_s=120)
