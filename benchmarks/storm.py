@@ -19,11 +19,20 @@ Measured in the same run:
 - ``peak_rss_mib``: the controller process's peak resident memory (VmHWM);
 - ``tasks_left``: operation tasks alive when the queue is empty.
 
+With ``--kubernetes real`` the cluster is on a real control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, KWOK; ``make cluster-bin``) and the controller runs as a ServiceAccount with only its RBAC rules;
+the JSON then carries ``kubernetes: "real"`` and the API server's own view of the storm from its ``/metrics``:
+``apiserver_requests`` (apiserver_request_total by verb and code, every client), ``apf_rejected`` (requests
+API Priority and Fairness rejected with 429, by priority level and reason) and ``controller_requests_by_code``
+(the controller's own requests by HTTP status, from the audit log); ``slowest_pod_termination_s`` is the longest
+pod grace period (real seconds) and ``goal_seconds`` 1.1 x max(the client QPS floor, that).
+
 Last line: one JSON object with those figures and ``ratio_to_floor``. Goals (issue 6): ratio_to_floor ≤ 1.2,
 p99 receive→cordon ≤ 1 s, all drained within the notice, ≤ 2 x pods + 10 requests per node, RSS ≤ 150 MiB,
 0 tasks left.
 
-Usage: ``python benchmarks/storm.py [--nodes 1000] [--spare 250] [--scale 1.0] [--qps 200] [--pdb 30%]``
+Usage: ``python benchmarks/storm.py [--nodes 1000] [--spare 250] [--scale 1.0] [--qps 200] [--pdb 30%]
+[--kubernetes emulated|real]``
 """
 
 from __future__ import annotations
@@ -73,7 +82,11 @@ def floor_seconds(sandbox: Sandbox, count: int) -> float:
 
 
 def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return _parse(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+
+
+def _parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text format → samples by metric name."""
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -144,6 +157,12 @@ def main() -> None:
     ap.add_argument("--log", type=Path, default=None, help="keep the controller's log (info level) here")
     ap.add_argument("--timeline", action="store_true", help="print cordoned/evicted/deleted over time")
     ap.add_argument("--pdb", default="30%", help="maxUnavailable of every PodDisruptionBudget (default 30%%)")
+    ap.add_argument(
+        "--kubernetes",
+        choices=["emulated", "real"],
+        default="emulated",
+        help="the sandbox's API emulation (default) or a real control plane (make cluster-bin)",
+    )
     args = ap.parse_args()
     spare = args.spare if args.spare is not None else max(1, args.nodes // 4)
     options = SandboxOptions(
@@ -152,8 +171,22 @@ def main() -> None:
         scale=args.scale,
         cluster=ClusterSpec(apps=10, pdb_max_unavailable=args.pdb, empty_dir_pods=0, unreplicated_pods=0),
     )
-    with tempfile.TemporaryDirectory() as workdir, Sandbox(options, workdir=Path(workdir)) as sandbox:
-        print(f"sandbox: {len(sandbox.instances)} nodes, {len(sandbox.kube.objects('pods'))} pods")
+    plane = None
+    if args.kubernetes == "real":
+        from queue_processor.sandbox.control_plane import ControlPlane
+
+        # Thousands of nodes: KWOK renews each node's Lease every 150 s instead of every 10 s; the control
+        # plane's own controllers get the API rate they need to create and bind the pods in minutes.
+        plane = ControlPlane(node_lease_s=600, client_qps=500, start_timeout_s=180).start()
+    built_at = time.perf_counter()
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        Sandbox(options, workdir=Path(workdir), kubernetes=args.kubernetes, plane=plane) as sandbox,
+    ):
+        print(
+            f"sandbox ({args.kubernetes}): {len(sandbox.instances)} nodes, {len(sandbox.kube.objects('pods'))} pods"
+            f", built in {time.perf_counter() - built_at:.0f} s"
+        )
         floor = floor_seconds(sandbox, args.nodes)
         print(f"floor: receive+delete {args.nodes} messages in {floor:.2f} s")
         port = _free_port()
@@ -175,6 +208,7 @@ def main() -> None:
             sandbox.aws.spot_interruption(instance.instance_id)
         published = time.perf_counter() - published_at
         kube_before = sum(sandbox.kube.requests.values())
+        apiserver_before = _parse(plane.metrics()) if plane is not None else {}
         log = open(Path(workdir) / "controller.log", "w")  # noqa: SIM115 - closed below
         started = time.perf_counter()
         process = subprocess.Popen(
@@ -214,6 +248,7 @@ def main() -> None:
                 )
                 print("\n".join(timeline[:: max(1, len(timeline) // 40)]))
             kube_requests = sum(sandbox.kube.requests.values()) - kube_before
+            apiserver_after = _parse(plane.metrics()) if plane is not None else {}
             # The messages that followed (state changes of terminated instances) settle too: then count what
             # is left (tasks, messages), up to 60 s.
             settle_until = time.perf_counter() + 60
@@ -253,14 +288,57 @@ def main() -> None:
                 "qps_floor_seconds": round(kube_requests / args.qps, 2),
                 "evictions": len(sandbox.kube.evictions),
                 "scale": args.scale,
+                "kubernetes": args.kubernetes,
             }
+            slowest = max(
+                (
+                    int(p["spec"].get("terminationGracePeriodSeconds") or 0)
+                    for p in sandbox.kube.objects("pods")
+                ),
+                default=0,
+            )
+            figures["slowest_pod_termination_s"] = slowest
+            figures["goal_seconds"] = round(1.1 * max(kube_requests / args.qps, slowest), 2)
+            if plane is not None:
+                figures["apiserver_requests"] = _delta(
+                    apiserver_before, apiserver_after, "apiserver_request_total", ("verb", "code")
+                )
+                figures["apf_rejected"] = _delta(
+                    apiserver_before,
+                    apiserver_after,
+                    "apiserver_flowcontrol_rejected_requests_total",
+                    ("priority_level", "reason"),
+                )
+                by_code: dict[str, int] = {}
+                for (_what, code), count in sandbox.kube.requests_by(  # type: ignore[attr-defined]
+                    f"system:serviceaccount:{sandbox.controller_namespace}:queue-processor"
+                ).items():
+                    by_code[str(code)] = by_code.get(str(code), 0) + count
+                figures["controller_requests_by_code"] = by_code
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(30)
             log.close()
             if args.log:
                 args.log.write_text((Path(workdir) / "controller.log").read_text())
+    if plane is not None:
+        plane.stop()
     print(json.dumps(figures))
+
+
+def _delta(
+    before: dict[str, list[tuple[dict[str, str], float]]],
+    after: dict[str, list[tuple[dict[str, str], float]]],
+    name: str,
+    keys: tuple[str, ...],
+) -> dict[str, int]:
+    """How much a counter grew between two scrapes, summed by the given labels (joined with a space)."""
+    totals: dict[str, float] = {}
+    for sign, samples in ((-1, before.get(name, [])), (1, after.get(name, []))):
+        for labels, value in samples:
+            key = " ".join(labels.get(k, "") for k in keys)
+            totals[key] = totals.get(key, 0.0) + sign * value
+    return {key: int(value) for key, value in sorted(totals.items()) if value}
 
 
 if __name__ == "__main__":

@@ -54,11 +54,14 @@ class KubeCluster(Protocol):
         labels: dict[str, str],
         grace_s: int = 30,
         empty_dir: bool = False,
+        wait: bool = True,
     ) -> list[str]: ...
 
     def add_daemonset(
-        self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30
+        self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30, wait: bool = True
     ) -> None: ...
+
+    def wait_for_ready_pods(self, namespace: str, labels: dict[str, str], count: int) -> None: ...
 
     def add_pdb(
         self,
@@ -91,6 +94,7 @@ class KubeCluster(Protocol):
         mirror: bool = False,
         phase: str = "Running",
         ready: bool = True,
+        wait: bool = True,
     ) -> None: ...
 
     def ensure_namespace(self, namespace: str) -> None: ...
@@ -177,21 +181,31 @@ def build_kubernetes(
             },
         )
     kube.wait_for_nodes(names)
+    # Everything is created first and waited for together (on a real control plane the controllers, the
+    # scheduler and KWOK work on all of it at once); the budgets come last, computed over Ready pods.
+    waits: list[tuple[str, dict[str, str], int]] = []
     if spec.daemonset:
         kube.add_daemonset(
-            spec.system_namespace, "node-agent", labels={"app": "node-agent"}, grace_s=spec.grace_s
+            spec.system_namespace,
+            "node-agent",
+            labels={"app": "node-agent"},
+            grace_s=spec.grace_s,
+            wait=False,
         )
+        waits.append((spec.system_namespace, {"app": "node-agent"}, len(names)))
     for index in range(spec.apps):
         app = f"app-{index:03d}"
+        replicas = len(names) * spec.replicas_per_node
         kube.add_replicaset(
             spec.namespace,
             app,
             nodes=names,
-            replicas=len(names) * spec.replicas_per_node,
+            replicas=replicas,
             labels={"app": app},
             grace_s=spec.grace_s,
+            wait=False,
         )
-        kube.add_pdb(spec.namespace, app, match_labels={"app": app}, max_unavailable=spec.pdb_max_unavailable)
+        waits.append((spec.namespace, {"app": app}, replicas))
     if spec.mirror_pods:
         for name in names:
             kube.add_pod(
@@ -200,7 +214,9 @@ def build_kubernetes(
                 node=name,
                 labels={"app": "kube-proxy"},
                 mirror=True,
+                wait=False,
             )
+        waits.append((spec.system_namespace, {"app": "kube-proxy"}, len(names)))
     if spec.empty_dir_pods:
         kube.add_replicaset(
             spec.namespace,
@@ -210,7 +226,9 @@ def build_kubernetes(
             labels={"app": "cache"},
             grace_s=spec.grace_s,
             empty_dir=True,
+            wait=False,
         )
+        waits.append((spec.namespace, {"app": "cache"}, spec.empty_dir_pods))
     for index in range(spec.unreplicated_pods):
         kube.add_pod(
             spec.namespace,
@@ -218,5 +236,13 @@ def build_kubernetes(
             node=names[index % len(names)],
             labels={"app": "debug"},
             grace_s=spec.grace_s,
+            wait=False,
         )
+    if spec.unreplicated_pods:
+        waits.append((spec.namespace, {"app": "debug"}, spec.unreplicated_pods))
+    for namespace, labels, count in waits:
+        kube.wait_for_ready_pods(namespace, labels, count)
+    for index in range(spec.apps):
+        app = f"app-{index:03d}"
+        kube.add_pdb(spec.namespace, app, match_labels={"app": app}, max_unavailable=spec.pdb_max_unavailable)
     return names

@@ -384,8 +384,10 @@ class KubeSandbox:
         labels: dict[str, str],
         grace_s: int = 30,
         empty_dir: bool = False,
+        wait: bool = True,
     ) -> list[str]:
-        """A ReplicaSet of ``replicas`` Ready pods placed round-robin on ``nodes``; returns the pod names."""
+        """A ReplicaSet of ``replicas`` Ready pods placed round-robin on ``nodes``; returns the pod names (they are
+        Ready at once: ``wait`` is accepted for the real backend's sake)."""
         rs = self._store_new(
             "replicasets",
             {
@@ -404,8 +406,11 @@ class KubeSandbox:
                 self._insert("pods", pod)
         return names
 
-    def add_daemonset(self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30) -> None:
-        """A DaemonSet with one Ready pod on every node, now and on nodes that appear later."""
+    def add_daemonset(
+        self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30, wait: bool = True
+    ) -> None:
+        """A DaemonSet with one Ready pod on every node, now and on nodes that appear later (at once: ``wait`` is
+        accepted for the real backend's sake)."""
         ds = self._store_new(
             "daemonsets",
             {
@@ -422,6 +427,9 @@ class KubeSandbox:
         with self.lock:
             for node in list(self._objects["nodes"].values()):
                 self._daemon_pod(ds, node["metadata"]["name"])
+
+    def wait_for_ready_pods(self, namespace: str, labels: dict[str, str], count: int) -> None:
+        """Nothing to wait for: the emulation's pods are Ready when they are added."""
 
     def add_pdb(
         self,
@@ -475,9 +483,10 @@ class KubeSandbox:
         mirror: bool = False,
         phase: str = "Running",
         ready: bool = True,
+        wait: bool = True,
     ) -> None:
         """A pod without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``; in
-        ``phase``, and Ready when Running and ``ready``."""
+        ``phase``, and Ready when Running and ``ready`` (at once: ``wait`` is for the real backend)."""
         template = self._pod_template(labels or {}, grace_s, empty_dir)
         pod = self._pod(namespace, name, node, template, None, phase=phase)
         if not ready:

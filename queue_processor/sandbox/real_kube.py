@@ -493,7 +493,7 @@ class RealKube:
                 },
             },
         )
-        if not wait:
+        if not wait:  # the caller waits (wait_for_ready_pods); a pin stays
             return []
         self.wait_for_ready_pods(namespace, labels, replicas)
         if pinned:
@@ -629,15 +629,19 @@ class RealKube:
         mirror: bool = False,
         phase: str = "Running",
         ready: bool = True,
+        wait: bool = True,
     ) -> None:
         """A pod bound to ``node`` without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``
         (owned by its Node, as the kubelet makes them). ``phase`` other than Running, or not ``ready``: the pod's
         status is set by the sandbox (Succeeded/Failed: finished; Pending: not started; Running and not Ready),
-        not by KWOK."""
+        not by KWOK. With ``wait``, returns once KWOK has made it Running and Ready."""
         self.ensure_namespace(namespace)
         metadata: Obj = {"name": name, "labels": {**(labels or {}), RUN_LABEL: self.run}, "annotations": {}}
         if mirror:
-            node_obj = self.plane.request("GET", f"/api/v1/nodes/{node}")
+            assert self._nodes is not None
+            with self._nodes.lock:
+                cached = self._nodes.objects.get(("", node))
+            node_obj = cached or self.plane.request("GET", f"/api/v1/nodes/{node}")
             metadata["annotations"]["kubernetes.io/config.mirror"] = uuid.uuid4().hex
             metadata["ownerReferences"] = [
                 {
@@ -660,7 +664,7 @@ class RealKube:
                 lambda: (self.get("pods", name, namespace) or {}).get("status", {}).get("phase") == phase,
                 f"pod {namespace}/{name} {phase}",
             )
-        else:
+        elif wait:
             self.wait_for_ready_pods(namespace, {**(labels or {}), RUN_LABEL: self.run}, 1)
 
     # ------------------------------------------------------------------------------------- audit
