@@ -111,6 +111,9 @@ class KubeCluster(Protocol):
     @property
     def requests(self) -> Any: ...
 
+    @property
+    def last_eviction(self) -> dict[str, Any]: ...
+
 
 @dataclass(frozen=True)
 class Instance:
