@@ -298,6 +298,11 @@ def main() -> None:
                 default=0,
             )
             figures["slowest_pod_termination_s"] = slowest
+            by_owner: dict[str, int] = {}
+            for pod in sandbox.kube.evictions:
+                kind = ((pod["metadata"].get("ownerReferences") or [{}])[0]).get("kind") or "none"
+                by_owner[kind] = by_owner.get(kind, 0) + 1
+            figures["evicted_by_owner"] = by_owner
             figures["goal_seconds"] = round(1.1 * max(kube_requests / args.qps, slowest), 2)
             if plane is not None:
                 figures["apiserver_requests"] = _delta(

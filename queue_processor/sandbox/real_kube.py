@@ -400,15 +400,21 @@ class RealKube:
             self._later(register_after_s, register)
 
     def wait_for_nodes(self, names: list[str], timeout_s: float = 60.0) -> None:
-        """Block until every named Node exists and is Ready; raises ``TimeoutError`` after ``timeout_s`` real
-        seconds."""
+        """Block until every named Node exists, is Ready and has lost the ``node.kubernetes.io/not-ready`` taint
+        (the node lifecycle controller removes it a few seconds after Ready: pods created before would all land on
+        the first nodes it cleared); raises ``TimeoutError`` after ``timeout_s`` real seconds."""
         wanted = set(names)
 
         def ready() -> bool:
             assert self._nodes is not None
             with self._nodes.lock:
                 return all(
-                    (node := self._nodes.objects.get(("", name))) is not None and _node_ready(node)
+                    (node := self._nodes.objects.get(("", name))) is not None
+                    and _node_ready(node)
+                    and not any(
+                        t.get("key") in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+                        for t in (node.get("spec") or {}).get("taints") or []
+                    )
                     for name in wanted
                 )
 
