@@ -25,6 +25,7 @@ when it was not 0).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import http.client
@@ -201,6 +202,9 @@ class RealKube:
         self._requests: Counter[str] = Counter()
         self._by_user: Counter[tuple[str, str, int]] = Counter()
         self._evictions: list[Obj] = []
+        self._pending: collections.deque[tuple[Key, str]] = (
+            collections.deque()
+        )  # evictions read from the audit log, pod not resolved yet
         self._last_eviction: dict[str, datetime] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -475,8 +479,12 @@ class RealKube:
         spec["nodeSelector"] = {RUN_LABEL: self.run}
         pinned = set(nodes) != self._node_names
         if pinned:
-            term = {"key": "metadata.name", "operator": "In", "values": sorted(nodes)}
-            required = {"nodeSelectorTerms": [{"matchFields": [term]}]}
+            # one term per node (terms are ORed): a metadata.name field term takes one value
+            terms = [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                for node in sorted(nodes)
+            ]
+            required = {"nodeSelectorTerms": terms}
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
         spec["topologySpreadConstraints"] = [
             {
@@ -699,14 +707,35 @@ class RealKube:
                 ((event.get("requestObject") or {}).get("deleteOptions") or {}).get("dryRun") or []
             )
             if ref.get("subresource") == "eviction" and code == 201 and not dry_run:
-                key = (ref.get("namespace", ""), ref.get("name", ""))
-                pod = self._last_known_pod(key)
-                if pod is None:
-                    continue  # not a pod of this run
-                self._evictions.append(pod)
-                node = (pod.get("spec") or {}).get("nodeName")
-                if node:
-                    self._last_eviction[node] = datetime.fromisoformat(event["stageTimestamp"])
+                self._pending.append(
+                    ((ref.get("namespace", ""), ref.get("name", "")), event["stageTimestamp"])
+                )
+        self._resolve_pending()
+
+    def _resolve_pending(self) -> None:
+        """Turn the evictions read from the audit log into the pods they evicted, as the informer last saw them;
+        one the informer has not seen yet is waited for a moment (up to 1 s in all), then left for the next
+        read."""
+        deadline = time.monotonic() + 1.0
+        while self._pending:
+            key, stamp = self._pending[0]
+            if key[0] not in self._namespaces:  # not a pod of this run
+                self._pending.popleft()
+                continue
+            assert self._pods is not None
+            with self._pods.lock:
+                pod = self._pods.objects.get(key) or self._pods.gone.get(key)
+            if pod is None:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+                continue
+            self._pending.popleft()
+            pod = copy.deepcopy(pod)
+            self._evictions.append(pod)
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                self._last_eviction[node] = datetime.fromisoformat(stamp)
 
     def _ours(self, user: str) -> bool:
         """Whether ``user`` acts for this run: the administrator, or a ServiceAccount of one of its namespaces."""
@@ -714,18 +743,6 @@ class RealKube:
             return True
         parts = user.split(":")
         return len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and parts[2] in self._namespaces
-
-    def _last_known_pod(self, key: Key) -> Obj | None:
-        assert self._pods is not None
-        for _ in range(50):  # the watch may be a moment behind the audit log
-            with self._pods.lock:
-                pod = self._pods.objects.get(key) or self._pods.gone.get(key)
-                if pod is not None:
-                    return copy.deepcopy(pod)
-            if key[0] not in self._namespaces:
-                return None
-            time.sleep(0.02)
-        return None
 
     @property
     def requests(self) -> Counter[str]:
