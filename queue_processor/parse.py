@@ -68,9 +68,17 @@ def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResul
     whose ``outcome`` is ``"events"``, ``"skip"`` (with a reason) or ``"poison"`` (with a reason).
     """
     try:
-        return _parse(body, message, wrapped=False)
+        result = _parse(body, message, wrapped=False)
     except Exception as exc:  # parse is total: a bug in a kind parser must not kill the receive loop
         return ParseResult.poison(f"unexpected {type(exc).__name__} while parsing: {exc}")
+    for event in result.events:
+        # Computed here, not on first use: a time whose start time cannot be represented (``9999-12-31``
+        # plus a Spot notice's 120 s) is poison now, not an OverflowError in the middle of a drain.
+        try:
+            event.start_time  # noqa: B018 - computed and cached for its check
+        except (OverflowError, ValueError) as exc:
+            return ParseResult.poison(f"time: start time out of range ({exc})", result.envelope)
+    return result
 
 
 def _size_reason(body: str | bytes) -> str | None:

@@ -55,6 +55,15 @@ def test_inspect_reads_stdin() -> None:
     assert json.loads(result.output)["file"] == "-"
 
 
+def test_inspect_calls_a_notice_ending_past_year_9999_poison() -> None:
+    far = SPOT.replace("2026-11-22T12:00:00Z", "9999-12-31T23:59:59Z")
+    result = CliRunner().invoke(main, ["inspect", "-"], input=far)
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output)
+    assert line["outcome"] == "poison"
+    assert line["reason"].startswith("time: start time out of range")
+
+
 def test_inspect_exits_2_when_a_file_cannot_be_read(tmp_path: Path) -> None:
     (tmp_path / "spot.json").write_text(SPOT)
     result = CliRunner().invoke(

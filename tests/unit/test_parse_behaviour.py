@@ -311,6 +311,26 @@ def test_a_time_without_a_timezone_is_poison() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        spot(time="9999-12-31T23:59:59Z"),  # + the 120 s notice: past the last representable time
+        spot(time="9999-12-31T23:58:30Z"),
+    ],
+)
+def test_a_start_time_past_the_representable_is_poison_at_parse_time(body: str) -> None:
+    result = parse(body, MESSAGE)
+    assert result.outcome == "poison"
+    assert (result.reason or "").startswith("time: start time out of range")
+
+
+def test_a_far_future_time_that_fits_is_an_event() -> None:
+    (event,) = parse(spot(time="9999-12-31T23:57:59Z")).events
+    assert event.start_time == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    (action,) = parse(direct(Time="9999-12-31T23:59:59Z")).events  # starts at its time: representable
+    assert action.start_time == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
 def test_an_event_built_in_code_derives_the_same_identity_as_a_parsed_one() -> None:
     (parsed,) = parse(spot()).events
     built = SpotInterruptionEvent(instance_id="i-0abc", time=parsed.time, source_id=parsed.source_id)
