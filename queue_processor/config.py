@@ -24,6 +24,7 @@ __all__ = [
     "configuration_markdown",
     "env_name",
     "load_settings",
+    "queue_account",
     "region_from_queue_url",
 ]
 
@@ -51,6 +52,13 @@ def region_from_queue_url(url: str) -> str | None:
     China's ``….amazonaws.com.cn``), or ``None`` when the URL names none (e.g. a local endpoint)."""
     match = _QUEUE_URL_REGION.match(url)
     return match.group("region") if match else None
+
+
+def queue_account(url: str) -> str | None:
+    """The AWS account ID in an SQS queue URL (the first path segment when it is 12 digits:
+    ``https://sqs.us-east-1.amazonaws.com/123456789012/q``), or ``None``."""
+    match = re.match(r"^https?://[^/]+/(\d{12})/", url)
+    return match.group(1) if match else None
 
 
 def _field(
@@ -90,8 +98,9 @@ class Settings(BaseSettings):
     )
     queue_urls: Annotated[list[str], NoDecode] = _field(
         [],
-        "More queues to consume, comma-separated (e.g. one per region or per account); each gets its own "
-        "receive loops.",
+        "More queues to consume, comma-separated, each with its own receive loops. They must be in the "
+        "region of AWS_REGION and the account of QUEUE_URL: the EC2 and Auto Scaling calls for their "
+        "instances go to that one region and account (run one controller per region or account).",
         nth="none: NTH consumes one queue",
     )
     aws_region: str = _field(
@@ -401,7 +410,31 @@ class Settings(BaseSettings):
             if region is None:
                 raise ValueError("AWS_REGION is not set and the queue URL names no region")
             self.__dict__["aws_region"] = region  # frozen model: set once, during validation
+        self._check_one_region_and_account()
         return self
+
+    def _check_one_region_and_account(self) -> None:
+        """Every queue in AWS_REGION and in one account: SQS, EC2 and Auto Scaling are called in one region
+        with one set of credentials, so the instances of a queue elsewhere would come back unknown to EC2 and
+        their messages be acknowledged with nothing done. Raises ``ValueError`` naming the first queue that
+        is elsewhere."""
+        accounts: dict[str, str] = {}
+        for url in self.all_queue_urls:
+            region = region_from_queue_url(url)
+            if region is not None and region != self.aws_region:
+                raise ValueError(
+                    f"queue {url} is in {region} but AWS_REGION is {self.aws_region}: EC2 and Auto Scaling "
+                    "are called in one region; run one controller per region"
+                )
+            account = queue_account(url)
+            if account is not None:
+                accounts.setdefault(account, url)
+        if len(accounts) > 1:
+            (first, first_url), (other, other_url) = list(accounts.items())[:2]
+            raise ValueError(
+                f"queue {other_url} is in account {other}, queue {first_url} in {first}: EC2 and Auto Scaling "
+                "are called with one account's credentials; run one controller per account"
+            )
 
     @property
     def all_queue_urls(self) -> list[str]:

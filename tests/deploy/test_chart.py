@@ -78,8 +78,8 @@ STRICTER_IN_CHART = {"prometheusServerPort", "probesServerPort"}
 # A value different from the chart's default for every setting of the mapping; a new setting needs one here.
 SAMPLES: dict[str, Any] = {
     "queueURL": QUEUE_2,
-    "queueURLs": [QUEUE_2, "https://sqs.us-west-2.amazonaws.com/123456789012/other"],
-    "awsRegion": "eu-west-1",
+    "queueURLs": [f"{QUEUE}-2", "https://sqs.us-east-1.amazonaws.com/123456789012/other"],
+    "awsRegion": "us-east-1",  # the queues must be in it
     "awsEndpoint": "http://localhost:4566",
     "sqsMsgVisibilityTimeoutSec": 300,
     "receiveLoopsPerQueue": 4,

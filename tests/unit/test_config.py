@@ -64,7 +64,8 @@ def test_defaults_follow_nth(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"TAINT_EFFECT": "noexecute"}, "taint_effect", "NoExecute"),
         ({"LOG_LEVEL": "DEBUG"}, "log_level", "debug"),
         ({"DRY_RUN": ""}, "dry_run", False),
-        ({"AWS_REGION": "eu-west-1"}, "aws_region", "eu-west-1"),
+        ({"AWS_REGION": "us-east-1"}, "aws_region", "us-east-1"),
+        ({"QUEUE_URL": "http://127.0.0.1:4566/1/q", "AWS_REGION": "eu-west-1"}, "aws_region", "eu-west-1"),
     ],
 )
 def test_environment_and_nth_aliases(
@@ -111,6 +112,19 @@ def test_environment_and_nth_aliases(
         (
             {"QUEUE_URL": "http://127.0.0.1:4566/000000000000/q"},
             "AWS_REGION is not set and the queue URL names no region",
+        ),
+        (
+            {"AWS_REGION": "eu-west-1"},
+            f"queue {QUEUE} is in us-east-1 but AWS_REGION is eu-west-1: EC2 and Auto Scaling are called in "
+            "one region; run one controller per region",
+        ),
+        (
+            {"QUEUE_URLS": QUEUE.replace("us-east-1", "eu-west-1")},
+            "is in eu-west-1 but AWS_REGION is us-east-1",
+        ),
+        (
+            {"QUEUE_URLS": QUEUE.replace("123456789012", "210987654321")},
+            "is in account 210987654321, queue",
         ),
         (
             {"SQS_MSG_VISIBILITY_TIMEOUT_SEC": "5"},
