@@ -8,6 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Machines running the suite are loaded and slow: no per-example deadline and no too-slow health check, ever
+# (a property that fails only on timing is a flaky test). HYPOTHESIS_PROFILE=dev gives hypothesis' defaults.
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "messages"
