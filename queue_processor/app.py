@@ -29,7 +29,7 @@ from queue_processor.drain.filters import DrainOptions
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
-from queue_processor.lifecycle import Lifecycle
+from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder
 from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
@@ -120,7 +120,7 @@ async def run_controller(
             settings,
             resolver=resolver,
             finder=finder,
-            lifecycle=lifecycle,
+            heartbeats=Heartbeats(lifecycle),
             drainer=drainer,
             recorder=NodeEventRecorder(kube, enabled=settings.emit_kubernetes_events),
             leases=NodeLeases(
@@ -139,7 +139,7 @@ async def run_controller(
             )
             if settings.webhook_url.get_secret_value()
             else None,
-            on_step=lambda step, status: metrics.count_action(step, status == "success"),
+            on_step=lambda step, status: _step_metric(metrics, step, status),
             on_timing=lambda name, seconds, labels: _timing_metric(metrics, name, seconds, labels),
         )
         store = EventStore()
@@ -183,8 +183,17 @@ async def run_controller(
             await asyncio.get_running_loop().run_in_executor(None, kube.close)
 
 
+def _step_metric(metrics: Metrics, step: str, status: str) -> None:
+    if step == "outcome":
+        metrics.operation_outcomes.labels(status).inc()
+    else:
+        metrics.count_action(step, status == "success")
+
+
 def _lifecycle_metric(metrics: Metrics, what: str, result: str) -> None:
-    if what == "heartbeat":
+    if what == "describe-hook":
+        metrics.heartbeats.labels("hook-unreadable").inc()
+    elif what == "heartbeat":
         metrics.heartbeats.labels(result).inc()
         metrics.count_action("heartbeat", result == "ok")
     else:

@@ -11,20 +11,26 @@ ends, and that every lifecycle action among them is completed (DESIGN.md, rule 2
   register is not draining it.
 - :meth:`EventStore.finish` ends an operation and says, for each message whose every operation has now ended,
   whether to delete it (all succeeded) or requeue it (any failed). A message stays in flight, and invisible,
-  while any of its operations runs.
+  while any of its operations runs. A message is deleted only when every lifecycle action it carries is
+  settled (:attr:`NodeOperation.settled`: completed, over, or deliberately left alone): an action that
+  joined after the operation's last completion makes its message requeued, never deleted, and its event is
+  not remembered as done.
+- Joining an operation sets its :attr:`NodeOperation.joined` event: the handler adds the taints of new kinds
+  and heartbeats and completes new actions without polling.
 - Succeeded event IDs are remembered for ``dedup_ttl_s`` seconds; a redelivered copy is acknowledged at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import TypeVar
 
 from queue_processor.events import (
+    ActionKey,
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     AsgTerminateLifecycleEvent,
@@ -53,13 +59,28 @@ def mode_of(event: Event) -> Mode:
 @dataclass
 class NodeOperation:
     """Everything asked of one instance at once: its events (unique event IDs, in arrival order) and the
-    messages they came in. ``started_at`` is the store clock's reading (seconds) when it began."""
+    messages they came in. ``started_at`` is the store clock's reading (seconds) when it began.
+
+    ``settled`` maps each lifecycle action the handler is finished with to how (``completed``,
+    ``no-active-action``, ``unmanaged``…); ``joined`` is set whenever an event joins (the handler clears it
+    when it has looked)."""
 
     instance_id: str
     mode: Mode
     started_at: float
     events: list[Event] = field(default_factory=list)
     messages: dict[str, SqsMessageRef] = field(default_factory=dict)
+    settled: dict[ActionKey, str] = field(default_factory=dict)
+    joined: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
+
+    def unsettled(self) -> list[AsgLifecycleEvent]:
+        """Its lifecycle actions (terminate or launch) not settled yet."""
+        return [a for a in self.lifecycle_actions if a.action_key not in self.settled]
+
+    @property
+    def lifecycle_actions(self) -> list[AsgLifecycleEvent]:
+        """All its lifecycle actions, one per :class:`~queue_processor.events.ActionKey`."""
+        return _unique_actions(e for e in self.events if isinstance(e, AsgLifecycleEvent))
 
     @property
     def key(self) -> tuple[str, Mode]:
@@ -86,20 +107,14 @@ class NodeOperation:
         """Its ASG launch lifecycle actions, one per token."""
         return _unique_actions(e for e in self.events if isinstance(e, AsgLaunchLifecycleEvent))
 
-    @property
-    def deadline(self) -> datetime:
-        """The earliest ``start_time`` of its events: when the instance is expected to go away."""
-        return min(event.start_time for event in self.events)
-
 
 A = TypeVar("A", bound=AsgLifecycleEvent)
 
 
 def _unique_actions(events: Iterable[A]) -> list[A]:
-    seen: dict[tuple[str, str, str], A] = {}
+    seen: dict[ActionKey, A] = {}
     for event in events:
-        key = (event.lifecycle_action_token or "", event.auto_scaling_group_name, event.lifecycle_hook_name)
-        seen.setdefault(key, event)
+        seen.setdefault(event.action_key, event)
     return list(seen.values())
 
 
@@ -141,6 +156,7 @@ class _MessageState:
     ref: SqsMessageRef
     running: int = 0
     failed: bool = False
+    actions: set[ActionKey] = field(default_factory=set)  # the lifecycle actions it carries
 
 
 class EventStore:
@@ -182,10 +198,14 @@ class EventStore:
             kind = AdmissionKind.NEW
         if all(existing.event_id != event.event_id for existing in operation.events):
             operation.events.append(event)
+            if kind is AdmissionKind.JOINED:
+                operation.joined.set()
         message = event.message
         if message is not None:
             state = self._messages.setdefault(message.message_id, _MessageState(message))
             state.ref = message  # the newest receipt handle wins
+            if isinstance(event, AsgLifecycleEvent):
+                state.actions.add(event.action_key)
             operations = self._message_ops.setdefault(message.message_id, set())
             if key not in operations:
                 operations.add(key)
@@ -194,21 +214,25 @@ class EventStore:
         return Admission(kind, operation)
 
     def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
-        """End an operation. On success its event IDs are remembered for ``dedup_ttl_s``. Returns the
-        messages that have no operation left: DELETE when all theirs succeeded, REQUEUE otherwise. Raises
-        ``KeyError`` for an operation that is not in flight."""
+        """End an operation. On success its event IDs are remembered for ``dedup_ttl_s`` (but those of
+        unsettled lifecycle actions). Returns the messages that have no operation left: DELETE when all theirs
+        succeeded and every lifecycle action they carry is settled, REQUEUE otherwise. Raises ``KeyError`` for
+        an operation that is not in flight."""
         if self._operations.get(operation.key) is not operation:
             raise KeyError(f"no operation in flight for {operation.key}")
         del self._operations[operation.key]
+        # An action the handler did not settle (it joined after the last completion) keeps its message.
+        unsettled = {action.action_key for action in operation.unsettled()}
         if succeeded:
             expiry = self.clock() + self.dedup_ttl_s
             for event in operation.events:
-                self._done[event.event_id] = expiry
+                if not (isinstance(event, AsgLifecycleEvent) and event.action_key not in operation.settled):
+                    self._done[event.event_id] = expiry
         settled: list[tuple[SqsMessageRef, MessageOutcome]] = []
         for message_id in operation.messages:
             state = self._messages[message_id]
             state.running -= 1
-            state.failed = state.failed or not succeeded
+            state.failed = state.failed or not succeeded or bool(state.actions & unsettled)
             self._message_ops[message_id].discard(operation.key)
             if state.running == 0:
                 del self._messages[message_id]

@@ -10,8 +10,10 @@
 - While any operation of a message runs, a visibility extender renews its visibility timeout (rule 5).
 - When its operations end, a message is deleted (DeleteMessageBatch) or requeued: ChangeMessageVisibility to a
   backoff that grows with ApproximateReceiveCount.
-- :meth:`Consumer.shutdown` (SIGTERM/SIGINT): stop receiving, cancel every operation (their heartbeats stop
-  with them) and make their messages visible again at once.
+- Every lifecycle action received is heartbeated from then on (:meth:`Handler.received`); a requeued
+  message's actions keep their heartbeats for its backoff (plus a visibility timeout for the receive).
+- :meth:`Consumer.shutdown` (SIGTERM/SIGINT): stop receiving, cancel every operation, stop every heartbeat
+  and make the messages visible again at once.
 
 No single message and no AWS error ends a loop: errors are logged, counted, and the loop goes on after a
 short pause.
@@ -31,7 +33,7 @@ import structlog
 
 from queue_processor.aws import call
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
-from queue_processor.events import SqsMessageRef
+from queue_processor.events import AsgLifecycleEvent, SqsMessageRef
 from queue_processor.handler import Handler, Outcome
 from queue_processor.parse import parse
 
@@ -150,6 +152,7 @@ class Consumer:
         for task in operations:
             task.cancel()
         await asyncio.gather(*operations, return_exceptions=True)
+        await self.handler.heartbeats.close()  # nothing beats once this replica lets its messages go
         if self._extender is not None:
             self._extender.cancel()
             await asyncio.gather(self._extender, return_exceptions=True)
@@ -234,8 +237,10 @@ class Consumer:
             return
         for event in result.events:
             admission = self.store.admit(event)
+            if admission.kind is not AdmissionKind.DONE:
+                self.handler.received(event)  # heartbeats from first receipt, before any handling
             if admission.kind is AdmissionKind.NEW and admission.operation is not None:
-                self._launch(admission.operation)
+                self._spawn(admission.operation)
         if self.store.in_flight(ref.message_id):
             redelivered = ref.message_id in self._held
             self._held[ref.message_id] = ref  # the newest receipt handle is the one that works
@@ -247,7 +252,8 @@ class Consumer:
             self._budget.release()
         self.hooks.in_flight(len(self._held), len(self._operations))
 
-    def _launch(self, operation: NodeOperation) -> None:
+    def _spawn(self, operation: NodeOperation) -> None:
+        """Start the task that runs ``operation`` through the handler and settles its messages."""
         key = (operation.instance_id, str(operation.mode))
         self._operations[key] = asyncio.create_task(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
 
@@ -269,11 +275,22 @@ class Consumer:
     async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:
         held = self._held.pop(ref.message_id, ref)
         kinds = ",".join(str(kind) for kind in operation.kinds)
+        actions = [
+            event
+            for event in operation.events
+            if isinstance(event, AsgLifecycleEvent)
+            and event.message is not None
+            and event.message.message_id == ref.message_id
+        ]
         try:
             if outcome is MessageOutcome.DELETE:
+                for action in actions:  # settled: completed, over, or left alone on purpose
+                    await self.handler.heartbeats.stop(action)
                 await self._delete(held, kinds)
             else:
                 backoff = requeue_backoff_s(held.receive_count, self.requeue_base_s)
+                for action in actions:  # beats on until the message is received again (or not)
+                    self.handler.heartbeats.requeued(action, backoff + self.visibility_timeout_s)
                 await self._change_visibility(held, backoff)
                 self.hooks.message(held.queue_url, "requeued", kinds)
                 log.info("requeued", message_id=held.message_id, visible_in_s=backoff)

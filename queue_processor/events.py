@@ -33,7 +33,7 @@ import hashlib
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, NamedTuple, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -48,6 +48,7 @@ from pydantic import (
 
 __all__ = [
     "SPOT_NOTICE",
+    "ActionKey",
     "AsgLaunchLifecycleEvent",
     "AsgLifecycleEvent",
     "AsgTerminateLifecycleEvent",
@@ -107,6 +108,15 @@ class cached_field(cached_property[T]):  # noqa: N801 - used like the decorator 
 
 def _detail(key: str) -> AliasPath:
     return AliasPath("detail", key)
+
+
+class ActionKey(NamedTuple):
+    """One Auto Scaling lifecycle action: its token (the instance ID when the message carried none), its
+    group and its hook (the parameters of ``CompleteLifecycleAction``)."""
+
+    token_or_instance: str
+    group: str
+    hook: str
 
 
 class SqsMessageRef(BaseModel):
@@ -209,6 +219,16 @@ class AsgLifecycleEvent(BaseEvent):
 
     def _identity_key(self) -> str:
         return self.lifecycle_action_token or super()._identity_key()
+
+    @property
+    def action_key(self) -> ActionKey:
+        """The lifecycle action's identity: ``(token or instance ID, group, hook)``, as the lifecycle API
+        addresses it (the EventBridge and the direct form of one action share it)."""
+        return ActionKey(
+            self.lifecycle_action_token or self.instance_id,
+            self.auto_scaling_group_name,
+            self.lifecycle_hook_name,
+        )
 
 
 class AsgTerminateLifecycleEvent(AsgLifecycleEvent):

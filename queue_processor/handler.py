@@ -1,47 +1,66 @@
-"""The per-node pipeline: PreDrain → cordon → drain → PostDrain, and EarlyExit on any failure.
+"""The per-node pipeline: resolve → claim → PreDrain → cordon → drain → PostDrain, and EarlyExit on any failure.
 
-For a drain operation (every kind but launch actions), :meth:`Handler.handle`:
+For a drain operation (every kind but launch actions), :meth:`Handler.handle` runs one named step after the
+other (each a short method of the same name):
 
-1. resolves the instance (EC2, batched and cached) and checks the managed tag — an unknown instance or an
-   unmanaged one is terminal: acknowledged, nothing done;
-2. finds the Node — none: DELETE_SQS_MSG_IF_NODE_NOT_FOUND decides (acknowledge and complete the lifecycle
-   actions with CONTINUE, or requeue);
-3. with NODE_LEASES, claims the node's Lease (held by another replica: requeue);
-   PreDrain: starts one heartbeat task per ASG terminate action (their owner is this call: they are cancelled
-   and awaited when it returns, whatever happened — DESIGN.md rule 3), taints the node with NTH's key for each
-   kind (value = event ID, TAINT_EFFECT) when TAINT_NODE, labels it out of external load balancers when
-   EXCLUDE_FROM_LOAD_BALANCERS;
-4. cordons it at once (no drain budget involved);
-5. drains it unless CORDON_ONLY, until NODE_TERMINATION_GRACE_PERIOD and never past the instance's start
-   time (the end of a Spot notice);
-6. PostDrain: waits COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS, completes every terminate action with CONTINUE
-   (an action that is over already counts as done), adds the out-of-service taint when asked.
+1. :meth:`Handler._resolve`: the instance as EC2 describes it (batched and cached) and its managed tag. An
+   instance unknown to EC2 is terminal (its lifecycle actions are completed: AWS says whether they were still
+   open); an unmanaged one is terminal and its actions are left to whoever manages it. With DRY_RUN the
+   operation ends here, logged, before anything writes.
+2. :meth:`Handler._claim`: the Node (none: DELETE_SQS_MSG_IF_NODE_NOT_FOUND decides, see :meth:`_no_node`)
+   and, with NODE_LEASES, its Lease (held by another replica: requeue). The Lease is entered on the
+   operation's EarlyExit stack; a Lease lost on the way (409 on renewal, or lapsed while the process was
+   paused) cancels the operation, and every eviction and completion first confirms it.
+3. :meth:`Handler._cordon`: PreDrain and cordon in one write: NTH's taint per event kind when TAINT_NODE
+   (value = event ID, TAINT_EFFECT), the exclude-from-load-balancers label when EXCLUDE_FROM_LOAD_BALANCERS
+   and not CORDON_ONLY (never overwriting a value already there, as NTH), ``spec.unschedulable``.
+4. :meth:`Handler._drain`: unless CORDON_ONLY, until NODE_TERMINATION_GRACE_PERIOD and never past the
+   instance's start time (the end of a Spot notice). Kinds that join meanwhile get their taints at once.
+5. :meth:`Handler._post_drain`: COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS, then every lifecycle action of the
+   operation is completed with CONTINUE, again and again until none is left (actions join while others
+   complete); the out-of-service taint when asked.
+
+Heartbeats are not the pipeline's: they belong to :class:`~queue_processor.lifecycle.Heartbeats`, started
+when a message is first received (:meth:`Handler.received`) and kept across requeues, so that setting them up
+never delays a cordon and a requeued action does not time out. EarlyExit is the operation's
+``AsyncExitStack``: whatever a step starts (the Lease and its renewal, the taint watcher) is entered there and
+cancelled and awaited when the operation ends, whatever the outcome.
 
 A launch operation waits until the instance's node is registered and Ready, then completes its launch
 actions; an action headed for a warm pool is left to the instance's own bootstrap unless
-COMPLETE_WARM_POOL_LAUNCH. With DRY_RUN nothing is changed: each step is logged instead.
+COMPLETE_WARM_POOL_LAUNCH.
 
 ``handle`` returns :attr:`Outcome.DONE` (acknowledge the messages) or :attr:`Outcome.RETRY` (EarlyExit:
 requeue them). It raises nothing but ``CancelledError``: unexpected errors are logged and become RETRY.
+Lifecycle actions the handler is finished with are recorded in :attr:`NodeOperation.settled`; the store
+deletes no message whose actions are not all settled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer, DrainResult
-from queue_processor.events import EventKind, StateChangeEvent
-from queue_processor.leases import NodeLeases
-from queue_processor.lifecycle import Lifecycle
+from queue_processor.events import (
+    AsgLaunchLifecycleEvent,
+    AsgLifecycleEvent,
+    Event,
+    EventKind,
+    StateChangeEvent,
+)
+from queue_processor.leases import Claim, ClaimLost, NodeLeases
+from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
 from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.webhook import Webhook
@@ -83,9 +102,25 @@ def _is_ready(node: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+T = TypeVar("T")
+
+
+@dataclass
+class _Target:
+    """What the claim step found: the node's name, whether it was assumed (named after the instance's private
+    DNS name, not read), and the Lease claimed for it."""
+
+    info: InstanceInfo
+    node: str
+    assumed: bool
+    claim: Claim | None
+
+
 class Handler:
     """Runs operations. ``on_step(step, status)`` and ``on_timing(name, seconds, labels)`` feed metrics
-    (``cordon``, ``drain``…); ``clock`` returns monotonic seconds."""
+    (``cordon``, ``drain``…; step ``outcome`` with an ``OperationOutcome`` for operations that end without a
+    drain); ``clock`` returns monotonic seconds. ``heartbeats`` owns every lifecycle action's heartbeat and
+    completes actions."""
 
     def __init__(
         self,
@@ -93,7 +128,7 @@ class Handler:
         *,
         resolver: InstanceResolver,
         finder: NodeFinder,
-        lifecycle: Lifecycle,
+        heartbeats: Heartbeats,
         drainer: Drainer,
         recorder: NodeEventRecorder | None = None,
         leases: NodeLeases | None = None,
@@ -105,7 +140,7 @@ class Handler:
         self.settings = settings
         self.resolver = resolver
         self.finder = finder
-        self.lifecycle = lifecycle
+        self.heartbeats = heartbeats
         self.drainer = drainer
         self.recorder = recorder
         self.leases = leases
@@ -113,6 +148,22 @@ class Handler:
         self.on_step = on_step or (lambda step, status: None)
         self.on_timing = on_timing or (lambda name, seconds, labels: None)
         self.clock = clock
+
+    # ------------------------------------------------------------------------------------------- receipt
+
+    def received(self, event: Event) -> None:
+        """An event was just received (new, joined or repeated): a lifecycle action this controller will
+        complete is heartbeated from now on. Synchronous: nothing here waits on AWS."""
+        if not isinstance(event, AsgLifecycleEvent) or self.settings.dry_run:
+            return
+        if isinstance(event, AsgLaunchLifecycleEvent) and self._left_to_bootstrap(event):
+            return
+        self.heartbeats.start(event)
+
+    def _left_to_bootstrap(self, action: AsgLaunchLifecycleEvent) -> bool:
+        return action.destination == "WarmPool" and not self.settings.complete_warm_pool_launch
+
+    # ---------------------------------------------------------------------------------------- operations
 
     async def handle(self, operation: NodeOperation) -> Outcome:
         """Run one operation to its end (see the module docstring)."""
@@ -122,25 +173,61 @@ class Handler:
             event_id=operation.first.event_id,
         )
         try:
-            if operation.mode is Mode.LAUNCH:
-                return await self._launch(operation, bound)
-            return await self._drain(operation, bound)
+            async with AsyncExitStack() as early_exit:
+                if operation.mode is Mode.LAUNCH:
+                    return await self._launch(operation, bound)
+                return await self._pipeline(operation, early_exit, bound)
         except asyncio.CancelledError:
             raise
+        except ClaimLost as exc:
+            bound.warning("the node's Lease was lost: requeued", error=str(exc))
+            self.on_step("outcome", "lease-lost")
+            return Outcome.RETRY
         except Exception as exc:  # one operation must never take the controller down
             bound.error("operation failed", error=repr(exc))
             self.on_step("handle", "error")
             return Outcome.RETRY
 
-    async def _instance_of(
-        self, operation: NodeOperation, bound: Any
-    ) -> tuple[InstanceInfo | None, Outcome | None]:
-        """The instance as EC2 describes it, or the outcome when there is nothing to do (unknown to EC2, or
-        not managed by this cluster)."""
+    async def _pipeline(self, operation: NodeOperation, early_exit: AsyncExitStack, bound: Any) -> Outcome:
+        """resolve → claim → PreDrain + cordon → drain → PostDrain."""
+        info = await self._resolve(operation, bound)
+        if isinstance(info, Outcome):
+            return info
+        if self.settings.dry_run:
+            bound.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only)
+            self._settle_all(operation, "dry-run")
+            return Outcome.DONE
+        target = await self._claim(operation, info, early_exit, bound)
+        if isinstance(target, Outcome):
+            return target
+        bound = bound.bind(node=target.node)
+        tainted = set(operation.kinds)  # the kinds whose taints go out with the cordon
+        node = await self._cordon(operation, target, bound)
+        if node is None:
+            return await self._no_node(operation, bound)
+        bound = bound.bind(node=node)
+        if not self.settings.cordon_only:
+            drain = self._drain(operation, node, target.claim, tainted, bound)
+            if not await self._guarded(target.claim, drain):
+                return Outcome.RETRY
+        post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
+        return await self._guarded(target.claim, post_drain)
+
+    async def _resolve(self, operation: NodeOperation, bound: Any) -> InstanceInfo | Outcome:
+        """The instance as EC2 describes it, or the outcome when there is nothing to do: unknown to EC2
+        (its lifecycle actions completed), or not managed by this cluster (left alone)."""
         info = await self.resolver.get(operation.instance_id)
         if info is None:
-            bound.info("instance unknown to EC2: nothing to do")
-            return None, Outcome.DONE
+            self.on_step("outcome", "unknown-instance")
+            if operation.mode is Mode.DRAIN:
+                bound.info("instance unknown to EC2: nothing to drain, its lifecycle actions completed")
+                await self._complete_actions(operation, None, bound)
+            else:  # never CONTINUE a launch for an instance EC2 cannot show: left to the hook's default
+                bound.info("instance unknown to EC2: its launch actions are left to their hook's timeout")
+                for action in operation.lifecycle_actions:
+                    await self.heartbeats.stop(action)
+                self._settle_all(operation, "unknown-instance")
+            return Outcome.DONE
         settings = self.settings
         if not is_managed(
             info,
@@ -149,109 +236,194 @@ class Handler:
             value=settings.managed_tag_value,
         ):
             bound.info("instance not managed: ignored", managed_tag=settings.managed_tag)
-            return None, Outcome.DONE
-        return info, None
+            self.on_step("outcome", "unmanaged")
+            for action in operation.lifecycle_actions:
+                await self.heartbeats.stop(action)
+            self._settle_all(operation, "unmanaged")
+            return Outcome.DONE
+        return info
 
-    async def _node_of(
-        self, operation: NodeOperation, bound: Any
-    ) -> tuple[dict[str, Any] | None, Outcome | None]:
-        info, outcome = await self._instance_of(operation, bound)
-        if info is None:
-            return None, outcome
-        return await self.finder.find(info), None
+    async def _claim(
+        self, operation: NodeOperation, info: InstanceInfo, early_exit: AsyncExitStack, bound: Any
+    ) -> _Target | Outcome:
+        """The node to cordon and, with NODE_LEASES, its Lease (entered on ``early_exit``). When the node is
+        named after the instance's private DNS name (the default on EC2) and there is no Lease to claim, the
+        cordon patch itself finds it; a 404 falls back to the kubernetes.io/hostname lookup."""
+        assumed = self.leases is None and not self.settings.use_provider_id and bool(info.private_dns_name)
+        if assumed:
+            return _Target(info, info.private_dns_name or "", True, None)
+        node = await self.finder.find(info)
+        if node is None:
+            return await self._no_node(operation, bound)
+        name = str(node["metadata"]["name"])
+        claim = None
+        if self.leases is not None:
+            claim = await self.leases.claim(name)
+            if claim is None:
+                bound.info("another replica holds the node's Lease: requeued", node=name)
+                self.on_step("outcome", "lease-held")
+                return Outcome.RETRY
+            await early_exit.enter_async_context(claim)
+        return _Target(info, name, False, claim)
+
+    async def _cordon(self, operation: NodeOperation, target: _Target, bound: Any) -> str | None:
+        """PreDrain and cordon in one write; the node's name, or ``None`` when there is no such node."""
+        taints, labels = await self._pre_drain(operation, target.node)
+        name = target.node
+        if not await self.drainer.cordon(name, taints=taints, labels=labels):
+            node = await self.finder.find(target.info) if target.assumed else None
+            if node is None:
+                return None
+            name = str(node["metadata"]["name"])
+            taints, labels = await self._pre_drain(operation, name)
+            if not await self.drainer.cordon(name, taints=taints, labels=labels):
+                return None
+        for _ in taints:
+            self.on_step("taint", "success")
+        self.on_step("cordon", "success")
+        self.on_timing("cordon", self.clock() - operation.started_at, {})
+        bound.info("cordoned")
+        await self._event(name, "Cordon", f"cordoned for {self._kinds(operation)}")
+        if self.webhook is not None:
+            action = "cordoned" if self.settings.cordon_only else "cordoned, draining"
+            await self.webhook.notify(operation.first, name, f"{self._kinds(operation)}: node {action}")
+        return name
+
+    async def _pre_drain(
+        self, operation: NodeOperation, node: str
+    ) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
+        """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:
+        the event ID); the exclude-from-load-balancers label when EXCLUDE_FROM_LOAD_BALANCERS and not
+        CORDON_ONLY, unless the node has that label already (NTH skips an existing label: its value may be
+        someone else's)."""
+        labels: dict[str, str] = {}
+        if self.settings.exclude_from_load_balancers and not self.settings.cordon_only:
+            current = await self.drainer.kube.get_node(node)
+            present = ((current or {}).get("metadata") or {}).get("labels") or {}
+            if EXCLUDE_FROM_LB_LABEL[0] not in present:
+                labels = dict([EXCLUDE_FROM_LB_LABEL])
+        return self._taints(operation, operation.kinds), labels
+
+    def _taints(self, operation: NodeOperation, kinds: list[EventKind]) -> list[tuple[str, str, str]]:
+        if not self.settings.taint_node:
+            return []
+        taints: list[tuple[str, str, str]] = []
+        for kind in kinds:
+            key = TAINT_KEYS.get(kind)
+            if key is not None:
+                event = next(e for e in operation.events if e.kind is kind)
+                taints.append((key, event.event_id, self.settings.taint_effect))
+        return taints
+
+    async def _drain(
+        self, operation: NodeOperation, node: str, claim: Claim | None, tainted: set[EventKind], bound: Any
+    ) -> bool:
+        """Evict the node's pods until the deadline; ``True`` when drained. Kinds that join meanwhile get
+        their taints (a watcher task, cancelled and awaited when the drain ends; ``tainted`` grows)."""
+        started = self.clock()
+        kind = str(operation.first.kind)
+        watcher = asyncio.create_task(self._taint_joiners(operation, node, tainted), name=f"taints-{node}")
+        try:
+            result = await self.drainer.drain(
+                node, self._deadline(operation), guard=claim.confirm if claim is not None else None
+            )
+        except asyncio.CancelledError:
+            self.on_timing("drain", self.clock() - started, {"kind": kind, "result": "cancelled"})
+            raise
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        self.on_timing("drain", self.clock() - started, {"kind": kind, "result": _drain_result(result)})
+        if not result.completed:
+            self.on_step("cordon-and-drain", "error")
+            bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
+            await self._event(node, "DrainFailed", f"drain incomplete, will retry: {result.reason}", True)
+            return False
+        self.on_step("cordon-and-drain", "success")
+        bound.info("drained", evicted=result.evicted, skipped=len(result.skipped))
+        await self._event(
+            node, "Drain", f"drained for {self._kinds(operation)}: {result.evicted} pods evicted"
+        )
+        return True
+
+    async def _taint_joiners(self, operation: NodeOperation, node: str, tainted: set[EventKind]) -> None:
+        """Whenever an event joins, taint the node for kinds not tainted yet (TAINT_NODE)."""
+        while True:
+            await operation.joined.wait()
+            operation.joined.clear()
+            new = [kind for kind in operation.kinds if kind not in tainted]
+            for key, value, effect in self._taints(operation, new):
+                await self.drainer.taint(node, key, value, effect)
+                self.on_step("taint", "success")
+            tainted.update(new)
+
+    async def _post_drain(
+        self, operation: NodeOperation, node: str, claim: Claim | None, tainted: set[EventKind], bound: Any
+    ) -> Outcome:
+        """Complete the lifecycle actions; taint for kinds that joined since the last taint; the
+        out-of-service taint when ENABLE_OUT_OF_SERVICE_TAINT (not with CORDON_ONLY, as NTH)."""
+        settings = self.settings
+        if settings.complete_lifecycle_action_delay_seconds > 0:
+            await asyncio.sleep(settings.complete_lifecycle_action_delay_seconds)
+        await self._complete_actions(operation, claim, bound)
+        new = [kind for kind in operation.kinds if kind not in tainted]
+        for key, value, effect in self._taints(operation, new):
+            await self.drainer.taint(node, key, value, effect)
+            self.on_step("taint", "success")
+        tainted.update(new)
+        if settings.enable_out_of_service_taint and not settings.cordon_only:
+            await self.drainer.taint(node, *OUT_OF_SERVICE_TAINT)
+        await self._complete_actions(operation, claim, bound)  # actions that joined during the taints
+        return Outcome.DONE
+
+    async def _complete_actions(self, operation: NodeOperation, claim: Claim | None, bound: Any) -> None:
+        """Complete every unsettled lifecycle action of the operation with CONTINUE, until none is left
+        (actions that join while others complete are completed too). With a Lease, it is confirmed first."""
+        while pending := operation.unsettled():
+            for action in pending:
+                if claim is not None:
+                    await claim.confirm()
+                result = await self.heartbeats.complete(action, "CONTINUE")
+                operation.settled[action.action_key] = result
+                self.on_step("lifecycle-complete", "success")
+                bound.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
+
+    def _settle_all(self, operation: NodeOperation, how: str) -> None:
+        for action in operation.unsettled():
+            operation.settled[action.action_key] = how
+
+    async def _guarded(self, claim: Claim | None, step: Awaitable[T]) -> T:
+        """Run ``step``; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost."""
+        if claim is None:
+            return await step
+        task = asyncio.ensure_future(step)
+        lost = asyncio.create_task(claim.lost.wait(), name="lease-lost")
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, lost):
+                if not pending.done():
+                    pending.cancel()
+            await asyncio.gather(task, lost, return_exceptions=True)
+        if task.cancelled() and lost.done() and not lost.cancelled():
+            raise ClaimLost(f"Lease {claim.name} was lost")
+        return task.result()
 
     async def _no_node(self, operation: NodeOperation, bound: Any) -> Outcome:
         """No Node for the instance: done when the instance is gone or DELETE_SQS_MSG_IF_NODE_NOT_FOUND says
-        so (its terminate actions completed), else retried."""
+        so (its lifecycle actions completed), else retried."""
         if await self._instance_gone(operation):
             bound.info("instance terminated and its node gone: nothing to drain")
-            await self._complete_terminate_actions(operation, bound)
+            self.on_step("outcome", "instance-gone")
+            await self._complete_actions(operation, None, bound)
             return Outcome.DONE
         if self.settings.delete_sqs_msg_if_node_not_found:
             bound.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
-            await self._complete_terminate_actions(operation, bound)
+            self.on_step("outcome", "node-not-found")
+            await self._complete_actions(operation, None, bound)
             return Outcome.DONE
         bound.info("no node for the instance: requeued")
         return Outcome.RETRY
-
-    async def _drain(self, operation: NodeOperation, bound: Any) -> Outcome:
-        settings = self.settings
-        info, outcome = await self._instance_of(operation, bound)
-        if info is None:
-            return outcome or Outcome.DONE
-        # Cordon at once: when the node is named after the instance's private DNS name (the default on EC2)
-        # and nothing must happen between finding and cordoning it (no Lease to claim, not a dry run), the
-        # cordon patch itself finds it; a 404 falls back to the kubernetes.io/hostname lookup.
-        assumed = (
-            self.leases is None
-            and not settings.dry_run
-            and not settings.use_provider_id
-            and bool(info.private_dns_name)
-        )
-        name = info.private_dns_name if assumed else None
-        if name is None:
-            node = await self.finder.find(info)
-            if node is None:
-                return await self._no_node(operation, bound)
-            name = node["metadata"]["name"]
-        bound = bound.bind(node=name)
-        claim = await self.leases.claim(name) if self.leases is not None else None
-        if self.leases is not None and claim is None:
-            bound.info("another replica holds the node's Lease: requeued")
-            return Outcome.RETRY
-        heartbeats = await self._start_heartbeats(operation)
-        try:
-            if settings.dry_run:
-                bound.info("dry run: would cordon and drain", cordon_only=settings.cordon_only)
-                return Outcome.DONE
-            taints, labels = self._pre_drain(operation)
-            if not await self.drainer.cordon(name, taints=taints, labels=labels):
-                node = await self.finder.find(info) if assumed else None
-                if node is None or not await self.drainer.cordon(
-                    node["metadata"]["name"], taints=taints, labels=labels
-                ):
-                    return await self._no_node(operation, bound)
-                name = node["metadata"]["name"]
-                bound = bound.bind(node=name)
-            for _ in taints:
-                self.on_step("taint", "success")
-            self.on_step("cordon", "success")
-            self.on_timing("cordon", self.clock() - operation.started_at, {})
-            bound.info("cordoned")
-            await self._event(name, "Cordon", f"cordoned for {self._kinds(operation)}")
-            if self.webhook is not None:
-                action = "cordoned" if settings.cordon_only else "cordoned, draining"
-                await self.webhook.notify(operation.first, name, f"{self._kinds(operation)}: node {action}")
-            if not settings.cordon_only:
-                started = self.clock()
-                kind = str(operation.first.kind)
-                try:
-                    result = await self.drainer.drain(name, self._deadline(operation))
-                except asyncio.CancelledError:
-                    self.on_timing("drain", self.clock() - started, {"kind": kind, "result": "cancelled"})
-                    raise
-                self.on_timing(
-                    "drain", self.clock() - started, {"kind": kind, "result": _drain_result(result)}
-                )
-                if not result.completed:
-                    self.on_step("cordon-and-drain", "error")
-                    bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
-                    await self._event(
-                        name, "DrainFailed", f"drain incomplete, will retry: {result.reason}", True
-                    )
-                    return Outcome.RETRY
-                self.on_step("cordon-and-drain", "success")
-                bound.info("drained", evicted=result.evicted, skipped=len(result.skipped))
-                await self._event(
-                    name, "Drain", f"drained for {self._kinds(operation)}: {result.evicted} pods evicted"
-                )
-            return await self._post_drain(operation, name, bound)
-        finally:
-            for task in heartbeats:
-                task.cancel()
-            await asyncio.gather(*heartbeats, return_exceptions=True)
-            if claim is not None:
-                await claim.release()
 
     async def _event(self, node: str, reason: str, message: str, warning: bool = False) -> None:
         if self.recorder is not None:
@@ -273,55 +445,6 @@ class Handler:
         info = await self.resolver.get(operation.instance_id, fresh=True)
         return info is None or info.state in gone
 
-    async def _start_heartbeats(self, operation: NodeOperation) -> list[asyncio.Task[None]]:
-        """One heartbeat task per terminate action, and a watcher that starts one for each action that joins
-        the operation later; the caller cancels and awaits them all."""
-        tasks: list[asyncio.Task[None]] = []
-        started: set[tuple[str, str, str]] = set()
-        await self._heartbeat_new(operation, tasks, started)
-        tasks.append(
-            asyncio.create_task(self._watch_joiners(operation, tasks, started), name="heartbeat-watcher")
-        )
-        return tasks
-
-    async def _heartbeat_new(
-        self, operation: NodeOperation, tasks: list[asyncio.Task[None]], started: set[tuple[str, str, str]]
-    ) -> None:
-        for action in operation.terminate_actions:
-            key = (
-                action.lifecycle_action_token or action.instance_id,
-                action.auto_scaling_group_name,
-                action.lifecycle_hook_name,
-            )
-            if key in started:
-                continue
-            started.add(key)
-            interval = await self.lifecycle.interval_s(action)
-            if interval:
-                name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
-                tasks.append(asyncio.create_task(self.lifecycle.heartbeat(action, interval), name=name))
-
-    async def _watch_joiners(
-        self, operation: NodeOperation, tasks: list[asyncio.Task[None]], started: set[tuple[str, str, str]]
-    ) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            await self._heartbeat_new(operation, tasks, started)
-
-    def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
-        """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:
-        the event ID), the exclude-from-load-balancers label when EXCLUDE_FROM_LOAD_BALANCERS."""
-        settings = self.settings
-        taints: list[tuple[str, str, str]] = []
-        if settings.taint_node:
-            for kind in operation.kinds:
-                key = TAINT_KEYS.get(kind)
-                if key is not None:
-                    event = next(e for e in operation.events if e.kind is kind)
-                    taints.append((key, event.event_id, settings.taint_effect))
-        labels = dict([EXCLUDE_FROM_LB_LABEL]) if settings.exclude_from_load_balancers else {}
-        return taints, labels
-
     def _deadline(self, operation: NodeOperation) -> float:
         """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among
         the operation's events, never past the end of the earliest such notice. Other kinds (rebalance,
@@ -335,67 +458,37 @@ class Handler:
             deadline = min(deadline, now + max(left, 0.0))
         return deadline
 
-    async def _post_drain(self, operation: NodeOperation, node: str, bound: Any) -> Outcome:
-        settings = self.settings
-        if settings.complete_lifecycle_action_delay_seconds > 0:
-            await asyncio.sleep(settings.complete_lifecycle_action_delay_seconds)
-        await self._complete_terminate_actions(operation, bound)
-        if settings.enable_out_of_service_taint and not settings.cordon_only:
-            await self.drainer.taint(node, *OUT_OF_SERVICE_TAINT)
-        return Outcome.DONE
-
-    async def _complete_terminate_actions(self, operation: NodeOperation, bound: Any) -> None:
-        for action in operation.terminate_actions:
-            if self.settings.dry_run:
-                bound.info("dry run: would complete the lifecycle action", hook=action.lifecycle_hook_name)
-                continue
-            result = await self.lifecycle.complete(action, "CONTINUE")
-            self.on_step("lifecycle-complete", "success")
-            bound.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
-
     async def _launch(self, operation: NodeOperation, bound: Any) -> Outcome:
+        """Wait for the instance's node to be registered and Ready, then complete its launch actions (those
+        headed for a warm pool only with COMPLETE_WARM_POOL_LAUNCH)."""
         settings = self.settings
-        actions = operation.launch_actions
-        if not settings.complete_warm_pool_launch:
-            actions = [a for a in actions if a.destination != "WarmPool"]
-            if not actions:
-                bound.info("launch into a warm pool: left to the instance's bootstrap")
-                return Outcome.DONE
-        node, outcome = await self._node_of(operation, bound)
-        if outcome is not None:
-            return outcome
-        heartbeats = []
-        for action in actions:
-            interval = await self.lifecycle.interval_s(action)
-            if interval:
-                name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
-                heartbeats.append(asyncio.create_task(self.lifecycle.heartbeat(action, interval), name=name))
-        try:
-            deadline = self.clock() + settings.launch_ready_timeout_sec
-            poll = 0.1
-            while node is None or not _is_ready(node):
-                if self.clock() >= deadline:
-                    bound.warning(
-                        "node not Ready in time: requeued", timeout_s=settings.launch_ready_timeout_sec
-                    )
-                    return Outcome.RETRY
-                await asyncio.sleep(poll)
-                poll = min(poll * 1.5, 5.0)
-                info = await self.resolver.get(operation.instance_id)
-                node = await self.finder.find(info) if info is not None else None
-            bound = bound.bind(node=node["metadata"]["name"])
-            for action in actions:
-                if settings.dry_run:
-                    bound.info("dry run: would complete the launch action")
-                    continue
-                result = await self.lifecycle.complete(action, "CONTINUE")
-                self.on_step("lifecycle-complete", "success")
-                bound.info("launch action completed: node Ready", result=result)
+        for action in operation.launch_actions:
+            if self._left_to_bootstrap(action):
+                operation.settled[action.action_key] = "left-to-bootstrap"
+        if not operation.unsettled():
+            bound.info("launch into a warm pool: left to the instance's bootstrap")
             return Outcome.DONE
-        finally:
-            for task in heartbeats:
-                task.cancel()
-            await asyncio.gather(*heartbeats, return_exceptions=True)
+        info = await self._resolve(operation, bound)
+        if isinstance(info, Outcome):
+            return info
+        node = await self.finder.find(info)
+        deadline = self.clock() + settings.launch_ready_timeout_sec
+        poll = 0.1
+        while node is None or not _is_ready(node):
+            if self.clock() >= deadline:
+                bound.warning("node not Ready in time: requeued", timeout_s=settings.launch_ready_timeout_sec)
+                return Outcome.RETRY
+            await asyncio.sleep(poll)
+            poll = min(poll * 1.5, 5.0)
+            fresh = await self.resolver.get(operation.instance_id)
+            node = await self.finder.find(fresh) if fresh is not None else None
+        bound = bound.bind(node=node["metadata"]["name"])
+        if settings.dry_run:
+            bound.info("dry run: would complete the launch actions")
+            self._settle_all(operation, "dry-run")
+            return Outcome.DONE
+        await self._complete_actions(operation, None, bound)
+        return Outcome.DONE
 
 
 def _drain_result(result: DrainResult) -> str:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,7 +26,7 @@ import structlog
 
 from queue_processor.kube import KubeClient, KubeError
 
-__all__ = ["Claim", "NodeLeases", "lease_name"]
+__all__ = ["Claim", "ClaimLost", "NodeLeases", "lease_name"]
 
 log = structlog.get_logger("queue_processor.leases")
 
@@ -49,30 +51,81 @@ def _parse(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-class Claim:
-    """A held Lease; :meth:`release` it when the node's handling ends (cancels and awaits the renewal)."""
+class ClaimLost(Exception):  # noqa: N818 - it names what happened
+    """The node's Lease is no longer this replica's: another replica took it (409 on renewal), or it lapsed
+    (not renewed within its duration, e.g. while the process was paused) and could not be renewed."""
 
-    def __init__(self, leases: NodeLeases, lease: dict[str, Any]) -> None:
+
+class Claim:
+    """A held Lease; :meth:`release` it when the node's handling ends (cancels and awaits the renewal).
+
+    ``lost`` is set when a renewal finds the Lease taken (409 Conflict) or when renewals have failed for a
+    whole lease duration: the operation must stop (EarlyExit). :meth:`confirm` is called before anything
+    that must not be done twice (an eviction, a lifecycle completion): when the last renewal is older than a
+    renewal period (a paused process wakes up), it renews first and raises :class:`ClaimLost` on failure.
+    ``clock`` returns monotonic seconds."""
+
+    def __init__(
+        self, leases: NodeLeases, lease: dict[str, Any], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._leases = leases
         self.lease = lease
+        self.clock = clock
+        self.renewed_at = clock()
+        self.lost = asyncio.Event()
         self._renewer = asyncio.create_task(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
 
+    @property
+    def name(self) -> str:
+        """The Lease's name."""
+        return str(self.lease["metadata"]["name"])
+
+    async def _renew_once(self) -> None:
+        try:
+            self.lease = await self._leases._write(self.lease, renew=True)
+        except KubeError as exc:
+            if exc.status == 409 or self.clock() - self.renewed_at >= self._leases.duration_s:
+                log.warning("lease lost", lease=self.name, error=str(exc))
+                self.lost.set()
+                raise ClaimLost(f"Lease {self.name}: {exc}") from exc
+            log.warning("lease renewal failed", lease=self.name, error=str(exc))
+            return
+        self.renewed_at = self.clock()
+
     async def _renew_forever(self) -> None:
-        while True:
+        while not self.lost.is_set():
             await asyncio.sleep(self._leases.renew_every_s)
-            try:
-                self.lease = await self._leases._write(self.lease, renew=True)
-            except KubeError as exc:
-                log.warning("lease renewal failed", lease=self.lease["metadata"]["name"], error=str(exc))
+            with contextlib.suppress(ClaimLost):
+                await self._renew_once()
+
+    async def confirm(self) -> None:
+        """Make sure the Lease is still ours: renew it now when the last renewal is older than a renewal
+        period. Raises :class:`ClaimLost` when it is not (or no longer) ours."""
+        if self.lost.is_set():
+            raise ClaimLost(f"Lease {self.name} was lost")
+        if self.clock() - self.renewed_at >= self._leases.renew_every_s:
+            await self._renew_once()
+            if self.clock() - self.renewed_at >= self._leases.duration_s:
+                self.lost.set()
+                raise ClaimLost(f"Lease {self.name} lapsed and could not be renewed")
 
     async def release(self) -> None:
-        """Stop renewing and give the Lease up (its holder cleared); errors are logged, not raised."""
+        """Stop renewing and give the Lease up (its holder cleared) unless it was lost; errors are logged,
+        not raised."""
         self._renewer.cancel()
         await asyncio.gather(self._renewer, return_exceptions=True)
+        if self.lost.is_set():
+            return
         lease = dict(self.lease)
         lease["spec"] = {**lease.get("spec", {}), "holderIdentity": None}
         with contextlib.suppress(KubeError):
             await self._leases.kube.replace_lease(self._leases.namespace, lease)
+
+    async def __aenter__(self) -> Claim:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
 
 
 class NodeLeases:

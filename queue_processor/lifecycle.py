@@ -1,13 +1,21 @@
-"""Auto Scaling lifecycle actions: the heartbeat task and CompleteLifecycleAction.
+"""Auto Scaling lifecycle actions: heartbeats from first receipt to the end, and CompleteLifecycleAction.
 
 "Amazon EC2 Auto Scaling lifecycle hooks" (EC2 Auto Scaling User Guide) and the API Reference of
 ``RecordLifecycleActionHeartbeat`` / ``CompleteLifecycleAction`` / ``DescribeLifecycleHooks``:
 
 - a heartbeat restarts the hook's HeartbeatTimeout; the interval is HEARTBEAT_INTERVAL, or (-1) half the
-  hook's HeartbeatTimeout, read once per hook and cached; 0 turns heartbeats off;
-- :meth:`Lifecycle.heartbeat` runs until it is cancelled (its owner cancels and awaits it when the action's
-  handling ends, whatever the outcome: DESIGN.md rule 3), until HEARTBEAT_UNTIL, or until AWS answers
-  ``ValidationError: No active Lifecycle Action found`` (the action is over: nothing left to extend);
+  hook's HeartbeatTimeout, read once per hook and cached; 0 turns heartbeats off. A hook that cannot be read
+  (``AccessDenied``: NTH's documented IAM policy has no ``autoscaling:DescribeLifecycleHooks``) gets no
+  heartbeats, with one warning per hook naming the permission or HEARTBEAT_INTERVAL as the way out;
+- :class:`Heartbeats` keeps one heartbeat task per action, keyed by :class:`~queue_processor.events.ActionKey`,
+  from the moment the action's message is first received (:meth:`Heartbeats.start`, synchronous: it never
+  delays a cordon) until the action is completed (:meth:`Heartbeats.complete`) or over (AWS answers
+  ``ValidationError: No active Lifecycle Action found``), HEARTBEAT_UNTIL has passed, or the controller shuts
+  down (:meth:`Heartbeats.close`). A requeued action keeps its heartbeat while its message waits out the
+  requeue backoff (:meth:`Heartbeats.requeued`): a hook whose timeout is shorter than the backoff must not
+  expire between two attempts. If the message is not received again by then, the heartbeat stops;
+- a failed heartbeat is retried within seconds (:data:`RETRY_S`), with a warning, never a whole interval
+  later (the next beat would land after the HeartbeatTimeout);
 - :meth:`Lifecycle.complete` answers ``"completed"`` or, for that same ValidationError, ``"no-active-action"``
   (terminal: the action was completed, abandoned or timed out already).
 
@@ -17,21 +25,29 @@ An action is addressed by its token, or by instance ID when the message carried 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import structlog
 from botocore.exceptions import ClientError
 
-from queue_processor.aws import call, is_no_active_action
+from queue_processor.aws import call, error_code, is_no_active_action, is_retryable
 from queue_processor.config import Settings
-from queue_processor.events import AsgLifecycleEvent
+from queue_processor.events import ActionKey, AsgLifecycleEvent
 
-__all__ = ["MAX_HEARTBEAT_UNTIL_S", "Lifecycle"]
+__all__ = ["MAX_HEARTBEAT_UNTIL_S", "RETRY_S", "Heartbeats", "Lifecycle", "action_params"]
+
+log = structlog.get_logger("queue_processor.lifecycle")
 
 #: The longest an instance can be kept in a wait state: 48 hours (or 100 x HeartbeatTimeout if smaller).
 MAX_HEARTBEAT_UNTIL_S = 172_800.0
+
+#: Seconds before a failed heartbeat (or hook read) is tried again: doubling from the first to the second.
+RETRY_S = (2.0, 10.0)
 
 
 def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
@@ -48,9 +64,9 @@ def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
 
 
 class Lifecycle:
-    """Heartbeats and completions through an aiobotocore Auto Scaling client. ``on_result(what, result)`` is
-    called for metrics: ``("heartbeat", "ok"|"error"|"validation-error")`` and ``("complete",
-    "continue"|"abandon"|"no-active-action"|"error")``. ``clock`` returns seconds."""
+    """Single lifecycle API calls through an aiobotocore Auto Scaling client. ``on_result(what, result)`` is
+    called for metrics: ``("heartbeat", "ok"|"error"|"validation-error")``, ``("complete",
+    "continue"|"abandon"|"no-active-action"|"error")`` and ``("describe-hook", "denied")``."""
 
     def __init__(
         self,
@@ -58,32 +74,45 @@ class Lifecycle:
         settings: Settings,
         *,
         on_result: Callable[[str, str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.autoscaling = autoscaling
         self.settings = settings
         self.on_result = on_result or (lambda what, result: None)
-        self.clock = clock
         self._timeouts: dict[tuple[str, str], float | None] = {}
-        self.heartbeats_sent = 0
 
     async def hook_timeout_s(self, group: str, hook: str) -> float | None:
         """The hook's HeartbeatTimeout (seconds), read once with DescribeLifecycleHooks and cached; ``None``
-        when the hook is not found."""
+        when the hook is not found or may not be read (a non-retryable error such as ``AccessDenied``: logged
+        once as a warning, cached). Raises the AWS error when retries of a retryable one are exhausted (not
+        cached: the caller tries again)."""
         key = (group, hook)
         if key not in self._timeouts:
-            answer = await call(
-                self.autoscaling.describe_lifecycle_hooks,
-                AutoScalingGroupName=group,
-                LifecycleHookNames=[hook],
-            )
+            try:
+                answer = await call(
+                    self.autoscaling.describe_lifecycle_hooks,
+                    AutoScalingGroupName=group,
+                    LifecycleHookNames=[hook],
+                )
+            except ClientError as exc:
+                if is_retryable(exc):
+                    raise
+                self.on_result("describe-hook", "denied")
+                log.warning(
+                    "cannot read the lifecycle hook's HeartbeatTimeout: its actions get no heartbeats; grant "
+                    "autoscaling:DescribeLifecycleHooks or set HEARTBEAT_INTERVAL",
+                    group=group,
+                    hook=hook,
+                    code=error_code(exc),
+                )
+                self._timeouts[key] = None
+                return None
             hooks = answer.get("LifecycleHooks") or []
             self._timeouts[key] = float(hooks[0]["HeartbeatTimeout"]) if hooks else None
         return self._timeouts[key]
 
     async def interval_s(self, action: AsgLifecycleEvent) -> float | None:
         """Seconds between heartbeats for ``action``, or ``None`` for none (HEARTBEAT_INTERVAL=0, or automatic
-        with the hook unknown)."""
+        with the hook unknown or unreadable). Raises a retryable AWS error whose retries are exhausted."""
         configured = self.settings.heartbeat_interval
         if configured == 0:
             return None
@@ -97,35 +126,19 @@ class Lifecycle:
         until = self.settings.heartbeat_until
         return float(until) if until > 0 else MAX_HEARTBEAT_UNTIL_S
 
-    async def heartbeat(self, action: AsgLifecycleEvent, interval_s: float) -> None:
-        """Send a heartbeat every ``interval_s`` seconds until cancelled, until :meth:`until_s` has passed, or
-        until AWS says the action is over; the first one ``interval_s`` after the action's ``time`` (at once
-        when that has passed). Other errors are counted and the next beat is tried."""
-        deadline = self.clock() + self.until_s()
-        params = action_params(action)
-        # The hook's timer runs from the action's start (or from a heartbeat this task cannot know of): the
-        # first beat comes ``interval_s`` after the action started, at once for an action older than that (a
-        # message redelivered after a failed attempt and its backoff, or one that waited in the queue).
-        age_s = (datetime.now(UTC) - action.time).total_seconds()
-        wait_s = min(interval_s, max(interval_s - age_s, 0.0))
-        while True:
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                return
-            await asyncio.sleep(min(wait_s, remaining))
-            wait_s = interval_s
-            if self.clock() >= deadline:
-                return
-            try:
-                await call(self.autoscaling.record_lifecycle_action_heartbeat, **params)
-            except ClientError as exc:
-                if is_no_active_action(exc):
-                    self.on_result("heartbeat", "validation-error")
-                    return
-                self.on_result("heartbeat", "error")
-                continue
-            self.heartbeats_sent += 1
-            self.on_result("heartbeat", "ok")
+    async def beat(self, action: AsgLifecycleEvent) -> bool:
+        """One RecordLifecycleActionHeartbeat: ``True`` when recorded, ``False`` when the action is over
+        (``No active Lifecycle Action``). Raises other AWS errors after retries."""
+        try:
+            await call(self.autoscaling.record_lifecycle_action_heartbeat, **action_params(action))
+        except ClientError as exc:
+            if is_no_active_action(exc):
+                self.on_result("heartbeat", "validation-error")
+                return False
+            self.on_result("heartbeat", "error")
+            raise
+        self.on_result("heartbeat", "ok")
+        return True
 
     async def complete(self, action: AsgLifecycleEvent, result: str = "CONTINUE") -> str:
         """CompleteLifecycleAction with ``result`` (CONTINUE or ABANDON); ``"completed"``, or
@@ -144,3 +157,149 @@ class Lifecycle:
             raise
         self.on_result("complete", result.lower())
         return "completed"
+
+
+@dataclass
+class _Beat:
+    action: AsgLifecycleEvent
+    task: asyncio.Task[None]
+    requeued_until: float | None = None  # clock reading; None while a receive of ours holds the action
+
+
+class Heartbeats:
+    """Every lifecycle action's heartbeat task, from first receipt until it is completed or over (see the
+    module docstring). Not thread-safe: one asyncio loop owns it. ``clock`` returns monotonic seconds."""
+
+    def __init__(self, lifecycle: Lifecycle, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lifecycle = lifecycle
+        self.clock = clock
+        self._beats: dict[ActionKey, _Beat] = {}
+        self._over: dict[ActionKey, float] = {}  # → clock reading when it ended (kept MAX_HEARTBEAT_UNTIL_S)
+
+    @property
+    def running(self) -> int:
+        """Heartbeat tasks alive."""
+        return len(self._beats)
+
+    def beating(self, action: AsgLifecycleEvent) -> bool:
+        """Whether ``action`` has a heartbeat task."""
+        return action.action_key in self._beats
+
+    def start(self, action: AsgLifecycleEvent) -> None:
+        """Heartbeat ``action`` from now on (idempotent; an action requeued earlier is held again). Never
+        waits: the hook is read inside the task."""
+        key = action.action_key
+        beat = self._beats.get(key)
+        if beat is not None:
+            beat.requeued_until = None
+            return
+        if key in self._over:
+            return
+        name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
+        task = asyncio.create_task(self._run(action), name=name)
+        self._beats[key] = _Beat(action, task)
+        task.add_done_callback(functools.partial(self._forget, key))
+
+    def requeued(self, action: AsgLifecycleEvent, for_s: float) -> None:
+        """The action's message was requeued: keep beating for ``for_s`` seconds (its backoff, plus a margin
+        for the receive), then stop unless :meth:`start` is called again."""
+        beat = self._beats.get(action.action_key)
+        if beat is not None:
+            beat.requeued_until = self.clock() + for_s
+
+    async def stop(self, action: AsgLifecycleEvent) -> None:
+        """Stop the action's heartbeat and wait until its task has ended."""
+        beat = self._beats.pop(action.action_key, None)
+        if beat is not None:
+            beat.task.cancel()
+            await asyncio.gather(beat.task, return_exceptions=True)
+
+    async def complete(self, action: AsgLifecycleEvent, result: str = "CONTINUE") -> str:
+        """Complete ``action`` with its heartbeat stopped first (no beat after the end); when completion
+        fails, the heartbeat starts again and the error is raised. Returns what
+        :meth:`Lifecycle.complete` returns."""
+        await self.stop(action)
+        try:
+            outcome = await self.lifecycle.complete(action, result)
+        except BaseException:
+            self.start(action)
+            raise
+        self._mark_over(action.action_key)
+        return outcome
+
+    def over(self, action: AsgLifecycleEvent) -> bool:
+        """Whether ``action`` was completed here or AWS said it is over."""
+        return action.action_key in self._over
+
+    async def close(self) -> None:
+        """Stop every heartbeat (shutdown: nothing beats after the controller exits)."""
+        beats = list(self._beats.values())
+        self._beats.clear()
+        for beat in beats:
+            beat.task.cancel()
+        await asyncio.gather(*(beat.task for beat in beats), return_exceptions=True)
+
+    def _mark_over(self, key: ActionKey) -> None:
+        now = self.clock()
+        if len(self._over) >= 10_000:  # a lifecycle action lasts 48 h at most: older ones cannot come back
+            self._over = {k: t for k, t in self._over.items() if now - t < MAX_HEARTBEAT_UNTIL_S}
+        self._over[key] = now
+
+    def _forget(self, key: ActionKey, task: asyncio.Task[None]) -> None:
+        beat = self._beats.get(key)
+        if beat is not None and beat.task is task:
+            del self._beats[key]
+
+    async def _run(self, action: AsgLifecycleEvent) -> None:
+        bound = log.bind(
+            instance_id=action.instance_id,
+            group=action.auto_scaling_group_name,
+            hook=action.lifecycle_hook_name,
+        )
+        retry_s = RETRY_S[0]
+        while True:  # the interval: a throttled hook read is tried again, never given up
+            try:
+                interval_s = await self.lifecycle.interval_s(action)
+                break
+            except Exception as exc:  # throttled or unreachable after retries (denials are answered None)
+                bound.warning("reading the lifecycle hook failed: retrying", error=repr(exc))
+                await asyncio.sleep(retry_s)
+                retry_s = min(retry_s * 2, RETRY_S[1])
+        if interval_s is None:
+            return
+        deadline = self.clock() + self.lifecycle.until_s()
+        # The hook's timer runs from the action's start (or from a heartbeat this task cannot know of): the
+        # first beat comes ``interval_s`` after the action started, at once for an action older than that (a
+        # message redelivered after a failed attempt and its backoff, or one that waited in the queue).
+        age_s = (datetime.now(UTC) - action.time).total_seconds()
+        wait_s = min(interval_s, max(interval_s - age_s, 0.0))
+        retry_s = RETRY_S[0]
+        while True:
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                bound.info("HEARTBEAT_UNTIL reached: heartbeats stop")
+                return
+            await asyncio.sleep(min(wait_s, remaining))
+            beat = self._beats.get(action.action_key)
+            if beat is not None and beat.requeued_until is not None and self.clock() >= beat.requeued_until:
+                bound.info("requeued lifecycle action not received again: heartbeats stop")
+                return
+            if self.clock() >= deadline:
+                continue
+            try:
+                alive = await self.lifecycle.beat(action)
+            except ClientError as exc:
+                bound.warning("heartbeat failed: retrying", code=error_code(exc), retry_in_s=retry_s)
+                wait_s = min(retry_s, interval_s)
+                retry_s = min(retry_s * 2, RETRY_S[1])
+                continue
+            except Exception as exc:  # a connection error after retries: same as above
+                bound.warning("heartbeat failed: retrying", error=repr(exc), retry_in_s=retry_s)
+                wait_s = min(retry_s, interval_s)
+                retry_s = min(retry_s * 2, RETRY_S[1])
+                continue
+            if not alive:
+                self._mark_over(action.action_key)
+                bound.info("lifecycle action is over: heartbeats stop")
+                return
+            wait_s, retry_s = interval_s, RETRY_S[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -137,17 +137,23 @@ class Drainer:
                     raise
                 await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
 
-    async def drain(self, node: str, deadline: float) -> DrainResult:
+    async def drain(
+        self, node: str, deadline: float, *, guard: Callable[[], Awaitable[None]] | None = None
+    ) -> DrainResult:
         """Evict the node's pods and wait until they are gone, or until ``deadline`` (a ``clock`` reading).
-        Waits for a drain-budget slot first. Raises :class:`KubeError` when the pods cannot be listed."""
+        Waits for a drain-budget slot first. ``guard`` is awaited before every eviction request: it raises to
+        stop the drain (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`). Raises
+        :class:`KubeError` when the pods cannot be listed, and whatever ``guard`` raises."""
         async with self.budget:
             self.draining += 1
             try:
-                return await self._drain(node, deadline)
+                return await self._drain(node, deadline, guard)
             finally:
                 self.draining -= 1
 
-    async def _drain(self, node: str, deadline: float) -> DrainResult:
+    async def _drain(
+        self, node: str, deadline: float, guard: Callable[[], Awaitable[None]] | None
+    ) -> DrainResult:
         pods = await self.kube.pods_on_node(node, cached=self.use_cache)
         plan = plan_drain(pods, self.options)
         # Keep names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once.
@@ -159,7 +165,7 @@ class Drainer:
         to_evict = [pod_key(pod) for pod in plan.evict]
         waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
         del pods, plan
-        outcomes = await asyncio.gather(*(self._evict(key, deadline) for key in to_evict))
+        outcomes = await asyncio.gather(*(self._evict(key, deadline, guard) for key in to_evict))
         for (namespace, name), outcome in zip(to_evict, outcomes, strict=True):
             if outcome == "evicted":
                 result.evicted += 1
@@ -178,11 +184,15 @@ class Drainer:
             result.completed = True
         return result
 
-    async def _evict(self, key: tuple[str, str], deadline: float) -> str:
+    async def _evict(
+        self, key: tuple[str, str], deadline: float, guard: Callable[[], Awaitable[None]] | None
+    ) -> str:
         namespace, name = key
         delay = EVICTION_RETRY_S[0]
         grace = None if self.grace_s < 0 else self.grace_s
         while True:
+            if guard is not None:
+                await guard()
             try:
                 await self.kube.evict(namespace, name, grace)
             except KubeError as exc:

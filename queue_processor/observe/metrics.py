@@ -33,7 +33,7 @@ import copy
 import re
 import time
 from collections.abc import Iterable
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -68,6 +68,7 @@ __all__ = [
     "LifecycleResult",
     "Metrics",
     "NodeStatus",
+    "OperationOutcome",
     "poison_class",
     "skip_class",
 ]
@@ -101,9 +102,15 @@ DRAIN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 4
 
 NodeStatus = Literal["success", "error"]
 """``node_status`` of NTH's ``actions_total``."""
-HeartbeatResult = Literal["ok", "error", "validation-error"]
+HeartbeatResult = Literal["ok", "error", "validation-error", "hook-unreadable"]
 """``result`` of ``queue_processor_heartbeats_total``: ``validation-error`` is AWS's ``ValidationError``
-(no active lifecycle action: the heartbeat task stops)."""
+(no active lifecycle action: the heartbeat task stops); ``hook-unreadable`` counts actions that get no
+heartbeats because DescribeLifecycleHooks was refused (no call made)."""
+OperationOutcome = Literal[
+    "unknown-instance", "unmanaged", "instance-gone", "node-not-found", "lease-held", "lease-lost"
+]
+"""``outcome`` of ``queue_processor_operation_outcomes_total``: operations that ended without a drain, by
+why (the first four are terminal and acknowledged; ``lease-held`` and ``lease-lost`` are requeued)."""
 LifecycleResult = Literal["continue", "abandon", "error", "no-active-action"]
 """``result`` of ``queue_processor_lifecycle_completions_total``: the ``LifecycleActionResult`` sent
 (``CONTINUE`` / ``ABANDON``), a failed call, or ``ValidationError: No active Lifecycle Action found``."""
@@ -255,6 +262,8 @@ class Metrics:
     - :attr:`draining_nodes`: ``draining_nodes`` (gauge), nodes being drained (bounded by DRAIN_BUDGET);
     - :attr:`heartbeats`: ``heartbeats_total{result}``, RecordLifecycleActionHeartbeat calls
       (:data:`HeartbeatResult`);
+    - :attr:`operation_outcomes`: ``operation_outcomes_total{outcome}``, operations that ended without a
+      drain (:data:`OperationOutcome`);
     - :attr:`lifecycle_completions`: ``lifecycle_completions_total{result}``, CompleteLifecycleAction calls
       (:data:`LifecycleResult`);
     - :attr:`evictions`: ``evictions_total{result}``, Eviction API calls (:data:`EvictionResult`);
@@ -343,6 +352,9 @@ class Metrics:
         self.lifecycle_completions = counter(
             "lifecycle_completions", "CompleteLifecycleAction calls, by result.", ["result"]
         )
+        self.operation_outcomes = counter(
+            "operation_outcomes", "Operations that ended without a drain, by why.", ["outcome"]
+        )
         self.evictions = counter("evictions", "Pod eviction requests, by result.", ["result"])
         self.kube_requests = counter(
             "kube_requests", "Kubernetes API requests.", ["verb", "resource", "code"]
@@ -362,8 +374,10 @@ class Metrics:
                 self.actions.labels(node_action=action, node_status=status)
         for where in ERROR_WHERE:
             self.events_error.labels(event_error_where=where)
-        for result in ("ok", "error", "validation-error"):
+        for result in get_args(HeartbeatResult):
             self.heartbeats.labels(result=result)
+        for outcome in get_args(OperationOutcome):
+            self.operation_outcomes.labels(outcome=outcome)
         for result in ("continue", "abandon", "error", "no-active-action"):
             self.lifecycle_completions.labels(result=result)
         for result in ("evicted", "pdb-blocked", "error"):

@@ -64,6 +64,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -73,7 +74,7 @@ from typing import Any, Literal, Self, TypedDict
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 import botocore.session
-from moto.autoscaling.exceptions import ValidationError
+from moto.autoscaling.exceptions import AutoscalingClientError, ValidationError
 from moto.autoscaling.responses import AutoScalingResponse
 from moto.backends import get_backend
 from moto.core.models import DEFAULT_ACCOUNT_ID
@@ -317,6 +318,17 @@ class _Action:
         )
 
 
+@dataclass
+class _Fault:
+    """An error :meth:`AwsSandbox.inject_error` set up: until ``until`` (monotonic) or for ``times`` calls."""
+
+    operation: str
+    code: str
+    message: str
+    until: float | None
+    times: int | None
+
+
 # ------------------------------------------------------------------------------------------------- the timer
 
 
@@ -517,6 +529,7 @@ def _describe_lifecycle_hooks(self: Any) -> Any:
     the clock (at least 1 s), so a consumer that heartbeats at half the timeout it reads keeps an action alive
     under a scaled clock, as it would at full scale."""
     sandbox = _current()
+    sandbox._raise_injected("DescribeLifecycleHooks")
     hooks = []
     for hook in self.autoscaling_backend.describe_lifecycle_hooks(
         as_name=self._get_param("AutoScalingGroupName"),
@@ -528,6 +541,11 @@ def _describe_lifecycle_hooks(self: Any) -> Any:
         hooks.append(scaled)
     return ActionResult({"LifecycleHooks": hooks})
 
+
+# Injected errors (Throttling, AccessDenied) have no error shape in moto's Auto Scaling model: it warns each time.
+warnings.filterwarnings(
+    "ignore", message=r"Exception\(AutoscalingClientError\) with code", category=UserWarning
+)
 
 _PUT_HOOK = "put_lifecycle_hook"
 _DESCRIBE_HOOKS = "describe_lifecycle_hooks"
@@ -651,6 +669,7 @@ class AwsSandbox:
         self._clients: dict[str, Any] = {}
         self._timer_errors: list[BaseException] = []
         self._listeners: list[Callable[[SandboxInstance, str], None]] = []
+        self._faults: list[_Fault] = []
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -695,6 +714,44 @@ class AwsSandbox:
 
     def __enter__(self) -> Self:
         return self.start()
+
+    def inject_error(
+        self,
+        operation: Literal[
+            "DescribeLifecycleHooks", "RecordLifecycleActionHeartbeat", "CompleteLifecycleAction"
+        ],
+        code: str,
+        message: str,
+        *,
+        seconds: float | None = None,
+        times: int | None = None,
+    ) -> None:
+        """Answer ``operation`` with the AWS error ``code``/``message`` (HTTP 400, as Auto Scaling's Query API
+        answers ``Throttling`` or ``AccessDenied``) for the next ``seconds`` real seconds, or the next
+        ``times`` calls, or (neither given) until :meth:`clear_errors`. A failed heartbeat or completion is
+        recorded in :meth:`calls` with ``outcome`` ``"<code>: <message>"``."""
+        until = time.monotonic() + seconds if seconds is not None else None
+        with self._lock:
+            self._faults.append(_Fault(operation, code, message, until, times))
+
+    def clear_errors(self) -> None:
+        """Forget every error :meth:`inject_error` set up."""
+        with self._lock:
+            self._faults.clear()
+
+    def _raise_injected(self, operation: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._faults = [
+                f
+                for f in self._faults
+                if (f.until is None or f.until > now) and (f.times is None or f.times > 0)
+            ]
+            for fault in self._faults:
+                if fault.operation == operation:
+                    if fault.times is not None:
+                        fault.times -= 1
+                    raise AutoscalingClientError(fault.code, fault.message)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -1281,6 +1338,7 @@ class AwsSandbox:
             matched: _Action | None = None
             outcome = "InternalFailure"
             try:
+                self._raise_injected(operation)
                 if operation == "CompleteLifecycleAction" and result not in ("CONTINUE", "ABANDON"):
                     raise ValidationError("LifecycleActionResult must be CONTINUE or ABANDON")
                 matched = self._find_active(asg_name, hook_name, token, instance_id)
@@ -1291,8 +1349,8 @@ class AwsSandbox:
                 else:
                     self._end(matched, "completed", "CONTINUE" if result == "CONTINUE" else "ABANDON")
                 outcome = "ok"
-            except ValidationError as error:
-                outcome = f"ValidationError: {error.message}"
+            except AutoscalingClientError as error:
+                outcome = f"{error.code}: {error.message}"
                 raise
             finally:
                 reached = matched.token if matched is not None and outcome == "ok" else None

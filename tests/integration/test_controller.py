@@ -231,17 +231,44 @@ async def test_a_notice_joined_by_other_kinds_keeps_its_whole_drain_time(sandbox
     assert running.evicted(node)
 
 
-async def test_early_exit_stops_the_heartbeat(sandbox: Sandbox) -> None:
+async def test_a_requeued_action_is_heartbeated_through_its_backoff_and_not_after_shutdown(
+    sandbox: Sandbox,
+) -> None:
+    # The hook times out after 10 s without a heartbeat; the first requeue backoff (12-18 s) is longer. NTH
+    # stops heartbeating at EarlyExit, so the instance would go away undrained; here the heartbeat goes on
+    # while the message waits, and the retry drains and completes the action.
     instance_id, _node = node_of(sandbox, 2)
     sandbox.kube.set_pdb(sandbox.cluster.namespace, "app-000", max_unavailable=0)  # nothing of app-000 may go
-    async with controller(sandbox, node_termination_grace_period=7) as running:
-        sandbox.aws.terminate_instance(instance_id)
+    async with controller(sandbox, node_termination_grace_period=2, requeue_backoff_base_sec=15) as running:
+        (action,) = sandbox.aws.terminate_instance(instance_id)
         await until(lambda: requeued(running) >= 1, timeout_s=30, what="EarlyExit and requeue")
-        assert running.controller.consumer.tasks == 0
-        assert heartbeats(sandbox, instance_id) >= 1  # the 7 s drain outlived a 5 s heartbeat interval
         beats = heartbeats(sandbox, instance_id)
-        await asyncio.sleep(6.0)  # more than a heartbeat interval; the message stays invisible for 8-12 s
-        assert heartbeats(sandbox, instance_id) == beats, "a heartbeat was sent after EarlyExit"
+        await until(
+            lambda: heartbeats(sandbox, instance_id) > beats, timeout_s=30, what="a heartbeat while requeued"
+        )
+        sandbox.kube.set_pdb(sandbox.cluster.namespace, "app-000", max_unavailable=1)
+        await until(
+            lambda: sandbox.aws.action(action.token).status != "open", timeout_s=60, what="completion"
+        )
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert sandbox.aws.action(action.token).status == "completed"  # not timed out
+    calls = sandbox.aws.calls(instance_id)
+    completed_at = next(c.time for c in calls if c.operation == "CompleteLifecycleAction" and c.ok)
+    assert not [c for c in calls if c.operation == "RecordLifecycleActionHeartbeat" and c.time > completed_at]
+    assert running.controller.handler.heartbeats.running == 0
+
+
+async def test_no_heartbeat_after_shutdown(sandbox: Sandbox) -> None:
+    instance_id, _node = node_of(sandbox, 2)
+    sandbox.kube.set_pdb(sandbox.cluster.namespace, "app-000", max_unavailable=0)
+    async with controller(sandbox, node_termination_grace_period=30) as running:
+        (action,) = sandbox.aws.terminate_instance(instance_id)
+        await until(lambda: heartbeats(sandbox, instance_id) >= 1, timeout_s=30, what="a heartbeat")
+    assert running.controller.handler.heartbeats.running == 0
+    beats = heartbeats(sandbox, instance_id)
+    await asyncio.sleep(6.0)  # more than a heartbeat interval (5 s)
+    assert heartbeats(sandbox, instance_id) == beats, "a heartbeat was sent after the controller stopped"
+    assert sandbox.aws.action(action.token).status == "open"  # left for the next replica, not completed
 
 
 async def test_a_blocked_drain_is_retried_and_completes_once_the_budget_allows(sandbox: Sandbox) -> None:

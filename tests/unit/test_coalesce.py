@@ -66,11 +66,32 @@ def test_every_kind_for_one_instance_makes_one_drain_and_settles_every_message()
     (operation,) = store.operations
     assert operation.mode is Mode.DRAIN
     assert len(operation.terminate_actions) == 2  # both lifecycle actions get completed
+    for action in operation.unsettled():
+        operation.settled[action.action_key] = "completed"
     settlement = store.finish(operation, succeeded=True)
     assert sorted((ref.message_id, outcome) for ref, outcome in settlement.messages) == [
         (f"m{n}", MessageOutcome.DELETE) for n in range(1, 6)
     ]
     assert store.operations == []
+
+
+def test_an_action_that_joined_after_the_last_completion_keeps_its_message() -> None:
+    store = EventStore()
+    operation = store.admit(spot("i-1", "m1")).operation
+    assert operation is not None
+    operation.joined.clear()
+    late = terminate("i-1", "m2")
+    assert store.admit(late).kind is AdmissionKind.JOINED
+    assert operation.joined.is_set()  # the handler is told, no polling
+    assert operation.unsettled() == [late]
+    settlement = store.finish(operation, succeeded=True)  # the handler never completed it
+    assert sorted((ref.message_id, outcome) for ref, outcome in settlement.messages) == [
+        ("m1", MessageOutcome.DELETE),
+        ("m2", MessageOutcome.REQUEUE),
+    ]
+    again = store.admit(terminate("i-1", "m2"))  # redelivered: a new operation completes it
+    assert again.kind is AdmissionKind.NEW
+    assert store.admit(spot("i-1", "m1")).kind is AdmissionKind.DONE  # the Spot warning was done
 
 
 def test_a_redelivered_message_joins_and_then_is_done() -> None:
@@ -204,3 +225,49 @@ def test_every_admitted_message_is_settled_once_its_operations_end(
         settle(store.finish(operation, succeeded=False).messages)
     assert store.operations == []
     assert unsettled == set()
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["i-1", "i-2"]),
+            st.sampled_from(["m1", "m2", "m3"]),
+            st.sampled_from(["spot", "terminate-a", "terminate-b"]),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.booleans(),
+)
+def test_a_message_is_deleted_only_when_every_action_it_carries_is_settled(
+    steps: list[tuple[str, str, str, bool]], succeed: bool
+) -> None:
+    """Whatever the handler settled (each step says whether the action it brings gets completed), a
+    message is deleted only if every lifecycle action it carries was settled and every operation it joined
+    succeeded."""
+    store = EventStore()
+    carried: dict[str, set[object]] = {}
+    settles: dict[object, bool] = {}
+    for instance, message, kind, completes in steps:
+        event: Event = (
+            spot(instance, message, source=message)
+            if kind == "spot"
+            else terminate(instance, message, token=kind)
+        )
+        if store.admit(event).kind is AdmissionKind.DONE:
+            continue
+        if isinstance(event, AsgTerminateLifecycleEvent):
+            carried.setdefault(message, set()).add(event.action_key)
+            settles[event.action_key] = settles.get(event.action_key, False) or completes
+    deleted: set[str] = set()
+    for operation in store.operations:
+        for action in operation.lifecycle_actions:
+            if settles[action.action_key]:
+                operation.settled[action.action_key] = "completed"
+        for ref, outcome in store.finish(operation, succeeded=succeed).messages:
+            if outcome is MessageOutcome.DELETE:
+                deleted.add(ref.message_id)
+    for message_id in deleted:
+        assert succeed
+        assert all(settles[key] for key in carried.get(message_id, set()))

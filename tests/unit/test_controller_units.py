@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from queue_processor.config import load_settings
 from queue_processor.consumer import REQUEUE_MAX_S, requeue_backoff_s
 from queue_processor.events import AsgTerminateLifecycleEvent
 from queue_processor.kube import RateLimiter
-from queue_processor.lifecycle import MAX_HEARTBEAT_UNTIL_S, Lifecycle, action_params
+from queue_processor.lifecycle import MAX_HEARTBEAT_UNTIL_S, Heartbeats, Lifecycle, action_params
 from queue_processor.nodes import InstanceInfo, InstanceResolver, is_managed
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/1/q"
@@ -149,7 +150,7 @@ async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None
 
     consumer = Consumer(
         NeverAnswers(),
-        None,  # type: ignore[arg-type]  # no message ever arrives to be handled
+        SimpleNamespace(heartbeats=Heartbeats(None)),  # type: ignore[arg-type]  # no message ever arrives
         EventStore(),
         queue_urls=["q"],
         in_flight_budget=2,
@@ -186,20 +187,28 @@ async def test_an_old_action_gets_its_first_heartbeat_at_once(
     from datetime import UTC, datetime, timedelta
 
     monkeypatch.setenv("QUEUE_URL", QUEUE)
-    beats: list[float] = []
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", "30")
+    beat = asyncio.Event()
 
     class Recording(FakeAutoscaling):
         async def record_lifecycle_action_heartbeat(self, **kwargs: Any) -> dict[str, Any]:
-            beats.append(time.monotonic())
+            beat.set()
             return {}
 
     action = ACTION.model_copy(update={"time": datetime.now(UTC) - timedelta(seconds=age_s)})
-    lifecycle = Lifecycle(Recording(300), load_settings())
-    task = asyncio.create_task(lifecycle.heartbeat(action, interval_s=30.0))
-    await asyncio.sleep(0.2)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert bool(beats) is beats_at_once
+    heartbeats = Heartbeats(Lifecycle(Recording(300), load_settings()))
+    heartbeats.start(action)
+    try:
+        if beats_at_once:
+            await asyncio.wait_for(beat.wait(), 30)
+        else:
+            for _ in range(20):  # the task runs, reads the interval and goes to sleep for ~29 s
+                await asyncio.sleep(0)
+            assert heartbeats.running == 1
+            assert not beat.is_set()
+    finally:
+        await heartbeats.close()
+    assert heartbeats.running == 0
 
 
 async def test_a_batch_does_not_wait_for_the_call_before_it() -> None:
@@ -240,7 +249,7 @@ async def test_an_empty_receive_counts_as_an_answer() -> None:
     answered: list[str] = []
     consumer = Consumer(
         Empty(),
-        None,  # type: ignore[arg-type]  # no message ever arrives to be handled
+        SimpleNamespace(heartbeats=Heartbeats(None)),  # type: ignore[arg-type]  # no message arrives
         EventStore(),
         queue_urls=["q"],
         in_flight_budget=2,

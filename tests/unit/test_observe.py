@@ -94,6 +94,7 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
         "queue_processor_draining_nodes": "gauge",
         "queue_processor_heartbeats_total": "counter",
         "queue_processor_lifecycle_completions_total": "counter",
+        "queue_processor_operation_outcomes_total": "counter",
         "queue_processor_evictions_total": "counter",
         "queue_processor_kube_requests_total": "counter",
         "queue_processor_aws_requests_total": "counter",

@@ -1,0 +1,624 @@
+"""The Handler with small fakes: one test per flag and per EarlyExit path, and the lifecycle-action
+invariants (every action received is heartbeated until it is completed or over; no message is deleted while
+an action it carries is open; heartbeat set-up never delays the cordon; no task outlives its operation).
+
+The fakes keep Kubernetes' semantics where they matter here: ``spec.taints`` in a patch replaces the list
+(it has no patch merge key), a patch with a stale ``resourceVersion`` answers 409, a Lease replaced with a
+stale ``resourceVersion`` answers 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
+from queue_processor.config import Settings, load_settings
+from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.filters import DrainOptions
+from queue_processor.events import (
+    AsgLaunchLifecycleEvent,
+    AsgTerminateLifecycleEvent,
+    Event,
+    SpotInterruptionEvent,
+    SqsMessageRef,
+)
+from queue_processor.handler import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, TAINT_KEYS, Handler, Outcome
+from queue_processor.kube import KubeError
+from queue_processor.leases import NodeLeases
+from queue_processor.lifecycle import Heartbeats, Lifecycle
+from queue_processor.nodes import InstanceInfo
+
+QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/q"
+INSTANCE = "i-0abc"
+NODE = "ip-10-0-0-1.ec2.internal"
+MANAGED = {"aws-node-termination-handler/managed": ""}
+
+
+def ref(message_id: str) -> SqsMessageRef:
+    return SqsMessageRef(queue_url=QUEUE, message_id=message_id, receipt_handle=f"rh-{message_id}")
+
+
+def spot(message_id: str = "m-spot", instance: str = INSTANCE) -> SpotInterruptionEvent:
+    return SpotInterruptionEvent(
+        instance_id=instance,
+        time=datetime.now(UTC),
+        source_id=f"spot-{message_id}",
+        message=ref(message_id),
+    )
+
+
+def terminate(
+    message_id: str = "m-asg", token: str = "tok-1", age_s: float = 0.0, instance: str = INSTANCE
+) -> AsgTerminateLifecycleEvent:
+    return AsgTerminateLifecycleEvent(
+        instance_id=instance,
+        time=datetime.now(UTC) - timedelta(seconds=age_s),
+        auto_scaling_group_name="workers",
+        lifecycle_hook_name="drain",
+        lifecycle_action_token=token,
+        lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+        message=ref(message_id),
+    )
+
+
+def launch(destination: str = "AutoScalingGroup") -> AsgLaunchLifecycleEvent:
+    return AsgLaunchLifecycleEvent(
+        instance_id=INSTANCE,
+        time=datetime.now(UTC),
+        auto_scaling_group_name="workers",
+        lifecycle_hook_name="launch",
+        lifecycle_action_token="tok-launch",
+        lifecycle_transition="autoscaling:EC2_INSTANCE_LAUNCHING",
+        destination=destination,
+        message=ref("m-launch"),
+    )
+
+
+def client_error(code: str, message: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": message}}, "Operation")
+
+
+class FakeAutoscaling:
+    """Auto Scaling's lifecycle API for one hook: open actions by token, calls recorded in order."""
+
+    def __init__(self, heartbeat_timeout_s: int = 300, *, deny_describe: bool = False) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.deny_describe = deny_describe
+        self.open: set[str] = set()
+        self.calls: list[tuple[str, str]] = []  # (operation, token)
+        self.fail_heartbeats = 0  # the next N heartbeats are throttled
+        self.complete_gate: asyncio.Event | None = None  # completions wait for it when set
+
+    async def describe_lifecycle_hooks(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("DescribeLifecycleHooks", ""))
+        if self.deny_describe:
+            raise client_error(
+                "AccessDenied", "not authorized to perform: autoscaling:DescribeLifecycleHooks"
+            )
+        return {"LifecycleHooks": [{"HeartbeatTimeout": self.heartbeat_timeout_s}]}
+
+    async def record_lifecycle_action_heartbeat(self, **kwargs: Any) -> dict[str, Any]:
+        token = kwargs.get("LifecycleActionToken", "")
+        if self.fail_heartbeats > 0:
+            self.fail_heartbeats -= 1
+            self.calls.append(("RecordLifecycleActionHeartbeat:Throttling", token))
+            raise client_error("Throttling", "Rate exceeded")
+        if token not in self.open:
+            raise client_error("ValidationError", f"No active Lifecycle Action found with token {token}")
+        self.calls.append(("RecordLifecycleActionHeartbeat", token))
+        return {}
+
+    async def complete_lifecycle_action(self, **kwargs: Any) -> dict[str, Any]:
+        if self.complete_gate is not None:
+            await self.complete_gate.wait()
+        token = kwargs.get("LifecycleActionToken", "")
+        if token not in self.open:
+            raise client_error("ValidationError", f"No active Lifecycle Action found with token {token}")
+        self.open.discard(token)
+        self.calls.append(("CompleteLifecycleAction", token))
+        return {}
+
+    def made(self, operation: str) -> list[str]:
+        return [token for op, token in self.calls if op == operation]
+
+
+class FakeKube:
+    """Nodes, pods and Leases with the API server's answers this test needs."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.evicted: list[str] = []
+        self.refuse_evictions = False  # 429 from a PodDisruptionBudget
+        self.on_evict: Any = None
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+
+    def add_node(
+        self, name: str = NODE, *, taints: list[dict[str, str]] | None = None, **labels: str
+    ) -> None:
+        node = {"metadata": {"name": name, "labels": dict(labels)}, "spec": {"taints": taints or []}}
+        self._bump(node)
+        self.nodes[name] = node
+
+    def add_pod(self, name: str, node: str = NODE) -> None:
+        owner = [{"kind": "ReplicaSet", "name": "rs", "controller": True}]
+        self.pods.append(
+            {
+                "metadata": {"name": name, "namespace": "apps", "uid": name, "ownerReferences": owner},
+                "spec": {"nodeName": node},
+                "status": {"phase": "Running"},
+            }
+        )
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        node = self.nodes.get(name)
+        return copy.deepcopy(node) if node is not None else None
+
+    async def patch_node(self, name: str, patch: Any, patch_type: str = "strategic") -> dict[str, Any]:
+        node = self.nodes.get(name)
+        if node is None:
+            raise KubeError(404, "NotFound", f'nodes "{name}" not found')
+        meta = patch.get("metadata") or {}
+        if "resourceVersion" in meta and meta["resourceVersion"] != node["metadata"]["resourceVersion"]:
+            raise KubeError(409, "Conflict", "the object has been modified")
+        node["metadata"]["labels"].update(meta.get("labels") or {})
+        node["spec"].update(patch.get("spec") or {})  # taints: the whole list is replaced
+        self._bump(node)
+        return copy.deepcopy(node)
+
+    async def pods_on_node(self, node: str, *, cached: bool = False) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for p in self.pods if p["spec"]["nodeName"] == node]
+
+    async def evict(self, namespace: str, name: str, grace_s: int | None = None) -> None:
+        if self.on_evict is not None:
+            await self.on_evict(name)
+        if self.refuse_evictions:
+            raise KubeError(
+                429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
+            )
+        self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+        self.evicted.append(name)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        lease = self.leases.get(name)
+        return copy.deepcopy(lease) if lease is not None else None
+
+    async def create_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        name = lease["metadata"]["name"]
+        if name in self.leases:
+            raise KubeError(409, "AlreadyExists", "exists")
+        lease = copy.deepcopy(lease)
+        self._bump(lease)
+        self.leases[name] = lease
+        return copy.deepcopy(lease)
+
+    async def replace_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        name = lease["metadata"]["name"]
+        current = self.leases.get(name)
+        if current is None or current["metadata"]["resourceVersion"] != lease["metadata"].get(
+            "resourceVersion"
+        ):
+            raise KubeError(409, "Conflict", "the object has been modified")
+        lease = copy.deepcopy(lease)
+        self._bump(lease)
+        self.leases[name] = lease
+        return copy.deepcopy(lease)
+
+
+class FakeResolver:
+    def __init__(self, info: InstanceInfo | None) -> None:
+        self.info = info
+
+    async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
+        return self.info
+
+
+class FakeFinder:
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+
+    async def find(self, info: InstanceInfo) -> dict[str, Any] | None:
+        return await self.kube.get_node(info.private_dns_name)
+
+
+class World:
+    """A Handler wired to the fakes, and the event store the consumer would use."""
+
+    def __init__(
+        self, settings: Settings, *, autoscaling: FakeAutoscaling | None = None, leases: bool = False
+    ):
+        self.settings = settings
+        self.kube = FakeKube()
+        self.autoscaling = autoscaling or FakeAutoscaling()
+        self.info: InstanceInfo | None = InstanceInfo(INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED))
+        self.resolver = FakeResolver(self.info)
+        self.steps: list[tuple[str, str]] = []
+        self.lifecycle = Lifecycle(self.autoscaling, settings)
+        self.heartbeats = Heartbeats(self.lifecycle)
+        self.drainer = Drainer(self.kube, DrainOptions(), budget=10)  # type: ignore[arg-type]
+        self.leases = (
+            NodeLeases(self.kube, namespace="ops", identity="replica-a", duration_s=60)  # type: ignore[arg-type]
+            if leases
+            else None
+        )
+        self.handler = Handler(
+            settings,
+            resolver=self.resolver,  # type: ignore[arg-type]
+            finder=FakeFinder(self.kube),  # type: ignore[arg-type]
+            heartbeats=self.heartbeats,
+            drainer=self.drainer,
+            leases=self.leases,
+            on_step=lambda step, status: self.steps.append((step, status)),
+        )
+        self.store = EventStore()
+        self.kube.add_node()
+        for index in range(3):
+            self.kube.add_pod(f"web-{index}")
+
+    def receive(self, event: Event) -> NodeOperation | None:
+        """What the consumer does on receipt: admit, start heartbeats; the new operation, if any."""
+        if isinstance(event, AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent):
+            self.autoscaling.open.add(event.lifecycle_action_token or "")
+        admission = self.store.admit(event)
+        if admission.kind is not AdmissionKind.DONE:
+            self.handler.received(event)
+        return admission.operation if admission.kind is AdmissionKind.NEW else None
+
+    async def run(self, operation: NodeOperation) -> tuple[Outcome, dict[str, MessageOutcome]]:
+        outcome = await self.handler.handle(operation)
+        settlement = self.store.finish(operation, succeeded=outcome is Outcome.DONE)
+        return outcome, {r.message_id: o for r, o in settlement.messages}
+
+    def node(self) -> dict[str, Any]:
+        return self.kube.nodes[NODE]
+
+    def taint_keys(self) -> set[str]:
+        return {t["key"] for t in self.node()["spec"].get("taints") or []}
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    return monkeypatch
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Let the loop run until ``predicate`` holds (the fakes answer at once: no time is measured)."""
+    while not predicate():  # noqa: ASYNC110 - the state polled is the fakes', which have no event
+        await asyncio.sleep(0.005)
+
+
+def settings(**overrides: Any) -> Settings:
+    return load_settings(**overrides)
+
+
+def our_tasks() -> set[asyncio.Task[Any]]:
+    current = asyncio.current_task()
+    return {task for task in asyncio.all_tasks() if task is not current}
+
+
+# ------------------------------------------------------------------------------------------ the happy path
+
+
+async def test_a_terminate_action_is_drained_then_completed_and_its_message_deleted(env: Any) -> None:
+    world = World(settings())
+    operation = world.receive(terminate())
+    assert operation is not None
+    assert world.heartbeats.beating(operation.first)  # type: ignore[arg-type]  # from receipt on
+    outcome, messages = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert messages == {"m-asg": MessageOutcome.DELETE}
+    assert world.node()["spec"]["unschedulable"] is True
+    assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2"]
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert world.heartbeats.running == 0
+    assert our_tasks() == set()  # nothing the operation started outlives it
+
+
+# --------------------------------------------------------------------------------------------- the flags
+
+
+async def test_dry_run_changes_nothing(env: Any) -> None:
+    world = World(settings(dry_run=True))
+    operation = world.receive(terminate())
+    assert operation is not None
+    assert world.heartbeats.running == 0  # DRY_RUN: nothing is sent to AWS
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert "unschedulable" not in world.node()["spec"]
+    assert world.kube.evicted == []
+    assert world.autoscaling.calls == []
+
+
+async def test_cordon_only_cordons_and_completes_without_a_drain_or_the_lb_label(env: Any) -> None:
+    world = World(settings(cordon_only=True, exclude_from_load_balancers=True))
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.node()["spec"]["unschedulable"] is True
+    assert world.kube.evicted == []
+    assert EXCLUDE_FROM_LB_LABEL[0] not in world.node()["metadata"]["labels"]  # NTH: CordonAndDrain only
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+
+
+async def test_the_lb_label_never_overwrites_a_value_already_there(env: Any) -> None:
+    world = World(settings(exclude_from_load_balancers=True))
+    world.kube.nodes[NODE]["metadata"]["labels"][EXCLUDE_FROM_LB_LABEL[0]] = "maintenance"
+    operation = world.receive(spot())
+    assert operation is not None
+    await world.run(operation)
+    assert world.node()["metadata"]["labels"][EXCLUDE_FROM_LB_LABEL[0]] == "maintenance"
+
+
+async def test_exclude_from_load_balancers_labels_the_node(env: Any) -> None:
+    world = World(settings(exclude_from_load_balancers=True))
+    operation = world.receive(spot())
+    assert operation is not None
+    await world.run(operation)
+    assert world.node()["metadata"]["labels"][EXCLUDE_FROM_LB_LABEL[0]] == EXCLUDE_FROM_LB_LABEL[1]
+
+
+async def test_taint_node_keeps_other_taints_and_taints_kinds_that_join_during_the_drain(env: Any) -> None:
+    world = World(settings(taint_node=True))
+    world.kube.nodes[NODE]["spec"]["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
+    operation = world.receive(spot())
+    assert operation is not None
+
+    async def join_once(name: str) -> None:
+        if name == "web-0":
+            world.receive(terminate())  # the ASG terminate action arrives mid-drain
+            await asyncio.sleep(0)  # let the taint watcher see it
+
+    world.kube.on_evict = join_once
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.taint_keys() == {
+        "dedicated",
+        TAINT_KEYS[operation.first.kind],
+        TAINT_KEYS[terminate().kind],
+    }
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+
+
+async def test_out_of_service_taint_after_the_drain_keeps_the_others(env: Any) -> None:
+    world = World(settings(enable_out_of_service_taint=True, taint_node=True))
+    operation = world.receive(spot())
+    assert operation is not None
+    await world.run(operation)
+    assert world.taint_keys() == {OUT_OF_SERVICE_TAINT[0], TAINT_KEYS[operation.first.kind]}
+
+
+async def test_use_provider_id_finds_the_node_before_cordoning(env: Any) -> None:
+    world = World(settings(use_provider_id=True))
+    operation = world.receive(spot())
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.node()["spec"]["unschedulable"] is True
+
+
+@pytest.mark.parametrize("delete_if_not_found", [True, False])
+async def test_no_node(env: Any, delete_if_not_found: bool) -> None:
+    world = World(settings(delete_sqs_msg_if_node_not_found=delete_if_not_found, use_provider_id=True))
+    del world.kube.nodes[NODE]
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert outcome is (Outcome.DONE if delete_if_not_found else Outcome.RETRY)
+    if delete_if_not_found:  # acknowledged, and its lifecycle action completed so the instance goes
+        assert messages == {"m-asg": MessageOutcome.DELETE}
+        assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    else:  # EarlyExit: requeued, still heartbeated
+        assert messages == {"m-asg": MessageOutcome.REQUEUE}
+        assert world.heartbeats.running == 1
+    await world.heartbeats.close()
+
+
+async def test_the_cordon_404_falls_back_to_the_hostname_lookup_then_requeues(env: Any) -> None:
+    world = World(settings())
+    del world.kube.nodes[NODE]
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.RETRY, {"m-asg": MessageOutcome.REQUEUE})
+    assert world.autoscaling.made("CompleteLifecycleAction") == []
+    await world.heartbeats.close()
+
+
+async def test_an_unmanaged_instance_is_left_alone_and_not_heartbeated(env: Any) -> None:
+    world = World(settings())
+    world.resolver.info = InstanceInfo(INSTANCE, NODE, "us-east-1a", "running", {})
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert "unschedulable" not in world.node()["spec"]
+    assert world.heartbeats.running == 0
+    assert ("outcome", "unmanaged") in world.steps
+
+
+# ------------------------------------------------------------------------------------- EarlyExit paths
+
+
+async def test_a_blocked_drain_requeues_and_the_action_keeps_its_heartbeat(env: Any) -> None:
+    world = World(settings(node_termination_grace_period=1))
+    world.kube.refuse_evictions = True
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.RETRY, {"m-asg": MessageOutcome.REQUEUE})
+    assert world.heartbeats.running == 1  # heartbeated across the requeue
+    assert our_tasks() == {t for t in our_tasks() if t.get_name().startswith("heartbeat-")}
+    await world.heartbeats.close()
+
+
+async def test_a_lease_held_by_another_replica_requeues(env: Any) -> None:
+    world = World(settings(node_leases=True), leases=True)
+    other = NodeLeases(world.kube, namespace="ops", identity="replica-b")  # type: ignore[arg-type]
+    held = await other.claim(NODE)
+    assert held is not None
+    operation = world.receive(spot())
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.RETRY
+    assert "unschedulable" not in world.node()["spec"]
+    assert ("outcome", "lease-held") in world.steps
+    await held.release()
+
+
+async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_completed(env: Any) -> None:
+    world = World(settings(node_leases=True), leases=True)
+    operation = world.receive(terminate())
+    assert operation is not None
+
+    async def taken_over(name: str) -> None:
+        if name == "web-1":  # another replica takes the Lease (ours lapsed while we were paused)
+            lease = next(iter(world.kube.leases.values()))
+            lease["spec"]["holderIdentity"] = "replica-b"
+            world.kube._bump(lease)
+            assert world.handler.leases is not None
+            # the process was paused: the last renewal is older than a renewal period
+            world.handler.leases.renew_every_s = 0.0
+
+    world.kube.on_evict = taken_over
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.RETRY, {"m-asg": MessageOutcome.REQUEUE})
+    assert world.kube.evicted == ["web-0", "web-1"]  # none after the Lease was taken (during web-1's)
+    assert world.autoscaling.made("CompleteLifecycleAction") == []
+    assert ("outcome", "lease-lost") in world.steps
+    assert next(iter(world.kube.leases.values()))["spec"]["holderIdentity"] == "replica-b"  # not released
+    await world.heartbeats.close()
+    assert our_tasks() == set()
+
+
+async def test_heartbeat_access_denied_never_blocks_the_cordon_or_the_drain(env: Any) -> None:
+    # NTH's documented IAM policy has no autoscaling:DescribeLifecycleHooks.
+    world = World(settings(node_leases=True), autoscaling=FakeAutoscaling(deny_describe=True), leases=True)
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2"]
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert next(iter(world.kube.leases.values()))["spec"]["holderIdentity"] is None  # released
+    assert our_tasks() == set()
+
+
+async def test_heartbeat_set_up_never_delays_the_cordon(env: Any) -> None:
+    class SlowHook(FakeAutoscaling):
+        async def describe_lifecycle_hooks(self, **kwargs: Any) -> dict[str, Any]:
+            await asyncio.Event().wait()  # never answers
+            return {}
+
+    world = World(settings(), autoscaling=SlowHook())
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert our_tasks() == set()
+
+
+async def test_shutdown_cancels_the_operation_and_stops_every_heartbeat(env: Any) -> None:
+    world = World(settings(node_termination_grace_period=600))
+    world.kube.refuse_evictions = True
+    operation = world.receive(terminate())
+    assert operation is not None
+    task = asyncio.create_task(world.handler.handle(operation))
+    await until(lambda: world.node()["spec"].get("unschedulable") is True)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await world.heartbeats.close()
+    assert our_tasks() == set()
+
+
+# ---------------------------------------------------------------------------------- the bugs it hid
+
+
+async def test_an_action_that_joins_during_post_drain_is_completed(env: Any) -> None:
+    # A Spot warning drains the node; the ASG terminate action arrives while PostDrain completes: the action
+    # must be completed (or, joining after the last completion, keep its message), never acknowledged alone.
+    world = World(settings(enable_out_of_service_taint=True))
+    operation = world.receive(spot())
+    assert operation is not None
+    original = world.drainer.taint
+
+    async def join_then_taint(node: str, key: str, value: str, effect: str) -> None:
+        world.receive(terminate())
+        await original(node, key, value, effect)
+
+    world.drainer.taint = join_then_taint  # type: ignore[method-assign]
+    outcome, messages = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert messages == {"m-spot": MessageOutcome.DELETE, "m-asg": MessageOutcome.DELETE}
+
+
+async def test_an_action_that_joins_after_the_last_completion_keeps_its_message(env: Any) -> None:
+    world = World(settings(node_leases=True), leases=True)
+    operation = world.receive(spot())
+    assert operation is not None
+    assert world.leases is not None
+    original = world.kube.replace_lease
+
+    async def join_on_release(namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        if lease["spec"].get("holderIdentity") is None:  # the Lease is being released: the last await
+            world.receive(terminate())
+        return await original(namespace, lease)
+
+    world.kube.replace_lease = join_on_release  # type: ignore[method-assign]
+    outcome, messages = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert messages == {"m-spot": MessageOutcome.DELETE, "m-asg": MessageOutcome.REQUEUE}
+    assert world.heartbeats.running == 1  # and heartbeated until the redelivery completes it
+    again = world.receive(terminate())
+    assert again is not None
+    outcome, messages = await world.run(again)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+
+
+async def test_a_failed_heartbeat_is_retried_within_seconds(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from queue_processor import lifecycle
+
+    monkeypatch.setattr(lifecycle, "RETRY_S", (0.01, 0.02))
+    monkeypatch.setattr("queue_processor.aws.ATTEMPTS", 1)
+    autoscaling = FakeAutoscaling(heartbeat_timeout_s=60)
+    autoscaling.fail_heartbeats = 3
+    world = World(settings(), autoscaling=autoscaling)
+    action = terminate(age_s=3600)  # older than an interval: the first beat is due at once
+    world.receive(action)
+    await until(lambda: bool(autoscaling.made("RecordLifecycleActionHeartbeat")))
+    assert len(autoscaling.made("RecordLifecycleActionHeartbeat:Throttling")) == 3
+    await world.heartbeats.close()
+
+
+async def test_a_completed_action_gets_no_heartbeat_after_its_completion(env: Any) -> None:
+    autoscaling = FakeAutoscaling()
+    autoscaling.complete_gate = asyncio.Event()
+    world = World(settings(), autoscaling=autoscaling)
+    operation = world.receive(terminate(age_s=3600))
+    assert operation is not None
+    task = asyncio.create_task(world.run(operation))
+    await until(lambda: bool(autoscaling.made("RecordLifecycleActionHeartbeat")))
+    await until(lambda: world.heartbeats.running == 0)  # stopped before CompleteLifecycleAction is sent
+    autoscaling.complete_gate.set()
+    await task
+    last = max(i for i, (op, _) in enumerate(autoscaling.calls) if op == "RecordLifecycleActionHeartbeat")
+    done = autoscaling.calls.index(("CompleteLifecycleAction", "tok-1"))
+    assert last < done
