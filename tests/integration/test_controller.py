@@ -24,6 +24,7 @@ import pytest
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import Settings, load_settings
 from queue_processor.permissions import kubernetes_verbs
+from queue_processor.sandbox.aws import TERMINATE_HOOK
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
 from tests.conftest import KUBERNETES
@@ -269,6 +270,72 @@ async def test_no_heartbeat_after_shutdown(sandbox: Sandbox) -> None:
     await asyncio.sleep(6.0)  # more than a heartbeat interval (5 s)
     assert heartbeats(sandbox, instance_id) == beats, "a heartbeat was sent after the controller stopped"
     assert sandbox.aws.action(action.token).status == "open"  # left for the next replica, not completed
+
+
+@pytest.mark.parametrize("sandbox", ["emulated"], indirect=True)  # Auto Scaling's answers, not Kubernetes'
+async def test_without_describe_lifecycle_hooks_the_node_is_drained_and_the_action_completed(
+    sandbox: Sandbox,
+) -> None:
+    # NTH's documented IAM policy has no autoscaling:DescribeLifecycleHooks: the default HEARTBEAT_INTERVAL
+    # (-1, half the hook's timeout) cannot be worked out. The node must still be cordoned, drained and its
+    # action completed (before: the AccessDenied escaped and every attempt was retried with nothing done).
+    sandbox.aws.inject_error(
+        "DescribeLifecycleHooks",
+        "AccessDenied",
+        "User: arn:aws:sts::123456789012:assumed-role/nth/x is not authorized to perform: "
+        "autoscaling:DescribeLifecycleHooks",
+    )
+    instance_id, node = node_of(sandbox, 1)
+    async with controller(sandbox) as running:
+        (action,) = sandbox.aws.terminate_instance(instance_id)
+        await until(lambda: sandbox.aws.action(action.token).status != "open", what="completion")
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert sandbox.aws.action(action.token).status == "completed"
+    assert running.evicted(node)
+
+
+@pytest.mark.parametrize("sandbox", ["emulated"], indirect=True)
+async def test_a_throttled_heartbeat_is_retried_before_the_hook_times_out(sandbox: Sandbox) -> None:
+    # The hook: 40 s real without a heartbeat; HEARTBEAT_INTERVAL=30 s. The first beat is throttled on every
+    # attempt. Waiting a whole interval before the next one (as before: at 60 s) lands after the hook's
+    # timeout; a retry within seconds does not.
+    instance_id, _node = node_of(sandbox, 2)
+    group = sandbox.instances[2].asg_name
+    asg = boto3.client("autoscaling", **sandbox.aws.client_kwargs)
+    asg.put_lifecycle_hook(
+        AutoScalingGroupName=group,
+        LifecycleHookName=TERMINATE_HOOK,
+        LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING",
+        HeartbeatTimeout=4000,  # simulated seconds: 40 s real at the test's scale
+        DefaultResult="CONTINUE",
+    )
+    sandbox.aws.inject_error("RecordLifecycleActionHeartbeat", "Throttling", "Rate exceeded")
+    sandbox.kube.set_pdb(sandbox.cluster.namespace, "app-000", max_unavailable=0)  # the drain waits
+    async with controller(sandbox, node_termination_grace_period=120, heartbeat_interval=30) as running:
+        (action,) = sandbox.aws.terminate_instance(instance_id)
+
+        def beats(ok: bool) -> int:
+            calls = sandbox.aws.calls(instance_id)
+            return len([c for c in calls if c.operation == "RecordLifecycleActionHeartbeat" and c.ok is ok])
+
+        # Auto Scaling throttles until every attempt of the first heartbeat has failed, then recovers.
+        registry = running.controller.metrics.registry
+        await until(
+            lambda: (
+                (registry.get_sample_value("queue_processor_heartbeats_total", {"result": "error"}) or 0) >= 1
+            ),
+            timeout_s=60,
+            what="a throttled heartbeat",
+        )
+        sandbox.aws.clear_errors()
+        assert beats(False) >= 5
+        await until(lambda: beats(True) >= 1, timeout_s=60, what="a heartbeat after the throttled ones")
+        sandbox.kube.set_pdb(sandbox.cluster.namespace, "app-000", max_unavailable=1)
+        await until(
+            lambda: sandbox.aws.action(action.token).status != "open", timeout_s=60, what="completion"
+        )
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert sandbox.aws.action(action.token).status == "completed"  # not timed out
 
 
 async def test_a_blocked_drain_is_retried_and_completes_once_the_budget_allows(sandbox: Sandbox) -> None:
