@@ -51,7 +51,7 @@ import structlog
 
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.drain.drainer import Drainer, DrainResult
+from queue_processor.drain.drainer import Drainer
 from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
@@ -333,7 +333,7 @@ class Handler:
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-        self.on_timing("drain", self.clock() - started, {"kind": kind, "result": _drain_result(result)})
+        self.on_timing("drain", self.clock() - started, {"kind": kind, "result": str(result.outcome)})
         if not result.completed:
             self.on_step("cordon-and-drain", "error")
             bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
@@ -489,14 +489,3 @@ class Handler:
             return Outcome.DONE
         await self._complete_actions(operation, None, bound)
         return Outcome.DONE
-
-
-def _drain_result(result: DrainResult) -> str:
-    """The ``result`` label of ``queue_processor_drain_duration_seconds`` (``observe.metrics.DrainResult``):
-    ``drained``; ``error`` when a pod could not be evicted (filters refused it, or the eviction failed);
-    else ``timeout`` (pods still there at the deadline, PodDisruptionBudgets included)."""
-    if result.completed:
-        return "drained"
-    if result.failed or (result.reason or "").startswith("cannot drain"):
-        return "error"
-    return "timeout"

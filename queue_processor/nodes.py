@@ -27,19 +27,13 @@ __all__ = ["InstanceInfo", "InstanceResolver", "NodeFinder", "is_managed"]
 @dataclass(frozen=True)
 class InstanceInfo:
     """What EC2 says of an instance: ``private_dns_name`` (the node name by default), ``availability_zone``,
-    ``state`` (``running``, ``shutting-down``…), ``asg_name`` (the ``aws:autoscaling:groupName`` tag) and its
-    tags."""
+    ``state`` (``running``, ``shutting-down``…) and its tags."""
 
     instance_id: str
     private_dns_name: str
     availability_zone: str
     state: str
     tags: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def asg_name(self) -> str | None:
-        """The instance's Auto Scaling group, if any."""
-        return self.tags.get("aws:autoscaling:groupName")
 
     @property
     def provider_id(self) -> str:

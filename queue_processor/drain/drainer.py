@@ -16,12 +16,13 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.kube import KubeClient, KubeError
 
-__all__ = ["TAINT_WRITE_ATTEMPTS", "DrainResult", "Drainer"]
+__all__ = ["TAINT_WRITE_ATTEMPTS", "DrainOutcome", "DrainResult", "Drainer"]
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
 #: node between our read and our write).
@@ -31,13 +32,27 @@ TAINT_WRITE_ATTEMPTS = 8
 EVICTION_RETRY_S = (1.0, 10.0)
 
 
+class DrainOutcome(StrEnum):
+    """How a drain ended, decided where it ends (the ``result`` label of
+    ``queue_processor_drain_duration_seconds``)."""
+
+    DRAINED = "drained"
+    """Every pod to evict is gone."""
+    TIMEOUT = "timeout"
+    """Pods were still there at the deadline (PodDisruptionBudgets included)."""
+    ERROR = "error"
+    """A pod could not be evicted: the filters refused it, or its eviction failed."""
+
+
 @dataclass
 class DrainResult:
-    """How a drain ended: ``completed`` when every pod to evict is gone; else ``reason``. ``evicted`` pods were
-    evicted, ``blocked`` were refused by a PodDisruptionBudget until the deadline, ``failed`` got another
-    error, ``skipped`` were left alone by the filters, ``remaining`` were still on the node at the end."""
+    """How a drain ended: ``completed`` when every pod to evict is gone; else ``reason``; ``outcome`` says
+    which. ``evicted`` pods were evicted, ``blocked`` were refused by a PodDisruptionBudget until the
+    deadline, ``failed`` got another error, ``skipped`` were left alone by the filters, ``remaining`` were
+    still on the node at the end."""
 
     completed: bool
+    outcome: DrainOutcome = DrainOutcome.TIMEOUT
     reason: str | None = None
     evicted: int = 0
     blocked: int = 0
@@ -161,6 +176,7 @@ class Drainer:
         if plan.errors:
             names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in plan.errors)
             result.reason = f"cannot drain: {names}"
+            result.outcome = DrainOutcome.ERROR
             return result
         to_evict = [pod_key(pod) for pod in plan.evict]
         waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
@@ -178,10 +194,12 @@ class Drainer:
             result.reason = (
                 f"{result.blocked} evictions refused by PodDisruptionBudgets, {len(result.failed)} failed"
             )
+            result.outcome = DrainOutcome.ERROR if result.failed else DrainOutcome.TIMEOUT
         elif result.remaining:
             result.reason = f"{result.remaining} pods still on the node at the deadline"
         else:
             result.completed = True
+            result.outcome = DrainOutcome.DRAINED
         return result
 
     async def _evict(
