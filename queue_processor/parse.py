@@ -72,8 +72,11 @@ def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResul
     except Exception as exc:  # parse is total: a bug in a kind parser must not kill the receive loop
         return ParseResult.poison(f"unexpected {type(exc).__name__} while parsing: {exc}")
     for event in result.events:
-        # Computed here, not on first use: a time whose start time cannot be represented (``9999-12-31``
-        # plus a Spot notice's 120 s) is poison now, not an OverflowError in the middle of a drain.
+        # A start time that cannot be represented (``9999-12-31`` plus a Spot notice's 120 s) is poison now,
+        # not an OverflowError in the middle of a drain. Only a time in the last representable year can
+        # overflow (start times add at most a notice's minutes): the others are not computed here.
+        if event.time.year < 9999:
+            continue
         try:
             event.start_time  # noqa: B018 - computed and cached for its check
         except (OverflowError, ValueError) as exc:
