@@ -45,8 +45,11 @@ async def test_the_scenario_ends_as_expected(
             assert not sandbox.kube.denied()  # type: ignore[attr-defined]
     assert as_expected(summary), summary
     if scenario in ("spot-storm", "asg-scale-in", "mixed-duplicates", "pdb-blocked"):
-        assert summary["drained"] >= 1
         assert summary["evicted"] >= 1
+    if scenario in ("asg-scale-in", "mixed-duplicates", "pdb-blocked"):
+        # Not spot-storm: it interrupts every node at once, so no evicted pod can be rescheduled and the
+        # PodDisruptionBudgets may rightly keep every node from draining fully inside its 6 s notice.
+        assert summary["drained"] >= 1
 
 
 def test_the_sandbox_command_runs_a_scenario_on_the_real_control_plane(
