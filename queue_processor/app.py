@@ -15,22 +15,21 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
 from queue_processor import __version__
-from queue_processor.aws import AwsClients, call, observe_calls
+from queue_processor.aws import AwsClients
 from queue_processor.coalesce import EventStore
 from queue_processor.config import Settings
-from queue_processor.consumer import Consumer, ConsumerHooks
+from queue_processor.consumer import Consumer
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
-from queue_processor.nodes import InstanceResolver, NodeFinder
+from queue_processor.nodes import InstanceResolver, NodeFinder, describe_instances
 from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
@@ -39,23 +38,6 @@ from queue_processor.server import ProbeServer
 __all__ = ["Controller", "run_controller"]
 
 log = structlog.get_logger("queue_processor.app")
-
-
-async def describe_instances(ec2: Any, instance_ids: list[str]) -> list[dict[str, Any]]:
-    """EC2 DescribeInstances for ``instance_ids`` through an ``instance-id`` filter (unknown IDs are simply
-    absent), every page; the instances, flattened out of their reservations."""
-    instances: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {"Filters": [{"Name": "instance-id", "Values": instance_ids}]}
-        if token:
-            kwargs["NextToken"] = token
-        answer = await call(ec2.describe_instances, **kwargs)
-        for reservation in answer.get("Reservations") or []:
-            instances.extend(reservation.get("Instances") or [])
-        token = answer.get("NextToken")
-        if not token:
-            return instances
 
 
 @dataclass
@@ -85,23 +67,16 @@ async def run_controller(
     starts the probe and metrics server; ``started`` is called with the :class:`Controller` once it
     consumes. Raises what start-up raises (AWS or Kubernetes configuration)."""
     metrics = Metrics(__version__)
-    observe_calls(
-        lambda service, operation, result: metrics.aws_requests.labels(service, operation, result).inc()
-    )
-    async with AwsClients(settings) as aws:
+    async with AwsClients(settings, observer=metrics) as aws:
         kube = KubeClient(
             load_api_client(kubeconfig),
             qps=settings.kube_api_qps,
             burst=settings.kube_api_burst,
-            on_request=lambda verb, resource, code: metrics.kube_requests.labels(
-                verb, resource, str(code) if code else "error"
-            ).inc(),
+            observer=metrics,
         )
         resolver = InstanceResolver(lambda ids: describe_instances(aws.ec2, ids))
         finder = NodeFinder(kube, use_provider_id=settings.use_provider_id)
-        lifecycle = Lifecycle(
-            aws.autoscaling, settings, on_result=lambda what, result: _lifecycle_metric(metrics, what, result)
-        )
+        lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
         own_pod = (settings.pod_namespace, settings.pod_name) if settings.pod_name else None
         drainer = Drainer(
             kube,
@@ -114,7 +89,7 @@ async def run_controller(
             budget=settings.drain_budget,
             grace_s=settings.pod_termination_grace_period,
             use_cache=settings.use_apiserver_cache,
-            on_eviction=lambda result: metrics.evictions.labels(result).inc(),
+            observer=metrics,
         )
         handler = Handler(
             settings,
@@ -139,8 +114,7 @@ async def run_controller(
             )
             if settings.webhook_url.get_secret_value()
             else None,
-            on_step=lambda step, status: _step_metric(metrics, step, status),
-            on_timing=lambda name, seconds, labels: _timing_metric(metrics, name, seconds, labels),
+            observer=metrics,
         )
         store = EventStore()
         consumer = Consumer(
@@ -151,21 +125,14 @@ async def run_controller(
             in_flight_budget=settings.in_flight_budget,
             visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,
             loops_per_queue=settings.receive_loops_per_queue,
-            hooks=ConsumerHooks(
-                message=lambda queue, what, label: _message_metric(metrics, queue, what, label),
-                error=metrics.count_error,
-                in_flight=lambda messages, operations: _in_flight_metric(
-                    metrics, drainer, messages, operations
-                ),
-            ),
-            on_answer=lambda queue_url: _answered(aws, metrics, queue_url),
+            observer=metrics,
             poison_visibility_s=settings.poison_visibility_timeout_sec,
             requeue_base_s=settings.requeue_backoff_base_sec,
         )
         server = ProbeServer.from_settings(settings, metrics) if serve else None
         if server is not None:
             server.add_liveness("receive-loops", consumer.alive)
-            server.add_readiness("sqs", lambda: time.monotonic() - aws.answered_at < 120)
+            server.add_readiness("sqs", lambda: time.monotonic() - consumer.answered_at < 120)
             server.add_readiness("kubernetes", kube.reachable)
             await server.start()
         consumer.start()
@@ -181,52 +148,3 @@ async def run_controller(
             if server is not None:
                 await server.stop()
             await asyncio.get_running_loop().run_in_executor(None, kube.close)
-
-
-def _step_metric(metrics: Metrics, step: str, status: str) -> None:
-    if step == "outcome":
-        metrics.operation_outcomes.labels(status).inc()
-    else:
-        metrics.count_action(step, status == "success")
-
-
-def _lifecycle_metric(metrics: Metrics, what: str, result: str) -> None:
-    if what == "describe-hook":
-        metrics.heartbeats.labels("hook-unreadable").inc()
-    elif what == "heartbeat":
-        metrics.heartbeats.labels(result).inc()
-        metrics.count_action("heartbeat", result == "ok")
-    else:
-        metrics.lifecycle_completions.labels(result).inc()
-
-
-def _timing_metric(metrics: Metrics, name: str, seconds: float, labels: dict[str, str]) -> None:
-    if name == "cordon":
-        metrics.event_to_cordon.observe(seconds)
-    elif name == "drain":
-        metrics.drain_duration.labels(labels.get("kind", ""), labels.get("result", "")).observe(seconds)
-
-
-def _answered(aws: AwsClients, metrics: Metrics, queue_url: str) -> None:
-    """SQS answered a ReceiveMessage (with messages or none): readiness, and the alert's receive gauge."""
-    aws.mark_answered()
-    metrics.mark_receive(queue_url)
-
-
-def _message_metric(metrics: Metrics, queue: str, what: str, label: str) -> None:
-    if what == "received":
-        metrics.messages_received.labels(queue, label).inc()
-    elif what == "deleted":
-        metrics.messages_deleted.labels(queue, label).inc()
-    elif what == "requeued":
-        metrics.messages_requeued.labels(queue, label).inc()
-    elif what == "poison":
-        metrics.count_poison(queue, label)
-    elif what == "skipped":
-        metrics.count_skip(queue, label)
-
-
-def _in_flight_metric(metrics: Metrics, drainer: Drainer, messages: int, operations: int) -> None:
-    metrics.in_flight_messages.set(messages)
-    metrics.in_flight_operations.set(operations)
-    metrics.draining_nodes.set(drainer.draining)

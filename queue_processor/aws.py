@@ -10,22 +10,26 @@ the caller at once, which classifies it (DESIGN.md, rule 4).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
+from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from queue_processor.config import Settings
+from queue_processor.observe.observer import NULL_OBSERVER, AwsResult, Observer
 
-__all__ = ["AwsClients", "call", "error_code", "is_no_active_action", "is_retryable", "observe_calls"]
+if TYPE_CHECKING:  # the stubs are a development dependency
+    from types_aiobotocore_autoscaling import AutoScalingClient
+    from types_aiobotocore_ec2 import EC2Client
+    from types_aiobotocore_sqs import SQSClient
+
+__all__ = ["AwsClients", "call", "collect", "error_code", "is_no_active_action", "is_retryable"]
 
 T = TypeVar("T")
 
@@ -75,85 +79,97 @@ def is_no_active_action(exc: BaseException) -> bool:
 ATTEMPTS = 5
 
 
-_observer: Callable[[str, str, str], None] | None = None
-
-
-def observe_calls(observer: Callable[[str, str, str], None] | None) -> None:
-    """Have every attempt of :func:`call` reported as ``observer(service, operation, result)``: service as
-    botocore names it (``sqs``), operation as the API does (``ReceiveMessage``), result ``ok``,
-    ``throttled`` or ``error`` (``queue_processor_aws_requests_total``). ``None`` stops the reports."""
-    global _observer
-    _observer = observer
-
-
-def _report(fn: Callable[..., Any], exc: BaseException | None) -> None:
-    if _observer is None:
-        return
-    client = getattr(fn, "__self__", None)
-    meta = getattr(client, "meta", None)
-    service = str(meta.service_model.service_name) if meta is not None else "unknown"
-    operation = meta.method_to_api_mapping.get(fn.__name__, fn.__name__) if meta is not None else fn.__name__
-    result = "ok" if exc is None else ("throttled" if error_code(exc) in THROTTLING else "error")
-    _observer(service, str(operation), result)
+def _retrying() -> AsyncRetrying:
+    return AsyncRetrying(
+        retry=retry_if_exception(is_retryable),
+        wait=wait_random_exponential(multiplier=0.2, max=5),
+        stop=stop_after_attempt(ATTEMPTS),
+        reraise=True,
+    )
 
 
 async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
     """``await fn(**kwargs)``, retried with jittered exponential backoff (up to 0.2 s * 2^n, at most 5 s
     between attempts, :data:`ATTEMPTS` in all) while :func:`is_retryable`; raises the last error, or at once
-    a non-retryable one. Each attempt is reported to the :func:`observe_calls` observer."""
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception(is_retryable),
-        wait=wait_random_exponential(multiplier=0.2, max=5),
-        stop=stop_after_attempt(ATTEMPTS),
-        reraise=True,
-    ):
+    a non-retryable one. Every attempt is one HTTP request (botocore's own retries are off), counted by the
+    client's observer (see :class:`AwsClients`)."""
+    async for attempt in _retrying():
         with attempt:
-            try:
-                answer = await fn(**kwargs)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                _report(fn, exc)
-                raise
-            _report(fn, None)
-            return answer
+            return await fn(**kwargs)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class AwsClients:
-    """SQS, EC2 and Auto Scaling clients, opened by ``async with``. ``answered_at`` is the
-    ``time.monotonic()`` of the last SQS answer (readiness)."""
+async def collect(pages: Callable[[], AsyncIterator[T]], /) -> list[T]:
+    """Every page of a paginated call, retried like :func:`call` as a whole (a retryable error on any page
+    starts the pagination again): ``pages`` returns a fresh iterator, e.g.
+    ``lambda: ec2.get_paginator("describe_instances").paginate(...)``. Meant for reads, which are
+    idempotent."""
+    async for attempt in _retrying():
+        with attempt:
+            return [page async for page in pages()]
+    raise AssertionError("unreachable")  # pragma: no cover
 
-    def __init__(self, settings: Settings) -> None:
+
+class _CallCounter:
+    """botocore event handlers that report every request of one client to an
+    :class:`~queue_processor.observe.observer.Observer`: ``after-call`` (an HTTP answer: ``ok`` below 300,
+    else ``throttled`` or ``error`` by the error code) and ``after-call-error`` (no answer: a connection
+    error or timeout). ``service`` is botocore's service name (``sqs``, ``ec2``, ``autoscaling``)."""
+
+    def __init__(self, service: str, observer: Observer) -> None:
+        self.service = service
+        self.observer = observer
+
+    def answered(self, http_response: Any, parsed: Mapping[str, Any], model: Any, **_: Any) -> None:
+        """An answer came (botocore's ``after-call`` event)."""
+        result: AwsResult = "ok"
+        if int(getattr(http_response, "status_code", 0)) >= 300:
+            code = str((parsed.get("Error") or {}).get("Code", ""))
+            result = "throttled" if code in THROTTLING else "error"
+        self.observer.aws_request(self.service, str(model.name), result)
+
+    def failed(self, event_name: str, **_: Any) -> None:
+        """No answer came (botocore's ``after-call-error.<service-id>.<Operation>`` event)."""
+        self.observer.aws_request(self.service, event_name.rsplit(".", 1)[-1], "error")
+
+
+class AwsClients:
+    """SQS, EC2 and Auto Scaling clients (aiobotocore, typed by the ``types-aiobotocore`` stubs), opened by
+    ``async with``. ``observer`` is told every HTTP request each client makes (botocore's ``after-call`` and
+    ``after-call-error`` events), whoever makes it: :func:`call`, a paginator, a waiter."""
+
+    def __init__(self, settings: Settings, *, observer: Observer = NULL_OBSERVER) -> None:
         self.settings = settings
-        self.sqs: Any = None
-        self.ec2: Any = None
-        self.autoscaling: Any = None
-        self.answered_at = 0.0
+        self.observer = observer
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> AwsClients:
         session = get_session()
-        # SQS long polls take 20 s: the read timeout must exceed them.
-        config = Config(
-            retries={"max_attempts": 1, "mode": "standard"},
+        # SQS long polls take 20 s: the read timeout must exceed them. One attempt per request: `call`
+        # retries (botocore's "max_attempts" counts retries; "total_max_attempts" counts the first too).
+        config = AioConfig(
+            retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=5,
             read_timeout=30,
             max_pool_connections=64,
         )
-        options: dict[str, Any] = {"region_name": self.settings.aws_region, "config": config}
-        if self.settings.aws_endpoint:
-            options["endpoint_url"] = self.settings.aws_endpoint
-        self.sqs = await self._stack.enter_async_context(session.create_client("sqs", **options))
-        self.ec2 = await self._stack.enter_async_context(session.create_client("ec2", **options))
-        self.autoscaling = await self._stack.enter_async_context(
-            session.create_client("autoscaling", **options)
+        region = self.settings.aws_region
+        endpoint = self.settings.aws_endpoint or None
+        enter = self._stack.enter_async_context
+        self.sqs: SQSClient = await enter(
+            session.create_client("sqs", region_name=region, endpoint_url=endpoint, config=config)
         )
+        self.ec2: EC2Client = await enter(
+            session.create_client("ec2", region_name=region, endpoint_url=endpoint, config=config)
+        )
+        self.autoscaling: AutoScalingClient = await enter(
+            session.create_client("autoscaling", region_name=region, endpoint_url=endpoint, config=config)
+        )
+        for client in (self.sqs, self.ec2, self.autoscaling):
+            counter = _CallCounter(client.meta.service_model.service_name, self.observer)
+            client.meta.events.register("after-call", counter.answered)
+            client.meta.events.register("after-call-error", counter.failed)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
-
-    def mark_answered(self) -> None:
-        """Record that SQS answered now."""
-        self.answered_at = time.monotonic()

@@ -29,14 +29,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
-from queue_processor.events import (
-    ActionKey,
+from queue_processor.events import ActionKey, EventKind, SqsMessageRef
+from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
-    EventKind,
-    SqsMessageRef,
 )
 
 __all__ = ["Admission", "EventStore", "MessageOutcome", "Mode", "NodeOperation", "Settlement"]

@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,11 +31,13 @@ import structlog
 
 from queue_processor.aws import call
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
-from queue_processor.events import AsgLifecycleEvent, SqsMessageRef
+from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler, Outcome
+from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, MessageFate, Observer
 from queue_processor.parse import parse
 
-__all__ = ["POISON_VISIBILITY_S", "Consumer", "ConsumerHooks", "requeue_backoff_s"]
+__all__ = ["POISON_VISIBILITY_S", "Consumer", "requeue_backoff_s"]
 
 log = structlog.get_logger("queue_processor.consumer")
 
@@ -61,16 +61,6 @@ def requeue_backoff_s(receive_count: int, base_s: float = REQUEUE_BASE_S) -> int
     return max(1, round(base * random.uniform(0.8, 1.2)))
 
 
-@dataclass
-class ConsumerHooks:
-    """Callbacks for metrics: ``message(queue, what, label)`` with what in received, deleted, requeued, poison,
-    skipped; ``error(where)``; ``in_flight(messages, operations)``."""
-
-    message: Callable[[str, str, str], None] = lambda queue, what, label: None
-    error: Callable[[str], None] = lambda where: None
-    in_flight: Callable[[int, int], None] = lambda messages, operations: None
-
-
 class Consumer:
     """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``.
 
@@ -90,8 +80,7 @@ class Consumer:
         visibility_timeout_s: int,
         loops_per_queue: int = 2,
         wait_s: int = 20,
-        hooks: ConsumerHooks | None = None,
-        on_answer: Callable[[str], None] | None = None,
+        observer: Observer = NULL_OBSERVER,
         poison_visibility_s: int = POISON_VISIBILITY_S,
         requeue_base_s: float = REQUEUE_BASE_S,
     ) -> None:
@@ -102,8 +91,9 @@ class Consumer:
         self.visibility_timeout_s = visibility_timeout_s
         self.loops_per_queue = loops_per_queue
         self.wait_s = wait_s
-        self.hooks = hooks or ConsumerHooks()
-        self.on_answer = on_answer or (lambda _queue_url: None)
+        self.observer = observer
+        self.answered_at = 0.0
+        """``time.monotonic()`` of the last ReceiveMessage SQS answered (readiness)."""
         self.poison_visibility_s = poison_visibility_s
         self.requeue_base_s = requeue_base_s
         self._budget = asyncio.Semaphore(in_flight_budget)
@@ -192,11 +182,12 @@ class Consumer:
             except Exception as exc:
                 for _ in range(room):
                     self._budget.release()
-                self.hooks.error("receive")
+                self.observer.error(ErrorWhere.RECEIVE)
                 log.warning("receive failed", queue=queue_url, error=repr(exc))
                 await asyncio.sleep(1.0)
                 continue
-            self.on_answer(queue_url)
+            self.answered_at = time.monotonic()
+            self.observer.receive_answered(queue_url)
             messages = answer.get("Messages") or []
             for _ in range(room - len(messages)):
                 self._budget.release()
@@ -204,7 +195,7 @@ class Consumer:
                 try:
                     await self._take(queue_url, message)
                 except Exception as exc:  # the loop survives any single message
-                    self.hooks.error("handle")
+                    self.observer.error(ErrorWhere.HANDLE)
                     log.error("message handling failed", message_id=message.get("MessageId"), error=repr(exc))
                     self._budget.release()
 
@@ -222,16 +213,17 @@ class Consumer:
         bound = log.bind(message_id=ref.message_id)
         result = parse(message.get("Body") or "", ref)
         kinds = ",".join(sorted({str(e.kind) for e in result.events})) or result.outcome
-        self.hooks.message(queue_url, "received", kinds)
+        self.observer.message(queue_url, MessageFate.RECEIVED, kinds)
         if result.outcome == "poison":
             bound.warning("poison message left for the dead-letter queue", reason=result.reason)
-            self.hooks.message(queue_url, "poison", result.reason or "")
+            self.observer.poison(queue_url, result.poison_class)
             await self._change_visibility(ref, self.poison_visibility_s)
             self._budget.release()
             return
         if result.outcome == "skip":
             bound.info("message skipped", reason=result.reason)
-            self.hooks.message(queue_url, "skipped", result.reason or "")
+            if result.skip_class is not None:
+                self.observer.skipped(queue_url, result.skip_class)
             await self._delete(ref, kinds)
             self._budget.release()
             return
@@ -250,7 +242,7 @@ class Consumer:
             bound.info("message repeats events already handled: deleted")
             await self._delete(ref, kinds)
             self._budget.release()
-        self.hooks.in_flight(len(self._held), len(self._operations))
+        self.observer.in_flight(len(self._held), len(self._operations))
 
     def _spawn(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` through the handler and settles its messages."""
@@ -270,7 +262,7 @@ class Consumer:
                     *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
                     return_exceptions=True,
                 )
-            self.hooks.in_flight(len(self._held), len(self._operations))
+            self.observer.in_flight(len(self._held), len(self._operations))
 
     async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:
         held = self._held.pop(ref.message_id, ref)
@@ -292,7 +284,7 @@ class Consumer:
                 for action in actions:  # beats on until the message is received again (or not)
                     self.handler.heartbeats.requeued(action, backoff + self.visibility_timeout_s)
                 await self._change_visibility(held, backoff)
-                self.hooks.message(held.queue_url, "requeued", kinds)
+                self.observer.message(held.queue_url, MessageFate.REQUEUED, kinds)
                 log.info("requeued", message_id=held.message_id, visible_in_s=backoff)
         finally:
             self._budget.release()
@@ -307,7 +299,7 @@ class Consumer:
         if self._delete_flusher is None or self._delete_flusher.done():
             self._delete_flusher = asyncio.create_task(self._flush_deletes(), name="delete-batcher")
         if await future:
-            self.hooks.message(ref.queue_url, "deleted", kinds)
+            self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
 
     async def _flush_deletes(self) -> None:
         await asyncio.sleep(DELETE_WINDOW_S)
@@ -321,13 +313,13 @@ class Consumer:
                 try:
                     answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
                 except Exception as exc:
-                    self.hooks.error("delete")
+                    self.observer.error(ErrorWhere.DELETE)
                     log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
                     failed = set(range(len(chunk)))
                 else:
                     failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
                     for entry in answer.get("Failed") or []:
-                        self.hooks.error("delete")
+                        self.observer.error(ErrorWhere.DELETE)
                         log.warning(
                             "delete failed",
                             message_id=chunk[int(entry["Id"])][0].message_id,
@@ -347,7 +339,7 @@ class Consumer:
                 VisibilityTimeout=seconds,
             )
         except Exception as exc:
-            self.hooks.error("requeue")
+            self.observer.error(ErrorWhere.REQUEUE)
             log.warning("visibility change failed", message_id=ref.message_id, error=repr(exc))
 
     async def _extend_loop(self) -> None:
@@ -373,5 +365,5 @@ class Consumer:
                             self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
                         )
                     except Exception as exc:
-                        self.hooks.error("visibility")
+                        self.observer.error(ErrorWhere.VISIBILITY)
                         log.warning("visibility extension failed", error=repr(exc))

@@ -1,6 +1,7 @@
-"""Typed interruption events: one pydantic model per message kind.
+"""What every typed interruption event shares: :class:`BaseEvent`, its kind, identity and SQS message.
 
-An :data:`Event` is what the parser (:mod:`queue_processor.parse`) makes of one SQS message body and what the
+The models themselves live with their kinds, one module each in :mod:`queue_processor.kinds` (which also
+defines the :data:`~queue_processor.kinds.Event` union). An event is what the parser (:mod:`queue_processor.parse`) makes of one SQS message body and what the
 rest of the controller acts on. One message gives one event per affected instance (an AWS Health event can name
 several instances). Every event carries:
 
@@ -14,7 +15,8 @@ several instances). Every event carries:
   ``RequestId``, an AWS Health ``eventArn``), for logs and support cases;
 - ``message``, the SQS message it came from (:class:`SqsMessageRef`), ``None`` when parsed from a file.
 
-Each model reads its own wire format: its fields carry validation aliases for the EventBridge message (and, for
+Each model reads its own wire format and states its rules: ``taint_key`` (TAINT_NODE) and ``notice`` (whether its
+``start_time`` is a deadline the instance is reclaimed at). Its fields carry validation aliases for the EventBridge message (and, for
 lifecycle actions, the notification Auto Scaling sends straight to SQS), so the parser validates a body into
 its event in one pass from JSON; ``event_id`` and ``start_time`` are computed by the model from its fields.
 Models also accept their field names, so an event can be built in code: ``SpotInterruptionEvent(
@@ -33,10 +35,9 @@ import hashlib
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Literal, NamedTuple, TypeVar
+from typing import Annotated, ClassVar, NamedTuple, TypeVar
 
 from pydantic import (
-    AliasChoices,
     AliasPath,
     AwareDatetime,
     BaseModel,
@@ -49,18 +50,12 @@ from pydantic import (
 __all__ = [
     "SPOT_NOTICE",
     "ActionKey",
-    "AsgLaunchLifecycleEvent",
-    "AsgLifecycleEvent",
-    "AsgTerminateLifecycleEvent",
     "BaseEvent",
-    "CapacityReservationInterruptionEvent",
-    "Event",
     "EventKind",
-    "RebalanceRecommendationEvent",
-    "ScheduledChangeEvent",
-    "SpotInterruptionEvent",
+    "NonEmptyStr",
     "SqsMessageRef",
-    "StateChangeEvent",
+    "cached_field",
+    "detail_alias",
     "make_event_id",
 ]
 
@@ -106,7 +101,8 @@ class cached_field(cached_property[T]):  # noqa: N801 - used like the decorator 
         return value
 
 
-def _detail(key: str) -> AliasPath:
+def detail_alias(key: str) -> AliasPath:
+    """The validation alias of ``key`` inside an EventBridge message's ``detail``."""
     return AliasPath("detail", key)
 
 
@@ -147,6 +143,13 @@ class BaseEvent(BaseModel):
     # extra="ignore": the wire format has many fields we do not read. frozen: events are shared by tasks.
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
+    #: NTH's taint key for this kind (TAINT_NODE), ``None`` for a kind that is never tainted for.
+    taint_key: ClassVar[str | None] = None
+    #: Whether ``start_time`` is a hard deadline (the instance is reclaimed then): drains never run past it.
+    #: Kinds without a notice (rebalance, state change, lifecycle actions) have a start time that is already
+    #: past and must not shorten a drain.
+    notice: ClassVar[bool] = False
+
     detail_type: str | None = Field(default=None, alias="detail-type", exclude=True, repr=False)
     source: str | None = Field(default=None, exclude=True, repr=False)
     kind: EventKind
@@ -179,185 +182,6 @@ class BaseEvent(BaseModel):
             raise ValueError(f"event {self.event_id} already came from message {self.message.message_id}")
         # Frozen model: the field is written where pydantic keeps field values.
         self.__dict__["message"] = message
-
-
-class AsgLifecycleEvent(BaseEvent):
-    """An Auto Scaling lifecycle action, read from EventBridge's ``detail`` or from the notification the hook
-    sends straight to SQS (the same field names at the top level, with ``Time`` and ``RequestId``). Its two
-    kinds are :class:`AsgTerminateLifecycleEvent` and :class:`AsgLaunchLifecycleEvent`.
-
-    ``lifecycle_action_token`` and the instance ID address the action in ``CompleteLifecycleAction`` and
-    ``RecordLifecycleActionHeartbeat``. ``origin``/``destination`` are ``EC2``, ``AutoScalingGroup`` or
-    ``WarmPool`` ("Lifecycle hooks for instances in a warm pool", EC2 Auto Scaling User Guide);
-    ``notification_metadata`` is the hook's free-form string. The identity key is the token, so the
-    EventBridge and the direct form of one action share an ``event_id``.
-    """
-
-    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE, EventKind.ASG_LAUNCH_LIFECYCLE]
-    lifecycle_transition: str
-    instance_id: NonEmptyStr = Field(validation_alias=AliasChoices(_detail("EC2InstanceId"), "EC2InstanceId"))
-    time: AwareDatetime = Field(validation_alias=AliasChoices("time", "Time"))
-    source_id: str | None = Field(default=None, validation_alias=AliasChoices("id", "RequestId"))
-    auto_scaling_group_name: NonEmptyStr = Field(
-        validation_alias=AliasChoices(_detail("AutoScalingGroupName"), "AutoScalingGroupName")
-    )
-    lifecycle_hook_name: NonEmptyStr = Field(
-        validation_alias=AliasChoices(_detail("LifecycleHookName"), "LifecycleHookName")
-    )
-    lifecycle_action_token: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(_detail("LifecycleActionToken"), "LifecycleActionToken"),
-    )
-    origin: str | None = Field(default=None, validation_alias=AliasChoices(_detail("Origin"), "Origin"))
-    destination: str | None = Field(
-        default=None, validation_alias=AliasChoices(_detail("Destination"), "Destination")
-    )
-    notification_metadata: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(_detail("NotificationMetadata"), "NotificationMetadata"),
-    )
-
-    def _identity_key(self) -> str:
-        return self.lifecycle_action_token or super()._identity_key()
-
-    @property
-    def action_key(self) -> ActionKey:
-        """The lifecycle action's identity: ``(token or instance ID, group, hook)``, as the lifecycle API
-        addresses it (the EventBridge and the direct form of one action share it)."""
-        return ActionKey(
-            self.lifecycle_action_token or self.instance_id,
-            self.auto_scaling_group_name,
-            self.lifecycle_hook_name,
-        )
-
-
-class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
-    """A terminate lifecycle action (``autoscaling:EC2_INSTANCE_TERMINATING``): drain, then complete it.
-    ``start_time = time``: the instance waits in ``Terminating:Wait`` until the action is completed or its
-    heartbeat timeout passes."""
-
-    detail_type: Literal["EC2 Instance-terminate Lifecycle Action"] = Field(
-        default="EC2 Instance-terminate Lifecycle Action", alias="detail-type", exclude=True, repr=False
-    )
-    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE] = EventKind.ASG_TERMINATE_LIFECYCLE
-    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_TERMINATING"] = Field(
-        validation_alias=AliasChoices(_detail("LifecycleTransition"), "LifecycleTransition")
-    )
-
-
-class AsgLaunchLifecycleEvent(AsgLifecycleEvent):
-    """A launch lifecycle action (``autoscaling:EC2_INSTANCE_LAUNCHING``), into the group or a warm pool:
-    wait for the node, then complete it. ``start_time = time``."""
-
-    detail_type: Literal["EC2 Instance-launch Lifecycle Action"] = Field(
-        default="EC2 Instance-launch Lifecycle Action", alias="detail-type", exclude=True, repr=False
-    )
-    kind: Literal[EventKind.ASG_LAUNCH_LIFECYCLE] = EventKind.ASG_LAUNCH_LIFECYCLE
-    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_LAUNCHING"] = Field(
-        validation_alias=AliasChoices(_detail("LifecycleTransition"), "LifecycleTransition")
-    )
-
-
-class SpotInterruptionEvent(BaseEvent):
-    """A Spot interruption warning: ``detail`` = ``{"instance-id", "instance-action"}``;
-    ``start_time = time + 120 s``. ``instance_action`` is ``terminate``, ``stop`` or ``hibernate``."""
-
-    detail_type: Literal["EC2 Spot Instance Interruption Warning"] = Field(
-        default="EC2 Spot Instance Interruption Warning", alias="detail-type", exclude=True, repr=False
-    )
-    kind: Literal[EventKind.SPOT_INTERRUPTION] = EventKind.SPOT_INTERRUPTION
-    instance_id: NonEmptyStr = Field(validation_alias=_detail("instance-id"))
-    instance_action: str | None = Field(default=None, validation_alias=_detail("instance-action"))
-
-    @computed_field
-    @cached_field
-    def start_time(self) -> datetime:
-        """The end of the two-minute notice: ``time + 120 s``."""
-        return self.time + SPOT_NOTICE
-
-
-class RebalanceRecommendationEvent(BaseEvent):
-    """A rebalance recommendation: ``detail`` = ``{"instance-id"}``; ``start_time = time`` (no deadline)."""
-
-    detail_type: Literal["EC2 Instance Rebalance Recommendation"] = Field(
-        default="EC2 Instance Rebalance Recommendation", alias="detail-type", exclude=True, repr=False
-    )
-    kind: Literal[EventKind.REBALANCE_RECOMMENDATION] = EventKind.REBALANCE_RECOMMENDATION
-    instance_id: NonEmptyStr = Field(validation_alias=_detail("instance-id"))
-
-
-class StateChangeEvent(BaseEvent):
-    """An instance state change: ``detail`` = ``{"instance-id", "state"}``; ``start_time = time``. The parser
-    keeps only ``stopping``, ``stopped``, ``shutting-down`` and ``terminated``."""
-
-    detail_type: Literal["EC2 Instance State-change Notification"] = Field(
-        default="EC2 Instance State-change Notification", alias="detail-type", exclude=True, repr=False
-    )
-    kind: Literal[EventKind.STATE_CHANGE] = EventKind.STATE_CHANGE
-    instance_id: NonEmptyStr = Field(validation_alias=_detail("instance-id"))
-    state: NonEmptyStr = Field(validation_alias=_detail("state"))
-
-
-class ScheduledChangeEvent(BaseEvent):
-    """One affected instance of an AWS Health EC2 ``scheduledChange`` event, built by the parser for each
-    affected instance. ``scheduled_start_time``/``end_time`` are the event's ``startTime``/``endTime``
-    (``start_time`` is ``scheduled_start_time``); the identity key is ``event_arn``."""
-
-    kind: Literal[EventKind.SCHEDULED_CHANGE] = EventKind.SCHEDULED_CHANGE
-    scheduled_start_time: AwareDatetime
-    end_time: AwareDatetime | None = None
-    event_arn: str | None = None
-    event_type_code: str | None = None
-
-    def _identity_key(self) -> str:
-        return self.event_arn or super()._identity_key()
-
-    @computed_field
-    @cached_field
-    def start_time(self) -> datetime:
-        """The Health event's ``startTime``."""
-        return self.scheduled_start_time
-
-
-class CapacityReservationInterruptionEvent(BaseEvent):
-    """An interruptible Capacity Reservation (or Capacity Block) reclaiming the instance: ``detail`` =
-    ``{"instance-id", "instance-action", "instance-termination-time", "azId" | "availability-zone-id"}``.
-    ``start_time`` is ``instance_termination_time``, or ``time`` + 120 s when the message has none."""
-
-    detail_type: Literal["EC2 Capacity Reservation Instance Interruption Warning"] = Field(
-        default="EC2 Capacity Reservation Instance Interruption Warning",
-        alias="detail-type",
-        exclude=True,
-        repr=False,
-    )
-    kind: Literal[EventKind.CAPACITY_RESERVATION_INTERRUPTION] = EventKind.CAPACITY_RESERVATION_INTERRUPTION
-    instance_id: NonEmptyStr = Field(validation_alias=_detail("instance-id"))
-    instance_termination_time: AwareDatetime | None = Field(
-        default=None, validation_alias=_detail("instance-termination-time")
-    )
-    instance_action: str | None = Field(default=None, validation_alias=_detail("instance-action"))
-    availability_zone_id: str | None = Field(
-        default=None, validation_alias=AliasChoices(_detail("availability-zone-id"), _detail("azId"))
-    )
-
-    @computed_field
-    @cached_field
-    def start_time(self) -> datetime:
-        """``instance_termination_time``, else the end of a two-minute notice."""
-        return self.instance_termination_time or self.time + SPOT_NOTICE
-
-
-Event = Annotated[
-    AsgTerminateLifecycleEvent
-    | AsgLaunchLifecycleEvent
-    | SpotInterruptionEvent
-    | RebalanceRecommendationEvent
-    | StateChangeEvent
-    | ScheduledChangeEvent
-    | CapacityReservationInterruptionEvent,
-    Field(discriminator="kind"),
-]
-"""Any event, discriminated by ``kind``."""
 
 
 def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:

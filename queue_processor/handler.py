@@ -52,40 +52,24 @@ import structlog
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
-from queue_processor.events import (
-    AsgLaunchLifecycleEvent,
-    AsgLifecycleEvent,
-    Event,
-    EventKind,
-    StateChangeEvent,
-)
+from queue_processor.events import EventKind
+from queue_processor.kinds import AsgLaunchLifecycleEvent, AsgLifecycleEvent, Event, StateChangeEvent
 from queue_processor.leases import Claim, ClaimLost, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
 from queue_processor.observe.events import NodeEventRecorder
+from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, NodeAction, Observer, OperationOutcome
 from queue_processor.observe.webhook import Webhook
 
-__all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "TAINT_KEYS", "Handler", "Outcome"]
+__all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "Handler", "Outcome"]
 
 log = structlog.get_logger("queue_processor.handler")
 
-#: NTH's taint keys (pkg/node/node.go); capacity-reservation interruptions are ours. State changes: none.
-TAINT_KEYS = {
-    EventKind.SPOT_INTERRUPTION: "aws-node-termination-handler/spot-itn",
-    EventKind.SCHEDULED_CHANGE: "aws-node-termination-handler/scheduled-maintenance",
-    EventKind.ASG_TERMINATE_LIFECYCLE: "aws-node-termination-handler/asg-lifecycle-termination",
-    EventKind.REBALANCE_RECOMMENDATION: "aws-node-termination-handler/rebalance-recommendation",
-    EventKind.CAPACITY_RESERVATION_INTERRUPTION: "aws-node-termination-handler/capacity-reservation-interruption",
-}
 OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
 EXCLUDE_FROM_LB_LABEL = (
     "node.kubernetes.io/exclude-from-external-load-balancers",
     "aws-node-termination-handler",
 )
-
-
-#: Kinds whose start time is a hard deadline: the instance is reclaimed then.
-NOTICE_KINDS = frozenset({EventKind.SPOT_INTERRUPTION, EventKind.CAPACITY_RESERVATION_INTERRUPTION})
 
 
 class Outcome(StrEnum):
@@ -117,9 +101,9 @@ class _Target:
 
 
 class Handler:
-    """Runs operations. ``on_step(step, status)`` and ``on_timing(name, seconds, labels)`` feed metrics
-    (``cordon``, ``drain``…; step ``outcome`` with an ``OperationOutcome`` for operations that end without a
-    drain); ``clock`` returns monotonic seconds. ``heartbeats`` owns every lifecycle action's heartbeat and
+    """Runs operations. ``observer`` is told each action on a node, the cordon latency, each drain's
+    duration and result, and the outcome of operations that end without a drain; ``clock`` returns monotonic
+    seconds. ``heartbeats`` owns every lifecycle action's heartbeat and
     completes actions."""
 
     def __init__(
@@ -133,8 +117,7 @@ class Handler:
         recorder: NodeEventRecorder | None = None,
         leases: NodeLeases | None = None,
         webhook: Webhook | None = None,
-        on_step: Callable[[str, str], None] | None = None,
-        on_timing: Callable[[str, float, dict[str, str]], None] | None = None,
+        observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
@@ -145,8 +128,7 @@ class Handler:
         self.recorder = recorder
         self.leases = leases
         self.webhook = webhook
-        self.on_step = on_step or (lambda step, status: None)
-        self.on_timing = on_timing or (lambda name, seconds, labels: None)
+        self.observer = observer
         self.clock = clock
 
     # ------------------------------------------------------------------------------------------- receipt
@@ -181,11 +163,11 @@ class Handler:
             raise
         except ClaimLost as exc:
             bound.warning("the node's Lease was lost: requeued", error=str(exc))
-            self.on_step("outcome", "lease-lost")
+            self.observer.operation_outcome(OperationOutcome.LEASE_LOST)
             return Outcome.RETRY
         except Exception as exc:  # one operation must never take the controller down
             bound.error("operation failed", error=repr(exc))
-            self.on_step("handle", "error")
+            self.observer.error(ErrorWhere.HANDLE)
             return Outcome.RETRY
 
     async def _pipeline(self, operation: NodeOperation, early_exit: AsyncExitStack, bound: Any) -> Outcome:
@@ -218,7 +200,7 @@ class Handler:
         (its lifecycle actions completed), or not managed by this cluster (left alone)."""
         info = await self.resolver.get(operation.instance_id)
         if info is None:
-            self.on_step("outcome", "unknown-instance")
+            self.observer.operation_outcome(OperationOutcome.UNKNOWN_INSTANCE)
             if operation.mode is Mode.DRAIN:
                 bound.info("instance unknown to EC2: nothing to drain, its lifecycle actions completed")
                 await self._complete_actions(operation, None, bound)
@@ -236,7 +218,7 @@ class Handler:
             value=settings.managed_tag_value,
         ):
             bound.info("instance not managed: ignored", managed_tag=settings.managed_tag)
-            self.on_step("outcome", "unmanaged")
+            self.observer.operation_outcome(OperationOutcome.UNMANAGED)
             for action in operation.lifecycle_actions:
                 await self.heartbeats.stop(action)
             self._settle_all(operation, "unmanaged")
@@ -261,27 +243,28 @@ class Handler:
             claim = await self.leases.claim(name)
             if claim is None:
                 bound.info("another replica holds the node's Lease: requeued", node=name)
-                self.on_step("outcome", "lease-held")
+                self.observer.operation_outcome(OperationOutcome.LEASE_HELD)
                 return Outcome.RETRY
             await early_exit.enter_async_context(claim)
         return _Target(info, name, False, claim)
 
     async def _cordon(self, operation: NodeOperation, target: _Target, bound: Any) -> str | None:
         """PreDrain and cordon in one write; the node's name, or ``None`` when there is no such node."""
-        taints, labels = await self._pre_drain(operation, target.node)
+        taints, labels = self._pre_drain(operation)
         name = target.node
-        if not await self.drainer.cordon(name, taints=taints, labels=labels):
+        if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels):
             node = await self.finder.find(target.info) if target.assumed else None
             if node is None:
                 return None
             name = str(node["metadata"]["name"])
-            taints, labels = await self._pre_drain(operation, name)
-            if not await self.drainer.cordon(name, taints=taints, labels=labels):
+            if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels):
                 return None
         for _ in taints:
-            self.on_step("taint", "success")
-        self.on_step("cordon", "success")
-        self.on_timing("cordon", self.clock() - operation.started_at, {})
+            self.observer.node_action(NodeAction.TAINT, True)
+        if labels:
+            self.observer.node_action(NodeAction.EXCLUDE_FROM_LB, True)
+        self.observer.node_action(NodeAction.CORDON, True)
+        self.observer.cordoned(self.clock() - operation.started_at)
         bound.info("cordoned")
         await self._event(name, "Cordon", f"cordoned for {self._kinds(operation)}")
         if self.webhook is not None:
@@ -289,19 +272,14 @@ class Handler:
             await self.webhook.notify(operation.first, name, f"{self._kinds(operation)}: node {action}")
         return name
 
-    async def _pre_drain(
-        self, operation: NodeOperation, node: str
-    ) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
+    def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
         """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:
         the event ID); the exclude-from-load-balancers label when EXCLUDE_FROM_LOAD_BALANCERS and not
-        CORDON_ONLY, unless the node has that label already (NTH skips an existing label: its value may be
-        someone else's)."""
+        CORDON_ONLY, added only where the node does not carry it yet (NTH skips an existing label: its value
+        may be someone else's; :meth:`Drainer.cordon` decides on the node it reads for the write)."""
         labels: dict[str, str] = {}
         if self.settings.exclude_from_load_balancers and not self.settings.cordon_only:
-            current = await self.drainer.kube.get_node(node)
-            present = ((current or {}).get("metadata") or {}).get("labels") or {}
-            if EXCLUDE_FROM_LB_LABEL[0] not in present:
-                labels = dict([EXCLUDE_FROM_LB_LABEL])
+            labels = dict([EXCLUDE_FROM_LB_LABEL])
         return self._taints(operation, operation.kinds), labels
 
     def _taints(self, operation: NodeOperation, kinds: list[EventKind]) -> list[tuple[str, str, str]]:
@@ -309,10 +287,9 @@ class Handler:
             return []
         taints: list[tuple[str, str, str]] = []
         for kind in kinds:
-            key = TAINT_KEYS.get(kind)
-            if key is not None:
-                event = next(e for e in operation.events if e.kind is kind)
-                taints.append((key, event.event_id, self.settings.taint_effect))
+            event = next(e for e in operation.events if e.kind is kind)
+            if event.taint_key is not None:  # the kind's own (kinds/<kind>.py); NTH's keys
+                taints.append((event.taint_key, event.event_id, self.settings.taint_effect))
         return taints
 
     async def _drain(
@@ -328,18 +305,18 @@ class Handler:
                 node, self._deadline(operation), guard=claim.confirm if claim is not None else None
             )
         except asyncio.CancelledError:
-            self.on_timing("drain", self.clock() - started, {"kind": kind, "result": "cancelled"})
+            self.observer.drained(kind, "cancelled", self.clock() - started)
             raise
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-        self.on_timing("drain", self.clock() - started, {"kind": kind, "result": str(result.outcome)})
+        self.observer.drained(kind, result.outcome, self.clock() - started)
         if not result.completed:
-            self.on_step("cordon-and-drain", "error")
+            self.observer.node_action(NodeAction.CORDON_AND_DRAIN, False)
             bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
             await self._event(node, "DrainFailed", f"drain incomplete, will retry: {result.reason}", True)
             return False
-        self.on_step("cordon-and-drain", "success")
+        self.observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
         bound.info("drained", evicted=result.evicted, skipped=len(result.skipped))
         await self._event(
             node, "Drain", f"drained for {self._kinds(operation)}: {result.evicted} pods evicted"
@@ -354,7 +331,7 @@ class Handler:
             new = [kind for kind in operation.kinds if kind not in tainted]
             for key, value, effect in self._taints(operation, new):
                 await self.drainer.taint(node, key, value, effect)
-                self.on_step("taint", "success")
+                self.observer.node_action(NodeAction.TAINT, True)
             tainted.update(new)
 
     async def _post_drain(
@@ -369,10 +346,11 @@ class Handler:
         new = [kind for kind in operation.kinds if kind not in tainted]
         for key, value, effect in self._taints(operation, new):
             await self.drainer.taint(node, key, value, effect)
-            self.on_step("taint", "success")
+            self.observer.node_action(NodeAction.TAINT, True)
         tainted.update(new)
         if settings.enable_out_of_service_taint and not settings.cordon_only:
             await self.drainer.taint(node, *OUT_OF_SERVICE_TAINT)
+            self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
         await self._complete_actions(operation, claim, bound)  # actions that joined during the taints
         return Outcome.DONE
 
@@ -385,7 +363,7 @@ class Handler:
                     await claim.confirm()
                 result = await self.heartbeats.complete(action, "CONTINUE")
                 operation.settled[action.action_key] = result
-                self.on_step("lifecycle-complete", "success")
+                self.observer.node_action(NodeAction.LIFECYCLE_COMPLETE, True)
                 bound.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
 
     def _settle_all(self, operation: NodeOperation, how: str) -> None:
@@ -414,12 +392,12 @@ class Handler:
         so (its lifecycle actions completed), else retried."""
         if await self._instance_gone(operation):
             bound.info("instance terminated and its node gone: nothing to drain")
-            self.on_step("outcome", "instance-gone")
+            self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
             await self._complete_actions(operation, None, bound)
             return Outcome.DONE
         if self.settings.delete_sqs_msg_if_node_not_found:
             bound.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
-            self.on_step("outcome", "node-not-found")
+            self.observer.operation_outcome(OperationOutcome.NODE_NOT_FOUND)
             await self._complete_actions(operation, None, bound)
             return Outcome.DONE
         bound.info("no node for the instance: requeued")
@@ -452,7 +430,7 @@ class Handler:
         past, and must not shorten the drain."""
         now = self.clock()
         deadline = now + self.settings.node_termination_grace_period
-        notices = [e.start_time for e in operation.events if e.kind in NOTICE_KINDS]
+        notices = [e.start_time for e in operation.events if e.notice]
         if notices:
             left = (min(notices) - datetime.now(UTC)).total_seconds()
             deadline = min(deadline, now + max(left, 0.0))

@@ -26,6 +26,8 @@ import urllib3
 from kubernetes import client, config
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+
 __all__ = ["KubeClient", "KubeError", "RateLimiter", "load_api_client"]
 
 Obj = dict[str, Any]
@@ -117,8 +119,9 @@ def _retryable(exc: BaseException) -> bool:
 class KubeClient:
     """JSON access to the API server for the controller: ``threads`` for drain traffic and
     :data:`URGENT_THREADS` more for urgent node calls (a cordon's rate is these threads over the API
-    server's latency under the storm's load, so they are not few). ``on_request(verb, resource, status)`` is
-    called after every request (for metrics). Raises :class:`KubeError` from every call that fails."""
+    server's latency under the storm's load, so they are not few). ``observer`` is told every request
+    (:meth:`~queue_processor.observe.observer.Observer.kube_request`). Raises :class:`KubeError` from every
+    call that fails."""
 
     def __init__(
         self,
@@ -129,13 +132,13 @@ class KubeClient:
         threads: int = 32,
         timeout_s: float = 30.0,
         attempts: int = 4,
-        on_request: Callable[[str, str, int], None] | None = None,
+        observer: Observer = NULL_OBSERVER,
     ) -> None:
         self.api = api_client
         self.limiter = RateLimiter(qps, burst)
         self.timeout_s = timeout_s
         self.attempts = attempts
-        self.on_request = on_request
+        self.observer = observer
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         # Cordoning must not queue behind a storm's evictions and pod lists: node calls get threads of their own.
         self._urgent_pool = ThreadPoolExecutor(max_workers=URGENT_THREADS, thread_name_prefix="kube-urgent")
@@ -189,8 +192,7 @@ class KubeClient:
         pool = self._urgent_pool if urgent else self._pool
         status, data = await loop.run_in_executor(pool, self._call, method, path, query, body, content_type)
         verb, resource = _describe(method, path, query)
-        if self.on_request is not None:
-            self.on_request(verb, resource, status)
+        self.observer.kube_request(verb, resource, status or None)
         if status:
             self.answered_at = time.monotonic()
         else:

@@ -16,8 +16,9 @@
   expire between two attempts. If the message is not received again by then, the heartbeat stops;
 - a failed heartbeat is retried within seconds (:data:`RETRY_S`), with a warning, never a whole interval
   later (the next beat would land after the HeartbeatTimeout);
-- :meth:`Lifecycle.complete` answers ``"completed"`` or, for that same ValidationError, ``"no-active-action"``
-  (terminal: the action was completed, abandoned or timed out already).
+- :meth:`Lifecycle.complete` answers the :class:`~queue_processor.observe.observer.LifecycleResult` it
+  got: ``continue`` / ``abandon``, or, for that same ValidationError, ``no-active-action`` (terminal: the
+  action was completed, abandoned or timed out already).
 
 An action is addressed by its token, or by instance ID when the message carried none.
 """
@@ -30,14 +31,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from botocore.exceptions import ClientError
 
 from queue_processor.aws import call, error_code, is_no_active_action, is_retryable
 from queue_processor.config import Settings
-from queue_processor.events import ActionKey, AsgLifecycleEvent
+from queue_processor.events import ActionKey
+from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.observe.observer import NULL_OBSERVER, HeartbeatResult, LifecycleResult, Observer
 
 __all__ = ["MAX_HEARTBEAT_UNTIL_S", "RETRY_S", "Heartbeats", "Lifecycle", "action_params"]
 
@@ -64,20 +67,13 @@ def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
 
 
 class Lifecycle:
-    """Single lifecycle API calls through an aiobotocore Auto Scaling client. ``on_result(what, result)`` is
-    called for metrics: ``("heartbeat", "ok"|"error"|"validation-error")``, ``("complete",
-    "continue"|"abandon"|"no-active-action"|"error")`` and ``("describe-hook", "denied")``."""
+    """Single lifecycle API calls through an aiobotocore Auto Scaling client. ``observer`` is told every
+    heartbeat's and completion's result (and ``hook-unreadable`` when DescribeLifecycleHooks is refused)."""
 
-    def __init__(
-        self,
-        autoscaling: Any,
-        settings: Settings,
-        *,
-        on_result: Callable[[str, str], None] | None = None,
-    ) -> None:
+    def __init__(self, autoscaling: Any, settings: Settings, *, observer: Observer = NULL_OBSERVER) -> None:
         self.autoscaling = autoscaling
         self.settings = settings
-        self.on_result = on_result or (lambda what, result: None)
+        self.observer = observer
         self._timeouts: dict[tuple[str, str], float | None] = {}
 
     async def hook_timeout_s(self, group: str, hook: str) -> float | None:
@@ -96,7 +92,7 @@ class Lifecycle:
             except ClientError as exc:
                 if is_retryable(exc):
                     raise
-                self.on_result("describe-hook", "denied")
+                self.observer.heartbeat(HeartbeatResult.HOOK_UNREADABLE)
                 log.warning(
                     "cannot read the lifecycle hook's HeartbeatTimeout: its actions get no heartbeats; grant "
                     "autoscaling:DescribeLifecycleHooks or set HEARTBEAT_INTERVAL",
@@ -131,32 +127,40 @@ class Lifecycle:
         (``No active Lifecycle Action``). Raises other AWS errors after retries."""
         try:
             await call(self.autoscaling.record_lifecycle_action_heartbeat, **action_params(action))
-        except ClientError as exc:
-            if is_no_active_action(exc):
-                self.on_result("heartbeat", "validation-error")
-                return False
-            self.on_result("heartbeat", "error")
+        except asyncio.CancelledError:
             raise
-        self.on_result("heartbeat", "ok")
+        except Exception as exc:
+            if is_no_active_action(exc):
+                self.observer.heartbeat(HeartbeatResult.VALIDATION_ERROR)
+                return False
+            self.observer.heartbeat(HeartbeatResult.ERROR)
+            raise
+        self.observer.heartbeat(HeartbeatResult.OK)
         return True
 
-    async def complete(self, action: AsgLifecycleEvent, result: str = "CONTINUE") -> str:
-        """CompleteLifecycleAction with ``result`` (CONTINUE or ABANDON); ``"completed"``, or
-        ``"no-active-action"`` when the action was over already. Raises other AWS errors after retries."""
+    async def complete(
+        self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
+    ) -> LifecycleResult:
+        """CompleteLifecycleAction with ``result`` (``LifecycleActionResult``): ``continue`` / ``abandon``
+        when AWS took it, ``no-active-action`` when the action was over already. Raises other AWS errors
+        after retries."""
         try:
             await call(
                 self.autoscaling.complete_lifecycle_action,
                 LifecycleActionResult=result,
                 **action_params(action),
             )
-        except ClientError as exc:
-            if is_no_active_action(exc):
-                self.on_result("complete", "no-active-action")
-                return "no-active-action"
-            self.on_result("complete", "error")
+        except asyncio.CancelledError:
             raise
-        self.on_result("complete", result.lower())
-        return "completed"
+        except Exception as exc:
+            if is_no_active_action(exc):
+                self.observer.lifecycle_completion(LifecycleResult.NO_ACTIVE_ACTION)
+                return LifecycleResult.NO_ACTIVE_ACTION
+            self.observer.lifecycle_completion(LifecycleResult.ERROR)
+            raise
+        outcome = LifecycleResult.CONTINUE if result == "CONTINUE" else LifecycleResult.ABANDON
+        self.observer.lifecycle_completion(outcome)
+        return outcome
 
 
 @dataclass
@@ -214,7 +218,9 @@ class Heartbeats:
             beat.task.cancel()
             await asyncio.gather(beat.task, return_exceptions=True)
 
-    async def complete(self, action: AsgLifecycleEvent, result: str = "CONTINUE") -> str:
+    async def complete(
+        self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
+    ) -> LifecycleResult:
         """Complete ``action`` with its heartbeat stopped first (no beat after the end); when completion
         fails, the heartbeat starts again and the error is raised. Returns what
         :meth:`Lifecycle.complete` returns."""
@@ -288,13 +294,10 @@ class Heartbeats:
                 continue
             try:
                 alive = await self.lifecycle.beat(action)
-            except ClientError as exc:
-                bound.warning("heartbeat failed: retrying", code=error_code(exc), retry_in_s=retry_s)
-                wait_s = min(retry_s, interval_s)
-                retry_s = min(retry_s * 2, RETRY_S[1])
-                continue
-            except Exception as exc:  # a connection error after retries: same as above
-                bound.warning("heartbeat failed: retrying", error=repr(exc), retry_in_s=retry_s)
+            except Exception as exc:  # throttled, 5xx or unreachable after retries: again within seconds
+                bound.warning(
+                    "heartbeat failed: retrying", code=error_code(exc), error=repr(exc), retry_in_s=retry_s
+                )
                 wait_s = min(retry_s, interval_s)
                 retry_s = min(retry_s * 2, RETRY_S[1])
                 continue

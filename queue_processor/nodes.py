@@ -17,11 +17,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from queue_processor.aws import collect
 from queue_processor.kube import KubeClient
 
-__all__ = ["InstanceInfo", "InstanceResolver", "NodeFinder", "is_managed"]
+if TYPE_CHECKING:
+    from types_aiobotocore_ec2 import EC2Client
+
+__all__ = ["InstanceInfo", "InstanceResolver", "NodeFinder", "describe_instances", "is_managed"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,24 @@ def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") ->
 
 
 Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
+
+
+async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[dict[str, Any]]:
+    """EC2 DescribeInstances for ``instance_ids`` through an ``instance-id`` filter (unknown IDs are simply
+    absent, never ``InvalidInstanceID.NotFound``), every page by botocore's paginator, retried as a whole
+    (:func:`queue_processor.aws.collect`): the instances, flattened out of their reservations. Raises the
+    AWS error when retries are exhausted or it is not retryable."""
+    pages = await collect(
+        lambda: ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-id", "Values": instance_ids}]
+        )
+    )
+    return [
+        dict(instance)
+        for page in pages
+        for reservation in page.get("Reservations") or []
+        for instance in reservation.get("Instances") or []
+    ]
 
 
 class InstanceResolver:

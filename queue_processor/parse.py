@@ -21,7 +21,7 @@ from typing import Annotated, Any, Union
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import REGISTRY, ParseResult, Poison
+from queue_processor.kinds import REGISTRY, ParseResult, Poison, PoisonClass, SkipClass
 from queue_processor.kinds.asg_lifecycle import LifecycleProbe, parse_direct
 from queue_processor.kinds.base import BY_MODEL, describe_validation_error
 
@@ -70,7 +70,7 @@ def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResul
     try:
         result = _parse(body, message, wrapped=False)
     except Exception as exc:  # parse is total: a bug in a kind parser must not kill the receive loop
-        return ParseResult.poison(f"unexpected {type(exc).__name__} while parsing: {exc}")
+        return ParseResult.poison(PoisonClass.OTHER, f"unexpected {type(exc).__name__} while parsing: {exc}")
     for event in result.events:
         # A start time that cannot be represented (``9999-12-31`` plus a Spot notice's 120 s) is poison now,
         # not an OverflowError in the middle of a drain. Only a time in the last representable year can
@@ -80,7 +80,9 @@ def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResul
         try:
             event.start_time  # noqa: B018 - computed and cached for its check
         except (OverflowError, ValueError) as exc:
-            return ParseResult.poison(f"time: start time out of range ({exc})", result.envelope)
+            return ParseResult.poison(
+                PoisonClass.INVALID_FIELD, f"time: start time out of range ({exc})", result.envelope
+            )
     return result
 
 
@@ -99,7 +101,7 @@ def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -
     if len(body) * 4 > MAX_MESSAGE_BYTES:  # a UTF-8 character is at most 4 bytes
         too_large = _size_reason(body)
         if too_large is not None:
-            return ParseResult.poison(too_large)
+            return ParseResult.poison(PoisonClass.TOO_LARGE, too_large)
     # Hints, not decisions: a body naming "detail-type" is most likely an EventBridge event, one naming
     # "LifecycleTransition" a lifecycle notification sent straight to SQS; each is tried in one pass first,
     # and whatever it does not take goes through the other shapes.
@@ -127,9 +129,11 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
         kind = first["type"]
         if kind == "json_invalid":
-            return ParseResult.poison(f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
+            return ParseResult.poison(
+                PoisonClass.NOT_JSON, f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
+            )
         if kind == "dict_type" and not first["loc"]:
-            return ParseResult.poison("not a JSON object")
+            return ParseResult.poison(PoisonClass.NOT_OBJECT, "not a JSON object")
         if kind in _NOT_A_KIND:
             return None
         # A registered kind (the first location item is its detail-type) that lacks what it needs.
@@ -137,18 +141,19 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         explained = spec.on_invalid(body) if spec.on_invalid is not None else None
         if explained is not None:
             return explained
-        return ParseResult.poison(describe_validation_error(exc, skip_loc=1), "eventbridge")
+        return ParseResult.invalid(exc, describe_validation_error(exc, skip_loc=1), "eventbridge")
     spec = BY_MODEL[type(validated)]
     if validated.source != spec.source:
         if validated.source is None:
-            return ParseResult.poison("source: Field required", "eventbridge")
+            return ParseResult.poison(PoisonClass.MISSING_FIELD, "source: Field required", "eventbridge")
         return ParseResult.skip(
-            f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on"
+            SkipClass.UNHANDLED_KIND,
+            f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on",
         )
     try:
         result: ParseResult = spec.finish(validated, message)
     except Poison as poison:
-        return ParseResult.poison(poison.reason, "eventbridge")
+        return ParseResult.poison(poison.reason_class, poison.reason, "eventbridge")
     if message is not None:
         for event in result.events:
             if event.message is None:
@@ -166,31 +171,41 @@ def _other(
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
         if first["type"] == "json_invalid":
-            return ParseResult.poison(f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
+            return ParseResult.poison(
+                PoisonClass.NOT_JSON, f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
+            )
         if first["type"] == "model_type" and not first["loc"]:
-            return ParseResult.poison("not a JSON object")
-        return ParseResult.poison(describe_validation_error(exc))
+            return ParseResult.poison(PoisonClass.NOT_OBJECT, "not a JSON object")
+        return ParseResult.invalid(exc, describe_validation_error(exc))
     if raw.source is not None or raw.detail_type is not None:
         if not tried_eventbridge:  # the hint missed it (an escaped key): go the EventBridge way
             result = _eventbridge(body, message)
             if result is not None:
                 return result
         if raw.source is None:
-            return ParseResult.poison("source: Field required", "eventbridge")
+            return ParseResult.poison(PoisonClass.MISSING_FIELD, "source: Field required", "eventbridge")
         if raw.detail_type is None:
-            return ParseResult.poison("detail-type: Field required", "eventbridge")
-        return ParseResult.skip(f"EventBridge event {raw.source!r} / {raw.detail_type!r} is not acted on")
+            return ParseResult.poison(PoisonClass.MISSING_FIELD, "detail-type: Field required", "eventbridge")
+        return ParseResult.skip(
+            SkipClass.UNHANDLED_KIND,
+            f"EventBridge event {raw.source!r} / {raw.detail_type!r} is not acted on",
+        )
     if raw.sns_type is not None:
         if wrapped:
-            return ParseResult.poison("an SNS envelope inside an SNS envelope")  # the caller adds "sns"
+            return ParseResult.poison(
+                PoisonClass.UNKNOWN_SHAPE, "an SNS envelope inside an SNS envelope"
+            )  # the caller adds "sns"
         if raw.sns_type != "Notification":
-            return ParseResult.skip(f"SNS {raw.sns_type} message is not acted on", "sns")
+            return ParseResult.skip(
+                SkipClass.SNS_CONTROL, f"SNS {raw.sns_type} message is not acted on", "sns"
+            )
         if raw.sns_message is None:
-            return ParseResult.poison("Message: Field required", "sns")
+            return ParseResult.poison(PoisonClass.MISSING_FIELD, "Message: Field required", "sns")
         return _parse(raw.sns_message, message, wrapped=True)
     if raw.looks_direct:
         return raw.not_an_action("asg-direct") or parse_direct(body, message)
     return ParseResult.poison(
+        PoisonClass.UNKNOWN_SHAPE,
         "not a known message shape: neither an EventBridge event, an Auto Scaling notification "
-        "nor an SNS notification"
+        "nor an SNS notification",
     )

@@ -21,8 +21,9 @@ from typing import Any
 
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.kube import KubeClient, KubeError
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
 
-__all__ = ["TAINT_WRITE_ATTEMPTS", "DrainOutcome", "DrainResult", "Drainer"]
+__all__ = ["TAINT_WRITE_ATTEMPTS", "DrainOutcome", "DrainResult", "Drainer", "EvictionOutcome"]
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
 #: node between our read and our write).
@@ -42,6 +43,20 @@ class DrainOutcome(StrEnum):
     """Pods were still there at the deadline (PodDisruptionBudgets included)."""
     ERROR = "error"
     """A pod could not be evicted: the filters refused it, or its eviction failed."""
+
+
+class EvictionOutcome(StrEnum):
+    """How one pod's eviction ended, decided where it ends (the ``result`` label of
+    ``queue_processor_evictions_total``)."""
+
+    EVICTED = "evicted"
+    """The Eviction API accepted it (201)."""
+    GONE = "gone"
+    """The pod was gone already (404)."""
+    PDB_BLOCKED = "pdb-blocked"
+    """A PodDisruptionBudget refused it (429) until the deadline."""
+    ERROR = "error"
+    """Another error (several budgets match the pod: 500; anything else until the deadline)."""
 
 
 @dataclass
@@ -64,7 +79,8 @@ class DrainResult:
 class Drainer:
     """Node operations through a :class:`KubeClient`. ``budget`` bounds concurrent drains (DRAIN_BUDGET);
     ``grace_s`` is POD_TERMINATION_GRACE_PERIOD (-1: each pod's own); ``use_cache`` is USE_APISERVER_CACHE;
-    ``clock`` returns seconds (monotonic)."""
+    ``clock`` returns seconds (monotonic); ``observer`` is told each eviction's outcome and the number of nodes
+    draining."""
 
     def __init__(
         self,
@@ -74,7 +90,7 @@ class Drainer:
         budget: int,
         grace_s: int = -1,
         use_cache: bool = False,
-        on_eviction: Callable[[str], None] | None = None,
+        observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
@@ -82,7 +98,7 @@ class Drainer:
         self.budget = asyncio.Semaphore(budget)
         self.grace_s = grace_s
         self.use_cache = use_cache
-        self.on_eviction = on_eviction or (lambda result: None)
+        self.observer = observer
         self.clock = clock
         self.draining = 0
 
@@ -91,24 +107,23 @@ class Drainer:
         node: str,
         *,
         taints: Sequence[tuple[str, str, str]] = (),
-        labels: Mapping[str, str] | None = None,
+        labels_if_absent: Mapping[str, str] | None = None,
     ) -> bool:
         """Mark the node unschedulable (``spec.unschedulable: true``) and, in the same request, add ``taints``
-        (``(key, value, effect)``) and ``labels``: one write for PreDrain and cordon. Idempotent. ``False`` when
-        the node does not exist (404); raises :class:`KubeError` for other failures.
+        (``(key, value, effect)``) and those of ``labels_if_absent`` the node does not carry yet (a value
+        already there may be someone else's: it is never overwritten): one write for PreDrain and cordon.
+        Idempotent. ``False`` when the node does not exist (404); raises :class:`KubeError` for other failures.
 
-        Without taints this is one strategic-merge patch. With taints it is a read-modify-write: ``Node.spec.taints``
-        has no patch merge key, so a patch that carries taints replaces the whole list on a real API server; the
-        node is read, every taint but ours (same key and effect) is kept as it was, and the patch carries the
-        read ``resourceVersion``, so a concurrent change answers 409 Conflict and the write is retried on a
-        fresh read (:data:`TAINT_WRITE_ATTEMPTS` times)."""
-        spec: dict[str, Any] = {"unschedulable": True}
-        patch: dict[str, Any] = {"spec": spec}
-        if labels:
-            patch["metadata"] = {"labels": dict(labels)}
+        Without taints or labels this is one strategic-merge patch. With them it is a read-modify-write (one
+        read): ``Node.spec.taints`` has no patch merge key, so a patch that carries taints replaces the whole
+        list on a real API server; the node is read, every taint but ours (same key and effect) is kept as it
+        was, labels already present are left out, and the patch carries the read ``resourceVersion``, so a
+        concurrent change answers 409 Conflict and the write is retried on a fresh read
+        (:data:`TAINT_WRITE_ATTEMPTS` times)."""
+        patch: dict[str, Any] = {"spec": {"unschedulable": True}}
         try:
-            if taints:
-                await self._write_taints(node, taints, patch)
+            if taints or labels_if_absent:
+                await self._read_modify_write(node, taints, patch, labels_if_absent or {})
             else:
                 await self.kube.patch_node(node, patch)
         except KubeError as exc:
@@ -120,10 +135,14 @@ class Drainer:
     async def taint(self, node: str, key: str, value: str, effect: str) -> None:
         """Add (or update) one taint, keeping every other taint of the node (read-modify-write, see
         :meth:`cordon`). Raises :class:`KubeError` (404 when the node is gone)."""
-        await self._write_taints(node, [(key, value, effect)], {})
+        await self._read_modify_write(node, [(key, value, effect)], {}, {})
 
-    async def _write_taints(
-        self, node: str, taints: Sequence[tuple[str, str, str]], patch: dict[str, Any]
+    async def _read_modify_write(
+        self,
+        node: str,
+        taints: Sequence[tuple[str, str, str]],
+        patch: dict[str, Any],
+        labels_if_absent: Mapping[str, str],
     ) -> None:
         ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
         identities = {(taint["key"], taint["effect"]) for taint in ours}
@@ -136,14 +155,15 @@ class Drainer:
                 for taint in (current.get("spec") or {}).get("taints") or []
                 if (taint.get("key"), taint.get("effect")) not in identities
             ]
-            body = {
-                **patch,
-                "metadata": {
-                    **patch.get("metadata", {}),
-                    "resourceVersion": current["metadata"]["resourceVersion"],
-                },
-                "spec": {**patch.get("spec", {}), "taints": kept + ours},
-            }
+            present = (current.get("metadata") or {}).get("labels") or {}
+            metadata: dict[str, Any] = {"resourceVersion": current["metadata"]["resourceVersion"]}
+            labels = {key: value for key, value in labels_if_absent.items() if key not in present}
+            if labels:
+                metadata["labels"] = labels
+            spec = dict(patch.get("spec", {}))
+            if taints:
+                spec["taints"] = kept + ours
+            body = {**patch, "metadata": metadata, "spec": spec}
             try:
                 await self.kube.patch_node(node, body)
                 return
@@ -161,10 +181,12 @@ class Drainer:
         :class:`KubeError` when the pods cannot be listed, and whatever ``guard`` raises."""
         async with self.budget:
             self.draining += 1
+            self.observer.draining(self.draining)
             try:
                 return await self._drain(node, deadline, guard)
             finally:
                 self.draining -= 1
+                self.observer.draining(self.draining)
 
     async def _drain(
         self, node: str, deadline: float, guard: Callable[[], Awaitable[None]] | None
@@ -182,13 +204,13 @@ class Drainer:
         waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
         del pods, plan
         outcomes = await asyncio.gather(*(self._evict(key, deadline, guard) for key in to_evict))
-        for (namespace, name), outcome in zip(to_evict, outcomes, strict=True):
-            if outcome == "evicted":
+        for (namespace, name), (outcome, detail) in zip(to_evict, outcomes, strict=True):
+            if outcome is EvictionOutcome.EVICTED:
                 result.evicted += 1
-            elif outcome == "blocked":
+            elif outcome is EvictionOutcome.PDB_BLOCKED:
                 result.blocked += 1
-            elif outcome != "gone":
-                result.failed.append(f"{namespace}/{name}: {outcome}")
+            elif outcome is EvictionOutcome.ERROR:
+                result.failed.append(f"{namespace}/{name}: {detail}")
         result.remaining = await self._wait_gone(node, waiting, deadline)
         if result.blocked or result.failed:
             result.reason = (
@@ -204,7 +226,9 @@ class Drainer:
 
     async def _evict(
         self, key: tuple[str, str], deadline: float, guard: Callable[[], Awaitable[None]] | None
-    ) -> str:
+    ) -> tuple[EvictionOutcome, str]:
+        """Evict one pod, retrying 429s (and other errors) with backoff until ``deadline``: how it ended and
+        what the API said."""
         namespace, name = key
         delay = EVICTION_RETRY_S[0]
         grace = None if self.grace_s < 0 else self.grace_s
@@ -215,20 +239,23 @@ class Drainer:
                 await self.kube.evict(namespace, name, grace)
             except KubeError as exc:
                 if exc.status == 404:
-                    self.on_eviction("gone")
-                    return "gone"
+                    return self._evicted(EvictionOutcome.GONE, "gone")
                 if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
-                    self.on_eviction("error")
-                    return f"several PodDisruptionBudgets match it: {exc.message}"
-                outcome = "blocked" if exc.status == 429 else f"{exc.status} {exc.reason}: {exc.message}"
+                    return self._evicted(
+                        EvictionOutcome.ERROR, f"several PodDisruptionBudgets match it: {exc.message}"
+                    )
                 if self.clock() + delay >= deadline:
-                    self.on_eviction("pdb-blocked" if exc.status == 429 else "error")
-                    return outcome
+                    if exc.status == 429:
+                        return self._evicted(EvictionOutcome.PDB_BLOCKED, "blocked")
+                    return self._evicted(EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, EVICTION_RETRY_S[1])
                 continue
-            self.on_eviction("evicted")
-            return "evicted"
+            return self._evicted(EvictionOutcome.EVICTED, "evicted")
+
+    def _evicted(self, outcome: EvictionOutcome, detail: str) -> tuple[EvictionOutcome, str]:
+        self.observer.eviction(outcome)
+        return outcome, detail
 
     async def _wait_gone(self, node: str, waiting: set[tuple[tuple[str, str], Any]], deadline: float) -> int:
         """Re-list the node's pods until none of ``waiting`` (key, uid) is left or the deadline; the count

@@ -1,4 +1,4 @@
-"""Auto Scaling lifecycle actions → :class:`~queue_processor.events.AsgLifecycleEvent` (terminate and
+"""Auto Scaling lifecycle actions → :class:`AsgLifecycleEvent` (terminate and
 launch, warm pools included).
 
 Two formats carry the same fields ("Amazon EC2 Auto Scaling lifecycle hooks" and "Use EventBridge to handle
@@ -18,14 +18,94 @@ its heartbeat timeout passes.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import ClassVar, Literal
 
-from queue_processor.events import (
-    AsgLaunchLifecycleEvent,
-    AsgTerminateLifecycleEvent,
-    SqsMessageRef,
-)
-from queue_processor.kinds.base import ParseResult, describe_validation_error, register, single
+from pydantic import AliasChoices, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from queue_processor.events import ActionKey, BaseEvent, EventKind, NonEmptyStr, SqsMessageRef, detail_alias
+from queue_processor.kinds.base import ParseResult, SkipClass, describe_validation_error, register, single
+
+
+class AsgLifecycleEvent(BaseEvent):
+    """An Auto Scaling lifecycle action, read from EventBridge's ``detail`` or from the notification the hook
+    sends straight to SQS (the same field names at the top level, with ``Time`` and ``RequestId``). Its two
+    kinds are :class:`AsgTerminateLifecycleEvent` and :class:`AsgLaunchLifecycleEvent`.
+
+    ``lifecycle_action_token`` and the instance ID address the action in ``CompleteLifecycleAction`` and
+    ``RecordLifecycleActionHeartbeat``. ``origin``/``destination`` are ``EC2``, ``AutoScalingGroup`` or
+    ``WarmPool`` ("Lifecycle hooks for instances in a warm pool", EC2 Auto Scaling User Guide);
+    ``notification_metadata`` is the hook's free-form string. The identity key is the token, so the
+    EventBridge and the direct form of one action share an ``event_id``.
+    """
+
+    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE, EventKind.ASG_LAUNCH_LIFECYCLE]
+    lifecycle_transition: str
+    instance_id: NonEmptyStr = Field(
+        validation_alias=AliasChoices(detail_alias("EC2InstanceId"), "EC2InstanceId")
+    )
+    time: AwareDatetime = Field(validation_alias=AliasChoices("time", "Time"))
+    source_id: str | None = Field(default=None, validation_alias=AliasChoices("id", "RequestId"))
+    auto_scaling_group_name: NonEmptyStr = Field(
+        validation_alias=AliasChoices(detail_alias("AutoScalingGroupName"), "AutoScalingGroupName")
+    )
+    lifecycle_hook_name: NonEmptyStr = Field(
+        validation_alias=AliasChoices(detail_alias("LifecycleHookName"), "LifecycleHookName")
+    )
+    lifecycle_action_token: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(detail_alias("LifecycleActionToken"), "LifecycleActionToken"),
+    )
+    origin: str | None = Field(default=None, validation_alias=AliasChoices(detail_alias("Origin"), "Origin"))
+    destination: str | None = Field(
+        default=None, validation_alias=AliasChoices(detail_alias("Destination"), "Destination")
+    )
+    notification_metadata: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(detail_alias("NotificationMetadata"), "NotificationMetadata"),
+    )
+
+    def _identity_key(self) -> str:
+        return self.lifecycle_action_token or super()._identity_key()
+
+    @property
+    def action_key(self) -> ActionKey:
+        """The lifecycle action's identity: ``(token or instance ID, group, hook)``, as the lifecycle API
+        addresses it (the EventBridge and the direct form of one action share it)."""
+        return ActionKey(
+            self.lifecycle_action_token or self.instance_id,
+            self.auto_scaling_group_name,
+            self.lifecycle_hook_name,
+        )
+
+
+class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
+    """A terminate lifecycle action (``autoscaling:EC2_INSTANCE_TERMINATING``): drain, then complete it.
+    ``start_time = time``: the instance waits in ``Terminating:Wait`` until the action is completed or its
+    heartbeat timeout passes."""
+
+    detail_type: Literal["EC2 Instance-terminate Lifecycle Action"] = Field(
+        default="EC2 Instance-terminate Lifecycle Action", alias="detail-type", exclude=True, repr=False
+    )
+    taint_key: ClassVar[str | None] = "aws-node-termination-handler/asg-lifecycle-termination"
+
+    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE] = EventKind.ASG_TERMINATE_LIFECYCLE
+    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_TERMINATING"] = Field(
+        validation_alias=AliasChoices(detail_alias("LifecycleTransition"), "LifecycleTransition")
+    )
+
+
+class AsgLaunchLifecycleEvent(AsgLifecycleEvent):
+    """A launch lifecycle action (``autoscaling:EC2_INSTANCE_LAUNCHING``), into the group or a warm pool:
+    wait for the node, then complete it. ``start_time = time``."""
+
+    detail_type: Literal["EC2 Instance-launch Lifecycle Action"] = Field(
+        default="EC2 Instance-launch Lifecycle Action", alias="detail-type", exclude=True, repr=False
+    )
+    kind: Literal[EventKind.ASG_LAUNCH_LIFECYCLE] = EventKind.ASG_LAUNCH_LIFECYCLE
+    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_LAUNCHING"] = Field(
+        validation_alias=AliasChoices(detail_alias("LifecycleTransition"), "LifecycleTransition")
+    )
+
 
 TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
 
@@ -62,12 +142,18 @@ class LifecycleProbe(BaseModel):
     def not_an_action(self, envelope: str) -> ParseResult | None:
         """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
         if self.is_test_notification:
-            return ParseResult.skip("Auto Scaling test notification", envelope)
+            return ParseResult.skip(SkipClass.TEST_NOTIFICATION, "Auto Scaling test notification", envelope)
         if self.lifecycle_transition is None:
-            return ParseResult.skip(f"Auto Scaling notification {self.event!r} is not acted on", envelope)
+            return ParseResult.skip(
+                SkipClass.UNHANDLED_KIND,
+                f"Auto Scaling notification {self.event!r} is not acted on",
+                envelope,
+            )
         if self.lifecycle_transition not in TRANSITION_EVENTS:
             return ParseResult.skip(
-                f"lifecycle transition {self.lifecycle_transition!r} is not acted on", envelope
+                SkipClass.UNHANDLED_TRANSITION,
+                f"lifecycle transition {self.lifecycle_transition!r} is not acted on",
+                envelope,
             )
         return None
 
@@ -112,7 +198,7 @@ def parse_direct(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
     try:
         probe = LifecycleProbe.model_validate_json(body)
     except ValidationError as exc:
-        return ParseResult.poison(describe_validation_error(exc), "asg-direct")
+        return ParseResult.invalid(exc, describe_validation_error(exc), "asg-direct")
     skipped = probe.not_an_action("asg-direct")
     if skipped is not None:
         return skipped
@@ -121,7 +207,7 @@ def parse_direct(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
             return _direct_event(TRANSITION_EVENTS[str(probe.lifecycle_transition)], body, message)
         except ValidationError as exc:
             error = exc
-    return ParseResult.poison(_direct_reason(error), "asg-direct")
+    return ParseResult.invalid(error, _direct_reason(error), "asg-direct")
 
 
 def _direct_event(

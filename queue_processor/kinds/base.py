@@ -11,13 +11,59 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, TypeVar, get_args
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from queue_processor.events import Event, SqsMessageRef
+from queue_processor.events import SqsMessageRef
+
+if TYPE_CHECKING:  # the kinds import this module: their union is only named here
+    from queue_processor.kinds import Event
 
 Outcome = Literal["events", "skip", "poison"]
+
+
+class PoisonClass(StrEnum):
+    """Why a message is poison, decided where the parser finds out; the ``reason`` label of
+    ``queue_processor_messages_poison_total`` (the free-text reason holds IDs and stays in the log line)."""
+
+    NOT_JSON = "not-json"
+    """The body (or an SNS envelope's ``Message``) is not JSON, including an empty body."""
+    NOT_OBJECT = "not-object"
+    """JSON, but not an object: an array, a string, a number, ``null``."""
+    TOO_LARGE = "too-large"
+    """Larger than SQS allows (1 MiB)."""
+    UNKNOWN_SHAPE = "unknown-shape"
+    """Neither an EventBridge event, an Auto Scaling notification nor an SNS notification (or an SNS
+    envelope inside an SNS envelope)."""
+    MISSING_FIELD = "missing-field"
+    """A known kind without a field it needs (an AWS Health event naming no instance included)."""
+    INVALID_FIELD = "invalid-field"
+    """A known kind with a field of the wrong type or value (a blank ID, an unreadable time, a start time
+    out of range, a lifecycle transition under the other detail-type)."""
+    OTHER = "other"
+    """Anything else: a bug in a kind parser, caught so the receive loop lives on."""
+
+
+class SkipClass(StrEnum):
+    """Why a valid message is not acted on, decided where the parser finds out; the ``reason_class`` label
+    of ``queue_processor_messages_skipped_total``."""
+
+    TEST_NOTIFICATION = "test-notification"
+    """``autoscaling:TEST_NOTIFICATION``, sent when a lifecycle hook is created."""
+    UNHANDLED_KIND = "unhandled-kind"
+    """An EventBridge ``source`` / ``detail-type``, or an Auto Scaling notification, not acted on."""
+    UNHANDLED_TRANSITION = "unhandled-transition"
+    """A lifecycle transition other than ``EC2_INSTANCE_TERMINATING`` / ``EC2_INSTANCE_LAUNCHING``."""
+    UNHANDLED_STATE = "unhandled-state"
+    """An instance state other than stopping, stopped, shutting-down or terminated."""
+    UNHANDLED_HEALTH_EVENT = "unhandled-health-event"
+    """An AWS Health event of another service or category than EC2 ``scheduledChange``."""
+    HEALTH_EVENT_CLOSED = "health-event-closed"
+    """An AWS Health event whose ``statusCode`` is ``closed``."""
+    SNS_CONTROL = "sns-control"
+    """An SNS message that is not a ``Notification`` (``SubscriptionConfirmation``...)."""
 
 
 class ParseResult(NamedTuple):
@@ -30,13 +76,25 @@ class ParseResult(NamedTuple):
 
     ``envelope`` names the format that was recognised: ``"eventbridge"``, ``"asg-direct"`` (a lifecycle hook
     notification sent straight to SQS), ``"sns"``, an inner format prefixed with ``"sns+"`` when it came in an
-    SNS envelope, or ``None`` when no format was recognised.
+    SNS envelope, or ``None`` when no format was recognised. ``reason_class`` is the skip's
+    :class:`SkipClass` or the poison's :class:`PoisonClass` (``None`` for events): what metrics count.
     """
 
     outcome: Outcome
     events: tuple[Event, ...] = ()
     reason: str | None = None
     envelope: str | None = None
+    reason_class: PoisonClass | SkipClass | None = None
+
+    @property
+    def poison_class(self) -> PoisonClass:
+        """The :class:`PoisonClass` of a poison result (``other`` for any other result)."""
+        return self.reason_class if isinstance(self.reason_class, PoisonClass) else PoisonClass.OTHER
+
+    @property
+    def skip_class(self) -> SkipClass | None:
+        """The :class:`SkipClass` of a skip result, else ``None``."""
+        return self.reason_class if isinstance(self.reason_class, SkipClass) else None
 
     @classmethod
     def of_events(cls, events: tuple[Event, ...], envelope: str = "eventbridge") -> ParseResult:
@@ -44,21 +102,29 @@ class ParseResult(NamedTuple):
         return cls("events", events, None, envelope)
 
     @classmethod
-    def skip(cls, reason: str, envelope: str | None = "eventbridge") -> ParseResult:
-        """A ``skip`` result with its reason."""
-        return cls("skip", (), reason, envelope)
+    def skip(cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge") -> ParseResult:
+        """A ``skip`` result: its class and its free-text reason."""
+        return cls("skip", (), reason, envelope, reason_class)
 
     @classmethod
-    def poison(cls, reason: str, envelope: str | None = None) -> ParseResult:
-        """A ``poison`` result with its reason."""
-        return cls("poison", (), reason, envelope)
+    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult:
+        """A ``poison`` result: its class and its free-text reason."""
+        return cls("poison", (), reason, envelope, reason_class)
+
+    @classmethod
+    def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult:
+        """A ``poison`` result for a pydantic ``ValidationError`` of a known shape: ``missing-field`` when its
+        first error is a missing field, else ``invalid-field``; ``reason`` describes it."""
+        return cls.poison(validation_class(exc), reason, envelope)
 
 
 class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of ours
-    """Raised inside a kind parser when a message of a known kind lacks a field it needs."""
+    """Raised inside a kind parser when a message of a known kind lacks a field it needs or holds one it
+    cannot read: ``reason_class`` (:class:`PoisonClass`) and the free-text ``reason``."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason_class: PoisonClass, reason: str) -> None:
         super().__init__(reason)
+        self.reason_class = reason_class
         self.reason = reason
 
 
@@ -150,6 +216,13 @@ def describe_validation_error(exc: ValidationError, skip_loc: int = 0) -> str:
     if len(errors) > 1:
         line += f" (and {len(errors) - 1} more)"
     return line
+
+
+def validation_class(exc: ValidationError) -> PoisonClass:
+    """The :class:`PoisonClass` of a ``ValidationError``: ``missing-field`` when its first error is a missing
+    field, else ``invalid-field``."""
+    first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    return PoisonClass.MISSING_FIELD if first["type"] == "missing" else PoisonClass.INVALID_FIELD
 
 
 def single(event: Event, message: SqsMessageRef | None) -> ParseResult:

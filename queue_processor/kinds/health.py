@@ -16,12 +16,42 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import lru_cache
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, computed_field
 
-from queue_processor.events import Event, ScheduledChangeEvent, SqsMessageRef
-from queue_processor.kinds.base import EventBridgeMessage, ParseResult, Poison, register
+from queue_processor.events import BaseEvent, EventKind, SqsMessageRef, cached_field
+from queue_processor.kinds.base import (
+    EventBridgeMessage,
+    ParseResult,
+    Poison,
+    PoisonClass,
+    SkipClass,
+    register,
+)
+
+
+class ScheduledChangeEvent(BaseEvent):
+    """One affected instance of an AWS Health EC2 ``scheduledChange`` event, built by the parser for each
+    affected instance. ``scheduled_start_time``/``end_time`` are the event's ``startTime``/``endTime``
+    (``start_time`` is ``scheduled_start_time``); the identity key is ``event_arn``."""
+
+    taint_key: ClassVar[str | None] = "aws-node-termination-handler/scheduled-maintenance"
+
+    kind: Literal[EventKind.SCHEDULED_CHANGE] = EventKind.SCHEDULED_CHANGE
+    scheduled_start_time: AwareDatetime
+    end_time: AwareDatetime | None = None
+    event_arn: str | None = None
+    event_type_code: str | None = None
+
+    def _identity_key(self) -> str:
+        return self.event_arn or super()._identity_key()
+
+    @computed_field
+    @cached_field
+    def start_time(self) -> datetime:
+        """The Health event's ``startTime``."""
+        return self.scheduled_start_time
 
 
 class AffectedEntity(BaseModel):
@@ -119,7 +149,7 @@ def _time_field(name: str, value: str) -> datetime:
     try:
         return parse_health_time(value)
     except ValueError as exc:
-        raise Poison(f"detail.{name}: {exc}") from None
+        raise Poison(PoisonClass.INVALID_FIELD, f"detail.{name}: {exc}") from None
 
 
 @register("aws.health", HealthMessage)
@@ -129,21 +159,27 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
     unreadable, or no instance is named."""
     health = msg.detail
     if health.service != "EC2":
-        return ParseResult.skip(f"AWS Health event for service {health.service!r} is not acted on")
+        return ParseResult.skip(
+            SkipClass.UNHANDLED_HEALTH_EVENT,
+            f"AWS Health event for service {health.service!r} is not acted on",
+        )
     if health.event_type_category != "scheduledChange":
-        return ParseResult.skip(f"AWS Health event category {health.event_type_category!r} is not acted on")
+        return ParseResult.skip(
+            SkipClass.UNHANDLED_HEALTH_EVENT,
+            f"AWS Health event category {health.event_type_category!r} is not acted on",
+        )
     if health.status_code == "closed":
-        return ParseResult.skip("AWS Health event is closed")
+        return ParseResult.skip(SkipClass.HEALTH_EVENT_CLOSED, "AWS Health event is closed")
     if health.start_time is None:
-        raise Poison("detail.startTime: Field required")
+        raise Poison(PoisonClass.MISSING_FIELD, "detail.startTime: Field required")
     if msg.time is None:
-        raise Poison("time: Field required")
+        raise Poison(PoisonClass.MISSING_FIELD, "time: Field required")
     start_time = _time_field("startTime", health.start_time)
     end_time = _time_field("endTime", health.end_time) if health.end_time else None
     instances = _affected_instances(msg)
     if not instances:
-        raise Poison("detail.affectedEntities: no affected instance")
-    events: tuple[Event, ...] = tuple(
+        raise Poison(PoisonClass.MISSING_FIELD, "detail.affectedEntities: no affected instance")
+    events: tuple[ScheduledChangeEvent, ...] = tuple(
         ScheduledChangeEvent(
             instance_id=instance_id,
             time=msg.time,

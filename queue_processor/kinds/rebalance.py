@@ -1,11 +1,30 @@
-"""EC2 Instance Rebalance Recommendation → :class:`~queue_processor.events.RebalanceRecommendationEvent`.
+"""EC2 Instance Rebalance Recommendation → :class:`RebalanceRecommendationEvent`.
 
 Format: "EC2 instance rebalance recommendations" in the EC2 User Guide: source ``aws.ec2``, detail
 ``{"instance-id": "i-…"}``. No deadline is given, so ``start_time = time``. The event model reads the message
 itself.
 """
 
-from queue_processor.events import RebalanceRecommendationEvent
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from queue_processor.events import BaseEvent, EventKind, NonEmptyStr, detail_alias
 from queue_processor.kinds.base import register, single
+
+
+class RebalanceRecommendationEvent(BaseEvent):
+    """A rebalance recommendation: ``detail`` = ``{"instance-id"}``; ``start_time = time`` (no deadline)."""
+
+    detail_type: Literal["EC2 Instance Rebalance Recommendation"] = Field(
+        default="EC2 Instance Rebalance Recommendation", alias="detail-type", exclude=True, repr=False
+    )
+    taint_key: ClassVar[str | None] = "aws-node-termination-handler/rebalance-recommendation"
+
+    kind: Literal[EventKind.REBALANCE_RECOMMENDATION] = EventKind.REBALANCE_RECOMMENDATION
+    instance_id: NonEmptyStr = Field(validation_alias=detail_alias("instance-id"))
+
 
 finish_rebalance = register("aws.ec2", RebalanceRecommendationEvent)(single)

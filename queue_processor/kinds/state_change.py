@@ -1,4 +1,4 @@
-"""EC2 Instance State-change Notification → :class:`~queue_processor.events.StateChangeEvent`.
+"""EC2 Instance State-change Notification → :class:`StateChangeEvent`.
 
 Format: "EC2 instance state-change events" in the EC2 User Guide: source ``aws.ec2``, detail
 ``{"instance-id": "i-…", "state": "pending|running|stopping|stopped|shutting-down|terminated"}``.
@@ -6,8 +6,27 @@ Only the states in :data:`DRAIN_STATES` are acted on, matched exactly (aws-node-
 substrings); the others are skipped. ``start_time = time``.
 """
 
-from queue_processor.events import SqsMessageRef, StateChangeEvent
-from queue_processor.kinds.base import ParseResult, register
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from queue_processor.events import BaseEvent, EventKind, NonEmptyStr, SqsMessageRef, detail_alias
+from queue_processor.kinds.base import ParseResult, SkipClass, register
+
+
+class StateChangeEvent(BaseEvent):
+    """An instance state change: ``detail`` = ``{"instance-id", "state"}``; ``start_time = time``. The parser
+    keeps only ``stopping``, ``stopped``, ``shutting-down`` and ``terminated``."""
+
+    detail_type: Literal["EC2 Instance State-change Notification"] = Field(
+        default="EC2 Instance State-change Notification", alias="detail-type", exclude=True, repr=False
+    )
+    kind: Literal[EventKind.STATE_CHANGE] = EventKind.STATE_CHANGE
+    instance_id: NonEmptyStr = Field(validation_alias=detail_alias("instance-id"))
+    state: NonEmptyStr = Field(validation_alias=detail_alias("state"))
+
 
 #: Instance states after which the node will not come back as it was.
 DRAIN_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
@@ -17,5 +36,5 @@ DRAIN_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
 def finish_state_change(event: StateChangeEvent, message: SqsMessageRef | None) -> ParseResult:
     """The event for a state in :data:`DRAIN_STATES`, a skip for any other state."""
     if event.state not in DRAIN_STATES:
-        return ParseResult.skip(f"instance state {event.state!r} is not acted on")
+        return ParseResult.skip(SkipClass.UNHANDLED_STATE, f"instance state {event.state!r} is not acted on")
     return ParseResult.of_events((event,))

@@ -1,10 +1,7 @@
-"""Observability: Prometheus metrics (:mod:`.metrics`) and structured logs (:mod:`.logs`).
+"""Observability: what the pipeline reports (:mod:`.observer`), Prometheus metrics (:mod:`.metrics`),
+structured logs (:mod:`.logs`), Kubernetes Events (:mod:`.events`) and the webhook (:mod:`.webhook`).
 
-The HTTP endpoints that expose them (``/metrics``, ``/healthz``, ``/readyz``) are in
-:mod:`queue_processor.server`.
+The HTTP endpoints that expose metrics and probes (``/metrics``, ``/healthz``, ``/readyz``) are in
+:mod:`queue_processor.server`. This package imports nothing itself: the pipeline's modules import
+:mod:`.observer`, a leaf, without pulling in Prometheus.
 """
-
-from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging, get_logger
-from queue_processor.observe.metrics import Metrics, poison_class, skip_class
-
-__all__ = ["CONVENTION_KEYS", "Metrics", "configure_logging", "get_logger", "poison_class", "skip_class"]

@@ -23,17 +23,20 @@ Label conventions, so that label sets stay small and bounded:
   regions or accounts may hold queues of the same name.
 - ``kind``: an :class:`~queue_processor.events.EventKind` value (``spot-interruption``...), or ``"skip"`` /
   ``"poison"`` (:data:`KIND_SKIP`, :data:`KIND_POISON`) for a message that gave no event.
-- ``reason`` (poison) and ``reason_class`` (skip): a short class from :func:`poison_class` /
-  :func:`skip_class`, never the parser's free-text reason (which holds IDs and would explode cardinality).
+- ``reason`` (poison) and ``reason_class`` (skip): the parser's
+  :class:`~queue_processor.kinds.base.PoisonClass` / :class:`~queue_processor.kinds.base.SkipClass`, never
+  its free-text reason (which holds IDs and would explode cardinality).
+
+:class:`Metrics` is the :class:`~queue_processor.observe.observer.Observer` the controller runs with: the
+pipeline calls its methods, never the counters directly.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 import time
 from collections.abc import Iterable
-from typing import Final, Literal, get_args
+from typing import Final, Literal
 
 from prometheus_client import (
     CollectorRegistry,
@@ -50,6 +53,19 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from queue_processor import __version__
+from queue_processor.drain.drainer import DrainOutcome, EvictionOutcome
+from queue_processor.kinds.base import PoisonClass, SkipClass
+from queue_processor.observe.observer import (
+    AwsResult,
+    DrainEnd,
+    ErrorWhere,
+    HeartbeatResult,
+    LifecycleResult,
+    MessageFate,
+    NodeAction,
+    Observer,
+    OperationOutcome,
+)
 
 __all__ = [
     "DRAIN_BUCKETS",
@@ -58,19 +74,9 @@ __all__ = [
     "KIND_POISON",
     "KIND_SKIP",
     "NODE_ACTIONS",
-    "POISON_CLASSES",
     "PREFIX",
-    "SKIP_CLASSES",
-    "AwsResult",
-    "DrainResult",
-    "EvictionResult",
-    "HeartbeatResult",
-    "LifecycleResult",
     "Metrics",
     "NodeStatus",
-    "OperationOutcome",
-    "poison_class",
-    "skip_class",
 ]
 
 #: Prefix of every metric that is not one of NTH's.
@@ -81,19 +87,10 @@ KIND_SKIP: Final = "skip"
 KIND_POISON: Final = "poison"
 
 #: ``node_action`` values of ``actions_total`` created at zero, so ``rate()`` and ``increase()`` see the
-#: series before the first interruption. Others may be counted too (NTH also counts e.g. ``pre-drain``).
-NODE_ACTIONS: Final = (
-    "cordon",
-    "cordon-and-drain",
-    "taint",
-    "exclude-from-lb",
-    "out-of-service-taint",
-    "heartbeat",
-    "lifecycle-complete",
-    "launch-ready",
-)
+#: series before the first interruption.
+NODE_ACTIONS: Final = tuple(action.value for action in NodeAction)
 #: ``event_error_where`` values of ``events_error_total`` created at zero.
-ERROR_WHERE: Final = ("receive", "parse", "handle", "delete", "requeue", "visibility")
+ERROR_WHERE: Final = tuple(where.value for where in ErrorWhere)
 
 #: Buckets of ``queue_processor_event_to_cordon_seconds``: 10 ms to 120 s (a Spot notice).
 EVENT_TO_CORDON_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120)
@@ -102,114 +99,6 @@ DRAIN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 4
 
 NodeStatus = Literal["success", "error"]
 """``node_status`` of NTH's ``actions_total``."""
-HeartbeatResult = Literal["ok", "error", "validation-error", "hook-unreadable"]
-"""``result`` of ``queue_processor_heartbeats_total``: ``validation-error`` is AWS's ``ValidationError``
-(no active lifecycle action: the heartbeat task stops); ``hook-unreadable`` counts actions that get no
-heartbeats because DescribeLifecycleHooks was refused (no call made)."""
-OperationOutcome = Literal[
-    "unknown-instance", "unmanaged", "instance-gone", "node-not-found", "lease-held", "lease-lost"
-]
-"""``outcome`` of ``queue_processor_operation_outcomes_total``: operations that ended without a drain, by
-why (the first four are terminal and acknowledged; ``lease-held`` and ``lease-lost`` are requeued)."""
-LifecycleResult = Literal["continue", "abandon", "error", "no-active-action"]
-"""``result`` of ``queue_processor_lifecycle_completions_total``: the ``LifecycleActionResult`` sent
-(``CONTINUE`` / ``ABANDON``), a failed call, or ``ValidationError: No active Lifecycle Action found``."""
-EvictionResult = Literal["evicted", "pdb-blocked", "error"]
-"""``result`` of ``queue_processor_evictions_total``: ``pdb-blocked`` is a 429 from the Eviction API."""
-DrainResult = Literal["drained", "timeout", "error", "cancelled"]
-"""``result`` of ``queue_processor_drain_duration_seconds``."""
-AwsResult = Literal["ok", "error", "throttled"]
-"""``result`` of ``queue_processor_aws_requests_total``."""
-
-#: Every value :func:`poison_class` returns.
-POISON_CLASSES: Final = (
-    "not-json",
-    "not-object",
-    "too-large",
-    "unknown-shape",
-    "missing-field",
-    "invalid-field",
-    "other",
-)
-#: Every value :func:`skip_class` returns for a parser skip reason.
-SKIP_CLASSES: Final = (
-    "test-notification",
-    "unhandled-kind",
-    "unhandled-transition",
-    "unhandled-state",
-    "unhandled-health-event",
-    "health-event-closed",
-    "sns-control",
-    "other",
-)
-
-# "<dotted.field.path>: <pydantic message>", as kinds.base.describe_validation_error and Poison write them.
-_FIELD_REASON = re.compile(r"^[\w.\-\[\]]+: (?P<message>.*)$", re.DOTALL)
-
-
-def poison_class(reason: str) -> str:
-    """The short class of a poison reason of :func:`queue_processor.parse.parse`, for the ``reason`` label of
-    ``queue_processor_messages_poison_total``. One of :data:`POISON_CLASSES`:
-
-    - ``not-json``: ``"not JSON: <decoder message>"`` (including an empty body, or an SNS ``Message`` that
-      is not JSON);
-    - ``not-object``: ``"not a JSON object"`` (an array, a string, a number, ``null``);
-    - ``too-large``: ``"larger than SQS allows: ..."`` (over 1 MiB);
-    - ``unknown-shape``: ``"not a known message shape: ..."``, and an SNS envelope inside an SNS envelope;
-    - ``missing-field``: ``"<field path>: Field required"`` and an AWS Health event naming no instance;
-    - ``invalid-field``: any other ``"<field path>: <message>"`` (a wrong type, a blank ID, an unreadable
-      time, a lifecycle transition under the other detail-type);
-    - ``other``: anything else (e.g. ``"unexpected KeyError while parsing: ..."``, a parser bug).
-    """
-    if reason.startswith("not JSON"):
-        return "not-json"
-    if reason.startswith("not a JSON object"):
-        return "not-object"
-    if reason.startswith("larger than SQS allows"):
-        return "too-large"
-    if reason.startswith(("not a known message shape", "an SNS envelope inside an SNS envelope")):
-        return "unknown-shape"
-    match = _FIELD_REASON.match(reason)
-    if match is not None:
-        message = match.group("message")
-        if message.startswith(("Field required", "no affected instance")):
-            return "missing-field"
-        return "invalid-field"
-    return "other"
-
-
-def skip_class(reason: str) -> str:
-    """The short class of a skip reason of :func:`queue_processor.parse.parse`, for the ``reason_class``
-    label of ``queue_processor_messages_skipped_total``. One of :data:`SKIP_CLASSES`:
-
-    - ``test-notification``: ``"Auto Scaling test notification"``;
-    - ``unhandled-kind``: an EventBridge ``source`` / ``detail-type`` or an Auto Scaling notification not
-      acted on;
-    - ``unhandled-transition``: ``"lifecycle transition '...' is not acted on"``;
-    - ``unhandled-state``: ``"instance state '...' is not acted on"``;
-    - ``unhandled-health-event``: an AWS Health event of another service or category;
-    - ``health-event-closed``: ``"AWS Health event is closed"``;
-    - ``sns-control``: an SNS message that is not a ``Notification`` (``SubscriptionConfirmation``...);
-    - ``other``: anything else.
-
-    Skips decided after parsing (unmanaged instance, no node for the instance...) are counted by their
-    caller with a class of its own, e.g. ``unmanaged-instance``, ``node-not-found``, ``instance-gone``.
-    """
-    if "test notification" in reason:
-        return "test-notification"
-    if reason.startswith(("EventBridge event ", "Auto Scaling notification ")):
-        return "unhandled-kind"
-    if reason.startswith("lifecycle transition "):
-        return "unhandled-transition"
-    if reason.startswith("instance state "):
-        return "unhandled-state"
-    if reason == "AWS Health event is closed":
-        return "health-event-closed"
-    if reason.startswith("AWS Health event "):
-        return "unhandled-health-event"
-    if reason.startswith("SNS "):
-        return "sns-control"
-    return "other"
 
 
 class _WithoutCreated(Collector):
@@ -228,7 +117,7 @@ class _WithoutCreated(Collector):
             yield family
 
 
-class Metrics:
+class Metrics(Observer):
     """The controller's metrics, registered in :attr:`registry` (a registry of their own).
 
     ``version`` is the ``version`` label of ``queue_processor_build_info`` (default: the installed
@@ -248,32 +137,34 @@ class Metrics:
     - :attr:`messages_requeued`: ``messages_requeued_total{queue, kind}``, messages made visible again after
       a backoff (EarlyExit);
     - :attr:`messages_poison`: ``messages_poison_total{queue, reason}``, poison messages left to the
-      redrive policy, ``reason`` from :func:`poison_class`;
+      redrive policy, ``reason`` a :class:`~queue_processor.kinds.base.PoisonClass`;
     - :attr:`messages_skipped`: ``messages_skipped_total{queue, reason_class}``, valid messages not acted
-      on, ``reason_class`` from :func:`skip_class` or the caller's own class;
+      on, ``reason_class`` a :class:`~queue_processor.kinds.base.SkipClass`;
     - :attr:`event_to_cordon`: ``event_to_cordon_seconds`` (histogram, :data:`EVENT_TO_CORDON_BUCKETS`),
       seconds from receiving the message that carried an event to the node's cordon succeeding (our
       latency; AWS's delivery delay is not included);
     - :attr:`drain_duration`: ``drain_duration_seconds{kind, result}`` (histogram, :data:`DRAIN_BUCKETS`),
-      seconds from the start of a node's drain to its end, ``result`` a :data:`DrainResult`;
+      seconds from the start of a node's drain to its end, ``result`` a
+      :data:`~queue_processor.observe.observer.DrainEnd`;
     - :attr:`in_flight_messages`: ``in_flight_messages`` (gauge), received messages not yet deleted or
       requeued;
     - :attr:`in_flight_operations`: ``in_flight_operations`` (gauge), per-node operations under way;
     - :attr:`draining_nodes`: ``draining_nodes`` (gauge), nodes being drained (bounded by DRAIN_BUDGET);
     - :attr:`heartbeats`: ``heartbeats_total{result}``, RecordLifecycleActionHeartbeat calls
-      (:data:`HeartbeatResult`);
+      (:class:`~queue_processor.observe.observer.HeartbeatResult`);
     - :attr:`operation_outcomes`: ``operation_outcomes_total{outcome}``, operations that ended without a
-      drain (:data:`OperationOutcome`);
+      drain (:class:`~queue_processor.observe.observer.OperationOutcome`);
     - :attr:`lifecycle_completions`: ``lifecycle_completions_total{result}``, CompleteLifecycleAction calls
-      (:data:`LifecycleResult`);
-    - :attr:`evictions`: ``evictions_total{result}``, Eviction API calls (:data:`EvictionResult`);
+      (:class:`~queue_processor.observe.observer.LifecycleResult`);
+    - :attr:`evictions`: ``evictions_total{result}``, pods whose eviction ended, by how
+      (:class:`~queue_processor.drain.drainer.EvictionOutcome`);
     - :attr:`kube_requests`: ``kube_requests_total{verb, resource, code}``, Kubernetes API requests:
       ``verb`` as in audit logs (``get``, ``list``, ``patch``, ``create``, ``delete``...), ``resource`` the
       plural (``nodes``, ``pods``, ``pods/eviction``, ``leases``...), ``code`` the HTTP status (``"200"``)
       or ``"error"`` when no response came;
     - :attr:`aws_requests`: ``aws_requests_total{service, operation, result}``, AWS API calls
       (``sqs`` / ``ReceiveMessage``, ``autoscaling`` / ``CompleteLifecycleAction``...), ``result`` an
-      :data:`AwsResult`;
+      :data:`~queue_processor.observe.observer.AwsResult`;
     - :attr:`last_receive_timestamp`: ``last_receive_timestamp_seconds{queue}`` (gauge), Unix time in
       seconds of the last ReceiveMessage call that SQS answered (with or without messages);
     - :attr:`build_info`: ``build_info{version}`` (gauge, always 1).
@@ -374,40 +265,90 @@ class Metrics:
                 self.actions.labels(node_action=action, node_status=status)
         for where in ERROR_WHERE:
             self.events_error.labels(event_error_where=where)
-        for result in get_args(HeartbeatResult):
-            self.heartbeats.labels(result=result)
-        for outcome in get_args(OperationOutcome):
+        for heartbeat in HeartbeatResult:
+            self.heartbeats.labels(result=heartbeat)
+        for outcome in OperationOutcome:
             self.operation_outcomes.labels(outcome=outcome)
-        for result in ("continue", "abandon", "error", "no-active-action"):
-            self.lifecycle_completions.labels(result=result)
-        for result in ("evicted", "pdb-blocked", "error"):
-            self.evictions.labels(result=result)
+        for completion in LifecycleResult:
+            self.lifecycle_completions.labels(result=completion)
+        for eviction in EvictionOutcome:
+            self.evictions.labels(result=eviction)
 
-    # --- helpers for the labels with a vocabulary
+    # --- the Observer (see queue_processor.observe.observer for what each reports)
 
-    def count_action(self, node_action: str, ok: bool) -> None:
+    def message(self, queue: str, fate: MessageFate, kind: str) -> None:
+        """Count a message received, deleted or requeued."""
+        counter = {
+            MessageFate.RECEIVED: self.messages_received,
+            MessageFate.DELETED: self.messages_deleted,
+            MessageFate.REQUEUED: self.messages_requeued,
+        }[fate]
+        counter.labels(queue, kind).inc()
+
+    def poison(self, queue: str, reason_class: PoisonClass) -> None:
+        """Count a poison message under its class."""
+        self.messages_poison.labels(queue=queue, reason=reason_class).inc()
+
+    def skipped(self, queue: str, reason_class: SkipClass) -> None:
+        """Count a skipped message under its class."""
+        self.messages_skipped.labels(queue=queue, reason_class=reason_class).inc()
+
+    def receive_answered(self, queue: str) -> None:
+        """Set ``last_receive_timestamp_seconds{queue}`` to now."""
+        self.mark_receive(queue)
+
+    def error(self, where: ErrorWhere) -> None:
+        """Count one error in NTH's ``events_error_total``."""
+        self.events_error.labels(event_error_where=where).inc()
+
+    def in_flight(self, messages: int, operations: int) -> None:
+        """Set the in-flight gauges."""
+        self.in_flight_messages.set(messages)
+        self.in_flight_operations.set(operations)
+
+    def draining(self, nodes: int) -> None:
+        """Set ``draining_nodes``."""
+        self.draining_nodes.set(nodes)
+
+    def node_action(self, action: NodeAction, ok: bool) -> None:
         """Count one action on a node in NTH's ``actions_total``: ``node_status`` is ``success`` when
         ``ok``, else ``error``."""
         status: NodeStatus = "success" if ok else "error"
-        self.actions.labels(node_action=node_action, node_status=status).inc()
+        self.actions.labels(node_action=action, node_status=status).inc()
 
-    def count_error(self, where: str) -> None:
-        """Count one error in NTH's ``events_error_total`` (``where``: one of :data:`ERROR_WHERE`)."""
-        self.events_error.labels(event_error_where=where).inc()
+    def operation_outcome(self, outcome: OperationOutcome) -> None:
+        """Count an operation that ended without a drain."""
+        self.operation_outcomes.labels(outcome=outcome).inc()
 
-    def count_poison(self, queue: str, reason: str) -> str:
-        """Count a poison message of ``queue`` whose parser ``reason`` is the free text; returns the class
-        it was counted under (:func:`poison_class`)."""
-        reason_class = poison_class(reason)
-        self.messages_poison.labels(queue=queue, reason=reason_class).inc()
-        return reason_class
+    def cordoned(self, seconds: float) -> None:
+        """Observe ``event_to_cordon_seconds``."""
+        self.event_to_cordon.observe(seconds)
 
-    def count_skip(self, queue: str, reason: str) -> str:
-        """Count a skipped message of ``queue`` whose parser ``reason`` is the free text; returns the class
-        it was counted under (:func:`skip_class`)."""
-        reason_class = skip_class(reason)
-        self.messages_skipped.labels(queue=queue, reason_class=reason_class).inc()
-        return reason_class
+    def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
+        """Observe ``drain_duration_seconds{kind, result}``."""
+        self.drain_duration.labels(kind, str(result)).observe(seconds)
+
+    def eviction(self, result: EvictionOutcome) -> None:
+        """Count one pod's eviction by how it ended."""
+        self.evictions.labels(result=result).inc()
+
+    def heartbeat(self, result: HeartbeatResult) -> None:
+        """Count a heartbeat; a call made also counts in NTH's ``actions_total{node_action="heartbeat"}``."""
+        self.heartbeats.labels(result=result).inc()
+        if result is not HeartbeatResult.HOOK_UNREADABLE:
+            self.node_action(NodeAction.HEARTBEAT, result is HeartbeatResult.OK)
+
+    def lifecycle_completion(self, result: LifecycleResult) -> None:
+        """Count a CompleteLifecycleAction call."""
+        self.lifecycle_completions.labels(result=result).inc()
+
+    def kube_request(self, verb: str, resource: str, status: int | None) -> None:
+        """Count a Kubernetes API request (``code`` ``"error"`` when no response came)."""
+        self.kube_requests.labels(verb, resource, str(status) if status else "error").inc()
+
+    def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
+        """Count an AWS API request."""
+        self.aws_requests.labels(service, operation, result).inc()
 
     def mark_receive(self, queue: str, at: float | None = None) -> None:
         """Record that SQS answered a ReceiveMessage call on ``queue`` at Unix time ``at`` (seconds;

@@ -16,7 +16,7 @@ import re
 import aiohttp
 import structlog
 
-from queue_processor.events import Event
+from queue_processor.kinds import Event
 
 __all__ = ["Webhook", "render"]
 

@@ -22,18 +22,19 @@ from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, 
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.events import (
+from queue_processor.events import SqsMessageRef
+from queue_processor.handler import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Handler, Outcome
+from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
     SpotInterruptionEvent,
-    SqsMessageRef,
 )
-from queue_processor.handler import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, TAINT_KEYS, Handler, Outcome
 from queue_processor.kube import KubeError
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
+from queue_processor.observe.metrics import Metrics
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/q"
 INSTANCE = "i-0abc"
@@ -244,10 +245,10 @@ class World:
         self.autoscaling = autoscaling or FakeAutoscaling()
         self.info: InstanceInfo | None = InstanceInfo(INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED))
         self.resolver = FakeResolver(self.info)
-        self.steps: list[tuple[str, str]] = []
-        self.lifecycle = Lifecycle(self.autoscaling, settings)
+        self.metrics = Metrics(process_metrics=False)
+        self.lifecycle = Lifecycle(self.autoscaling, settings, observer=self.metrics)
         self.heartbeats = Heartbeats(self.lifecycle)
-        self.drainer = Drainer(self.kube, DrainOptions(), budget=10)  # type: ignore[arg-type]
+        self.drainer = Drainer(self.kube, DrainOptions(), budget=10, observer=self.metrics)  # type: ignore[arg-type]
         self.leases = (
             NodeLeases(self.kube, namespace="ops", identity="replica-a", duration_s=60)  # type: ignore[arg-type]
             if leases
@@ -260,7 +261,7 @@ class World:
             heartbeats=self.heartbeats,
             drainer=self.drainer,
             leases=self.leases,
-            on_step=lambda step, status: self.steps.append((step, status)),
+            observer=self.metrics,
         )
         self.store = EventStore()
         self.kube.add_node()
@@ -280,6 +281,10 @@ class World:
         outcome = await self.handler.handle(operation)
         settlement = self.store.finish(operation, succeeded=outcome is Outcome.DONE)
         return outcome, {r.message_id: o for r, o in settlement.messages}
+
+    def count(self, name: str, **labels: str) -> float:
+        """A sample of the metrics the handler reported (0 when absent)."""
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
     def node(self) -> dict[str, Any]:
         return self.kube.nodes[NODE]
@@ -325,6 +330,14 @@ async def test_a_terminate_action_is_drained_then_completed_and_its_message_dele
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
     assert world.heartbeats.running == 0
     assert our_tasks() == set()  # nothing the operation started outlives it
+    # What a dashboard shows of it.
+    assert world.count("queue_processor_evictions_total", result="evicted") == 3
+    assert world.count("queue_processor_lifecycle_completions_total", result="continue") == 1
+    assert world.count("actions_total", node_action="cordon-and-drain", node_status="success") == 1
+    assert world.count("actions_total", node_action="lifecycle-complete", node_status="success") == 1
+    drains = "queue_processor_drain_duration_seconds_count"
+    assert world.count(drains, kind="asg-terminate-lifecycle", result="drained") == 1
+    assert world.count("queue_processor_event_to_cordon_seconds_count") == 1
 
 
 # --------------------------------------------------------------------------------------------- the flags
@@ -387,8 +400,8 @@ async def test_taint_node_keeps_other_taints_and_taints_kinds_that_join_during_t
     assert outcome is Outcome.DONE
     assert world.taint_keys() == {
         "dedicated",
-        TAINT_KEYS[operation.first.kind],
-        TAINT_KEYS[terminate().kind],
+        operation.first.taint_key,
+        terminate().taint_key,
     }
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
 
@@ -398,7 +411,7 @@ async def test_out_of_service_taint_after_the_drain_keeps_the_others(env: Any) -
     operation = world.receive(spot())
     assert operation is not None
     await world.run(operation)
-    assert world.taint_keys() == {OUT_OF_SERVICE_TAINT[0], TAINT_KEYS[operation.first.kind]}
+    assert world.taint_keys() == {OUT_OF_SERVICE_TAINT[0], operation.first.taint_key}
 
 
 async def test_use_provider_id_finds_the_node_before_cordoning(env: Any) -> None:
@@ -447,7 +460,7 @@ async def test_an_unmanaged_instance_is_left_alone_and_not_heartbeated(env: Any)
     assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
     assert "unschedulable" not in world.node()["spec"]
     assert world.heartbeats.running == 0
-    assert ("outcome", "unmanaged") in world.steps
+    assert world.count("queue_processor_operation_outcomes_total", outcome="unmanaged") == 1
 
 
 # ------------------------------------------------------------------------------------- EarlyExit paths
@@ -475,7 +488,7 @@ async def test_a_lease_held_by_another_replica_requeues(env: Any) -> None:
     outcome, _ = await world.run(operation)
     assert outcome is Outcome.RETRY
     assert "unschedulable" not in world.node()["spec"]
-    assert ("outcome", "lease-held") in world.steps
+    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-held") == 1
     await held.release()
 
 
@@ -498,7 +511,7 @@ async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_compl
     assert (outcome, messages) == (Outcome.RETRY, {"m-asg": MessageOutcome.REQUEUE})
     assert world.kube.evicted == ["web-0", "web-1"]  # none after the Lease was taken (during web-1's)
     assert world.autoscaling.made("CompleteLifecycleAction") == []
-    assert ("outcome", "lease-lost") in world.steps
+    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 1
     assert next(iter(world.kube.leases.values()))["spec"]["holderIdentity"] == "replica-b"  # not released
     await world.heartbeats.close()
     assert our_tasks() == set()

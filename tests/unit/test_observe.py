@@ -14,8 +14,10 @@ import pytest
 import structlog
 
 from queue_processor.config import Settings
-from queue_processor.observe import CONVENTION_KEYS, Metrics, configure_logging, get_logger
-from queue_processor.observe.metrics import POISON_CLASSES, SKIP_CLASSES, poison_class, skip_class
+from queue_processor.kinds import PoisonClass, SkipClass
+from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging, get_logger
+from queue_processor.observe.metrics import Metrics
+from queue_processor.observe.observer import ErrorWhere, NodeAction
 from queue_processor.parse import MAX_MESSAGE_BYTES, parse
 from queue_processor.server import Freshness, ProbeServer
 from tests.conftest import FIXTURES
@@ -37,13 +39,13 @@ def metric_types(text: str) -> dict[str, str]:
 
 def record_one_of_each(metrics: Metrics) -> None:
     """One sample in every labelled family, so that each appears in the exposition."""
-    metrics.count_action("cordon-and-drain", ok=True)
-    metrics.count_error("delete")
+    metrics.node_action(NodeAction.CORDON_AND_DRAIN, ok=True)
+    metrics.error(ErrorWhere.DELETE)
     metrics.messages_received.labels(queue=QUEUE, kind="spot-interruption").inc()
     metrics.messages_deleted.labels(queue=QUEUE, kind="spot-interruption").inc()
     metrics.messages_requeued.labels(queue=QUEUE, kind="asg-terminate-lifecycle").inc()
-    metrics.count_poison(QUEUE, "not JSON: expected value at line 1 column 1")
-    metrics.count_skip(QUEUE, "Auto Scaling test notification")
+    metrics.poison(QUEUE, PoisonClass.NOT_JSON)
+    metrics.skipped(QUEUE, SkipClass.TEST_NOTIFICATION)
     metrics.event_to_cordon.observe(0.2)
     metrics.drain_duration.labels(kind="spot-interruption", result="drained").observe(42)
     metrics.in_flight_messages.inc()
@@ -150,7 +152,7 @@ def _sort_labels(sample: str) -> str:
 
 def test_each_metrics_object_has_its_own_registry() -> None:
     first, second = Metrics(process_metrics=False), Metrics(process_metrics=False)
-    first.count_action("cordon", ok=False)
+    first.node_action(NodeAction.CORDON, ok=False)
     assert 'actions_total{node_action="cordon",node_status="error"} 1.0' in first.exposition().decode()
     assert 'actions_total{node_action="cordon",node_status="error"} 0.0' in second.exposition().decode()
 
@@ -213,32 +215,42 @@ POISON_BODIES = [
 
 
 @pytest.mark.parametrize(("body", "expected"), POISON_BODIES)
-def test_poison_class_of_the_parsers_reasons(body: str | bytes, expected: str) -> None:
+def test_the_parser_classes_each_poison_reason(body: str | bytes, expected: str) -> None:
     result = parse(body)
     assert result.outcome == "poison"
     assert result.reason is not None
-    assert poison_class(result.reason) == expected, result.reason
+    assert result.reason_class == expected, result.reason
+    assert result.poison_class == expected
+    assert result.skip_class is None
 
 
 def test_every_poison_fixture_has_a_specific_class() -> None:
-    reasons = {path.name: parse(path.read_bytes()).reason for path in sorted(FIXTURES.glob("poison_*.json"))}
-    assert reasons
-    for name, reason in reasons.items():
-        assert reason is not None
-        assert poison_class(reason) in POISON_CLASSES
-        assert poison_class(reason) != "other", (name, reason)
+    results = {path.name: parse(path.read_bytes()) for path in sorted(FIXTURES.glob("poison_*.json"))}
+    assert results
+    for name, result in results.items():
+        assert isinstance(result.reason_class, PoisonClass), name
+        assert result.reason_class is not PoisonClass.OTHER, (name, result.reason)
 
 
-def test_poison_class_falls_back_to_other() -> None:
-    assert poison_class("unexpected KeyError while parsing: 'x'") == "other"
-    assert poison_class("") == "other"
+def test_a_parser_bug_is_poison_of_class_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    import queue_processor.parse as parse_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("x")
+
+    monkeypatch.setattr(parse_module, "_parse", broken)
+    result = parse("{}")
+    assert result.outcome == "poison"
+    assert result.reason_class is PoisonClass.OTHER
+    assert result.reason == "unexpected KeyError while parsing: 'x'"
 
 
-def test_count_poison_labels_the_class_not_the_free_text() -> None:
+def test_a_poison_message_is_counted_by_class_not_by_its_free_text() -> None:
     metrics = Metrics(process_metrics=False)
-    reason = parse("{not json").reason
+    result = parse("{not json")
+    reason = result.reason
     assert reason is not None
-    assert metrics.count_poison(QUEUE, reason) == "not-json"
+    metrics.poison(QUEUE, result.poison_class)
     text = metrics.exposition().decode()
     assert reason not in text
     assert f'queue_processor_messages_poison_total{{queue="{QUEUE}",reason="not-json"}} 1.0' in text
@@ -250,9 +262,9 @@ def test_every_skip_fixture_has_a_specific_class() -> None:
         result = parse(path.read_bytes())
         assert result.outcome == "skip", path.name
         assert result.reason is not None
-        reason_class = skip_class(result.reason)
-        assert reason_class in SKIP_CLASSES
-        assert reason_class != "other", (path.name, result.reason)
+        reason_class = result.skip_class
+        assert isinstance(reason_class, SkipClass), (path.name, result.reason)
+        assert result.poison_class is PoisonClass.OTHER  # not poison
         seen.add(reason_class)
     assert {"test-notification", "unhandled-kind", "unhandled-state", "sns-control"} <= seen
 
@@ -416,7 +428,7 @@ async def test_readiness_checks_and_a_raising_check(http: aiohttp.ClientSession)
 
 async def test_metrics_endpoint_serves_the_exposition(http: aiohttp.ClientSession) -> None:
     metrics = Metrics("9.9.9", process_metrics=False)
-    metrics.count_action("cordon", ok=True)
+    metrics.node_action(NodeAction.CORDON, ok=True)
     async with ProbeServer(metrics, metrics_port=0, probes_port=0, host="127.0.0.1") as server:
         assert server.shared
         assert server.metrics_port == server.probes_port  # equal ports: one listener

@@ -10,15 +10,8 @@ from typing import Any
 
 import pytest
 
-from queue_processor.events import (
-    AsgLifecycleEvent,
-    EventKind,
-    ScheduledChangeEvent,
-    SpotInterruptionEvent,
-    SqsMessageRef,
-    make_event_id,
-)
-from queue_processor.kinds import REGISTRY
+from queue_processor.events import EventKind, SqsMessageRef, make_event_id
+from queue_processor.kinds import REGISTRY, AsgLifecycleEvent, ScheduledChangeEvent, SpotInterruptionEvent
 from queue_processor.kinds.base import BY_MODEL, register
 from queue_processor.parse import MAX_MESSAGE_BYTES, parse
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from queue_processor.config import DEFAULT_WEBHOOK_TEMPLATE
-from queue_processor.events import SpotInterruptionEvent
+from queue_processor.kinds import SpotInterruptionEvent
 from queue_processor.observe.webhook import Webhook, render
 
 EVENT = SpotInterruptionEvent(instance_id="i-1", time=datetime(2026, 11, 22, 12, tzinfo=UTC), source_id="e-1")

@@ -1,0 +1,211 @@
+"""What the pipeline reports: one interface, :class:`Observer`, and its vocabularies.
+
+Every component that has something to count (consumer, handler, heartbeats, drainer, the Kubernetes and AWS
+clients) takes one ``observer`` and calls its methods where a decision is made, with a value of an enum
+chosen there; none of them knows Prometheus. :class:`~queue_processor.observe.metrics.Metrics` is the
+implementation the controller runs with; :data:`NULL_OBSERVER` (every method does nothing) is the default,
+so tests and tools build components without metrics.
+
+The label vocabularies are the enums below and those decided in their own modules:
+:class:`~queue_processor.kinds.base.PoisonClass` and :class:`~queue_processor.kinds.base.SkipClass` (parser),
+:class:`~queue_processor.drain.drainer.DrainOutcome` and :class:`~queue_processor.drain.drainer.EvictionOutcome`
+(drainer). Their values are the label values metrics expose; dashboards depend on them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from queue_processor.drain.drainer import DrainOutcome, EvictionOutcome
+    from queue_processor.kinds.base import PoisonClass, SkipClass
+
+__all__ = [
+    "NULL_OBSERVER",
+    "AwsResult",
+    "DrainEnd",
+    "ErrorWhere",
+    "HeartbeatResult",
+    "LifecycleResult",
+    "MessageFate",
+    "NodeAction",
+    "NullObserver",
+    "Observer",
+    "OperationOutcome",
+]
+
+
+class NodeAction(StrEnum):
+    """``node_action`` of NTH's ``actions_total``: what was done to a node (NTH's names where NTH has the
+    action)."""
+
+    CORDON = "cordon"
+    """The node was cordoned (PreDrain included)."""
+    CORDON_AND_DRAIN = "cordon-and-drain"
+    """The node was cordoned and drained."""
+    TAINT = "taint"
+    """The interruption's taint was written (TAINT_NODE)."""
+    EXCLUDE_FROM_LB = "exclude-from-lb"
+    """``node.kubernetes.io/exclude-from-external-load-balancers`` was added (EXCLUDE_FROM_LOAD_BALANCERS)."""
+    OUT_OF_SERVICE_TAINT = "out-of-service-taint"
+    """``node.kubernetes.io/out-of-service`` was added after the drain (ENABLE_OUT_OF_SERVICE_TAINT)."""
+    HEARTBEAT = "heartbeat"
+    """RecordLifecycleActionHeartbeat."""
+    LIFECYCLE_COMPLETE = "lifecycle-complete"
+    """CompleteLifecycleAction of a terminate action after the drain."""
+    LAUNCH_READY = "launch-ready"
+    """CompleteLifecycleAction of a launch action once its node is Ready."""
+
+
+class ErrorWhere(StrEnum):
+    """``event_error_where`` of NTH's ``events_error_total``: the step that failed."""
+
+    RECEIVE = "receive"
+    PARSE = "parse"
+    HANDLE = "handle"
+    DELETE = "delete"
+    REQUEUE = "requeue"
+    VISIBILITY = "visibility"
+
+
+class MessageFate(StrEnum):
+    """What became of a message that carried events: the ``queue_processor_messages_*_total`` it counts
+    in."""
+
+    RECEIVED = "received"
+    DELETED = "deleted"
+    REQUEUED = "requeued"
+
+
+class HeartbeatResult(StrEnum):
+    """``result`` of ``queue_processor_heartbeats_total``."""
+
+    OK = "ok"
+    ERROR = "error"
+    """A failed call (throttling, 5xx, network): the beat is retried within seconds."""
+    VALIDATION_ERROR = "validation-error"
+    """AWS's ``ValidationError`` (no active lifecycle action): the action is over, its heartbeat stops."""
+    HOOK_UNREADABLE = "hook-unreadable"
+    """No call made: DescribeLifecycleHooks was refused, so the hook's timeout is unknown (counted per
+    action that gets no heartbeats)."""
+
+
+class LifecycleResult(StrEnum):
+    """``result`` of ``queue_processor_lifecycle_completions_total``."""
+
+    CONTINUE = "continue"
+    """``CompleteLifecycleAction`` with ``LifecycleActionResult=CONTINUE`` succeeded."""
+    ABANDON = "abandon"
+    """``CompleteLifecycleAction`` with ``LifecycleActionResult=ABANDON`` succeeded."""
+    ERROR = "error"
+    """The call failed (after its retries)."""
+    NO_ACTIVE_ACTION = "no-active-action"
+    """``ValidationError: No active Lifecycle Action found``: completed, abandoned or timed out already."""
+
+
+class OperationOutcome(StrEnum):
+    """``outcome`` of ``queue_processor_operation_outcomes_total``: an operation that ended without a drain,
+    by why. The first four are terminal (the messages are acknowledged); the Lease ones are requeued."""
+
+    UNKNOWN_INSTANCE = "unknown-instance"
+    """EC2 does not know the instance (gone long ago, or another account or region)."""
+    UNMANAGED = "unmanaged"
+    """CHECK_TAG_BEFORE_DRAINING and the instance lacks MANAGED_TAG."""
+    INSTANCE_GONE = "instance-gone"
+    """The instance is terminated or shutting down and its node is gone."""
+    NODE_NOT_FOUND = "node-not-found"
+    """No node for the instance, and DELETE_SQS_MSG_IF_NODE_NOT_FOUND."""
+    LEASE_HELD = "lease-held"
+    """Another replica holds the node's Lease."""
+    LEASE_LOST = "lease-lost"
+    """This replica lost the node's Lease during the operation (EarlyExit)."""
+
+
+DrainEnd = Literal["drained", "timeout", "error", "cancelled"]
+"""``result`` of ``queue_processor_drain_duration_seconds``: a :class:`DrainOutcome` value, or
+``cancelled`` when the operation was cancelled (shutdown, lost Lease) during the drain."""
+
+AwsResult = Literal["ok", "error", "throttled"]
+"""``result`` of ``queue_processor_aws_requests_total``."""
+
+
+class Observer(Protocol):
+    """What the pipeline reports. Every method returns at once and never raises; ``queue`` is a queue URL
+    as configured, ``kind`` an event kind (or ``skip`` / ``poison``, or several kinds joined by commas),
+    durations are seconds. Each method's body is the no-op default a subclass inherits (:class:`NullObserver`
+    overrides none)."""
+
+    def message(self, queue: str, fate: MessageFate, kind: str) -> None:
+        """A message was received, deleted or requeued."""
+        return
+
+    def poison(self, queue: str, reason_class: PoisonClass) -> None:
+        """A poison message was left to the redrive policy."""
+        return
+
+    def skipped(self, queue: str, reason_class: SkipClass) -> None:
+        """A valid message that is not acted on was deleted."""
+        return
+
+    def receive_answered(self, queue: str) -> None:
+        """SQS answered a ReceiveMessage call on ``queue`` (with messages or none)."""
+        return
+
+    def error(self, where: ErrorWhere) -> None:
+        """A step failed (NTH's ``events_error_total``)."""
+        return
+
+    def in_flight(self, messages: int, operations: int) -> None:
+        """Messages held and operations under way, now."""
+        return
+
+    def draining(self, nodes: int) -> None:
+        """Nodes being drained, now (bounded by DRAIN_BUDGET)."""
+        return
+
+    def node_action(self, action: NodeAction, ok: bool) -> None:
+        """An action on a node succeeded (``ok``) or failed (NTH's ``actions_total``)."""
+        return
+
+    def operation_outcome(self, outcome: OperationOutcome) -> None:
+        """An operation ended without a drain."""
+        return
+
+    def cordoned(self, seconds: float) -> None:
+        """A node was cordoned ``seconds`` after its operation's first message was received."""
+        return
+
+    def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
+        """A node's drain of the given event kind ended with ``result`` after ``seconds``."""
+        return
+
+    def eviction(self, result: EvictionOutcome) -> None:
+        """One pod's eviction ended with ``result``."""
+        return
+
+    def heartbeat(self, result: HeartbeatResult) -> None:
+        """A heartbeat was sent (or, ``hook-unreadable``, cannot be)."""
+        return
+
+    def lifecycle_completion(self, result: LifecycleResult) -> None:
+        """A CompleteLifecycleAction call ended with ``result``."""
+        return
+
+    def kube_request(self, verb: str, resource: str, status: int | None) -> None:
+        """A Kubernetes API request: ``verb`` as in audit logs, ``resource`` the plural (``pods/eviction``),
+        ``status`` the HTTP status, ``None`` when no response came."""
+        return
+
+    def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
+        """An AWS API request: ``service`` as botocore names it (``sqs``), ``operation`` as the API does
+        (``ReceiveMessage``)."""
+        return
+
+
+class NullObserver(Observer):
+    """An :class:`Observer` that reports nowhere (the default of every component)."""
+
+
+#: The observer of components built without one.
+NULL_OBSERVER: Observer = NullObserver()

@@ -1,0 +1,93 @@
+"""The controller's AWS clients against moto's server over HTTP: every request counted once through botocore's
+event hooks (answered, throttled, refused, or never answered), DescribeInstances through its paginator."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from queue_processor.aws import AwsClients
+from queue_processor.config import load_settings
+from queue_processor.lifecycle import Lifecycle
+from queue_processor.nodes import describe_instances
+from queue_processor.observe.metrics import Metrics
+from queue_processor.sandbox.aws import TERMINATE_HOOK, AwsSandbox
+from queue_processor.sandbox.clock import SandboxClock
+
+QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/interruptions"
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[AwsSandbox]:
+    with AwsSandbox(SandboxClock(0.01)) as started:
+        yield started
+
+
+@pytest.fixture(autouse=True)
+def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+def requests(metrics: Metrics, service: str, operation: str, result: str) -> float:
+    labels = {"service": service, "operation": operation, "result": result}
+    return metrics.registry.get_sample_value("queue_processor_aws_requests_total", labels) or 0.0
+
+
+async def test_describe_instances_reads_every_instance_through_the_paginator(sandbox: AwsSandbox) -> None:
+    sandbox.reset()
+    instances = sandbox.create_asg("workers", 3)
+    metrics = Metrics(process_metrics=False)
+    settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
+    async with AwsClients(settings, observer=metrics) as aws:
+        wanted = [instance.instance_id for instance in instances[:2]] + ["i-00000000000000000"]
+        found = await describe_instances(aws.ec2, wanted)
+    assert sorted(instance["InstanceId"] for instance in found) == sorted(wanted[:2])  # unknown: absent
+    assert requests(metrics, "ec2", "DescribeInstances", "ok") == 1
+
+
+async def test_each_attempt_is_counted_as_throttled_then_ok(sandbox: AwsSandbox) -> None:
+    sandbox.reset()
+    sandbox.create_asg("workers", 1, heartbeat_timeout_s=300)
+    sandbox.inject_error("DescribeLifecycleHooks", "Throttling", "Rate exceeded", times=2)
+    metrics = Metrics(process_metrics=False)
+    settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
+    try:
+        async with AwsClients(settings, observer=metrics) as aws:
+            timeout = await Lifecycle(aws.autoscaling, settings).hook_timeout_s("workers", TERMINATE_HOOK)
+    finally:
+        sandbox.clear_errors()
+    assert timeout == pytest.approx(300 * 0.01)  # the sandbox keeps simulated seconds at 1:100
+    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "throttled") == 2
+    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "ok") == 1  # one request per attempt
+
+
+async def test_a_refused_call_is_an_error_and_is_not_retried(sandbox: AwsSandbox) -> None:
+    sandbox.reset()
+    sandbox.create_asg("workers", 1)
+    sandbox.inject_error("DescribeLifecycleHooks", "AccessDenied", "not authorized")
+    metrics = Metrics(process_metrics=False)
+    settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
+    try:
+        async with AwsClients(settings, observer=metrics) as aws:
+            with pytest.raises(ClientError):
+                await aws.autoscaling.describe_lifecycle_hooks(AutoScalingGroupName="workers")
+    finally:
+        sandbox.clear_errors()
+    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "error") == 1
+
+
+async def test_a_request_that_gets_no_answer_is_counted_as_an_error() -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    metrics = Metrics(process_metrics=False)
+    settings = load_settings(queue_url=QUEUE, aws_endpoint=f"http://127.0.0.1:{port}")
+    async with AwsClients(settings, observer=metrics) as aws:
+        with pytest.raises(EndpointConnectionError):
+            await aws.sqs.get_queue_attributes(QueueUrl=QUEUE)
+    assert requests(metrics, "sqs", "GetQueueAttributes", "error") == 1

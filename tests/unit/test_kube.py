@@ -1,0 +1,57 @@
+"""The Kubernetes client's rate limiter (a token bucket with urgent callers first), on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from queue_processor.kube import RateLimiter
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """A clock that only moves when the limiter sleeps: ``clock[0]`` is now, in seconds."""
+    now = [0.0]
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds
+        await real_sleep(0)
+
+    monkeypatch.setattr("queue_processor.kube.asyncio.sleep", sleep)
+    return now
+
+
+async def test_rate_limiter_allows_a_burst_then_the_rate(clock: list[float]) -> None:
+    limiter = RateLimiter(qps=50, burst=5, clock=lambda: clock[0])
+    for _ in range(5):
+        await limiter.acquire()
+    assert clock[0] == 0  # the burst is free
+    for _ in range(10):
+        await limiter.acquire()
+    assert clock[0] == pytest.approx(10 / 50, rel=0.01)  # then 50 per second
+
+
+async def test_urgent_callers_pass_the_rate_limiter_first() -> None:
+    # On the real clock: the order is asserted, not the time it takes.
+    limiter = RateLimiter(qps=20, burst=1)
+    await limiter.acquire()  # the bucket is empty now
+    order: list[str] = []
+
+    async def take(name: str, urgent: bool) -> None:
+        await limiter.acquire(urgent=urgent)
+        order.append(name)
+
+    ordinary = [asyncio.create_task(take(f"drain-{n}", False)) for n in range(3)]
+    await asyncio.sleep(0)  # the ordinary callers queue first
+    cordon = asyncio.create_task(take("cordon", True))
+    await asyncio.gather(*ordinary, cordon)
+    assert order[0] == "cordon"
+
+
+def test_a_rate_limiter_needs_a_rate_and_a_burst() -> None:
+    with pytest.raises(ValueError, match="qps must be > 0"):
+        RateLimiter(qps=0, burst=1)
+    with pytest.raises(ValueError, match="burst >= 1"):
+        RateLimiter(qps=1, burst=0)
