@@ -182,6 +182,17 @@ class EventStore:
         state = self._messages.get(message_id)
         return state is not None and state.running > 0
 
+    def held(self) -> list[SqsMessageRef]:
+        """Every message that still has an operation running, each with the newest receipt handle it was
+        received with (the only one SQS still honours): the messages whose visibility is extended, and made
+        visible again at shutdown. The store is the only place receipt handles are kept."""
+        return [state.ref for state in self._messages.values()]
+
+    @property
+    def held_count(self) -> int:
+        """How many messages :meth:`held` would return."""
+        return len(self._messages)
+
     def admit(self, event: Event) -> Admission:
         """Take one event. Its ``message`` (when set) is tracked until every operation it joined has ended."""
         self._expire()

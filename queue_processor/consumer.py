@@ -97,7 +97,6 @@ class Consumer:
         self.poison_visibility_s = poison_visibility_s
         self.requeue_base_s = requeue_base_s
         self._budget = asyncio.Semaphore(in_flight_budget)
-        self._held: dict[str, SqsMessageRef] = {}  # message_id → ref, while its operations run
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._extender: asyncio.Task[None] | None = None
@@ -138,6 +137,7 @@ class Consumer:
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        held = self.store.held()  # no receive is left to change a receipt handle; operations may end now
         operations = list(self._operations.values())
         for task in operations:
             task.cancel()
@@ -148,8 +148,6 @@ class Consumer:
             await asyncio.gather(self._extender, return_exceptions=True)
         if self._delete_flusher is not None:
             await asyncio.gather(self._delete_flusher, return_exceptions=True)  # deletes already decided
-        held = list(self._held.values())
-        self._held.clear()
         await asyncio.gather(*(self._change_visibility(ref, 0) for ref in held), return_exceptions=True)
 
     # -------------------------------------------------------------------------------------------- receive
@@ -227,22 +225,21 @@ class Consumer:
             await self._delete(ref, kinds)
             self._budget.release()
             return
+        redelivered = self.store.in_flight(ref.message_id)  # held already: it keeps the slot it has
         for event in result.events:
             admission = self.store.admit(event)
             if admission.kind is not AdmissionKind.DONE:
                 self.handler.received(event)  # heartbeats from first receipt, before any handling
             if admission.kind is AdmissionKind.NEW and admission.operation is not None:
                 self._spawn(admission.operation)
-        if self.store.in_flight(ref.message_id):
-            redelivered = ref.message_id in self._held
-            self._held[ref.message_id] = ref  # the newest receipt handle is the one that works
+        if self.store.in_flight(ref.message_id):  # the store keeps its newest receipt handle
             if redelivered:
-                self._budget.release()  # a message already held keeps the one slot it has
+                self._budget.release()
         else:  # every event repeats one already done
             bound.info("message repeats events already handled: deleted")
             await self._delete(ref, kinds)
             self._budget.release()
-        self.observer.in_flight(len(self._held), len(self._operations))
+        self.observer.in_flight(self.store.held_count, len(self._operations))
 
     def _spawn(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` through the handler and settles its messages."""
@@ -262,10 +259,9 @@ class Consumer:
                     *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
                     return_exceptions=True,
                 )
-            self.observer.in_flight(len(self._held), len(self._operations))
+            self.observer.in_flight(self.store.held_count, len(self._operations))
 
     async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:
-        held = self._held.pop(ref.message_id, ref)
         kinds = ",".join(str(kind) for kind in operation.kinds)
         actions = [
             event
@@ -276,16 +272,18 @@ class Consumer:
         ]
         try:
             if outcome is MessageOutcome.DELETE:
-                for action in actions:  # settled: completed, over, or left alone on purpose
+                # Settled: completed (its heartbeat already stopped), over, or left alone on purpose. Nothing
+                # beats for a message this replica deletes; for the others this stop finds no task.
+                for action in actions:
                     await self.handler.heartbeats.stop(action)
-                await self._delete(held, kinds)
+                await self._delete(ref, kinds)
             else:
-                backoff = requeue_backoff_s(held.receive_count, self.requeue_base_s)
+                backoff = requeue_backoff_s(ref.receive_count, self.requeue_base_s)
                 for action in actions:  # beats on until the message is received again (or not)
                     self.handler.heartbeats.requeued(action, backoff + self.visibility_timeout_s)
-                await self._change_visibility(held, backoff)
-                self.observer.message(held.queue_url, MessageFate.REQUEUED, kinds)
-                log.info("requeued", message_id=held.message_id, visible_in_s=backoff)
+                await self._change_visibility(ref, backoff)
+                self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
+                log.info("requeued", message_id=ref.message_id, visible_in_s=backoff)
         finally:
             self._budget.release()
 
@@ -348,7 +346,7 @@ class Consumer:
         while True:
             await asyncio.sleep(period)
             by_queue: dict[str, list[SqsMessageRef]] = {}
-            for ref in list(self._held.values()):
+            for ref in self.store.held():
                 by_queue.setdefault(ref.queue_url, []).append(ref)
             for queue_url, refs in by_queue.items():
                 for start in range(0, len(refs), 10):

@@ -1,9 +1,10 @@
 """What every typed interruption event shares: :class:`BaseEvent`, its kind, identity and SQS message.
 
 The models themselves live with their kinds, one module each in :mod:`queue_processor.kinds` (which also
-defines the :data:`~queue_processor.kinds.Event` union). An event is what the parser (:mod:`queue_processor.parse`) makes of one SQS message body and what the
-rest of the controller acts on. One message gives one event per affected instance (an AWS Health event can name
-several instances). Every event carries:
+defines the :data:`~queue_processor.kinds.Event` union). An event is what the parser
+(:mod:`queue_processor.parse`) makes of one SQS message body and what the rest of the controller acts on. One
+message gives one event per affected instance (an AWS Health event can name several instances). Every event
+carries:
 
 - ``kind`` (:class:`EventKind`), the name used in logs, metrics and ``queue-processor inspect``;
 - ``instance_id``, the EC2 instance ID as the message gives it (its shape is not checked: some real messages
@@ -15,13 +16,13 @@ several instances). Every event carries:
   ``RequestId``, an AWS Health ``eventArn``), for logs and support cases;
 - ``message``, the SQS message it came from (:class:`SqsMessageRef`), ``None`` when parsed from a file.
 
-Each model reads its own wire format and states its rules: ``taint_key`` (TAINT_NODE) and ``notice`` (whether its
-``start_time`` is a deadline the instance is reclaimed at). Its fields carry validation aliases for the EventBridge message (and, for
-lifecycle actions, the notification Auto Scaling sends straight to SQS), so the parser validates a body into
-its event in one pass from JSON; ``event_id`` and ``start_time`` are computed by the model from its fields.
-Models also accept their field names, so an event can be built in code: ``SpotInterruptionEvent(
-instance_id=..., time=..., source_id=...)``. ``detail_type`` and ``source`` are the EventBridge envelope's,
-kept out of ``model_dump``.
+Each model reads its own wire format and states its rules: ``taint_key`` (TAINT_NODE) and ``notice``
+(whether its ``start_time`` is a deadline the instance is reclaimed at). Its fields carry validation aliases
+for the EventBridge message (and, for lifecycle actions, the notification Auto Scaling sends straight to SQS),
+so the parser validates a body into its event in one pass from JSON; ``event_id`` and ``start_time`` are
+computed by the model from its fields. Models also accept their field names, so an event can be built in code:
+``SpotInterruptionEvent(instance_id=..., time=..., source_id=...)``. ``detail_type`` and ``source`` are the
+EventBridge envelope's, kept out of ``model_dump``.
 
 Formats: "Amazon EventBridge events" in the EC2 User Guide (Spot interruption warning, rebalance
 recommendation, state-change, Capacity Reservation interruption), "Amazon EC2 Auto Scaling lifecycle hooks"

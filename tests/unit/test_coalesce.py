@@ -271,3 +271,19 @@ def test_a_message_is_deleted_only_when_every_action_it_carries_is_settled(
     for message_id in deleted:
         assert succeed
         assert all(settles[key] for key in carried.get(message_id, set()))
+
+
+def test_the_store_holds_each_message_with_its_newest_receipt_handle_until_it_is_settled() -> None:
+    store = EventStore()
+    first = spot("i-1", "m1")
+    admitted = store.admit(first)
+    assert admitted.operation is not None
+    redelivered = first.model_copy(update={"message": msg("m1", handle="rh2")})  # received again
+    assert store.admit(redelivered).kind is AdmissionKind.JOINED
+    assert [ref.receipt_handle for ref in store.held()] == ["rh2-m1"]  # only the newest works
+    assert store.held_count == 1
+    settlement = store.finish(admitted.operation, succeeded=True)
+    assert [(ref.receipt_handle, outcome) for ref, outcome in settlement.messages] == [
+        ("rh2-m1", MessageOutcome.DELETE)
+    ]
+    assert store.held() == []
