@@ -16,12 +16,11 @@ otherwise. Port 0 binds a free port; the ports actually bound are :attr:`ProbeSe
 A probe's body is JSON: ``{"status": "ok" | "failing", "checks": {name: bool}, "failing": [name...]}``, plus
 ``"errors": {name: "ExceptionType: message"}`` for checks that raised (a raising check fails). Checks are
 plain functions ``() -> bool`` called on the event loop for each request: they must be cheap and never block
-(read a timestamp, a flag, a task's ``done()``). :class:`Freshness` is one for "X happened recently".
+(read a timestamp, a flag, a task's ``done()``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -33,7 +32,7 @@ from queue_processor.observe.metrics import Metrics
 if TYPE_CHECKING:
     from queue_processor.config import Settings
 
-__all__ = ["Check", "Freshness", "ProbeServer"]
+__all__ = ["Check", "ProbeServer"]
 
 Check = Callable[[], bool]
 """A probe check: returns ``True`` when healthy. Called on the event loop; must not block."""
@@ -42,36 +41,6 @@ Check = Callable[[], bool]
 _SHUTDOWN_TIMEOUT_S: Final = 2.0
 
 _log = get_logger()
-
-
-class Freshness:
-    """A :data:`Check` that passes while :meth:`touch` was called less than ``max_age_s`` seconds ago.
-
-    For readiness checks such as "SQS answered a ReceiveMessage call in the last 60 seconds": the receive
-    loop calls ``touch()`` after each answer, the server calls the object. It fails until the first
-    ``touch()``. ``clock`` is a monotonic clock in seconds (default :func:`time.monotonic`).
-    """
-
-    def __init__(self, max_age_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
-        if max_age_s <= 0:
-            raise ValueError(f"max_age_s must be positive, not {max_age_s}")
-        self.max_age_s = max_age_s
-        self._clock = clock
-        self._last: float | None = None
-
-    def touch(self) -> None:
-        """Record that the watched thing happened now."""
-        self._last = self._clock()
-
-    @property
-    def age_s(self) -> float | None:
-        """Seconds since the last :meth:`touch`, ``None`` before the first."""
-        return None if self._last is None else self._clock() - self._last
-
-    def __call__(self) -> bool:
-        """``True`` when the last :meth:`touch` is less than ``max_age_s`` seconds old."""
-        age = self.age_s
-        return age is not None and age < self.max_age_s
 
 
 def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:

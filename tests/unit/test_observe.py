@@ -19,7 +19,7 @@ from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging, get
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.observer import ErrorWhere, NodeAction
 from queue_processor.parse import MAX_MESSAGE_BYTES, parse
-from queue_processor.server import Freshness, ProbeServer
+from queue_processor.server import ProbeServer
 from tests.conftest import FIXTURES
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/interruptions"
@@ -401,15 +401,18 @@ async def test_failing_liveness_check_is_named_in_a_503(http: aiohttp.ClientSess
 
 
 async def test_readiness_checks_and_a_raising_check(http: aiohttp.ClientSession) -> None:
-    now = [1000.0]
-    sqs = Freshness(60, clock=lambda: now[0])
+    now, answered = [1000.0], [None]  # answered: when SQS last answered (None: never)
+
+    def sqs() -> bool:
+        return answered[0] is not None and now[0] - answered[0] < 60
+
     server = ProbeServer(Metrics(process_metrics=False), metrics_port=0, probes_port=0, host="127.0.0.1")
     server.add_readiness("sqs-answered", sqs)
 
     async with server:
         status, _, text = await get(http, server.probes_port, "/readyz")
         assert (status, json.loads(text)["failing"]) == (503, ["sqs-answered"])  # never answered yet
-        sqs.touch()
+        answered[0] = now[0]
         now[0] += 59
         assert (await get(http, server.probes_port, "/readyz"))[0] == 200
         assert (await get(http, server.probes_port, "/healthz"))[0] == 200  # no liveness check: alive
@@ -493,18 +496,3 @@ def test_from_settings_follows_the_enable_flags_and_ports() -> None:
     assert (off.metrics_port, off.probes_port, off.shared) == (None, 8080, False)
     two = ProbeServer.from_settings(Settings(queue_url=QUEUE), Metrics(process_metrics=False))
     assert (two.metrics_port, two.probes_port, two.shared) == (9092, 8080, False)
-
-
-def test_freshness() -> None:
-    now = [0.0]
-    fresh = Freshness(10, clock=lambda: now[0])
-    assert not fresh()
-    assert fresh.age_s is None
-    fresh.touch()
-    now[0] = 9.5
-    assert fresh()
-    assert fresh.age_s == 9.5
-    now[0] = 10.0
-    assert not fresh()
-    with pytest.raises(ValueError, match="positive"):
-        Freshness(0)
