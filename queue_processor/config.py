@@ -19,14 +19,19 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 __all__ = [
+    "REQUEUE_MAX_S",
     "ConfigError",
     "Settings",
     "configuration_markdown",
+    "default",
     "env_name",
     "load_settings",
     "queue_account",
     "region_from_queue_url",
 ]
+
+#: The longest requeue backoff (seconds): SQS's 15-minute limit on a message's hidden delay kept as a bound.
+REQUEUE_MAX_S = 900
 
 # NTH's webhook defaults (pkg/config/config.go), kept so that existing templates and receivers work.
 DEFAULT_WEBHOOK_HEADERS = {"Content-type": "application/json"}
@@ -146,12 +151,12 @@ class Settings(BaseSettings):
     )
     requeue_backoff_base_sec: float = _field(
         10.0,
-        "First backoff of a requeued message (EarlyExit); it doubles with each receive, up to 900 s, with "
-        "20 % jitter.",
+        f"First backoff of a requeued message (EarlyExit); it doubles with each receive, up to "
+        f"{REQUEUE_MAX_S} s, with 20 % jitter.",
         nth="none: NTH leaves a failed message to its 20 s visibility timeout",
         unit="seconds",
         ge=0,
-        le=900,
+        le=REQUEUE_MAX_S,
     )
     delete_sqs_msg_if_node_not_found: bool = _field(
         False,
@@ -473,6 +478,13 @@ def _field_of(name: str) -> str:
         if isinstance(extra, dict) and name in [str(alias).lower() for alias in extra.get("aliases", [])]:  # type: ignore[union-attr]
             return field
     return name
+
+
+def default(name: str) -> Any:
+    """The default of the setting named ``name`` (a :class:`Settings` field name, e.g.
+    ``"kube_api_qps"``): components built without settings (tests, tools) take their defaults from here, so
+    that config.py stays the only home of a default. Raises ``KeyError`` for an unknown name."""
+    return Settings.model_fields[name].default
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -31,29 +31,22 @@ import structlog
 
 from queue_processor.aws import call
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
+from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler, Outcome
 from queue_processor.kinds import AsgLifecycleEvent
 from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, MessageFate, Observer
 from queue_processor.parse import parse
 
-__all__ = ["POISON_VISIBILITY_S", "Consumer", "requeue_backoff_s"]
+__all__ = ["Consumer", "requeue_backoff_s"]
 
 log = structlog.get_logger("queue_processor.consumer")
-
-#: How long a poison message stays hidden before SQS offers it again (towards maxReceiveCount): 1 hour.
-POISON_VISIBILITY_S = 3600
-
 
 #: How long deletes wait for company before a DeleteMessageBatch call (seconds).
 DELETE_WINDOW_S = 0.02
 
-#: The first requeue backoff (seconds); it doubles with each receive, up to :data:`REQUEUE_MAX_S`.
-REQUEUE_BASE_S = 10.0
-REQUEUE_MAX_S = 900.0
 
-
-def requeue_backoff_s(receive_count: int, base_s: float = REQUEUE_BASE_S) -> int:
+def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backoff_base_sec")) -> int:
     """Visibility timeout for a requeued message: ``base_s`` (REQUEUE_BACKOFF_BASE_SEC), doubling with each
     receive, at most :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out;
     at least 1 s (SQS counts whole seconds)."""
@@ -78,11 +71,11 @@ class Consumer:
         queue_urls: list[str],
         in_flight_budget: int,
         visibility_timeout_s: int,
-        loops_per_queue: int = 2,
+        loops_per_queue: int = default("receive_loops_per_queue"),
         wait_s: int = 20,
         observer: Observer = NULL_OBSERVER,
-        poison_visibility_s: int = POISON_VISIBILITY_S,
-        requeue_base_s: float = REQUEUE_BASE_S,
+        poison_visibility_s: int = default("poison_visibility_timeout_sec"),
+        requeue_base_s: float = default("requeue_backoff_base_sec"),
     ) -> None:
         self.sqs = sqs
         self.handler = handler

@@ -26,6 +26,7 @@ import urllib3
 from kubernetes import client, config
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from queue_processor.config import default
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 
 __all__ = ["KubeClient", "KubeError", "RateLimiter", "load_api_client"]
@@ -127,8 +128,8 @@ class KubeClient:
         self,
         api_client: client.ApiClient,
         *,
-        qps: float = 200.0,
-        burst: int = 300,
+        qps: float = default("kube_api_qps"),
+        burst: int = default("kube_api_burst"),
         threads: int = 32,
         timeout_s: float = 30.0,
         attempts: int = 4,

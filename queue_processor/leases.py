@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from queue_processor.config import default
 from queue_processor.kube import KubeClient, KubeError
 
 __all__ = ["Claim", "ClaimLost", "NodeLeases", "lease_name"]
@@ -139,7 +140,7 @@ class NodeLeases:
         *,
         namespace: str,
         identity: str,
-        duration_s: int = 60,
+        duration_s: int = default("node_lease_duration_sec"),
         renew_every_s: float | None = None,
     ) -> None:
         self.kube = kube

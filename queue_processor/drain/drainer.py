@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from queue_processor.config import default
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.kube import KubeClient, KubeError
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -88,7 +89,7 @@ class Drainer:
         options: DrainOptions,
         *,
         budget: int,
-        grace_s: int = -1,
+        grace_s: int = default("pod_termination_grace_period"),
         use_cache: bool = False,
         observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from queue_processor.coalesce import EventStore
-from queue_processor.consumer import REQUEUE_MAX_S, Consumer, requeue_backoff_s
+from queue_processor.config import REQUEUE_MAX_S
+from queue_processor.consumer import Consumer, requeue_backoff_s
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import Metrics
 
