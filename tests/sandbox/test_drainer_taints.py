@@ -67,7 +67,7 @@ def drainer(kube: KubeClient) -> Drainer:
 async def test_cordon_with_taints_keeps_the_other_taints(cluster: KubeCluster, kube: KubeClient) -> None:
     name = await tainted_node(cluster, kube)
     ours = ("aws-node-termination-handler/spot-itn", "spot-interruption-1", "NoSchedule")
-    assert await drainer(kube).cordon(name, taints=[ours], labels={"example.com/leaving": "true"})
+    assert await drainer(kube).cordon(name, taints=[ours], labels_if_absent={"example.com/leaving": "true"})
     node = await kube.get_node(name)
     assert node is not None
     assert node["spec"]["unschedulable"] is True
@@ -84,6 +84,22 @@ async def test_cordon_with_taints_keeps_the_other_taints(cluster: KubeCluster, k
     assert node is not None
     keys = [(t["key"], t["effect"]) for t in node["spec"]["taints"]]
     assert len(keys) == len(set(keys))
+
+
+async def test_a_cordon_adds_a_label_only_where_the_node_has_none(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    name = await tainted_node(cluster, kube)
+    label = "node.kubernetes.io/exclude-from-external-load-balancers"
+    await kube.patch_node(name, {"metadata": {"labels": {label: "maintenance"}}})
+    wanted = {label: "aws-node-termination-handler", "example.com/leaving": "true"}
+    assert await drainer(kube).cordon(name, labels_if_absent=wanted)  # no taints: labels alone
+    node = await kube.get_node(name)
+    assert node is not None
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["labels"][label] == "maintenance"  # someone else's value is kept
+    assert node["metadata"]["labels"]["example.com/leaving"] == "true"
+    assert await taints_of(kube, name) == {(OTHER["key"], OTHER["effect"]): OTHER["value"]}
 
 
 async def test_the_out_of_service_taint_keeps_the_other_taints(
