@@ -1,0 +1,354 @@
+"""moto patched for the sandbox, and moto's threaded server behind the sandbox's lock.
+
+- :func:`install` adds to moto's ``AutoScalingResponse`` (moto dispatches a Query action to the snake_case
+  method of that name) what moto 5.2.5 lacks, for the running sandbox: ``RecordLifecycleActionHeartbeat`` and
+  ``CompleteLifecycleAction`` (served by the sandbox's lifecycle actions), ``PutLifecycleHook`` (moto's, then
+  what it drops: notification target, metadata, role, global timeout) and ``DescribeLifecycleHooks`` (the
+  timeouts in the sandbox's real seconds). It also makes moto's private IPs unique within the sandbox and
+  its SQS retention check cheap; :func:`uninstall` puts moto back. One sandbox runs per process at a time:
+  moto's backends are process-wide.
+- :class:`Faults`: the AWS errors :meth:`AwsSandbox.inject_error` sets up, raised by the added actions.
+- :class:`MotoServer`: moto's ``ThreadedMotoServer`` on 127.0.0.1 and a free port. Auto Scaling, EC2 and
+  EventBridge requests run under the sandbox's lock (moto's backends are not thread-safe, and the sandbox
+  changes them from its own threads); SQS requests run unlocked so long polls block nobody. Its connection
+  threads can be closed and joined on stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import re
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+from moto.autoscaling.exceptions import AutoscalingClientError
+from moto.autoscaling.responses import AutoScalingResponse
+from moto.core.responses import ActionResult, EmptyResult
+from moto.ec2.models import elastic_network_interfaces as eni_models
+from moto.ec2.models import instances as instance_models
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from moto.server import ThreadedMotoServer
+from moto.sqs.models import SQSBackend
+from werkzeug.serving import ThreadedWSGIServer
+
+if TYPE_CHECKING:
+    from queue_processor.sandbox.aws.sandbox import AwsSandbox
+
+__all__ = ["Faults", "MotoServer", "active", "install", "uninstall"]
+
+#: Services whose requests the server serialises with the sandbox's own changes (SQS stays concurrent).
+_SERIALIZED_SERVICES = frozenset({"autoscaling", "ec2", "events"})
+_CREDENTIAL_SCOPE = re.compile(r"Credential=[^/,]+/\d{8}/[^/,]+/([^/,]+)/aws4_request")
+
+
+# ---------------------------------------------------------------------------------------------- injected errors
+
+
+@dataclass
+class _Fault:
+    """An error :meth:`AwsSandbox.inject_error` set up: until ``until`` (monotonic) or for ``times`` calls."""
+
+    operation: str
+    code: str
+    message: str
+    until: float | None
+    times: int | None
+
+
+class Faults:
+    """The errors :meth:`AwsSandbox.inject_error` set up, kept under the sandbox's ``lock``: each answers one
+    operation until a ``time.monotonic()`` reading or for a number of calls, or until :meth:`clear`."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self._lock = lock
+        self._faults: list[_Fault] = []
+
+    def add(
+        self, operation: str, code: str, message: str, *, seconds: float | None, times: int | None
+    ) -> None:
+        """Answer ``operation`` with ``code``/``message`` for the next ``seconds`` real seconds, or the next
+        ``times`` calls, or (neither given) until :meth:`clear`."""
+        until = time.monotonic() + seconds if seconds is not None else None
+        with self._lock:
+            self._faults.append(_Fault(operation, code, message, until, times))
+
+    def clear(self) -> None:
+        """Forget every error set up."""
+        with self._lock:
+            self._faults.clear()
+
+    def raise_injected(self, operation: str) -> None:
+        """Raise moto's ``AutoscalingClientError`` (HTTP 400, code and message as set up) when an error
+        applies to ``operation``, counting the call; forget the errors that have run out."""
+        with self._lock:
+            now = time.monotonic()
+            self._faults = [
+                f
+                for f in self._faults
+                if (f.until is None or f.until > now) and (f.times is None or f.times > 0)
+            ]
+            for fault in self._faults:
+                if fault.operation == operation:
+                    if fault.times is not None:
+                        fault.times -= 1
+                    raise AutoscalingClientError(fault.code, fault.message)
+
+
+# ------------------------------------------------------------------------------------------------ the server
+
+
+class _QuietHandler(MotoRequestHandler):
+    """moto's request handler without one access-log line per request."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        pass
+
+
+class _SerializedApp:
+    """WSGI middleware: Auto Scaling, EC2 and EventBridge requests run under the sandbox lock (moto's
+    backends are not thread-safe, and the sandbox changes them from its own threads)."""
+
+    def __init__(self, app: WSGIApplication, lock: threading.RLock) -> None:
+        self._app = app
+        self._lock = lock
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        scope = _CREDENTIAL_SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+        if scope is None or scope.group(1) not in _SERIALIZED_SERVICES:
+            return self._app(environ, start_response)
+        with self._lock:
+            return list(self._app(environ, start_response))
+
+
+class _WsgiServer(ThreadedWSGIServer):
+    """werkzeug's threaded server that remembers its connection threads, so they can be closed and joined
+    (HTTP/1.1 keep-alive would otherwise keep them for as long as a client pools the connection)."""
+
+    def __init__(self, host: str, port: int, app: WSGIApplication) -> None:
+        super().__init__(host, port, app, handler=_QuietHandler)
+        self._connections: dict[threading.Thread, socket.socket] = {}
+        self._connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name="aws-sandbox-request",
+            daemon=True,
+        )
+        with self._connections_lock:
+            self._connections[thread] = request
+        thread.start()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._connections.pop(threading.current_thread(), None)
+
+    def close_connections(self, timeout_s: float) -> None:
+        """Shut every open connection down and join its thread (a request still running gets
+        ``timeout_s`` seconds to finish)."""
+        with self._connections_lock:
+            connections = list(self._connections.items())
+        for _, sock in connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout_s
+        for thread, _ in connections:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class MotoServer(ThreadedMotoServer):
+    """``ThreadedMotoServer`` on 127.0.0.1 and a free port, with the lock middleware and closable
+    connections. ``stop(timeout_s)`` closes the connections too: a request still being served gets ``timeout_s``
+    seconds to end."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        super().__init__(ip_address="127.0.0.1", port=0, verbose=False)
+        self._lock = lock
+
+    def _server_entry(self) -> None:
+        app = _SerializedApp(DomainDispatcherApplication(create_backend_app), self._lock)
+        self._server = _WsgiServer(self._ip_address, self._port, app)
+        self._server_ready_event.set()
+        self._server.serve_forever(poll_interval=0.05)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        super().stop()
+        server = self._server
+        assert isinstance(server, _WsgiServer)
+        server.server_close()
+        server.close_connections(timeout_s)
+
+
+# -------------------------------------------------------------------------- moto AutoScalingResponse methods
+
+_active_lock = threading.Lock()
+_ACTIVE: AwsSandbox | None = None
+_ORIGINAL_PUT_HOOK: Callable[[Any], Any] | None = None
+
+
+def active() -> AwsSandbox | None:
+    """The sandbox the patches are installed for, ``None`` when none is."""
+    return _ACTIVE
+
+
+def _current() -> AwsSandbox:
+    sandbox = _ACTIVE
+    if sandbox is None:  # pragma: no cover - the methods are installed only while a sandbox runs
+        raise RuntimeError("no AWS sandbox is running")
+    return sandbox
+
+
+def _record_lifecycle_action_heartbeat(self: Any) -> Any:
+    """``RecordLifecycleActionHeartbeat`` (EC2 Auto Scaling API Reference)."""
+    _current()._lifecycle_call(
+        "RecordLifecycleActionHeartbeat",
+        asg_name=self._get_param("AutoScalingGroupName") or "",
+        hook_name=self._get_param("LifecycleHookName") or "",
+        token=self._get_param("LifecycleActionToken"),
+        instance_id=self._get_param("InstanceId"),
+        result=None,
+    )
+    return EmptyResult()
+
+
+def _complete_lifecycle_action(self: Any) -> Any:
+    """``CompleteLifecycleAction`` (EC2 Auto Scaling API Reference)."""
+    _current()._lifecycle_call(
+        "CompleteLifecycleAction",
+        asg_name=self._get_param("AutoScalingGroupName") or "",
+        hook_name=self._get_param("LifecycleHookName") or "",
+        token=self._get_param("LifecycleActionToken"),
+        instance_id=self._get_param("InstanceId"),
+        result=self._get_param("LifecycleActionResult"),
+    )
+    return EmptyResult()
+
+
+def _put_lifecycle_hook(self: Any) -> Any:
+    """``PutLifecycleHook``: moto's, then the notification target, metadata and global timeout it drops."""
+    assert _ORIGINAL_PUT_HOOK is not None
+    response = _ORIGINAL_PUT_HOOK(self)
+    _current()._configure_hook(
+        self._get_param("AutoScalingGroupName"),
+        self._get_param("LifecycleHookName"),
+        notification_target_arn=self._get_param("NotificationTargetARN"),
+        notification_metadata=self._get_param("NotificationMetadata"),
+        role_arn=self._get_param("RoleARN"),
+    )
+    return response
+
+
+def _describe_lifecycle_hooks(self: Any) -> Any:
+    """``DescribeLifecycleHooks`` in the sandbox's real seconds: HeartbeatTimeout and GlobalTimeout go through
+    the clock (at least 1 s), so a consumer that heartbeats at half the timeout it reads keeps an action alive
+    under a scaled clock, as it would at full scale."""
+    sandbox = _current()
+    sandbox._raise_injected("DescribeLifecycleHooks")
+    hooks = []
+    for hook in self.autoscaling_backend.describe_lifecycle_hooks(
+        as_name=self._get_param("AutoScalingGroupName"),
+        lifecycle_hook_names=self._get_param("LifecycleHookNames", []),
+    ):
+        scaled = copy.copy(hook)
+        scaled.heartbeat_timeout = max(1, math.ceil(sandbox.clock.real(hook.heartbeat_timeout)))
+        scaled.global_timeout = max(1, math.ceil(sandbox.clock.real(hook.global_timeout)))
+        hooks.append(scaled)
+    return ActionResult({"LifecycleHooks": hooks})
+
+
+# Injected errors (Throttling, AccessDenied) have no error shape in moto's Auto Scaling model: it warns each time.
+warnings.filterwarnings(
+    "ignore", message=r"Exception\(AutoscalingClientError\) with code", category=UserWarning
+)
+
+_PUT_HOOK = "put_lifecycle_hook"
+_DESCRIBE_HOOKS = "describe_lifecycle_hooks"
+#: The methods added to moto's ``AutoScalingResponse`` (``put_lifecycle_hook`` and
+#: ``describe_lifecycle_hooks`` replace moto's own).
+_METHODS: dict[str, Callable[[Any], Any]] = {
+    "record_lifecycle_action_heartbeat": _record_lifecycle_action_heartbeat,
+    "complete_lifecycle_action": _complete_lifecycle_action,
+    "put_lifecycle_hook": _put_lifecycle_hook,
+    "describe_lifecycle_hooks": _describe_lifecycle_hooks,
+}
+_ORIGINAL_DESCRIBE_HOOKS = AutoScalingResponse.describe_lifecycle_hooks
+_ISSUED_IPS: set[str] = set()
+#: The moto modules that draw instance and interface addresses (each imported the function by name).
+_IP_MODULES = (eni_models, instance_models)
+_ORIGINAL_RANDOM_IP = getattr(eni_models, "random_private_ip")  # noqa: B009 - not re-exported by moto
+
+
+def _unique_private_ip(cidr: str | None = None, ipv6: bool = False) -> str:
+    """moto's random private IP, never one it gave before in this sandbox: AWS never gives two instances of
+    a VPC the same address, and a repeated one would give two instances one node name (with 1,250
+    instances in a /16, moto's plain draw repeats about once in twenty clusters)."""
+    while True:
+        address = str(_ORIGINAL_RANDOM_IP(cidr, ipv6))
+        if ipv6 or address not in _ISSUED_IPS:
+            _ISSUED_IPS.add(address)
+            return address
+
+
+_RETENTION_CHECK = "is_message_valid_based_on_retention_period"
+_ORIGINAL_RETENTION_CHECK = getattr(SQSBackend, _RETENTION_CHECK)
+
+
+def _retention_check(backend: SQSBackend, queue_name: str, message: Any) -> bool:
+    """moto's per-message retention check, without computing every queue attribute (moto 5.2.5 does, which
+    costs O(messages in the queue) for each message received: a storm's receives become quadratic). Same
+    rule: a message is dropped once ``MessageRetentionPeriod`` seconds have passed since it was sent."""
+    retention_s = int(getattr(backend.get_queue(queue_name), "message_retention_period"))  # noqa: B009 - set by moto from the attribute name
+    return bool(retention_s + message.sent_timestamp / 1000 > time.time())
+
+
+def install(sandbox: AwsSandbox) -> None:
+    """Patch moto for ``sandbox``: the ``AutoScalingResponse`` methods (served by ``sandbox``), unique private
+    IPs (the record of issued ones restarts), the cheap SQS retention check. Raises ``RuntimeError`` when
+    another sandbox is installed (moto's state is process-wide)."""
+    global _ACTIVE, _ORIGINAL_PUT_HOOK
+    with _active_lock:
+        if _ACTIVE is not None:
+            raise RuntimeError(
+                "another AWS sandbox is running in this process (moto's state is process-wide)"
+            )
+        _ACTIVE = sandbox
+        _ORIGINAL_PUT_HOOK = AutoScalingResponse.put_lifecycle_hook
+        for name, method in _METHODS.items():
+            setattr(AutoScalingResponse, name, method)
+        setattr(SQSBackend, _RETENTION_CHECK, _retention_check)
+        _ISSUED_IPS.clear()
+        for module in _IP_MODULES:
+            setattr(module, "random_private_ip", _unique_private_ip)  # noqa: B010 - not re-exported by moto
+
+
+def uninstall(sandbox: AwsSandbox) -> None:
+    """Put moto back as it was before :func:`install`; nothing when ``sandbox`` is not the one installed."""
+    global _ACTIVE, _ORIGINAL_PUT_HOOK
+    with _active_lock:
+        if _ACTIVE is not sandbox:
+            return
+        for name in ("record_lifecycle_action_heartbeat", "complete_lifecycle_action"):
+            delattr(AutoScalingResponse, name)
+        setattr(AutoScalingResponse, _PUT_HOOK, _ORIGINAL_PUT_HOOK)
+        setattr(AutoScalingResponse, _DESCRIBE_HOOKS, _ORIGINAL_DESCRIBE_HOOKS)
+        setattr(SQSBackend, _RETENTION_CHECK, _ORIGINAL_RETENTION_CHECK)
+        for module in _IP_MODULES:
+            setattr(module, "random_private_ip", _ORIGINAL_RANDOM_IP)  # noqa: B010 - not re-exported by moto
+        _ORIGINAL_PUT_HOOK = None
+        _ACTIVE = None
