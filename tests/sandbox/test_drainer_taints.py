@@ -103,7 +103,9 @@ async def test_a_cordon_adds_a_label_only_where_the_node_has_none(
         kube, name
     )  # a real server's controller-manager may add node.kubernetes.io/unschedulable
     assert taints[(OTHER["key"], OTHER["effect"])] == OTHER["value"]
-    assert not any(key.startswith(("aws-node-termination-handler", "example.com")) for key, _ in taints)
+    assert set(taints) - {("node.kubernetes.io/unschedulable", "NoSchedule")} == {
+        (OTHER["key"], OTHER["effect"])
+    }
 
 
 async def test_the_out_of_service_taint_keeps_the_other_taints(
