@@ -1,14 +1,22 @@
-"""The consumer's own logic: requeue backoff, liveness while the in-flight budget is full, receive answers."""
+"""The consumer with small fakes (SQS, the handler, its heartbeats): what becomes of each message (poison,
+skip, done, requeued), the in-flight budget, receive answers, and shutdown. Metrics are read from the registry
+a user scrapes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from queue_processor.coalesce import EventStore
-from queue_processor.config import REQUEUE_MAX_S
+import pytest
+
+from queue_processor.coalesce import EventStore, NodeOperation
+from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.consumer import Consumer, requeue_backoff_s
+from queue_processor.handler import Outcome
+from queue_processor.kinds import AsgLifecycleEvent
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import Metrics
 
@@ -86,3 +94,267 @@ async def test_an_empty_receive_counts_as_an_answer() -> None:
         metrics.registry.get_sample_value("queue_processor_last_receive_timestamp_seconds", {"queue": "q"})
         or 0
     ) > 0
+
+
+# --------------------------------------------------------------------------- the consumer on a fake SQS
+
+QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/interruptions"
+KIND = "asg-terminate-lifecycle"
+
+
+def terminate_body(token: str = "tok-1", instance: str = "i-0123456789abcdef0") -> str:
+    """An EventBridge terminate lifecycle action ("Use EventBridge to handle Auto Scaling events")."""
+    return json.dumps(
+        {
+            "version": "0",
+            "id": f"id-{token}",
+            "detail-type": "EC2 Instance-terminate Lifecycle Action",
+            "source": "aws.autoscaling",
+            "time": "2026-11-23T12:00:00Z",
+            "detail": {
+                "EC2InstanceId": instance,
+                "AutoScalingGroupName": "workers",
+                "LifecycleHookName": "drain",
+                "LifecycleActionToken": token,
+                "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+            },
+        }
+    )
+
+
+TEST_NOTIFICATION = json.dumps(
+    {
+        "AccountId": "123456789012",
+        "RequestId": "r-1",
+        "AutoScalingGroupARN": "arn:aws:autoscaling:us-east-1:123456789012:autoScalingGroup:x",
+        "AutoScalingGroupName": "workers",
+        "Service": "AWS Auto Scaling",
+        "Event": "autoscaling:TEST_NOTIFICATION",
+        "Time": "2026-11-23T12:00:00Z",
+    }
+)
+
+
+class FakeSqs:
+    """Just enough of SQS: ``deliver`` queues bodies for the next ReceiveMessage; deletes and visibility
+    changes are recorded by receipt handle."""
+
+    def __init__(self) -> None:
+        self.waiting: list[dict[str, Any]] = []
+        self.arrived = asyncio.Event()
+        self.deleted: list[str] = []
+        self.visibility: list[tuple[str, int]] = []
+        self._count = 0
+
+    def deliver(self, body: str, message_id: str | None = None, receive_count: int = 1) -> str:
+        self._count += 1
+        message_id = message_id or f"m-{self._count}"
+        self.waiting.append(
+            {
+                "MessageId": message_id,
+                "ReceiptHandle": f"rh-{message_id}-{self._count}",
+                "Body": body,
+                "Attributes": {
+                    "ApproximateReceiveCount": str(receive_count),
+                    "SentTimestamp": "1795435200000",
+                },
+            }
+        )
+        self.arrived.set()
+        return message_id
+
+    async def receive_message(self, **call: Any) -> dict[str, Any]:
+        if not self.waiting:
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), 0.05)  # a short long poll
+            except TimeoutError:
+                return {}
+        most = call["MaxNumberOfMessages"]
+        taken, self.waiting = self.waiting[:most], self.waiting[most:]
+        return {"Messages": taken}
+
+    async def delete_message_batch(self, **call: Any) -> dict[str, Any]:
+        self.deleted.extend(entry["ReceiptHandle"] for entry in call["Entries"])
+        return {"Successful": [{"Id": entry["Id"]} for entry in call["Entries"]], "Failed": []}
+
+    async def change_message_visibility(self, **call: Any) -> None:
+        self.visibility.append((call["ReceiptHandle"], call["VisibilityTimeout"]))
+
+    async def change_message_visibility_batch(self, **call: Any) -> None:
+        self.visibility.extend(
+            (entry["ReceiptHandle"], entry["VisibilityTimeout"]) for entry in call["Entries"]
+        )
+
+
+class FakeHeartbeats:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.stopped: list[str] = []
+        self.requeues: list[tuple[str, float]] = []
+        self.closed = False
+
+    def start(self, action: AsgLifecycleEvent) -> None:
+        self.started.append(action.action_key.token_or_instance)
+
+    async def stop(self, action: AsgLifecycleEvent) -> None:
+        self.stopped.append(action.action_key.token_or_instance)
+
+    def requeued(self, action: AsgLifecycleEvent, for_s: float) -> None:
+        self.requeues.append((action.action_key.token_or_instance, for_s))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeHandler:
+    """Answers every operation with ``outcome`` (after ``gate`` opens, when one is set), settling its
+    lifecycle actions as completed when the outcome is DONE (the real handler's job); records them."""
+
+    def __init__(self, outcome: Outcome = Outcome.DONE) -> None:
+        self.outcome = outcome
+        self.heartbeats = FakeHeartbeats()
+        self.handled: list[NodeOperation] = []
+        self.gate: asyncio.Event | None = None
+        self.cancelled = 0
+
+    def received(self, event: Any) -> None:
+        if isinstance(event, AsgLifecycleEvent):
+            self.heartbeats.start(event)
+
+    async def handle(self, operation: NodeOperation) -> Outcome:
+        self.handled.append(operation)
+        if self.gate is not None:
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        if self.outcome is Outcome.DONE:
+            for action in operation.unsettled():
+                operation.settled[action.action_key] = "completed"
+        return self.outcome
+
+
+class Running:
+    def __init__(self, handler: FakeHandler) -> None:
+        self.sqs = FakeSqs()
+        self.handler = handler
+        self.metrics = Metrics(process_metrics=False)
+        self.consumer = Consumer(
+            self.sqs,
+            handler,  # type: ignore[arg-type]
+            EventStore(),
+            queue_urls=[QUEUE],
+            in_flight_budget=4,
+            loops_per_queue=1,
+            visibility_timeout_s=30,
+            observer=self.metrics,
+        )
+
+    def count(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    async def until(self, predicate: Any) -> None:
+        """Let the loop run until ``predicate`` holds; fail after 4,000 turns (the fakes answer at once, so
+        this bounds a hang, it measures nothing)."""
+        for _ in range(4000):
+            if predicate():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("the consumer never got there")
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Any]:
+    made: list[Running] = []
+
+    def build(outcome: Outcome = Outcome.DONE) -> Running:
+        running = Running(FakeHandler(outcome))
+        running.consumer.start()
+        made.append(running)
+        return running
+
+    yield build
+    for running in made:
+        await running.consumer.shutdown()
+
+
+async def test_a_poison_message_is_hidden_for_the_redrive_policy_never_deleted(make: Any) -> None:
+    running = make()
+    message_id = running.sqs.deliver("{not json")
+    await running.until(lambda: running.sqs.visibility)
+    assert running.sqs.visibility == [(f"rh-{message_id}-1", default("poison_visibility_timeout_sec"))]
+    assert running.sqs.deleted == []
+    assert running.count("queue_processor_messages_poison_total", queue=QUEUE, reason="not-json") == 1
+    assert running.count("queue_processor_messages_received_total", queue=QUEUE, kind="poison") == 1
+    assert running.handler.handled == []
+
+
+async def test_a_message_not_acted_on_is_deleted_and_counted_by_its_class(make: Any) -> None:
+    running = make()
+    running.sqs.deliver(TEST_NOTIFICATION)
+    await running.until(lambda: running.sqs.deleted)
+    skipped = "queue_processor_messages_skipped_total"
+    assert running.count(skipped, queue=QUEUE, reason_class="test-notification") == 1
+    assert running.handler.handled == []
+
+
+async def test_a_handled_action_is_heartbeated_from_receipt_then_its_message_deleted(make: Any) -> None:
+    running = make()
+    message_id = running.sqs.deliver(terminate_body())
+    await running.until(lambda: running.sqs.deleted)
+    assert running.handler.heartbeats.started == ["tok-1"]  # on receipt, before the handler ran
+    assert running.sqs.deleted == [f"rh-{message_id}-1"]
+    assert running.handler.heartbeats.stopped == ["tok-1"]  # nothing beats for a deleted message
+    kind = "asg-terminate-lifecycle"
+    assert running.count("queue_processor_messages_deleted_total", queue=QUEUE, kind=kind) == 1
+    await running.until(lambda: running.count("queue_processor_in_flight_messages") == 0)
+    assert running.consumer.tasks == 0
+
+
+async def test_a_failed_operation_requeues_with_a_backoff_and_the_action_keeps_beating(make: Any) -> None:
+    running = make(Outcome.RETRY)
+    message_id = running.sqs.deliver(terminate_body(), receive_count=1)
+    await running.until(lambda: running.sqs.visibility)
+    ((handle, backoff),) = running.sqs.visibility
+    assert handle == f"rh-{message_id}-1"
+    assert 8 <= backoff <= 12  # REQUEUE_BACKOFF_BASE_SEC (10 s) with 20 % jitter, first receive
+    assert running.sqs.deleted == []
+    assert running.handler.heartbeats.requeues == [("tok-1", backoff + 30)]  # backoff + visibility timeout
+    assert running.handler.heartbeats.stopped == []
+    kind = "asg-terminate-lifecycle"
+    assert running.count("queue_processor_messages_requeued_total", queue=QUEUE, kind=kind) == 1
+
+
+async def test_a_redelivered_message_joins_its_operation_and_is_settled_with_its_newest_handle(
+    make: Any,
+) -> None:
+    running = make()
+    running.handler.gate = asyncio.Event()
+    running.sqs.deliver(terminate_body(), message_id="m-1")
+    await running.until(lambda: running.handler.handled)
+    running.sqs.deliver(terminate_body(), message_id="m-1", receive_count=2)  # its visibility ran out
+    await running.until(
+        lambda: running.count("queue_processor_messages_received_total", queue=QUEUE, kind=KIND) == 2
+    )
+    running.handler.gate.set()
+    await running.until(lambda: running.sqs.deleted)
+    assert len(running.handler.handled) == 1  # one operation for both receipts
+    assert running.sqs.deleted == ["rh-m-1-2"]  # the newest receipt handle: the old one no longer works
+    await running.until(lambda: running.count("queue_processor_in_flight_messages") == 0)
+    assert running.consumer.tasks == 0
+
+
+async def test_shutdown_cancels_operations_and_makes_their_messages_visible_at_once() -> None:
+    running = Running(FakeHandler())
+    running.handler.gate = asyncio.Event()  # the operation never ends by itself
+    running.consumer.start()
+    message_id = running.sqs.deliver(terminate_body())
+    await running.until(lambda: running.handler.handled)
+    await running.consumer.shutdown()
+    assert running.handler.cancelled == 1
+    assert running.sqs.visibility == [(f"rh-{message_id}-1", 0)]
+    assert running.sqs.deleted == []
+    assert running.handler.heartbeats.closed  # nothing beats once this replica lets its messages go
+    assert running.consumer.tasks == 0
