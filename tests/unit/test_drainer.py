@@ -1,0 +1,106 @@
+"""The drainer with a small fake API server: how each pod's eviction ends (evicted, gone, refused by a
+PodDisruptionBudget until the deadline, several budgets), what the drain result says, and what it reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queue_processor.drain.drainer import Drainer, DrainOutcome
+from queue_processor.drain.filters import DrainOptions
+from queue_processor.kube import KubeError
+from queue_processor.observe.metrics import Metrics
+from tests.unit.test_handler import NODE, FakeKube
+
+
+class Answers(FakeKube):
+    """Evictions answered per pod name: an HTTP status, or success when none is given."""
+
+    def __init__(self, statuses: dict[str, int]) -> None:
+        super().__init__()
+        self.statuses = statuses
+
+    async def evict(self, namespace: str, name: str, grace_s: int | None = None) -> None:
+        status = self.statuses.get(name)
+        if status == 404:
+            self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+            raise KubeError(404, "NotFound", f'pods "{name}" not found')
+        if status == 429:
+            raise KubeError(
+                429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
+            )
+        if status == 500:
+            raise KubeError(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            )
+        await super().evict(namespace, name, grace_s)
+
+
+def world(statuses: dict[str, int]) -> tuple[Answers, Drainer, Metrics, list[float]]:
+    kube = Answers(statuses)
+    kube.add_node()
+    for name in ("web-0", "web-1", "web-2", "web-3"):
+        kube.add_pod(name)
+    metrics = Metrics(process_metrics=False)
+    now = [100.0]
+    drainer = Drainer(kube, DrainOptions(), budget=2, observer=metrics, clock=lambda: now[0])  # type: ignore[arg-type]
+    return kube, drainer, metrics, now
+
+
+def evictions(metrics: Metrics, result: str) -> float:
+    return metrics.registry.get_sample_value("queue_processor_evictions_total", {"result": result}) or 0.0
+
+
+async def test_every_pod_evicted_is_a_complete_drain() -> None:
+    kube, drainer, metrics, now = world({})
+    result = await drainer.drain(NODE, deadline=now[0] + 60)
+    assert (result.completed, result.outcome, result.evicted) == (True, DrainOutcome.DRAINED, 4)
+    assert kube.pods == []
+    assert evictions(metrics, "evicted") == 4
+    assert metrics.registry.get_sample_value("queue_processor_draining_nodes") == 0  # back to none
+
+
+async def test_each_eviction_ends_as_the_api_server_answers_it() -> None:
+    # At the deadline (no time left for a retry): a 429 is a pod a PodDisruptionBudget kept, a 500 for several
+    # budgets fails that pod, a 404 is a pod already gone.
+    _, drainer, metrics, now = world({"web-0": 429, "web-1": 500, "web-2": 404})
+    result = await drainer.drain(NODE, deadline=now[0])
+    assert result.completed is False
+    assert result.outcome is DrainOutcome.ERROR  # a failed pod outranks a blocked one
+    assert (result.evicted, result.blocked) == (1, 1)
+    assert [failure.split(":")[0] for failure in result.failed] == ["apps/web-1"]
+    assert result.reason == "1 evictions refused by PodDisruptionBudgets, 1 failed"
+    assert {result: evictions(metrics, result) for result in ("evicted", "gone", "pdb-blocked", "error")} == {
+        "evicted": 1,
+        "gone": 1,
+        "pdb-blocked": 1,
+        "error": 1,
+    }
+
+
+async def test_a_drain_held_by_a_pod_disruption_budget_times_out() -> None:
+    kube, drainer, metrics, now = world(dict.fromkeys(("web-0", "web-1", "web-2", "web-3"), 429))
+    result = await drainer.drain(NODE, deadline=now[0])
+    assert (result.completed, result.outcome, result.blocked) == (False, DrainOutcome.TIMEOUT, 4)
+    assert len(kube.pods) == 4
+    assert evictions(metrics, "pdb-blocked") == 4
+
+
+async def test_a_guard_that_raises_stops_the_drain_before_any_eviction() -> None:
+    kube, drainer, _, now = world({})
+
+    class LeaseLostError(Exception):
+        pass
+
+    async def guard() -> Any:
+        raise LeaseLostError
+
+    try:
+        await drainer.drain(NODE, deadline=now[0] + 60, guard=guard)
+    except LeaseLostError:
+        pass
+    else:
+        raise AssertionError("the drain went on without its Lease")
+    assert kube.evicted == []
+    assert drainer.draining == 0
