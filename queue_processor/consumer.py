@@ -25,7 +25,7 @@ import asyncio
 import random
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -37,6 +37,10 @@ from queue_processor.handler import Handler, Outcome
 from queue_processor.kinds import AsgLifecycleEvent
 from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, MessageFate, Observer
 from queue_processor.parse import parse
+
+if TYPE_CHECKING:  # the stubs are a development dependency
+    from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_sqs.type_defs import MessageTypeDef
 
 __all__ = ["Consumer", "requeue_backoff_s"]
 
@@ -64,7 +68,7 @@ class Consumer:
 
     def __init__(
         self,
-        sqs: Any,
+        sqs: SQSClient,
         handler: Handler,
         store: EventStore,
         *,
@@ -190,7 +194,7 @@ class Consumer:
                     log.error("message handling failed", message_id=message.get("MessageId"), error=repr(exc))
                     self._budget.release()
 
-    async def _take(self, queue_url: str, message: dict[str, Any]) -> None:
+    async def _take(self, queue_url: str, message: MessageTypeDef) -> None:
         """One received message; holds one budget slot until it is settled."""
         attributes = message.get("Attributes") or {}
         sent = attributes.get("SentTimestamp")

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 from botocore.exceptions import ClientError
@@ -41,6 +41,9 @@ from queue_processor.config import Settings
 from queue_processor.events import ActionKey
 from queue_processor.kinds import AsgLifecycleEvent
 from queue_processor.observe.observer import NULL_OBSERVER, HeartbeatResult, LifecycleResult, Observer
+
+if TYPE_CHECKING:  # the stubs are a development dependency
+    from types_aiobotocore_autoscaling import AutoScalingClient
 
 __all__ = ["MAX_HEARTBEAT_UNTIL_S", "RETRY_S", "Heartbeats", "Lifecycle", "action_params"]
 
@@ -70,7 +73,9 @@ class Lifecycle:
     """Single lifecycle API calls through an aiobotocore Auto Scaling client. ``observer`` is told every
     heartbeat's and completion's result (and ``hook-unreadable`` when DescribeLifecycleHooks is refused)."""
 
-    def __init__(self, autoscaling: Any, settings: Settings, *, observer: Observer = NULL_OBSERVER) -> None:
+    def __init__(
+        self, autoscaling: AutoScalingClient, settings: Settings, *, observer: Observer = NULL_OBSERVER
+    ) -> None:
         self.autoscaling = autoscaling
         self.settings = settings
         self.observer = observer
