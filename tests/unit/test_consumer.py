@@ -303,7 +303,8 @@ async def test_a_message_not_acted_on_is_deleted_and_counted_by_its_class(make: 
 async def test_a_handled_action_is_heartbeated_from_receipt_then_its_message_deleted(make: Any) -> None:
     running = make()
     message_id = running.sqs.deliver(terminate_body())
-    await running.until(lambda: running.sqs.deleted)
+    deleted = "queue_processor_messages_deleted_total"
+    await running.until(lambda: running.count(deleted, queue=QUEUE, kind="asg-terminate-lifecycle") == 1)
     assert running.handler.heartbeats.started == ["tok-1"]  # on receipt, before the handler ran
     assert running.sqs.deleted == [f"rh-{message_id}-1"]
     assert running.handler.heartbeats.stopped == ["tok-1"]  # nothing beats for a deleted message
@@ -316,7 +317,8 @@ async def test_a_handled_action_is_heartbeated_from_receipt_then_its_message_del
 async def test_a_failed_operation_requeues_with_a_backoff_and_the_action_keeps_beating(make: Any) -> None:
     running = make(Outcome.RETRY)
     message_id = running.sqs.deliver(terminate_body(), receive_count=1)
-    await running.until(lambda: running.sqs.visibility)
+    requeued = "queue_processor_messages_requeued_total"
+    await running.until(lambda: running.count(requeued, queue=QUEUE, kind=KIND) == 1)
     ((handle, backoff),) = running.sqs.visibility
     assert handle == f"rh-{message_id}-1"
     assert 8 <= backoff <= 12  # REQUEUE_BACKOFF_BASE_SEC (10 s) with 20 % jitter, first receive
