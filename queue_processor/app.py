@@ -125,6 +125,7 @@ async def run_controller(
             in_flight_budget=settings.in_flight_budget,
             visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,
             loops_per_queue=settings.receive_loops_per_queue,
+            wait_s=settings.receive_wait_time_sec,
             observer=metrics,
             poison_visibility_s=settings.poison_visibility_timeout_sec,
             requeue_base_s=settings.requeue_backoff_base_sec,
@@ -142,9 +143,11 @@ async def run_controller(
         try:
             await stop.wait()
         finally:
-            log.info("stopping: EarlyExit for everything in flight")
-            await consumer.shutdown()
+            log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
+            # Bounded whatever AWS or the API server does: the consumer gets the whole budget but a second
+            # for the rest; a request stuck in a worker thread is abandoned, not waited for.
+            await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
             await resolver.close()
             if server is not None:
                 await server.stop()
-            await asyncio.get_running_loop().run_in_executor(None, kube.close)
+            kube.close(wait=False)

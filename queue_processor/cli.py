@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -118,6 +119,19 @@ def run(**flags: Any) -> None:
     settings = _load(flags)
     configure_logging(settings.log_level, settings.json_logging)
     asyncio.run(_run_until_signalled(settings))
+    _exit_if_threads_linger()
+
+
+def _exit_if_threads_linger() -> None:
+    """Exit at once (status 0, output flushed) when a worker thread is still busy after the shutdown: a
+    request stuck on a slow API server must not hold the process past SHUTDOWN_TIMEOUT_SEC, and interpreter
+    exit would join every worker thread."""
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 async def _run_until_signalled(settings: Settings) -> None:

@@ -133,6 +133,26 @@ class Settings(BaseSettings):
         ge=1,
         le=64,
     )
+    receive_wait_time_sec: int = _field(
+        20,
+        "Long-poll wait of each ReceiveMessage call (SQS WaitTimeSeconds). On shutdown the open polls are "
+        "left to end by themselves (at most this long) and what they bring back is made visible at once: a "
+        "poll abandoned by the client may still take messages on the server and hide them.",
+        nth="none: NTH polls with a 20 s wait",
+        unit="seconds",
+        ge=1,
+        le=20,
+    )
+    shutdown_timeout_sec: float = _field(
+        25.0,
+        "The longest a shutdown (SIGTERM, SIGINT) may take: EarlyExit for every operation, messages in "
+        "flight made visible again, open polls ended. Whatever is still running then is abandoned and the "
+        "process exits. Keep it below the pod's terminationGracePeriodSeconds (the chart's is 30 s).",
+        nth="none: NTH has no bound on its shutdown",
+        unit="seconds",
+        gt=0,
+        le=3600,
+    )
     in_flight_budget: int = _field(
         2000,
         "Most messages being handled at once; receiving pauses only when this many are in flight.",

@@ -25,7 +25,7 @@ import asyncio
 import random
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -76,7 +76,7 @@ class Consumer:
         in_flight_budget: int,
         visibility_timeout_s: int,
         loops_per_queue: int = default("receive_loops_per_queue"),
-        wait_s: int = 20,
+        wait_s: int = default("receive_wait_time_sec"),
         observer: Observer = NULL_OBSERVER,
         poison_visibility_s: int = default("poison_visibility_timeout_sec"),
         requeue_base_s: float = default("requeue_backoff_base_sec"),
@@ -96,6 +96,8 @@ class Consumer:
         self._budget = asyncio.Semaphore(in_flight_budget)
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
+        # Receive loops from their poll until its messages are taken: a shutdown lets them finish.
+        self._polling: set[asyncio.Task[Any]] = set()
         self._extender: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
@@ -128,13 +130,36 @@ class Consumer:
         """Operation tasks alive (tests check it returns to zero)."""
         return len(self._operations)
 
-    async def shutdown(self) -> None:
-        """Stop receiving, cancel and await every operation, make their messages visible again at once."""
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """EarlyExit for everything: stop receiving, cancel and await every operation, stop every heartbeat,
+        make the messages held visible again at once, and let the open long polls end by themselves (a poll
+        abandoned by the client may still take messages on the server and hide them until their visibility
+        timeout): whatever they bring back is made visible at once too. Takes at most ``timeout_s`` seconds
+        (SHUTDOWN_TIMEOUT_SEC; ``None``: no bound); past it, whatever is left is cancelled, with an error
+        logged. Raises nothing."""
         self._stopping.set()
-        for task in self._loops:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._shut_down()
+        except TimeoutError:
+            log.error(
+                "shutdown not finished within SHUTDOWN_TIMEOUT_SEC: abandoning what is left",
+                timeout_s=timeout_s,
+                operations=len(self._operations),
+                polls=sum(1 for task in self._loops if not task.done()),
+            )
+        leftovers = [*self._loops, *self._operations.values(), self._extender, self._delete_flusher]
+        tasks = [task for task in leftovers if task is not None and not task.done()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
-        held = self.store.held()  # no receive is left to change a receipt handle; operations may end now
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.handler.heartbeats.close()
+
+    async def _shut_down(self) -> None:
+        for task in self._loops:
+            if task not in self._polling:  # waiting for an in-flight slot: no poll to let end
+                task.cancel()
+        held = self.store.held()  # no new receipt handle can come in now; operations may end below
         operations = list(self._operations.values())
         for task in operations:
             task.cancel()
@@ -146,6 +171,9 @@ class Consumer:
         if self._delete_flusher is not None:
             await asyncio.gather(self._delete_flusher, return_exceptions=True)  # deletes already decided
         await asyncio.gather(*(self._change_visibility(ref, 0) for ref in held), return_exceptions=True)
+        # An open poll takes the messages just made visible and ends at once; its loop makes them visible
+        # again (see _receive_loop) and stops. A poll that finds nothing ends after its wait.
+        await asyncio.gather(*self._loops, return_exceptions=True)
 
     # -------------------------------------------------------------------------------------------- receive
 
@@ -161,6 +189,11 @@ class Consumer:
             while room < 10 and not self._budget.locked():
                 await self._budget.acquire()
                 room += 1
+            if self._stopping.is_set():  # slots taken while a shutdown began: no new poll
+                return
+            current = asyncio.current_task()
+            assert current is not None
+            self._polling.add(current)
             try:
                 answer = await call(
                     self.sqs.receive_message,
@@ -171,10 +204,12 @@ class Consumer:
                     MessageSystemAttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
                 )
             except asyncio.CancelledError:
+                self._polling.discard(current)
                 for _ in range(room):
                     self._budget.release()
                 raise
             except Exception as exc:
+                self._polling.discard(current)
                 for _ in range(room):
                     self._budget.release()
                 self.observer.error(ErrorWhere.RECEIVE)
@@ -186,13 +221,37 @@ class Consumer:
             messages = answer.get("Messages") or []
             for _ in range(room - len(messages)):
                 self._budget.release()
-            for message in messages:
-                try:
-                    await self._take(queue_url, message)
-                except Exception as exc:  # the loop survives any single message
-                    self.observer.error(ErrorWhere.HANDLE)
-                    log.error("message handling failed", message_id=message.get("MessageId"), error=repr(exc))
-                    self._budget.release()
+            try:
+                for index, message in enumerate(messages):
+                    if self._stopping.is_set():  # this replica is letting its messages go: these too
+                        await self._let_go(queue_url, messages[index:])
+                        return
+                    try:
+                        await self._take(queue_url, message)
+                    except Exception as exc:  # the loop survives any single message
+                        self.observer.error(ErrorWhere.HANDLE)
+                        log.error(
+                            "message handling failed", message_id=message.get("MessageId"), error=repr(exc)
+                        )
+                        self._budget.release()
+            finally:
+                self._polling.discard(current)
+
+    async def _let_go(self, queue_url: str, messages: list[MessageTypeDef]) -> None:
+        """Make messages a poll brought back during shutdown visible again at once (one batch call)."""
+        if not messages:
+            return
+        entries = [
+            {"Id": str(i), "ReceiptHandle": message["ReceiptHandle"], "VisibilityTimeout": 0}
+            for i, message in enumerate(messages)
+        ]
+        try:
+            await call(self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries)
+        except Exception as exc:
+            self.observer.error(ErrorWhere.REQUEUE)
+            log.warning("could not make messages received during shutdown visible", error=repr(exc))
+        else:
+            log.info("messages received during shutdown made visible again", messages=len(messages))
 
     async def _take(self, queue_url: str, message: MessageTypeDef) -> None:
         """One received message; holds one budget slot until it is settled."""

@@ -148,11 +148,14 @@ class KubeClient:
         self.unreachable_at = 0.0
         """``time.monotonic()`` of the last request that got no answer (connection refused, timeout)."""
 
-    def close(self) -> None:
-        """Shut the thread pool down (waits for calls in progress) and close the connection pool."""
-        self._pool.shutdown(wait=True)
-        self._urgent_pool.shutdown(wait=True)
-        self.api.close()  # type: ignore[no-untyped-call]
+    def close(self, *, wait: bool = True) -> None:
+        """Shut the thread pools down and close the connection pool. ``wait``: wait for the calls in progress
+        (each bounded by ``timeout_s``); without it, queued calls are cancelled and calls in progress are
+        abandoned (shutdown must not wait on a slow API server)."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+        self._urgent_pool.shutdown(wait=wait, cancel_futures=not wait)
+        if wait:
+            self.api.close()  # type: ignore[no-untyped-call]
 
     async def request(
         self,

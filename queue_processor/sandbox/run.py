@@ -87,6 +87,8 @@ async def run_scenario(
     scaled = {  # the controller's own waits, in the sandbox's time
         "poison_visibility_timeout_sec": min(max(1, round(sandbox.clock.real(3600))), 2),
         "requeue_backoff_base_sec": max(0.1, sandbox.clock.real(10)),
+        # a stop waits for the open long polls to end
+        "receive_wait_time_sec": min(max(1, round(sandbox.clock.real(20))), 20),
     }
     settings = load_settings(
         **{"prometheus_server_port": 0, "probes_server_port": 0, **scaled, **(overrides or {})}

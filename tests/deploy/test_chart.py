@@ -83,6 +83,8 @@ SAMPLES: dict[str, Any] = {
     "awsEndpoint": "http://localhost:4566",
     "sqsMsgVisibilityTimeoutSec": 300,
     "receiveLoopsPerQueue": 4,
+    "receiveWaitTimeSec": 10,
+    "shutdownTimeoutSec": 20.5,
     "inFlightBudget": 500,
     "poisonVisibilityTimeoutSec": 600,
     "requeueBackoffBaseSec": 2.5,

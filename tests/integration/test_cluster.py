@@ -245,7 +245,7 @@ async def controller(
     }
     for key, value in values.items():
         monkeypatch.setenv(key, value)
-    settings = load_settings(prometheus_server_port=0, probes_server_port=0)
+    settings = load_settings(prometheus_server_port=0, probes_server_port=0, receive_wait_time_sec=2)
     stop = asyncio.Event()
     started: list[Controller] = []
     task = asyncio.create_task(

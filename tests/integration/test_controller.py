@@ -98,7 +98,12 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 20.0, what: st
 
 @asynccontextmanager
 async def controller(sandbox: Sandbox, **overrides: Any) -> AsyncIterator[Running]:
-    defaults = {"prometheus_server_port": 0, "probes_server_port": 0, "poison_visibility_timeout_sec": 1}
+    defaults = {
+        "prometheus_server_port": 0,
+        "probes_server_port": 0,
+        "poison_visibility_timeout_sec": 1,
+        "receive_wait_time_sec": 2,  # a stop lets the open long polls end
+    }
     settings: Settings = load_settings(**{**defaults, **overrides})
     stop = asyncio.Event()
     started: list[Controller] = []
@@ -257,6 +262,25 @@ async def test_a_requeued_action_is_heartbeated_through_its_backoff_and_not_afte
     completed_at = next(c.time for c in calls if c.operation == "CompleteLifecycleAction" and c.ok)
     assert not [c for c in calls if c.operation == "RecordLifecycleActionHeartbeat" and c.time > completed_at]
     assert running.controller.handler.heartbeats.running == 0
+
+
+async def test_after_a_stop_every_message_in_flight_stays_visible(sandbox: Sandbox) -> None:
+    # Four terminate actions whose drains a PodDisruptionBudget holds. Before: the stop cancelled the long
+    # polls on the client side, but they stayed open in SQS (moto's server) and took the messages just made
+    # visible, hiding them for a whole visibility timeout. Now the polls end first, and whatever they bring
+    # back is made visible again.
+    sandbox.kube.set_pdb(sandbox.cluster.namespace, "app-000", max_unavailable=0)
+    sandbox.kube.set_pdb(sandbox.cluster.namespace, "app-001", max_unavailable=0)
+    instances = [node_of(sandbox, index)[0] for index in range(4)]
+    async with controller(
+        sandbox, node_termination_grace_period=60, receive_loops_per_queue=2, receive_wait_time_sec=5
+    ) as running:
+        for instance_id in instances:
+            sandbox.aws.terminate_instance(instance_id)
+        await until(lambda: running.controller.store.held_count == 4, timeout_s=30, what="4 messages held")
+    assert running.queue_depth() == (4, 0)
+    await asyncio.sleep(1.0)  # a poll left open on the server would take them now
+    assert running.queue_depth() == (4, 0)
 
 
 async def test_no_heartbeat_after_shutdown(sandbox: Sandbox) -> None:

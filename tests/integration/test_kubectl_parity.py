@@ -203,7 +203,7 @@ async def _kubectl_drain(kubectl: Path, kubeconfig: Path, node: str) -> tuple[in
 
 async def _controller_drain(aws: AwsSandbox, kubeconfig: Path, instance_id: str) -> None:
     """The controller in this event loop, until the first drain of the instance's node has ended (requeued)."""
-    settings = load_settings(prometheus_server_port=0, probes_server_port=0)
+    settings = load_settings(prometheus_server_port=0, probes_server_port=0, receive_wait_time_sec=2)
     stop = asyncio.Event()
     started: list[Controller] = []
     task = asyncio.create_task(

@@ -52,6 +52,7 @@ async def drain_one(
             pod_name="queue-processor-0",
             pod_namespace=sandbox.controller_namespace,
             requeue_backoff_base_sec=0.5,
+            receive_wait_time_sec=2,
         )
         stop = asyncio.Event()
         started: list[Controller] = []

@@ -144,11 +144,13 @@ class FakeSqs:
         self.arrived = asyncio.Event()
         self.deleted: list[str] = []
         self.visibility: list[tuple[str, int]] = []
+        self.bodies: dict[str, str] = {}
         self._count = 0
 
     def deliver(self, body: str, message_id: str | None = None, receive_count: int = 1) -> str:
         self._count += 1
         message_id = message_id or f"m-{self._count}"
+        self.bodies[message_id] = body
         self.waiting.append(
             {
                 "MessageId": message_id,
@@ -179,12 +181,18 @@ class FakeSqs:
         return {"Successful": [{"Id": entry["Id"]} for entry in call["Entries"]], "Failed": []}
 
     async def change_message_visibility(self, **call: Any) -> None:
-        self.visibility.append((call["ReceiptHandle"], call["VisibilityTimeout"]))
+        self._changed(call["ReceiptHandle"], call["VisibilityTimeout"])
 
     async def change_message_visibility_batch(self, **call: Any) -> None:
-        self.visibility.extend(
-            (entry["ReceiptHandle"], entry["VisibilityTimeout"]) for entry in call["Entries"]
-        )
+        for entry in call["Entries"]:
+            self._changed(entry["ReceiptHandle"], entry["VisibilityTimeout"])
+
+    def _changed(self, handle: str, seconds: int) -> None:
+        """As SQS: a message made visible (0 s) is offered to the next poll, an open one included."""
+        self.visibility.append((handle, seconds))
+        if seconds == 0:
+            message_id = handle.split("-", 1)[1].rsplit("-", 1)[0]
+            self.deliver(self.bodies[message_id], message_id=message_id)
 
 
 class FakeHeartbeats:
@@ -348,15 +356,35 @@ async def test_a_redelivered_message_joins_its_operation_and_is_settled_with_its
     assert running.consumer.tasks == 0
 
 
-async def test_shutdown_cancels_operations_and_makes_their_messages_visible_at_once() -> None:
+async def test_shutdown_cancels_operations_lets_open_polls_end_and_leaves_every_message_visible() -> None:
+    # A poll still open when this replica makes its messages visible takes them straight back (SQS offers a
+    # visible message to any open poll); the consumer lets them go again instead of holding them hidden.
     running = Running(FakeHandler())
     running.handler.gate = asyncio.Event()  # the operation never ends by itself
     running.consumer.start()
     message_id = running.sqs.deliver(terminate_body())
     await running.until(lambda: running.handler.handled)
-    await running.consumer.shutdown()
+    await asyncio.wait_for(running.consumer.shutdown(timeout_s=10), 30)
     assert running.handler.cancelled == 1
-    assert running.sqs.visibility == [(f"rh-{message_id}-1", 0)]
-    assert running.sqs.deleted == []
     assert running.handler.heartbeats.closed  # nothing beats once this replica lets its messages go
+    assert [m["MessageId"] for m in running.sqs.waiting] == [message_id]  # visible, held by nobody
+    assert running.sqs.visibility
+    assert all(seconds == 0 for _, seconds in running.sqs.visibility)
+    assert running.sqs.deleted == []
     assert running.consumer.tasks == 0
+    assert all(task.done() for task in running.consumer._loops)
+
+
+async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
+    class Hangs(FakeSqs):
+        async def receive_message(self, **call: Any) -> dict[str, Any]:
+            await asyncio.Event().wait()  # an endpoint that never answers
+            return {}
+
+    running = Running(FakeHandler())
+    running.sqs = Hangs()
+    running.consumer.sqs = running.sqs  # type: ignore[assignment]
+    running.consumer.start()
+    await running.until(lambda: running.consumer._polling)
+    await asyncio.wait_for(running.consumer.shutdown(timeout_s=0.2), 30)  # returns: the bound held
+    assert all(task.done() for task in running.consumer._loops)

@@ -58,6 +58,8 @@ AWS_REGION: awsRegion
 AWS_ENDPOINT: awsEndpoint
 SQS_MSG_VISIBILITY_TIMEOUT_SEC: sqsMsgVisibilityTimeoutSec
 RECEIVE_LOOPS_PER_QUEUE: receiveLoopsPerQueue
+RECEIVE_WAIT_TIME_SEC: receiveWaitTimeSec
+SHUTDOWN_TIMEOUT_SEC: shutdownTimeoutSec
 IN_FLIGHT_BUDGET: inFlightBudget
 POISON_VISIBILITY_TIMEOUT_SEC: poisonVisibilityTimeoutSec
 REQUEUE_BACKOFF_BASE_SEC: requeueBackoffBaseSec
