@@ -228,13 +228,23 @@ async def test_a_notice_joined_by_other_kinds_keeps_its_whole_drain_time(sandbox
     # A rebalance recommendation and a state change carry no notice: their start time is when they were
     # sent. Joined to a Spot warning's operation, they must not cut its drain to nothing (which would
     # requeue it and drain on a later receive).
+    # On a loaded machine the drain may still not finish inside the (scaled) notice, so a requeue is allowed;
+    # a drain cut short is not: none may end incomplete within half a second (the notice lasts seconds).
     instance_id, node = node_of(sandbox, 1)
     async with controller(sandbox) as running:
         sandbox.aws.rebalance_recommendation(instance_id)
         sandbox.aws.spot_interruption(instance_id)
         await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
-        assert requeued(running) == 0
     assert running.evicted(node)
+    cut_short = [
+        sample.value
+        for metric in running.controller.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "queue_processor_drain_duration_seconds_bucket"
+        and sample.labels["result"] == "timeout"
+        and sample.labels["le"] == "0.5"
+    ]
+    assert sum(cut_short) == 0, "a drain ended at once: its deadline was cut to nothing"
 
 
 async def test_a_requeued_action_is_heartbeated_through_its_backoff_and_not_after_shutdown(
