@@ -92,7 +92,12 @@ class Settings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        case_sensitive=False, env_ignore_empty=True, extra="ignore", populate_by_name=True, frozen=True
+        case_sensitive=False,
+        env_ignore_empty=True,
+        extra="ignore",
+        populate_by_name=True,
+        frozen=True,
+        allow_inf_nan=False,  # KUBE_API_QPS=inf is a mistake, not a setting
     )
 
     # --- the queue
@@ -159,6 +164,7 @@ class Settings(BaseSettings):
         nth="none: NTH's WORKERS (default 10) bounded whole events; not needed",
         unit="messages",
         ge=1,
+        le=100_000,
     )
     poison_visibility_timeout_sec: int = _field(
         3600,
@@ -251,6 +257,7 @@ class Settings(BaseSettings):
         nth="none: NTH's WORKERS (default 10) capped concurrent events",
         unit="nodes",
         ge=1,
+        le=100_000,
     )
     use_apiserver_cache: bool = _field(
         False,
@@ -267,6 +274,7 @@ class Settings(BaseSettings):
         ),
         unit="requests/second",
         gt=0,
+        le=100_000,
     )
     kube_api_burst: int = _field(
         300,
@@ -274,6 +282,7 @@ class Settings(BaseSettings):
         nth="new here: NTH runs with client-go's default burst of 10",
         unit="requests",
         ge=1,
+        le=100_000,
     )
     node_leases: bool = _field(
         False,
@@ -392,6 +401,13 @@ class Settings(BaseSettings):
     def _check_url(cls, value: str) -> str:
         if value and not re.match(r"^https?://[^/\s]+", value):
             raise ValueError("must be an http(s) URL")
+        return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook_url(cls, value: SecretStr) -> SecretStr:
+        if value.get_secret_value():
+            cls._check_url(value.get_secret_value())
         return value
 
     @field_validator("queue_urls")

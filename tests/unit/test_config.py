@@ -98,6 +98,21 @@ def test_environment_and_nth_aliases(
         ({"TAINT_EFFECT": "Sometimes"}, "TAINT_EFFECT=Sometimes: Input should be"),
         ({"DRY_RUN": "perhaps"}, "DRY_RUN=perhaps: Input should be a valid boolean"),
         ({"KUBE_API_QPS": "0"}, "KUBE_API_QPS=0: Input should be greater than 0"),
+        ({"KUBE_API_QPS": "inf"}, "KUBE_API_QPS=inf: Input should be a finite number"),
+        ({"KUBE_API_QPS": "nan"}, "KUBE_API_QPS=nan"),
+        (
+            {"KUBE_API_BURST": "1000000"},
+            "KUBE_API_BURST=1000000: Input should be less than or equal to 100000",
+        ),
+        ({"IN_FLIGHT_BUDGET": "1e30"}, "IN_FLIGHT_BUDGET=1e30: Input should be a valid integer"),
+        ({"IN_FLIGHT_BUDGET": "1000000"}, "IN_FLIGHT_BUDGET=1000000: Input should be less than or equal to"),
+        ({"DRAIN_BUDGET": "1000000"}, "DRAIN_BUDGET=1000000: Input should be less than or equal to"),
+        ({"WEBHOOK_URL": "not a url"}, "WEBHOOK_URL: must be an http(s) URL"),
+        ({"SHUTDOWN_TIMEOUT_SEC": "0"}, "SHUTDOWN_TIMEOUT_SEC=0: Input should be greater than 0"),
+        (
+            {"RECEIVE_WAIT_TIME_SEC": "21"},
+            "RECEIVE_WAIT_TIME_SEC=21: Input should be less than or equal to 20",
+        ),
         (
             {"NODE_TERMINATION_GRACE_PERIOD": "soon"},
             "NODE_TERMINATION_GRACE_PERIOD=soon: Input should be a valid integer",
