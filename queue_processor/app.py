@@ -15,13 +15,14 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from queue_processor import __version__
 from queue_processor.aws import AwsClients
 from queue_processor.coalesce import EventStore
-from queue_processor.config import Settings
+from queue_processor.config import Settings, StartupError
 from queue_processor.consumer import Consumer
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
@@ -65,7 +66,10 @@ async def run_controller(
 ) -> None:
     """Run until ``stop`` is set. ``kubeconfig`` overrides the in-cluster / KUBECONFIG lookup; ``serve``
     starts the probe and metrics server; ``started`` is called with the :class:`Controller` once it
-    consumes. Raises what start-up raises (AWS or Kubernetes configuration)."""
+    consumes. Raises :class:`~queue_processor.config.StartupError` (one line naming the setting) when the
+    kubeconfig cannot be used, a port cannot be bound, or SQS refuses the first receives for good (the queue
+    does not exist, the credentials are missing or refused); what may heal (an endpoint not reachable yet)
+    is retried, with /readyz failing meanwhile."""
     metrics = Metrics(__version__)
     async with AwsClients(settings, observer=metrics) as aws:
         kube = KubeClient(
@@ -135,14 +139,23 @@ async def run_controller(
             server.add_liveness("receive-loops", consumer.alive)
             server.add_readiness("sqs", lambda: time.monotonic() - consumer.answered_at < 120)
             server.add_readiness("kubernetes", kube.reachable)
-            await server.start()
+            try:
+                await server.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"PROMETHEUS_SERVER_PORT={settings.prometheus_server_port} / PROBES_SERVER_PORT="
+                    f"{settings.probes_server_port}: cannot listen: {exc.strerror or exc}"
+                ) from None
         consumer.start()
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
         if started is not None:
             started(Controller(consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, server))
+        stopped = asyncio.ensure_future(stop.wait())
         try:
-            await stop.wait()
+            waiting: set[asyncio.Future[Any]] = {stopped, consumer.refused}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopped.cancel()
             log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
             # Bounded whatever AWS or the API server does: the consumer gets the whole budget but a second
             # for the rest; a request stuck in a worker thread is abandoned, not waited for.
@@ -151,3 +164,5 @@ async def run_controller(
             if server is not None:
                 await server.stop()
             kube.close(wait=False)
+        if consumer.refused.done():
+            raise StartupError(consumer.refused.result())

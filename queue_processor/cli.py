@@ -34,7 +34,14 @@ from rich.table import Table
 
 from queue_processor import __version__
 from queue_processor.app import run_controller
-from queue_processor.config import ConfigError, Settings, configuration_markdown, env_name, load_settings
+from queue_processor.config import (
+    ConfigError,
+    Settings,
+    StartupError,
+    configuration_markdown,
+    env_name,
+    load_settings,
+)
 from queue_processor.observe.logs import configure_logging
 from queue_processor.parse import ParseResult, parse
 
@@ -114,15 +121,22 @@ def run(**flags: Any) -> None:
 
     Settings come from the environment and these flags (docs/configuration.md). Kubernetes: the in-cluster
     service account, else KUBECONFIG. SIGTERM/SIGINT stop receiving, make every message in flight visible
-    again at once, and exit. Exits 2 with one line naming the variable when a setting is bad.
+    again at once, and exit within SHUTDOWN_TIMEOUT_SEC. Exits 2 with one line naming the variable when a
+    setting is bad, or when start-up finds one unusable (a kubeconfig that cannot be read, a port in use, a
+    queue that does not exist, AWS credentials missing or refused).
     """
     settings = _load(flags)
     configure_logging(settings.log_level, settings.json_logging)
-    asyncio.run(_run_until_signalled(settings))
+    try:
+        asyncio.run(_run_until_signalled(settings))
+    except StartupError as exc:
+        click.echo(f"queue-processor: cannot start: {exc}", err=True)
+        _exit_if_threads_linger(2)
+        raise click.exceptions.Exit(2) from None
     _exit_if_threads_linger()
 
 
-def _exit_if_threads_linger() -> None:
+def _exit_if_threads_linger(status: int = 0) -> None:
     """Exit at once (status 0, output flushed) when a worker thread is still busy after the shutdown: a
     request stuck on a slow API server must not hold the process past SHUTDOWN_TIMEOUT_SEC, and interpreter
     exit would join every worker thread."""
@@ -131,7 +145,7 @@ def _exit_if_threads_linger() -> None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(status)
 
 
 async def _run_until_signalled(settings: Settings) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "REQUEUE_MAX_S",
     "ConfigError",
     "Settings",
+    "StartupError",
     "configuration_markdown",
     "default",
     "env_name",
@@ -49,6 +50,12 @@ _QUEUE_URL_REGION = re.compile(
 
 class ConfigError(ValueError):
     """A setting is missing or invalid; ``str()`` is one line naming the variable(s)."""
+
+
+class StartupError(ConfigError):
+    """Start-up found the environment unusable in a way that will not heal by waiting (a kubeconfig that
+    cannot be read, a port in use, a queue that does not exist, credentials refused); ``str()`` is one line
+    naming the setting and what was wrong. ``queue-processor run`` prints it and exits 2."""
 
 
 def region_from_queue_url(url: str) -> str | None:

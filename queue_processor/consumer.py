@@ -28,8 +28,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from botocore.exceptions import NoCredentialsError
 
-from queue_processor.aws import call
+from queue_processor.aws import call, error_code
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import SqsMessageRef
@@ -48,6 +49,29 @@ log = structlog.get_logger("queue_processor.consumer")
 
 #: How long deletes wait for company before a DeleteMessageBatch call (seconds).
 DELETE_WINDOW_S = 0.02
+
+
+#: SQS error codes that no retry will heal: the queue is not there, or these credentials may not use it.
+_REFUSALS = {
+    "AWS.SimpleQueueService.NonExistentQueue": "the queue does not exist",
+    "QueueDoesNotExist": "the queue does not exist",
+    "AccessDenied": "access denied",
+    "AccessDeniedException": "access denied",
+    "InvalidClientTokenId": "the AWS credentials are not valid",
+    "UnrecognizedClientException": "the AWS credentials are not valid",
+    "InvalidAccessKeyId": "the AWS credentials are not valid",
+    "SignatureDoesNotMatch": "the AWS secret key does not match",
+    "ExpiredToken": "the AWS credentials have expired",
+    "MissingAuthenticationToken": "no AWS credentials were sent",
+}
+
+
+def _refusal(queue_url: str, exc: BaseException) -> str | None:
+    """One line naming the setting when ``exc`` is a refusal no retry heals, else ``None``."""
+    if isinstance(exc, NoCredentialsError):
+        return "no AWS credentials found (environment, web identity token, or instance profile)"
+    why = _REFUSALS.get(error_code(exc))
+    return f"QUEUE_URL={queue_url}: {why} ({error_code(exc)})" if why is not None else None
 
 
 def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backoff_base_sec")) -> int:
@@ -91,6 +115,10 @@ class Consumer:
         self.observer = observer
         self.answered_at = 0.0
         """``time.monotonic()`` of the last ReceiveMessage SQS answered (readiness)."""
+        self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        """Resolved with one line naming the setting when SQS refuses the very first receives for good (the
+        queue does not exist, the credentials are refused or missing): start-up failed. A refusal after SQS
+        has answered once is logged and retried (credentials may rotate, a policy may be re-attached)."""
         self.poison_visibility_s = poison_visibility_s
         self.requeue_base_s = requeue_base_s
         self._budget = asyncio.Semaphore(in_flight_budget)
@@ -213,6 +241,12 @@ class Consumer:
                 for _ in range(room):
                     self._budget.release()
                 self.observer.error(ErrorWhere.RECEIVE)
+                refused = _refusal(queue_url, exc)
+                if refused is not None and not self.answered_at:  # never answered: a setting, not a blip
+                    log.error("the queue refuses this controller: stopping", queue=queue_url, error=repr(exc))
+                    if not self.refused.done():
+                        self.refused.set_result(refused)
+                    return
                 log.warning("receive failed", queue=queue_url, error=repr(exc))
                 await asyncio.sleep(1.0)
                 continue

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ import urllib3
 from kubernetes import client, config
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from queue_processor.config import default
+from queue_processor.config import StartupError, default
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 
 __all__ = ["KubeClient", "KubeError", "RateLimiter", "load_api_client"]
@@ -98,7 +99,7 @@ def load_api_client(
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
     thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node calls). Raises
-    ``kubernetes.config.ConfigException`` when neither is available."""
+    :class:`~queue_processor.config.StartupError` (one line naming KUBECONFIG) when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
     if kubeconfig is None:
@@ -107,7 +108,15 @@ def load_api_client(
             return client.ApiClient(configuration)
         except config.ConfigException:
             pass
-    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    try:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except Exception as exc:  # a missing file, YAML that does not parse, a context that is not there
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StartupError(
+            f"KUBECONFIG={path}: not in a cluster (no service account) and the kubeconfig cannot be used: "
+            f"{first}"
+        ) from None
     return client.ApiClient(configuration)
 
 
