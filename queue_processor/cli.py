@@ -213,9 +213,10 @@ def config_command(reference: bool, **flags: Any) -> None:
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=1),
-    default=120.0,
-    show_default=True,
-    help="With the controller: give up on the scenario after this many real seconds.",
+    default=None,
+    help="With the controller: give up on the scenario after this many real seconds. Default: 30 s plus "
+    "1,200 simulated seconds in real time (--scale 1: 1,230 s; 0.05: 90 s), so that the scenarios' drains "
+    "and hook timeouts fit at any scale.",
 )
 @click.option(
     "--workdir",
@@ -246,7 +247,7 @@ def sandbox(
     scale: float,
     scenario: str | None,
     controller: bool,
-    timeout_s: float,
+    timeout_s: float | None,
     workdir: Path,
     kubernetes: str,
     exit_after: float | None,
@@ -288,6 +289,8 @@ def sandbox(
         if scenario and controller:
             for key, value in running.env().items():
                 os.environ[key] = value
+            if timeout_s is None:
+                timeout_s = default_timeout_s(scale)
             summary = asyncio.run(_watch_scenario(running, scenario, timeout_s, console))
             ok = as_expected(summary)
             console.print(
@@ -308,6 +311,12 @@ def sandbox(
         table.add_row(outcome, kind, str(count))
     console.print(table)
     click.echo(json.dumps(summary))
+
+
+def default_timeout_s(scale: float) -> float:
+    """The default ``--timeout`` (real seconds) at ``--scale``: 30 s for start-up and the last settles, plus
+    1,200 simulated seconds (the longest scenario's drains and hook timeouts) in real time."""
+    return 30.0 + 1200.0 * scale
 
 
 async def _watch_scenario(
