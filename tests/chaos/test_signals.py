@@ -56,7 +56,7 @@ def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]
 class Controller:
     """``queue-processor run`` in its own process, pointed at the sandbox; its output goes to a log file."""
 
-    def __init__(self, sandbox: Sandbox, log: Path) -> None:
+    def __init__(self, sandbox: Sandbox, log: Path, **extra: str) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -71,6 +71,7 @@ class Controller:
             "SHUTDOWN_TIMEOUT_SEC": "10",
             "NODE_TERMINATION_GRACE_PERIOD": "120",
             "REQUEUE_BACKOFF_BASE_SEC": "1",
+            **extra,
         }
         self.log: IO[str] = log.open("a")
         self.process = subprocess.Popen([SCRIPT, "run"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -126,42 +127,38 @@ def hold_drains(sandbox: Sandbox, held: bool) -> None:
         sandbox.kube.set_pdb(sandbox.cluster.namespace, app, max_unavailable=0 if held else 1)
 
 
-async def start_draining(sandbox: Sandbox, tmp_path: Path) -> tuple[Controller, list[str], list[str]]:
+async def start_draining(
+    sandbox: Sandbox, tmp_path: Path, **extra: str
+) -> tuple[Controller, list[str], list[str]]:
     hold_drains(sandbox, True)
     leaving = sandbox.instances[:LEAVING]
-    tokens = [
-        action.token
-        for instance in leaving
-        for action in sandbox.aws.terminate_instance(instance.instance_id)
-    ]
+    actions = [sandbox.aws.terminate_instance(instance.instance_id) for instance in leaving]
+    tokens = [action.token for started in actions for action in started]
     nodes = [instance.private_dns_name for instance in leaving]
-    first = Controller(sandbox, tmp_path / "controller.log")
+    first = Controller(sandbox, tmp_path / "controller.log", **extra)
     await until(lambda: cordoned(sandbox, nodes) == LEAVING, 60, "every leaving node cordoned")
     return first, tokens, nodes
 
 
-async def finish(sandbox: Sandbox, tmp_path: Path, tokens: list[str]) -> None:
-    """Let the drains go, start the controller again, and check the work is done."""
+async def finish(
+    sandbox: Sandbox, tmp_path: Path, tokens: list[str], again: Controller | None = None
+) -> None:
+    """Let the drains go, start the controller again (or let ``again`` go on), and check the work is done:
+    every action completed (none timed out), no DaemonSet pod evicted, no pod evicted twice."""
     hold_drains(sandbox, False)
-    again = Controller(sandbox, tmp_path / "controller.log")
+    again = again or Controller(sandbox, tmp_path / "controller.log")
     try:
-        await until(
-            lambda: all(sandbox.aws.action(token).status != "open" for token in tokens),
-            120,
-            "every action settled",
-        )
+        settled = lambda: all(sandbox.aws.action(token).status != "open" for token in tokens)  # noqa: E731
+        await until(settled, 120, "every action settled")
         await until(lambda: queue_depth(sandbox) == (0, 0), 60, "the queue empty")
     finally:
         assert again.stop(signal.SIGTERM, 60) == 0
-    assert [sandbox.aws.action(token).status for token in tokens] == ["completed"] * len(
-        tokens
-    )  # none timed out
-    daemonset = [
-        pod
-        for pod in sandbox.kube.evictions
-        if any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
-    ]
-    assert daemonset == []
+    statuses = [sandbox.aws.action(token).status for token in tokens]
+    assert statuses == ["completed"] * len(tokens)
+    owners = [pod["metadata"].get("ownerReferences") or [] for pod in sandbox.kube.evictions]
+    assert not any(ref.get("kind") == "DaemonSet" for refs in owners for ref in refs)
+    evicted = [(pod["metadata"]["namespace"], pod["metadata"]["name"]) for pod in sandbox.kube.evictions]
+    assert len(evicted) == len(set(evicted)), "a pod evicted twice: two drains of one node"
 
 
 async def test_sigterm_mid_drain_exits_in_bound_with_every_message_visible_and_a_restart_finishes(
@@ -184,3 +181,14 @@ async def test_sigkill_mid_drain_and_a_restart_finishes_the_work(sandbox: Sandbo
     assert first.stop(signal.SIGKILL, 30) == -signal.SIGKILL
     assert queue_depth(sandbox) == (0, LEAVING)  # hidden until their visibility timeout (10 s)
     await finish(sandbox, tmp_path, tokens)
+
+
+async def test_two_replicas_with_leases_one_killed_mid_drain_the_other_finishes(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    namespace = sandbox.env().get("POD_NAMESPACE", "default")
+    leases = {"NODE_LEASES": "true", "NODE_LEASE_DURATION_SEC": "15", "POD_NAMESPACE": namespace}
+    first, tokens, _ = await start_draining(sandbox, tmp_path, POD_NAME="replica-a", **leases)
+    second = Controller(sandbox, tmp_path / "controller.log", POD_NAME="replica-b", **leases)
+    assert first.stop(signal.SIGKILL, 30) == -signal.SIGKILL  # its Leases lapse, its messages come back
+    await finish(sandbox, tmp_path, tokens, again=second)
