@@ -259,7 +259,11 @@ def sandbox(
     KUBECONFIG; with --kubernetes real also POD_NAMESPACE, and WORKDIR/admin.kubeconfig for kubectl). With
     --scenario (and the controller, the default), runs the controller in the same process,
     shows its progress, and ends with a summary whose last line is JSON; exits 0 only when the scenario ended
-    as expected. Without a scenario or with --no-controller, serves until Ctrl-C (or --exit-after).
+    as expected. Without a scenario or with --no-controller, serves until Ctrl-C, SIGTERM or --exit-after,
+    then judges whatever ran against it (a controller in another process, several replicas, or
+    aws-node-termination-handler): the last line is JSON with drained, cordoned, evicted,
+    lifecycle_completed, lifecycle_timed_out, daemonset_pods_evicted, messages_left, dlq, heartbeats_after_end,
+    nodes_drained_twice and evictions_denied (see queue_processor.sandbox.run.judge).
     """
     # The sandbox needs the `sandbox` extra (moto): imported here, so `run` works without it.
     from queue_processor.sandbox.environment import Sandbox, SandboxOptions
@@ -301,16 +305,23 @@ def sandbox(
         stop = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
+        published_at = time.monotonic()
         done: dict[str, Any] = running.publish(scenario) if scenario else {}
         if scenario:
             console.print(f"  scenario [bold]{scenario}[/]: {done}")
         stop.wait(exit_after)
         summary = _sandbox_summary(running, scenario, nodes, time.monotonic() - started)
+        from queue_processor.sandbox.run import judge
+
+        node_names = [instance.private_dns_name for instance in running.instances]
+        verdict = judge(running, node_names, published_at)
     table = Table("outcome", "kind", "messages", title="published to the queue")
     for (outcome, kind), count in sorted(summary.pop("_rows").items()):
         table.add_row(outcome, kind, str(count))
     console.print(table)
-    click.echo(json.dumps(summary))
+    verdict.pop("progress")
+    messages = summary.pop("published")
+    click.echo(json.dumps({**summary, "published": done, "messages_published": messages, **verdict}))
 
 
 def default_timeout_s(scale: float) -> float:

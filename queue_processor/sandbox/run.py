@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
 from queue_processor.sandbox.environment import Sandbox
 
-__all__ = ["Progress", "as_expected", "run_scenario"]
+__all__ = ["Progress", "as_expected", "judge", "run_scenario"]
 
 
 @dataclass
@@ -72,6 +73,73 @@ def progress_of(sandbox: Sandbox, nodes: list[str], started: float) -> Progress:
         dlq=dlq,
         seconds=round(time.monotonic() - started, 2),
     )
+
+
+def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
+    """What the sandbox saw happen to ``nodes`` since ``started`` (``time.monotonic()``), whoever did it: the
+    controller in this process, another process, several replicas, or aws-node-termination-handler. Read
+    from the sandbox alone (its API server, its lifecycle actions, its queue):
+
+    - ``drained``: nodes cordoned (or gone) with no pod left on them but DaemonSet and mirror pods;
+    - ``cordoned``, ``evicted``, ``lifecycle_completed``, ``lifecycle_timed_out``, ``messages_left`` (visible
+      and in flight), ``dlq``: as in :class:`Progress`;
+    - ``daemonset_pods_evicted``: evicted pods a DaemonSet owns (kubectl drain leaves them);
+    - ``heartbeats_after_end``: RecordLifecycleActionHeartbeat calls answered "No active Lifecycle Action"
+      (the action was completed, abandoned or timed out already);
+    - ``nodes_drained_twice``: nodes one of whose pods was evicted twice (two drains at once);
+    - ``evictions_denied``: eviction requests answered 403 Forbidden (on the real control plane; the
+      emulation has no RBAC and answers none).
+    """
+    state = progress_of(sandbox, nodes, started)
+    wanted = set(nodes)
+    pods = sandbox.kube.objects("pods")
+    busy = {
+        pod["spec"].get("nodeName")
+        for pod in pods
+        if pod["spec"].get("nodeName") in wanted
+        and not any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
+        and "kubernetes.io/config.mirror" not in (pod["metadata"].get("annotations") or {})
+    }
+    present = {node["metadata"]["name"]: node for node in sandbox.kube.objects("nodes")}
+    drained = sum(
+        1
+        for name in nodes
+        if name not in busy
+        and (name not in present or (present[name].get("spec") or {}).get("unschedulable"))
+    )
+    evictions = sandbox.kube.evictions
+    counts = Counter((pod["metadata"]["namespace"], pod["metadata"]["name"]) for pod in evictions)
+    twice = {
+        pod["spec"].get("nodeName")
+        for pod in evictions
+        if counts[(pod["metadata"]["namespace"], pod["metadata"]["name"])] > 1
+    }
+    denied_of = getattr(sandbox.kube, "denied", None)
+    denied = sum(n for (_, what), n in denied_of().items() if "eviction" in what) if denied_of else 0
+    return {
+        "drained": drained,
+        "cordoned": state.cordoned,
+        "evicted": state.evicted,
+        "lifecycle_completed": state.completed,
+        "lifecycle_timed_out": state.timed_out,
+        "daemonset_pods_evicted": sum(
+            1
+            for pod in evictions
+            if any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
+        ),
+        "messages_left": state.visible + state.in_flight,
+        "dlq": state.dlq,
+        "heartbeats_after_end": sum(
+            1
+            for call in sandbox.aws.calls()
+            if call.operation == "RecordLifecycleActionHeartbeat"
+            and "No active Lifecycle Action" in call.outcome
+        ),
+        "nodes_drained_twice": len(twice - {None}),
+        "evictions_denied": denied,
+        "seconds": state.seconds,
+        "progress": asdict(state),
+    }
 
 
 async def run_scenario(
@@ -129,37 +197,13 @@ async def run_scenario(
     heartbeat_tasks = sum(
         1 for t in asyncio.all_tasks() if t.get_name().startswith("heartbeat-") and not t.done()
     )
-    controller = controllers[0]
-    drained = sum(
-        sample.value
-        for metric in controller.metrics.registry.collect()
-        if metric.name == "actions"
-        for sample in metric.samples
-        if sample.name == "actions_total"
-        and sample.labels.get("node_action") == "cordon-and-drain"
-        and sample.labels.get("node_status") == "success"
-    )
-    daemonset_evicted = sum(
-        1
-        for pod in sandbox.kube.evictions
-        if any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
-    )
     return {
         "scenario": scenario,
         "nodes": len(nodes),
         "published": published,
-        "drained": int(drained),
-        "cordoned": state.cordoned,
-        "evicted": state.evicted,
-        "lifecycle_completed": state.completed,
-        "lifecycle_timed_out": state.timed_out,
-        "daemonset_pods_evicted": daemonset_evicted,
-        "messages_left": state.visible + state.in_flight,
-        "dlq": state.dlq,
+        **judge(sandbox, nodes, started),
         "heartbeat_tasks_left": heartbeat_tasks,
-        "operation_tasks_left": controller.consumer.tasks,
-        "seconds": state.seconds,
-        "progress": asdict(state),
+        "operation_tasks_left": controllers[0].consumer.tasks,
     }
 
 

@@ -164,7 +164,9 @@ def test_the_sandbox_command_without_the_controller(tmp_path: Path) -> None:
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["scenario"] == "asg-scale-in"
     assert summary["nodes"] == 4
-    assert summary["published"] >= 2
+    assert summary["published"] == {"terminating": 2}  # the scenario's own account
+    assert summary["messages_published"] >= 2
+    assert summary["lifecycle_completed"] == 0  # nobody ran a controller: the judge says so
     assert (tmp_path / "sb" / "kubeconfig").is_file()
     assert "QUEUE_URL=" in (tmp_path / "sb" / "sandbox.env").read_text()
 
