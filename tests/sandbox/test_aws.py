@@ -483,6 +483,172 @@ def test_scale_in_without_hook_terminates_at_once(
     assert [e.state for e in events] == ["shutting-down", "terminated"]
 
 
+# ------------------------------------------------------------------- scale-in requests through the hooks
+
+
+def group_view(asc: Any, name: str) -> tuple[int, dict[str, str]]:
+    """The group's DesiredCapacity and {instance ID: LifecycleState}, as DescribeAutoScalingGroups answers."""
+    (group,) = asc.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+    return group["DesiredCapacity"], {i["InstanceId"]: i["LifecycleState"] for i in group["Instances"]}
+
+
+def assert_waiting_on_hook(
+    sandbox: AwsSandbox, asc: Any, sqs: Any, queue: SandboxQueue, asg_name: str, instance_ids: list[str]
+) -> dict[str, str]:
+    """Each instance is in Terminating:Wait with one open action, announced once in the queue; {ID: token}."""
+    for instance_id in instance_ids:
+        assert lifecycle_state(asc, instance_id) == "Terminating:Wait"
+    opened = {a.instance_id: a.token for a in sandbox.actions(status="open")}
+    assert sorted(opened) == sorted(instance_ids)
+    events = events_of(receive(sqs, queue.url, len(instance_ids)))
+    assert all(isinstance(e, AsgTerminateLifecycleEvent) for e in events)
+    assert {e.instance_id: e.lifecycle_action_token for e in events} == opened
+    assert {(e.auto_scaling_group_name, e.lifecycle_hook_name) for e in events} == {
+        (asg_name, TERMINATE_HOOK)
+    }
+    return opened
+
+
+def complete_all(
+    sandbox: AwsSandbox,
+    asc: Any,
+    ec2: Any,
+    sqs: Any,
+    queue: SandboxQueue,
+    asg_name: str,
+    opened: dict[str, str],
+) -> None:
+    """CONTINUE every action over HTTP: each instance is terminated and leaves the group."""
+    for instance_id in opened:
+        asc.complete_lifecycle_action(
+            AutoScalingGroupName=asg_name,
+            LifecycleHookName=TERMINATE_HOOK,
+            InstanceId=instance_id,
+            LifecycleActionResult="CONTINUE",
+        )
+    for instance_id, token in opened.items():
+        final = sandbox.wait_for_action(token)
+        assert (final.status, final.result) == ("completed", "CONTINUE")
+        assert ec2_state(ec2, instance_id) == "terminated"
+        assert lifecycle_state(asc, instance_id) is None
+    changes = events_of(receive(sqs, queue.url, 2 * len(opened)))
+    assert {(e.instance_id, e.state) for e in changes} == {
+        (instance_id, state) for instance_id in opened for state in ("shutting-down", "terminated")
+    }
+
+
+def test_terminate_instance_in_group_with_decrement_goes_through_the_hook(
+    sandbox: AwsSandbox, queue: SandboxQueue, asc: Any, ec2: Any, sqs: Any
+) -> None:
+    target, *others = (i.instance_id for i in sandbox.create_asg("api-terminate", 3))
+    answer = asc.terminate_instance_in_auto_scaling_group(
+        InstanceId=target, ShouldDecrementDesiredCapacity=True
+    )
+    activity = answer["Activity"]
+    assert activity["AutoScalingGroupName"] == "api-terminate"
+    assert activity["Description"] == f"Terminating EC2 instance: {target}"
+    assert "shrinking the capacity from 3 to 2" in activity["Cause"]
+
+    opened = assert_waiting_on_hook(sandbox, asc, sqs, queue, "api-terminate", [target])
+    assert ec2_state(ec2, target) == "running"
+    assert group_view(asc, "api-terminate") == (
+        2,
+        {target: "Terminating:Wait", **dict.fromkeys(others, "InService")},
+    )
+    # Already terminating: AWS refuses a second termination.
+    status, code, _ = error_of(
+        lambda: asc.terminate_instance_in_auto_scaling_group(
+            InstanceId=target, ShouldDecrementDesiredCapacity=True
+        )
+    )
+    assert (status, code) == (400, "ValidationError")
+
+    complete_all(sandbox, asc, ec2, sqs, queue, "api-terminate", opened)
+    assert group_view(asc, "api-terminate") == (2, dict.fromkeys(others, "InService"))
+
+
+def test_terminate_instance_in_group_keeping_capacity_goes_through_the_hook(
+    sandbox: AwsSandbox, queue: SandboxQueue, asc: Any, ec2: Any, sqs: Any
+) -> None:
+    target, other = (i.instance_id for i in sandbox.create_asg("api-keep", 2))
+    answer = asc.terminate_instance_in_auto_scaling_group(
+        InstanceId=target, ShouldDecrementDesiredCapacity=False
+    )
+    assert "shrinking" not in answer["Activity"]["Cause"]
+    opened = assert_waiting_on_hook(sandbox, asc, sqs, queue, "api-keep", [target])
+    desired, states = group_view(asc, "api-keep")
+    assert desired == 2
+    (replacement,) = set(states) - {target, other}  # moto's own replacement launch
+    assert states == {target: "Terminating:Wait", other: "InService", replacement: "InService"}
+
+    complete_all(sandbox, asc, ec2, sqs, queue, "api-keep", opened)
+    assert group_view(asc, "api-keep") == (2, {other: "InService", replacement: "InService"})
+
+
+def test_set_desired_capacity_lower_goes_through_the_hook(
+    sandbox: AwsSandbox, queue: SandboxQueue, asc: Any, ec2: Any, sqs: Any
+) -> None:
+    protected, first, second = (i.instance_id for i in sandbox.create_asg("api-desired", 3))
+    asc.set_instance_protection(
+        AutoScalingGroupName="api-desired", InstanceIds=[protected], ProtectedFromScaleIn=True
+    )
+    asc.set_desired_capacity(AutoScalingGroupName="api-desired", DesiredCapacity=1)
+
+    opened = assert_waiting_on_hook(sandbox, asc, sqs, queue, "api-desired", [first, second])
+    assert group_view(asc, "api-desired") == (
+        1,
+        {protected: "InService", first: "Terminating:Wait", second: "Terminating:Wait"},
+    )
+    complete_all(sandbox, asc, ec2, sqs, queue, "api-desired", opened)
+    assert group_view(asc, "api-desired") == (1, {protected: "InService"})
+
+    # Raising it stays moto's: one more InService instance, no lifecycle action.
+    asc.set_desired_capacity(AutoScalingGroupName="api-desired", DesiredCapacity=2)
+    desired, states = group_view(asc, "api-desired")
+    assert (desired, sorted(states.values())) == (2, ["InService", "InService"])
+    assert sandbox.actions(status="open") == []
+
+
+def test_update_auto_scaling_group_lower_goes_through_the_hook(
+    sandbox: AwsSandbox, queue: SandboxQueue, asc: Any, ec2: Any, sqs: Any
+) -> None:
+    first, second, third = (i.instance_id for i in sandbox.create_asg("api-update", 3))
+    asc.update_auto_scaling_group(AutoScalingGroupName="api-update", DesiredCapacity=2)
+    by_desired = assert_waiting_on_hook(sandbox, asc, sqs, queue, "api-update", [first])
+    assert group_view(asc, "api-update")[0] == 2
+
+    asc.update_auto_scaling_group(AutoScalingGroupName="api-update", MaxSize=1)  # below the capacity
+    (by_max,) = [a for a in sandbox.actions(status="open") if a.instance_id != first]
+    assert by_max.instance_id == second
+    events = events_of(receive(sqs, queue.url, 1))
+    assert [(type(e), e.instance_id, e.lifecycle_action_token) for e in events] == [
+        (AsgTerminateLifecycleEvent, second, by_max.token)
+    ]
+    assert group_view(asc, "api-update") == (
+        1,
+        {first: "Terminating:Wait", second: "Terminating:Wait", third: "InService"},
+    )
+    complete_all(sandbox, asc, ec2, sqs, queue, "api-update", {**by_desired, second: by_max.token})
+    assert group_view(asc, "api-update") == (1, {third: "InService"})
+
+
+def test_scale_in_requests_without_terminate_hook_stay_moto(
+    sandbox: AwsSandbox, queue: SandboxQueue, asc: Any, ec2: Any, sqs: Any
+) -> None:
+    instances = [i.instance_id for i in sandbox.create_asg("api-no-hook", 3, terminate_hook=False)]
+    asc.set_desired_capacity(AutoScalingGroupName="api-no-hook", DesiredCapacity=2)
+    desired, states = group_view(asc, "api-no-hook")
+    assert (desired, len(states)) == (2, 2)
+    (gone,) = set(instances) - set(states)
+    assert ec2_state(ec2, gone) == "terminated"
+    target = sorted(states)[0]
+    asc.terminate_instance_in_auto_scaling_group(InstanceId=target, ShouldDecrementDesiredCapacity=True)
+    assert ec2_state(ec2, target) == "terminated"
+    assert group_view(asc, "api-no-hook")[0] == 1
+    assert sandbox.actions() == []
+    assert sqs.receive_message(QueueUrl=queue.url, WaitTimeSeconds=0).get("Messages", []) == []
+
+
 def test_direct_notification_to_sqs(sandbox: AwsSandbox, queue: SandboxQueue, asc: Any, sqs: Any) -> None:
     direct = sandbox.create_queue("hook-target")
     instance = sandbox.create_asg(

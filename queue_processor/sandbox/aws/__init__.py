@@ -46,8 +46,19 @@ server also holds while it serves an Auto Scaling, EC2 or EventBridge request; S
 long polls block nobody. :meth:`AwsSandbox.stop` stops the timer thread, closes the server's connections and
 joins every thread it started. One sandbox runs per process at a time: moto's backends are process-wide.
 
-Not modelled: ASG replacement of terminated instances, scale-in through ``SetDesiredCapacity`` or
-``TerminateInstanceInAutoScalingGroup`` (use the scenario methods), SNS notification targets.
+- Scale-in requests through terminate hooks: ``TerminateInstanceInAutoScalingGroup`` (``InstanceId``,
+  ``ShouldDecrementDesiredCapacity``), and ``SetDesiredCapacity`` and ``UpdateAutoScalingGroup`` when they lower
+  the capacity (``DesiredCapacity``, or ``MaxSize`` below it), sent to a group with a terminate hook, put each
+  instance they remove in ``Terminating:Wait`` and open its actions, exactly as
+  :meth:`AwsSandbox.terminate_instance` does (moto terminates it at once). ``SetDesiredCapacity`` and
+  ``UpdateAutoScalingGroup`` remove the first InService instances not protected from scale-in, as
+  :meth:`AwsSandbox.scale_in` does; ``TerminateInstanceInAutoScalingGroup`` answers moto's ``Activity`` and
+  lowers the desired capacity by one only when asked. Raising the capacity, a terminate with the capacity
+  kept (moto launches the replacement) and groups without a terminate hook stay moto's.
+
+Not modelled: launch hooks and listeners for instances moto launches itself (replacements, capacity raised
+through the API), ``ExecutePolicy`` and ``DetachInstances`` through the hooks, the default termination
+policy's balancing across zones, SNS notification targets.
 
 Modules: :mod:`.model` (names, public records, formats), :mod:`.moto_server` (the moto patches, injected
 errors and the threaded server), :mod:`.lifecycle` (the lifecycle-action state machine and its timer

@@ -4,7 +4,12 @@
   method of that name) what moto 5.2.5 lacks, for the running sandbox: ``RecordLifecycleActionHeartbeat`` and
   ``CompleteLifecycleAction`` (served by the sandbox's lifecycle actions), ``PutLifecycleHook`` (moto's, then
   what it drops: notification target, metadata, role, global timeout) and ``DescribeLifecycleHooks`` (the
-  timeouts in the sandbox's real seconds). It also makes moto's private IPs unique within the sandbox and
+  timeouts in the sandbox's real seconds). Scale-in requests honour terminate lifecycle hooks as AWS does
+  ("Amazon EC2 Auto Scaling lifecycle hooks"): ``TerminateInstanceInAutoScalingGroup``, and
+  ``SetDesiredCapacity`` and ``UpdateAutoScalingGroup`` when they lower the capacity, put each instance
+  they remove of a group with a terminate hook in ``Terminating:Wait`` and open its lifecycle actions, as
+  :meth:`AwsSandbox.terminate_instance` does (moto would terminate it at once); groups without such a hook
+  keep moto's behaviour. It also makes moto's private IPs unique within the sandbox and
   its SQS retention check cheap; :func:`uninstall` puts moto back. One sandbox runs per process at a time:
   moto's backends are process-wide.
 - :class:`Faults`: the AWS errors :meth:`AwsSandbox.inject_error` sets up, raised by the added actions.
@@ -24,12 +29,13 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from moto.autoscaling.exceptions import AutoscalingClientError
+from moto.autoscaling.models import FakeAutoScalingGroup
 from moto.autoscaling.responses import AutoScalingResponse
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.models import elastic_network_interfaces as eni_models
@@ -272,6 +278,77 @@ def _describe_lifecycle_hooks(self: Any) -> Any:
     return ActionResult({"LifecycleHooks": hooks})
 
 
+#: Set (per server thread) while a ``SetDesiredCapacity`` or ``UpdateAutoScalingGroup`` request is served: only
+#: then does a group's ``set_desired_capacity`` scale in through terminate hooks (moto also calls it to empty
+#: a group it deletes, which must stay moto's).
+_scaling_request = threading.local()
+_ORIGINAL_TERMINATE = AutoScalingResponse.terminate_instance_in_auto_scaling_group
+_ORIGINAL_SET_DESIRED = AutoScalingResponse.set_desired_capacity
+_ORIGINAL_UPDATE_GROUP = AutoScalingResponse.update_auto_scaling_group
+_ORIGINAL_GROUP_SET_DESIRED = FakeAutoScalingGroup.set_desired_capacity
+
+
+@contextlib.contextmanager
+def _scale_in_through_hooks() -> Iterator[None]:
+    """While the block runs (one request, on this thread), capacity lowered by moto's
+    ``set_desired_capacity`` goes through the terminate hooks (:func:`_group_set_desired_capacity`)."""
+    _scaling_request.active = True
+    try:
+        yield
+    finally:
+        _scaling_request.active = False
+
+
+def _terminate_instance_in_auto_scaling_group(self: Any) -> Any:
+    """``TerminateInstanceInAutoScalingGroup`` (EC2 Auto Scaling API Reference): ``InstanceId`` and
+    ``ShouldDecrementDesiredCapacity`` (default false). For a group with a terminate hook, served by
+    :meth:`AwsSandbox._terminate_in_group` (the instance waits in ``Terminating:Wait``, its actions open; the
+    answer is ``{"Activity": ...}`` in moto's shape; HTTP 400 ``ValidationError`` when the instance is neither
+    InService nor Standby); otherwise moto's."""
+    activity = _current()._terminate_in_group(
+        self._get_param("InstanceId"),
+        self._get_bool_param("ShouldDecrementDesiredCapacity", False),
+    )
+    if activity is None:
+        return _ORIGINAL_TERMINATE(self)
+    return ActionResult({"Activity": activity})
+
+
+def _set_desired_capacity(self: Any) -> Any:
+    """``SetDesiredCapacity`` (EC2 Auto Scaling API Reference): moto's, except that a lower capacity removes
+    instances of a group with a terminate hook through it (:func:`_group_set_desired_capacity`)."""
+    with _scale_in_through_hooks():
+        return _ORIGINAL_SET_DESIRED(self)
+
+
+def _update_auto_scaling_group(self: Any) -> Any:
+    """``UpdateAutoScalingGroup`` (EC2 Auto Scaling API Reference): moto's, except that a capacity lowered by
+    ``DesiredCapacity`` or ``MaxSize`` removes instances of a group with a terminate hook through it
+    (:func:`_group_set_desired_capacity`)."""
+    with _scale_in_through_hooks():
+        return _ORIGINAL_UPDATE_GROUP(self)
+
+
+def _group_set_desired_capacity(group: Any, new_capacity: int | None) -> None:
+    """moto's ``FakeAutoScalingGroup.set_desired_capacity`` (``None``: the group's MinSize), except, while a
+    ``SetDesiredCapacity`` or ``UpdateAutoScalingGroup`` request is served, a scale-in of a group with a
+    terminate hook: :meth:`AwsSandbox._scale_in_to` sets the capacity and puts the instances it removes in
+    ``Terminating:Wait``; the group's load balancers and target groups are then refreshed as moto does."""
+    sandbox = _ACTIVE
+    desired = group.min_size if new_capacity is None else new_capacity
+    if (
+        sandbox is None
+        or not getattr(_scaling_request, "active", False)
+        or not sandbox._scale_in_to(group, desired or 0)
+    ):
+        _ORIGINAL_GROUP_SET_DESIRED(group, new_capacity)
+        return
+    backend = group.autoscaling_backend
+    if group.name in backend.autoscaling_groups:
+        backend.update_attached_elbs(group.name)
+        backend.update_attached_target_groups(group.name)
+
+
 # Injected errors (Throttling, AccessDenied) have no error shape in moto's Auto Scaling model: it warns each time.
 warnings.filterwarnings(
     "ignore", message=r"Exception\(AutoscalingClientError\) with code", category=UserWarning
@@ -279,14 +356,25 @@ warnings.filterwarnings(
 
 _PUT_HOOK = "put_lifecycle_hook"
 _DESCRIBE_HOOKS = "describe_lifecycle_hooks"
-#: The methods added to moto's ``AutoScalingResponse`` (``put_lifecycle_hook`` and
-#: ``describe_lifecycle_hooks`` replace moto's own).
+#: The methods added to moto's ``AutoScalingResponse`` (``put_lifecycle_hook``, ``describe_lifecycle_hooks``
+#: and those of :data:`_REPLACED` replace moto's own).
 _METHODS: dict[str, Callable[[Any], Any]] = {
     "record_lifecycle_action_heartbeat": _record_lifecycle_action_heartbeat,
     "complete_lifecycle_action": _complete_lifecycle_action,
     "put_lifecycle_hook": _put_lifecycle_hook,
     "describe_lifecycle_hooks": _describe_lifecycle_hooks,
+    "terminate_instance_in_auto_scaling_group": _terminate_instance_in_auto_scaling_group,
+    "set_desired_capacity": _set_desired_capacity,
+    "update_auto_scaling_group": _update_auto_scaling_group,
 }
+#: moto's ``AutoScalingResponse`` methods that :data:`_METHODS` replace and :func:`uninstall` puts back
+#: (besides ``put_lifecycle_hook`` and ``describe_lifecycle_hooks``).
+_REPLACED: dict[str, Callable[[Any], Any]] = {
+    "terminate_instance_in_auto_scaling_group": _ORIGINAL_TERMINATE,
+    "set_desired_capacity": _ORIGINAL_SET_DESIRED,
+    "update_auto_scaling_group": _ORIGINAL_UPDATE_GROUP,
+}
+_GROUP_SET_DESIRED = "set_desired_capacity"
 _ORIGINAL_DESCRIBE_HOOKS = AutoScalingResponse.describe_lifecycle_hooks
 _ISSUED_IPS: set[str] = set()
 #: The moto modules that draw instance and interface addresses (each imported the function by name).
@@ -318,7 +406,8 @@ def _retention_check(backend: SQSBackend, queue_name: str, message: Any) -> bool
 
 
 def install(sandbox: AwsSandbox) -> None:
-    """Patch moto for ``sandbox``: the ``AutoScalingResponse`` methods (served by ``sandbox``), unique private
+    """Patch moto for ``sandbox``: the ``AutoScalingResponse`` methods (served by ``sandbox``), the group's
+    ``set_desired_capacity`` (scale-in through terminate hooks during the requests that ask for it), unique private
     IPs (the record of issued ones restarts), the cheap SQS retention check. Raises ``RuntimeError`` when
     another sandbox is installed (moto's state is process-wide)."""
     global _ACTIVE, _ORIGINAL_PUT_HOOK
@@ -331,6 +420,7 @@ def install(sandbox: AwsSandbox) -> None:
         _ORIGINAL_PUT_HOOK = AutoScalingResponse.put_lifecycle_hook
         for name, method in _METHODS.items():
             setattr(AutoScalingResponse, name, method)
+        setattr(FakeAutoScalingGroup, _GROUP_SET_DESIRED, _group_set_desired_capacity)
         setattr(SQSBackend, _RETENTION_CHECK, _retention_check)
         _ISSUED_IPS.clear()
         for module in _IP_MODULES:
@@ -347,6 +437,9 @@ def uninstall(sandbox: AwsSandbox) -> None:
             delattr(AutoScalingResponse, name)
         setattr(AutoScalingResponse, _PUT_HOOK, _ORIGINAL_PUT_HOOK)
         setattr(AutoScalingResponse, _DESCRIBE_HOOKS, _ORIGINAL_DESCRIBE_HOOKS)
+        for name, method in _REPLACED.items():
+            setattr(AutoScalingResponse, name, method)
+        setattr(FakeAutoScalingGroup, _GROUP_SET_DESIRED, _ORIGINAL_GROUP_SET_DESIRED)
         setattr(SQSBackend, _RETENTION_CHECK, _ORIGINAL_RETENTION_CHECK)
         for module in _IP_MODULES:
             setattr(module, "random_private_ip", _ORIGINAL_RANDOM_IP)  # noqa: B010 - not re-exported by moto

@@ -22,6 +22,8 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import botocore.session
+from moto.autoscaling.exceptions import ValidationError
+from moto.autoscaling.models import TerminateInstanceActivity
 from moto.backends import get_backend
 from moto.moto_api._internal.models import moto_api_backend
 
@@ -385,7 +387,11 @@ class AwsSandbox:
         action per hook opens (notification published); without, it terminates now and the EC2 state
         changes ``shutting-down`` and ``terminated`` are published. ``to_warm_pool`` makes the destination
         ``WarmPool`` (instance reuse policy): the instance is stopped into the pool instead. Returns the
-        opened actions. Raises ``ValueError`` when the instance is not InService in a group."""
+        opened actions. Raises ``ValueError`` when the instance is not InService in a group.
+
+        ``TerminateInstanceInAutoScalingGroup``, ``SetDesiredCapacity`` and ``UpdateAutoScalingGroup`` sent
+        over HTTP to a group with a terminate hook take the same path (:meth:`_terminate_in_group`,
+        :meth:`_scale_in_to`)."""
         with self._lock:
             state = self._find_state(instance_id)
             if state is None or state.lifecycle_state != "InService":
@@ -394,19 +400,17 @@ class AwsSandbox:
             group = state.auto_scaling_group
             group.desired_capacity = max(0, (group.desired_capacity or 0) - 1)
             destination = "WarmPool" if to_warm_pool else "EC2"
-            actions = self._open_actions(state, TERMINATE_TRANSITION, "AutoScalingGroup", destination)
-            if not actions:
-                self._finish_transition(state, TERMINATE_TRANSITION, destination, "CONTINUE")
-            return [action.snapshot() for action in actions]
+            return [action.snapshot() for action in self._begin_termination(state, destination)]
 
     def scale_in(self, asg_name: str, count: int) -> list[str]:
-        """:meth:`terminate_instance` for the first ``count`` InService instances of the group; their IDs."""
+        """:meth:`terminate_instance` for ``count`` InService instances of the group (the first ones not
+        protected from scale-in, as :meth:`_scale_in_choice` picks them); their IDs."""
         with self._lock:
             group = self._autoscaling.autoscaling_groups[asg_name]
-            chosen = [s.instance.id for s in group.instance_states if s.lifecycle_state == "InService"]
-            for instance_id in chosen[:count]:
+            chosen = [state.instance.id for state in self._scale_in_choice(group, count)]
+            for instance_id in chosen:
                 self.terminate_instance(instance_id)
-            return chosen[:count]
+            return chosen
 
     def on_instance(self, listener: Callable[[SandboxInstance, str], None]) -> None:
         """Call ``listener(instance, event)`` when an instance starts running in a group (``"launched"``: a
@@ -685,6 +689,85 @@ class AwsSandbox:
         state.lifecycle_state = f"Warmed:{pool_state}"
         if pool_state != "Running":
             self._stop_ec2(state.instance.id)
+
+    # ------------------------------------------------------------------------------------ scale-in internals
+
+    def _begin_termination(self, state: Any, destination: str) -> list[ActionState]:
+        """The terminate transition of one instance (the desired capacity is the caller's business): with
+        terminate hooks it waits in ``Terminating:Wait`` and one action per hook opens and is published;
+        without, it goes to ``destination`` (``EC2``: terminated, ``WarmPool``: stopped into the pool) at once.
+        Returns the opened actions. Called under the lock."""
+        actions = self._open_actions(state, TERMINATE_TRANSITION, "AutoScalingGroup", destination)
+        if not actions:
+            self._finish_transition(state, TERMINATE_TRANSITION, destination, "CONTINUE")
+        return actions
+
+    def _scale_in_choice(self, group: Any, count: int) -> list[Any]:
+        """The instances a scale-in of ``count`` removes from ``group``: its first ``count`` InService
+        instances not protected from scale-in (the sandbox's stand-in for the default termination policy;
+        AWS never picks a protected instance). moto's instance states; called under the lock."""
+        eligible = [
+            state
+            for state in group.instance_states
+            if state.lifecycle_state == "InService" and not state.protected_from_scale_in
+        ]
+        return eligible[: max(0, count)]
+
+    def _has_terminate_hook(self, group: Any) -> bool:
+        """Whether ``group`` is one of the sandbox's region and has an ``autoscaling:EC2_INSTANCE_TERMINATING``
+        lifecycle hook. Called under the lock."""
+        backend = self._autoscaling
+        return backend.autoscaling_groups.get(group.name) is group and any(
+            hook.auto_scaling_group_name == group.name and hook.lifecycle_transition == TERMINATE_TRANSITION
+            for hook in backend.lifecycle_hooks.values()
+        )
+
+    def _terminate_in_group(self, instance_id: str, should_decrement: bool) -> Any | None:
+        """``TerminateInstanceInAutoScalingGroup`` (EC2 Auto Scaling API Reference) for an instance whose group
+        has a terminate hook, as :meth:`terminate_instance` does it: the instance waits in
+        ``Terminating:Wait``, one action per hook opens and is published, the hook's heartbeat timeout
+        (simulated seconds) runs. ``should_decrement`` lowers the desired capacity by one; otherwise it is kept
+        and moto's own capacity check then launches a replacement (moto's launch: no launch hook, no
+        listener told). Returns moto's ``TerminateInstanceActivity`` (the answer's ``Activity``), or ``None``
+        when the instance is in no group of the sandbox's region or its group has no terminate hook (moto's own
+        behaviour applies). Raises moto's ``ValidationError`` (HTTP 400) when the instance is neither
+        InService nor Standby (already terminating, pending, warmed)."""
+        with self._lock:
+            state = self._find_state(instance_id)
+            if state is None or not self._has_terminate_hook(state.auto_scaling_group):
+                return None
+            if state.lifecycle_state not in ("InService", "Standby"):
+                raise ValidationError(f"The instance {instance_id} is not in InService or Standby.")
+            group = state.auto_scaling_group
+            original = group.desired_capacity
+            if should_decrement:
+                group.desired_capacity = max(0, (original or 0) - 1)
+            self._begin_termination(state, "EC2")
+            group.set_desired_capacity(group.desired_capacity)  # moto's: a replacement if capacity was kept
+            return TerminateInstanceActivity(state.instance, original)
+
+    def _scale_in_to(self, group: Any, desired: int) -> bool:
+        """Lower ``group``'s desired capacity to ``desired`` instances through its terminate hook, as
+        :meth:`scale_in` does (``SetDesiredCapacity`` and ``UpdateAutoScalingGroup`` lowering
+        ``DesiredCapacity`` or ``MaxSize``, EC2 Auto Scaling API Reference): the desired capacity becomes
+        ``desired``; the InService instances beyond it that :meth:`_scale_in_choice` picks each wait in
+        ``Terminating:Wait`` with one action per hook opened and published. Instances protected from
+        scale-in stay (the group may then stay above ``desired``). Returns ``False``, changing nothing, when
+        this is not a scale-in through a hook: ``desired`` is not below the InService count, the group has no
+        terminate hook or is not of the sandbox's region, or it has a mixed instances policy with overrides
+        (moto counts weighted capacity there); moto's own ``set_desired_capacity`` then applies. Called
+        under the lock (moto's request is served under it)."""
+        with self._lock:
+            policy = group.mixed_instances_policy or {}
+            if policy.get("LaunchTemplate", {}).get("Overrides") or not self._has_terminate_hook(group):
+                return False
+            surplus = len(group.active_instances()) - desired
+            if surplus <= 0:
+                return False
+            group.desired_capacity = desired
+            for state in self._scale_in_choice(group, surplus):
+                self._begin_termination(state, "EC2")
+            return True
 
     # ------------------------------------------------------------------------------------- EC2 internals
 
