@@ -11,8 +11,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 # Machines running the suite are loaded and slow: no per-example deadline and no too-slow health check, ever
-# (a property that fails only on timing is a flaky test). HYPOTHESIS_PROFILE=dev gives hypothesis' defaults.
-settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# (a property that fails only on timing is a flaky test). Derandomized, so a CI run is reproducible, and a
+# failure prints the blob that replays it (@reproduce_failure). HYPOTHESIS_PROFILE=dev gives hypothesis'
+# defaults (random exploration).
+settings.register_profile(
+    "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, print_blob=True
+)
 settings.register_profile("dev")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
