@@ -427,12 +427,21 @@ class Handler:
         """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among
         the operation's events, never past the end of the earliest such notice. Other kinds (rebalance,
         state change, lifecycle actions) carry no notice: their start time is when they were sent, already
-        past, and must not shorten the drain."""
+        past, and must not shorten the drain.
+
+        A notice already over by this clock (delivered late, or this clock runs ahead of AWS's) is measured
+        from the operation's start instead (its own length, 120 s for Spot, from when it was received): a drain
+        cut to nothing could never succeed, and an instance that is really gone ends the retry as "instance
+        gone"."""
         now = self.clock()
         deadline = now + self.settings.node_termination_grace_period
-        notices = [e.start_time for e in operation.events if e.notice]
+        notices = [e for e in operation.events if e.notice]
         if notices:
-            left = (min(notices) - datetime.now(UTC)).total_seconds()
+            first = min(notices, key=lambda e: e.start_time)
+            left = (first.start_time - datetime.now(UTC)).total_seconds()
+            if left <= 0:
+                length = (first.start_time - first.time).total_seconds()
+                left = length - (now - operation.started_at)
             deadline = min(deadline, now + max(left, 0.0))
         return deadline
 

@@ -635,3 +635,40 @@ async def test_a_completed_action_gets_no_heartbeat_after_its_completion(env: An
     last = max(i for i, (op, _) in enumerate(autoscaling.calls) if op == "RecordLifecycleActionHeartbeat")
     done = autoscaling.calls.index(("CompleteLifecycleAction", "tok-1"))
     assert last < done
+
+
+# ------------------------------------------------------------------------------------------- clock skew
+
+
+@pytest.mark.parametrize(
+    ("skew_s", "expected_s"),
+    [
+        (0.0, 120.0),  # a fresh Spot warning: the rest of its two minutes
+        (
+            -600.0,
+            120.0,
+        ),  # its time 10 min in the past by this clock (late, or this clock is ahead): from receipt
+        (
+            600.0,
+            300.0,
+        ),  # its time in the future (this clock is behind): NODE_TERMINATION_GRACE_PERIOD bounds it
+    ],
+)
+async def test_a_skewed_notice_still_gets_a_drain_and_never_more_than_the_grace_period(
+    env: Any, skew_s: float, expected_s: float
+) -> None:
+    world = World(settings(node_termination_grace_period=300))
+    event = spot().model_copy(update={"time": datetime.now(UTC) + timedelta(seconds=skew_s)})
+    operation = world.receive(event)
+    assert operation is not None
+    deadlines: list[float] = []
+    drain = world.drainer.drain
+
+    async def recording(node: str, deadline: float, **kwargs: Any) -> Any:
+        deadlines.append(deadline - world.handler.clock())
+        return await drain(node, deadline, **kwargs)
+
+    world.drainer.drain = recording  # type: ignore[method-assign]
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert deadlines == [pytest.approx(expected_s, abs=5)]  # seconds left when the drain began
