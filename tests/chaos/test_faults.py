@@ -1,0 +1,55 @@
+"""Chaos, API faults during drains: the emulated API server answers 500s, 429s with Retry-After and slow
+answers, and Auto Scaling throttles heartbeats and completions, while the controller (its own process) drains
+three nodes leaving through terminate lifecycle hooks. When the faults end the work completes: every action
+completed, none timed out, no DaemonSet pod evicted, nothing left in the queue, a clean exit, no traceback.
+(Fault injection is the emulation's and the sandbox's own; the real control plane has none to offer.)"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from queue_processor.sandbox.cluster import ClusterSpec
+from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from tests.chaos.test_signals import LEAVING, SCALE, Controller, queue_depth, until
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
+    options = SandboxOptions(
+        nodes=4, scale=SCALE, visibility_timeout_s=10, heartbeat_timeout_s=6000, cluster=ClusterSpec(apps=2)
+    )
+    with Sandbox(options, workdir=tmp_path / "sandbox") as running:
+        yield running
+
+
+async def test_the_work_completes_through_api_faults(sandbox: Sandbox, tmp_path: Path) -> None:
+    kube = sandbox.kube
+    faults = [
+        kube.inject_fault("list", "pods", status=500, count=4),  # type: ignore[attr-defined]
+        kube.inject_fault("create", "pods/eviction", status=429, count=6, retry_after_s=2),  # type: ignore[attr-defined]
+        kube.inject_fault("patch", "nodes", delay_s=3.0, count=2),  # type: ignore[attr-defined]  # a slow server
+    ]
+    sandbox.aws.inject_error("CompleteLifecycleAction", "Throttling", "Rate exceeded", times=3)
+    sandbox.aws.inject_error("RecordLifecycleActionHeartbeat", "Throttling", "Rate exceeded", times=3)
+    log = tmp_path / "controller.log"
+    controller = Controller(sandbox, log, HEARTBEAT_INTERVAL="30")
+    leaving = sandbox.instances[:LEAVING]
+    tokens = [a.token for instance in leaving for a in sandbox.aws.terminate_instance(instance.instance_id)]
+    try:
+        settled = lambda: all(sandbox.aws.action(token).status != "open" for token in tokens)  # noqa: E731
+        await until(settled, 120, "every action settled")
+        await until(lambda: queue_depth(sandbox) == (0, 0), 60, "the queue empty")
+    finally:
+        assert controller.stop(signal.SIGTERM, 60) == 0
+        sandbox.aws.clear_errors()
+    assert [sandbox.aws.action(token).status for token in tokens] == ["completed"] * LEAVING
+    owners = [pod["metadata"].get("ownerReferences") or [] for pod in sandbox.kube.evictions]
+    assert not any(ref.get("kind") == "DaemonSet" for refs in owners for ref in refs)
+    completions = [c for c in sandbox.aws.calls() if c.operation == "CompleteLifecycleAction"]
+    assert sum(1 for c in completions if c.outcome.startswith("Throttling")) == 3  # the faults did happen
+    assert [fault.count for fault in faults] == [0, 0, 0]  # every Kubernetes fault was met
+    assert "Traceback" not in log.read_text()
