@@ -198,7 +198,7 @@ class Consumer:
             await asyncio.gather(self._extender, return_exceptions=True)
         if self._delete_flusher is not None:
             await asyncio.gather(self._delete_flusher, return_exceptions=True)  # deletes already decided
-        await asyncio.gather(*(self._change_visibility(ref, 0) for ref in held), return_exceptions=True)
+        await self._set_held_visibility(held, 0, ErrorWhere.REQUEUE)
         # An open poll takes the messages just made visible and ends at once; its loop makes them visible
         # again (see _receive_loop) and stops. A poll that finds nothing ends after its wait.
         await asyncio.gather(*self._loops, return_exceptions=True)
@@ -272,20 +272,10 @@ class Consumer:
                 self._polling.discard(current)
 
     async def _let_go(self, queue_url: str, messages: list[MessageTypeDef]) -> None:
-        """Make messages a poll brought back during shutdown visible again at once (one batch call)."""
-        if not messages:
-            return
-        entries = [
-            {"Id": str(i), "ReceiptHandle": message["ReceiptHandle"], "VisibilityTimeout": 0}
-            for i, message in enumerate(messages)
-        ]
-        try:
-            await call(self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries)
-        except Exception as exc:
-            self.observer.error(ErrorWhere.REQUEUE)
-            log.warning("could not make messages received during shutdown visible", error=repr(exc))
-        else:
-            log.info("messages received during shutdown made visible again", messages=len(messages))
+        """Make messages a poll brought back during shutdown visible again at once."""
+        log.info("messages received during shutdown made visible again", messages=len(messages))
+        handles = [message["ReceiptHandle"] for message in messages]
+        await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
 
     async def _take(self, queue_url: str, message: MessageTypeDef) -> None:
         """One received message; holds one budget slot until it is settled."""
@@ -430,28 +420,44 @@ class Consumer:
             self.observer.error(ErrorWhere.REQUEUE)
             log.warning("visibility change failed", message_id=ref.message_id, error=repr(exc))
 
+    async def _set_visibility(
+        self, queue_url: str, receipt_handles: list[str], seconds: int, where: ErrorWhere
+    ) -> None:
+        """ChangeMessageVisibilityBatch for ``receipt_handles`` of ``queue_url`` (batches of 10, SQS's
+        limit): visible in ``seconds``. A failed batch is logged and counted under ``where``; raises
+        nothing."""
+        for start in range(0, len(receipt_handles), 10):
+            entries = [
+                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
+                for i, handle in enumerate(receipt_handles[start : start + 10])
+            ]
+            try:
+                answer = await call(
+                    self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
+                )
+            except Exception as exc:
+                self.observer.error(where)
+                log.warning(
+                    "visibility change failed", queue=queue_url, messages=len(entries), error=repr(exc)
+                )
+                continue
+            for failed in answer.get("Failed") or []:
+                self.observer.error(where)
+                log.warning("visibility change failed", queue=queue_url, code=failed.get("Code"))
+
+    async def _set_held_visibility(self, refs: list[SqsMessageRef], seconds: int, where: ErrorWhere) -> None:
+        """:meth:`_set_visibility` for messages of any queues, one queue at a time."""
+        by_queue: dict[str, list[str]] = {}
+        for ref in refs:
+            by_queue.setdefault(ref.queue_url, []).append(ref.receipt_handle)
+        for queue_url, handles in by_queue.items():
+            await self._set_visibility(queue_url, handles, seconds, where)
+
     async def _extend_loop(self) -> None:
         """Every half visibility timeout, renew the visibility of every held message (batches of 10)."""
         period = max(self.visibility_timeout_s / 2, 1.0)
         while True:
             await asyncio.sleep(period)
-            by_queue: dict[str, list[SqsMessageRef]] = {}
-            for ref in self.store.held():
-                by_queue.setdefault(ref.queue_url, []).append(ref)
-            for queue_url, refs in by_queue.items():
-                for start in range(0, len(refs), 10):
-                    entries = [
-                        {
-                            "Id": str(i),
-                            "ReceiptHandle": r.receipt_handle,
-                            "VisibilityTimeout": self.visibility_timeout_s,
-                        }
-                        for i, r in enumerate(refs[start : start + 10])
-                    ]
-                    try:
-                        await call(
-                            self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
-                        )
-                    except Exception as exc:
-                        self.observer.error(ErrorWhere.VISIBILITY)
-                        log.warning("visibility extension failed", error=repr(exc))
+            await self._set_held_visibility(
+                self.store.held(), self.visibility_timeout_s, ErrorWhere.VISIBILITY
+            )

@@ -183,9 +183,10 @@ class FakeSqs:
     async def change_message_visibility(self, **call: Any) -> None:
         self._changed(call["ReceiptHandle"], call["VisibilityTimeout"])
 
-    async def change_message_visibility_batch(self, **call: Any) -> None:
+    async def change_message_visibility_batch(self, **call: Any) -> dict[str, Any]:
         for entry in call["Entries"]:
             self._changed(entry["ReceiptHandle"], entry["VisibilityTimeout"])
+        return {"Successful": [{"Id": entry["Id"]} for entry in call["Entries"]], "Failed": []}
 
     def _changed(self, handle: str, seconds: int) -> None:
         """As SQS: a message made visible (0 s) is offered to the next poll, an open one included."""
