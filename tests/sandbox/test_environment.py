@@ -10,6 +10,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from click.testing import CliRunner
 from kubernetes import client, config
 
@@ -18,6 +19,7 @@ from queue_processor.config import load_settings
 from queue_processor.events import EventKind
 from queue_processor.parse import parse
 from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
+from queue_processor.sandbox.run import judge
 
 
 @pytest.fixture
@@ -194,3 +196,27 @@ def test_the_sandbox_command_runs_a_scenario_with_the_controller(tmp_path: Path)
     assert summary["messages_left"] == 0
     assert summary["heartbeat_tasks_left"] == 0
     assert summary["drained"] == 3
+
+
+def test_the_judge_sees_a_heartbeat_after_the_end_and_a_pod_evicted_twice(sandbox: Sandbox) -> None:
+    # What the judge reports of a controller that misbehaves, done here by hand through the real APIs.
+    instance = sandbox.instances[0]
+    node = instance.private_dns_name
+    namespace = sandbox.cluster.namespace
+    sandbox.kube.add_pod(namespace, "slow", node=node, grace_s=100_000)  # terminating for a long while
+    v1 = client.CoreV1Api(config.new_client_from_config(str(sandbox.kubeconfig_path)))
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="slow", namespace=namespace))
+    for _ in range(2):  # two drains of one node at once would do this
+        v1.create_namespaced_pod_eviction("slow", namespace, eviction)
+    (action,) = sandbox.aws.terminate_instance(instance.instance_id)
+    autoscaling = sandbox.aws.client("autoscaling")
+    ids = {"AutoScalingGroupName": action.asg_name, "LifecycleHookName": action.hook_name}
+    autoscaling.complete_lifecycle_action(
+        LifecycleActionToken=action.token, LifecycleActionResult="CONTINUE", **ids
+    )
+    with pytest.raises(ClientError, match="No active Lifecycle Action"):
+        autoscaling.record_lifecycle_action_heartbeat(LifecycleActionToken=action.token, **ids)
+    verdict = judge(sandbox, [node], time.monotonic())
+    assert (verdict["heartbeats_after_end"], verdict["nodes_drained_twice"]) == (1, 1)
+    assert verdict["lifecycle_completed"] == 1
+    assert verdict["evicted"] == 2
