@@ -6,7 +6,6 @@ completed, none timed out, no DaemonSet pod evicted, nothing left in the queue, 
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.test_signals import LEAVING, SCALE, Controller, queue_depth, until
+from tests.chaos.test_signals import LEAVING, SCALE, Controller, finish
 
 
 @pytest.fixture
@@ -40,15 +39,9 @@ async def test_the_work_completes_through_api_faults(sandbox: Sandbox, tmp_path:
     leaving = sandbox.instances[:LEAVING]
     tokens = [a.token for instance in leaving for a in sandbox.aws.terminate_instance(instance.instance_id)]
     try:
-        settled = lambda: all(sandbox.aws.action(token).status != "open" for token in tokens)  # noqa: E731
-        await until(settled, 120, "every action settled")
-        await until(lambda: queue_depth(sandbox) == (0, 0), 60, "the queue empty")
+        await finish(sandbox, tmp_path, tokens, again=controller)  # completed, none timed out, clean exit
     finally:
-        assert controller.stop(signal.SIGTERM, 60) == 0
         sandbox.aws.clear_errors()
-    assert [sandbox.aws.action(token).status for token in tokens] == ["completed"] * LEAVING
-    owners = [pod["metadata"].get("ownerReferences") or [] for pod in sandbox.kube.evictions]
-    assert not any(ref.get("kind") == "DaemonSet" for refs in owners for ref in refs)
     completions = [c for c in sandbox.aws.calls() if c.operation == "CompleteLifecycleAction"]
     assert sum(1 for c in completions if c.outcome.startswith("Throttling")) == 3  # the faults did happen
     assert [fault.count for fault in faults] == [0, 0, 0]  # every Kubernetes fault was met
