@@ -164,5 +164,17 @@ async def run_controller(
             if server is not None:
                 await server.stop()
             kube.close(wait=False)
+            left = sorted(
+                task.get_name() for task in asyncio.all_tasks() if task is not asyncio.current_task()
+            )
+            # What a stop leaves behind (tests and the chaos suite check zeros): tasks of this loop still
+            # alive (named, at most ten), operation and heartbeat tasks.
+            log.info(
+                "stopped",
+                tasks_left=len(left),
+                task_names=left[:10],
+                operations_left=consumer.tasks,
+                heartbeats_left=handler.heartbeats.running,
+            )
         if consumer.refused.done():
             raise StartupError(consumer.refused.result())

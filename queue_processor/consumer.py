@@ -360,7 +360,7 @@ class Consumer:
             else:
                 backoff = requeue_backoff_s(ref.receive_count, self.requeue_base_s)
                 for action in actions:  # beats on until the message is received again (or not)
-                    self.handler.heartbeats.requeued(action, backoff + self.visibility_timeout_s)
+                    self.handler.heartbeats.requeued(action, backoff, backoff + self.visibility_timeout_s)
                 await self._change_visibility(ref, backoff)
                 self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
                 log.info("requeued", message_id=ref.message_id, visible_in_s=backoff)

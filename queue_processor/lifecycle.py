@@ -13,7 +13,10 @@
   ``ValidationError: No active Lifecycle Action found``), HEARTBEAT_UNTIL has passed, or the controller shuts
   down (:meth:`Heartbeats.close`). A requeued action keeps its heartbeat while its message waits out the
   requeue backoff (:meth:`Heartbeats.requeued`): a hook whose timeout is shorter than the backoff must not
-  expire between two attempts. If the message is not received again by then, the heartbeat stops;
+  expire between two attempts. Once the backoff is over the message is back in the queue and nobody holds the
+  action: a beat that falls due then waits for a receive to take the message again (at most until 1.5
+  intervals after the last good beat, so the HeartbeatTimeout still cannot pass). If the message is not
+  received again within the requeue's margin, the heartbeat stops;
 - a failed heartbeat is retried within seconds (:data:`RETRY_S`), with a warning, never a whole interval
   later (the next beat would land after the HeartbeatTimeout);
 - :meth:`Lifecycle.complete` answers the :class:`~queue_processor.observe.observer.LifecycleResult` it
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
@@ -172,16 +175,26 @@ class Lifecycle:
 class _Beat:
     action: AsgLifecycleEvent
     task: asyncio.Task[None]
+    held: asyncio.Event  # set while a receive of ours holds the action's message
     requeued_until: float | None = None  # clock reading; None while a receive of ours holds the action
+    visible_at: float | None = None  # clock reading: when the requeued message is back in the queue
 
 
 class Heartbeats:
     """Every lifecycle action's heartbeat task, from first receipt until it is completed or over (see the
-    module docstring). Not thread-safe: one asyncio loop owns it. ``clock`` returns monotonic seconds."""
+    module docstring). Not thread-safe: one asyncio loop owns it. ``clock`` returns monotonic seconds and
+    ``sleep`` waits that many of them (tests give both a fake time)."""
 
-    def __init__(self, lifecycle: Lifecycle, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.lifecycle = lifecycle
         self.clock = clock
+        self.sleep = sleep
         self._beats: dict[ActionKey, _Beat] = {}
         self._over: dict[ActionKey, float] = {}  # → clock reading when it ended (kept MAX_HEARTBEAT_UNTIL_S)
 
@@ -200,21 +213,28 @@ class Heartbeats:
         key = action.action_key
         beat = self._beats.get(key)
         if beat is not None:
-            beat.requeued_until = None
+            beat.requeued_until = beat.visible_at = None
+            beat.held.set()
             return
         if key in self._over:
             return
         name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
         task = asyncio.create_task(self._run(action), name=name)
-        self._beats[key] = _Beat(action, task)
+        self._beats[key] = _Beat(action, task, asyncio.Event())
+        self._beats[key].held.set()
         task.add_done_callback(functools.partial(self._forget, key))
 
-    def requeued(self, action: AsgLifecycleEvent, for_s: float) -> None:
-        """The action's message was requeued: keep beating for ``for_s`` seconds (its backoff, plus a margin
-        for the receive), then stop unless :meth:`start` is called again."""
+    def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
+        """The action's message was requeued and is back in the queue in ``visible_in_s`` seconds (its
+        backoff): beat on until then; after it, only a beat the HeartbeatTimeout needs before a receive takes
+        the message again; stop ``for_s`` seconds from now (the backoff plus a margin for the receive) unless
+        :meth:`start` is called again."""
         beat = self._beats.get(action.action_key)
         if beat is not None:
-            beat.requeued_until = self.clock() + for_s
+            now = self.clock()
+            beat.visible_at = now + visible_in_s
+            beat.requeued_until = now + max(for_s, visible_in_s)
+            beat.held.clear()
 
     async def stop(self, action: AsgLifecycleEvent) -> None:
         """Stop the action's heartbeat and wait until its task has ended."""
@@ -284,14 +304,20 @@ class Heartbeats:
         # message redelivered after a failed attempt and its backoff, or one that waited in the queue).
         age_s = (datetime.now(UTC) - action.time).total_seconds()
         wait_s = min(interval_s, max(interval_s - age_s, 0.0))
+        last_ok = self.clock() - min(max(age_s, 0.0), interval_s)  # when the hook's timer last restarted
         retry_s = RETRY_S[0]
         while True:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 bound.info("HEARTBEAT_UNTIL reached: heartbeats stop")
                 return
-            await asyncio.sleep(min(wait_s, remaining))
+            await self.sleep(min(wait_s, remaining))
             beat = self._beats.get(action.action_key)
+            if beat is not None and beat.visible_at is not None and self.clock() >= beat.visible_at:
+                # Back in the queue, held by nobody: wait for a receive to take it again, no longer than the
+                # HeartbeatTimeout allows (half an interval's slack left) nor past the requeue's margin.
+                assert beat.requeued_until is not None
+                await self._until_held(beat, min(beat.requeued_until, last_ok + 1.5 * interval_s))
             if beat is not None and beat.requeued_until is not None and self.clock() >= beat.requeued_until:
                 bound.info("requeued lifecycle action not received again: heartbeats stop")
                 return
@@ -310,4 +336,17 @@ class Heartbeats:
                 self._mark_over(action.action_key)
                 bound.info("lifecycle action is over: heartbeats stop")
                 return
-            wait_s, retry_s = interval_s, RETRY_S[0]
+            wait_s, retry_s, last_ok = interval_s, RETRY_S[0], self.clock()
+
+    async def _until_held(self, beat: _Beat, until: float) -> None:
+        """Wait until a receive holds the beat's message again or the clock reads ``until``."""
+        timeout = until - self.clock()
+        if timeout <= 0 or beat.held.is_set():
+            return
+        waiters = [asyncio.ensure_future(beat.held.wait()), asyncio.ensure_future(self.sleep(timeout))]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)

@@ -85,7 +85,9 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
       and in flight), ``dlq``: as in :class:`Progress`;
     - ``daemonset_pods_evicted``: evicted pods a DaemonSet owns (kubectl drain leaves them);
     - ``heartbeats_after_end``: RecordLifecycleActionHeartbeat calls answered "No active Lifecycle Action"
-      (the action was completed, abandoned or timed out already);
+      (the action was completed, abandoned or timed out already), and those that reached an open action
+      while nobody held it: every message carrying the action was visible in its queue (released, or
+      requeued and back) or gone;
     - ``nodes_drained_twice``: nodes one of whose pods was evicted twice (two drains at once);
     - ``evictions_denied``: eviction requests answered 403 Forbidden (on the real control plane; the
       emulation has no RBAC and answers none).
@@ -133,7 +135,7 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
             1
             for call in sandbox.aws.calls()
             if call.operation == "RecordLifecycleActionHeartbeat"
-            and "No active Lifecycle Action" in call.outcome
+            and ("No active Lifecycle Action" in call.outcome or call.held is False)
         ),
         "nodes_drained_twice": len(twice - {None}),
         "evictions_denied": denied,

@@ -6,6 +6,7 @@ completed, none timed out, no DaemonSet pod evicted, nothing left in the queue, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.test_signals import LEAVING, SCALE, Controller, finish
+from tests.chaos.harness import Controller, settle
+from tests.chaos.test_signals import LEAVING, SCALE
 
 
 @pytest.fixture
@@ -34,15 +36,15 @@ async def test_the_work_completes_through_api_faults(sandbox: Sandbox, tmp_path:
     ]
     sandbox.aws.inject_error("CompleteLifecycleAction", "Throttling", "Rate exceeded", times=3)
     sandbox.aws.inject_error("RecordLifecycleActionHeartbeat", "Throttling", "Rate exceeded", times=3)
-    log = tmp_path / "controller.log"
-    controller = Controller(sandbox, log, HEARTBEAT_INTERVAL="30")
+    controller = Controller(sandbox, tmp_path / "controller.log", HEARTBEAT_INTERVAL="30")
+    started = time.monotonic()
     leaving = sandbox.instances[:LEAVING]
     tokens = [a.token for instance in leaving for a in sandbox.aws.terminate_instance(instance.instance_id)]
+    nodes = [instance.private_dns_name for instance in leaving]
     try:
-        await finish(sandbox, tmp_path, tokens, again=controller)  # completed, none timed out, clean exit
+        await settle(sandbox, tokens, nodes, started, [controller])  # completed, judged clean, clean exit
     finally:
         sandbox.aws.clear_errors()
     completions = [c for c in sandbox.aws.calls() if c.operation == "CompleteLifecycleAction"]
     assert sum(1 for c in completions if c.outcome.startswith("Throttling")) == 3  # the faults did happen
     assert [fault.count for fault in faults] == [0, 0, 0]  # every Kubernetes fault was met
-    assert "Traceback" not in log.read_text()

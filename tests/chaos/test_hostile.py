@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
 
+from queue_processor.parse import MAX_MESSAGE_BYTES
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.test_signals import Controller, queue_depth, until
+from tests.chaos.harness import Controller, assert_judged_clean, queue_depth, until
 
 
 def spot(instance_id: str) -> dict[str, object]:
@@ -47,6 +49,17 @@ VALID = {
 }
 
 
+def at_the_sqs_maximum(instance_id: str) -> str:
+    """A valid Spot warning padded to exactly the largest body SQS takes (1 MiB, MAX_MESSAGE_BYTES)."""
+    body = spot(instance_id)
+    body["padding"] = ""
+    short = len(json.dumps(body).encode())
+    body["padding"] = "x" * (MAX_MESSAGE_BYTES - short)
+    text = json.dumps(body)
+    assert len(text.encode()) == MAX_MESSAGE_BYTES
+    return text
+
+
 def dlq_bodies(sandbox: Sandbox) -> list[str]:
     """Every body in the dead-letter queue (read with a visibility timeout longer than the reading)."""
     assert sandbox.queue is not None
@@ -64,7 +77,7 @@ def dlq_bodies(sandbox: Sandbox) -> list[str]:
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
     options = SandboxOptions(
-        nodes=3, scale=0.05, visibility_timeout_s=10, max_receive_count=2, cluster=ClusterSpec(apps=2)
+        nodes=5, scale=0.05, visibility_timeout_s=10, max_receive_count=2, cluster=ClusterSpec(apps=2)
     )
     with Sandbox(options, workdir=tmp_path / "sandbox") as running:  # parsing is AWS-side: emulated is enough
         yield running
@@ -72,22 +85,32 @@ def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
 
 async def test_hostile_messages_in_a_storm(sandbox: Sandbox, tmp_path: Path) -> None:
     assert sandbox.queue is not None
-    log = tmp_path / "controller.log"
-    controller = Controller(sandbox, log, POISON_VISIBILITY_TIMEOUT_SEC="1")
+    sqs = boto3.client("sqs", **sandbox.aws.client_kwargs)
+    started = time.monotonic()
+    controller = Controller(sandbox, tmp_path / "controller.log", POISON_VISIBILITY_TIMEOUT_SEC="1")
     try:
-        await until(lambda: log.exists() and "consuming" in log.read_text(), 60, "the controller consuming")
+        await until(lambda: controller.count("consuming") == 1, 60, "the controller consuming")
         for body in [*POISON.values(), *VALID.values()]:
             sandbox.aws.send_raw(sandbox.queue.url, body)
-        interrupted = sandbox.instances[:2]
-        for instance in interrupted:
-            sandbox.aws.spot_interruption(instance.instance_id)  # a 6 s notice at this scale
+        interrupted = sandbox.instances[:3]
+        sandbox.aws.send_raw(sandbox.queue.url, at_the_sqs_maximum(interrupted[2].instance_id))
+        # Attributes the controller never asked for, one of them bytes that are not UTF-8.
+        binary = {"DataType": "Binary", "BinaryValue": b"\xff\xfe\xc3("}
+        text = {"DataType": "String", "StringValue": "\u2028\x7f"}
+        sqs.send_message(
+            QueueUrl=sandbox.queue.url,
+            MessageBody=json.dumps(spot(interrupted[1].instance_id)),
+            MessageAttributes={"raw": binary, "text": text},
+        )
+        sandbox.aws.spot_interruption(interrupted[0].instance_id)  # a 6 s notice at this scale
         nodes = {instance.private_dns_name for instance in interrupted}
         drained = lambda: {pod["spec"].get("nodeName") for pod in sandbox.kube.evictions} >= nodes  # noqa: E731
-        await until(drained, 60, "pods evicted from both interrupted nodes")
+        await until(drained, 60, "pods evicted from every interrupted node")
         await until(lambda: queue_depth(sandbox) == (0, 0), 90, "every message settled or redriven")
     finally:
         assert controller.stop(signal.SIGTERM, 60) == 0
+    controller.assert_clean_exit()  # and no traceback
     assert sorted(dlq_bodies(sandbox)) == sorted(POISON.values())  # each poison one, and only those
-    text = log.read_text()
-    assert "Traceback" not in text
-    assert text.count("poison message left for the dead-letter queue") >= len(POISON)
+    assert controller.count("poison message left for the dead-letter queue") >= len(POISON)
+    verdict = assert_judged_clean(sandbox, sorted(nodes), started)
+    assert verdict["drained"] == len(nodes)

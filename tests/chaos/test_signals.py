@@ -2,7 +2,7 @@
 mid-drain by SIGTERM or SIGKILL, then started again. What a user checks: the process exits within its bound,
 messages are visible again (at once after SIGTERM, after their visibility timeout after SIGKILL), nothing
 heartbeats after the exit, and the restarted controller finishes the work: every lifecycle action completed,
-none timed out, no DaemonSet pod evicted, nothing left in the queue.
+none timed out, no DaemonSet pod evicted, nothing left in the queue, no node drained twice (the judge).
 
 Sizes for 2 cores: 4 nodes, 3 of them leaving through terminate lifecycle hooks whose drains a
 PodDisruptionBudget holds until the test lets go.
@@ -11,25 +11,19 @@ PodDisruptionBudget holds until the test lets go.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
-import boto3
 import pytest
 
 from queue_processor.permissions import kubernetes_verbs
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from tests.chaos.harness import Controller, cordoned, heartbeats, hold_drains, queue_depth, settle, until
 from tests.conftest import KUBERNETES
 
-SCRIPT = str(Path(sys.executable).parent / "queue-processor")
 SCALE = 0.01  # hooks: HeartbeatTimeout 6000 s = 60 s real, longer than a kill's 10 s visibility timeout
 LEAVING = 3
 
@@ -53,142 +47,68 @@ def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]
         assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)
 
 
-class Controller:
-    """``queue-processor run`` in its own process, pointed at the sandbox; its output goes to a log file."""
+class Draining:
+    """Three nodes leaving through terminate hooks, their drains held by the PodDisruptionBudgets, and the
+    first controller started (``extra`` settings) once they are all cordoned."""
 
-    def __init__(self, sandbox: Sandbox, log: Path, **extra: str) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": os.environ.get("HOME", "/tmp"),
-            **sandbox.env(),
-            "ENABLE_PROMETHEUS_SERVER": "false",
-            "PROBES_SERVER_PORT": str(port),
-            "SQS_MSG_VISIBILITY_TIMEOUT_SEC": "10",
-            "RECEIVE_WAIT_TIME_SEC": "2",
-            "SHUTDOWN_TIMEOUT_SEC": "10",
-            "NODE_TERMINATION_GRACE_PERIOD": "120",
-            "REQUEUE_BACKOFF_BASE_SEC": "1",
-            **extra,
-        }
-        self.log: IO[str] = log.open("a")
-        self.process = subprocess.Popen([SCRIPT, "run"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+    def __init__(self, sandbox: Sandbox, tmp_path: Path) -> None:
+        self.sandbox, self.tmp_path = sandbox, tmp_path
+        self.started = time.monotonic()
+        leaving = sandbox.instances[:LEAVING]
+        self.nodes = [instance.private_dns_name for instance in leaving]
+        self.tokens: list[str] = []
+        hold_drains(sandbox, True)
+        for instance in leaving:
+            self.tokens += [action.token for action in sandbox.aws.terminate_instance(instance.instance_id)]
 
-    def stop(self, signum: int, bound_s: float) -> int:
-        """Send ``signum`` and wait for the exit; its status. Fails when the process outlives ``bound_s``."""
-        self.process.send_signal(signum)
-        try:
-            return self.process.wait(timeout=bound_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(
-                f"the controller did not exit within {bound_s} s of signal {signum}"
-            ) from None
-        finally:
-            self.log.close()
+    def controller(self, **extra: str) -> Controller:
+        return Controller(self.sandbox, self.tmp_path / "controller.log", **extra)
 
+    async def first(self, **extra: str) -> Controller:
+        controller = self.controller(**extra)
+        await until(lambda: cordoned(self.sandbox, self.nodes) == LEAVING, 60, "every leaving node cordoned")
+        return controller
 
-def queue_depth(sandbox: Sandbox) -> tuple[int, int]:
-    sqs = boto3.client("sqs", **sandbox.aws.client_kwargs)
-    assert sandbox.queue is not None
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=sandbox.queue.url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return int(attributes["ApproximateNumberOfMessages"]), int(
-        attributes["ApproximateNumberOfMessagesNotVisible"]
-    )
-
-
-async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s  # a hang guard, generous for a loaded machine
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
-        await asyncio.sleep(0.2)
-
-
-def heartbeats(sandbox: Sandbox) -> int:
-    return sum(1 for call in sandbox.aws.calls() if call.operation == "RecordLifecycleActionHeartbeat")
-
-
-def cordoned(sandbox: Sandbox, nodes: list[str]) -> int:
-    return sum(
-        1
-        for node in nodes
-        if ((sandbox.kube.get("nodes", node) or {}).get("spec") or {}).get("unschedulable")
-    )
-
-
-def hold_drains(sandbox: Sandbox, held: bool) -> None:
-    for app in ("app-000", "app-001"):
-        sandbox.kube.set_pdb(sandbox.cluster.namespace, app, max_unavailable=0 if held else 1)
-
-
-async def start_draining(
-    sandbox: Sandbox, tmp_path: Path, **extra: str
-) -> tuple[Controller, list[str], list[str]]:
-    hold_drains(sandbox, True)
-    leaving = sandbox.instances[:LEAVING]
-    actions = [sandbox.aws.terminate_instance(instance.instance_id) for instance in leaving]
-    tokens = [action.token for started in actions for action in started]
-    nodes = [instance.private_dns_name for instance in leaving]
-    first = Controller(sandbox, tmp_path / "controller.log", **extra)
-    await until(lambda: cordoned(sandbox, nodes) == LEAVING, 60, "every leaving node cordoned")
-    return first, tokens, nodes
-
-
-async def finish(
-    sandbox: Sandbox, tmp_path: Path, tokens: list[str], again: Controller | None = None
-) -> None:
-    """Let the drains go, start the controller again (or let ``again`` go on), and check the work is done:
-    every action completed (none timed out), no DaemonSet pod evicted, no pod evicted twice."""
-    hold_drains(sandbox, False)
-    again = again or Controller(sandbox, tmp_path / "controller.log")
-    try:
-        settled = lambda: all(sandbox.aws.action(token).status != "open" for token in tokens)  # noqa: E731
-        await until(settled, 120, "every action settled")
-        await until(lambda: queue_depth(sandbox) == (0, 0), 60, "the queue empty")
-    finally:
-        assert again.stop(signal.SIGTERM, 60) == 0
-    statuses = [sandbox.aws.action(token).status for token in tokens]
-    assert statuses == ["completed"] * len(tokens)
-    owners = [pod["metadata"].get("ownerReferences") or [] for pod in sandbox.kube.evictions]
-    assert not any(ref.get("kind") == "DaemonSet" for refs in owners for ref in refs)
-    evicted = [(pod["metadata"]["namespace"], pod["metadata"]["name"]) for pod in sandbox.kube.evictions]
-    assert len(evicted) == len(set(evicted)), "a pod evicted twice: two drains of one node"
+    async def finish(self, *running: Controller) -> None:
+        """Let the drains go, start a controller again unless some still run, and check the verdict."""
+        hold_drains(self.sandbox, False)
+        controllers = list(running) or [self.controller()]
+        await settle(self.sandbox, self.tokens, self.nodes, self.started, controllers)
 
 
 async def test_sigterm_mid_drain_exits_in_bound_with_every_message_visible_and_a_restart_finishes(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
-    first, tokens, _ = await start_draining(sandbox, tmp_path)
+    draining = Draining(sandbox, tmp_path)
+    first = await draining.first()
     status = first.stop(signal.SIGTERM, 10 + 20)  # SHUTDOWN_TIMEOUT_SEC, and room for a loaded machine
-    assert status == 0, (tmp_path / "controller.log").read_text()[-3000:]
+    assert status == 0, first.lines()[-5:]
+    first.assert_clean_exit()
     assert queue_depth(sandbox) == (LEAVING, 0)  # visible again at once, none taken by a stray poll
     beats = heartbeats(sandbox)
     await asyncio.sleep(2.0)
     assert heartbeats(sandbox) == beats, "a heartbeat after the controller exited"
     assert queue_depth(sandbox) == (LEAVING, 0)
-    assert [sandbox.aws.action(token).status for token in tokens] == ["open"] * LEAVING
-    await finish(sandbox, tmp_path, tokens)
+    assert [sandbox.aws.action(token).status for token in draining.tokens] == ["open"] * LEAVING
+    await draining.finish()
 
 
 async def test_sigkill_mid_drain_and_a_restart_finishes_the_work(sandbox: Sandbox, tmp_path: Path) -> None:
-    first, tokens, _ = await start_draining(sandbox, tmp_path)
+    draining = Draining(sandbox, tmp_path)
+    first = await draining.first()
     assert first.stop(signal.SIGKILL, 30) == -signal.SIGKILL
     assert queue_depth(sandbox) == (0, LEAVING)  # hidden until their visibility timeout (10 s)
-    await finish(sandbox, tmp_path, tokens)
+    await draining.finish()
 
 
-async def test_two_replicas_with_leases_one_killed_mid_drain_the_other_finishes(
-    sandbox: Sandbox, tmp_path: Path
+@pytest.mark.parametrize("replicas", [2, 3])
+async def test_replicas_with_leases_one_killed_mid_drain_the_others_finish(
+    sandbox: Sandbox, tmp_path: Path, replicas: int
 ) -> None:
     namespace = sandbox.env().get("POD_NAMESPACE", "default")
     leases = {"NODE_LEASES": "true", "NODE_LEASE_DURATION_SEC": "15", "POD_NAMESPACE": namespace}
-    first, tokens, _ = await start_draining(sandbox, tmp_path, POD_NAME="replica-a", **leases)
-    second = Controller(sandbox, tmp_path / "controller.log", POD_NAME="replica-b", **leases)
+    draining = Draining(sandbox, tmp_path)
+    first = await draining.first(POD_NAME="replica-0", **leases)
+    others = [draining.controller(POD_NAME=f"replica-{n}", **leases) for n in range(1, replicas)]
     assert first.stop(signal.SIGKILL, 30) == -signal.SIGKILL  # its Leases lapse, its messages come back
-    await finish(sandbox, tmp_path, tokens, again=second)
+    await draining.finish(*others)

@@ -220,3 +220,30 @@ def test_the_judge_sees_a_heartbeat_after_the_end_and_a_pod_evicted_twice(sandbo
     assert (verdict["heartbeats_after_end"], verdict["nodes_drained_twice"]) == (1, 1)
     assert verdict["lifecycle_completed"] == 1
     assert verdict["evicted"] == 2
+
+
+def test_the_judge_counts_a_heartbeat_while_nobody_holds_the_message(sandbox: Sandbox) -> None:
+    # A heartbeat is owed only by whoever holds one of the action's messages: before anybody received it, or
+    # once it is visible again, a heartbeat keeps alive an action nobody is handling.
+    instance = sandbox.instances[0]
+    (action,) = sandbox.aws.terminate_instance(instance.instance_id)
+    autoscaling = sandbox.aws.client("autoscaling")
+    ids = {"AutoScalingGroupName": action.asg_name, "LifecycleHookName": action.hook_name}
+    started = time.monotonic()
+
+    def beat() -> int:
+        autoscaling.record_lifecycle_action_heartbeat(LifecycleActionToken=action.token, **ids)
+        return int(judge(sandbox, [instance.private_dns_name], started)["heartbeats_after_end"])
+
+    assert beat() == 1  # its message waits in the queue, received by nobody
+    sqs = sandbox.aws.client("sqs")
+    url = sandbox.env()["QUEUE_URL"]
+    received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600)["Messages"]
+    assert action.token in received[0]["Body"]
+    assert beat() == 1  # held: owed
+    entries = [
+        {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+        for i, m in enumerate(received)
+    ]
+    sqs.change_message_visibility_batch(QueueUrl=url, Entries=entries)  # released
+    assert beat() == 2

@@ -209,7 +209,7 @@ class FakeHeartbeats:
     async def stop(self, action: AsgLifecycleEvent) -> None:
         self.stopped.append(action.action_key.token_or_instance)
 
-    def requeued(self, action: AsgLifecycleEvent, for_s: float) -> None:
+    def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
         self.requeues.append((action.action_key.token_or_instance, for_s))
 
     async def close(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -85,3 +87,77 @@ async def test_an_old_action_gets_its_first_heartbeat_at_once(
     finally:
         await heartbeats.close()
     assert heartbeats.running == 0
+
+
+class FakeTime:
+    """A clock and a sleep for :class:`Heartbeats`: sleepers wake only when the test moves the clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.now + max(seconds, 0.0), next(self._seq), future))
+        await future
+
+    @staticmethod
+    async def settle() -> None:
+        for _ in range(50):  # let every task that can run, run (no I/O here, only the fakes)
+            await asyncio.sleep(0)
+
+    async def advance_to(self, moment: float) -> None:
+        await self.settle()
+        while self._sleepers and self._sleepers[0][0] <= moment:
+            when, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                self.now = max(self.now, when)
+                future.set_result(None)
+                await self.settle()
+        self.now = moment
+        await self.settle()
+
+
+@pytest.mark.parametrize("received_again", [True, False])
+async def test_a_requeued_action_back_in_the_queue_gets_a_beat_only_when_its_timeout_needs_it(
+    monkeypatch: pytest.MonkeyPatch, received_again: bool
+) -> None:
+    # After the backoff the message is visible to every consumer and held by none: a beat then keeps alive an
+    # action nobody handles. It waits for the receive; without one, it comes 1.5 intervals after the last beat
+    # (the HeartbeatTimeout is 2 intervals), and the heartbeat stops when the requeue's margin is over.
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", "30")
+    fake = FakeTime()
+    beats: list[float] = []
+
+    class Recording(FakeAutoscaling):
+        async def record_lifecycle_action_heartbeat(self, **kwargs: Any) -> dict[str, Any]:
+            beats.append(fake.now)
+            return {}
+
+    action = ACTION.model_copy(update={"time": datetime.now(UTC)})
+    heartbeats = Heartbeats(Lifecycle(Recording(60), load_settings()), clock=fake.clock, sleep=fake.sleep)
+    heartbeats.start(action)
+    try:
+        await fake.advance_to(30)
+        assert len(beats) == 1  # held: beats every interval
+        heartbeats.requeued(action, visible_in_s=10, for_s=100)  # visible at 40, given up at 130
+        await fake.advance_to(62)
+        assert len(beats) == 1  # due at ~60, the message in the queue: no beat for nobody
+        if received_again:
+            heartbeats.start(action)  # a receive holds it again: the beat that was due goes at once
+            await fake.advance_to(62)
+            assert beats[1:] == [62]
+        else:
+            await fake.advance_to(80)
+            assert len(beats) == 2
+            assert 74 <= beats[1] <= 76  # the HeartbeatTimeout needed it
+            await fake.advance_to(400)
+            assert heartbeats.running == 0  # not received again within the margin: stopped
+            assert all(moment <= 130 for moment in beats)
+    finally:
+        await heartbeats.close()

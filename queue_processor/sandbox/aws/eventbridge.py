@@ -96,6 +96,8 @@ class Delivery:
         self._lock = lock
         self._region = region
         self._published: list[PublishedMessage] = []
+        # lifecycle action token -> the (queue name, message ID) of every SQS message that carries it
+        self._carriers: dict[str, list[tuple[str, str]]] = {}
 
     @property
     def _sqs(self) -> Any:
@@ -114,6 +116,20 @@ class Delivery:
         """Forget every body published (the sandbox's reset)."""
         with self._lock:
             self._published.clear()
+            self._carriers.clear()
+
+    def held(self, token: str) -> bool:
+        """Whether a consumer holds the lifecycle action of ``token`` now: whether a message that carries it
+        (its EventBridge event or its hook's notification) is in flight, received and not yet visible again.
+        ``False`` when every such message is visible in its queue (released, or requeued and its visibility
+        timeout over, and nobody received it since) or gone."""
+        with self._lock:
+            for name, message_id in self._carriers.get(token, ()):
+                queue = self._sqs.queues.get(name)
+                messages = queue._messages if queue is not None else ()  # moto's own record
+                if any(m.id == message_id and not m.visible for m in messages):
+                    return True
+            return False
 
     def send_raw(self, queue: str, body: str) -> None:
         """Send ``body`` as it is to ``queue`` (a URL, ARN or name): poison, or any format by hand."""
@@ -139,7 +155,10 @@ class Delivery:
             if action.transition == TERMINATE_TRANSITION
             else "EC2 Instance-launch Lifecycle Action"
         )
-        self.publish("aws.autoscaling", detail_type, detail, [group_arn], whole_seconds(action.started_at))
+        sent = self._carriers.setdefault(action.token, [])
+        self._publish(
+            "aws.autoscaling", detail_type, detail, [group_arn], whole_seconds(action.started_at), sent
+        )
         if action.notification_target_arn and ":sqs:" in action.notification_target_arn:
             direct = {
                 "Origin": action.origin,
@@ -156,21 +175,36 @@ class Delivery:
             }
             if action.notification_metadata is not None:
                 direct["NotificationMetadata"] = action.notification_metadata
-            self.send_direct(action.notification_target_arn, direct)
+            self.send_direct(action.notification_target_arn, direct, sent)
 
-    def send_direct(self, target_arn: str, body: Mapping[str, Any]) -> None:
+    def send_direct(
+        self, target_arn: str, body: Mapping[str, Any], sent: list[tuple[str, str]] | None = None
+    ) -> None:
         """Send ``body`` as JSON straight to the SQS queue of ``target_arn`` (a lifecycle hook's notification
-        target), as Auto Scaling does; recorded as ``direct``."""
+        target), as Auto Scaling does; recorded as ``direct``. The (queue name, message ID) sent is appended to
+        ``sent`` when given."""
         text = json.dumps(body)
         name = queue_name(target_arn)
-        self._send(name, text)
-        self._published.append(PublishedMessage(utcnow(), "direct", text, (name,)))
+        with self._lock:
+            self._send(name, text, sent)
+            self._published.append(PublishedMessage(utcnow(), "direct", text, (name,)))
 
     def publish(
         self, source: str, detail_type: str, detail: dict[str, Any], resources: list[str], event_time: str
     ) -> dict[str, Any]:
         """Put one event on the default bus: every enabled rule whose pattern matches (moto's matcher)
         sends the EventBridge body to its SQS targets. Returns the body."""
+        return self._publish(source, detail_type, detail, resources, event_time, None)
+
+    def _publish(
+        self,
+        source: str,
+        detail_type: str,
+        detail: dict[str, Any],
+        resources: list[str],
+        event_time: str,
+        sent: list[tuple[str, str]] | None,
+    ) -> dict[str, Any]:
         event: dict[str, Any] = {
             "version": "0",
             "id": str(uuid.uuid4()),
@@ -195,7 +229,7 @@ class Delivery:
                 for target in rule.targets:
                     if ":sqs:" in target["Arn"] and not target.get("InputTransformer"):
                         queues.append(queue_name(target["Arn"]))
-                        self._send(queues[-1], text)
+                        self._send(queues[-1], text, sent)
             self._published.append(PublishedMessage(utcnow(), "eventbridge", text, tuple(queues)))
         return event
 
@@ -203,8 +237,11 @@ class Delivery:
         bus = self._events.event_buses.get("default")
         return iter(list(bus.rules.values())) if bus is not None else iter(())
 
-    def _send(self, queue_name: str, body: str) -> None:
+    def _send(self, queue_name: str, body: str, sent: list[tuple[str, str]] | None = None) -> None:
         try:
-            self._sqs.send_message(queue_name=queue_name, message_body=body)
+            message = self._sqs.send_message(queue_name=queue_name, message_body=body)
         except Exception:  # a rule or hook pointing at a deleted queue: AWS drops the delivery too
             log.warning("aws sandbox: no queue %s for a delivery", queue_name)
+            return
+        if sent is not None:
+            sent.append((queue_name, message.id))

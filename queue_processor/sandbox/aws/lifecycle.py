@@ -84,7 +84,9 @@ class LifecycleAction:
 class LifecycleCall:
     """One ``RecordLifecycleActionHeartbeat`` or ``CompleteLifecycleAction`` call as the sandbox received it:
     the parameters as given (``None`` when absent), ``outcome`` = ``"ok"`` or what the caller saw
-    (``"ValidationError: <message>"``), and the token of the action it reached (``None`` on error)."""
+    (``"ValidationError: <message>"``), and the token of the action it reached (``None`` on error). ``held``,
+    for a heartbeat that reached an action: whether a consumer held one of the action's messages (in flight)
+    at that moment; ``None`` for every other call."""
 
     operation: Operation
     time: datetime
@@ -95,6 +97,7 @@ class LifecycleCall:
     result: str | None
     outcome: str
     action_token: str | None
+    held: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -246,7 +249,8 @@ class LifecycleActions:
     ``raise_injected(operation)`` raises the errors set up for an operation (``AutoscalingClientError``),
     ``publish(action, group_arn)`` publishes a newly opened action, ``settle(action, outcome)`` moves the
     instance once the last action of its episode has ended (``outcome``: ABANDON when any ended so, else
-    CONTINUE). See the module docstring for the AWS semantics.
+    CONTINUE), ``held(token)`` says whether a consumer holds a message that carries the action (recorded with
+    each heartbeat; always ``True`` when not given). See the module docstring for the AWS semantics.
     """
 
     def __init__(
@@ -259,6 +263,7 @@ class LifecycleActions:
         raise_injected: Callable[[str], None],
         publish: Callable[[ActionState, str], None],
         settle: Callable[[ActionState, Result], None],
+        held: Callable[[str], bool] = lambda token: True,
     ) -> None:
         self._lock = lock
         self._changed = changed
@@ -267,6 +272,7 @@ class LifecycleActions:
         self._raise_injected = raise_injected
         self._publish = publish
         self._settle = settle
+        self._held = held
         self._actions: dict[str, ActionState] = {}
         self._open: dict[str, ActionState] = {}
         self._calls: list[LifecycleCall] = []
@@ -423,6 +429,7 @@ class LifecycleActions:
         with self._lock:
             matched: ActionState | None = None
             outcome = "InternalFailure"
+            held: bool | None = None
             try:
                 self._raise_injected(operation)
                 if operation == "CompleteLifecycleAction" and result not in ("CONTINUE", "ABANDON"):
@@ -432,6 +439,7 @@ class LifecycleActions:
                     matched.heartbeats += 1
                     restarted = time.monotonic() + self._clock.real(matched.heartbeat_timeout_s)
                     matched.deadline = min(restarted, matched.global_deadline)
+                    held = self._held(matched.token)
                 else:
                     self._end(matched, "completed", "CONTINUE" if result == "CONTINUE" else "ABANDON")
                 outcome = "ok"
@@ -441,7 +449,16 @@ class LifecycleActions:
             finally:
                 reached = matched.token if matched is not None and outcome == "ok" else None
                 call = LifecycleCall(
-                    operation, utcnow(), asg_name, hook_name, token, instance_id, result, outcome, reached
+                    operation,
+                    utcnow(),
+                    asg_name,
+                    hook_name,
+                    token,
+                    instance_id,
+                    result,
+                    outcome,
+                    reached,
+                    held,
                 )
                 self._calls.append(call)
                 self._changed.notify_all()

@@ -101,6 +101,7 @@ class AwsSandbox:
             raise_injected=self._faults.raise_injected,
             publish=self._delivery.publish_action,
             settle=self._settle,
+            held=self._delivery.held,
         )
 
     # ------------------------------------------------------------------------------------------- lifecycle
