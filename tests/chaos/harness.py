@@ -96,8 +96,11 @@ class Controller:
             return 0, str(error)
 
     def metric(self, name: str, **labels: str) -> float:
-        """The sum of the samples of ``name`` whose labels include ``labels``, from its /metrics."""
+        """The sum of the samples of ``name`` whose labels include ``labels``, from its /metrics (0 while the
+        server is not up yet)."""
         status, body = self.get("/metrics", self.metrics_port)
+        if status == 0:
+            return 0.0
         assert status == 200, body
         total = 0.0
         for line in body.splitlines():
