@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +136,7 @@ async def run_controller(
         server = ProbeServer.from_settings(settings, metrics) if serve else None
         if server is not None:
             server.add_liveness("receive-loops", consumer.alive)
-            server.add_readiness("sqs", lambda: time.monotonic() - consumer.answered_at < 120)
+            server.add_readiness("sqs", consumer.reachable)
             server.add_readiness("kubernetes", kube.reachable)
             try:
                 await server.start()

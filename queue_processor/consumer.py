@@ -115,6 +115,8 @@ class Consumer:
         self.observer = observer
         self.answered_at = 0.0
         """``time.monotonic()`` of the last ReceiveMessage SQS answered (readiness)."""
+        self.failed_at = 0.0
+        """``time.monotonic()`` of the last ReceiveMessage that failed (readiness)."""
         self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         """Resolved with one line naming the setting when SQS refuses the very first receives for good (the
         queue does not exist, the credentials are refused or missing): start-up failed. A refusal after SQS
@@ -144,6 +146,12 @@ class Consumer:
                     asyncio.create_task(self._receive_loop(url), name=f"receive-{index}-{url}")
                 )
         self._extender = asyncio.create_task(self._extend_loop(), name="visibility-extender")
+
+    def reachable(self) -> bool:
+        """Readiness: SQS has answered a ReceiveMessage, and the latest one that ended was answered. Receive
+        loops that wait for an in-flight slot (operations hold the whole budget) poll nothing, and the
+        controller stays ready."""
+        return self.answered_at > 0.0 and self.failed_at <= self.answered_at
 
     def alive(self, max_idle_s: float = 120.0) -> bool:
         """Liveness: every receive loop task is running, and one iterated within ``max_idle_s`` seconds or
@@ -241,6 +249,7 @@ class Consumer:
                 for _ in range(room):
                     self._budget.release()
                 self.observer.error(ErrorWhere.RECEIVE)
+                self.failed_at = time.monotonic()
                 refused = _refusal(queue_url, exc)
                 if refused is not None and not self.answered_at:  # never answered: a setting, not a blip
                     log.error("the queue refuses this controller: stopping", queue=queue_url, error=repr(exc))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -94,6 +94,46 @@ async def test_an_empty_receive_counts_as_an_answer() -> None:
         metrics.registry.get_sample_value("queue_processor_last_receive_timestamp_seconds", {"queue": "q"})
         or 0
     ) > 0
+
+
+async def test_readiness_follows_the_latest_receive() -> None:
+    # Not ready until SQS first answers; a failed receive makes it unready until the next answer.
+    class Scripted:
+        def __init__(self) -> None:
+            self.plan: asyncio.Queue[str] = asyncio.Queue()
+
+        async def receive_message(self, **_: Any) -> dict[str, Any]:
+            if await self.plan.get() == "fail":
+                raise ValueError("no route to SQS")
+            return {}
+
+    sqs = Scripted()
+    consumer = Consumer(
+        sqs,
+        SimpleNamespace(heartbeats=Heartbeats(None)),  # type: ignore[arg-type]  # no message arrives
+        EventStore(),
+        queue_urls=["q"],
+        in_flight_budget=2,
+        loops_per_queue=1,
+        visibility_timeout_s=30,
+    )
+    consumer.start()
+
+    async def after(step: str, done: Callable[[], bool]) -> bool:
+        sqs.plan.put_nowait(step)
+        while not done():  # noqa: ASYNC110 - the fake answers at once (a failure waits 1 s to retry)
+            await asyncio.sleep(0.01)
+        return consumer.reachable()
+
+    try:
+        assert not consumer.reachable()
+        assert await after("ok", lambda: consumer.answered_at > 0)
+        assert not await after("fail", lambda: consumer.failed_at > 0)
+        assert await after("ok", lambda: consumer.answered_at > consumer.failed_at)
+    finally:
+        for _ in range(10):  # the open poll ends, and any a shutdown still lets run
+            sqs.plan.put_nowait("ok")
+        await consumer.shutdown()
 
 
 # --------------------------------------------------------------------------- the consumer on a fake SQS

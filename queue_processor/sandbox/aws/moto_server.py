@@ -179,12 +179,12 @@ class _WsgiServer(ThreadedWSGIServer):
 
 
 class MotoServer(ThreadedMotoServer):
-    """``ThreadedMotoServer`` on 127.0.0.1 and a free port, with the lock middleware and closable
+    """``ThreadedMotoServer`` on 127.0.0.1 and ``port`` (0: a free one), with the lock middleware and closable
     connections. ``stop(timeout_s)`` closes the connections too: a request still being served gets ``timeout_s``
     seconds to end."""
 
-    def __init__(self, lock: threading.RLock) -> None:
-        super().__init__(ip_address="127.0.0.1", port=0, verbose=False)
+    def __init__(self, lock: threading.RLock, port: int = 0) -> None:
+        super().__init__(ip_address="127.0.0.1", port=port, verbose=False)
         self._lock = lock
 
     def _server_entry(self) -> None:

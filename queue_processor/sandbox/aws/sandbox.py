@@ -142,6 +142,23 @@ class AwsSandbox:
         moto_api_backend.reset()
         uninstall(self)
 
+    def stop_endpoint(self) -> None:
+        """An outage: the endpoint stops answering (new connections refused, open ones shut down, a request
+        being served gets 1 s to end) while moto's state, the lifecycle actions and their timers go on.
+        :meth:`restart_endpoint` ends it. Raises ``RuntimeError`` when the sandbox is not started."""
+        if self._server is None or self._endpoint is None:
+            raise RuntimeError("the AWS sandbox is not started")
+        self._server.stop(timeout_s=1.0)
+
+    def restart_endpoint(self) -> None:
+        """End the outage :meth:`stop_endpoint` began: serve again on the same address (``endpoint_url``
+        unchanged). Raises ``RuntimeError`` when the sandbox is not started."""
+        if self._server is None or self._endpoint is None:
+            raise RuntimeError("the AWS sandbox is not started")
+        port = int(self._endpoint.rsplit(":", 1)[1])
+        self._server = MotoServer(self._lock, port)
+        self._server.start()
+
     def __enter__(self) -> Self:
         return self.start()
 

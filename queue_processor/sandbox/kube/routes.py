@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import json
+import socket
+import struct
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -50,7 +53,9 @@ __all__ = ["ApiRoutes", "Fault", "check_types", "route", "validate_event", "verb
 class Fault:
     """Answer the next ``count`` requests matching ``verb`` and ``resource`` (``None`` = any) with HTTP
     ``status`` (e.g. 429, 500), or, when ``status`` is ``None``, hold each for ``delay_s`` real seconds first
-    (a slow or timing-out API server). ``retry_after_s`` sets the Retry-After header of a 429."""
+    (a slow or timing-out API server). ``retry_after_s`` sets the Retry-After header of a 429. ``reset``
+    answers nothing: the connection is reset (TCP RST) after ``delay_s``, as by a load balancer or an API
+    server that dies mid-request."""
 
     verb: str | None
     resource: str | None
@@ -58,6 +63,19 @@ class Fault:
     count: int
     delay_s: float = 0.0
     retry_after_s: int | None = None
+    reset: bool = False
+
+
+def _reset(request: web.Request) -> None:
+    """Reset the request's connection: close it with SO_LINGER 0, so the client reads a TCP RST."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def verb_of(method: str, name: str | None, query: Any) -> str:
@@ -277,6 +295,10 @@ class ApiRoutes:
             self.requests[f"{verb} {resource}"] += 1
             fault = self.take_fault(verb, resource)
         if fault is not None:
+            if fault.reset:
+                await asyncio.sleep(fault.delay_s)
+                _reset(request)
+                return web.Response(status=500)  # never sent: the connection is gone
             if fault.status is None:
                 await asyncio.sleep(fault.delay_s)
             else:

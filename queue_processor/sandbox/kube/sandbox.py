@@ -190,9 +190,10 @@ class KubeSandbox:
         count: int = 1,
         delay_s: float = 0.0,
         retry_after_s: int | None = None,
+        reset: bool = False,
     ) -> Fault:
         """Add a :class:`Fault`; returns it (its ``count`` drops as requests consume it)."""
-        fault = Fault(verb, resource, status, count, delay_s, retry_after_s)
+        fault = Fault(verb, resource, status, count, delay_s, retry_after_s, reset)
         with self.lock:
             self._routes.faults.append(fault)
         return fault
