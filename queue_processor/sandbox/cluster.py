@@ -8,6 +8,7 @@ DELETE_LOCAL_DATA), and unreplicated pods (evicted by a forced drain only). Size
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,8 @@ class KubeCluster(Protocol):
 
     @property
     def evictions(self) -> list[dict[str, Any]]: ...
+
+    def denied(self) -> Counter[tuple[str, str]]: ...
 
     @property
     def requests(self) -> Any: ...

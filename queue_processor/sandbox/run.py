@@ -89,8 +89,8 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
       while nobody held it: every message carrying the action was visible in its queue (released, or
       requeued and back) or gone;
     - ``nodes_drained_twice``: nodes one of whose pods was evicted twice (two drains at once);
-    - ``evictions_denied``: eviction requests answered 403 Forbidden (on the real control plane; the
-      emulation has no RBAC and answers none).
+    - ``evictions_denied``: eviction requests answered 403 Forbidden (RBAC on the real control plane; the
+      emulation has none, and answers 403 only as an injected fault).
     """
     state = progress_of(sandbox, nodes, started)
     wanted = set(nodes)
@@ -116,8 +116,7 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
         for pod in evictions
         if counts[(pod["metadata"]["namespace"], pod["metadata"]["name"])] > 1
     }
-    denied_of = getattr(sandbox.kube, "denied", None)
-    denied = sum(n for (_, what), n in denied_of().items() if "eviction" in what) if denied_of else 0
+    denied = sum(n for (_, what), n in sandbox.kube.denied().items() if "eviction" in what)
     return {
         "drained": drained,
         "cordoned": state.cordoned,

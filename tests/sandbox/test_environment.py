@@ -247,3 +247,18 @@ def test_the_judge_counts_a_heartbeat_while_nobody_holds_the_message(sandbox: Sa
     ]
     sqs.change_message_visibility_batch(QueueUrl=url, Entries=entries)  # released
     assert beat() == 2
+
+
+def test_the_judge_counts_an_eviction_denied(sandbox: Sandbox) -> None:
+    # The emulation has no RBAC: a 403 is injected, as a real API server answers a role without the verb.
+    instance = sandbox.instances[0]
+    namespace = sandbox.cluster.namespace
+    sandbox.kube.add_pod(namespace, "guarded", node=instance.private_dns_name)
+    sandbox.kube.inject_fault("create", "pods/eviction", status=403)  # type: ignore[attr-defined]
+    v1 = client.CoreV1Api(config.new_client_from_config(str(sandbox.kubeconfig_path)))
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="guarded", namespace=namespace))
+    with pytest.raises(client.ApiException) as denied:
+        v1.create_namespaced_pod_eviction("guarded", namespace, eviction)
+    assert denied.value.status == 403
+    verdict = judge(sandbox, [instance.private_dns_name], time.monotonic())
+    assert (verdict["evictions_denied"], verdict["evicted"]) == (1, 0)

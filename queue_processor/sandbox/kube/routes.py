@@ -178,6 +178,7 @@ class ApiRoutes:
         self.clock = clock
         self.cache_lag_s = cache_lag_s
         self.requests = requests
+        self.forbidden: Counter[str] = Counter()  # requests answered 403, by "<verb> <resource>"
         self.faults: list[Fault] = []
         self.port = 0
 
@@ -302,11 +303,11 @@ class ApiRoutes:
             if fault.status is None:
                 await asyncio.sleep(fault.delay_s)
             else:
-                error = ApiError(
-                    fault.status,
-                    "TooManyRequests" if fault.status == 429 else "InternalError",
-                    "injected fault",
-                )
+                reasons = {403: "Forbidden", 429: "TooManyRequests"}
+                error = ApiError(fault.status, reasons.get(fault.status, "InternalError"), "injected fault")
+                if fault.status == 403:
+                    with self.lock:
+                        self.forbidden[f"{verb} {resource}"] += 1
                 headers = (
                     {"Retry-After": str(fault.retry_after_s)} if fault.retry_after_s is not None else None
                 )

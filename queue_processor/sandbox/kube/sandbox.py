@@ -200,6 +200,12 @@ class KubeSandbox:
 
     # ------------------------------------------------------------------------------------- cluster state
 
+    def denied(self) -> Counter[tuple[str, str]]:
+        """Requests answered 403 Forbidden, by (user, ``"<verb> <resource>"``); the emulation has no RBAC, so
+        only :meth:`inject_fault` with ``status=403`` answers any (its user: ``"emulated"``)."""
+        with self.lock:
+            return Counter({("emulated", what): n for what, n in self._routes.forbidden.items()})
+
     def objects(self, plural: str) -> list[Obj]:
         """Copies of every stored object of a resource (the current state, never the cache)."""
         with self.lock:
