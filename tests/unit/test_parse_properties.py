@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import random
 import re
+from datetime import UTC
 from typing import Any
 
 from hypothesis import HealthCheck, assume, given, settings
@@ -143,3 +146,44 @@ def test_event_ids_do_not_depend_on_key_order_or_whitespace(data: st.DataObject)
     assert rewritten.outcome == original.outcome == "events"
     assert [e.event_id for e in rewritten.events] == [e.event_id for e in original.events]
     assert [e.model_dump() for e in rewritten.events] == [e.model_dump() for e in original.events]
+
+
+#: Examples per run of the structured fuzzer: bounded in CI; raise it to fuzz longer (QP_FUZZ_EXAMPLES=100000).
+FUZZ_EXAMPLES = int(os.environ.get("QP_FUZZ_EXAMPLES", "400"))
+#: One valid EventBridge body per (source, detail-type) among the samples and fixtures.
+BY_KIND = {(body["source"], body["detail-type"]): body for body in VALID if "detail-type" in body}
+timestamps = st.one_of(
+    st.datetimes(timezones=st.just(UTC)).map(lambda moment: moment.isoformat().replace("+00:00", "Z")),
+    st.datetimes(timezones=st.timezones()).map(lambda moment: moment.isoformat()),
+    st.datetimes().map(str),
+    st.text(max_size=30),
+    st.integers(),
+)
+instance_ids = st.one_of(st.from_regex(r"i-[0-9a-f]{8,17}", fullmatch=True), st.text(max_size=40))
+field_values = st.one_of(json_scalars, instance_ids, timestamps, json_values)
+
+
+def test_every_kind_has_a_body_to_fuzz() -> None:
+    assert len(BY_KIND) >= 6
+
+
+@settings(max_examples=FUZZ_EXAMPLES)
+@given(st.data())
+def test_parse_never_raises_on_structured_messages(data: st.DataObject) -> None:
+    # A grammar-shaped fuzzer: a real body of a known kind, its time and any of its detail's fields replaced
+    # by values of plausible and implausible shapes, removed, or joined by unknown ones, then sent as it is,
+    # wrapped in SNS, or wrapped twice.
+    body = copy.deepcopy(BY_KIND[data.draw(st.sampled_from(sorted(BY_KIND)))])
+    body["time"] = data.draw(timestamps)
+    detail = body["detail"]
+    for field in sorted(detail):
+        action = data.draw(st.sampled_from(["keep", "replace", "remove"]))
+        if action == "replace":
+            detail[field] = data.draw(field_values)
+        elif action == "remove":
+            del detail[field]
+    detail.update(data.draw(st.dictionaries(st.text(max_size=12), field_values, max_size=3)))
+    text = json.dumps(body)
+    for _ in range(data.draw(st.integers(0, 2))):
+        text = json.dumps({"Type": "Notification", "MessageId": "m", "Message": text})
+    check_result(parse(text))
