@@ -5,9 +5,11 @@ Every call goes through :meth:`KubeClient.request`: it waits for a token of the 
 (``KUBE_API_QPS`` / ``KUBE_API_BURST``, as client-go's token bucket), runs the ``kubernetes`` client's own
 HTTP machinery (configuration, auth, TLS) in the thread pool, and returns the decoded JSON body. Objects stay
 dicts in the API's JSON shape: decoding into the client's models costs milliseconds per pod list, which a
-storm of a thousand drains cannot afford. Connection errors and 5xx answers (but a 500 from the eviction
-subresource, which means "several PodDisruptionBudgets") are retried with tenacity, exponential backoff and
-jitter; urllib3 under the client also retries a 429 that carries Retry-After and timed-out GETs.
+storm of a thousand drains cannot afford. Connection errors, 429s (API Priority and Fairness, or a rate limit)
+and 5xx answers are retried with tenacity, exponential backoff and jitter, a 429's or 503's Retry-After
+honoured up to :data:`RETRY_AFTER_MAX_S`; evictions are not (their 429 and 500 mean "PodDisruptionBudget", and
+the drain decides). urllib3 under the client retries only connections that failed before the request was
+sent, and never sleeps on a Retry-After itself.
 
 API paths and semantics: the Kubernetes API reference (core/v1 Node and Pod, policy/v1 Eviction,
 coordination.k8s.io/v1 Lease, core/v1 Event) and "API-initiated Eviction".
@@ -25,12 +27,22 @@ from typing import Any
 
 import urllib3
 from kubernetes import client, config
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from queue_processor.config import StartupError, default
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 
-__all__ = ["KubeClient", "KubeError", "RateLimiter", "load_api_client"]
+__all__ = ["RETRY_AFTER_MAX_S", "KubeClient", "KubeError", "RateLimiter", "load_api_client"]
+
+#: The longest a Retry-After is waited for before a retry (seconds): every wait stays short of what it protects
+#: (a cordon, a heartbeat interval, a shutdown); the server asks for 1 s in API Priority and Fairness.
+RETRY_AFTER_MAX_S = 10.0
 
 Obj = dict[str, Any]
 
@@ -43,13 +55,15 @@ PATCH_TYPES = {
 
 class KubeError(Exception):
     """An error answer from the API server: ``status`` (HTTP code; 0 for a connection error), ``reason``
-    (the Status object's reason, e.g. ``NotFound``, ``TooManyRequests``, ``Conflict``) and ``message``."""
+    (the Status object's reason, e.g. ``NotFound``, ``TooManyRequests``, ``Conflict``), ``message``, and
+    ``retry_after_s``, the Retry-After header in seconds when the answer carried one."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after_s = retry_after_s
 
 
 class RateLimiter:
@@ -102,6 +116,11 @@ def load_api_client(
     :class:`~queue_processor.config.StartupError` (one line naming KUBECONFIG) when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
+    # Only a connection that failed before the request went out is tried again down there; every other retry
+    # (429 with its Retry-After, 5xx, a reset) is KubeClient's, bounded and counted.
+    configuration.retries = urllib3.Retry(
+        total=2, connect=2, read=False, status=0, other=0, redirect=0, respect_retry_after_header=False
+    )
     if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -121,9 +140,19 @@ def load_api_client(
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, KubeError) and (
-        exc.status == 0 or exc.status in (502, 503, 504) or exc.status == 500
-    )
+    return isinstance(exc, KubeError) and exc.status in (0, 429, 500, 502, 503, 504)
+
+
+_backoff = wait_random_exponential(multiplier=0.2, max=5)
+
+
+def _wait(state: RetryCallState) -> float:
+    """Seconds before the next attempt: the answer's Retry-After (at most RETRY_AFTER_MAX_S), else jittered
+    exponential backoff."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, KubeError) and error.retry_after_s is not None:
+        return min(max(error.retry_after_s, 0.0), RETRY_AFTER_MAX_S)
+    return float(_backoff(state))
 
 
 class KubeClient:
@@ -183,7 +212,7 @@ class KubeClient:
             return await self._once(method, path, query, body, content_type, urgent)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
-            wait=wait_random_exponential(multiplier=0.2, max=5),
+            wait=_wait,
             stop=stop_after_attempt(self.attempts),
             reraise=True,
         ):
@@ -203,7 +232,9 @@ class KubeClient:
         await self.limiter.acquire(urgent=urgent)
         loop = asyncio.get_running_loop()
         pool = self._urgent_pool if urgent else self._pool
-        status, data = await loop.run_in_executor(pool, self._call, method, path, query, body, content_type)
+        status, data, retry_after = await loop.run_in_executor(
+            pool, self._call, method, path, query, body, content_type
+        )
         verb, resource = _describe(method, path, query)
         self.observer.kube_request(verb, resource, status or None)
         if status:
@@ -211,12 +242,12 @@ class KubeClient:
         else:
             self.unreachable_at = time.monotonic()
         if status >= 400 or status == 0:
-            raise _error(status, data)
+            raise _error(status, data, retry_after)
         return json.loads(data) if data else None
 
     def _call(
         self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str | None
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes, float | None]:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
@@ -231,9 +262,13 @@ class KubeClient:
             )
             response = self.api.call_api(*params, _request_timeout=self.timeout_s)
             response.read()  # type: ignore[no-untyped-call]
-            return int(response.status), bytes(response.data or b"")
+            return (
+                int(response.status),
+                bytes(response.data or b""),
+                _seconds(response.getheader("Retry-After")),  # type: ignore[no-untyped-call]
+            )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode()
+            return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
 
     # ------------------------------------------------------------------------------------------ nodes
 
@@ -343,9 +378,17 @@ def _describe(method: str, path: str, query: Mapping[str, str] | None) -> tuple[
     return verbs.get(method, method.lower()), resource
 
 
-def _error(status: int, data: bytes) -> KubeError:
+def _seconds(value: str | None) -> float | None:
+    """A Retry-After in seconds (the API server sends delta-seconds); ``None`` when absent or not a number."""
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _error(status: int, data: bytes, retry_after_s: float | None = None) -> KubeError:
     try:
         body = json.loads(data) if data else {}
     except ValueError:
         body = {"message": data[:200].decode(errors="replace")}
-    return KubeError(status, str(body.get("reason") or ""), str(body.get("message") or ""))
+    return KubeError(status, str(body.get("reason") or ""), str(body.get("message") or ""), retry_after_s)

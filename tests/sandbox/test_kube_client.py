@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from queue_processor.kube import KubeClient, load_api_client
+import pytest
+
+from queue_processor.kube import KubeClient, KubeError, load_api_client
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.kube import KubeSandbox
 
@@ -29,5 +31,34 @@ async def test_a_node_call_is_answered_while_every_drain_thread_waits_on_a_slow_
             assert node is not None
             assert not any(task.done() for task in slow), "the node call waited behind the pod lists"
             await asyncio.gather(*slow)
+        finally:
+            client.close()
+
+
+async def test_throttled_and_reset_calls_are_retried_inside_the_call_and_an_eviction_is_not(
+    tmp_path: Path,
+) -> None:
+    # API Priority and Fairness answers 429 with Retry-After: a cordon (a PATCH, which urllib3 never retries)
+    # is tried again after it, as are a connection reset and a 503; an eviction's 429 is the drain's to judge.
+    # (Emulation only: a real API server does not throttle or reset on demand.)
+    with KubeSandbox(SandboxClock(1.0)) as sandbox:
+        name = "ip-10-0-0-1.ec2.internal"
+        sandbox.add_node(name)
+        sandbox.add_pod("default", "web", node=name)
+        sandbox.wait_for_nodes([name])
+        client = KubeClient(load_api_client(str(sandbox.kubeconfig(tmp_path / "kubeconfig"))))
+        try:
+            faults = [
+                sandbox.inject_fault("patch", "nodes", status=429, count=1, retry_after_s=1),
+                sandbox.inject_fault("patch", "nodes", reset=True, count=1),
+                sandbox.inject_fault("patch", "nodes", status=503, count=1),
+            ]
+            node = await client.patch_node(name, {"spec": {"unschedulable": True}})
+            assert node["spec"]["unschedulable"] is True
+            assert [fault.count for fault in faults] == [0, 0, 0]
+            sandbox.inject_fault("create", "pods/eviction", status=429, count=1, retry_after_s=1)
+            with pytest.raises(KubeError) as refused:
+                await client.evict("default", "web")
+            assert (refused.value.status, refused.value.retry_after_s) == (429, 1.0)
         finally:
             client.close()
