@@ -11,7 +11,7 @@ CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: setup demo test lint typecheck unit bench storm docs lock clean cluster-bin cluster-bin-if-go
+.PHONY: setup demo test lint typecheck unit bench storm soak docs lock clean cluster-bin cluster-bin-if-go
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -58,6 +58,9 @@ bench: $(STAMP)
 
 storm: $(STAMP)
 	$(BIN)/python benchmarks/storm.py
+
+soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py
 
 docs: $(STAMP)
 	$(BIN)/queue-processor config --reference > docs/configuration.md
