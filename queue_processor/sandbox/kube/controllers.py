@@ -188,8 +188,11 @@ class Controllers:
         self.store.insert("pods", pod)
 
     def after_pod_gone(self, pod: Obj) -> None:
-        """A pod was removed: a DaemonSet recreates its pod on a node that is still there."""
+        """A pod was removed: a DaemonSet recreates its pod on a node that is still there; a ReplicaSet
+        replaces it (also when it went with its node: pod GC deletes the pods of a deleted Node)."""
         reference = owner(pod)
+        if reference and reference["kind"] == "ReplicaSet":
+            self.replace_for_rs(pod)
         if reference and reference["kind"] == "DaemonSet":
             ds = self.store.objects["daemonsets"].get((pod["metadata"]["namespace"], reference["name"]))
             node = pod["spec"].get("nodeName")
