@@ -405,7 +405,9 @@ _POD_STAGES = """\
 # Pod stages for KWOK (https://kwok.sigs.k8s.io/docs/user/stages-configuration/): our own, written for the
 # tests. A pod bound to a managed node turns Running and Ready at once; a pod of a Job completes; a pod being
 # deleted is finished (deleted) when its grace period ends, at its deletionTimestamp, as a kubelet would after
-# containers that used all of their grace. Pods with the manual-status annotation are left to the test.
+# containers that used all of their grace. The API server keeps a deletionTimestamp to the second (truncated), so
+# this comes up to 1 s early: a pod with 1 s of grace may go at once. Pods with the manual-status annotation are
+# left to the test.
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:

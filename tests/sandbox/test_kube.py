@@ -29,7 +29,10 @@ from queue_processor.sandbox.cluster import KubeCluster
 from queue_processor.sandbox.kube import KubeSandbox
 from tests.conftest import KUBERNETES, REQUIRE_REAL_CLUSTER
 
-SCALE = 0.01  # 1 simulated second = 10 ms (on the real server a pod's grace is rounded up to whole seconds)
+# 1 simulated second = 10 ms. On the real server a pod's grace is rounded up to whole seconds, and KWOK ends it at
+# the pod's deletionTimestamp, which the API server keeps to the second (truncated): a deleted pod goes up to 1 s
+# before its grace has passed (one with 1 s of grace anywhere from at once to 1 s later).
+SCALE = 0.01
 
 
 @pytest.fixture(scope="module", params=KUBERNETES)
@@ -280,7 +283,9 @@ def test_graceful_deletion_keeps_the_pod_until_its_grace_period_has_passed(
 ) -> None:
     (name,) = nodes(kube, 1)
     namespace = namespace_of(kube)
-    kube.add_pod(namespace, "slow", node=name, grace_s=150)  # 1.5 s (2 s on the real server)
+    # 3 s (2 s to 3 s on the real server, see SCALE): "quick" (0 s to 1 s there) goes first by a second or more,
+    # even when the two deletions fall either side of a whole second (with 2 s the two could end together).
+    kube.add_pod(namespace, "slow", node=name, grace_s=300)
     kube.add_pod(namespace, "quick", node=name, grace_s=150)
     kube.add_pod(namespace, "now", node=name, grace_s=150)
     own = v1.read_namespaced_pod("slow", namespace).spec.termination_grace_period_seconds
@@ -324,12 +329,19 @@ def test_eviction_honours_a_pod_disruption_budget(
 ) -> None:
     names = nodes(kube, 3)
     namespace = namespace_of(kube)
-    kube.add_replicaset(namespace, "web", nodes=names, replicas=3, labels={"app": "web"}, grace_s=100)
-    kube.add_pdb(namespace, "web", match_labels={"app": "web"}, min_available=2)
+    # A long grace (60 s on the real server), so the evicted pods are still there, terminating, when read below.
+    kube.add_replicaset(namespace, "web", nodes=names, replicas=3, labels={"app": "web"}, grace_s=6000)
+    originals = [p.metadata.name for p in pods_of(v1, namespace, "web")]
+    # The budget covers these three pods, not the replacements the ReplicaSet makes (on the real server one is
+    # Ready within some 30 ms of an eviction, often before the next request): the 429 below races nothing.
+    for name in originals:
+        v1.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {"budget": "web"}}})
+    kube.add_pdb(namespace, "web", match_labels={"budget": "web"}, min_available=2)
     status = budget(api, namespace, "web")
     assert (status.current_healthy, status.desired_healthy, status.disruptions_allowed) == (3, 2, 1)
-    first, second, _ = (p.metadata.name for p in pods_of(v1, namespace, "web"))
+    first, second, _ = originals
     evict(v1, namespace, first)
+    wait_for(lambda: budget(api, namespace, "web").current_healthy == 2)  # the controller has seen it go
     blocked = refused(lambda: evict(v1, namespace, second))
     assert blocked.status == 429
     assert "Retry-After" not in (blocked.headers or {})
@@ -350,12 +362,19 @@ def test_eviction_honours_a_pod_disruption_budget(
         },
         "code": 429,
     }
-    # The ReplicaSet replaces the evicted pod; once the replacement is Ready, the next eviction goes through.
+
+    # The ReplicaSet replaces the evicted pod; once the replacement is Ready and in the budget, the next eviction
+    # goes through.
+    def replacements() -> list[str]:
+        return [p.metadata.name for p in pods_of(v1, namespace, "web") if p.metadata.name not in originals]
+
+    wait_for(lambda: len(replacements()) == 1)
+    v1.patch_namespaced_pod(replacements()[0], namespace, {"metadata": {"labels": {"budget": "web"}}})
     wait_for(lambda: budget(api, namespace, "web").disruptions_allowed == 1)
     evict(v1, namespace, second)
     evicted = [pod["metadata"]["name"] for pod in kube.evictions if pod["metadata"]["namespace"] == namespace]
     assert evicted == [first, second]
-    marked = v1.read_namespaced_pod(second, namespace)  # terminating for its grace period
+    marked = v1.read_namespaced_pod(second, namespace)  # terminating for its grace period (60 s)
     assert any(c.type == "DisruptionTarget" and c.status == "True" for c in marked.status.conditions)
 
 
