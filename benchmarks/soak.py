@@ -316,13 +316,8 @@ class Soak:
 
     def _wrap_delete_node(self) -> None:
         """Count, when a node goes with its instance, the pods on it a drain would have evicted and that were
-        not even terminating (the sandbox removes them with the node), and have their ReplicaSets replace
-        them: the emulation's ReplicaSets only replace a pod that starts terminating, not one removed with its
-        node, so every such pod would leave its PodDisruptionBudget one healthy pod short for the rest of the
-        run (a few dozen block every drain). A workaround through the emulation's own controller
-        (``replace_for_rs`` creates pods only up to the ReplicaSet's replicas, so it is harmless once fixed)."""
+        not even terminating (the sandbox removes them with the node; their ReplicaSets replace them)."""
         kube, original = self.kube, self.kube.delete_node
-        controllers = getattr(kube, "_controllers", None)
 
         def delete_node(name: str) -> None:
             with kube.lock:  # the pods seen are the pods removed
@@ -338,9 +333,6 @@ class Soak:
                 if left:
                     self.undrained[name] = len(left)
                 original(name)
-                if controllers is not None:
-                    for pod in left:
-                        controllers.replace_for_rs(pod)
 
         kube.delete_node = delete_node  # type: ignore[method-assign]
 

@@ -727,9 +727,37 @@ class ControlPlane:
         self.stop()
 
     def check(self) -> None:
-        """Raise :class:`ControlPlaneError` when a component has exited."""
+        """Raise :class:`ControlPlaneError` when a component has exited (one :meth:`kill` stopped is not
+        checked until :meth:`start_again`)."""
         for process in self._processes:
             process.check()
+
+    def kill(self, component: str) -> None:
+        """SIGKILL one component (``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler``,
+        ``kwok``; etcd's data stays): an outage for chaos tests. Raises ``KeyError`` for another name."""
+        process = self._component(component)
+        if process.popen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.popen.kill()
+            process.popen.wait(10)
+            process.popen = None
+
+    def start_again(self, component: str) -> None:
+        """Start a component :meth:`kill` stopped, with the same arguments, and for kube-apiserver wait until
+        ``/readyz`` answers 200 (at most ``start_timeout_s``). Raises ``KeyError`` for an unknown name and
+        :class:`ControlPlaneError` when it does not come up."""
+        process = self._component(component)
+        if process.popen is None:
+            process.start()
+        if component == "kube-apiserver":
+            deadline = time.monotonic() + self.start_timeout_s
+            self._wait(deadline, "kube-apiserver /readyz", lambda: self._get("/readyz") == 200)
+
+    def _component(self, name: str) -> _Process:
+        for process in self._processes:
+            if process.name == name:
+                return process
+        raise KeyError(f"no component {name!r} in this control plane")
 
     # ------------------------------------------------------------------------------------------ helpers
 

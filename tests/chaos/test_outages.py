@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from queue_processor.sandbox.cluster import ClusterSpec
+from queue_processor.sandbox.control_plane import ControlPlane
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
 from tests.chaos.harness import Controller, hold_drains, settle, until
 from tests.chaos.test_signals import LEAVING, SCALE, Draining
@@ -65,3 +66,35 @@ async def test_resets_and_an_aws_outage_mid_drain(emulated: Sandbox, tmp_path: P
     await settle(sandbox, draining.tokens, draining.nodes, draining.started, [controller])
     assert [fault.count for fault in resets] == [0, 0, 0]  # every reset was met
     assert controller.count("receive failed") >= 1
+
+
+@pytest.fixture
+def real(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
+    plane = request.getfixturevalue("control_plane")
+    rbac = request.getfixturevalue("chart_rbac")
+    with Sandbox(
+        options(), workdir=tmp_path / "sandbox", kubernetes="real", plane=plane, rbac=rbac
+    ) as running:
+        yield running
+
+
+async def test_kube_apiserver_killed_and_started_again_mid_drain(
+    real: Sandbox, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    sandbox, plane = real, control_plane
+    draining = Draining(sandbox, tmp_path)
+    controller = await draining.first()
+    plane.kill("kube-apiserver")
+    try:
+        # The drains go on trying to evict (the budgets allow nothing), and get no answer.
+        await until(
+            lambda: checks(controller, "/readyz").get("kubernetes") is False, 60, "kubernetes failing"
+        )
+        assert checks(controller, "/healthz") == {"receive-loops": True}
+    finally:
+        plane.start_again("kube-apiserver")
+    await until(
+        lambda: checks(controller, "/readyz").get("kubernetes") is True, 120, "kubernetes passing again"
+    )
+    hold_drains(sandbox, False)
+    await settle(sandbox, draining.tokens, draining.nodes, draining.started, [controller])

@@ -553,6 +553,21 @@ def test_deleting_a_node_removes_its_pods(kube: KubeCluster, v1: client.CoreV1Ap
     assert v1.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items == []
 
 
+def test_a_replicaset_replaces_the_pods_that_went_with_their_node(
+    kube: KubeCluster, v1: client.CoreV1Api
+) -> None:
+    names = nodes(kube, 2)
+    namespace = namespace_of(kube)
+    kube.add_replicaset(namespace, "web", nodes=names, replicas=2, labels={"app": "web"})
+    kube.delete_node(names[0])
+
+    def replaced() -> bool:
+        running = [p for p in pods_of(v1, namespace, "web") if p.status.phase == "Running"]
+        return len(running) == 2 and all(p.spec.node_name != names[0] for p in running)
+
+    wait_for(replaced)  # on the other node, or on another test's: any but the deleted one
+
+
 # ------------------------------------------------------------------------------------------ leases, events
 
 
