@@ -179,15 +179,24 @@ def hold_drains(sandbox: Sandbox, held: bool) -> None:
         sandbox.kube.set_pdb(sandbox.cluster.namespace, app, max_unavailable=0 if held else 1)
 
 
-def assert_judged_clean(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
-    """The judge's verdict on ``nodes`` since ``started``: every CLEAN field at zero; the verdict."""
+def assert_judged_clean(
+    sandbox: Sandbox, nodes: list[str], started: float, expected: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """The judge's verdict on ``nodes`` since ``started``: every CLEAN field at zero (or at the value
+    ``expected`` gives it, with the case saying why); the verdict."""
     verdict = judge(sandbox, nodes, started)
-    assert {key: verdict[key] for key in CLEAN} == dict.fromkeys(CLEAN, 0), verdict
+    wanted = {**dict.fromkeys(CLEAN, 0), **(expected or {})}
+    assert {key: verdict[key] for key in CLEAN} == wanted, verdict
     return verdict
 
 
 async def settle(
-    sandbox: Sandbox, tokens: list[str], nodes: list[str], started: float, controllers: list[Controller]
+    sandbox: Sandbox,
+    tokens: list[str],
+    nodes: list[str],
+    started: float,
+    controllers: list[Controller],
+    expected: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Wait until every action of ``tokens`` is settled and the queue is empty, SIGTERM ``controllers`` (each
     must exit cleanly within 60 s), and check: every action completed (none timed out), the judge's verdict
@@ -202,4 +211,4 @@ async def settle(
     for controller in controllers:
         controller.assert_clean_exit()
     assert [sandbox.aws.action(token).status for token in tokens] == ["completed"] * len(tokens)
-    return assert_judged_clean(sandbox, nodes, started)
+    return assert_judged_clean(sandbox, nodes, started, expected)

@@ -15,6 +15,7 @@ import pytest
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.control_plane import ControlPlane
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from queue_processor.sandbox.run import judge
 from tests.chaos.harness import Controller, hold_drains, settle, until
 from tests.chaos.test_signals import LEAVING, SCALE, Draining
 
@@ -96,5 +97,17 @@ async def test_kube_apiserver_killed_and_started_again_mid_drain(
     await until(
         lambda: checks(controller, "/readyz").get("kubernetes") is True, 120, "kubernetes passing again"
     )
+
+    # A kube-apiserver that has just started may answer 403 for a moment (its RBAC informers not synced yet,
+    # though /readyz passes): the controller's evictions are denied until then, and only then. Once the API
+    # server refuses one for the budget (429), RBAC is back: no denial may follow.
+    def budget_refusals() -> float:
+        name = "queue_processor_kube_requests_total"
+        return controller.metric(name, verb="create", resource="pods/eviction", code="429")
+
+    refused = budget_refusals()
+    await until(lambda: budget_refusals() > refused, 120, "an eviction refused by the budget, not by RBAC")
+    denied_while_starting = judge(sandbox, draining.nodes, draining.started)["evictions_denied"]
     hold_drains(sandbox, False)
-    await settle(sandbox, draining.tokens, draining.nodes, draining.started, [controller])
+    expected = {"evictions_denied": denied_while_starting}
+    await settle(sandbox, draining.tokens, draining.nodes, draining.started, [controller], expected)
