@@ -42,6 +42,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+#: Every controller process started, so that a case that fails half-way leaves none running (conftest.py).
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def kill_leftovers() -> None:
+    """SIGKILL every controller a case started and did not stop."""
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 class Controller:
     """``queue-processor run`` in its own process, pointed at the sandbox, logging JSON lines to ``log``
     (appended). ``extra`` settings override the defaults below (sized for a test: short waits)."""
@@ -67,6 +80,7 @@ class Controller:
         self._offset = log.stat().st_size if log.exists() else 0
         self.log: IO[str] = log.open("a")
         self.process = subprocess.Popen([SCRIPT, "run"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        STARTED.append(self.process)
 
     def lines(self) -> list[dict[str, Any]]:
         """This controller's log lines (JSON objects; any other line as ``{"event": line}``)."""
