@@ -91,3 +91,19 @@ async def test_a_request_that_gets_no_answer_is_counted_as_an_error() -> None:
         with pytest.raises(EndpointConnectionError):
             await aws.sqs.get_queue_attributes(QueueUrl=QUEUE)
     assert requests(metrics, "sqs", "GetQueueAttributes", "error") == 1
+
+
+async def test_a_5xx_answer_is_retried_and_counted_as_an_error(sandbox: AwsSandbox) -> None:
+    sandbox.reset()
+    sandbox.create_asg("workers", 1, heartbeat_timeout_s=300)
+    sandbox.inject_error("DescribeLifecycleHooks", "ServiceUnavailable", "try again", times=2, status=503)
+    metrics = Metrics(process_metrics=False)
+    settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
+    try:
+        async with AwsClients(settings, observer=metrics) as aws:
+            timeout = await Lifecycle(aws.autoscaling, settings).hook_timeout_s("workers", TERMINATE_HOOK)
+    finally:
+        sandbox.clear_errors()
+    assert timeout == pytest.approx(300 * 0.01)
+    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "error") == 2  # a 503 each
+    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "ok") == 1

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import math
 import re
 import socket
 import threading
 import time
+import urllib.parse
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -71,6 +74,7 @@ class _Fault:
     message: str
     until: float | None
     times: int | None
+    status: int = 400
 
 
 class Faults:
@@ -82,13 +86,20 @@ class Faults:
         self._faults: list[_Fault] = []
 
     def add(
-        self, operation: str, code: str, message: str, *, seconds: float | None, times: int | None
+        self,
+        operation: str,
+        code: str,
+        message: str,
+        *,
+        seconds: float | None,
+        times: int | None,
+        status: int = 400,
     ) -> None:
-        """Answer ``operation`` with ``code``/``message`` for the next ``seconds`` real seconds, or the next
-        ``times`` calls, or (neither given) until :meth:`clear`."""
+        """Answer ``operation`` with ``code``/``message`` (HTTP ``status``) for the next ``seconds`` real
+        seconds, or the next ``times`` calls, or (neither given) until :meth:`clear`."""
         until = time.monotonic() + seconds if seconds is not None else None
         with self._lock:
-            self._faults.append(_Fault(operation, code, message, until, times))
+            self._faults.append(_Fault(operation, code, message, until, times, status))
 
     def clear(self) -> None:
         """Forget every error set up."""
@@ -106,10 +117,32 @@ class Faults:
                 if (f.until is None or f.until > now) and (f.times is None or f.times > 0)
             ]
             for fault in self._faults:
-                if fault.operation == operation:
+                if fault.operation == operation and fault.status < 500:
                     if fault.times is not None:
                         fault.times -= 1
                     raise AutoscalingClientError(fault.code, fault.message)
+
+    def pending(self) -> dict[str, int]:
+        """Calls still to be answered with an error, by operation (errors set up for a number of calls)."""
+        with self._lock:
+            left: dict[str, int] = {}
+            for fault in self._faults:
+                if fault.times:
+                    left[fault.operation] = left.get(fault.operation, 0) + fault.times
+            return left
+
+    def server_error(self, operation: str) -> _Fault | None:
+        """The 5xx fault that answers this call of ``operation``, if any (counting the call): the endpoint
+        answers it before moto serves the call."""
+        with self._lock:
+            now = time.monotonic()
+            for fault in self._faults:
+                live = (fault.until is None or fault.until > now) and (fault.times is None or fault.times > 0)
+                if live and fault.operation == operation and fault.status >= 500:
+                    if fault.times is not None:
+                        fault.times -= 1
+                    return fault
+            return None
 
 
 # ------------------------------------------------------------------------------------------------ the server
@@ -126,16 +159,44 @@ class _SerializedApp:
     """WSGI middleware: Auto Scaling, EC2 and EventBridge requests run under the sandbox lock (moto's
     backends are not thread-safe, and the sandbox changes them from its own threads)."""
 
-    def __init__(self, app: WSGIApplication, lock: threading.RLock) -> None:
+    def __init__(self, app: WSGIApplication, lock: threading.RLock, faults: Faults | None = None) -> None:
         self._app = app
         self._lock = lock
+        self._faults = faults
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         scope = _CREDENTIAL_SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
         if scope is None or scope.group(1) not in _SERIALIZED_SERVICES:
             return self._app(environ, start_response)
+        if self._faults is not None and scope.group(1) == "autoscaling":
+            answered = self._server_error(environ, start_response)
+            if answered is not None:
+                return answered
         with self._lock:
             return list(self._app(environ, start_response))
+
+    def _server_error(self, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes] | None:
+        """Answer an Auto Scaling call (Query protocol: ``Action=`` in the form body) with the 5xx set up for
+        its operation, as the service does when it fails internally; ``None`` to let moto serve it (the body
+        put back for it)."""
+        assert self._faults is not None
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        action = urllib.parse.parse_qs(body.decode(errors="replace")).get("Action", [""])[0]
+        fault = self._faults.server_error(action)
+        if fault is None:
+            return None
+        xml = (
+            '<ErrorResponse xmlns="http://autoscaling.amazonaws.com/doc/2011-01-01/"><Error><Type>Receiver'
+            f"</Type><Code>{fault.code}</Code><Message>{fault.message}</Message></Error>"
+            f"<RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+        ).encode()
+        reason = {500: "Internal Server Error", 503: "Service Unavailable"}.get(fault.status, "Error")
+        start_response(
+            f"{fault.status} {reason}", [("Content-Type", "text/xml"), ("Content-Length", str(len(xml)))]
+        )
+        return [xml]
 
 
 class _WsgiServer(ThreadedWSGIServer):
@@ -183,12 +244,13 @@ class MotoServer(ThreadedMotoServer):
     connections. ``stop(timeout_s)`` closes the connections too: a request still being served gets ``timeout_s``
     seconds to end."""
 
-    def __init__(self, lock: threading.RLock, port: int = 0) -> None:
+    def __init__(self, lock: threading.RLock, port: int = 0, faults: Faults | None = None) -> None:
         super().__init__(ip_address="127.0.0.1", port=port, verbose=False)
         self._lock = lock
+        self._faults = faults
 
     def _server_entry(self) -> None:
-        app = _SerializedApp(DomainDispatcherApplication(create_backend_app), self._lock)
+        app = _SerializedApp(DomainDispatcherApplication(create_backend_app), self._lock, self._faults)
         self._server = _WsgiServer(self._ip_address, self._port, app)
         self._server_ready_event.set()
         self._server.serve_forever(poll_interval=0.05)

@@ -113,7 +113,7 @@ class AwsSandbox:
         install(self)
         try:
             moto_api_backend.reset()
-            self._server = MotoServer(self._lock)
+            self._server = MotoServer(self._lock, faults=self._faults)
             self._server.start()
             host, port = self._server.get_host_and_port()
             self._endpoint = f"http://{host}:{port}"
@@ -156,7 +156,7 @@ class AwsSandbox:
         if self._server is None or self._endpoint is None:
             raise RuntimeError("the AWS sandbox is not started")
         port = int(self._endpoint.rsplit(":", 1)[1])
-        self._server = MotoServer(self._lock, port)
+        self._server = MotoServer(self._lock, port, self._faults)
         self._server.start()
 
     def __enter__(self) -> Self:
@@ -172,12 +172,20 @@ class AwsSandbox:
         *,
         seconds: float | None = None,
         times: int | None = None,
+        status: int = 400,
     ) -> None:
         """Answer ``operation`` with the AWS error ``code``/``message`` (HTTP 400, as Auto Scaling's Query API
         answers ``Throttling`` or ``AccessDenied``) for the next ``seconds`` real seconds, or the next
         ``times`` calls, or (neither given) until :meth:`clear_errors`. A failed heartbeat or completion is
-        recorded in :meth:`calls` with ``outcome`` ``"<code>: <message>"``."""
-        self._faults.add(operation, code, message, seconds=seconds, times=times)
+        recorded in :meth:`calls` with ``outcome`` ``"<code>: <message>"``. ``status`` 500 or more answers
+        as the service failing (``InternalFailure`` / ``ServiceUnavailable``): the endpoint answers before
+        the call is served, so such a call is not in :meth:`calls`."""
+        self._faults.add(operation, code, message, seconds=seconds, times=times, status=status)
+
+    def pending_errors(self) -> dict[str, int]:
+        """Calls still to be answered with an error :meth:`inject_error` set up (for a number of calls), by
+        operation: empty once every such error was met."""
+        return self._faults.pending()
 
     def clear_errors(self) -> None:
         """Forget every error :meth:`inject_error` set up."""
