@@ -14,9 +14,9 @@
   down (:meth:`Heartbeats.close`). A requeued action keeps its heartbeat while its message waits out the
   requeue backoff (:meth:`Heartbeats.requeued`): a hook whose timeout is shorter than the backoff must not
   expire between two attempts. Once the backoff is over the message is back in the queue and nobody holds the
-  action: a beat that falls due then waits for a receive to take the message again (at most until 1.5
-  intervals after the last good beat, so the HeartbeatTimeout still cannot pass). If the message is not
-  received again within the requeue's margin, the heartbeat stops;
+  action: a beat that falls due then waits for a receive to take the message again, at most a quarter
+  interval past its due time (:data:`DEFER_MAX`: the HeartbeatTimeout keeps most of its slack). If the
+  message is not received again within the requeue's margin, the heartbeat stops;
 - a failed heartbeat is retried within seconds (:data:`RETRY_S`), with a warning, never a whole interval
   later (the next beat would land after the HeartbeatTimeout);
 - :meth:`Lifecycle.complete` answers the :class:`~queue_processor.observe.observer.LifecycleResult` it
@@ -48,7 +48,7 @@ from queue_processor.observe.observer import NULL_OBSERVER, HeartbeatResult, Lif
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_autoscaling import AutoScalingClient
 
-__all__ = ["MAX_HEARTBEAT_UNTIL_S", "RETRY_S", "Heartbeats", "Lifecycle", "action_params"]
+__all__ = ["DEFER_MAX", "MAX_HEARTBEAT_UNTIL_S", "RETRY_S", "Heartbeats", "Lifecycle", "action_params"]
 
 log = structlog.get_logger("queue_processor.lifecycle")
 
@@ -57,6 +57,11 @@ MAX_HEARTBEAT_UNTIL_S = 172_800.0
 
 #: Seconds before a failed heartbeat (or hook read) is tried again: doubling from the first to the second.
 RETRY_S = (2.0, 10.0)
+
+#: How long a beat due while its requeued message sits in the queue, held by nobody, may wait for a receive to
+#: take it again: this fraction of the interval past its due time (the automatic interval, half the
+#: HeartbeatTimeout, then leaves three eighths of the timeout as slack for a slow or retried beat).
+DEFER_MAX = 0.25
 
 
 def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
@@ -314,10 +319,11 @@ class Heartbeats:
             await self.sleep(min(wait_s, remaining))
             beat = self._beats.get(action.action_key)
             if beat is not None and beat.visible_at is not None and self.clock() >= beat.visible_at:
-                # Back in the queue, held by nobody: wait for a receive to take it again, no longer than the
-                # HeartbeatTimeout allows (half an interval's slack left) nor past the requeue's margin.
+                # Back in the queue, held by nobody: wait for a receive to take it again (it comes within a
+                # long poll), no longer than a quarter interval past the due time nor the requeue's margin.
                 assert beat.requeued_until is not None
-                await self._until_held(beat, min(beat.requeued_until, last_ok + 1.5 * interval_s))
+                limit = last_ok + (1.0 + DEFER_MAX) * interval_s
+                await self._until_held(beat, min(beat.requeued_until, limit))
             if beat is not None and beat.requeued_until is not None and self.clock() >= beat.requeued_until:
                 bound.info("requeued lifecycle action not received again: heartbeats stop")
                 return

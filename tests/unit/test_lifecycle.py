@@ -127,8 +127,8 @@ async def test_a_requeued_action_back_in_the_queue_gets_a_beat_only_when_its_tim
     monkeypatch: pytest.MonkeyPatch, received_again: bool
 ) -> None:
     # After the backoff the message is visible to every consumer and held by none: a beat then keeps alive an
-    # action nobody handles. It waits for the receive; without one, it comes 1.5 intervals after the last beat
-    # (the HeartbeatTimeout is 2 intervals), and the heartbeat stops when the requeue's margin is over.
+    # action nobody handles. It waits for the receive; without one, it comes a quarter interval late (1.25
+    # intervals after the last beat; the HeartbeatTimeout is 2), and it stops when the requeue's margin is over.
     monkeypatch.setenv("QUEUE_URL", QUEUE)
     monkeypatch.setenv("HEARTBEAT_INTERVAL", "30")
     fake = FakeTime()
@@ -155,7 +155,7 @@ async def test_a_requeued_action_back_in_the_queue_gets_a_beat_only_when_its_tim
         else:
             await fake.advance_to(80)
             assert len(beats) == 2
-            assert 74 <= beats[1] <= 76  # the HeartbeatTimeout needed it
+            assert 66 <= beats[1] <= 69  # the HeartbeatTimeout needed it
             await fake.advance_to(400)
             assert heartbeats.running == 0  # not received again within the margin: stopped
             assert all(moment <= 130 for moment in beats)
