@@ -22,6 +22,7 @@ short pause.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from datetime import UTC, datetime
@@ -331,9 +332,17 @@ class Consumer:
         self.observer.in_flight(self.store.held_count, len(self._operations))
 
     def _spawn(self, operation: NodeOperation) -> None:
-        """Start the task that runs ``operation`` through the handler and settles its messages."""
+        """Start the task that runs ``operation`` through the handler and settles its messages. The task
+        leaves ``_operations`` when it ends, also when a shutdown cancels it before it ever ran (its body,
+        and so its ``finally``, never runs then)."""
         key = (operation.instance_id, str(operation.mode))
-        self._operations[key] = asyncio.create_task(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
+        task = asyncio.create_task(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
+        self._operations[key] = task
+        task.add_done_callback(functools.partial(self._forget_operation, key))
+
+    def _forget_operation(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self._operations.get(key) is task:
+            del self._operations[key]
 
     async def _run(self, operation: NodeOperation) -> None:
         key = (operation.instance_id, str(operation.mode))
@@ -341,7 +350,8 @@ class Consumer:
         try:
             succeeded = await self.handler.handle(operation) is Outcome.DONE
         finally:
-            self._operations.pop(key, None)
+            if self._operations.get(key) is asyncio.current_task():
+                del self._operations[key]
             settlement = self.store.finish(operation, succeeded=succeeded)
             if not self._stopping.is_set():
                 await asyncio.gather(

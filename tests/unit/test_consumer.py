@@ -416,6 +416,20 @@ async def test_shutdown_cancels_operations_lets_open_polls_end_and_leaves_every_
     assert all(task.done() for task in running.consumer._loops)
 
 
+async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> None:
+    # A poll answered just before the stop: its message's operation task is created, and the shutdown cancels
+    # it before the loop ever ran it (its body, and the bookkeeping in its finally, never run).
+    running = Running(FakeHandler())
+    running.sqs.deliver(terminate_body())
+    (message,) = (await running.sqs.receive_message(MaxNumberOfMessages=1))["Messages"]
+    await running.consumer._take(QUEUE, message)  # type: ignore[arg-type]
+    assert running.consumer.tasks == 1  # spawned, not started
+    await running.consumer.shutdown(timeout_s=10)  # awaited directly: the loop runs nothing in between
+    assert running.handler.handled == []  # it never ran
+    assert running.consumer.tasks == 0
+    assert [seconds for _, seconds in running.sqs.visibility] == [0]  # its message let go at once
+
+
 async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
     class Hangs(FakeSqs):
         async def receive_message(self, **call: Any) -> dict[str, Any]:
