@@ -39,11 +39,14 @@ def start(request: pytest.FixtureRequest, tmp_path: Path, options: SandboxOption
 @pytest.fixture(params=KUBERNETES)
 def real_time(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
     """Real time (scale 1): the controller reads the hook's 30 s HeartbeatTimeout (AWS's minimum) and
-    heartbeats every 15 s. Pods end at once (grace 0) so that an attempt the budget allows fits in 3 s."""
+    heartbeats every 15 s. Pods end at once (grace 0) so that an attempt the budget allows fits in 3 s. The
+    queue's maxReceiveCount is high: with the default 5, a sixth attempt finds the message in the dead-letter
+    queue (as SQS does), its heartbeat stops and the action times out (seen on a loaded machine)."""
     options = SandboxOptions(
         nodes=3,
         scale=1.0,
         visibility_timeout_s=10,
+        max_receive_count=50,  # the queue's redrive would take the message away after 5 receives
         heartbeat_timeout_s=30,
         cluster=ClusterSpec(apps=2, grace_s=0, empty_dir_pods=0, unreplicated_pods=0),
     )
