@@ -50,10 +50,17 @@ async def test_describe_instances_reads_every_instance_through_the_paginator(san
     assert requests(metrics, "ec2", "DescribeInstances", "ok") == 1
 
 
-async def test_each_attempt_is_counted_as_throttled_then_ok(sandbox: AwsSandbox) -> None:
+@pytest.mark.parametrize(
+    ("code", "status", "counted_as"),
+    [("Throttling", 400, "throttled"), ("ServiceUnavailable", 503, "error")],
+)
+async def test_each_attempt_is_counted_then_ok(
+    sandbox: AwsSandbox, code: str, status: int, counted_as: str
+) -> None:
+    # Throttling (HTTP 400) and a 5xx are both retried inside the call; each attempt is one request counted.
     sandbox.reset()
     sandbox.create_asg("workers", 1, heartbeat_timeout_s=300)
-    sandbox.inject_error("DescribeLifecycleHooks", "Throttling", "Rate exceeded", times=2)
+    sandbox.inject_error("DescribeLifecycleHooks", code, "try again", times=2, status=status)
     metrics = Metrics(process_metrics=False)
     settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
     try:
@@ -62,7 +69,7 @@ async def test_each_attempt_is_counted_as_throttled_then_ok(sandbox: AwsSandbox)
     finally:
         sandbox.clear_errors()
     assert timeout == pytest.approx(300 * 0.01)  # the sandbox keeps simulated seconds at 1:100
-    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "throttled") == 2
+    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", counted_as) == 2
     assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "ok") == 1  # one request per attempt
 
 
@@ -91,19 +98,3 @@ async def test_a_request_that_gets_no_answer_is_counted_as_an_error() -> None:
         with pytest.raises(EndpointConnectionError):
             await aws.sqs.get_queue_attributes(QueueUrl=QUEUE)
     assert requests(metrics, "sqs", "GetQueueAttributes", "error") == 1
-
-
-async def test_a_5xx_answer_is_retried_and_counted_as_an_error(sandbox: AwsSandbox) -> None:
-    sandbox.reset()
-    sandbox.create_asg("workers", 1, heartbeat_timeout_s=300)
-    sandbox.inject_error("DescribeLifecycleHooks", "ServiceUnavailable", "try again", times=2, status=503)
-    metrics = Metrics(process_metrics=False)
-    settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
-    try:
-        async with AwsClients(settings, observer=metrics) as aws:
-            timeout = await Lifecycle(aws.autoscaling, settings).hook_timeout_s("workers", TERMINATE_HOOK)
-    finally:
-        sandbox.clear_errors()
-    assert timeout == pytest.approx(300 * 0.01)
-    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "error") == 2  # a 503 each
-    assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "ok") == 1
