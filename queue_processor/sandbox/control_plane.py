@@ -820,6 +820,13 @@ class ControlPlane:
     ) -> Path:
         """Create the ServiceAccount ``namespace/name`` (if missing), request a token for it (TokenRequest API)
         and write a kubeconfig that uses it to ``path``. The account has only the rights RBAC gives it."""
+        token = self.service_account_token(namespace, name, expiration_s=expiration_s)
+        return _kubeconfig(path, self.url, self.ca_file, {"token": token})
+
+    def service_account_token(self, namespace: str, name: str, *, expiration_s: int = 86_400) -> str:
+        """A bearer token (TokenRequest API, valid ``expiration_s`` seconds) for the ServiceAccount
+        ``namespace/name``, created with its namespace when missing. Raises ``urllib.error.HTTPError`` when the
+        API server refuses the TokenRequest."""
         with contextlib.suppress(urllib.error.HTTPError):
             self.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
         with contextlib.suppress(urllib.error.HTTPError):
@@ -835,7 +842,7 @@ class ControlPlane:
                 "spec": {"expirationSeconds": expiration_s},
             },
         )
-        return _kubeconfig(path, self.url, self.ca_file, {"token": answer["status"]["token"]})
+        return str(answer["status"]["token"])
 
     def audit_events(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Audit events written since byte ``offset`` of the audit log, and the offset to read from next

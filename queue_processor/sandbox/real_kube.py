@@ -272,6 +272,27 @@ class RealKube:
     ) -> Path:
         """A kubeconfig for the ServiceAccount ``namespace/name`` whose only rights are ``cluster_rules`` (a
         ClusterRole, RBAC ``rules`` items) and ``namespaced_rules`` (a Role in ``namespace``)."""
+        self.grant(namespace, name, cluster_rules, namespaced_rules)
+        return self.plane.service_account_kubeconfig(namespace, name, path)
+
+    def service_account_token(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        cluster_rules: list[Obj],
+        namespaced_rules: list[Obj] | None = None,
+    ) -> str:
+        """A bearer token for the ServiceAccount ``namespace/name``, granted as :meth:`service_account_kubeconfig`
+        grants it: what a pod of that account finds in ``/var/run/secrets/kubernetes.io/serviceaccount/token``."""
+        self.grant(namespace, name, cluster_rules, namespaced_rules)
+        return self.plane.service_account_token(namespace, name)
+
+    def grant(
+        self, namespace: str, name: str, cluster_rules: list[Obj], namespaced_rules: list[Obj] | None
+    ) -> None:
+        """Bind the ServiceAccount ``namespace/name`` to a ClusterRole of ``cluster_rules`` and, when given, a
+        Role of ``namespaced_rules`` in ``namespace`` (both labelled with this run, named after it)."""
         self.ensure_namespace(namespace)
         role_name = f"{name}-{self.run}"
         subject = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
@@ -306,7 +327,6 @@ class RealKube:
                     "subjects": subject,
                 },
             )
-        return self.plane.service_account_kubeconfig(namespace, name, path)
 
     def inject_fault(self, *args: Any, **kwargs: Any) -> Any:
         """Not available on a real API server: raises ``NotImplementedError`` (fault injection is the

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests run against, from the Go module proxy:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (tools/cluster/k8s), etcd
-# (tools/cluster/etcd) and the KWOK controller (tools/cluster/kwok).
+# (tools/cluster/etcd), the KWOK controller (tools/cluster/kwok) and the peer, aws-node-termination-handler
+# (tools/cluster/nth).
 #
 # Versions live in the wrapper modules' go.mod files and nowhere else; this script reads them.
 # Binaries go to $QP_CLUSTER_CACHE/<component>/<version>/ (default ~/.cache/queue-processor/cluster),
 # outside the clone so that a fresh clone on a machine that built them once reuses them. A component
-# whose go.mod, go.sum and this script are unchanged since its last build is not built again.
+# whose go.mod, go.sum, build flags and packages are unchanged since its last build is not built again.
 #
 # Usage: tools/cluster/build.sh [--print-dir]   (--print-dir prints the bin directory and builds nothing)
 set -euo pipefail
@@ -31,12 +32,14 @@ fi
 
 mkdir -p "$bin"
 
-# stamp of a wrapper module: its go.mod, go.sum and this script
-stamp_of() { cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh" | sha256sum | cut -d' ' -f1; }
+# stamp of a build: the wrapper module's go.mod and go.sum, the flags and the packages (not this whole script,
+# so that a change elsewhere in it rebuilds nothing)
+stamp_of() { { cat "$here/$1/go.mod" "$here/$1/go.sum"; shift; printf '%s\n' "$BUILD_FLAGS" "$@"; } | sha256sum | cut -d' ' -f1; }
+BUILD_FLAGS="-trimpath -tags selinux,notest"
 
 build() { # build <wrapper dir> <ldflags> <binary name=package>...
     local dir="$1" ldflags="$2"; shift 2
-    local stamp; stamp="$(stamp_of "$dir")"
+    local stamp; stamp="$(stamp_of "$dir" "$ldflags" "$@")"
     local missing=()
     for pair in "$@"; do
         local name="${pair%%=*}"
@@ -52,7 +55,7 @@ build() { # build <wrapper dir> <ldflags> <binary name=package>...
     for pair in "${missing[@]}"; do
         local name="${pair%%=*}" pkg="${pair#*=}"
         echo "build.sh: building $name ($pkg)"
-        (cd "$here/$dir" && go build -trimpath -tags selinux,notest -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+        (cd "$here/$dir" && go build $BUILD_FLAGS -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
         mv "$bin/$name.tmp" "$bin/$name"
         echo "$stamp" > "$bin/.$name.stamp"
     done
@@ -74,4 +77,7 @@ build k8s "$k8s_ldflags" \
     kubectl=k8s.io/kubernetes/cmd/kubectl
 build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3
 build kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" kwok=sigs.k8s.io/kwok/cmd/kwok
+# The peer (tests/peers, benchmarks/versus_nth.py): aws-node-termination-handler, pinned in nth/go.mod. Its
+# version is in the stamp (go.mod), not in the directory name, so adding it rebuilt nothing else.
+build nth "-s -w" node-termination-handler=github.com/aws/aws-node-termination-handler/cmd
 du -sh "$bin" | sed 's/^/build.sh: size of /'
