@@ -197,7 +197,8 @@ class Handler:
 
     async def _resolve(self, operation: NodeOperation, bound: Any) -> InstanceInfo | Outcome:
         """The instance as EC2 describes it, or the outcome when there is nothing to do: unknown to EC2
-        (its lifecycle actions completed), or not managed by this cluster (left alone)."""
+        (its lifecycle actions completed), not managed by this cluster (left alone), or started again since
+        the stop the operation is about."""
         info = await self.resolver.get(operation.instance_id)
         if info is None:
             self.observer.operation_outcome(OperationOutcome.UNKNOWN_INSTANCE)
@@ -223,7 +224,27 @@ class Handler:
                 await self.heartbeats.stop(action)
             self._settle_all(operation, "unmanaged")
             return Outcome.DONE
+        if await self._started_again(operation, bound):
+            return Outcome.DONE
         return info
+
+    async def _started_again(self, operation: NodeOperation, bound: Any) -> bool:
+        """Whether an operation made only of ``stopping``/``stopped`` state changes comes after the instance
+        started again (EC2 now says ``pending`` or ``running``, read fresh): the stop is over, and the node
+        the restarted instance registers must not be cordoned for it. A warm pool does this: an instance
+        stops into the pool, and its state changes can still be in the queue when it is started into the
+        group ("Warm pools for Amazon EC2 Auto Scaling")."""
+        stops = ("stopping", "stopped")
+        if operation.lifecycle_actions or not all(
+            isinstance(event, StateChangeEvent) and event.state in stops for event in operation.events
+        ):
+            return False
+        info = await self.resolver.get(operation.instance_id, fresh=True)
+        if info is None or info.state not in ("pending", "running"):
+            return False
+        bound.info("instance started again since it stopped: nothing to drain", state=info.state)
+        self.observer.operation_outcome(OperationOutcome.STARTED_AGAIN)
+        return True
 
     async def _claim(
         self, operation: NodeOperation, info: InstanceInfo, early_exit: AsyncExitStack, bound: Any

@@ -12,8 +12,8 @@ busy() { python3 -c 'while True: pass' & }
 busy; b1=$!; busy; b2=$!
 trap 'kill "$b1" "$b2" 2>/dev/null' EXIT
 for run in $(seq 1 "$runs"); do
-    rm -rf "$work" && mkdir -p "$work"
-    git clone -q "$repo" "$work/clone"
+    # a clone still in use (an earlier run killed half-way) must not be reused: stop instead
+    rm -rf "$work" && mkdir -p "$work" && git clone -q "$repo" "$work/clone" || { echo "run $run: cannot make a fresh clone in $work"; exit 1; }
     [ -n "$shared" ] && ln -sfn "$shared" "$work/shared"
     start=$(date +%s)
     (cd "$work/clone" && CI=true bash .ci/run) > "$work/../qp-stress-run$run.log" 2>&1

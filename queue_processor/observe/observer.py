@@ -106,7 +106,7 @@ class LifecycleResult(StrEnum):
 
 class OperationOutcome(StrEnum):
     """``outcome`` of ``queue_processor_operation_outcomes_total``: an operation that ended without a drain,
-    by why. The first four are terminal (the messages are acknowledged); the Lease ones are requeued."""
+    by why. The first five are terminal (the messages are acknowledged); the Lease ones are requeued."""
 
     UNKNOWN_INSTANCE = "unknown-instance"
     """EC2 does not know the instance (gone long ago, or another account or region)."""
@@ -116,6 +116,8 @@ class OperationOutcome(StrEnum):
     """The instance is terminated or shutting down and its node is gone."""
     NODE_NOT_FOUND = "node-not-found"
     """No node for the instance, and DELETE_SQS_MSG_IF_NODE_NOT_FOUND."""
+    STARTED_AGAIN = "started-again"
+    """Only ``stopping``/``stopped`` state changes, and the instance is running again (a warm pool)."""
     LEASE_HELD = "lease-held"
     """Another replica holds the node's Lease."""
     LEASE_LOST = "lease-lost"

@@ -9,19 +9,18 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import boto3
 
+from queue_processor.sandbox.control_plane import free_port
 from queue_processor.sandbox.environment import Sandbox
+from queue_processor.sandbox.peer import Process
 from queue_processor.sandbox.run import judge
 
 SCRIPT = str(Path(sys.executable).parent / "queue-processor")
@@ -34,12 +33,6 @@ CLEAN = (
     "messages_left",
     "evictions_denied",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 #: Every controller process started, so that a case that fails half-way leaves none running (conftest.py).
@@ -55,19 +48,19 @@ def kill_leftovers() -> None:
             process.wait()
 
 
-class Controller:
+class Controller(Process):
     """``queue-processor run`` in its own process, pointed at the sandbox, logging JSON lines to ``log``
     (appended). ``extra`` settings override the defaults below (sized for a test: short waits)."""
 
     def __init__(self, sandbox: Sandbox, log: Path, **extra: str) -> None:
-        self.probes_port, self.metrics_port = free_port(), free_port()
+        probes_port, metrics_port = free_port(), free_port()
         env = {
             "PATH": os.environ["PATH"],
             "HOME": os.environ.get("HOME", "/tmp"),
             **sandbox.env(),
             "ENABLE_PROMETHEUS_SERVER": "true",
-            "PROMETHEUS_SERVER_PORT": str(self.metrics_port),
-            "PROBES_SERVER_PORT": str(self.probes_port),
+            "PROMETHEUS_SERVER_PORT": str(metrics_port),
+            "PROBES_SERVER_PORT": str(probes_port),
             "JSON_LOGGING": "true",
             "SQS_MSG_VISIBILITY_TIMEOUT_SEC": "10",
             "RECEIVE_WAIT_TIME_SEC": "2",
@@ -76,68 +69,21 @@ class Controller:
             "REQUEUE_BACKOFF_BASE_SEC": "1",
             **extra,
         }
-        self.log_path = log
-        self._offset = log.stat().st_size if log.exists() else 0
-        self.log: IO[str] = log.open("a")
-        self.process = subprocess.Popen([SCRIPT, "run"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        super().__init__([SCRIPT, "run"], env, log, metrics_port=metrics_port, probes_port=probes_port)
         STARTED.append(self.process)
-
-    def lines(self) -> list[dict[str, Any]]:
-        """This controller's log lines (JSON objects; any other line as ``{"event": line}``)."""
-        with self.log_path.open() as text:
-            text.seek(self._offset)
-            out = []
-            for line in text:
-                try:
-                    parsed = json.loads(line)
-                except ValueError:
-                    parsed = {"event": line.rstrip("\n")}
-                out.append(parsed if isinstance(parsed, dict) else {"event": line})
-            return out
 
     def count(self, event: str) -> int:
         """How many of its log lines say ``event``."""
         return sum(1 for line in self.lines() if line.get("event") == event)
 
-    def get(self, path: str, port: int | None = None) -> tuple[int, str]:
-        """GET ``path`` from its probes server (or ``port``): (status, body); (0, error) when unreachable."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port or self.probes_port}{path}", timeout=5) as r:
-                return int(r.status), r.read().decode()
-        except urllib.error.HTTPError as error:
-            return int(error.code), error.read().decode()
-        except OSError as error:
-            return 0, str(error)
-
-    def metric(self, name: str, **labels: str) -> float:
-        """The sum of the samples of ``name`` whose labels include ``labels``, from its /metrics (0 while the
-        server is not up yet)."""
-        status, body = self.get("/metrics", self.metrics_port)
-        if status == 0:
-            return 0.0
-        assert status == 200, body
-        total = 0.0
-        for line in body.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            head, _, value = line.rpartition(" ")
-            if all(f'{key}="{want}"' in head for key, want in labels.items()):
-                total += float(value)
-        return total
-
     def stop(self, signum: int, bound_s: float) -> int:
         """Send ``signum`` and wait for the exit; its status. Fails when the process outlives ``bound_s``."""
-        self.process.send_signal(signum)
         try:
-            return self.process.wait(timeout=bound_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            return super().stop(signum, bound_s)
+        except AssertionError:
             raise AssertionError(
                 f"the controller did not exit within {bound_s} s of signal {signum}"
             ) from None
-        finally:
-            self.log.close()
 
     def left_behind(self) -> dict[str, Any]:
         """What its ``stopped`` line says it left (tasks, operations, heartbeats); it must have one."""

@@ -29,6 +29,7 @@ from queue_processor.kinds import (
     AsgTerminateLifecycleEvent,
     Event,
     SpotInterruptionEvent,
+    StateChangeEvent,
 )
 from queue_processor.kube import KubeError
 from queue_processor.leases import NodeLeases
@@ -461,6 +462,41 @@ async def test_an_unmanaged_instance_is_left_alone_and_not_heartbeated(env: Any)
     assert "unschedulable" not in world.node()["spec"]
     assert world.heartbeats.running == 0
     assert world.count("queue_processor_operation_outcomes_total", outcome="unmanaged") == 1
+
+
+def stopped(message_id: str = "m-stop", state: str = "stopping") -> StateChangeEvent:
+    return StateChangeEvent(
+        instance_id=INSTANCE, time=datetime.now(UTC), state=state, message=ref(message_id)
+    )
+
+
+@pytest.mark.parametrize(
+    ("now", "drained"), [("running", False), ("pending", False), ("stopping", True), ("stopped", True)]
+)
+async def test_a_stop_is_drained_unless_the_instance_has_started_again(
+    env: Any, now: str, drained: bool
+) -> None:
+    """A warm pool stops an instance and later starts it into the group: a ``stopping`` message still in the
+    queue then must not cordon the node the restarted instance registered."""
+    world = World(settings())
+    world.resolver.info = InstanceInfo(INSTANCE, NODE, "us-east-1a", now, dict(MANAGED))
+    operation = world.receive(stopped())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-stop": MessageOutcome.DELETE})
+    assert bool(world.node()["spec"].get("unschedulable")) is drained
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == (not drained)
+
+
+async def test_a_stop_beside_a_terminate_action_is_drained_whatever_ec2_says(env: Any) -> None:
+    world = World(settings())
+    operation = world.receive(stopped())
+    assert operation is not None
+    world.receive(terminate())
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.node()["spec"]["unschedulable"] is True
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
 
 
 # ------------------------------------------------------------------------------------- EarlyExit paths
