@@ -11,7 +11,7 @@ CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: setup demo test lint typecheck unit bench storm soak docs lock clean cluster-bin cluster-bin-if-go
+.PHONY: setup demo test lint typecheck unit bench storm soak versus-nth docs lock clean cluster-bin cluster-bin-if-go
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -62,12 +62,18 @@ storm: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python benchmarks/soak.py
 
+# queue-processor and aws-node-termination-handler on the same workloads (real control plane and NTH built by
+# cluster-bin; matplotlib for the picture)
+versus-nth: $(STAMP) cluster-bin
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(BIN)/python benchmarks/versus_nth.py
+
 docs: $(STAMP)
 	$(BIN)/queue-processor config --reference > docs/configuration.md
 
 lock:
 	rm -rf /tmp/queue-processor-lock && $(PYTHON) -m venv /tmp/queue-processor-lock
-	/tmp/queue-processor-lock/bin/pip install --quiet '.[sandbox,dev]'
+	/tmp/queue-processor-lock/bin/pip install --quiet '.[sandbox,dev,bench]'
 	{ head -n 2 constraints.txt; /tmp/queue-processor-lock/bin/pip freeze --all | grep -v '^queue-processor\|^pip=='; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
