@@ -27,7 +27,7 @@ def test_a_drain_held_by_a_pdb_past_the_heartbeat_timeout_completes_every_action
     assert ours["lifecycle_timed_out"] == 0
     assert ours["nodes_drained_twice"] == 0
     assert ours["heartbeats_after_end"] == 0
-    assert (ours["messages_left"], ours["dlq"]) == (0, 0)
+    assert (ours["messages_left"], ours["dlq"], ours["exit_status"]) == (0, 0, 0)
 
 
 def test_pods_listed_from_the_apiserver_cache_leave_daemonset_and_mirror_pods(side_by_side: Run) -> None:
@@ -40,7 +40,7 @@ def test_pods_listed_from_the_apiserver_cache_leave_daemonset_and_mirror_pods(si
     assert ours["drained"] == 3
     assert ours["drains_inside_notice_fraction"] == 1.0
     assert (ours["daemonset_pods_evicted"], ours["mirror_pods_evicted"]) == (0, 0)
-    assert (ours["messages_left"], ours["dlq"]) == (0, 0)
+    assert (ours["messages_left"], ours["dlq"], ours["exit_status"]) == (0, 0, 0)
 
 
 def test_warm_pool_launches_complete_without_stuck_messages_or_cordons(side_by_side: Run) -> None:
@@ -55,4 +55,4 @@ def test_warm_pool_launches_complete_without_stuck_messages_or_cordons(side_by_s
     assert ours["lifecycle_completed"] == 4
     assert ours["lifecycle_timed_out"] == 0
     assert ours["kept_nodes_cordoned"] == 0
-    assert (ours["messages_left"], ours["dlq"]) == (0, 0)
+    assert (ours["messages_left"], ours["dlq"], ours["exit_status"]) == (0, 0, 0)
