@@ -18,7 +18,7 @@ Prints a table per workload; writes a PNG (``--png``) with nodes cordoned (dashe
 time, one colour per system, the Spot notice's end marked; the last line is the JSON
 ``{"<workload>": {"nth": {...}, "nth_tuned": {...}, "queue_processor": {...}, "ratio": {...}}, ...}``.
 
-Usage: ``python benchmarks/versus_nth.py [--workloads spot-storm,asg-scale-in,apiserver-cache,warm-pool]
+Usage: ``python benchmarks/versus_nth.py [--workloads spot-storm,asg-scale-in,drain-fails,apiserver-cache,warm-pool]
 [--systems nth,nth_tuned,queue_processor] [--storm-nodes 200] [--png docs/versus_nth.png]``
 """
 
@@ -39,6 +39,7 @@ from queue_processor.sandbox.sidebyside import (
     Workload,
     apiserver_cache,
     asg_scale_in,
+    drain_fails,
     run_workload,
     spot_storm,
     warm_pool,
@@ -53,6 +54,7 @@ def workloads(names: list[str], storm_nodes: int) -> list[Workload]:
     built = {
         "spot-storm": lambda: spot_storm(storm_nodes),
         "asg-scale-in": lambda: asg_scale_in(10),
+        "drain-fails": lambda: drain_fails(5),
         "apiserver-cache": lambda: apiserver_cache(10),
         "warm-pool": lambda: warm_pool(3),
     }
@@ -119,7 +121,7 @@ def picture(path: Path, runs: dict[str, tuple[Workload, dict[str, Figures]]]) ->
 def main() -> None:
     """Run every (workload, system) pair; print the tables and the JSON line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default="spot-storm,asg-scale-in,apiserver-cache,warm-pool")
+    ap.add_argument("--workloads", default="spot-storm,asg-scale-in,drain-fails,apiserver-cache,warm-pool")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--storm-nodes", type=int, default=200, help="Spot warnings in spot-storm (default 200)")
     ap.add_argument("--png", type=Path, default=Path("versus_nth.png"), help="where the picture goes")

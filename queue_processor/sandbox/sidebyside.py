@@ -143,6 +143,48 @@ def asg_scale_in(nodes: int, *, heartbeat_timeout_s: int = 60, hold_s: float = 9
     )
 
 
+def drain_fails(
+    nodes: int, *, hold_s: float = 60.0, drain_timeout_s: int = 30, heartbeat_timeout_s: int = 60
+) -> Workload:
+    """``nodes`` instances leave through a terminate hook (HeartbeatTimeout ``heartbeat_timeout_s``) while a
+    PodDisruptionBudget allows no eviction for ``hold_s`` seconds, longer than the drain timeout both systems
+    get (``NODE_TERMINATION_GRACE_PERIOD=drain_timeout_s``): every first drain fails, is retried, and
+    succeeds once the budget allows. NTH's seeds: a heartbeat goroutine left running after a failed drain,
+    and repeated drains."""
+
+    def publish(sandbox: Sandbox) -> Published:
+        namespace = sandbox.cluster.namespace
+        sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=0)
+        sent: dict[str, float] = {}
+        tokens: list[str] = []
+        for instance in _first(sandbox, nodes):
+            sent[instance.private_dns_name] = time.monotonic()
+            tokens += [action.token for action in sandbox.aws.terminate_instance(instance.instance_id)]
+        sandbox.after(hold_s, lambda: sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=1))
+        return Published(sent, tokens)
+
+    timeout = {"NODE_TERMINATION_GRACE_PERIOD": str(drain_timeout_s)}
+    return Workload(
+        name="drain-fails",
+        options=SandboxOptions(
+            nodes=nodes * 2,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            cluster=ClusterSpec(apps=2, replicas_per_node=2, pdb_max_unavailable=1),
+        ),
+        publish=publish,
+        bound_s=hold_s + 2 * heartbeat_timeout_s + 30,
+        env={
+            "nth": timeout,
+            "nth_tuned": {**timeout, "WORKERS": str(max(10, nodes)), "HEARTBEAT_INTERVAL": "30"},
+            "queue_processor": timeout,
+        },
+        describe=(
+            f"{nodes} terminate lifecycle actions (HeartbeatTimeout {heartbeat_timeout_s} s), every drain "
+            f"blocked by a PDB for {hold_s:.0f} s, longer than the {drain_timeout_s} s drain timeout"
+        ),
+    )
+
+
 def apiserver_cache(nodes: int, *, scale: float = 0.25) -> Workload:
     """``nodes`` Spot warnings with pods listed from the API server's cache (``USE_APISERVER_CACHE=true``
     for both systems) on nodes that run a DaemonSet pod, a mirror pod, an emptyDir pod and an unreplicated pod
@@ -423,6 +465,7 @@ def _done(sandbox: Sandbox, published: Published, watch: _Watch) -> bool:
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "spot-storm": lambda: spot_storm(200),
     "asg-scale-in": lambda: asg_scale_in(10),
+    "drain-fails": lambda: drain_fails(5),
     "apiserver-cache": lambda: apiserver_cache(10),
     "warm-pool": lambda: warm_pool(3),
 }
