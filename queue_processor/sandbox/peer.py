@@ -4,7 +4,7 @@ the peer, aws-node-termination-handler (NTH), and what the chaos cases and the b
 :class:`Process` is one started process: its log (JSON lines, appended to a file), its Prometheus metrics,
 its probes, and a bounded stop. :class:`Nth` is NTH's last release (``tools/cluster/nth/go.mod`` pins it,
 ``make cluster-bin`` builds it) in queue-processor mode, run out of cluster against the sandbox's moto
-endpoint and real API server.
+endpoint and real API server; :class:`QueueProcessor` is ``queue-processor run``.
 
 NTH knows only ``rest.InClusterConfig()``: ``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` and a
 token and CA under ``/var/run/secrets/kubernetes.io/serviceaccount/``
@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import IO, Any
 from queue_processor.sandbox.control_plane import ControlPlaneError, default_bin_dir, free_port
 from queue_processor.sandbox.environment import Sandbox
 
-__all__ = ["NTH_CLUSTER_RULES", "Nth", "Process", "find_nth", "nth_version"]
+__all__ = ["NTH_CLUSTER_RULES", "Nth", "Process", "QueueProcessor", "find_nth", "nth_version"]
 
 #: The rules of the ClusterRole NTH v1.25.6's chart installs (config/helm/aws-node-termination-handler/
 #: templates/clusterrole.yaml), written here as facts: nodes get/list/patch/update, pods list/get, evictions,
@@ -155,6 +156,26 @@ class Process:
             raise AssertionError(f"the process did not exit within {bound_s} s of signal {signum}") from None
         finally:
             self.log.close()
+
+
+class QueueProcessor(Process):
+    """``queue-processor run`` (the console script beside this interpreter) against ``sandbox``: the sandbox's
+    env file settings, JSON logs, metrics and probes on free ports; ``extra`` adds or overrides settings."""
+
+    def __init__(self, sandbox: Sandbox, log: Path, **extra: str) -> None:
+        metrics_port, probes_port = free_port(), free_port()
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": os.environ.get("HOME", "/tmp"),
+            **sandbox.env(),
+            "ENABLE_PROMETHEUS_SERVER": "true",
+            "PROMETHEUS_SERVER_PORT": str(metrics_port),
+            "PROBES_SERVER_PORT": str(probes_port),
+            "JSON_LOGGING": "true",
+            **extra,
+        }
+        script = str(Path(sys.executable).parent / "queue-processor")
+        super().__init__([script, "run"], env, log, metrics_port=metrics_port, probes_port=probes_port)
 
 
 class Nth(Process):

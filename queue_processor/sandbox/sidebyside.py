@@ -17,9 +17,7 @@ raised: ``KUBE_API_QPS``/``KUBE_API_BURST`` are on NTH's unreleased main only, s
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,9 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.control_plane import free_port
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.peer import Nth, Process
+from queue_processor.sandbox.peer import Nth, Process, QueueProcessor
 from queue_processor.sandbox.run import judge
 
 if TYPE_CHECKING:
@@ -80,18 +77,24 @@ def _first(sandbox: Sandbox, count: int) -> list[Any]:
     return sandbox.instances[:count]
 
 
+def _spot_warnings(sandbox: Sandbox, nodes: int) -> Published:
+    """A Spot interruption warning for each of the first ``nodes`` instances, each notice ending 120 s
+    (simulated) after it is sent."""
+    sent, ends = {}, {}
+    for instance in _first(sandbox, nodes):
+        sent[instance.private_dns_name] = time.monotonic()
+        sandbox.aws.spot_interruption(instance.instance_id)
+        ends[instance.private_dns_name] = time.monotonic() + sandbox.clock.real(SPOT_NOTICE_S)
+    return Published(sent, ends=ends)
+
+
 def spot_storm(nodes: int, *, scale: float = 1.0) -> Workload:
     """``nodes`` Spot warnings at once (plus a quarter as many spare nodes for the pods), 10 pods per node
     from 10 ReplicaSets with PodDisruptionBudgets (maxUnavailable 30 %)."""
     spare = max(1, nodes // 4)
 
     def publish(sandbox: Sandbox) -> Published:
-        sent, ends = {}, {}
-        for instance in _first(sandbox, nodes):
-            sent[instance.private_dns_name] = time.monotonic()
-            sandbox.aws.spot_interruption(instance.instance_id)
-            ends[instance.private_dns_name] = time.monotonic() + sandbox.clock.real(SPOT_NOTICE_S)
-        return Published(sent, ends=ends)
+        return _spot_warnings(sandbox, nodes)
 
     return Workload(
         name="spot-storm",
@@ -107,6 +110,33 @@ def spot_storm(nodes: int, *, scale: float = 1.0) -> Workload:
     )
 
 
+def _held_scale_in(sandbox: Sandbox, nodes: int, hold_s: float, *, duplicates: bool) -> Published:
+    """The first ``nodes`` instances scaled in through the terminate hook while the PodDisruptionBudget of
+    ``app-000`` allows no eviction, relaxed to maxUnavailable 1 after ``hold_s`` (simulated) seconds; with
+    ``duplicates``, each instance also gets a rebalance recommendation and a state change to ``stopping``."""
+    namespace = sandbox.cluster.namespace
+    sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=0)
+    sent: dict[str, float] = {}
+    tokens: list[str] = []
+    for instance in _first(sandbox, nodes):
+        sent[instance.private_dns_name] = time.monotonic()
+        tokens += [action.token for action in sandbox.aws.terminate_instance(instance.instance_id)]
+        if duplicates:
+            sandbox.aws.rebalance_recommendation(instance.instance_id)
+            sandbox.aws.publish_state_change(instance.instance_id, "stopping")
+    sandbox.after(hold_s, lambda: sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=1))
+    return Published(sent, tokens)
+
+
+def _held_options(nodes: int, heartbeat_timeout_s: int) -> SandboxOptions:
+    """Twice ``nodes`` nodes (the others take the evicted pods), two ReplicaSets of two pods per node."""
+    return SandboxOptions(
+        nodes=nodes * 2,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        cluster=ClusterSpec(apps=2, replicas_per_node=2, pdb_max_unavailable=1),
+    )
+
+
 def asg_scale_in(nodes: int, *, heartbeat_timeout_s: int = 60, hold_s: float = 90.0) -> Workload:
     """``nodes`` instances leave through a terminate lifecycle hook whose HeartbeatTimeout
     (``heartbeat_timeout_s``) is shorter than their drains: a PodDisruptionBudget allows no eviction for
@@ -114,25 +144,11 @@ def asg_scale_in(nodes: int, *, heartbeat_timeout_s: int = 60, hold_s: float = 9
     ``stopping`` (duplicates for the same instance)."""
 
     def publish(sandbox: Sandbox) -> Published:
-        namespace = sandbox.cluster.namespace
-        sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=0)
-        sent: dict[str, float] = {}
-        tokens: list[str] = []
-        for instance in _first(sandbox, nodes):
-            sent[instance.private_dns_name] = time.monotonic()
-            tokens += [action.token for action in sandbox.aws.terminate_instance(instance.instance_id)]
-            sandbox.aws.rebalance_recommendation(instance.instance_id)
-            sandbox.aws.publish_state_change(instance.instance_id, "stopping")
-        sandbox.after(hold_s, lambda: sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=1))
-        return Published(sent, tokens)
+        return _held_scale_in(sandbox, nodes, hold_s, duplicates=True)
 
     return Workload(
         name="asg-scale-in",
-        options=SandboxOptions(
-            nodes=nodes * 2,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            cluster=ClusterSpec(apps=2, replicas_per_node=2, pdb_max_unavailable=1),
-        ),
+        options=_held_options(nodes, heartbeat_timeout_s),
         publish=publish,
         bound_s=hold_s + 2 * heartbeat_timeout_s + 30,
         env={"nth_tuned": {"WORKERS": str(max(10, nodes)), "HEARTBEAT_INTERVAL": "30"}},
@@ -153,24 +169,12 @@ def drain_fails(
     and repeated drains."""
 
     def publish(sandbox: Sandbox) -> Published:
-        namespace = sandbox.cluster.namespace
-        sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=0)
-        sent: dict[str, float] = {}
-        tokens: list[str] = []
-        for instance in _first(sandbox, nodes):
-            sent[instance.private_dns_name] = time.monotonic()
-            tokens += [action.token for action in sandbox.aws.terminate_instance(instance.instance_id)]
-        sandbox.after(hold_s, lambda: sandbox.kube.set_pdb(namespace, "app-000", max_unavailable=1))
-        return Published(sent, tokens)
+        return _held_scale_in(sandbox, nodes, hold_s, duplicates=False)
 
     timeout = {"NODE_TERMINATION_GRACE_PERIOD": str(drain_timeout_s)}
     return Workload(
         name="drain-fails",
-        options=SandboxOptions(
-            nodes=nodes * 2,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            cluster=ClusterSpec(apps=2, replicas_per_node=2, pdb_max_unavailable=1),
-        ),
+        options=_held_options(nodes, heartbeat_timeout_s),
         publish=publish,
         bound_s=hold_s + 2 * heartbeat_timeout_s + 30,
         env={
@@ -193,12 +197,7 @@ def apiserver_cache(nodes: int, *, scale: float = 0.25) -> Workload:
     those Events."""
 
     def publish(sandbox: Sandbox) -> Published:
-        sent, ends = {}, {}
-        for instance in _first(sandbox, nodes):
-            sent[instance.private_dns_name] = time.monotonic()
-            sandbox.aws.spot_interruption(instance.instance_id)
-            ends[instance.private_dns_name] = time.monotonic() + sandbox.clock.real(SPOT_NOTICE_S)
-        return Published(sent, ends=ends)
+        return _spot_warnings(sandbox, nodes)
 
     nth = {"USE_APISERVER_CACHE": "true", "EMIT_KUBERNETES_EVENTS": "true"}
     return Workload(
@@ -313,19 +312,7 @@ def start_system(system: str, sandbox: Sandbox, log: Path, extra: dict[str, str]
         return Nth(sandbox, log, **extra)
     if system != "queue_processor":
         raise ValueError(f"unknown system {system!r}: one of {', '.join(SYSTEMS)}")
-    metrics_port, probes_port = free_port(), free_port()
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", "/tmp"),
-        **sandbox.env(),
-        "ENABLE_PROMETHEUS_SERVER": "true",
-        "PROMETHEUS_SERVER_PORT": str(metrics_port),
-        "PROBES_SERVER_PORT": str(probes_port),
-        "JSON_LOGGING": "true",
-        **extra,
-    }
-    script = str(Path(sys.executable).parent / "queue-processor")
-    return Process([script, "run"], env, log, metrics_port=metrics_port, probes_port=probes_port)
+    return QueueProcessor(sandbox, log, **extra)
 
 
 def _percentile(values: list[float], q: float) -> float | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,9 +17,8 @@ from typing import Any
 
 import boto3
 
-from queue_processor.sandbox.control_plane import free_port
 from queue_processor.sandbox.environment import Sandbox
-from queue_processor.sandbox.peer import Process
+from queue_processor.sandbox.peer import QueueProcessor
 from queue_processor.sandbox.run import judge
 
 SCRIPT = str(Path(sys.executable).parent / "queue-processor")
@@ -48,28 +46,19 @@ def kill_leftovers() -> None:
             process.wait()
 
 
-class Controller(Process):
+class Controller(QueueProcessor):
     """``queue-processor run`` in its own process, pointed at the sandbox, logging JSON lines to ``log``
     (appended). ``extra`` settings override the defaults below (sized for a test: short waits)."""
 
     def __init__(self, sandbox: Sandbox, log: Path, **extra: str) -> None:
-        probes_port, metrics_port = free_port(), free_port()
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": os.environ.get("HOME", "/tmp"),
-            **sandbox.env(),
-            "ENABLE_PROMETHEUS_SERVER": "true",
-            "PROMETHEUS_SERVER_PORT": str(metrics_port),
-            "PROBES_SERVER_PORT": str(probes_port),
-            "JSON_LOGGING": "true",
+        defaults = {
             "SQS_MSG_VISIBILITY_TIMEOUT_SEC": "10",
             "RECEIVE_WAIT_TIME_SEC": "2",
             "SHUTDOWN_TIMEOUT_SEC": "10",
             "NODE_TERMINATION_GRACE_PERIOD": "120",
             "REQUEUE_BACKOFF_BASE_SEC": "1",
-            **extra,
         }
-        super().__init__([SCRIPT, "run"], env, log, metrics_port=metrics_port, probes_port=probes_port)
+        super().__init__(sandbox, log, **{**defaults, **extra})
         STARTED.append(self.process)
 
     def count(self, event: str) -> int:
