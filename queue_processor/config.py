@@ -123,7 +123,10 @@ class Settings(BaseSettings):
     aws_region: str = _field(
         "",
         "AWS region of the queue and of the EC2 and Auto Scaling calls. Default: the region in QUEUE_URL.",
-        nth="same; NTH falls back to instance metadata, which a Deployment should not rely on",
+        nth=(
+            "same; in queue-processor mode NTH also takes it from QUEUE_URL (the first region ID of the AWS "
+            "SDK's partitions that the URL contains)"
+        ),
     )
     aws_endpoint: str = _field(
         "",
@@ -133,7 +136,7 @@ class Settings(BaseSettings):
         60,
         "Visibility timeout given to a received message; renewed while the message is handled, so it only "
         "bounds how long a message stays hidden after a crash.",
-        nth="none: NTH hard-codes 20 s and does not renew it",
+        nth="same name; NTH (v1.25.6) accepts 1-119, defaults to 20 and never renews it",
         unit="seconds",
         ge=10,
         le=43200,
@@ -177,7 +180,10 @@ class Settings(BaseSettings):
         3600,
         "How long a message that cannot be parsed stays hidden before SQS offers it again, on its way to the "
         "dead-letter queue (never deleted; the queue's maxReceiveCount decides when it moves).",
-        nth="none: NTH deletes messages it cannot parse",
+        nth=(
+            "none: NTH does not delete them either, but offers them again every SQS_MSG_VISIBILITY_TIMEOUT_SEC "
+            "(20 s by default) until the redrive policy moves them"
+        ),
         unit="seconds",
         ge=0,
         le=43200,
@@ -186,7 +192,7 @@ class Settings(BaseSettings):
         10.0,
         f"First backoff of a requeued message (EarlyExit); it doubles with each receive, up to "
         f"{REQUEUE_MAX_S} s, with 20 % jitter.",
-        nth="none: NTH leaves a failed message to its 20 s visibility timeout",
+        nth="none: NTH leaves a failed message to SQS_MSG_VISIBILITY_TIMEOUT_SEC (20 s by default)",
         unit="seconds",
         ge=0,
         le=REQUEUE_MAX_S,
@@ -276,8 +282,9 @@ class Settings(BaseSettings):
         200.0,
         "Client-side limit on Kubernetes API requests per second.",
         nth=(
-            "new here: NTH has no such setting and runs with client-go's default of 5 requests per second, "
-            "too low to drain hundreds of nodes inside a Spot notice"
+            "new here: NTH v1.25.6 has no such setting and runs with client-go's default of 5 requests per "
+            "second, too low to drain hundreds of nodes inside a Spot notice (NTH's unreleased main branch "
+            "adds KUBE_API_QPS)"
         ),
         unit="requests/second",
         gt=0,
@@ -286,7 +293,10 @@ class Settings(BaseSettings):
     kube_api_burst: int = _field(
         300,
         "Requests allowed above KUBE_API_QPS in a burst.",
-        nth="new here: NTH runs with client-go's default burst of 10",
+        nth=(
+            "new here: NTH v1.25.6 runs with client-go's default burst of 10 (NTH's unreleased main branch "
+            "adds KUBE_API_BURST)"
+        ),
         unit="requests",
         ge=1,
         le=100_000,
@@ -367,7 +377,9 @@ class Settings(BaseSettings):
         9092, "Port of the metrics server (0: any free port).", ge=0, le=65535
     )
     enable_probes_server: bool = _field(
-        True, "Serve /healthz and /readyz on PROBES_SERVER_PORT.", nth="same name; NTH's default is false"
+        True,
+        "Serve /healthz and /readyz on PROBES_SERVER_PORT.",
+        nth="same name; NTH's default is false, but its chart always turns it on in queue-processor mode",
     )
     probes_server_port: int = _field(8080, "Port of the probes server (0: any free port).", ge=0, le=65535)
     json_logging: bool = _field(False, "Log JSON lines instead of human-readable lines.")

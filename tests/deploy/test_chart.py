@@ -699,6 +699,19 @@ def test_scheduling_values_are_honoured(chart: Any) -> None:
     assert render(chart, BASE).pod["priorityClassName"] == "system-cluster-critical"
 
 
+def test_custom_labels_label_every_object_but_not_the_pods_or_the_selectors(chart: Any) -> None:
+    """NTH's ``customLabels``: on the metadata of every object the chart renders; ``podLabels`` labels pods."""
+    rendered = render(chart, with_values(FULL, customLabels={"team": "platform"}))
+    assert len(rendered.objects) >= 8
+    unlabelled = [
+        obj["kind"] for obj in rendered.objects if obj["metadata"]["labels"].get("team") != "platform"
+    ]
+    assert not unlabelled
+    deployment = rendered.deployment
+    assert "team" not in deployment["spec"]["selector"]["matchLabels"]
+    assert "team" not in deployment["spec"]["template"]["metadata"]["labels"]
+
+
 def test_avoid_spot_prefers_on_demand_nodes_and_keeps_the_users_affinity(chart: Any) -> None:
     assert "affinity" not in render(chart, BASE).pod
     mine = {
