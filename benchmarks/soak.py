@@ -104,10 +104,12 @@ from pathlib import Path
 from random import Random
 from typing import Any, Literal
 
+from queue_processor.sandbox.aws import QueueCounts
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import POISON_BODIES, Sandbox, SandboxOptions
 from queue_processor.sandbox.kube import KubeSandbox
 from queue_processor.sandbox.kube.routes import Fault
+from queue_processor.sandbox.peer import Samples, proc_status, scrape, total
 from queue_processor.sandbox.run import judge
 
 #: Incident kinds and their weights once the first of each has been published.
@@ -167,39 +169,18 @@ def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 
     raise SystemExit("controller not ready in time")
 
 
-def _metrics(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+def _metrics(port: int) -> Samples:
     """The controller's /metrics as samples by name; empty when it does not answer."""
     try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return scrape(port)
     except OSError:
         return {}
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name, _, labels = name_labels.partition("{")
-        parsed = {
-            part.split("=", 1)[0]: part.split("=", 1)[1].strip('"')
-            for part in labels.rstrip("}").split('",')
-            if "=" in part
-        }
-        samples.setdefault(name, []).append((parsed, float(value)))
-    return samples
-
-
-def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
-    return sum(value for _, value in samples.get(name, []))
 
 
 def _memory(pid: int) -> dict[str, int]:
     """VmRSS, VmHWM (KiB) and Threads of a process, from /proc/<pid>/status."""
-    wanted = ("VmRSS", "VmHWM", "Threads")
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return {}
-    return {key: int(line.split()[1]) for line in lines for key in wanted if line.startswith(key + ":")}
+    status = proc_status(pid)
+    return {key: status[key] for key in ("VmRSS", "VmHWM", "Threads") if key in status}
 
 
 def _fds(pid: int) -> int:
@@ -577,19 +558,14 @@ class Soak:
         self.duplicate_new_messages()
 
 
-def _queue_counts(sandbox: Sandbox, soak: Soak) -> tuple[int, int, int] | None:
+def _queue_counts(sandbox: Sandbox, soak: Soak) -> QueueCounts | None:
     """(visible, in flight, dead-letter) messages; ``None`` while the endpoint is down."""
-    assert sandbox.queue is not None
     if soak.outage_until is not None:
         return None
-    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
     try:
-        sqs = sandbox.aws.client("sqs")
-        queue = sqs.get_queue_attributes(QueueUrl=sandbox.queue.url, AttributeNames=names)["Attributes"]
-        dlq = sqs.get_queue_attributes(QueueUrl=sandbox.queue.dlq_url, AttributeNames=names[:1])["Attributes"]
+        return sandbox.queue_counts()
     except Exception:
         return None
-    return int(queue[names[0]]), int(queue[names[1]]), int(dlq[names[0]])
 
 
 # ------------------------------------------------------------------------------------------------------ main
@@ -734,7 +710,7 @@ def main() -> None:
                 if settle_deadline is not None and now >= next_check:
                     next_check = now + 0.5
                     counts = _queue_counts(sandbox, soak)
-                    busy = _total(_metrics(port), "queue_processor_in_flight_operations")
+                    busy = total(_metrics(port), "queue_processor_in_flight_operations")
                     settled = (
                         counts is not None
                         and counts[:2] == (0, 0)
@@ -771,12 +747,12 @@ def main() -> None:
                     "fds_start": fds_start,
                     "fds_end": fds_end,
                     "threads_end": memory.get("Threads"),
-                    "in_flight_end": int(_total(metrics, "queue_processor_in_flight_operations")),
-                    "in_flight_messages_end": int(_total(metrics, "queue_processor_in_flight_messages")),
+                    "in_flight_end": int(total(metrics, "queue_processor_in_flight_operations")),
+                    "in_flight_messages_end": int(total(metrics, "queue_processor_in_flight_messages")),
                     "faults_injected": dict(sorted(soak.injected.items())),
                     "faults_met": soak.faults_met(),
                     "messages_published": soak.messages_published(),
-                    "messages_received": int(_total(metrics, "queue_processor_messages_received_total")),
+                    "messages_received": int(total(metrics, "queue_processor_messages_received_total")),
                     "poison": soak.poison,
                     "duplicates": soak.duplicates,
                     "incidents": dict(sorted(soak.incidents.items())),
@@ -893,7 +869,7 @@ def _progress(soak: Soak, sandbox: Sandbox, port: int, pid: int, sim: float) -> 
         f"actions done {actions['completed']} open {actions['open']} timed-out {actions['timed-out']} | "
         f"faults {sum(soak.injected.values())} injected, {sum(met.values())} met | "
         f"rss {memory.get('VmRSS', 0) / 1024:.1f} MiB fds {_fds(pid)} threads {memory.get('Threads')} "
-        f"ops {int(_total(metrics, 'queue_processor_in_flight_operations'))}",
+        f"ops {int(total(metrics, 'queue_processor_in_flight_operations'))}",
         flush=True,
     )
 

@@ -51,15 +51,7 @@ from typing import Any
 
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-
-
-def _depth(sandbox: Sandbox) -> int:
-    assert sandbox.queue is not None
-    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    attributes = sandbox.aws.client("sqs").get_queue_attributes(
-        QueueUrl=sandbox.queue.url, AttributeNames=names
-    )
-    return sum(int(attributes["Attributes"][name]) for name in names)
+from queue_processor.sandbox.peer import parse_metrics, peak_rss_mib, scrape, total
 
 
 def floor_seconds(sandbox: Sandbox, count: int) -> float:
@@ -81,27 +73,6 @@ def floor_seconds(sandbox: Sandbox, count: int) -> float:
     return time.perf_counter() - started
 
 
-def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    return _parse(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
-
-
-def _parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Prometheus text format → samples by metric name."""
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name, _, labels = name_labels.partition("{")
-        parsed = {
-            part.split("=", 1)[0]: part.split("=", 1)[1].strip('"')
-            for part in labels.rstrip("}").split('",')
-            if "=" in part
-        }
-        samples.setdefault(name, []).append((parsed, float(value)))
-    return samples
-
-
 def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
     """The 99th percentile of a Prometheus histogram, interpolated linearly inside its bucket (what PromQL's
     ``histogram_quantile(0.99, ...)`` returns)."""
@@ -117,10 +88,6 @@ def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
             return round(lower + (bound - lower) * (rank - below) / max(count - below, 1e-9), 3)
         lower, below = bound, count
     return float("inf")
-
-
-def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
-    return sum(value for _, value in samples.get(name, []))
 
 
 def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -208,7 +175,7 @@ def main() -> None:
             sandbox.aws.spot_interruption(instance.instance_id)
         published = time.perf_counter() - published_at
         kube_before = sum(sandbox.kube.requests.values())
-        apiserver_before = _parse(plane.metrics()) if plane is not None else {}
+        apiserver_before = parse_metrics(plane.metrics()) if plane is not None else {}
         log = open(Path(workdir) / "controller.log", "w")  # noqa: SIM115 - closed below
         started = time.perf_counter()
         process = subprocess.Popen(
@@ -221,7 +188,7 @@ def main() -> None:
             deadline = started + 120 * args.scale * 5 + 60
             while time.perf_counter() < deadline:
                 time.sleep(0.25)
-                scraped = _scrape(port)
+                scraped = scrape(port)
                 # Spot warnings only: when a notice ends the instance is terminated and the state changes
                 # that follow are more messages, handled too, but not part of the storm being timed.
                 deleted = sum(
@@ -229,7 +196,7 @@ def main() -> None:
                     for labels, value in scraped.get("queue_processor_messages_deleted_total", [])
                     if labels.get("kind") == "spot-interruption"
                 )
-                received = _total(scraped, "queue_processor_messages_received_total")
+                received = total(scraped, "queue_processor_messages_received_total")
                 cordoned = sandbox.kube.count("nodes", lambda node: bool(node["spec"].get("unschedulable")))
                 timeline.append(
                     f"{time.perf_counter() - started:6.1f}s cordoned={cordoned} "
@@ -238,8 +205,8 @@ def main() -> None:
                 )
                 if deleted >= args.nodes:
                     break
-                busy = _total(scraped, "queue_processor_in_flight_operations")
-                if len(timeline) % 8 == 0 and not busy and not _depth(sandbox):
+                busy = total(scraped, "queue_processor_in_flight_operations")
+                if len(timeline) % 8 == 0 and not busy and not sandbox.queue_counts().left:
                     break  # every message settled, some of them otherwise (instance gone before drained)
             seconds = time.perf_counter() - started
             if args.timeline:
@@ -248,27 +215,21 @@ def main() -> None:
                 )
                 print("\n".join(timeline[:: max(1, len(timeline) // 40)]))
             kube_requests = sum(sandbox.kube.requests.values()) - kube_before
-            apiserver_after = _parse(plane.metrics()) if plane is not None else {}
+            apiserver_after = parse_metrics(plane.metrics()) if plane is not None else {}
             # The messages that followed (state changes of terminated instances) settle too: then count what
             # is left (tasks, messages), up to 60 s.
             settle_until = time.perf_counter() + 60
             while time.perf_counter() < settle_until and (
-                _depth(sandbox) or _total(_scrape(port), "queue_processor_in_flight_operations")
+                sandbox.queue_counts().left or total(scrape(port), "queue_processor_in_flight_operations")
             ):
                 time.sleep(1.0)
-            metrics = _scrape(port)
+            metrics = scrape(port)
             drained = sum(
                 value
                 for labels, value in metrics.get("actions_total", [])
                 if labels.get("node_action") == "cordon-and-drain" and labels.get("node_status") == "success"
             )
             in_flight = sum(value for _, value in metrics.get("queue_processor_in_flight_operations", []))
-            status = (
-                Path(f"/proc/{process.pid}/status").read_text()
-                if Path(f"/proc/{process.pid}/status").exists()
-                else ""
-            )
-            hwm = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM")), 0)
             figures: dict[str, Any] = {
                 "nodes": args.nodes,
                 "seconds_total": round(seconds, 2),
@@ -280,9 +241,9 @@ def main() -> None:
                 "all_drained_within_notice": drained >= args.nodes,
                 "drained": int(drained),
                 "kube_requests_per_node": round(kube_requests / args.nodes, 1),
-                "peak_rss_mib": round(hwm / 1024, 1),
+                "peak_rss_mib": peak_rss_mib(process.pid),
                 "tasks_left": int(in_flight),
-                "messages_left": _depth(sandbox),
+                "messages_left": sandbox.queue_counts().left,
                 "publish_seconds": round(published, 2),
                 "startup_seconds": round(ready, 2),
                 "qps_floor_seconds": round(kube_requests / args.qps, 2),
@@ -316,7 +277,7 @@ def main() -> None:
                 )
                 by_code: dict[str, int] = {}
                 for (_what, code), count in sandbox.kube.requests_by(  # type: ignore[attr-defined]
-                    f"system:serviceaccount:{sandbox.controller_namespace}:queue-processor"
+                    sandbox.controller_username
                 ).items():
                     by_code[str(code)] = by_code.get(str(code), 0) + count
                 figures["controller_requests_by_code"] = by_code

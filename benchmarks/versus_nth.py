@@ -35,14 +35,11 @@ from queue_processor.sandbox.control_plane import ControlPlane
 from queue_processor.sandbox.sidebyside import (
     SPOT_NOTICE_S,
     SYSTEMS,
+    WORKLOADS,
     Figures,
     Workload,
-    apiserver_cache,
-    asg_scale_in,
-    drain_fails,
     run_workload,
     spot_storm,
-    warm_pool,
 )
 
 #: Figures whose ratio (NTH / queue-processor) is printed.
@@ -51,13 +48,7 @@ RATIO_KEYS = ("p50_cordon_s", "p99_cordon_s", "all_drained_s", "kube_requests_pe
 
 def workloads(names: list[str], storm_nodes: int) -> list[Workload]:
     """The workloads asked for, at this machine's sizes."""
-    built = {
-        "spot-storm": lambda: spot_storm(storm_nodes),
-        "asg-scale-in": lambda: asg_scale_in(10),
-        "drain-fails": lambda: drain_fails(5),
-        "apiserver-cache": lambda: apiserver_cache(10),
-        "warm-pool": lambda: warm_pool(3),
-    }
+    built = {**WORKLOADS, "spot-storm": lambda: spot_storm(storm_nodes)}
     unknown = [name for name in names if name not in built]
     if unknown:
         raise SystemExit(f"unknown workload(s) {', '.join(unknown)}: one of {', '.join(built)}")

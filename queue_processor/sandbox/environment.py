@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from queue_processor.permissions import rbac_rules
-from queue_processor.sandbox.aws import AwsSandbox, SandboxInstance, SandboxQueue
+from queue_processor.sandbox.aws import AwsSandbox, QueueCounts, SandboxInstance, SandboxQueue
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.cluster import ClusterSpec, Instance, KubeCluster, build_kubernetes
 from queue_processor.sandbox.kube import KubeSandbox
@@ -189,6 +189,20 @@ class Sandbox:
     def env_path(self) -> Path:
         """The env file written by :meth:`start` (``KEY=value`` lines)."""
         return self.workdir / "sandbox.env"
+
+    @property
+    def controller_username(self) -> str:
+        """The Kubernetes user ``queue-processor run`` acts as with this sandbox's kubeconfig on the real
+        control plane: its ServiceAccount, ``system:serviceaccount:<namespace>:queue-processor`` (how the API
+        server's audit log names it; "Service account tokens", Kubernetes docs)."""
+        return f"system:serviceaccount:{self.controller_namespace}:{CONTROLLER_SERVICE_ACCOUNT}"
+
+    def queue_counts(self) -> QueueCounts:
+        """The sandbox queue's :class:`~queue_processor.sandbox.aws.QueueCounts` (visible, in flight,
+        dead-letter), read over HTTP. Raises ``RuntimeError`` before :meth:`start`, and botocore's errors."""
+        if self.queue is None:
+            raise RuntimeError("the sandbox is not started")
+        return self.aws.queue_counts(self.queue)
 
     def env(self) -> dict[str, str]:
         """The environment that points ``queue-processor run`` at this sandbox."""

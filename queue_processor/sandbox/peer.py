@@ -26,10 +26,73 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from queue_processor.sandbox.control_plane import ControlPlaneError, default_bin_dir, free_port
 from queue_processor.sandbox.environment import Sandbox
 
-__all__ = ["NTH_CLUSTER_RULES", "Nth", "Process", "QueueProcessor", "find_nth", "nth_version"]
+__all__ = [
+    "NTH_CLUSTER_RULES",
+    "Nth",
+    "Process",
+    "QueueProcessor",
+    "Samples",
+    "find_nth",
+    "nth_version",
+    "parse_metrics",
+    "peak_rss_mib",
+    "proc_status",
+    "scrape",
+    "total",
+]
+
+#: Prometheus samples by sample name (``foo_total``, ``foo_bucket``, ...): (labels, value) pairs.
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_metrics(text: str) -> Samples:
+    """The Prometheus text exposition format (https://prometheus.io/docs/instrumenting/exposition_formats/)
+    as :data:`Samples`, parsed by ``prometheus_client``'s parser. Raises ``ValueError`` on a malformed line."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return samples
+
+
+def scrape(port: int, *, timeout_s: float = 5.0) -> Samples:
+    """``GET http://127.0.0.1:<port>/metrics`` as :data:`Samples`. Raises ``OSError`` (an HTTP error
+    included) when it does not answer within ``timeout_s`` seconds or answers other than 200."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as response:
+        return parse_metrics(response.read().decode())
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """The numeric fields of ``/proc/<pid>/status`` (proc(5)): ``VmRSS``, ``VmHWM`` (KiB), ``Threads``...;
+    empty when the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        words = value.split()
+        if words and words[0].isdigit():
+            fields[key] = int(words[0])
+    return fields
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident memory (``VmHWM``) in MiB, one decimal; 0.0 when it is gone."""
+    return round(proc_status(pid).get("VmHWM", 0) / 1024, 1)
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when there are none)."""
+    wanted = labels.items()
+    return sum(value for have, value in samples.get(name, []) if wanted <= have.items())
+
 
 #: The rules of the ClusterRole NTH v1.25.6's chart installs (config/helm/aws-node-termination-handler/
 #: templates/clusterrole.yaml), written here as facts: nodes get/list/patch/update, pods list/get, evictions,
@@ -94,6 +157,9 @@ class Process:
     port and a probes port. :meth:`lines` parses the log as JSON lines (any other line becomes
     ``{"event": line}``)."""
 
+    #: The Kubernetes user it acts as on the real control plane (``system:serviceaccount:<ns>:<name>``).
+    username: str = ""
+
     def __init__(
         self, argv: list[str], env: dict[str, str], log: Path, *, metrics_port: int, probes_port: int
     ) -> None:
@@ -134,14 +200,7 @@ class Process:
             return 0.0
         if status != 200:
             raise AssertionError(f"/metrics answered {status}: {body[:200]}")
-        total = 0.0
-        for line in body.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            head, _, value = line.rpartition(" ")
-            if all(f'{key}="{want}"' in head for key, want in labels.items()):
-                total += float(value)
-        return total
+        return total(parse_metrics(body), name, **labels)
 
     def stop(self, signum: int, bound_s: float) -> int:
         """Send ``signum`` and wait for the exit; its status. Raises ``AssertionError`` (after a SIGKILL) when
@@ -174,6 +233,7 @@ class QueueProcessor(Process):
             "JSON_LOGGING": "true",
             **extra,
         }
+        self.username = sandbox.controller_username
         script = str(Path(sys.executable).parent / "queue-processor")
         super().__init__([script, "run"], env, log, metrics_port=metrics_port, probes_port=probes_port)
 

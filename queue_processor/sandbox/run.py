@@ -42,15 +42,6 @@ class Progress:
     seconds: float = 0.0
 
 
-def _queue_counts(sandbox: Sandbox) -> tuple[int, int, int]:
-    sqs = sandbox.aws.client("sqs")
-    assert sandbox.queue is not None
-    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    queue = sqs.get_queue_attributes(QueueUrl=sandbox.queue.url, AttributeNames=names)["Attributes"]
-    dlq = sqs.get_queue_attributes(QueueUrl=sandbox.queue.dlq_url, AttributeNames=names[:1])["Attributes"]
-    return int(queue[names[0]]), int(queue[names[1]]), int(dlq[names[0]])
-
-
 def progress_of(sandbox: Sandbox, nodes: list[str], started: float) -> Progress:
     """A :class:`Progress` snapshot of the sandbox."""
     wanted = set(nodes)
@@ -61,7 +52,7 @@ def progress_of(sandbox: Sandbox, nodes: list[str], started: float) -> Progress:
     )
     cordoned = len(wanted) - schedulable
     actions = sandbox.aws.actions()
-    visible, in_flight, dlq = _queue_counts(sandbox)
+    visible, in_flight, dlq = sandbox.queue_counts()
     return Progress(
         cordoned=cordoned,
         evicted=len(sandbox.kube.evictions),

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.peer import Nth, Process, QueueProcessor
+from queue_processor.sandbox.peer import Nth, Process, QueueProcessor, peak_rss_mib
 from queue_processor.sandbox.run import judge
 
 if TYPE_CHECKING:
@@ -40,6 +40,10 @@ SYSTEMS = ("nth", "nth_tuned", "queue_processor")
 #: How long a system may take to exit after SIGTERM before it is SIGKILLed (``exit_status`` -9); the Helm
 #: charts of both give 30 s.
 STOP_BOUND_S = 60.0
+
+#: How long a run waits for the namespaces of earlier runs on the shared control plane to finish terminating
+#: (their pods deleted by the namespace and pod garbage collectors) before it starts: real seconds.
+QUIET_BOUND_S = 600.0
 
 #: A Spot interruption warning's notice (EC2 User Guide, "Spot Instance interruption notices"): simulated s.
 SPOT_NOTICE_S = 120.0
@@ -267,15 +271,15 @@ class Figures:
 class _Watch(threading.Thread):
     """Samples the sandbox's nodes and pods (the real backend's informers) every ``interval_s``: when each
     watched node was first seen cordoned (unschedulable, or gone) and drained (no pod but DaemonSet and mirror
-    pods left on it, or gone)."""
+    pods left on it, or gone). ``started`` (``time.monotonic()``) is the timeline's zero."""
 
-    def __init__(self, sandbox: Sandbox, nodes: set[str], interval_s: float = 0.25) -> None:
+    def __init__(self, sandbox: Sandbox, nodes: set[str], started: float, interval_s: float = 0.25) -> None:
         super().__init__(daemon=True, name="sidebyside-watch")
         self.sandbox, self.nodes, self.interval_s = sandbox, nodes, interval_s
         self.cordoned: dict[str, float] = {}
         self.drained: dict[str, float] = {}
         self.samples: list[tuple[float, int, int]] = []
-        self.started = time.monotonic()
+        self.started = started
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -322,22 +326,16 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
-def _peak_rss_mib(pid: int) -> float:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0
-    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM")), 0)
-    return round(kib / 1024, 1)
-
-
 def run_workload(
     system: str, workload: Workload, *, plane: ControlPlane, workdir: Path, ready_timeout_s: float = 60.0
 ) -> Figures:
     """Run ``workload`` against ``system`` on a fresh sandbox sharing ``plane``; its figures. The system's log
     is ``workdir/<system>.log``. Raises ``RuntimeError`` when the system exits before it is ready or is not
-    ready within ``ready_timeout_s`` seconds."""
+    ready within ``ready_timeout_s`` seconds, and ``TimeoutError`` when earlier runs' namespaces are still
+    terminating after :data:`QUIET_BOUND_S` (each run starts on a quiet control plane: otherwise the one that
+    runs after a large one shares the machine with the deletion of its thousands of pods)."""
     extra = dict(workload.env.get(system, {}))
+    wait_quiet(plane, QUIET_BOUND_S)
     with Sandbox(workload.options, workdir=workdir / "sandbox", kubernetes="real", plane=plane) as sandbox:
         process = start_system(system, sandbox, workdir / f"{system}.log", extra)
         try:
@@ -345,8 +343,7 @@ def run_workload(
             requests_before = _requests(sandbox, process)
             started = time.monotonic()
             published = workload.publish(sandbox)
-            watch = _Watch(sandbox, set(published.nodes))
-            watch.started = started
+            watch = _Watch(sandbox, set(published.nodes), started)
             watch.start()
             try:
                 deadline = started + workload.bound_s
@@ -367,7 +364,7 @@ def run_workload(
                 for pod in sandbox.kube.evictions
                 if "kubernetes.io/config.mirror" in (pod["metadata"].get("annotations") or {})
             )
-            rss = _peak_rss_mib(process.process.pid)
+            rss = peak_rss_mib(process.process.pid)
         finally:
             try:
                 status = process.stop(signal.SIGTERM, STOP_BOUND_S)
@@ -413,6 +410,22 @@ _JUDGED = (
 )
 
 
+def wait_quiet(plane: ControlPlane, timeout_s: float) -> None:
+    """Block until no namespace of ``plane`` is terminating; raises ``TimeoutError`` after ``timeout_s``
+    real seconds, naming them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = plane.request("GET", "/api/v1/namespaces")["items"]
+        terminating = [
+            ns["metadata"]["name"] for ns in listed if (ns.get("status") or {}).get("phase") == "Terminating"
+        ]
+        if not terminating:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"namespaces still terminating after {timeout_s} s: {', '.join(terminating)}")
+        time.sleep(1.0)
+
+
 def _wait_ready(process: Process, system: str, timeout_s: float) -> None:
     path = "/readyz" if system == "queue_processor" else "/healthz"
     deadline = time.monotonic() + timeout_s
@@ -427,12 +440,7 @@ def _wait_ready(process: Process, system: str, timeout_s: float) -> None:
 
 def _requests(sandbox: Sandbox, process: Process) -> int:
     """Kubernetes API requests the system made so far (the API server's audit log, by its user)."""
-    user = (
-        process.username
-        if isinstance(process, Nth)
-        else f"system:serviceaccount:{sandbox.controller_namespace}:queue-processor"
-    )
-    return sum(sandbox.kube.requests_by(user).values())  # type: ignore[attr-defined]
+    return sum(sandbox.kube.requests_by(process.username).values())  # type: ignore[attr-defined]
 
 
 def _done(sandbox: Sandbox, published: Published, watch: _Watch) -> bool:
@@ -441,11 +449,7 @@ def _done(sandbox: Sandbox, published: Published, watch: _Watch) -> bool:
         return False
     if any(sandbox.aws.action(token).status == "open" for token in published.tokens):
         return False
-    sqs = sandbox.aws.client("sqs")
-    assert sandbox.queue is not None
-    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    attributes = sqs.get_queue_attributes(QueueUrl=sandbox.queue.url, AttributeNames=names)["Attributes"]
-    return sum(int(attributes[name]) for name in names) == 0
+    return sandbox.queue_counts().left == 0
 
 
 #: The workloads by name, at the sizes ``benchmarks/versus_nth.py`` runs by default.

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 from queue_processor.sandbox.environment import Sandbox
 from queue_processor.sandbox.peer import QueueProcessor
 from queue_processor.sandbox.run import judge
@@ -89,15 +87,8 @@ class Controller(QueueProcessor):
 
 def queue_depth(sandbox: Sandbox) -> tuple[int, int]:
     """(visible, in flight) messages of the sandbox's queue."""
-    sqs = boto3.client("sqs", **sandbox.aws.client_kwargs)
-    assert sandbox.queue is not None
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=sandbox.queue.url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return int(attributes["ApproximateNumberOfMessages"]), int(
-        attributes["ApproximateNumberOfMessagesNotVisible"]
-    )
+    counts = sandbox.queue_counts()
+    return counts.visible, counts.in_flight
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

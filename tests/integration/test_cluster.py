@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -38,7 +37,7 @@ from kubernetes.client.rest import ApiException
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
-from queue_processor.sandbox.aws import AwsSandbox, SandboxInstance
+from queue_processor.sandbox.aws import AwsSandbox, SandboxInstance, SandboxQueue
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.kube import KubeSandbox
 from tests.integration.test_controller import until
@@ -262,27 +261,20 @@ async def controller(
         assert started[0].consumer.tasks == 0
 
 
-def _setup(aws: AwsSandbox, target: Target, instances: int) -> tuple[str, list[SandboxInstance]]:
+def _setup(aws: AwsSandbox, target: Target, instances: int) -> tuple[SandboxQueue, list[SandboxInstance]]:
     queue = aws.create_queue(f"qp-it-{target.run}", visibility_timeout_s=30, max_receive_count=3)
     aws.put_standard_rules(queue.arn)
     built = aws.build_cluster({f"it-{target.run}": instances}, heartbeat_timeout_s=300)
     for instance in built:
         target.add_workloads(target.add_node(instance))
-    return queue.url, built
-
-
-def _depth(aws: AwsSandbox, url: str) -> int:
-    sqs = boto3.client("sqs", **aws.client_kwargs)
-    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
-    return sum(int(attributes[name]) for name in names)
+    return queue, built
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["live-list", "apiserver-cache"])
 async def test_a_spot_warning_drains_the_node_and_leaves_daemonset_and_mirror_pods(
     aws: AwsSandbox, target: Target, cache: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, (instance,) = _setup(aws, target, 1)
+    queue, (instance,) = _setup(aws, target, 1)
     node = instance.private_dns_name
     before = {p.metadata.uid: p for p in target.pods_on(node)}
     kept = {uid for uid, p in before.items() if (p.metadata.labels or {}).get("app") == "agent"}
@@ -292,9 +284,9 @@ async def test_a_spot_warning_drains_the_node_and_leaves_daemonset_and_mirror_po
     evictable = set(before) - kept
     assert len(evictable) == 3
 
-    async with controller(aws, target, url, monkeypatch, USE_APISERVER_CACHE=str(cache).lower()):
+    async with controller(aws, target, queue.url, monkeypatch, USE_APISERVER_CACHE=str(cache).lower()):
         aws.spot_interruption(instance.instance_id)
-        await until(lambda: _depth(aws, url) == 0, timeout_s=30, what="message deleted")
+        await until(lambda: aws.queue_counts(queue).left == 0, timeout_s=30, what="message deleted")
 
     assert target.core.read_node(node).spec.unschedulable is True
     after = {p.metadata.uid for p in target.pods_on(node) if p.metadata.deletion_timestamp is None}
@@ -305,17 +297,17 @@ async def test_a_spot_warning_drains_the_node_and_leaves_daemonset_and_mirror_po
 async def test_an_asg_terminate_action_is_completed_once_after_the_drain(
     aws: AwsSandbox, target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, (instance,) = _setup(aws, target, 1)
+    queue, (instance,) = _setup(aws, target, 1)
     node = instance.private_dns_name
 
-    async with controller(aws, target, url, monkeypatch):
+    async with controller(aws, target, queue.url, monkeypatch):
         (action,) = aws.terminate_instance(instance.instance_id)
         await until(
             lambda: aws.action(action.token).result is not None,
             timeout_s=30,
             what="lifecycle action completed",
         )
-        await until(lambda: _depth(aws, url) == 0, timeout_s=30, what="message deleted")
+        await until(lambda: aws.queue_counts(queue).left == 0, timeout_s=30, what="message deleted")
 
     completions = [c for c in aws.calls(instance.instance_id) if c.operation == "CompleteLifecycleAction"]
     assert [c.result for c in completions] == ["CONTINUE"]

@@ -68,22 +68,11 @@ class Running:
     sandbox: Sandbox
 
     def queue_depth(self) -> tuple[int, int]:
-        sqs = boto3.client("sqs", **self.sandbox.aws.client_kwargs)
-        attributes = sqs.get_queue_attributes(
-            QueueUrl=self.sandbox.env()["QUEUE_URL"],
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )["Attributes"]
-        return int(attributes["ApproximateNumberOfMessages"]), int(
-            attributes["ApproximateNumberOfMessagesNotVisible"]
-        )
+        counts = self.sandbox.queue_counts()
+        return counts.visible, counts.in_flight
 
     def dlq_depth(self) -> int:
-        sqs = boto3.client("sqs", **self.sandbox.aws.client_kwargs)
-        assert self.sandbox.queue is not None
-        attributes = sqs.get_queue_attributes(
-            QueueUrl=self.sandbox.queue.dlq_url, AttributeNames=["ApproximateNumberOfMessages"]
-        )["Attributes"]
-        return int(attributes["ApproximateNumberOfMessages"])
+        return self.sandbox.queue_counts().dlq
 
     def evicted(self, node: str | None = None) -> list[dict[str, Any]]:
         return [p for p in self.sandbox.kube.evictions if node is None or p["spec"].get("nodeName") == node]

@@ -77,6 +77,7 @@ from queue_processor.sandbox.aws.model import (
     TERMINATE_HOOK,
     TERMINATE_TRANSITION,
     ClientKwargs,
+    QueueCounts,
     SandboxInstance,
     SandboxQueue,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "LifecycleAction",
     "LifecycleCall",
     "PublishedMessage",
+    "QueueCounts",
     "SandboxInstance",
     "SandboxQueue",
 ]

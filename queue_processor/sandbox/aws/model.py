@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, TypedDict
+from typing import Literal, NamedTuple, TypedDict
 
 from moto.core.models import DEFAULT_ACCOUNT_ID
 
@@ -90,6 +90,21 @@ class SandboxQueue:
     arn: str
     dlq_url: str
     dlq_arn: str
+
+
+class QueueCounts(NamedTuple):
+    """How many messages a queue holds, from SQS's approximate attributes (``GetQueueAttributes``):
+    ``visible`` (ApproximateNumberOfMessages), ``in_flight`` (ApproximateNumberOfMessagesNotVisible: received,
+    inside their visibility timeout) and ``dlq`` (visible in its dead-letter queue)."""
+
+    visible: int
+    in_flight: int
+    dlq: int
+
+    @property
+    def left(self) -> int:
+        """Messages not yet deleted from the queue (visible + in flight)."""
+        return self.visible + self.in_flight
 
 
 # ------------------------------------------------------------------------------------------------- formatting

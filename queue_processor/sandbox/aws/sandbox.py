@@ -50,6 +50,7 @@ from queue_processor.sandbox.aws.model import (
     ActionStatus,
     ClientKwargs,
     Operation,
+    QueueCounts,
     Result,
     SandboxInstance,
     SandboxQueue,
@@ -280,6 +281,15 @@ class AwsSandbox:
         )["QueueUrl"]
         arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         return SandboxQueue(url=url, arn=arn, dlq_url=dlq_url, dlq_arn=dlq_arn)
+
+    def queue_counts(self, queue: SandboxQueue) -> QueueCounts:
+        """``queue``'s :class:`QueueCounts`, read over HTTP with ``GetQueueAttributes`` (approximate, as SQS
+        says: a message sent or received a moment ago may not be counted yet). Raises botocore's errors."""
+        sqs = self.client("sqs")
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        counts = sqs.get_queue_attributes(QueueUrl=queue.url, AttributeNames=names)["Attributes"]
+        dlq = sqs.get_queue_attributes(QueueUrl=queue.dlq_url, AttributeNames=names[:1])["Attributes"]
+        return QueueCounts(int(counts[names[0]]), int(counts[names[1]]), int(dlq[names[0]]))
 
     def put_standard_rules(
         self, queue_arn: str, *, kinds: Iterable[EventKind] | None = None, prefix: str = "queue-processor"
