@@ -2,7 +2,9 @@
 
 Each (workload, system) pair runs on a fresh sandbox of one shared real control plane (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, KWOK; ``make cluster-bin`` builds them and NTH), with the same
-input: :mod:`queue_processor.sandbox.sidebyside` defines the workloads and what is measured. Systems: ``nth``
+input: :mod:`queue_processor.sandbox.sidebyside` defines the workloads and what is measured. Each run waits for
+the namespaces of the run before it to finish terminating, so that none shares the machine with the deletion
+of another's pods. Systems: ``nth``
 (its chart's defaults: WORKERS=10, no heartbeats), ``nth_tuned`` (WORKERS raised to the workload's node
 count, HEARTBEAT_INTERVAL=30 where lifecycle hooks are involved; its client QPS/burst cannot be raised in
 v1.25.6) and ``queue_processor`` (its defaults).
@@ -33,6 +35,7 @@ from typing import Any
 
 from queue_processor.sandbox.control_plane import ControlPlane
 from queue_processor.sandbox.sidebyside import (
+    QUIET_BOUND_S,
     SPOT_NOTICE_S,
     SYSTEMS,
     WORKLOADS,
@@ -129,7 +132,11 @@ def main() -> None:
                 for system in systems:
                     print(f"{workload.name}: {system}...", file=sys.stderr, flush=True)
                     results[system] = run_workload(
-                        system, workload, plane=plane, workdir=Path(workdir) / workload.name / system
+                        system,
+                        workload,
+                        plane=plane,
+                        workdir=Path(workdir) / workload.name / system,
+                        quiet_timeout_s=QUIET_BOUND_S,
                     )
                 runs[workload.name] = (workload, results)
                 print(table(workload.name, workload.describe, results), flush=True)

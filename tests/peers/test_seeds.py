@@ -6,7 +6,7 @@ asserted, since a release of NTH could fix it. What this machine measured for NT
 
 from __future__ import annotations
 
-from queue_processor.sandbox.sidebyside import apiserver_cache, asg_scale_in, warm_pool
+from queue_processor.sandbox.sidebyside import apiserver_cache, asg_scale_in, drain_fails, warm_pool
 from tests.peers.conftest import Run
 
 
@@ -27,6 +27,24 @@ def test_a_drain_held_by_a_pdb_past_the_heartbeat_timeout_completes_every_action
     assert ours["lifecycle_timed_out"] == 0
     assert ours["nodes_drained_twice"] == 0
     assert ours["heartbeats_after_end"] == 0
+    assert (ours["messages_left"], ours["dlq"], ours["exit_status"]) == (0, 0, 0)
+
+
+def test_a_drain_that_fails_leaves_no_heartbeat_running_and_drains_once_when_it_can(
+    side_by_side: Run,
+) -> None:
+    """One instance leaves through a terminate hook (HeartbeatTimeout 40 s) while a PodDisruptionBudget holds
+    its drain for 20 s, longer than the 10 s drain timeout both systems get: the first drain fails, the
+    message comes back, and a later drain succeeds. NTH runs with heartbeats on (``nth_tuned``:
+    HEARTBEAT_INTERVAL=30, without which it has no heartbeat to leak). Seeds: a heartbeat goroutine left
+    running after a failed drain, and repeated drains of the same node."""
+    workload = drain_fails(1, hold_s=20, drain_timeout_s=10, heartbeat_timeout_s=40)
+    side_by_side("nth_tuned", workload)
+    ours = side_by_side("queue_processor", workload)
+    assert ours["drained"] == 1
+    assert ours["lifecycle_completed"] == 1
+    assert ours["lifecycle_timed_out"] == 0
+    assert (ours["heartbeats_after_end"], ours["nodes_drained_twice"]) == (0, 0)
     assert (ours["messages_left"], ours["dlq"], ours["exit_status"]) == (0, 0, 0)
 
 
