@@ -265,19 +265,23 @@ class Consumer:
             messages = answer.get("Messages") or []
             for _ in range(room - len(messages)):
                 self._budget.release()
+            failed = 0
             try:
                 for index, message in enumerate(messages):
                     if self._stopping.is_set():  # this replica is letting its messages go: these too
                         await self._let_go(queue_url, messages[index:])
                         return
                     try:
-                        await self._take(queue_url, message)
+                        failed += not await self._take(queue_url, message)
                     except Exception as exc:  # the loop survives any single message
+                        failed += 1
                         self.observer.error(ErrorWhere.HANDLE)
                         log.error(
                             "message handling failed", message_id=message.get("MessageId"), error=repr(exc)
                         )
                         self._budget.release()
+                if messages and failed == len(messages):  # what NTH counts as its monitor's error
+                    self.observer.error(ErrorWhere.BATCH)
             finally:
                 self._polling.discard(current)
 
@@ -287,8 +291,9 @@ class Consumer:
         handles = [message["ReceiptHandle"] for message in messages]
         await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
 
-    async def _take(self, queue_url: str, message: MessageTypeDef) -> None:
-        """One received message; holds one budget slot until it is settled."""
+    async def _take(self, queue_url: str, message: MessageTypeDef) -> bool:
+        """One received message; holds one budget slot until it is settled. ``False`` when it cannot be
+        processed (poison)."""
         attributes = message.get("Attributes") or {}
         sent = attributes.get("SentTimestamp")
         ref = SqsMessageRef(
@@ -307,14 +312,14 @@ class Consumer:
             self.observer.poison(queue_url, result.poison_class)
             await self._change_visibility(ref, self.poison_visibility_s)
             self._budget.release()
-            return
+            return False
         if result.outcome == "skip":
             bound.info("message skipped", reason=result.reason)
             if result.skip_class is not None:
                 self.observer.skipped(queue_url, result.skip_class)
             await self._delete(ref, kinds)
             self._budget.release()
-            return
+            return True
         redelivered = self.store.in_flight(ref.message_id)  # held already: it keeps the slot it has
         for event in result.events:
             admission = self.store.admit(event)
@@ -330,6 +335,7 @@ class Consumer:
             await self._delete(ref, kinds)
             self._budget.release()
         self.observer.in_flight(self.store.held_count, len(self._operations))
+        return True
 
     def _spawn(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` through the handler and settles its messages. The task

@@ -71,6 +71,18 @@ EXCLUDE_FROM_LB_LABEL = (
     "aws-node-termination-handler",
 )
 
+#: Kinds NTH gives a PreDrain task (its ``pre-drain`` action: the kind's taint); a state change and a launch
+#: have none. A Capacity Reservation interruption, which NTH does not handle, is counted as a Spot one.
+PRE_DRAIN_KINDS = frozenset(
+    {
+        EventKind.SPOT_INTERRUPTION,
+        EventKind.REBALANCE_RECOMMENDATION,
+        EventKind.ASG_TERMINATE_LIFECYCLE,
+        EventKind.SCHEDULED_CHANGE,
+        EventKind.CAPACITY_RESERVATION_INTERRUPTION,
+    }
+)
+
 
 class Outcome(StrEnum):
     """The end of an operation for its messages."""
@@ -193,7 +205,15 @@ class Handler:
             if not await self._guarded(target.claim, drain):
                 return Outcome.RETRY
         post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
-        return await self._guarded(target.claim, post_drain)
+        try:
+            outcome = await self._guarded(target.claim, post_drain)
+        except (asyncio.CancelledError, ClaimLost):
+            raise
+        except Exception:
+            self.observer.node_action(NodeAction.POST_DRAIN, False)
+            raise
+        self.observer.node_action(NodeAction.POST_DRAIN, True)
+        return outcome
 
     async def _resolve(self, operation: NodeOperation, bound: Any) -> InstanceInfo | Outcome:
         """The instance as EC2 describes it, or the outcome when there is nothing to do: unknown to EC2
@@ -284,7 +304,10 @@ class Handler:
             self.observer.node_action(NodeAction.TAINT, True)
         if labels:
             self.observer.node_action(NodeAction.EXCLUDE_FROM_LB, True)
-        self.observer.node_action(NodeAction.CORDON, True)
+        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
+            self.observer.node_action(NodeAction.PRE_DRAIN, True)
+        if self.settings.cordon_only:
+            self.observer.node_action(NodeAction.CORDON, True)
         self.observer.cordoned(self.clock() - operation.started_at)
         bound.info("cordoned")
         await self._event(name, "Cordon", f"cordoned for {self._kinds(operation)}")
@@ -384,7 +407,10 @@ class Handler:
                     await claim.confirm()
                 result = await self.heartbeats.complete(action, "CONTINUE")
                 operation.settled[action.action_key] = result
-                self.observer.node_action(NodeAction.LIFECYCLE_COMPLETE, True)
+                launch = operation.mode is Mode.LAUNCH
+                self.observer.node_action(
+                    NodeAction.LAUNCH_READY if launch else NodeAction.LIFECYCLE_COMPLETE, True
+                )
                 bound.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
 
     def _settle_all(self, operation: NodeOperation, how: str) -> None:
@@ -495,5 +521,12 @@ class Handler:
             bound.info("dry run: would complete the launch actions")
             self._settle_all(operation, "dry-run")
             return Outcome.DONE
-        await self._complete_actions(operation, None, bound)
+        try:
+            await self._complete_actions(operation, None, bound)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.observer.node_action(NodeAction.POST_DRAIN, False)  # NTH's launch PostDrain
+            raise
+        self.observer.node_action(NodeAction.POST_DRAIN, True)
         return Outcome.DONE

@@ -10,10 +10,19 @@ names and label names and **no prefix**, so dashboards and alerts written for NT
 
 - ``actions_total{node_action, node_status}``: NTH's ``actions`` counter (the low-cardinality one; NTH's
   deprecated ``actions_node_total`` with node name and event ID labels is not kept). ``node_status`` is
-  ``success`` or ``error``; ``node_action`` is one of :data:`NODE_ACTIONS` (``cordon``, ``cordon-and-drain``,
-  ``taint``, ``lifecycle-complete``, ``heartbeat``...).
-- ``events_error_total{event_error_where}``: NTH's ``events.error`` counter; ``event_error_where`` names the
-  step that failed, one of :data:`ERROR_WHERE` (``receive``, ``parse``, ``handle``, ``delete``, ``requeue``...).
+  ``success`` or ``error``; ``node_action`` is one of :data:`NODE_ACTIONS` (``pre-drain``, ``cordon``,
+  ``cordon-and-drain``, ``post-drain``), counted where NTH v1.25.6 counts them in queue-processor mode (see
+  :class:`~queue_processor.observe.observer.NodeAction`): ``cordon`` only with CORDON_ONLY, ``pre-drain``
+  not for state changes. Messages coalesced into one operation on one node count once, where NTH, which
+  handles each message on its own, counts each.
+- ``events_error_total{event_error_where}``: NTH's ``events.error`` counter; in queue-processor mode its only
+  ``event_error_where`` is ``SQS_MONITOR`` (:data:`~queue_processor.observe.observer.SQS_MONITOR`), counted
+  when a ReceiveMessage call fails or a non-empty batch has no message that could be processed.
+
+Our own versions of both name every step: ``queue_processor_node_actions_total{node_action, node_status}``
+(``taint``, ``exclude-from-lb``, ``out-of-service-taint``, ``heartbeat``, ``lifecycle-complete``,
+``launch-ready``) and ``queue_processor_errors_total{where}`` (:data:`ERROR_WHERE`: ``receive``, ``batch``,
+``parse``, ``handle``, ``delete``, ``requeue``, ``visibility``).
 
 Every other metric is ours and carries the ``queue_processor_`` prefix; see :class:`Metrics` for the list.
 
@@ -56,6 +65,8 @@ from queue_processor import __version__
 from queue_processor.drain.drainer import DrainOutcome, EvictionOutcome
 from queue_processor.kinds.base import PoisonClass, SkipClass
 from queue_processor.observe.observer import (
+    NTH_NODE_ACTIONS,
+    SQS_MONITOR,
     AwsResult,
     DrainEnd,
     ErrorWhere,
@@ -73,7 +84,9 @@ __all__ = [
     "EVENT_TO_CORDON_BUCKETS",
     "KIND_POISON",
     "KIND_SKIP",
+    "MONITOR_ERRORS",
     "NODE_ACTIONS",
+    "OUR_NODE_ACTIONS",
     "PREFIX",
     "Metrics",
     "NodeStatus",
@@ -86,11 +99,15 @@ PREFIX: Final = "queue_processor"
 KIND_SKIP: Final = "skip"
 KIND_POISON: Final = "poison"
 
-#: ``node_action`` values of ``actions_total`` created at zero, so ``rate()`` and ``increase()`` see the
-#: series before the first interruption.
-NODE_ACTIONS: Final = tuple(action.value for action in NodeAction)
-#: ``event_error_where`` values of ``events_error_total`` created at zero.
+#: ``node_action`` values of ``actions_total`` (NTH's), created at zero so that ``rate()`` and ``increase()``
+#: see the series before the first interruption.
+NODE_ACTIONS: Final = tuple(action.value for action in NodeAction if action in NTH_NODE_ACTIONS)
+#: ``node_action`` values of ``queue_processor_node_actions_total`` (ours), created at zero.
+OUR_NODE_ACTIONS: Final = tuple(action.value for action in NodeAction if action not in NTH_NODE_ACTIONS)
+#: ``where`` values of ``queue_processor_errors_total``, created at zero.
 ERROR_WHERE: Final = tuple(where.value for where in ErrorWhere)
+#: The steps whose errors NTH counts as its SQS monitor's (``events_error_total{event_error_where="SQS_MONITOR"}``).
+MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
 
 #: Buckets of ``queue_processor_event_to_cordon_seconds``: 10 ms to 120 s (a Spot notice).
 EVENT_TO_CORDON_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120)
@@ -127,10 +144,13 @@ class Metrics(Observer):
     NTH's, unprefixed (see the module docstring):
 
     - :attr:`actions`: ``actions_total{node_action, node_status}`` (counter);
-    - :attr:`events_error`: ``events_error_total{event_error_where}`` (counter).
+    - :attr:`events_error`: ``events_error_total{event_error_where}`` (counter, ``SQS_MONITOR`` only).
 
     Ours, prefixed ``queue_processor_`` (``queue``, ``kind`` and reason labels: see the module docstring):
 
+    - :attr:`node_actions`: ``node_actions_total{node_action, node_status}``, the actions on nodes NTH has
+      no name for (:data:`OUR_NODE_ACTIONS`);
+    - :attr:`errors`: ``errors_total{where}``, failed steps (:data:`ERROR_WHERE`);
     - :attr:`messages_received`: ``messages_received_total{queue, kind}``, messages received from SQS,
       counted once parsed;
     - :attr:`messages_deleted`: ``messages_deleted_total{queue, kind}``, messages deleted (acknowledged);
@@ -200,6 +220,10 @@ class Metrics(Observer):
         def gauge(name: str, doc: str, labels: list[str] | None = None) -> Gauge:
             return Gauge(name, doc, labels or [], namespace=PREFIX, registry=registry)
 
+        self.node_actions = counter(
+            "node_actions", "Actions on nodes NTH has no name for, by result.", ["node_action", "node_status"]
+        )
+        self.errors = counter("errors", "Failed steps, by where they failed.", ["where"])
         self.messages_received = counter(
             "messages_received", "SQS messages received, by event kind.", ["queue", "kind"]
         )
@@ -260,11 +284,14 @@ class Metrics(Observer):
         self.build_info.labels(version=version or __version__).set(1)
 
         # Known label values start at zero, so rate() sees a series before its first increment.
-        for action in NODE_ACTIONS:
-            for status in ("success", "error"):
+        for status in ("success", "error"):
+            for action in NODE_ACTIONS:
                 self.actions.labels(node_action=action, node_status=status)
+            for action in OUR_NODE_ACTIONS:
+                self.node_actions.labels(node_action=action, node_status=status)
+        self.events_error.labels(event_error_where=SQS_MONITOR)
         for where in ERROR_WHERE:
-            self.events_error.labels(event_error_where=where)
+            self.errors.labels(where=where)
         for heartbeat in HeartbeatResult:
             self.heartbeats.labels(result=heartbeat)
         for outcome in OperationOutcome:
@@ -298,8 +325,11 @@ class Metrics(Observer):
         self.mark_receive(queue)
 
     def error(self, where: ErrorWhere) -> None:
-        """Count one error in NTH's ``events_error_total``."""
-        self.events_error.labels(event_error_where=where).inc()
+        """Count one error in ``queue_processor_errors_total``, and in NTH's ``events_error_total`` when NTH
+        would (:data:`MONITOR_ERRORS`)."""
+        self.errors.labels(where=where).inc()
+        if where in MONITOR_ERRORS:
+            self.events_error.labels(event_error_where=SQS_MONITOR).inc()
 
     def in_flight(self, messages: int, operations: int) -> None:
         """Set the in-flight gauges."""
@@ -311,10 +341,11 @@ class Metrics(Observer):
         self.draining_nodes.set(nodes)
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
-        """Count one action on a node in NTH's ``actions_total``: ``node_status`` is ``success`` when
-        ``ok``, else ``error``."""
+        """Count one action on a node in NTH's ``actions_total`` (:data:`NODE_ACTIONS`) or in
+        ``queue_processor_node_actions_total``: ``node_status`` is ``success`` when ``ok``, else ``error``."""
         status: NodeStatus = "success" if ok else "error"
-        self.actions.labels(node_action=action, node_status=status).inc()
+        counter = self.actions if action in NTH_NODE_ACTIONS else self.node_actions
+        counter.labels(node_action=action, node_status=status).inc()
 
     def operation_outcome(self, outcome: OperationOutcome) -> None:
         """Count an operation that ended without a drain."""
@@ -333,7 +364,7 @@ class Metrics(Observer):
         self.evictions.labels(result=result).inc()
 
     def heartbeat(self, result: HeartbeatResult) -> None:
-        """Count a heartbeat; a call made also counts in NTH's ``actions_total{node_action="heartbeat"}``."""
+        """Count a heartbeat; a call made also counts in ``node_actions_total{node_action="heartbeat"}``."""
         self.heartbeats.labels(result=result).inc()
         if result is not HeartbeatResult.HOOK_UNREADABLE:
             self.node_action(NodeAction.HEARTBEAT, result is HeartbeatResult.OK)

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from queue_processor.kinds.base import PoisonClass, SkipClass
 
 __all__ = [
+    "NTH_NODE_ACTIONS",
     "NULL_OBSERVER",
+    "SQS_MONITOR",
     "AwsResult",
     "DrainEnd",
     "ErrorWhere",
@@ -37,13 +39,24 @@ __all__ = [
 
 
 class NodeAction(StrEnum):
-    """``node_action`` of NTH's ``actions_total``: what was done to a node (NTH's names where NTH has the
-    action)."""
+    """``node_action``: what was done to a node. The four of :data:`NTH_NODE_ACTIONS` count in NTH's
+    ``actions_total`` exactly where NTH v1.25.6 counts them in queue-processor mode
+    (``pkg/interruptionevent/draincordon/handler.go``, ``internal/common/handler.go``); the others, ours, in
+    ``queue_processor_node_actions_total``."""
 
+    PRE_DRAIN = "pre-drain"
+    """PreDrain ran for an operation whose kinds have one in NTH (Spot interruption, rebalance
+    recommendation, terminate lifecycle action, scheduled change; not a state change or a launch), counted
+    with the cordon that carries its taints and labels; always ``success`` (NTH's PreDrain never fails in
+    queue-processor mode)."""
     CORDON = "cordon"
-    """The node was cordoned (PreDrain included)."""
+    """The node was cordoned with CORDON_ONLY (NTH counts ``cordon`` only then, and only a success)."""
     CORDON_AND_DRAIN = "cordon-and-drain"
-    """The node was cordoned and drained."""
+    """The node was cordoned and drained (``error``: the drain did not finish; a node that is not there is
+    not counted, as in NTH)."""
+    POST_DRAIN = "post-drain"
+    """PostDrain: the operation's lifecycle actions completed after its drain (or its cordon with
+    CORDON_ONLY), and a launch action completed once its node is Ready."""
     TAINT = "taint"
     """The interruption's taint was written (TAINT_NODE)."""
     EXCLUDE_FROM_LB = "exclude-from-lb"
@@ -58,10 +71,23 @@ class NodeAction(StrEnum):
     """CompleteLifecycleAction of a launch action once its node is Ready."""
 
 
+#: The ``node_action`` values NTH has: counted in its ``actions_total``.
+NTH_NODE_ACTIONS = frozenset(
+    {NodeAction.PRE_DRAIN, NodeAction.CORDON, NodeAction.CORDON_AND_DRAIN, NodeAction.POST_DRAIN}
+)
+
+#: NTH's only ``event_error_where`` in queue-processor mode (``pkg/monitor/sqsevent``): the SQS monitor.
+SQS_MONITOR = "SQS_MONITOR"
+
+
 class ErrorWhere(StrEnum):
-    """``event_error_where`` of NTH's ``events_error_total``: the step that failed."""
+    """``where`` of ``queue_processor_errors_total``: the step that failed. ``RECEIVE`` and ``BATCH`` also
+    count in NTH's ``events_error_total{event_error_where="SQS_MONITOR"}``, where NTH counts its monitor's
+    errors: a failed ReceiveMessage, or a batch none of whose messages could be processed."""
 
     RECEIVE = "receive"
+    BATCH = "batch"
+    """A non-empty batch none of whose messages could be processed (poison, or handling raised)."""
     PARSE = "parse"
     HANDLE = "handle"
     DELETE = "delete"
@@ -155,7 +181,7 @@ class Observer(Protocol):
         return
 
     def error(self, where: ErrorWhere) -> None:
-        """A step failed (NTH's ``events_error_total``)."""
+        """A step failed (``queue_processor_errors_total``; NTH's ``events_error_total`` for the monitor's)."""
         return
 
     def in_flight(self, messages: int, operations: int) -> None:
@@ -167,7 +193,8 @@ class Observer(Protocol):
         return
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
-        """An action on a node succeeded (``ok``) or failed (NTH's ``actions_total``)."""
+        """An action on a node succeeded (``ok``) or failed (NTH's ``actions_total`` for
+        :data:`NTH_NODE_ACTIONS`, else ``queue_processor_node_actions_total``)."""
         return
 
     def operation_outcome(self, outcome: OperationOutcome) -> None:

@@ -338,6 +338,8 @@ async def test_a_poison_message_is_hidden_for_the_redrive_policy_never_deleted(m
     assert running.count("queue_processor_messages_poison_total", queue=QUEUE, reason="not-json") == 1
     assert running.count("queue_processor_messages_received_total", queue=QUEUE, kind="poison") == 1
     assert running.handler.handled == []
+    # a batch of nothing NTH could process: NTH's monitor error
+    await running.until(lambda: running.count("events_error_total", event_error_where="SQS_MONITOR") == 1)
 
 
 async def test_a_message_not_acted_on_is_deleted_and_counted_by_its_class(make: Any) -> None:
@@ -347,6 +349,7 @@ async def test_a_message_not_acted_on_is_deleted_and_counted_by_its_class(make: 
     skipped = "queue_processor_messages_skipped_total"
     assert running.count(skipped, queue=QUEUE, reason_class="test-notification") == 1
     assert running.handler.handled == []
+    assert running.count("events_error_total", event_error_where="SQS_MONITOR") == 0
 
 
 async def test_a_handled_action_is_heartbeated_from_receipt_then_its_message_deleted(make: Any) -> None:

@@ -334,8 +334,14 @@ async def test_a_terminate_action_is_drained_then_completed_and_its_message_dele
     # What a dashboard shows of it.
     assert world.count("queue_processor_evictions_total", result="evicted") == 3
     assert world.count("queue_processor_lifecycle_completions_total", result="continue") == 1
-    assert world.count("actions_total", node_action="cordon-and-drain", node_status="success") == 1
-    assert world.count("actions_total", node_action="lifecycle-complete", node_status="success") == 1
+    # NTH's actions_total as NTH counts them: no "cordon" outside CORDON_ONLY, PreDrain and PostDrain once
+    nth = {
+        action: world.count("actions_total", node_action=action, node_status="success")
+        for action in ("pre-drain", "cordon", "cordon-and-drain", "post-drain")
+    }
+    assert nth == {"pre-drain": 1, "cordon": 0, "cordon-and-drain": 1, "post-drain": 1}
+    ours = "queue_processor_node_actions_total"
+    assert world.count(ours, node_action="lifecycle-complete", node_status="success") == 1
     drains = "queue_processor_drain_duration_seconds_count"
     assert world.count(drains, kind="asg-terminate-lifecycle", result="drained") == 1
     assert world.count("queue_processor_event_to_cordon_seconds_count") == 1
@@ -366,6 +372,11 @@ async def test_cordon_only_cordons_and_completes_without_a_drain_or_the_lb_label
     assert world.kube.evicted == []
     assert EXCLUDE_FROM_LB_LABEL[0] not in world.node()["metadata"]["labels"]  # NTH: CordonAndDrain only
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    counted = {
+        action: world.count("actions_total", node_action=action, node_status="success")
+        for action in ("cordon", "cordon-and-drain", "post-drain")
+    }
+    assert counted == {"cordon": 1, "cordon-and-drain": 0, "post-drain": 1}
 
 
 async def test_the_lb_label_never_overwrites_a_value_already_there(env: Any) -> None:
@@ -486,6 +497,9 @@ async def test_a_stop_is_drained_unless_the_instance_has_started_again(
     assert (outcome, messages) == (Outcome.DONE, {"m-stop": MessageOutcome.DELETE})
     assert bool(world.node()["spec"].get("unschedulable")) is drained
     assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == (not drained)
+    # a state change has no PreDrain in NTH
+    assert world.count("actions_total", node_action="pre-drain", node_status="success") == 0
+    assert world.count("actions_total", node_action="cordon-and-drain", node_status="success") == drained
 
 
 async def test_a_stop_beside_a_terminate_action_is_drained_whatever_ec2_says(env: Any) -> None:
@@ -509,6 +523,8 @@ async def test_a_blocked_drain_requeues_and_the_action_keeps_its_heartbeat(env: 
     assert operation is not None
     outcome, messages = await world.run(operation)
     assert (outcome, messages) == (Outcome.RETRY, {"m-asg": MessageOutcome.REQUEUE})
+    assert world.count("actions_total", node_action="cordon-and-drain", node_status="error") == 1
+    assert world.count("actions_total", node_action="post-drain", node_status="success") == 0
     assert world.heartbeats.running == 1  # heartbeated across the requeue
     assert our_tasks() == {t for t in our_tasks() if t.get_name().startswith("heartbeat-")}
     await world.heartbeats.close()

@@ -40,7 +40,9 @@ def metric_types(text: str) -> dict[str, str]:
 def record_one_of_each(metrics: Metrics) -> None:
     """One sample in every labelled family, so that each appears in the exposition."""
     metrics.node_action(NodeAction.CORDON_AND_DRAIN, ok=True)
+    metrics.node_action(NodeAction.TAINT, ok=True)
     metrics.error(ErrorWhere.DELETE)
+    metrics.error(ErrorWhere.RECEIVE)
     metrics.messages_received.labels(queue=QUEUE, kind="spot-interruption").inc()
     metrics.messages_deleted.labels(queue=QUEUE, kind="spot-interruption").inc()
     metrics.messages_requeued.labels(queue=QUEUE, kind="asg-terminate-lifecycle").inc()
@@ -69,7 +71,19 @@ def test_nth_metrics_keep_their_unprefixed_names_and_labels() -> None:
     values = samples(text)
     assert values['actions_total{node_action="cordon-and-drain",node_status="success"}'] == "1.0"
     assert values['actions_total{node_action="cordon",node_status="error"}'] == "0.0"
-    assert values['events_error_total{event_error_where="delete"}'] == "1.0"
+    # NTH's four actions and its one place of error (queue-processor mode); ours go to our own families
+    nth_actions = {
+        re.sub(r".*node_action=\"([^\"]+)\".*", r"\1", key) for key in values if key.startswith("actions_")
+    }
+    assert nth_actions == {"pre-drain", "cordon", "cordon-and-drain", "post-drain"}
+    assert values['queue_processor_node_actions_total{node_action="taint",node_status="success"}'] == "1.0"
+    assert [key for key in values if key.startswith("events_error")] == [
+        'events_error_total{event_error_where="SQS_MONITOR"}'
+    ]
+    assert (
+        values['events_error_total{event_error_where="SQS_MONITOR"}'] == "1.0"
+    )  # the receive, not the delete
+    assert values['queue_processor_errors_total{where="delete"}'] == "1.0"
     types = metric_types(text)
     assert types["actions_total"] == "counter"
     assert types["events_error_total"] == "counter"
@@ -84,6 +98,8 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
     types = metric_types(metrics.exposition().decode())
     ours = {name: kind for name, kind in types.items() if name not in ("actions_total", "events_error_total")}
     assert ours == {
+        "queue_processor_node_actions_total": "counter",
+        "queue_processor_errors_total": "counter",
         "queue_processor_messages_received_total": "counter",
         "queue_processor_messages_deleted_total": "counter",
         "queue_processor_messages_requeued_total": "counter",
