@@ -30,7 +30,7 @@ from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceResolver, NodeFinder, describe_instances
-from queue_processor.observe.events import NodeEventRecorder
+from queue_processor.observe.events import NodeEventRecorder, parse_annotations
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.server import ProbeServer
@@ -100,7 +100,11 @@ async def run_controller(
             finder=finder,
             heartbeats=Heartbeats(lifecycle),
             drainer=drainer,
-            recorder=NodeEventRecorder(kube, enabled=settings.emit_kubernetes_events),
+            recorder=NodeEventRecorder(
+                kube,
+                enabled=settings.emit_kubernetes_events,
+                annotations=parse_annotations(settings.kubernetes_events_extra_annotations),
+            ),
             leases=NodeLeases(
                 kube,
                 namespace=settings.pod_namespace or "default",

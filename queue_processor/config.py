@@ -353,7 +353,17 @@ class Settings(BaseSettings):
         ge=-1,
     )
     # --- telling people
-    emit_kubernetes_events: bool = _field(False, "Record Kubernetes Events on the Node for each step.")
+    emit_kubernetes_events: bool = _field(
+        False,
+        "Record Kubernetes Events for each step, with NTH's reasons (SpotInterruption, PreDrain, CordonAndDrain, "
+        "PostDrain, their Error forms, PodEviction on each evicted pod...).",
+    )
+    kubernetes_events_extra_annotations: str = _field(
+        "",
+        "Annotations added to every Kubernetes Event: key=value pairs separated by commas. NTH's per-node "
+        "annotations (instance-id, availability-zone, region, local-hostname) win over these, as in NTH.",
+        nth="same; blanks around keys and values are ignored here, and a value may contain '='",
+    )
     webhook_url: SecretStr = _field(
         SecretStr(""), "POST a notification here for each interruption (e.g. a Slack webhook).", secret=True
     )
@@ -420,6 +430,14 @@ class Settings(BaseSettings):
     def _check_url(cls, value: str) -> str:
         if value and not re.match(r"^https?://[^/\s]+", value):
             raise ValueError("must be an http(s) URL")
+        return value
+
+    @field_validator("kubernetes_events_extra_annotations")
+    @classmethod
+    def _check_annotations(cls, value: str) -> str:
+        from queue_processor.observe.events import parse_annotations
+
+        parse_annotations(value)
         return value
 
     @field_validator("webhook_url")

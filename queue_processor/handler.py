@@ -57,7 +57,19 @@ from queue_processor.kinds import AsgLaunchLifecycleEvent, AsgLifecycleEvent, Ev
 from queue_processor.leases import Claim, ClaimLost, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
-from queue_processor.observe.events import NodeEventRecorder
+from queue_processor.observe.events import (
+    CANCEL_DRAIN,
+    CORDON,
+    CORDON_AND_DRAIN,
+    CORDON_AND_DRAIN_ERROR,
+    CORDON_ERROR,
+    POD_EVICTION,
+    POST_DRAIN,
+    POST_DRAIN_ERROR,
+    PRE_DRAIN,
+    RECEIVED_REASONS,
+    NodeEventRecorder,
+)
 from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, NodeAction, Observer, OperationOutcome
 from queue_processor.observe.webhook import Webhook
 
@@ -196,12 +208,22 @@ class Handler:
             return target
         bound = bound.bind(node=target.node)
         tainted = set(operation.kinds)  # the kinds whose taints go out with the cordon
-        node = await self._cordon(operation, target, bound)
+        try:
+            node = await self._cordon(operation, target, bound)
+        except (asyncio.CancelledError, ClaimLost):
+            raise
+        except Exception as exc:  # NTH's CordonAndDrainError (CordonError with CORDON_ONLY)
+            only = self.settings.cordon_only
+            reason, text = (
+                (CORDON[0], CORDON_ERROR) if only else (CORDON_AND_DRAIN[0], CORDON_AND_DRAIN_ERROR)
+            )
+            await self._event(target.node, f"{reason}Error", f"{text}: {exc}", warning=True, info=target.info)
+            raise
         if node is None:
             return await self._no_node(operation, bound)
         bound = bound.bind(node=node)
         if not self.settings.cordon_only:
-            drain = self._drain(operation, node, target.claim, tainted, bound)
+            drain = self._drain(operation, node, target.claim, tainted, bound, target.info)
             if not await self._guarded(target.claim, drain):
                 return Outcome.RETRY
         post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
@@ -209,10 +231,14 @@ class Handler:
             outcome = await self._guarded(target.claim, post_drain)
         except (asyncio.CancelledError, ClaimLost):
             raise
-        except Exception:
+        except Exception as exc:
             self.observer.node_action(NodeAction.POST_DRAIN, False)
+            await self._event(
+                node, "PostDrainError", f"{POST_DRAIN_ERROR}: {exc}", warning=True, info=target.info
+            )
             raise
         self.observer.node_action(NodeAction.POST_DRAIN, True)
+        await self._event(node, *POST_DRAIN, info=target.info)
         return outcome
 
     async def _resolve(self, operation: NodeOperation, bound: Any) -> InstanceInfo | Outcome:
@@ -310,7 +336,14 @@ class Handler:
             self.observer.node_action(NodeAction.CORDON, True)
         self.observer.cordoned(self.clock() - operation.started_at)
         bound.info("cordoned")
-        await self._event(name, "Cordon", f"cordoned for {self._kinds(operation)}")
+        for kind in operation.kinds:  # NTH's Event for each interruption taken up, then its steps'
+            event_id = next(e.event_id for e in operation.events if e.kind is kind)
+            text = f"{kind} {event_id} for instance {operation.instance_id}"
+            await self._event(name, RECEIVED_REASONS[kind], text, info=target.info)
+        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
+            await self._event(name, *PRE_DRAIN, info=target.info)
+        if self.settings.cordon_only:
+            await self._event(name, *CORDON, info=target.info)
         if self.webhook is not None:
             action = "cordoned" if self.settings.cordon_only else "cordoned, draining"
             await self.webhook.notify(operation.first, name, f"{self._kinds(operation)}: node {action}")
@@ -337,16 +370,31 @@ class Handler:
         return taints
 
     async def _drain(
-        self, operation: NodeOperation, node: str, claim: Claim | None, tainted: set[EventKind], bound: Any
+        self,
+        operation: NodeOperation,
+        node: str,
+        claim: Claim | None,
+        tainted: set[EventKind],
+        bound: Any,
+        info: InstanceInfo,
     ) -> bool:
         """Evict the node's pods until the deadline; ``True`` when drained. Kinds that join meanwhile get
         their taints (a watcher task, cancelled and awaited when the drain ends; ``tainted`` grows)."""
         started = self.clock()
         kind = str(operation.first.kind)
         watcher = asyncio.create_task(self._taint_joiners(operation, node, tainted), name=f"taints-{node}")
+        recorder = self.recorder
+
+        async def evicted(namespace: str, name: str) -> None:
+            assert recorder is not None
+            await recorder.record_pod(namespace, name, POD_EVICTION[0], POD_EVICTION[1].format(node=node))
+
         try:
             result = await self.drainer.drain(
-                node, self._deadline(operation), guard=claim.confirm if claim is not None else None
+                node,
+                self._deadline(operation),
+                guard=claim.confirm if claim is not None else None,
+                evicted=evicted if recorder is not None and recorder.enabled else None,
             )
         except asyncio.CancelledError:
             self.observer.drained(kind, "cancelled", self.clock() - started)
@@ -358,13 +406,16 @@ class Handler:
         if not result.completed:
             self.observer.node_action(NodeAction.CORDON_AND_DRAIN, False)
             bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
-            await self._event(node, "DrainFailed", f"drain incomplete, will retry: {result.reason}", True)
+            text = f"{CORDON_AND_DRAIN_ERROR}: drain incomplete, will retry: {result.reason}"
+            await self._event(node, "CordonAndDrainError", text, warning=True, info=info)
+            if (
+                EventKind.ASG_TERMINATE_LIFECYCLE in operation.kinds
+            ):  # NTH's EarlyExit task for lifecycle hooks
+                await self._event(node, *CANCEL_DRAIN, info=info)
             return False
         self.observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
         bound.info("drained", evicted=result.evicted, skipped=len(result.skipped))
-        await self._event(
-            node, "Drain", f"drained for {self._kinds(operation)}: {result.evicted} pods evicted"
-        )
+        await self._event(node, *CORDON_AND_DRAIN, info=info)
         return True
 
     async def _taint_joiners(self, operation: NodeOperation, node: str, tainted: set[EventKind]) -> None:
@@ -450,9 +501,17 @@ class Handler:
         bound.info("no node for the instance: requeued")
         return Outcome.RETRY
 
-    async def _event(self, node: str, reason: str, message: str, warning: bool = False) -> None:
-        if self.recorder is not None:
-            await self.recorder.record(node, reason, message, warning=warning)
+    async def _event(
+        self, node: str, reason: str, message: str, *, warning: bool = False, info: InstanceInfo | None = None
+    ) -> None:
+        """An Event on ``node`` with NTH's per-node annotations, from what EC2 says of its instance."""
+        if self.recorder is None:
+            return
+        facts = {"local-hostname": node}
+        if info is not None:
+            zone = info.availability_zone
+            facts |= {"instance-id": info.instance_id, "availability-zone": zone, "region": zone[:-1]}
+        await self.recorder.record(node, reason, message, warning=warning, facts=facts)
 
     @staticmethod
     def _kinds(operation: NodeOperation) -> str:
@@ -521,12 +580,17 @@ class Handler:
             bound.info("dry run: would complete the launch actions")
             self._settle_all(operation, "dry-run")
             return Outcome.DONE
+        name = str(node["metadata"]["name"])
+        text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"
+        await self._event(name, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text, info=info)
         try:
             await self._complete_actions(operation, None, bound)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            self.observer.node_action(NodeAction.POST_DRAIN, False)  # NTH's launch PostDrain
+        except Exception as exc:  # NTH's launch PostDrain
+            self.observer.node_action(NodeAction.POST_DRAIN, False)
+            await self._event(name, "PostDrainError", f"{POST_DRAIN_ERROR}: {exc}", warning=True, info=info)
             raise
         self.observer.node_action(NodeAction.POST_DRAIN, True)
+        await self._event(name, *POST_DRAIN, info=info)
         return Outcome.DONE

@@ -174,23 +174,33 @@ class Drainer:
                 await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
 
     async def drain(
-        self, node: str, deadline: float, *, guard: Callable[[], Awaitable[None]] | None = None
+        self,
+        node: str,
+        deadline: float,
+        *,
+        guard: Callable[[], Awaitable[None]] | None = None,
+        evicted: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
         """Evict the node's pods and wait until they are gone, or until ``deadline`` (a ``clock`` reading).
         Waits for a drain-budget slot first. ``guard`` is awaited before every eviction request: it raises to
-        stop the drain (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`). Raises
+        stop the drain (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`);
+        ``evicted(namespace, name)`` after each eviction the API server accepted (it must not raise). Raises
         :class:`KubeError` when the pods cannot be listed, and whatever ``guard`` raises."""
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, deadline, guard)
+                return await self._drain(node, deadline, guard, evicted)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
 
     async def _drain(
-        self, node: str, deadline: float, guard: Callable[[], Awaitable[None]] | None
+        self,
+        node: str,
+        deadline: float,
+        guard: Callable[[], Awaitable[None]] | None,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
     ) -> DrainResult:
         pods = await self.kube.pods_on_node(node, cached=self.use_cache)
         plan = plan_drain(pods, self.options)
@@ -204,7 +214,7 @@ class Drainer:
         to_evict = [pod_key(pod) for pod in plan.evict]
         waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
         del pods, plan
-        outcomes = await asyncio.gather(*(self._evict(key, deadline, guard) for key in to_evict))
+        outcomes = await asyncio.gather(*(self._evict(key, deadline, guard, evicted) for key in to_evict))
         for (namespace, name), (outcome, detail) in zip(to_evict, outcomes, strict=True):
             if outcome is EvictionOutcome.EVICTED:
                 result.evicted += 1
@@ -226,7 +236,11 @@ class Drainer:
         return result
 
     async def _evict(
-        self, key: tuple[str, str], deadline: float, guard: Callable[[], Awaitable[None]] | None
+        self,
+        key: tuple[str, str],
+        deadline: float,
+        guard: Callable[[], Awaitable[None]] | None,
+        evicted: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> tuple[EvictionOutcome, str]:
         """Evict one pod, retrying 429s (and other errors) with backoff until ``deadline``: how it ended and
         what the API said."""
@@ -252,6 +266,8 @@ class Drainer:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, EVICTION_RETRY_S[1])
                 continue
+            if evicted is not None:
+                await evicted(namespace, name)
             return self._evicted(EvictionOutcome.EVICTED, "evicted")
 
     def _evicted(self, outcome: EvictionOutcome, detail: str) -> tuple[EvictionOutcome, str]:

@@ -1,5 +1,12 @@
-"""Kubernetes Events on the Node, when EMIT_KUBERNETES_EVENTS: what the controller did and why, where
-``kubectl describe node`` shows it ("Event" v1 in the Kubernetes API reference).
+"""Kubernetes Events, when EMIT_KUBERNETES_EVENTS: what the controller did and why, where ``kubectl describe
+node`` (and ``describe pod``) shows it ("Event" v1 in the Kubernetes API reference).
+
+The reasons and messages are aws-node-termination-handler's (NTH v1.25.6, ``pkg/observability/k8s-events.go``),
+so that alerts and dashboards built on NTH's Events keep working: :data:`RECEIVED_REASONS` when an interruption
+is taken up, then ``PreDrain``, ``Cordon`` (CORDON_ONLY) or ``CordonAndDrain``, ``CancelDrain`` when a drain of a
+terminate lifecycle action fails, ``PostDrain``, each with an ``...Error`` form, and ``PodEviction`` on each pod
+evicted. Every Event carries NTH's annotations: ``KUBERNETES_EVENTS_EXTRA_ANNOTATIONS`` and, for the node, its
+``instance-id``, ``availability-zone``, ``instance-type``, ``region`` and ``local-hostname``.
 
 Best effort: an Event that cannot be written is logged and counted, never a reason to fail a drain.
 """
@@ -7,19 +14,71 @@ Best effort: an Event that cannot be written is logged and counted, never a reas
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 
+from queue_processor.events import EventKind
 from queue_processor.kube import KubeClient, KubeError
 
-__all__ = ["NodeEventRecorder"]
+__all__ = [
+    "CANCEL_DRAIN",
+    "CORDON",
+    "CORDON_AND_DRAIN",
+    "POD_EVICTION",
+    "POST_DRAIN",
+    "PRE_DRAIN",
+    "RECEIVED_REASONS",
+    "NodeEventRecorder",
+    "parse_annotations",
+]
 
 log = structlog.get_logger("queue_processor.events")
 
+#: The reason of the Event recorded when an interruption of each kind is taken up (NTH's; a launch is NTH's
+#: ``UnknownInterruption``, a Capacity Reservation interruption, which NTH does not handle, is ours).
+RECEIVED_REASONS: dict[EventKind, str] = {
+    EventKind.SPOT_INTERRUPTION: "SpotInterruption",
+    EventKind.REBALANCE_RECOMMENDATION: "RebalanceRecommendation",
+    EventKind.ASG_TERMINATE_LIFECYCLE: "ASGLifecycle",
+    EventKind.ASG_LAUNCH_LIFECYCLE: "UnknownInterruption",
+    EventKind.STATE_CHANGE: "StateChange",
+    EventKind.SCHEDULED_CHANGE: "ScheduledEvent",
+    EventKind.CAPACITY_RESERVATION_INTERRUPTION: "CapacityReservationInterruption",
+}
+
+#: (reason, message) of each step's success; its failure is ``<reason>Error`` with the message
+#: ``<error message>: <why>``. NTH's texts.
+PRE_DRAIN = ("PreDrain", "Pre-drain task successfully executed")
+PRE_DRAIN_ERROR = "There was a problem executing the pre-drain task"
+CORDON = ("Cordon", "Node successfully cordoned")
+CORDON_ERROR = "There was a problem while trying to cordon the node"
+CORDON_AND_DRAIN = ("CordonAndDrain", "Node successfully cordoned and drained")
+CORDON_AND_DRAIN_ERROR = "There was a problem while trying to cordon and drain the node"
+CANCEL_DRAIN = ("CancelDrain", "Early exit task successfully executed")
+POST_DRAIN = ("PostDrain", "Post-drain task successfully executed")
+POST_DRAIN_ERROR = "There was a problem executing the post-drain task"
+#: On a pod, once its eviction was accepted (NTH records it on every pod of the node before the drain).
+POD_EVICTION = ("PodEviction", "Pod evicted due to node drain (node {node})")
+
+
+def parse_annotations(text: str) -> dict[str, str]:
+    """``KUBERNETES_EVENTS_EXTRA_ANNOTATIONS``: ``key=value`` pairs separated by commas (NTH's format), blanks
+    around each key and value ignored; ``""`` gives ``{}``. Raises ``ValueError`` naming the pair that is
+    not ``key=value`` (NTH stops at start-up there too)."""
+    annotations: dict[str, str] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{pair!r} is not key=value")
+        annotations[key.strip()] = value.strip()
+    return annotations
+
 
 class NodeEventRecorder:
-    """Writes core/v1 Events about Nodes into ``namespace`` (``default``, where node events live) when
-    ``enabled``; ``component`` is the Event's source."""
+    """Writes core/v1 Events about Nodes into ``namespace`` (``default``, where node events live), and about
+    pods into theirs, when ``enabled``; ``component`` is the Event's source; ``annotations`` go on every
+    Event (KUBERNETES_EVENTS_EXTRA_ANNOTATIONS)."""
 
     def __init__(
         self,
@@ -28,23 +87,58 @@ class NodeEventRecorder:
         enabled: bool,
         namespace: str = "default",
         component: str = "queue-processor",
+        annotations: dict[str, str] | None = None,
     ) -> None:
         self.kube = kube
         self.enabled = enabled
         self.namespace = namespace
         self.component = component
+        self.annotations = dict(annotations or {})
         self.failures = 0
 
-    async def record(self, node: str, reason: str, message: str, *, warning: bool = False) -> None:
-        """One Event on ``node`` (``reason`` in CamelCase, e.g. ``Cordon``, ``Drain``, ``DrainFailed``)."""
+    async def record(
+        self,
+        node: str,
+        reason: str,
+        message: str,
+        *,
+        warning: bool = False,
+        facts: dict[str, str] | None = None,
+    ) -> None:
+        """One Event on ``node`` (``reason`` in CamelCase, e.g. ``CordonAndDrain``); ``facts`` are NTH's
+        per-node annotations (``instance-id``, ``availability-zone``...), which win over the extra ones as in
+        NTH."""
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}  # kubectl's node events
+        await self._create(self.namespace, node, involved, reason, message, warning, facts)
+
+    async def record_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """One Normal Event on the pod ``namespace/name``, in its namespace."""
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
+        await self._create(namespace, name, involved, reason, message, False, None)
+
+    async def _create(
+        self,
+        namespace: str,
+        name: str,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        warning: bool,
+        facts: dict[str, str] | None,
+    ) -> None:
         if not self.enabled:
             return
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        annotations = {**self.annotations, **(facts or {})}
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{node}.", "namespace": self.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "metadata": {
+                "generateName": f"{name}.",
+                "namespace": namespace,
+                **({"annotations": annotations} if annotations else {}),
+            },
+            "involvedObject": involved,
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
@@ -55,7 +149,7 @@ class NodeEventRecorder:
             "reportingComponent": self.component,
         }
         try:
-            await self.kube.create_event(self.namespace, event)
+            await self.kube.create_event(namespace, event)
         except KubeError as exc:
             self.failures += 1
-            log.warning("could not record a Kubernetes Event", node=node, reason=reason, error=str(exc))
+            log.warning("could not record a Kubernetes Event", object=name, reason=reason, error=str(exc))

@@ -115,6 +115,7 @@ SAMPLES: dict[str, Any] = {
     "launchReadyTimeoutSec": 1200,
     "completeLifecycleActionDelaySeconds": 30,
     "emitKubernetesEvents": True,
+    "kubernetesEventsExtraAnnotations": "team=platform,cost-center=42",
     "webhookTemplate": '{"text": "{{ .Kind }} on {{ .NodeName }}"}',
     "webhookProxy": "http://proxy.internal:3128",
     "enablePrometheusServer": False,

@@ -460,23 +460,32 @@ async def test_tasks_return_to_their_baseline_after_many_failing_cycles(sandbox:
 
 
 async def test_kubernetes_events_are_recorded_on_the_node_when_asked(sandbox: Sandbox) -> None:
+    """NTH's reasons and messages (``pkg/observability/k8s-events.go``), its per-node annotations and the
+    extra ones."""
     instance_id, node = node_of(sandbox, 3)
-    async with controller(sandbox, emit_kubernetes_events=True) as running:
+    extra = "team=platform,instance-id=overridden"
+    async with controller(
+        sandbox, emit_kubernetes_events=True, kubernetes_events_extra_annotations=extra
+    ) as running:
         sandbox.aws.rebalance_recommendation(instance_id)
         await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
     # the controller's own Events (a real cluster's node controller records RegisteredNode on the node too)
-    events = [
+    ours = [
         e
         for e in sandbox.kube.objects("events")
-        if e["involvedObject"]["name"] == node
-        and (e.get("source") or {}).get("component") == "queue-processor"
+        if (e.get("source") or {}).get("component") == "queue-processor"
     ]
-    # a list is ordered by name (generated): order the Events by when they happened
-    events.sort(
-        key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or e["metadata"]["creationTimestamp"]
-    )
-    assert sorted(e["reason"] for e in events) == ["Cordon", "Drain"]
-    assert "rebalance-recommendation" in next(e for e in events if e["reason"] == "Cordon")["message"]
+    on_node = {e["reason"]: e for e in ours if e["involvedObject"]["kind"] == "Node"}
+    assert sorted(on_node) == ["CordonAndDrain", "PostDrain", "PreDrain", "RebalanceRecommendation"]
+    assert on_node["CordonAndDrain"]["message"] == "Node successfully cordoned and drained"
+    assert all(e["involvedObject"]["name"] == node and e["type"] == "Normal" for e in on_node.values())
+    annotations = on_node["PreDrain"]["metadata"]["annotations"]
+    assert annotations["team"] == "platform"
+    assert annotations["instance-id"] == instance_id  # NTH's own annotations win over the extra ones
+    assert annotations["local-hostname"] == node
+    evicted = {e["involvedObject"]["name"] for e in ours if e["reason"] == "PodEviction"}
+    assert evicted == {pod["metadata"]["name"] for pod in sandbox.kube.evictions}
+    assert evicted  # the node had pods to evict
 
 
 async def test_with_node_leases_the_node_is_drained_and_its_lease_released(sandbox: Sandbox) -> None:

@@ -15,6 +15,7 @@ import structlog
 
 from queue_processor.config import Settings
 from queue_processor.kinds import PoisonClass, SkipClass
+from queue_processor.observe.events import parse_annotations
 from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging, get_logger
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.observer import ErrorWhere, NodeAction
@@ -512,3 +513,15 @@ def test_from_settings_follows_the_enable_flags_and_ports() -> None:
     assert (off.metrics_port, off.probes_port, off.shared) == (None, 8080, False)
     two = ProbeServer.from_settings(Settings(queue_url=QUEUE), Metrics(process_metrics=False))
     assert (two.metrics_port, two.probes_port, two.shared) == (9092, 8080, False)
+
+
+# --- Kubernetes Events
+
+
+def test_extra_annotations_are_nths_comma_separated_pairs() -> None:
+    assert parse_annotations("") == {}
+    assert parse_annotations("team=platform, cost-center = 42,") == {"team": "platform", "cost-center": "42"}
+    assert parse_annotations("url=https://x/?a=b") == {"url": "https://x/?a=b"}  # NTH refuses this one
+    for bad in ("team", "=value", "a=b,oops"):
+        with pytest.raises(ValueError, match="is not key=value"):
+            parse_annotations(bad)

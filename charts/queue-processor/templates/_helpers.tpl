@@ -93,6 +93,7 @@ COMPLETE_WARM_POOL_LAUNCH: completeWarmPoolLaunch
 LAUNCH_READY_TIMEOUT_SEC: launchReadyTimeoutSec
 COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS: completeLifecycleActionDelaySeconds
 EMIT_KUBERNETES_EVENTS: emitKubernetesEvents
+KUBERNETES_EVENTS_EXTRA_ANNOTATIONS: kubernetesEventsExtraAnnotations
 WEBHOOK_TEMPLATE: webhookTemplate
 WEBHOOK_PROXY: webhookProxy
 ENABLE_PROMETHEUS_SERVER: enablePrometheusServer
