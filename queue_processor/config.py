@@ -226,7 +226,13 @@ class Settings(BaseSettings):
         "name.",
     )
     # --- what is done to a node
-    dry_run: bool = _field(False, "Log what would be done; change nothing in Kubernetes or AWS.")
+    dry_run: bool = _field(
+        False,
+        "Log what would be done and change nothing in Kubernetes (no cordon, taint, label, eviction, Lease or "
+        "Event), but still complete lifecycle actions (CONTINUE; a launch once its node is Ready) and send "
+        "the webhook, so that a dry run never holds an instance until its hook times out. No heartbeats.",
+        nth="same; NTH also records its Kubernetes Events and sends heartbeats in a dry run",
+    )
     cordon_only: bool = _field(False, "Cordon nodes but do not drain them.")
     taint_node: bool = _field(
         False, "Taint the node with the event kind's NTH taint key (value: the event ID)."

@@ -200,9 +200,7 @@ class Handler:
         if isinstance(info, Outcome):
             return info
         if self.settings.dry_run:
-            bound.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only)
-            self._settle_all(operation, "dry-run")
-            return Outcome.DONE
+            return await self._dry_run(operation, info, bound)
         target = await self._claim(operation, info, early_exit, bound)
         if isinstance(target, Outcome):
             return target
@@ -240,6 +238,25 @@ class Handler:
         self.observer.node_action(NodeAction.POST_DRAIN, True)
         await self._event(node, *POST_DRAIN, info=target.info)
         return outcome
+
+    async def _dry_run(self, operation: NodeOperation, info: InstanceInfo, bound: Any) -> Outcome:
+        """DRY_RUN, as NTH: nothing changes in Kubernetes (no cordon, taint, label, eviction, Lease or
+        Event), but the lifecycle actions are completed (CONTINUE), the webhook is sent and NTH's actions are
+        counted as if done, so a dry run never holds an instance until its hook times out."""
+        node = info.private_dns_name or operation.instance_id
+        bound.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only, node=node)
+        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
+            self.observer.node_action(NodeAction.PRE_DRAIN, True)
+        only = self.settings.cordon_only
+        self.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)
+        if self.webhook is not None:
+            action = "cordoned" if only else "cordoned, draining"
+            await self.webhook.notify(
+                operation.first, node, f"{self._kinds(operation)}: node {action} (dry run)"
+            )
+        await self._complete_actions(operation, None, bound)
+        self.observer.node_action(NodeAction.POST_DRAIN, True)
+        return Outcome.DONE
 
     async def _resolve(self, operation: NodeOperation, bound: Any) -> InstanceInfo | Outcome:
         """The instance as EC2 describes it, or the outcome when there is nothing to do: unknown to EC2
@@ -576,9 +593,10 @@ class Handler:
             fresh = await self.resolver.get(operation.instance_id)
             node = await self.finder.find(fresh) if fresh is not None else None
         bound = bound.bind(node=node["metadata"]["name"])
-        if settings.dry_run:
-            bound.info("dry run: would complete the launch actions")
-            self._settle_all(operation, "dry-run")
+        if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
+            bound.info("dry run: the node is Ready, its launch actions completed")
+            await self._complete_actions(operation, None, bound)
+            self.observer.node_action(NodeAction.POST_DRAIN, True)
             return Outcome.DONE
         name = str(node["metadata"]["name"])
         text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"

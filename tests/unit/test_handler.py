@@ -350,16 +350,18 @@ async def test_a_terminate_action_is_drained_then_completed_and_its_message_dele
 # --------------------------------------------------------------------------------------------- the flags
 
 
-async def test_dry_run_changes_nothing(env: Any) -> None:
+async def test_dry_run_changes_nothing_in_kubernetes_and_still_completes_the_action(env: Any) -> None:
+    """NTH's DRY_RUN: the instance is not held until its hook times out."""
     world = World(settings(dry_run=True))
     operation = world.receive(terminate())
     assert operation is not None
-    assert world.heartbeats.running == 0  # DRY_RUN: nothing is sent to AWS
+    assert world.heartbeats.running == 0  # no heartbeat in a dry run
     outcome, messages = await world.run(operation)
     assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
     assert "unschedulable" not in world.node()["spec"]
     assert world.kube.evicted == []
-    assert world.autoscaling.calls == []
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert world.count("actions_total", node_action="post-drain", node_status="success") == 1
 
 
 async def test_cordon_only_cordons_and_completes_without_a_drain_or_the_lb_label(env: Any) -> None:
