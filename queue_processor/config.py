@@ -354,7 +354,8 @@ class Settings(BaseSettings):
     )
     complete_lifecycle_action_delay_seconds: int = _field(
         -1,
-        "Wait this long after the drain before CompleteLifecycleAction; -1 = no wait.",
+        "Wait this long after the drain, and after a launching instance's node turns Ready, before "
+        "CompleteLifecycleAction (as NTH); -1 = no wait. The actions are heartbeated meanwhile.",
         unit="seconds",
         ge=-1,
     )

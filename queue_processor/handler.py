@@ -254,6 +254,8 @@ class Handler:
             await self.webhook.notify(
                 operation.first, node, f"{self._kinds(operation)}: node {action} (dry run)"
             )
+        if self.settings.complete_lifecycle_action_delay_seconds > 0:
+            await asyncio.sleep(self.settings.complete_lifecycle_action_delay_seconds)
         await self._complete_actions(operation, None, bound)
         self.observer.node_action(NodeAction.POST_DRAIN, True)
         return Outcome.DONE
@@ -593,6 +595,8 @@ class Handler:
             fresh = await self.resolver.get(operation.instance_id)
             node = await self.finder.find(fresh) if fresh is not None else None
         bound = bound.bind(node=node["metadata"]["name"])
+        if settings.complete_lifecycle_action_delay_seconds > 0:  # NTH delays launch completions too
+            await asyncio.sleep(settings.complete_lifecycle_action_delay_seconds)
         if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
             bound.info("dry run: the node is Ready, its launch actions completed")
             await self._complete_actions(operation, None, bound)

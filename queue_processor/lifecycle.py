@@ -88,12 +88,14 @@ class Lifecycle:
         self.settings = settings
         self.observer = observer
         self._timeouts: dict[tuple[str, str], float | None] = {}
+        self._checked: set[tuple[str, str]] = set()
 
-    async def hook_timeout_s(self, group: str, hook: str) -> float | None:
+    async def hook_timeout_s(self, group: str, hook: str, *, quiet: bool = False) -> float | None:
         """The hook's HeartbeatTimeout (seconds), read once with DescribeLifecycleHooks and cached; ``None``
         when the hook is not found or may not be read (a non-retryable error such as ``AccessDenied``: logged
         once as a warning, cached). Raises the AWS error when retries of a retryable one are exhausted (not
-        cached: the caller tries again)."""
+        cached: the caller tries again). ``quiet``: a hook that may not be read is neither logged nor counted
+        (the caller does not need it for heartbeats)."""
         key = (group, hook)
         if key not in self._timeouts:
             try:
@@ -105,6 +107,8 @@ class Lifecycle:
             except ClientError as exc:
                 if is_retryable(exc):
                     raise
+                if quiet:
+                    return None  # not cached: a later automatic read still warns
                 self.observer.heartbeat(HeartbeatResult.HOOK_UNREADABLE)
                 log.warning(
                     "cannot read the lifecycle hook's HeartbeatTimeout: its actions get no heartbeats; grant "
@@ -126,9 +130,31 @@ class Lifecycle:
         if configured == 0:
             return None
         if configured > 0:
+            await self._check_interval(action, float(configured))
             return float(configured)
         timeout = await self.hook_timeout_s(action.auto_scaling_group_name, action.lifecycle_hook_name)
         return timeout / 2 if timeout else None
+
+    async def _check_interval(self, action: AsgLifecycleEvent, interval: float) -> None:
+        """Warn once per hook when HEARTBEAT_INTERVAL is not shorter than its HeartbeatTimeout: its actions
+        would time out between two heartbeats (NTH warns too). A hook that cannot be read is not checked."""
+        key = (action.auto_scaling_group_name, action.lifecycle_hook_name)
+        if key in self._checked:
+            return
+        self._checked.add(key)
+        try:
+            timeout = await self.hook_timeout_s(*key, quiet=True)
+        except ClientError:
+            return
+        if timeout is not None and interval >= timeout:
+            log.warning(
+                "HEARTBEAT_INTERVAL is not shorter than the lifecycle hook's HeartbeatTimeout: its actions time "
+                "out between heartbeats; lower HEARTBEAT_INTERVAL or set it to -1 (automatic)",
+                group=key[0],
+                hook=key[1],
+                heartbeat_interval_s=interval,
+                heartbeat_timeout_s=timeout,
+            )
 
     def until_s(self) -> float:
         """How long heartbeats may go on for one action (HEARTBEAT_UNTIL, or AWS's 48 h limit)."""

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 
 from queue_processor.config import load_settings
 from queue_processor.kinds import AsgTerminateLifecycleEvent
@@ -47,8 +49,23 @@ async def test_heartbeat_interval(
     lifecycle = Lifecycle(autoscaling, load_settings())
     assert await lifecycle.interval_s(ACTION) == expected
     await lifecycle.interval_s(ACTION)
-    assert autoscaling.describes == (1 if interval == "-1" else 0)  # read once per hook, cached
+    # read once per hook, cached (a set interval is checked against the hook's HeartbeatTimeout once)
+    assert autoscaling.describes == (0 if interval == "0" else 1)
     assert lifecycle.until_s() == MAX_HEARTBEAT_UNTIL_S
+
+
+@pytest.mark.parametrize(("interval", "warned"), [("300", True), ("299", False)])
+async def test_an_interval_not_shorter_than_the_hooks_timeout_is_warned_of_once(
+    monkeypatch: pytest.MonkeyPatch, interval: str, warned: bool
+) -> None:
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", interval)
+    lifecycle = Lifecycle(FakeAutoscaling(300), load_settings())
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(2):
+            assert await lifecycle.interval_s(ACTION) == float(interval)
+    warnings = [entry for entry in logs if "not shorter than the lifecycle hook" in entry["event"]]
+    assert len(warnings) == warned
 
 
 def test_actions_are_addressed_by_token_else_by_instance() -> None:
