@@ -117,6 +117,7 @@ async def run_controller(
                 settings.webhook_url.get_secret_value(),
                 headers=settings.webhook_headers,
                 template=settings.webhook_template,
+                template_file=settings.webhook_template_file,
                 proxy=settings.webhook_proxy,
             )
             if settings.webhook_url.get_secret_value()

@@ -383,6 +383,12 @@ class Settings(BaseSettings):
         "{{ .Description }} and {{ .StartTime }} are replaced.",
         nth="same placeholders; Go template functions (sprig) are not supported",
     )
+    webhook_template_file: str = _field(
+        "",
+        "A file holding the webhook template, read again for every request (a mounted ConfigMap can change); "
+        "wins over WEBHOOK_TEMPLATE. Must be readable at start-up; a request whose file cannot be read is not "
+        "sent (logged and counted).",
+    )
     webhook_proxy: str = _field("", "HTTP(S) proxy for webhook requests.")
     # --- serving and logging
     enable_prometheus_server: bool = _field(
@@ -445,6 +451,17 @@ class Settings(BaseSettings):
         from queue_processor.observe.events import parse_annotations
 
         parse_annotations(value)
+        return value
+
+    @field_validator("webhook_template_file")
+    @classmethod
+    def _check_template_file(cls, value: str) -> str:
+        if value:
+            try:
+                with open(value, encoding="utf-8") as file:
+                    file.read(1)
+            except OSError as exc:
+                raise ValueError(f"cannot be read: {exc.strerror or exc}") from None
         return value
 
     @field_validator("webhook_url")

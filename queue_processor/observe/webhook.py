@@ -10,8 +10,10 @@ keeps the body valid.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from pathlib import Path
 
 import aiohttp
 import structlog
@@ -38,12 +40,17 @@ def render(template: str, values: dict[str, str]) -> str:
 
 
 class Webhook:
-    """Posts notifications to ``url`` (no-op when empty). ``failures`` counts the ones that failed."""
+    """Posts notifications to ``url`` (no-op when empty). ``failures`` counts the ones that failed. The body
+    is ``template``, or the content of ``template_file`` read again for each request (NTH's
+    WEBHOOK_TEMPLATE_FILE: a mounted ConfigMap may change)."""
 
-    def __init__(self, url: str, *, headers: dict[str, str], template: str, proxy: str = "") -> None:
+    def __init__(
+        self, url: str, *, headers: dict[str, str], template: str, template_file: str = "", proxy: str = ""
+    ) -> None:
         self.url = url
         self.headers = headers
         self.template = template
+        self.template_file = template_file
         self.proxy = proxy or None
         self.failures = 0
         self.sent = 0
@@ -52,8 +59,18 @@ class Webhook:
         """POST the rendered template for ``event`` on ``node``."""
         if not self.url:
             return
+        template = self.template
+        if self.template_file:
+            try:
+                template = await asyncio.to_thread(Path(self.template_file).read_text, encoding="utf-8")
+            except OSError as exc:
+                self.failures += 1
+                log.warning(
+                    "webhook template file unreadable: not sent", file=self.template_file, error=str(exc)
+                )
+                return
         body = render(
-            self.template,
+            template,
             {
                 "EventID": event.event_id,
                 "Kind": str(event.kind),

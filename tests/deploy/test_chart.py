@@ -117,6 +117,7 @@ SAMPLES: dict[str, Any] = {
     "emitKubernetesEvents": True,
     "kubernetesEventsExtraAnnotations": "team=platform,cost-center=42",
     "webhookTemplate": '{"text": "{{ .Kind }} on {{ .NodeName }}"}',
+    "webhookTemplateFile": str(CHART / "README.md"),  # readable: the controller reads it at start-up
     "webhookProxy": "http://proxy.internal:3128",
     "enablePrometheusServer": False,
     "prometheusServerPort": 9100,

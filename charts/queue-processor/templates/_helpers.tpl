@@ -95,6 +95,7 @@ COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS: completeLifecycleActionDelaySeconds
 EMIT_KUBERNETES_EVENTS: emitKubernetesEvents
 KUBERNETES_EVENTS_EXTRA_ANNOTATIONS: kubernetesEventsExtraAnnotations
 WEBHOOK_TEMPLATE: webhookTemplate
+WEBHOOK_TEMPLATE_FILE: webhookTemplateFile
 WEBHOOK_PROXY: webhookProxy
 ENABLE_PROMETHEUS_SERVER: enablePrometheusServer
 PROMETHEUS_SERVER_PORT: prometheusServerPort
