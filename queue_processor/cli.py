@@ -41,8 +41,9 @@ from queue_processor.config import (
     configuration_markdown,
     env_name,
     load_settings,
+    nth_settings_ignored,
 )
-from queue_processor.observe.logs import configure_logging
+from queue_processor.observe.logs import configure_logging, get_logger
 from queue_processor.parse import ParseResult, parse
 
 if TYPE_CHECKING:
@@ -127,6 +128,8 @@ def run(**flags: Any) -> None:
     """
     settings = _load(flags)
     configure_logging(settings.log_level, settings.json_logging)
+    for line in nth_settings_ignored(os.environ):
+        get_logger().warning(line)
     try:
         asyncio.run(_run_until_signalled(settings))
     except StartupError as exc:
@@ -163,12 +166,15 @@ def config_command(reference: bool, **flags: Any) -> None:
     """Check the settings (environment variables and flags) and print them as JSON, secrets masked.
 
     Exits 2 with one line naming the variable when a setting is missing or invalid, exactly as
-    start-up does.
+    start-up does; writes one warning line on stderr per aws-node-termination-handler variable that means
+    nothing here (WORKERS, NODE_NAME...), as start-up logs it.
     """
     if reference:
         click.echo(configuration_markdown(), nl=False)
         return
     settings = _load(flags)
+    for line in nth_settings_ignored(os.environ):
+        click.echo(f"queue-processor: warning: {line}", err=True)
     shown = {
         env_name(name): ("***" if value.get_secret_value() else "") if isinstance(value, SecretStr) else value
         for name, value in settings.model_dump().items()

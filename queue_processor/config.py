@@ -13,6 +13,7 @@ A bad setting raises :class:`ConfigError` whose message is one line naming the v
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -27,12 +28,43 @@ __all__ = [
     "default",
     "env_name",
     "load_settings",
+    "nth_settings_ignored",
     "queue_account",
     "region_from_queue_url",
 ]
 
 #: The longest requeue backoff (seconds): SQS's 15-minute limit on a message's hidden delay kept as a bound.
 REQUEUE_MAX_S = 900
+
+_IMDS_ONLY = "NTH's IMDS mode only: queue-processor reads the queue, every kind of message in it is handled"
+#: NTH's variables that mean nothing here, and what replaces them (docs/migration.md, "not needed"). NTH's
+#: ``KUBERNETES_SERVICE_HOST``/``PORT`` are not listed: Kubernetes sets them in every pod.
+NTH_IGNORED: dict[str, str] = {
+    "ENABLE_SQS_TERMINATION_DRAINING": "queue-processor has no other mode",
+    "WORKERS": "IN_FLIGHT_BUDGET bounds the messages handled at once and DRAIN_BUDGET the nodes drained at once",
+    "LOG_FORMAT_VERSION": "there is one structured log format (JSON_LOGGING)",
+    "NODE_NAME": "queue-processor does not depend on the node it runs on",
+    "PROBES_SERVER_ENDPOINT": "the probe paths are fixed: /healthz and /readyz",
+    "INSTANCE_METADATA_URL": _IMDS_ONLY,
+    "METADATA_TRIES": _IMDS_ONLY,
+    "UPTIME_FROM_FILE": _IMDS_ONLY,
+    "ENABLE_SPOT_INTERRUPTION_DRAINING": _IMDS_ONLY,
+    "ENABLE_SCHEDULED_EVENT_DRAINING": _IMDS_ONLY,
+    "ENABLE_REBALANCE_MONITORING": _IMDS_ONLY,
+    "ENABLE_REBALANCE_DRAINING": _IMDS_ONLY,
+    "ENABLE_ASG_LIFECYCLE_DRAINING": _IMDS_ONLY,
+}
+
+
+def nth_settings_ignored(environ: Mapping[str, str]) -> list[str]:
+    """One warning line per NTH variable set (non-empty) in ``environ`` that means nothing here, naming what
+    replaces it; ``[]`` when there is none. NTH configurations carry over, and nothing is ignored silently."""
+    return [
+        f"{name} is aws-node-termination-handler's and is ignored: {instead}"
+        for name, instead in NTH_IGNORED.items()
+        if environ.get(name, "").strip()
+    ]
+
 
 # NTH's webhook defaults (pkg/config/config.go), kept so that existing templates and receivers work.
 DEFAULT_WEBHOOK_HEADERS = {"Content-type": "application/json"}

@@ -133,6 +133,41 @@ def test_config_flags_win_and_secrets_are_masked(monkeypatch: pytest.MonkeyPatch
     assert "s3cr3t" not in result.output
 
 
+def test_an_nth_environment_is_accepted_with_one_warning_per_variable_that_means_nothing_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What NTH's chart sets in queue-processor mode starts the controller; nothing is ignored silently."""
+    nth = {
+        "ENABLE_SQS_TERMINATION_DRAINING": "true",
+        "WORKERS": "10",
+        "NODE_NAME": "ip-10-0-0-1.ec2.internal",
+        "LOG_FORMAT_VERSION": "1",
+        "PROBES_SERVER_ENDPOINT": "/healthz",
+        "ENABLE_SPOT_INTERRUPTION_DRAINING": "true",
+        "NAMESPACE": "kube-system",
+        "POD_NAME": "nth-0",
+        "CHECK_ASG_TAG_BEFORE_DRAINING": "true",
+        "MANAGED_ASG_TAG": "aws-node-termination-handler/managed",
+        "GRACE_PERIOD": "30",
+    }
+    monkeypatch.setenv("QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/q")
+    for name, value in nth.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(main, ["config"])
+    assert result.exit_code == 0, result.output
+    warned = [line.split()[2] for line in result.stderr.splitlines()]
+    assert warned == [
+        "ENABLE_SQS_TERMINATION_DRAINING",
+        "WORKERS",
+        "LOG_FORMAT_VERSION",
+        "NODE_NAME",
+        "PROBES_SERVER_ENDPOINT",
+        "ENABLE_SPOT_INTERRUPTION_DRAINING",
+    ]
+    assert "IN_FLIGHT_BUDGET" in result.stderr  # what replaces WORKERS is named
+    assert json.loads(result.stdout)["POD_TERMINATION_GRACE_PERIOD"] == 30  # a renamed one is read
+
+
 def test_config_reference_is_the_committed_doc() -> None:
     result = CliRunner().invoke(main, ["config", "--reference"])
     assert result.output == configuration_markdown()
