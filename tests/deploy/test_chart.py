@@ -46,6 +46,7 @@ FULL: dict[str, Any] = {
     "replicas": 3,
     "serviceMonitor": {"create": True},
     "prometheusRule": {"create": True},
+    "grafanaDashboard": {"create": True},
     "emitKubernetesEvents": True,
     "nodeLeases": True,
     "avoidSpot": True,
@@ -900,6 +901,44 @@ def test_the_alerts_read_metrics_and_label_values_the_controller_exposes(chart: 
             assert matchers.startswith(selector), (name, metric, "selects other releases' series")
             for label, value in re.findall(r'(\w+)="([^"]*)"', matchers[len(selector) :]):
                 assert f'{label}="{value}"' in exposition, (name, metric, label, value)
+
+
+def test_the_dashboard_queries_only_metrics_the_controller_exports(chart: Any) -> None:
+    """The Grafana dashboard (dashboards/queue-processor.json, also docs/grafana-dashboard.json): every query
+    names a metric of the controller's /metrics, and the chart ships it as a ConfigMap for Grafana's sidecar."""
+    source = (CHART / "dashboards" / "queue-processor.json").read_text()
+    assert (ROOT / "docs" / "grafana-dashboard.json").read_text() == source
+    dashboard = json.loads(source)
+    exposition = Metrics().exposition().decode()
+    families = {
+        line.split(" ")[2]: line.split(" ")[3]
+        for line in exposition.splitlines()
+        if line.startswith("# TYPE")
+    }
+    names = set(families) | {
+        f"{name}{suffix}"
+        for name, kind in families.items()
+        if kind == "histogram"
+        for suffix in ("_bucket", "_sum", "_count")
+    }
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(exprs) >= 10
+    used = {metric for expr in exprs for metric in re.findall(r"([a-z_:][a-z0-9_:]*)\{", expr)}
+    assert used <= names, used - names
+    for wanted in (
+        "queue_processor_messages_received_total",
+        "queue_processor_evictions_total",
+        "actions_total",
+    ):
+        assert wanted in used
+    (configmap,) = [
+        obj for obj in render(chart, FULL).all("ConfigMap") if obj["metadata"]["name"].endswith("-dashboard")
+    ]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(configmap["data"]["queue-processor.json"]) == dashboard
+    assert not [
+        obj for obj in render(chart, BASE).all("ConfigMap") if obj["metadata"]["name"].endswith("-dashboard")
+    ]
 
 
 def test_the_alert_selector_can_be_replaced(chart: Any) -> None:
