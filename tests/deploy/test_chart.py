@@ -41,6 +41,8 @@ ROLE = "arn:aws:iam::123456789012:role/queue-processor"
 # everything optional turned on, a webhook whose URL and headers come from an existing Secret, and one whose
 # URL and headers are given as plain values (which the chart moves into a Secret of its own).
 BASE: dict[str, Any] = {"queueURL": QUEUE}
+#: How the schema describes an aws-node-termination-handler value it accepts and ignores.
+NTH_IGNORED = "aws-node-termination-handler's value; ignored here"
 FULL: dict[str, Any] = {
     **BASE,
     "replicas": 3,
@@ -372,10 +374,18 @@ def test_contradictory_values_stop_the_render_with_a_message(
 def test_every_value_has_a_default_a_type_and_a_line_in_the_readme(
     schema: dict[str, Any], defaults: dict[str, Any]
 ) -> None:
-    properties = set(schema["properties"]) - {"global"}
+    """Except aws-node-termination-handler's values that mean nothing here: the schema accepts them without a
+    default (they are listed in the install notes and docs/migration.md)."""
+    nths = {
+        key
+        for key, spec in schema["properties"].items()
+        if spec.get("description", "").startswith(NTH_IGNORED)
+    }
+    properties = set(schema["properties"]) - {"global"} - nths
     assert set(defaults) == properties
     readme = (CHART / "README.md").read_text()
     assert not [key for key in properties if f"`{key}" not in readme]
+    assert len(nths) >= 30
 
 
 # --- Settings <-> values ---------------------------------------------------------------------------------------
@@ -968,3 +978,27 @@ def test_the_migration_guide_places_every_setting_and_value() -> None:
     missing = [env for env in field_by_env() if f"`{env}`" not in guide]
     missing += [key for key in settings_env_mapping().values() if f"`{key}`" not in guide]
     assert not missing, f"docs/migration.md says nothing of {missing}"
+
+
+def test_an_nth_values_file_installs_and_the_notes_name_what_is_ignored(chart: Any) -> None:
+    """NTH's values for queue-processor mode (tests/migration/nth.py) pass the schema and render; the notes
+    name every NTH value that means nothing here and what replaces it."""
+    from tests.migration.nth import HELM_VALUES, VALUES_FILE
+
+    assert set(VALUES_FILE) <= HELM_VALUES
+    rendered = render(chart, VALUES_FILE)
+    env = rendered.values()
+    assert env["QUEUE_URL"] == VALUES_FILE["queueURL"]
+    assert env.get("SQS_MSG_VISIBILITY_TIMEOUT_SEC") == "20"
+    ignored = rendered.notes.split("Ignored aws-node-termination-handler values", 1)[1]
+    for key in (
+        "workers",
+        "logFormatVersion",
+        "useHostNetwork",
+        "enableSpotInterruptionDraining",
+        "updateStrategy",
+    ):
+        assert f"  - {key}: " in ignored
+    for nested in ("probes.httpGet", "image.pullSecrets", "rbac.pspEnabled", "enableProbesServer=false"):
+        assert f"  - {nested}" in ignored
+    assert "Ignored aws-node-termination-handler values" not in render(chart, BASE).notes
