@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def picture(path: Path, runs: dict[str, tuple[Workload, dict[str, Figures]]]) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    drawn = [(name, w, r) for name, (w, r) in runs.items() if any(f.timeline for f in r.values())]
+    drawn = [(name, w, r) for name, (w, r) in runs.items() if any(f.values.get("nodes") for f in r.values())]
     if not drawn:
         return
     figure, axes = plt.subplots(len(drawn), 1, figsize=(8, 3.2 * len(drawn)), squeeze=False)
@@ -104,7 +105,7 @@ def picture(path: Path, runs: dict[str, tuple[Workload, dict[str, Figures]]]) ->
             axis.annotate(
                 "Spot notice ends", (end, top), textcoords="offset points", xytext=(-4, -12), ha="right"
             )
-        axis.set_title(f"{name}: {workload.describe}", fontsize=9)
+        axis.set_title(textwrap.fill(f"{name}: {workload.describe}", 100), fontsize=9)
         axis.set_xlabel("seconds since the messages were sent")
         axis.set_ylabel("nodes (dashed: cordoned, solid: drained)", fontsize=8)
         axis.legend(fontsize=8, loc="lower right")
