@@ -309,6 +309,17 @@ class _Process:
             self.popen.wait(5)
 
 
+_KWOK_CONFIGURATION = """\
+# KWOK's own options. It plays pod and node stages with 4 workers by default: in a storm of 2,000 evictions
+# the replacements then turned Ready so late that PodDisruptionBudgets held the drains past their notice
+# (docs/benchmarks.md). A cluster has one kubelet per node, each acting on its own pods at once.
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: 32
+  nodePlayStageParallelism: 16
+"""
+
 _NODE_STAGES = """\
 # Node stages for KWOK (https://kwok.sigs.k8s.io/docs/user/stages-configuration/): our own. A managed node turns
 # Ready at the time its ready-at annotation names (at once without it); a Ready node's status is refreshed every
@@ -688,7 +699,7 @@ class ControlPlane:
         )
         self._spawn("kube-scheduler", [f"--config={scheduler_config}", "--secure-port=0", "--v=1"])
         stages = d / "kwok-stages.yaml"
-        stages.write_text(_NODE_STAGES + "---\n" + _POD_STAGES)
+        stages.write_text(_KWOK_CONFIGURATION + "---\n" + _NODE_STAGES + "---\n" + _POD_STAGES)
         self._spawn(
             "kwok",
             [
