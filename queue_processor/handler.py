@@ -254,8 +254,7 @@ class Handler:
             await self.webhook.notify(
                 operation.first, node, f"{self._kinds(operation)}: node {action} (dry run)"
             )
-        if self.settings.complete_lifecycle_action_delay_seconds > 0:
-            await asyncio.sleep(self.settings.complete_lifecycle_action_delay_seconds)
+        await self._completion_delay()
         await self._complete_actions(operation, None, bound)
         self.observer.node_action(NodeAction.POST_DRAIN, True)
         return Outcome.DONE
@@ -454,8 +453,7 @@ class Handler:
         """Complete the lifecycle actions; taint for kinds that joined since the last taint; the
         out-of-service taint when ENABLE_OUT_OF_SERVICE_TAINT (not with CORDON_ONLY, as NTH)."""
         settings = self.settings
-        if settings.complete_lifecycle_action_delay_seconds > 0:
-            await asyncio.sleep(settings.complete_lifecycle_action_delay_seconds)
+        await self._completion_delay()
         await self._complete_actions(operation, claim, bound)
         new = [kind for kind in operation.kinds if kind not in tainted]
         for key, value, effect in self._taints(operation, new):
@@ -467,6 +465,12 @@ class Handler:
             self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
         await self._complete_actions(operation, claim, bound)  # actions that joined during the taints
         return Outcome.DONE
+
+    async def _completion_delay(self) -> None:
+        """COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS before completing, as NTH: after a drain, a dry run's
+        decision, and a launching instance's node turning Ready (the actions are heartbeated meanwhile)."""
+        if self.settings.complete_lifecycle_action_delay_seconds > 0:
+            await asyncio.sleep(self.settings.complete_lifecycle_action_delay_seconds)
 
     async def _complete_actions(self, operation: NodeOperation, claim: Claim | None, bound: Any) -> None:
         """Complete every unsettled lifecycle action of the operation with CONTINUE, until none is left
@@ -595,8 +599,7 @@ class Handler:
             fresh = await self.resolver.get(operation.instance_id)
             node = await self.finder.find(fresh) if fresh is not None else None
         bound = bound.bind(node=node["metadata"]["name"])
-        if settings.complete_lifecycle_action_delay_seconds > 0:  # NTH delays launch completions too
-            await asyncio.sleep(settings.complete_lifecycle_action_delay_seconds)
+        await self._completion_delay()
         if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
             bound.info("dry run: the node is Ready, its launch actions completed")
             await self._complete_actions(operation, None, bound)
