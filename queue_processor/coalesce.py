@@ -95,6 +95,10 @@ class NodeOperation:
         """The kinds of its events, without repeats, in arrival order."""
         return list(dict.fromkeys(event.kind for event in self.events))
 
+    def event_of(self, kind: EventKind) -> Event:
+        """The first of its events of ``kind``; raises ``StopIteration`` when it has none."""
+        return next(event for event in self.events if event.kind is kind)
+
     @property
     def terminate_actions(self) -> list[AsgTerminateLifecycleEvent]:
         """Its ASG terminate lifecycle actions, one per lifecycle action token (or instance and hook)."""

@@ -16,7 +16,15 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 __all__ = [
@@ -72,6 +80,18 @@ DEFAULT_WEBHOOK_TEMPLATE = (
     '{"text":"[NTH][Instance Interruption] EventID: {{ .EventID }} - Kind: {{ .Kind }} - Instance: '
     '{{ .InstanceID }} - Node: {{ .NodeName }} - Description: {{ .Description }} - Start Time: {{ .StartTime }}"}'
 )
+
+
+def _check_webhook_template(text: str) -> None:
+    """NTH's start-up check: the template parses and executes over empty data; ``ValueError`` if not."""
+    from queue_processor.observe.gotemplate import TemplateError
+    from queue_processor.observe.webhook import check_template
+
+    try:
+        check_template(text)
+    except TemplateError as exc:
+        raise ValueError(str(exc)) from None
+
 
 # sqs.<region>.amazonaws.com[.cn], <region>.queue.amazonaws.com (legacy), and VPC endpoint host names.
 _QUEUE_URL_REGION = re.compile(
@@ -411,9 +431,12 @@ class Settings(BaseSettings):
     )
     webhook_template: str = _field(
         DEFAULT_WEBHOOK_TEMPLATE,
-        "Body of the webhook request; {{ .EventID }}, {{ .Kind }}, {{ .InstanceID }}, {{ .NodeName }}, "
-        "{{ .Description }} and {{ .StartTime }} are replaced.",
-        nth="same placeholders; Go template functions (sprig) are not supported",
+        "Body of the webhook request: a Go text/template with sprig functions over NTH's fields ({{ .EventID }}, "
+        "{{ .Kind }}, {{ .InstanceID }}, {{ .NodeName }}, {{ .Description }}, {{ .StartTime }}, {{ .Pods }}, "
+        "{{ .NodeLabels }}…), rendered as NTH renders it. The subset NTH's users write is supported (see "
+        "docs/migration.md); a template outside it, or one that fails over empty data, stops start-up.",
+        nth="same fields and values; Go's define/template/block, floats and the sprig functions not listed in "
+        "docs/migration.md are refused at start-up",
     )
     webhook_template_file: str = _field(
         "",
@@ -485,15 +508,26 @@ class Settings(BaseSettings):
         parse_annotations(value)
         return value
 
+    @field_validator("webhook_template")
+    @classmethod
+    def _check_template(cls, value: str, info: ValidationInfo) -> str:
+        url = info.data.get("webhook_url")
+        if url is not None and url.get_secret_value():
+            _check_webhook_template(value)
+        return value
+
     @field_validator("webhook_template_file")
     @classmethod
-    def _check_template_file(cls, value: str) -> str:
+    def _check_template_file(cls, value: str, info: ValidationInfo) -> str:
         if value:
             try:
                 with open(value, encoding="utf-8") as file:
-                    file.read(1)
+                    text = file.read()
             except OSError as exc:
                 raise ValueError(f"cannot be read: {exc.strerror or exc}") from None
+            url = info.data.get("webhook_url")
+            if url is not None and url.get_secret_value():
+                _check_webhook_template(text)
         return value
 
     @field_validator("webhook_url")

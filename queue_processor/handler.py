@@ -54,6 +54,7 @@ from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.events import EventKind
 from queue_processor.kinds import AsgLaunchLifecycleEvent, AsgLifecycleEvent, Event, StateChangeEvent
+from queue_processor.kube import KubeError
 from queue_processor.leases import Claim, ClaimLost, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
@@ -71,7 +72,7 @@ from queue_processor.observe.events import (
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, NodeAction, Observer, OperationOutcome
-from queue_processor.observe.webhook import Webhook
+from queue_processor.observe.webhook import Webhook, drain_data
 
 __all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "Handler", "Outcome"]
 
@@ -220,10 +221,21 @@ class Handler:
         if node is None:
             return await self._no_node(operation, bound)
         bound = bound.bind(node=node)
+        facts = await self._webhook_facts(node)
         if not self.settings.cordon_only:
             drain = self._drain(operation, node, target.claim, tainted, bound, target.info)
-            if not await self._guarded(target.claim, drain):
+            try:
+                drained = await self._guarded(target.claim, drain)
+            except (asyncio.CancelledError, ClaimLost):
+                raise
+            except Exception:
+                await self._notify(operation, target.info, *facts)
+                raise
+            await self._notify(operation, target.info, *facts)
+            if not drained:
                 return Outcome.RETRY
+        else:
+            await self._notify(operation, target.info, *facts)
         post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
         try:
             outcome = await self._guarded(target.claim, post_drain)
@@ -249,11 +261,7 @@ class Handler:
             self.observer.node_action(NodeAction.PRE_DRAIN, True)
         only = self.settings.cordon_only
         self.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)
-        if self.webhook is not None:
-            action = "cordoned" if only else "cordoned, draining"
-            await self.webhook.notify(
-                operation.first, node, f"{self._kinds(operation)}: node {action} (dry run)"
-            )
+        await self._notify(operation, info, None, None)
         await self._completion_delay()
         await self._complete_actions(operation, None, bound)
         self.observer.node_action(NodeAction.POST_DRAIN, True)
@@ -355,17 +363,48 @@ class Handler:
         self.observer.cordoned(self.clock() - operation.started_at)
         bound.info("cordoned")
         for kind in operation.kinds:  # NTH's Event for each interruption taken up, then its steps'
-            event_id = next(e.event_id for e in operation.events if e.kind is kind)
+            event_id = operation.event_of(kind).event_id
             text = f"{kind} {event_id} for instance {operation.instance_id}"
             await self._event(name, RECEIVED_REASONS[kind], text, info=target.info)
         if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
             await self._event(name, *PRE_DRAIN, info=target.info)
         if self.settings.cordon_only:
             await self._event(name, *CORDON, info=target.info)
-        if self.webhook is not None:
-            action = "cordoned" if self.settings.cordon_only else "cordoned, draining"
-            await self.webhook.notify(operation.first, name, f"{self._kinds(operation)}: node {action}")
         return name
+
+    async def _webhook_facts(self, node: str) -> tuple[dict[str, str] | None, list[str] | None]:
+        """The node's labels and the names of every pod bound to it (by namespace, then name, as the API
+        server lists them), read before the drain for the webhook as NTH reads them; ``(None, None)``
+        without a webhook or when they cannot be read (NTH sends nil then)."""
+        if self.webhook is None or not self.webhook.url:
+            return None, None
+        try:
+            found = await self.drainer.kube.get_node(node)
+            pods = await self.drainer.kube.pods_on_node(node)
+        except KubeError:
+            return None, None
+        labels = dict(found["metadata"].get("labels") or {}) if found is not None else None
+        order = sorted((p["metadata"].get("namespace", ""), p["metadata"]["name"]) for p in pods)
+        names = [name for _, name in order]
+        return labels, names
+
+    async def _notify(
+        self,
+        operation: NodeOperation,
+        info: InstanceInfo,
+        labels: dict[str, str] | None,
+        pods: list[str] | None,
+    ) -> None:
+        """The webhook, as NTH sends it: one request per interruption taken up (the first event of each kind
+        in the operation), after the drain, whatever its result, and before the lifecycle actions are
+        completed."""
+        if self.webhook is None or not self.webhook.url:
+            return
+        received = time.monotonic() - (self.clock() - operation.started_at)
+        for kind in operation.kinds:
+            event = operation.event_of(kind)
+            data = drain_data(event, node_labels=labels, pods=pods, info=info, received_monotonic=received)
+            await self.webhook.notify(data)
 
     def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
         """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:
@@ -382,7 +421,7 @@ class Handler:
             return []
         taints: list[tuple[str, str, str]] = []
         for kind in kinds:
-            event = next(e for e in operation.events if e.kind is kind)
+            event = operation.event_of(kind)
             if event.taint_key is not None:  # the kind's own (kinds/<kind>.py); NTH's keys
                 taints.append((event.taint_key, event.event_id, self.settings.taint_effect))
         return taints
@@ -535,13 +574,6 @@ class Handler:
             zone = info.availability_zone
             facts |= {"instance-id": info.instance_id, "availability-zone": zone, "region": zone[:-1]}
         await self.recorder.record(node, reason, message, warning=warning, facts=facts)
-
-    @staticmethod
-    def _kinds(operation: NodeOperation) -> str:
-        return ", ".join(
-            f"{kind} ({next(e.event_id for e in operation.events if e.kind is kind)})"
-            for kind in operation.kinds
-        )
 
     async def _instance_gone(self, operation: NodeOperation) -> bool:
         """Whether the instance is shutting down or terminated (its node will never come back): from the

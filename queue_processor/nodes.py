@@ -31,13 +31,14 @@ __all__ = ["InstanceInfo", "InstanceResolver", "NodeFinder", "describe_instances
 @dataclass(frozen=True)
 class InstanceInfo:
     """What EC2 says of an instance: ``private_dns_name`` (the node name by default), ``availability_zone``,
-    ``state`` (``running``, ``shutting-down``…) and its tags."""
+    ``state`` (``running``, ``shutting-down``…), its tags and ``instance_type`` (``m5.large``)."""
 
     instance_id: str
     private_dns_name: str
     availability_zone: str
     state: str
     tags: dict[str, str] = field(default_factory=dict)
+    instance_type: str = ""
 
     @property
     def provider_id(self) -> str:
@@ -170,6 +171,7 @@ def _info(instance: dict[str, Any]) -> InstanceInfo:
         availability_zone=(instance.get("Placement") or {}).get("AvailabilityZone", ""),
         state=(instance.get("State") or {}).get("Name", ""),
         tags={tag["Key"]: tag.get("Value", "") for tag in instance.get("Tags") or []},
+        instance_type=instance.get("InstanceType") or "",
     )
 
 

@@ -43,6 +43,8 @@ class ScheduledChangeEvent(BaseEvent):
     end_time: AwareDatetime | None = None
     event_arn: str | None = None
     event_type_code: str | None = None
+    #: The EventBridge envelope's ``id`` (NTH names the event after it; ``source_id`` is the ``eventArn``).
+    eventbridge_id: str | None = None
 
     def _identity_key(self) -> str:
         return self.event_arn or super()._identity_key()
@@ -189,6 +191,7 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
             event_arn=health.event_arn,
             event_type_code=health.event_type_code,
             end_time=end_time,
+            eventbridge_id=msg.id,
         )
         for instance_id in instances
     )

@@ -1,46 +1,245 @@
-"""Webhook notifications (WEBHOOK_URL): one POST per node the controller acts on, NTH-compatible.
+"""Webhook notifications (WEBHOOK_URL), as aws-node-termination-handler v1.25.6 sends them.
 
-The body is WEBHOOK_TEMPLATE with NTH's placeholders replaced: ``{{ .EventID }}``, ``{{ .Kind }}``,
-``{{ .InstanceID }}``, ``{{ .NodeName }}``, ``{{ .Description }}``, ``{{ .StartTime }}`` (Go template
-functions are not supported); headers are WEBHOOK_HEADERS; WEBHOOK_PROXY is used when set. As NTH does, a
-request has 5 seconds and is not retried; a failure is logged and counted, never a reason to fail a drain.
-Values are JSON-escaped when the template is JSON (the default template is), so a description with quotes
-keeps the body valid.
+One POST per interruption the controller drains a node for, sent when NTH sends it: after the drain (or
+the cordon, with CORDON_ONLY), whether it succeeded or not, and before the lifecycle actions are completed;
+never for a launch. The body is WEBHOOK_TEMPLATE (or the file WEBHOOK_TEMPLATE_FILE, read again for every
+request) rendered as Go ``text/template`` with sprig (:mod:`.gotemplate`, the subset NTH's users write) over
+NTH's data (``combinedDrainData`` in NTH's ``pkg/webhook``; :func:`drain_data`):
+
+- ``.EventID``: NTH's prefix for the kind and the hex of the EventBridge ``id`` (``spot-itn-event-…``);
+- ``.Kind``: ``SPOT_ITN``, ``ASG_LIFECYCLE``, ``REBALANCE_RECOMMENDATION``, ``STATE_CHANGE``,
+  ``SCHEDULED_EVENT`` (``CAPACITY_RESERVATION_INTERRUPTION``: a kind NTH does not handle);
+- ``.Description``: NTH's sentence for the kind, ending in a space and a newline;
+- ``.StartTime``: the event's ``time`` as Go prints a ``time.Time`` (``2020-07-01 22:19:58 +0000 UTC``);
+  for an AWS Health event, when it was received, with Go's monotonic-clock suffix (``m=+…``), as NTH;
+- ``.InstanceID``, ``.InstanceType``, ``.NodeName`` (the instance's private DNS name), ``.ProviderID``,
+  ``.AutoScalingGroupName``, ``.NodeLabels`` and ``.Pods`` (the node's, read before the drain; every pod
+  bound to the node), ``.Monitor`` (``SQS_MONITOR``), ``.IsManaged`` and ``.InProgress`` (true), and the
+  fields that are always empty in NTH's queue mode (``.State``, ``.EndTime``, ``.AccountId``…).
+
+Headers are WEBHOOK_HEADERS; WEBHOOK_PROXY is used when set. As NTH does, a request has 5 seconds and is not
+retried; a failure is logged and counted, never a reason to fail a drain. A template is parsed and executed
+over empty data at start-up (:func:`check_template`), as NTH does, so a bad one stops start-up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import structlog
 
-from queue_processor.kinds import Event
+from queue_processor.events import EventKind
+from queue_processor.kinds import Event, ScheduledChangeEvent, StateChangeEvent
+from queue_processor.nodes import InstanceInfo
+from queue_processor.observe.gotemplate import (
+    GoTime,
+    NilMap,
+    NilSlice,
+    Struct,
+    Template,
+    TemplateError,
+    parse,
+)
 
-__all__ = ["Webhook", "render"]
+__all__ = [
+    "NTH_KINDS",
+    "Webhook",
+    "check_template",
+    "drain_data",
+    "nth_data",
+    "nth_description",
+    "nth_event_id",
+]
 
 log = structlog.get_logger("queue_processor.webhook")
 
-_PLACEHOLDER = re.compile(r"\{\{\s*\.(\w+)\s*\}\}")
+#: Our kind → NTH's ``.Kind`` and the prefix of its EventID (NTH's ``pkg/monitor/sqsevent``).
+NTH_KINDS: dict[EventKind, tuple[str, str]] = {
+    EventKind.SPOT_INTERRUPTION: ("SPOT_ITN", "spot-itn-event-"),
+    EventKind.ASG_TERMINATE_LIFECYCLE: ("ASG_LIFECYCLE", "asg-lifecycle-term-"),
+    EventKind.ASG_LAUNCH_LIFECYCLE: ("ASG_LAUNCH_LIFECYCLE", "asg-lifecycle-term-"),
+    EventKind.REBALANCE_RECOMMENDATION: ("REBALANCE_RECOMMENDATION", "rebalance-recommendation-event-"),
+    EventKind.STATE_CHANGE: ("STATE_CHANGE", "ec2-state-change-event-"),
+    EventKind.SCHEDULED_CHANGE: ("SCHEDULED_EVENT", "aws-health-scheduled-change-event-"),
+    EventKind.CAPACITY_RESERVATION_INTERRUPTION: (
+        "CAPACITY_RESERVATION_INTERRUPTION",
+        "capacity-reservation-interruption-event-",
+    ),
+}
+
+#: The ASG tag EC2 puts on a group's instances (NTH's ``AutoScalingGroupName`` for other kinds).
+ASG_TAG = "aws:autoscaling:groupName"
+
+# ``(JSON key, field)`` in the order encoding/json writes NTH's combinedDrainData: the embedded
+# ec2metadata.NodeMetadata (its json tags; its InstanceID and InstanceType lose to the outer fields), the
+# embedded monitor.InterruptionEvent (its func fields are tagged "-"), then the outer InstanceID and
+# InstanceType.
+_METADATA = (
+    ("accountId", "AccountId"),
+    ("instanceId", ""),
+    ("instanceLifeCycle", "InstanceLifeCycle"),
+    ("instanceType", ""),
+    ("publicHostname", "PublicHostname"),
+    ("publicIp", "PublicIP"),
+    ("localHostname", "LocalHostname"),
+    ("privateIp", "LocalIP"),
+    ("availabilityZone", "AvailabilityZone"),
+    ("region", "Region"),
+)
+_EVENT = (
+    "EventID",
+    "Kind",
+    "Monitor",
+    "Description",
+    "State",
+    "AutoScalingGroupName",
+    "NodeName",
+    "NodeLabels",
+    "Pods",
+    "ProviderID",
+    "IsManaged",
+    "StartTime",
+    "EndTime",
+    "NodeProcessed",
+    "InProgress",
+)
+_JSON_NAMES = (
+    *_METADATA,
+    *((name, name) for name in _EVENT),
+    ("InstanceID", "InstanceID"),
+    ("InstanceType", "InstanceType"),
+)
+_DATA_TYPE = "webhook.combinedDrainData"
+
+#: Go's monotonic clock starts with the process; ``m=+…`` in NTH's ``time.Now()`` values counts from there.
+_PROCESS_START = time.monotonic()
 
 
-def render(template: str, values: dict[str, str]) -> str:
-    """``template`` with each ``{{ .Name }}`` replaced by ``values[Name]`` (unknown names: empty), the values
-    JSON-escaped when the template parses as JSON once filled with plain placeholders."""
-    json_like = template.lstrip().startswith(("{", "["))
+def nth_event_id(event: Event) -> str:
+    """NTH's EventID: its prefix for the kind and the lowercase hex of the bytes of the message's ID (the
+    EventBridge ``id``; a lifecycle notification's ``RequestId``)."""
+    ident = event.source_id or ""
+    if isinstance(event, ScheduledChangeEvent):
+        ident = event.eventbridge_id or ""
+    return NTH_KINDS[event.kind][1] + ident.encode().hex()
 
-    def value(match: re.Match[str]) -> str:
-        text = values.get(match.group(1), "")
-        return json.dumps(text)[1:-1] if json_like else text
 
-    return _PLACEHOLDER.sub(value, template)
+def _go_time(moment: datetime) -> GoTime:
+    return GoTime(moment)
+
+
+def nth_description(event: Event) -> str:
+    """NTH's ``.Description`` for ``event`` (its ``pkg/monitor/sqsevent`` sentences, with the event's
+    ``time`` as Go prints it, and NTH's trailing space and newline)."""
+    at = _go_time(event.time)
+    instance = event.instance_id
+    match event.kind:
+        case EventKind.SPOT_INTERRUPTION:
+            text = f"Spot Interruption notice for instance {instance} was sent at {at}"
+        case EventKind.ASG_TERMINATE_LIFECYCLE:
+            text = f"ASG Lifecycle Termination event received. Instance will be interrupted at {at}"
+        case EventKind.ASG_LAUNCH_LIFECYCLE:
+            text = f"ASG Lifecycle Launch event received. Instance was started at {at}"
+        case EventKind.REBALANCE_RECOMMENDATION:
+            text = f"Rebalance recommendation event received. Instance {instance} will be cordoned at {at}"
+        case EventKind.STATE_CHANGE:
+            state = event.state if isinstance(event, StateChangeEvent) else ""
+            text = f"EC2 State Change event received. Instance {instance} went into {state} at {at}"
+        case EventKind.SCHEDULED_CHANGE:
+            text = (
+                f"AWS Health scheduled change event received. Instance {instance} will be interrupted at {at}"
+            )
+        case _:
+            text = f"Capacity Reservation interruption notice for instance {instance} was sent at {at}"
+    return text + " \n"
+
+
+def nth_data(fields: Mapping[str, Any]) -> Struct:
+    """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as
+    in NTH's queue mode (no instance metadata)."""
+    values: dict[str, Any] = {name: "" for _, name in _METADATA if name}
+    values |= {
+        "EventID": "",
+        "Kind": "",
+        "Monitor": "",
+        "Description": "",
+        "State": "",
+        "AutoScalingGroupName": "",
+        "NodeName": "",
+        "NodeLabels": NilMap(),
+        "Pods": NilSlice(),
+        "ProviderID": "",
+        "IsManaged": False,
+        "StartTime": GoTime.zero(),
+        "EndTime": GoTime.zero(),
+        "NodeProcessed": False,
+        "InProgress": False,
+        "InstanceID": "",
+        "InstanceType": "",
+    }
+    values |= fields
+    return Struct(_DATA_TYPE, values, _JSON_NAMES)
+
+
+def drain_data(
+    event: Event,
+    *,
+    node_labels: Mapping[str, str] | None,
+    pods: Sequence[str] | None,
+    info: InstanceInfo | None,
+    received_wall: datetime | None = None,
+    received_monotonic: float | None = None,
+) -> Struct:
+    """NTH's ``combinedDrainData`` for ``event``: ``node_labels`` and ``pods`` as read before the drain
+    (``None``: nil, as in a dry run), ``info`` what EC2 says of the instance. An AWS Health event's
+    ``.StartTime`` is when it was received (``received_wall``, and ``received_monotonic`` on
+    :func:`time.monotonic`'s clock for Go's ``m=+…``), as NTH takes ``time.Now()``."""
+    start = _go_time(event.time)
+    if isinstance(event, ScheduledChangeEvent):
+        wall = received_wall or datetime.now().astimezone()
+        at = received_monotonic if received_monotonic is not None else time.monotonic()
+        start = GoTime(wall, monotonic=at - _PROCESS_START)
+    if hasattr(event, "auto_scaling_group_name"):
+        group = str(event.auto_scaling_group_name)
+    else:
+        group = info.tags.get(ASG_TAG, "") if info is not None else ""
+    return nth_data(
+        {
+            "EventID": nth_event_id(event),
+            "Kind": NTH_KINDS[event.kind][0],
+            "Monitor": "SQS_MONITOR",
+            "Description": nth_description(event),
+            "AutoScalingGroupName": group,
+            "NodeName": info.private_dns_name if info is not None else "",
+            "NodeLabels": NilMap() if node_labels is None else dict(node_labels),
+            "Pods": NilSlice() if not pods else list(pods),
+            "ProviderID": info.provider_id if info is not None and info.availability_zone else "",
+            "IsManaged": True,
+            "StartTime": start,
+            "InProgress": True,
+            "InstanceID": event.instance_id,
+            "InstanceType": info.instance_type if info is not None else "",
+        }
+    )
+
+
+def check_template(text: str) -> Template:
+    """``text`` parsed and executed over empty data, as NTH validates its template at start-up; raises
+    :class:`~queue_processor.observe.gotemplate.TemplateError` naming what fails or is not supported."""
+    template = parse(text)
+    template.execute(nth_data({}))
+    return template
 
 
 class Webhook:
-    """Posts notifications to ``url`` (no-op when empty). ``failures`` counts the ones that failed. The body
+    """Posts notifications to ``url`` (no-op when empty). ``failures`` counts the ones that failed (a
+    request error, a status ≥ 300, an unreadable template file, a template that fails to render). The body
     is ``template``, or the content of ``template_file`` read again for each request (NTH's
     WEBHOOK_TEMPLATE_FILE: a mounted ConfigMap may change)."""
 
@@ -55,31 +254,28 @@ class Webhook:
         self.failures = 0
         self.sent = 0
 
-    async def notify(self, event: Event, node: str, description: str) -> None:
-        """POST the rendered template for ``event`` on ``node``."""
+    async def _source(self) -> str | None:
+        if not self.template_file:
+            return self.template
+        try:
+            return await asyncio.to_thread(Path(self.template_file).read_text, encoding="utf-8")
+        except OSError as exc:
+            log.warning("webhook template file unreadable: not sent", file=self.template_file, error=str(exc))
+            return None
+
+    async def notify(self, data: Struct) -> None:
+        """POST the template rendered over ``data`` (:func:`drain_data`)."""
         if not self.url:
             return
-        template = self.template
-        if self.template_file:
-            try:
-                template = await asyncio.to_thread(Path(self.template_file).read_text, encoding="utf-8")
-            except OSError as exc:
-                self.failures += 1
-                log.warning(
-                    "webhook template file unreadable: not sent", file=self.template_file, error=str(exc)
-                )
-                return
-        body = render(
-            template,
-            {
-                "EventID": event.event_id,
-                "Kind": str(event.kind),
-                "InstanceID": event.instance_id,
-                "NodeName": node,
-                "Description": description,
-                "StartTime": event.start_time.isoformat(),
-            },
-        )
+        source = await self._source()
+        try:
+            body = parse(source).execute(data) if source is not None else None
+        except TemplateError as exc:
+            log.warning("webhook template failed to render: not sent", error=str(exc))
+            body = None
+        if body is None:
+            self.failures += 1
+            return
         try:
             timeout = aiohttp.ClientTimeout(total=5)
             async with (
@@ -94,6 +290,6 @@ class Webhook:
                     )
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.failures += 1
-            log.warning("webhook failed", node=node, event_id=event.event_id, error=repr(exc))
+            log.warning("webhook failed", node=data["NodeName"], event_id=data["EventID"], error=repr(exc))
             return
         self.sent += 1

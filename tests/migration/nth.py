@@ -271,3 +271,75 @@ VALUES_FILE: dict[str, object] = {
     "instanceMetadataURL": "",
     "procUptimeFile": "/proc/uptime",
 }
+
+# --------------------------------------------------------------------------------------------- webhook
+# pkg/webhook/webhook.go and pkg/monitor (types.go, sqsevent/*-event.go) of NTH v1.25.6.
+
+#: The fields of monitor.InterruptionEvent the harness fills (by their Go names), with their Go types.
+WEBHOOK_EVENT_FIELDS = (
+    ("EventID", "string"),
+    ("Kind", "string"),
+    ("Monitor", "string"),
+    ("Description", "string"),
+    ("State", "string"),
+    ("AutoScalingGroupName", "string"),
+    ("NodeName", "string"),
+    ("NodeLabels", "map[string]string"),
+    ("Pods", "[]string"),
+    ("InstanceID", "string"),
+    ("ProviderID", "string"),
+    ("InstanceType", "string"),
+    ("IsManaged", "bool"),
+    ("StartTime", "time.Time"),
+    ("EndTime", "time.Time"),
+    ("NodeProcessed", "bool"),
+    ("InProgress", "bool"),
+)
+
+_T = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? [-+]\d{4} \S+"
+_I = r"\S+"
+#: Our kind → NTH's Kind, its EventID prefix (then the hex of the message's ID) and its Description sentence
+#: (a pattern: ``%s`` of the instance ID and of a time.Time), which ends in " \n".
+WEBHOOK_KINDS = {
+    "spot-interruption": (
+        "SPOT_ITN",
+        "spot-itn-event-",
+        rf"Spot Interruption notice for instance {_I} was sent at {_T} \n",
+    ),
+    "asg-terminate-lifecycle": (
+        "ASG_LIFECYCLE",
+        "asg-lifecycle-term-",
+        rf"ASG Lifecycle Termination event received\. Instance will be interrupted at {_T} \n",
+    ),
+    "asg-launch-lifecycle": (
+        "ASG_LAUNCH_LIFECYCLE",
+        "asg-lifecycle-term-",
+        rf"ASG Lifecycle Launch event received\. Instance was started at {_T} \n",
+    ),
+    "rebalance-recommendation": (
+        "REBALANCE_RECOMMENDATION",
+        "rebalance-recommendation-event-",
+        rf"Rebalance recommendation event received\. Instance {_I} will be cordoned at {_T} \n",
+    ),
+    "state-change": (
+        "STATE_CHANGE",
+        "ec2-state-change-event-",
+        rf"EC2 State Change event received\. Instance {_I} went into [a-z-]+ at {_T} \n",
+    ),
+    "scheduled-change": (
+        "SCHEDULED_EVENT",
+        "aws-health-scheduled-change-event-",
+        rf"AWS Health scheduled change event received\. Instance {_I} will be interrupted at {_T} \n",
+    ),
+}
+
+#: Templates NTH itself renders in its tests (our transcriptions): the e2e webhook test's Teams-style
+#: "Content" body and the unit test's sprig pipes.
+WEBHOOK_TEMPLATES = (
+    '{"Content":"[NTH][Instance Interruption] InstanceId: {{ .InstanceID }} - Node: {{ .NodeName }} - '
+    "InstanceType: {{ .InstanceType }} -  AvailabilityZone: {{ .AvailabilityZone }} - Kind: {{ .Kind }} - "
+    'Start Time: {{ .StartTime }}"}',
+    '{"text":"[NTH][Instance Interruption] EventID: {{ .EventID | trimPrefix "event" }} - Kind: '
+    "{{ .Kind | lower }} - Node: {{ .NodeName }} - Description: {{ .Description }} - Start Time: "
+    '{{ .StartTime }}"}',
+)

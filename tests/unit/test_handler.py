@@ -35,7 +35,9 @@ from queue_processor.kube import KubeError
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
+from queue_processor.observe.gotemplate import Struct, parse
 from queue_processor.observe.metrics import Metrics
+from queue_processor.observe.webhook import Webhook
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/q"
 INSTANCE = "i-0abc"
@@ -726,3 +728,72 @@ async def test_a_skewed_notice_still_gets_a_drain_and_never_more_than_the_grace_
     outcome, _ = await world.run(operation)
     assert outcome is Outcome.DONE
     assert deadlines == [pytest.approx(expected_s, abs=5)]  # seconds left when the drain began
+
+
+# ----------------------------------------------------------------------------------------------- webhook
+
+
+class SeenWebhook(Webhook):
+    """Records each notification with what the world looked like when it was sent."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__("http://127.0.0.1:9/hook", headers={}, template="")
+        self.world = world
+        self.seen: list[tuple[Struct, list[str], list[str]]] = []  # data, pods left, completions made
+
+    async def notify(self, data: Struct) -> None:
+        pods = [p["metadata"]["name"] for p in self.world.kube.pods]
+        self.seen.append((data, pods, self.world.autoscaling.made("CompleteLifecycleAction")))
+
+
+def with_webhook(world: World) -> SeenWebhook:
+    webhook = SeenWebhook(world)
+    world.handler.webhook = webhook
+    return webhook
+
+
+async def test_the_webhook_goes_after_the_drain_and_before_the_completion_as_nths(env: Any) -> None:
+    world = World(settings())
+    webhook = with_webhook(world)
+    world.node()["metadata"]["labels"]["team"] = "ops"
+    operation = world.receive(terminate())
+    assert operation is not None
+    assert await world.run(operation) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    ((data, pods_left, completed),) = webhook.seen
+    assert (pods_left, completed) == ([], [])  # drained, not completed yet
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert (data["Kind"], data["NodeName"], data["AutoScalingGroupName"]) == (
+        "ASG_LIFECYCLE",
+        NODE,
+        "workers",
+    )
+    assert data["Pods"] == ["web-0", "web-1", "web-2"]  # read before the drain
+    assert data["NodeLabels"] == {"team": "ops"}
+
+
+async def test_the_webhook_goes_after_a_failed_drain_too_and_never_for_a_launch(env: Any) -> None:
+    world = World(settings(node_termination_grace_period=1))
+    webhook = with_webhook(world)
+    world.kube.refuse_evictions = True
+    operation = world.receive(spot())
+    assert operation is not None
+    assert (await world.run(operation))[0] is Outcome.RETRY
+    ((data, pods_left, _),) = webhook.seen
+    assert (data["Kind"], len(pods_left)) == ("SPOT_ITN", 3)
+    world.kube.refuse_evictions = False
+    world.kube.nodes[NODE]["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    launching = world.receive(launch())
+    assert launching is not None
+    assert (await world.run(launching))[0] is Outcome.DONE
+    assert len(webhook.seen) == 1
+
+
+async def test_a_dry_run_sends_the_webhook_with_nths_empty_labels_and_pods(env: Any) -> None:
+    world = World(settings(dry_run=True))
+    webhook = with_webhook(world)
+    operation = world.receive(spot())
+    assert operation is not None
+    await world.run(operation)
+    ((data, pods_left, _),) = webhook.seen
+    assert (data["Pods"], data["NodeLabels"], len(pods_left)) == ([], {}, 3)
+    assert parse("{{ .Pods }} {{ .NodeLabels }} {{ .Pods | toJson }}").execute(data) == "[] map[] null"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +11,9 @@ from aiohttp import web
 
 from queue_processor.config import DEFAULT_WEBHOOK_TEMPLATE
 from queue_processor.kinds import SpotInterruptionEvent
-from queue_processor.observe.webhook import Webhook, render
+from queue_processor.nodes import InstanceInfo
+from queue_processor.observe.gotemplate import Struct
+from queue_processor.observe.webhook import Webhook, drain_data
 
 EVENT = SpotInterruptionEvent(instance_id="i-1", time=datetime(2026, 11, 22, 12, tzinfo=UTC), source_id="e-1")
 
@@ -38,13 +39,9 @@ async def receiver(unused_tcp_port: int) -> AsyncIterator[tuple[str, list[tuple[
         await runner.cleanup()
 
 
-def test_render_escapes_values_in_a_json_template() -> None:
-    body = render(
-        '{"text": "{{ .Description }} on {{.NodeName}} {{ .Unknown }}"}',
-        {"Description": 'say "hi"', "NodeName": "n1"},
-    )
-    assert json.loads(body) == {"text": 'say "hi" on n1 '}
-    assert render("plain {{ .Kind }}", {"Kind": "x"}) == "plain x"
+def data(node: str = "ip-10-0-0-1.ec2.internal") -> Struct:
+    info = InstanceInfo("i-1", node, "us-east-1a", "running", instance_type="m5.large")
+    return drain_data(EVENT, node_labels={"team": "ops"}, pods=["web-1"], info=info)
 
 
 async def test_notify_posts_the_default_template(
@@ -56,17 +53,22 @@ async def test_notify_posts_the_default_template(
         headers={"Content-type": "application/json", "X-Team": "ops"},
         template=DEFAULT_WEBHOOK_TEMPLATE,
     )
-    await webhook.notify(EVENT, "ip-10-0-0-1", "spot-interruption: node cordoned")
+    await webhook.notify(data())
     broken = Webhook(f"{base}/missing", headers={}, template="{}")
-    await broken.notify(EVENT, "n", "d")
+    await broken.notify(data())
+    failing = Webhook(
+        f"{base}/hook", headers={}, template="{{ .Kind | upper | upper }}{{ .NodeLabels.x | upper }}"
+    )
+    await failing.notify(data())  # upper of no value fails when executed: logged, counted, nothing sent
     ((headers, body),) = received
     assert headers["X-Team"] == "ops"
-    text = json.loads(body)["text"]
-    assert EVENT.event_id in text
-    assert "Kind: spot-interruption" in text
-    assert "Node: ip-10-0-0-1" in text
-    assert "Start Time: 2026-11-22T12:02:00+00:00" in text
-    assert (webhook.sent, webhook.failures, broken.failures) == (1, 0, 1)
+    # NTH's default template inserts values as they are: the Description's trailing newline is raw
+    assert body == (
+        '{"text":"[NTH][Instance Interruption] EventID: spot-itn-event-652d31 - Kind: SPOT_ITN - Instance: i-1 - '
+        "Node: ip-10-0-0-1.ec2.internal - Description: Spot Interruption notice for instance i-1 was sent at "
+        '2026-11-22 12:00:00 +0000 UTC \n - Start Time: 2026-11-22 12:00:00 +0000 UTC"}'
+    )
+    assert (webhook.sent, webhook.failures, broken.failures, failing.failures) == (1, 0, 1, 1)
 
 
 async def test_a_template_file_is_read_for_every_request(
@@ -80,10 +82,10 @@ async def test_a_template_file_is_read_for_every_request(
         f"{base}/hook", headers={}, template=DEFAULT_WEBHOOK_TEMPLATE, template_file=str(template)
     )
     template.write_text("first {{ .NodeName }}")
-    await webhook.notify(EVENT, "n1", "d")
+    await webhook.notify(data("n1"))
     template.write_text("second {{ .NodeName }}")
-    await webhook.notify(EVENT, "n2", "d")
+    await webhook.notify(data("n2"))
     template.unlink()
-    await webhook.notify(EVENT, "n3", "d")
+    await webhook.notify(data("n3"))
     assert [body for _, body in received] == ["first n1", "second n2"]
     assert (webhook.sent, webhook.failures) == (2, 1)

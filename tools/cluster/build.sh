@@ -32,9 +32,12 @@ fi
 
 mkdir -p "$bin"
 
-# stamp of a build: the wrapper module's go.mod and go.sum, the flags and the packages (not this whole script,
-# so that a change elsewhere in it rebuilds nothing)
-stamp_of() { { cat "$here/$1/go.mod" "$here/$1/go.sum"; shift; printf '%s\n' "$BUILD_FLAGS" "$@"; } | sha256sum | cut -d' ' -f1; }
+# stamp of a build: the wrapper module's go.mod and go.sum, its own Go sources if it has any (nth/webhookrender),
+# the flags and the packages (not this whole script, so that a change elsewhere in it rebuilds nothing)
+stamp_of() {
+    { cat "$here/$1/go.mod" "$here/$1/go.sum"; find "$here/$1" -name '*.go' -print0 | sort -z | xargs -0r cat
+      shift; printf '%s\n' "$BUILD_FLAGS" "$@"; } | sha256sum | cut -d' ' -f1
+}
 BUILD_FLAGS="-trimpath -tags selinux,notest"
 
 build() { # build <wrapper dir> <ldflags> <binary name=package>...
@@ -79,5 +82,7 @@ build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3
 build kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" kwok=sigs.k8s.io/kwok/cmd/kwok
 # The peer (tests/peers, benchmarks/versus_nth.py): aws-node-termination-handler, pinned in nth/go.mod. Its
 # version is in the stamp (go.mod), not in the directory name, so adding it rebuilt nothing else.
-build nth "-s -w" node-termination-handler=github.com/aws/aws-node-termination-handler/cmd
+# webhookrender (tests/migration) renders webhook bodies with NTH's own pkg/webhook.
+build nth "-s -w" node-termination-handler=github.com/aws/aws-node-termination-handler/cmd \
+    webhookrender=./webhookrender
 du -sh "$bin" | sed 's/^/build.sh: size of /'
