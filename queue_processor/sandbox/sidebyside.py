@@ -17,6 +17,8 @@ raised: ``KUBE_API_QPS``/``KUBE_API_BURST`` are on NTH's unreleased main only, s
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import signal
 import threading
 import time
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.peer import Nth, Process, QueueProcessor, peak_rss_mib
+from queue_processor.sandbox.peer import Nth, Process, QueueProcessor, peak_rss_mib, scrape
 from queue_processor.sandbox.run import judge
 
 if TYPE_CHECKING:
@@ -75,6 +77,9 @@ class Workload:
     bound_s: float
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     describe: str = ""
+    #: With a template, every system posts its webhook (WEBHOOK_URL, WEBHOOK_TEMPLATE) to a local receiver;
+    #: the figures carry the bodies (``webhook_bodies``) and NTH's ``actions_total`` samples (``actions``).
+    webhook_template: str | None = None
 
 
 def _first(sandbox: Sandbox, count: int) -> list[Any]:
@@ -345,7 +350,13 @@ def run_workload(
     extra = dict(workload.env.get(system, {}))
     if quiet_timeout_s is not None:
         wait_quiet(plane, quiet_timeout_s)
-    with Sandbox(workload.options, workdir=workdir / "sandbox", kubernetes="real", plane=plane) as sandbox:
+    receiver = _Receiver() if workload.webhook_template is not None else None
+    if receiver is not None:
+        extra |= {"WEBHOOK_URL": receiver.url, "WEBHOOK_TEMPLATE": workload.webhook_template or ""}
+    with (
+        Sandbox(workload.options, workdir=workdir / "sandbox", kubernetes="real", plane=plane) as sandbox,
+        receiver if receiver is not None else contextlib.nullcontext(),
+    ):
         process = start_system(system, sandbox, workdir / f"{system}.log", extra)
         try:
             _wait_ready(process, system, ready_timeout_s)
@@ -374,6 +385,10 @@ def run_workload(
                 if "kubernetes.io/config.mirror" in (pod["metadata"].get("annotations") or {})
             )
             rss = peak_rss_mib(process.process.pid)
+            try:
+                samples = scrape(process.metrics_port)
+            except OSError:  # exited: no metrics to read
+                samples = {}
         finally:
             try:
                 status = process.stop(signal.SIGTERM, STOP_BOUND_S)
@@ -403,6 +418,13 @@ def run_workload(
             "exit_status": status,
             "seconds": round(time.monotonic() - started, 1),
         }
+        if receiver is not None:
+            values["webhook_bodies"] = sorted(receiver.bodies)
+            values["actions"] = {
+                f"{labels['node_action']}/{labels['node_status']}": value
+                for labels, value in samples.get("actions_total", [])
+                if "node_action" in labels
+            }
         return Figures(values, watch.samples)
 
 
@@ -417,6 +439,36 @@ _JUDGED = (
     "dlq",
     "evicted",
 )
+
+
+class _Receiver(http.server.ThreadingHTTPServer):
+    """A webhook receiver on 127.0.0.1 (a context manager serving on a thread): ``bodies`` of the POSTs."""
+
+    def __init__(self) -> None:
+        bodies: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                bodies.append(self.rfile.read(length).decode("utf-8", "replace"))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.bodies = bodies
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/hook"
+        self._thread = threading.Thread(target=self.serve_forever, name="webhook-receiver", daemon=True)
+
+    def __enter__(self) -> _Receiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.server_close()
 
 
 def wait_quiet(plane: ControlPlane, timeout_s: float) -> None:

@@ -6,6 +6,9 @@ asserted, since a release of NTH could fix it. What this machine measured for NT
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 from queue_processor.sandbox.sidebyside import apiserver_cache, asg_scale_in, drain_fails, warm_pool
 from tests.peers.conftest import Run
 
@@ -52,13 +55,66 @@ def test_pods_listed_from_the_apiserver_cache_leave_daemonset_and_mirror_pods(si
     """Three Spot warnings with USE_APISERVER_CACHE=true, nodes running a DaemonSet pod and a mirror pod each.
     Seed: DaemonSet pods evicted on that path. Measured for NTH v1.25.6 here: it leaves DaemonSet pods (that
     seed is fixed) but evicts each node's mirror pod, which kubectl drain never does."""
-    workload = apiserver_cache(3)
-    side_by_side("nth", workload)
+    workload = dataclasses.replace(apiserver_cache(3), webhook_template=WEBHOOK_FIELDS)
+    nth = side_by_side("nth", workload)
     ours = side_by_side("queue_processor", workload)
     assert ours["drained"] == 3
     assert ours["drains_inside_notice_fraction"] == 1.0
     assert (ours["daemonset_pods_evicted"], ours["mirror_pods_evicted"]) == (0, 0)
     assert (ours["messages_left"], ours["dlq"], ours["exit_status"]) == (0, 0, 0)
+    # The migration's promise on the same input: NTH's webhook bodies and NTH's actions_total samples
+    assert len(ours["webhook_bodies"]) == 3
+    assert normalized(ours["webhook_bodies"]) == normalized(nth["webhook_bodies"])
+    counted = {key: value for key, value in ours["actions"].items() if value}
+    assert counted == {"pre-drain/success": 3, "cordon-and-drain/success": 3, "post-drain/success": 3}
+    # NTH counts the same actions; its last post-drain can land just after the run ends (it counts after
+    # deleting the message), so its counts are at most ours
+    theirs = {key: value for key, value in nth["actions"].items() if value}
+    assert theirs.keys() == counted.keys()
+    assert all(value <= counted[key] for key, value in theirs.items())
+
+
+#: Every field of NTH's webhook data that does not list pods, one per line.
+WEBHOOK_FIELDS = (
+    "\n".join(
+        f"{{{{ .{name} }}}}"
+        for name in [
+            "Kind",
+            "EventID",
+            "InstanceID",
+            "InstanceType",
+            "NodeName",
+            "ProviderID",
+            "AutoScalingGroupName",
+            "Monitor",
+            "IsManaged",
+            "InProgress",
+            "NodeProcessed",
+            "State",
+            "EndTime",
+            "StartTime",
+            "Description",
+            "AccountId",
+            "AvailabilityZone",
+            "Region",
+        ]
+    )
+    + "\n{{ .NodeLabels | toJson }}"
+)
+
+
+def normalized(bodies: list[str]) -> list[str]:
+    """Bodies with what differs between two runs of one workload (instance IDs, node names, message IDs in
+    EventIDs, times) replaced by placeholders."""
+    out = []
+    for body in bodies:
+        body = re.sub(r"\bi-[0-9a-f]{8,17}\b", "<instance>", body)
+        body = re.sub(r"ip-[0-9-]+\.[a-z0-9.-]*internal", "<node>", body)
+        body = re.sub(r"(-event-)[0-9a-f]+", r"\1<hex of id>", body)
+        body = re.sub(r'("sandbox.queue-processor.dev/run":)"[0-9a-f]+"', r'\1"<run>"', body)
+        body = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? \+0000 UTC", "<time>", body)
+        out.append(body)
+    return sorted(out)
 
 
 def test_warm_pool_launches_complete_without_stuck_messages_or_cordons(side_by_side: Run) -> None:
