@@ -78,7 +78,9 @@ class Workload:
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     describe: str = ""
     #: With a template, every system posts its webhook (WEBHOOK_URL, WEBHOOK_TEMPLATE) to a local receiver;
-    #: the figures carry the bodies (``webhook_bodies``) and NTH's ``actions_total`` samples (``actions``).
+    #: the figures carry the bodies (``webhook_bodies``), NTH's ``actions_total`` samples (``actions``) and
+    #: the Kubernetes Events on the published nodes and the run's pods (``event_reasons``; set
+    #: EMIT_KUBERNETES_EVENTS in ``env``): what an NTH user's alerts, dashboards and receivers read.
     webhook_template: str | None = None
 
 
@@ -389,6 +391,7 @@ def run_workload(
                 samples = scrape(process.metrics_port)
             except OSError:  # exited: no metrics to read
                 samples = {}
+            reasons = _event_reasons(sandbox, set(published.nodes)) if receiver is not None else {}
         finally:
             try:
                 status = process.stop(signal.SIGTERM, STOP_BOUND_S)
@@ -425,6 +428,7 @@ def run_workload(
                 for labels, value in samples.get("actions_total", [])
                 if "node_action" in labels
             }
+            values["event_reasons"] = reasons
         return Figures(values, watch.samples)
 
 
@@ -439,6 +443,23 @@ _JUDGED = (
     "dlq",
     "evicted",
 )
+
+
+def _event_reasons(sandbox: Sandbox, nodes: set[str]) -> dict[str, int]:
+    """``"<kind>/<reason>"`` → how many times it was recorded (Event ``count``s summed), for the Events NTH
+    or queue-processor recorded on ``nodes`` and on the pods of the sandbox's namespace."""
+    reasons: dict[str, int] = {}
+    for event in sandbox.kube.objects("events"):
+        involved = event.get("involvedObject") or {}
+        kind = involved.get("kind")
+        ours = (kind == "Node" and involved.get("name") in nodes) or (
+            kind == "Pod" and involved.get("namespace") == sandbox.cluster.namespace
+        )
+        component = (event.get("source") or {}).get("component") or event.get("reportingComponent")
+        if ours and component in ("aws-node-termination-handler", "queue-processor"):
+            key = f"{kind}/{event['reason']}"
+            reasons[key] = reasons.get(key, 0) + int(event.get("count") or 1)
+    return dict(sorted(reasons.items()))
 
 
 class _Receiver(http.server.ThreadingHTTPServer):

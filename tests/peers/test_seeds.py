@@ -54,8 +54,16 @@ def test_a_drain_that_fails_leaves_no_heartbeat_running_and_drains_once_when_it_
 def test_pods_listed_from_the_apiserver_cache_leave_daemonset_and_mirror_pods(side_by_side: Run) -> None:
     """Three Spot warnings with USE_APISERVER_CACHE=true, nodes running a DaemonSet pod and a mirror pod each.
     Seed: DaemonSet pods evicted on that path. Measured for NTH v1.25.6 here: it leaves DaemonSet pods (that
-    seed is fixed) but evicts each node's mirror pod, which kubectl drain never does."""
-    workload = dataclasses.replace(apiserver_cache(3), webhook_template=WEBHOOK_FIELDS)
+    seed is fixed) but evicts each node's mirror pod, which kubectl drain never does. Both systems also post
+    their webhooks and record Events here: the bodies are the same bytes once run-specific IDs and times are
+    masked, and so are the actions counted; NTH's CordonAndDrain and PostDrain Events were still queued
+    behind its client-side rate limit (QPS 5) when its runs ended."""
+    workload = apiserver_cache(3)
+    env = {
+        **workload.env,
+        "queue_processor": {**workload.env["queue_processor"], "EMIT_KUBERNETES_EVENTS": "true"},
+    }
+    workload = dataclasses.replace(workload, webhook_template=WEBHOOK_FIELDS, env=env)
     nth = side_by_side("nth", workload)
     ours = side_by_side("queue_processor", workload)
     assert ours["drained"] == 3
@@ -72,6 +80,48 @@ def test_pods_listed_from_the_apiserver_cache_leave_daemonset_and_mirror_pods(si
     theirs = {key: value for key, value in nth["actions"].items() if value}
     assert theirs.keys() == counted.keys()
     assert all(value <= counted[key] for key, value in theirs.items())
+    # NTH's Event reasons on the nodes, once per step; PodEviction once per pod evicted (NTH: one per pod on
+    # the node, before the drain, DaemonSet and mirror pods included, as docs/migration.md says)
+    nodes = {key: value for key, value in ours["event_reasons"].items() if key.startswith("Node/")}
+    assert nodes == {
+        "Node/SpotInterruption": 3,
+        "Node/PreDrain": 3,
+        "Node/CordonAndDrain": 3,
+        "Node/PostDrain": 3,
+    }
+    assert ours["event_reasons"]["Pod/PodEviction"] == ours["evicted"]
+    # NTH's Node Events are a part of ours: its client-go recorder writes them asynchronously, and in the
+    # runs measured here its CordonAndDrain and PostDrain Events had not been written when the run ended
+    theirs_on_nodes = {key: value for key, value in nth["event_reasons"].items() if key.startswith("Node/")}
+    assert all(value <= nodes.get(key, 0) for key, value in theirs_on_nodes.items())
+
+
+def test_a_dry_run_changes_nothing_and_sends_what_nth_sends(side_by_side: Run) -> None:
+    """DRY_RUN=true on both, two Spot warnings (the migration guide's dry-run row). NTH v1.25.6 changes no
+    node and evicts nothing, deletes the messages, sends its webhook with empty labels and pods, counts its
+    actions as successes, and still records its Events (the guide says so); queue-processor does the same
+    but records no Event."""
+    base = apiserver_cache(2)
+    dry = {"DRY_RUN": "true", "EMIT_KUBERNETES_EVENTS": "true"}
+    workload = dataclasses.replace(
+        base,
+        name="dry-run",
+        bound_s=20,  # shorter than the notices (30 s here): no instance terminates during the run
+        env={"nth": dry, "queue_processor": dry},
+        webhook_template=WEBHOOK_FIELDS,
+    )
+    nth = side_by_side("nth", workload)
+    ours = side_by_side("queue_processor", workload)
+    assert (ours["evicted"], ours["p50_cordon_s"]) == (0, None)  # nothing evicted or cordoned
+    assert (ours["messages_left"], ours["dlq"], ours["exit_status"]) == (0, 0, 0)
+    assert len(ours["webhook_bodies"]) == 2
+    assert all(body.endswith("\nnull") for body in ours["webhook_bodies"])  # NodeLabels nil, as NTH's
+    assert normalized(ours["webhook_bodies"]) == normalized(nth["webhook_bodies"])
+    counted = {key: value for key, value in ours["actions"].items() if value}
+    assert counted == {"pre-drain/success": 2, "cordon-and-drain/success": 2, "post-drain/success": 2}
+    theirs = {key: value for key, value in nth["actions"].items() if value}
+    assert theirs.keys() == counted.keys()
+    assert ours["event_reasons"] == {}
 
 
 #: Every field of NTH's webhook data that does not list pods, one per line.
