@@ -29,7 +29,13 @@ from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
-from queue_processor.nodes import InstanceResolver, NodeFinder, describe_instances
+from queue_processor.nodes import (
+    InstanceResolver,
+    NodeFinder,
+    describe_instances,
+    tagged_instances,
+    tagged_nodes,
+)
 from queue_processor.observe.events import NodeEventRecorder, parse_annotations
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
@@ -151,6 +157,13 @@ async def run_controller(
                     f"{settings.probes_server_port}: cannot listen: {exc.strerror or exc}"
                 ) from None
         consumer.start()
+        gauges = (
+            asyncio.create_task(
+                _tagged_gauges(aws.ec2, kube, settings.managed_tag, metrics), name="nth-tagged"
+            )
+            if server is not None and settings.enable_prometheus_server
+            else None
+        )
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
         if started is not None:
             started(Controller(consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, server))
@@ -163,6 +176,9 @@ async def run_controller(
             log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
             # Bounded whatever AWS or the API server does: the consumer gets the whole budget but a second
             # for the rest; a request stuck in a worker thread is abandoned, not waited for.
+            if gauges is not None:
+                gauges.cancel()
+                await asyncio.gather(gauges, return_exceptions=True)
             await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
             await resolver.close()
             if server is not None:
@@ -182,3 +198,23 @@ async def run_controller(
             )
         if consumer.refused.done():
             raise StartupError(consumer.refused.result())
+
+
+#: How often NTH's tagged gauges are refreshed (seconds), as NTH (its first refresh comes one period in).
+TAGGED_GAUGES_PERIOD_S = 30.0
+
+
+async def _tagged_gauges(ec2: Any, kube: KubeClient, tag: str, metrics: Metrics) -> None:
+    """NTH's ``nth_tagged_instances`` and ``nth_tagged_nodes``, refreshed every
+    :data:`TAGGED_GAUGES_PERIOD_S`: one paginated DescribeInstances with a ``tag-key`` filter and the node
+    list from the informer cache. A failed refresh is logged and leaves both gauges as they were, as NTH."""
+    while True:
+        await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)
+        try:
+            instances = await tagged_instances(ec2, tag)
+            nodes = await kube.list_nodes(cached=True)
+        except Exception as exc:  # a refresh must never take the controller down
+            log.warning("nth_tagged gauges not refreshed", error=repr(exc))
+            continue
+        metrics.nth_tagged_instances.set(len(instances))
+        metrics.nth_tagged_nodes.set(tagged_nodes(nodes, instances))

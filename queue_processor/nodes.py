@@ -25,7 +25,15 @@ from queue_processor.kube import KubeClient
 if TYPE_CHECKING:
     from types_aiobotocore_ec2 import EC2Client
 
-__all__ = ["InstanceInfo", "InstanceResolver", "NodeFinder", "describe_instances", "is_managed"]
+__all__ = [
+    "InstanceInfo",
+    "InstanceResolver",
+    "NodeFinder",
+    "describe_instances",
+    "is_managed",
+    "tagged_instances",
+    "tagged_nodes",
+]
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,35 @@ async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[di
         for reservation in page.get("Reservations") or []
         for instance in reservation.get("Instances") or []
     ]
+
+
+async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
+    """The IDs of every instance carrying the tag key ``tag``, whatever its state (NTH's
+    ``nth_tagged_instances``: a ``tag-key`` filter, no state filter), every page read. Raises the AWS error
+    when retries are exhausted or it is not retryable."""
+    pages = await collect(
+        lambda: ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "tag-key", "Values": [tag]}]
+        )
+    )
+    return {
+        str(instance["InstanceId"])
+        for page in pages
+        for reservation in page.get("Reservations") or []
+        for instance in reservation.get("Instances") or []
+    }
+
+
+def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
+    """How many ``nodes`` run one of ``instance_ids``, as NTH counts ``nth_tagged_nodes``: a node whose
+    ``spec.providerID`` splits on ``/`` into exactly five parts (``aws:///<zone>/<instance-id>``) and ends
+    in an ID starting ``i-`` that is in the set."""
+    count = 0
+    for node in nodes:
+        parts = str((node.get("spec") or {}).get("providerID") or "").split("/")
+        if len(parts) == 5 and parts[4].startswith("i-") and parts[4] in instance_ids:
+            count += 1
+    return count
 
 
 class InstanceResolver:

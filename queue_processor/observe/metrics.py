@@ -213,6 +213,17 @@ class Metrics(Observer):
             registry=registry,
         )
 
+        self.nth_tagged_instances = Gauge(
+            "nth_tagged_instances",
+            "Instances carrying MANAGED_TAG, whatever their state (NTH-compatible; every 30 s).",
+            registry=registry,
+        )
+        self.nth_tagged_nodes = Gauge(
+            "nth_tagged_nodes",
+            "Nodes whose providerID names an instance carrying MANAGED_TAG (NTH-compatible; every 30 s).",
+            registry=registry,
+        )
+
         # --- ours
         def counter(name: str, doc: str, labels: list[str]) -> Counter:
             return Counter(name, doc, labels, namespace=PREFIX, registry=registry)

@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from queue_processor.aws import AwsClients
 from queue_processor.config import load_settings
 from queue_processor.lifecycle import Lifecycle
-from queue_processor.nodes import describe_instances
+from queue_processor.nodes import describe_instances, tagged_instances, tagged_nodes
 from queue_processor.observe.metrics import Metrics
 from queue_processor.sandbox.aws import TERMINATE_HOOK, AwsSandbox
 from queue_processor.sandbox.clock import SandboxClock
@@ -98,3 +98,21 @@ async def test_a_request_that_gets_no_answer_is_counted_as_an_error() -> None:
         with pytest.raises(EndpointConnectionError):
             await aws.sqs.get_queue_attributes(QueueUrl=QUEUE)
     assert requests(metrics, "sqs", "GetQueueAttributes", "error") == 1
+
+
+async def test_tagged_instances_counts_every_instance_with_the_tag_key_as_nth(sandbox: AwsSandbox) -> None:
+    """NTH's nth_tagged_instances: a tag-key filter, whatever the value and the state; untagged ones out."""
+    sandbox.reset()
+    managed = sandbox.create_asg("workers", 2)
+    sandbox.create_asg("others", 1, managed=False)
+    settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
+    async with AwsClients(settings, observer=Metrics(process_metrics=False)) as aws:
+        found = await tagged_instances(aws.ec2, settings.managed_tag)
+    assert found == {instance.instance_id for instance in managed}
+    nodes = [
+        {"spec": {"providerID": f"aws:///us-east-1a/{managed[0].instance_id}"}},
+        {"spec": {"providerID": f"aws:///us-east-1a/{managed[1].instance_id}/extra"}},  # six parts: not NTH's
+        {"spec": {"providerID": "aws:///us-east-1a/i-0123456789abcdef0"}},  # not tagged
+        {"spec": {}},
+    ]
+    assert tagged_nodes(nodes, found) == 1
