@@ -97,7 +97,9 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
     metrics = Metrics(process_metrics=False)
     record_one_of_each(metrics)
     types = metric_types(metrics.exposition().decode())
-    ours = {name: kind for name, kind in types.items() if name not in ("actions_total", "events_error_total")}
+    nths = ("actions_total", "events_error_total", "nth_tagged_instances", "nth_tagged_nodes")
+    assert (types["nth_tagged_instances"], types["nth_tagged_nodes"]) == ("gauge", "gauge")
+    ours = {name: kind for name, kind in types.items() if name not in nths}
     assert ours == {
         "queue_processor_node_actions_total": "counter",
         "queue_processor_errors_total": "counter",
