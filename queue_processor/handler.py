@@ -43,7 +43,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -400,10 +400,18 @@ class Handler:
         completed."""
         if self.webhook is None or not self.webhook.url:
             return
-        received = time.monotonic() - (self.clock() - operation.started_at)
+        age = self.clock() - operation.started_at  # seconds since the operation began: when NTH took it up
+        wall = datetime.now().astimezone() - timedelta(seconds=age)
         for kind in operation.kinds:
             event = operation.event_of(kind)
-            data = drain_data(event, node_labels=labels, pods=pods, info=info, received_monotonic=received)
+            data = drain_data(
+                event,
+                node_labels=labels,
+                pods=pods,
+                info=info,
+                received_wall=wall,
+                received_monotonic=time.monotonic() - age,
+            )
             await self.webhook.notify(data)
 
     def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
