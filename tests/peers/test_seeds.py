@@ -22,7 +22,9 @@ def test_a_drain_held_by_a_pdb_past_the_heartbeat_timeout_completes_every_action
     heartbeat sent after the action ended. Measured for NTH here: with its defaults every action timed out
     and every node was drained twice; with HEARTBEAT_INTERVAL=30 the actions completed, but a heartbeat
     followed each completion and every node was still drained twice."""
-    workload = asg_scale_in(2, heartbeat_timeout_s=30, hold_s=40)
+    # NTH's side always runs to the bound: hold + HeartbeatTimeout + 30 s (as drain-fails) is enough for its
+    # timed-out actions, its second drains and a heartbeat one interval after a completion to show
+    workload = dataclasses.replace(asg_scale_in(2, heartbeat_timeout_s=30, hold_s=40), bound_s=40 + 30 + 30)
     side_by_side("nth", workload)
     ours = side_by_side("queue_processor", workload)
     assert ours["drained"] == 2
