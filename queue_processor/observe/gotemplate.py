@@ -34,6 +34,7 @@ import base64
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -502,15 +503,11 @@ def _eq(a: Any, *others: Any) -> bool:
 
 
 def _basic(value: Any) -> str:
+    """Go's basic kind for comparisons: ``bool``, ``int``, ``string``, ``nil`` or ``other``."""
     if value is None or value is MISSING:
         return "nil"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, str):
-        return "string"
-    return "other"
+    name = _type_name(value)
+    return name if name in ("bool", "int", "string") else "other"
 
 
 def _compare_eq(a: Any, b: Any) -> bool:
@@ -623,11 +620,12 @@ def _now() -> GoTime:
     return GoTime(datetime.now().astimezone(), monotonic=_monotonic())
 
 
-_START = datetime.now(UTC)
+#: Go's monotonic clock starts with the process: ``m=+…`` in a ``time.Now()`` value counts from here.
+PROCESS_START = time.monotonic()
 
 
 def _monotonic() -> float:
-    return (datetime.now(UTC) - _START).total_seconds()
+    return time.monotonic() - PROCESS_START
 
 
 def _and(*args: Any) -> Any:  # the evaluator short-circuits; this is for a pipeline's last value
@@ -1124,13 +1122,12 @@ class Template:
         """The template rendered with ``data`` as dot; raises :class:`TemplateError` as Go's ``Execute``
         fails (a missing field, a wrong argument type)."""
         out: list[str] = []
-        _Run(data, out).walk(self.nodes, data, [{"$": data}])
+        _Run(out).walk(self.nodes, data, [{"$": data}])
         return "".join(out)
 
 
 class _Run:
-    def __init__(self, root: Any, out: list[str]) -> None:
-        self.root = root
+    def __init__(self, out: list[str]) -> None:
         self.out = out
 
     def walk(self, nodes: list[Any], dot: Any, scopes: list[dict[str, Any]]) -> None:

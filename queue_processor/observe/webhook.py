@@ -38,6 +38,7 @@ from queue_processor.events import EventKind
 from queue_processor.kinds import Event, ScheduledChangeEvent, StateChangeEvent
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.gotemplate import (
+    PROCESS_START,
     GoTime,
     NilMap,
     NilSlice,
@@ -116,9 +117,6 @@ _JSON_NAMES = (
     ("InstanceType", "InstanceType"),
 )
 _DATA_TYPE = "webhook.combinedDrainData"
-
-#: Go's monotonic clock starts with the process; ``m=+…`` in NTH's ``time.Now()`` values counts from there.
-_PROCESS_START = time.monotonic()
 
 
 def nth_event_id(event: Event) -> str:
@@ -204,7 +202,7 @@ def drain_data(
     if isinstance(event, ScheduledChangeEvent):
         wall = received_wall or datetime.now().astimezone()
         at = received_monotonic if received_monotonic is not None else time.monotonic()
-        start = GoTime(wall, monotonic=at - _PROCESS_START)
+        start = GoTime(wall, monotonic=at - PROCESS_START)
     if hasattr(event, "auto_scaling_group_name"):
         group = str(event.auto_scaling_group_name)
     else:
@@ -253,6 +251,13 @@ class Webhook:
         self.proxy = proxy or None
         self.failures = 0
         self.sent = 0
+        self._parsed: tuple[str, Template] | None = None  # the last template text, parsed
+
+    def _template(self, source: str) -> Template:
+        """``source`` parsed, once per text (a template file is parsed again only when it changed)."""
+        if self._parsed is None or self._parsed[0] != source:
+            self._parsed = (source, parse(source))
+        return self._parsed[1]
 
     async def _source(self) -> str | None:
         if not self.template_file:
@@ -269,7 +274,7 @@ class Webhook:
             return
         source = await self._source()
         try:
-            body = parse(source).execute(data) if source is not None else None
+            body = self._template(source).execute(data) if source is not None else None
         except TemplateError as exc:
             log.warning("webhook template failed to render: not sent", error=str(exc))
             body = None
