@@ -28,6 +28,7 @@ from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
+    RebalanceRecommendationEvent,
     SpotInterruptionEvent,
     StateChangeEvent,
 )
@@ -797,3 +798,20 @@ async def test_a_dry_run_sends_the_webhook_with_nths_empty_labels_and_pods(env: 
     ((data, pods_left, _),) = webhook.seen
     assert (data["Pods"], data["NodeLabels"], len(pods_left)) == ([], {}, 3)
     assert parse("{{ .Pods }} {{ .NodeLabels }} {{ .Pods | toJson }}").execute(data) == "[] map[] null"
+
+
+async def test_each_interruption_taken_up_gets_its_own_webhook_as_in_nth(env: Any) -> None:
+    """A Spot warning and a rebalance recommendation for one node: one drain, two requests (NTH handles,
+    and posts for, each event)."""
+    world = World(settings())
+    webhook = with_webhook(world)
+    operation = world.receive(spot())
+    assert operation is not None
+    rebalance = RebalanceRecommendationEvent(
+        instance_id=INSTANCE, time=datetime.now(UTC), source_id="rebalance-1", message=ref("m-rebalance")
+    )
+    assert world.receive(rebalance) is None  # joins the operation
+    await world.run(operation)
+    kinds = [data["Kind"] for data, _, _ in webhook.seen]
+    assert kinds == ["SPOT_ITN", "REBALANCE_RECOMMENDATION"]
+    assert webhook.seen[1][0]["EventID"] == "rebalance-recommendation-event-" + b"rebalance-1".hex()
