@@ -23,7 +23,7 @@ from queue_processor.aws import AwsClients
 from queue_processor.coalesce import EventStore
 from queue_processor.config import Settings, StartupError
 from queue_processor.consumer import Consumer
-from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
@@ -98,6 +98,7 @@ async def run_controller(
             budget=settings.drain_budget,
             grace_s=settings.pod_termination_grace_period,
             use_cache=settings.use_apiserver_cache,
+            timing=DrainTiming.of(settings),
             observer=metrics,
         )
         handler = Handler(

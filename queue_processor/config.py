@@ -322,6 +322,48 @@ class Settings(BaseSettings):
         unit="seconds",
         ge=1,
     )
+    drain_order: Literal["waves", "all-at-once"] = _field(
+        "waves",
+        "Order of a drain's evictions. waves: ordinary pods first, then critical pods (priority class "
+        "system-cluster-critical or system-node-critical, or spec.priority at least DRAIN_CRITICAL_PRIORITY) "
+        "once the ordinary ones are gone, or once only the time the critical ones need is left, so that log "
+        "shippers, meshes and storage daemons outlive the pods that use them. all-at-once: every pod at once, "
+        "as kubectl drain.",
+        nth="none: NTH evicts every pod at once",
+    )
+    drain_critical_priority: int = _field(
+        2_000_000_000,
+        "spec.priority from which a pod counts as critical for DRAIN_ORDER=waves (system-cluster-critical is "
+        "2000000000; lower it to move your own high PriorityClasses into the last wave).",
+        nth="none",
+        ge=-2_147_483_648,
+        le=2_147_483_647,
+    )
+    grace_deadline_margin: float = _field(
+        10.0,
+        "When a notice gives the instance an end (Spot, Capacity Reservation, an AWS Health scheduled change), "
+        "each evicted pod's grace period is cut to end this long before it (at least 1 s); -1 = never cut.",
+        nth="none: NTH gives every pod its grace period, even one that outlasts the instance",
+        unit="seconds",
+        ge=-1,
+        le=3600,
+    )
+    delete_at_deadline: bool = _field(
+        False,
+        "When a notice gives the instance an end: DELETE_AT_DEADLINE_LEAD before it, delete (grace period 0) "
+        "every pod of the drain still on the node, PodDisruptionBudget-blocked ones included, so that their "
+        "controllers replace them at once instead of when the node is gone. Counted and evented per pod. "
+        "Needs the pods delete permission (the chart grants it with this setting).",
+        nth="none",
+    )
+    delete_at_deadline_lead: float = _field(
+        5.0,
+        "How long before the instance's end DELETE_AT_DEADLINE deletes what is left.",
+        nth="none",
+        unit="seconds",
+        ge=1,
+        le=600,
+    )
     drain_budget: int = _field(
         1000,
         "Most nodes drained at once. Cordoning is never held back by it.",

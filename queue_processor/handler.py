@@ -53,7 +53,13 @@ from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLaunchLifecycleEvent, AsgLifecycleEvent, Event, StateChangeEvent
+from queue_processor.kinds import (
+    AsgLaunchLifecycleEvent,
+    AsgLifecycleEvent,
+    Event,
+    ScheduledChangeEvent,
+    StateChangeEvent,
+)
 from queue_processor.kube import KubeError
 from queue_processor.leases import Claim, ClaimLost, NodeLeases
 from queue_processor.lifecycle import Heartbeats
@@ -64,6 +70,7 @@ from queue_processor.observe.events import (
     CORDON_AND_DRAIN,
     CORDON_AND_DRAIN_ERROR,
     CORDON_ERROR,
+    POD_DELETED_AT_DEADLINE,
     POD_EVICTION,
     POST_DRAIN,
     POST_DRAIN_ERROR,
@@ -448,18 +455,25 @@ class Handler:
         started = self.clock()
         kind = str(operation.first.kind)
         watcher = asyncio.create_task(self._taint_joiners(operation, node, tainted), name=f"taints-{node}")
-        recorder = self.recorder
+        recorder = self.recorder if self.recorder is not None and self.recorder.enabled else None
 
         async def evicted(namespace: str, name: str) -> None:
             assert recorder is not None
             await recorder.record_pod(namespace, name, POD_EVICTION[0], POD_EVICTION[1].format(node=node))
 
+        async def deleted(namespace: str, name: str) -> None:
+            assert recorder is not None
+            reason, text = POD_DELETED_AT_DEADLINE
+            await recorder.record_pod(namespace, name, reason, text.format(node=node), warning=True)
+
         try:
             result = await self.drainer.drain(
                 node,
                 self._deadline(operation),
+                instance_end=self._instance_end(operation),
                 guard=claim.confirm if claim is not None else None,
-                evicted=evicted if recorder is not None and recorder.enabled else None,
+                evicted=evicted if recorder is not None else None,
+                deleted=deleted if recorder is not None else None,
             )
         except asyncio.CancelledError:
             self.observer.drained(kind, "cancelled", self.clock() - started)
@@ -468,9 +482,15 @@ class Handler:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         self.observer.drained(kind, result.outcome, self.clock() - started)
+        figures = {
+            "evicted": result.evicted,
+            "waves": result.waves,
+            "cut_short": result.cut_short,
+            "deleted_at_deadline": result.deleted_at_deadline,
+        }
         if not result.completed:
             self.observer.node_action(NodeAction.CORDON_AND_DRAIN, False)
-            bound.warning("drain incomplete: requeued", reason=result.reason, evicted=result.evicted)
+            bound.warning("drain incomplete: requeued", reason=result.reason, causes=result.causes, **figures)
             text = f"{CORDON_AND_DRAIN_ERROR}: drain incomplete, will retry: {result.reason}"
             await self._event(node, "CordonAndDrainError", text, warning=True, info=info)
             if (
@@ -479,7 +499,7 @@ class Handler:
                 await self._event(node, *CANCEL_DRAIN, info=info)
             return False
         self.observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
-        bound.info("drained", evicted=result.evicted, skipped=len(result.skipped))
+        bound.info("drained", skipped=len(result.skipped), **figures)
         await self._event(node, *CORDON_AND_DRAIN, info=info)
         return True
 
@@ -594,25 +614,42 @@ class Handler:
 
     def _deadline(self, operation: NodeOperation) -> float:
         """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among
-        the operation's events, never past the end of the earliest such notice. Other kinds (rebalance,
-        state change, lifecycle actions) carry no notice: their start time is when they were sent, already
-        past, and must not shorten the drain.
+        the operation's events, never past the end of the earliest such notice (:meth:`_notice_end`). Other
+        kinds (rebalance, state change, lifecycle actions, scheduled changes) must not shorten the drain."""
+        deadline = self.clock() + self.settings.node_termination_grace_period
+        end = self._notice_end(operation)
+        return deadline if end is None else min(deadline, end)
+
+    def _notice_end(self, operation: NodeOperation) -> float | None:
+        """The end (a ``clock`` reading) of the earliest Spot or Capacity Reservation notice among the
+        operation's events, ``None`` without one. Their start time is when the instance goes.
 
         A notice already over by this clock (delivered late, or this clock runs ahead of AWS's) is measured
         from the operation's start instead (its own length, 120 s for Spot, from when it was received): a drain
         cut to nothing could never succeed, and an instance that is really gone ends the retry as "instance
         gone"."""
-        now = self.clock()
-        deadline = now + self.settings.node_termination_grace_period
         notices = [e for e in operation.events if e.notice]
-        if notices:
-            first = min(notices, key=lambda e: e.start_time)
-            left = (first.start_time - datetime.now(UTC)).total_seconds()
-            if left <= 0:
-                length = (first.start_time - first.time).total_seconds()
-                left = length - (now - operation.started_at)
-            deadline = min(deadline, now + max(left, 0.0))
-        return deadline
+        if not notices:
+            return None
+        now = self.clock()
+        first = min(notices, key=lambda e: e.start_time)
+        left = (first.start_time - datetime.now(UTC)).total_seconds()
+        if left <= 0:
+            length = (first.start_time - first.time).total_seconds()
+            left = length - (now - operation.started_at)
+        return now + max(left, 0.0)
+
+    def _instance_end(self, operation: NodeOperation) -> float | None:
+        """When the instance goes (a ``clock`` reading), as far as the operation's events say: the end of a
+        Spot or Capacity Reservation notice (:meth:`_notice_end`), or the start of an AWS Health scheduled
+        change still to come, the earliest; ``None`` when no event says. Grace periods are cut to end
+        GRACE_DEADLINE_MARGIN before it, and DELETE_AT_DEADLINE acts DELETE_AT_DEADLINE_LEAD before it."""
+        ends = [end for end in (self._notice_end(operation),) if end is not None]
+        now, wall = self.clock(), datetime.now(UTC)
+        for event in operation.events:
+            if isinstance(event, ScheduledChangeEvent) and event.start_time > wall:
+                ends.append(now + (event.start_time - wall).total_seconds())
+        return min(ends, default=None)
 
     async def _launch(self, operation: NodeOperation, bound: Any) -> Outcome:
         """Wait for the instance's node to be registered and Ready, then complete its launch actions (those

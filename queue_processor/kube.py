@@ -55,15 +55,25 @@ PATCH_TYPES = {
 
 class KubeError(Exception):
     """An error answer from the API server: ``status`` (HTTP code; 0 for a connection error), ``reason``
-    (the Status object's reason, e.g. ``NotFound``, ``TooManyRequests``, ``Conflict``), ``message``, and
-    ``retry_after_s``, the Retry-After header in seconds when the answer carried one."""
+    (the Status object's reason, e.g. ``NotFound``, ``TooManyRequests``, ``Conflict``), ``message``,
+    ``retry_after_s``, the Retry-After header in seconds when the answer carried one, and ``causes``, the
+    Status's ``details.causes`` (``[{"reason": str, "message": str, "field": str}]``; an eviction's 429 names
+    the PodDisruptionBudget in a ``DisruptionBudget`` cause)."""
 
-    def __init__(self, status: int, reason: str, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        retry_after_s: float | None = None,
+        causes: list[dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.retry_after_s = retry_after_s
+        self.causes = causes or []
 
 
 class RateLimiter:
@@ -314,20 +324,58 @@ class KubeClient:
         answer = await self.request("GET", "/api/v1/pods", query=query)
         return list(answer.get("items") or [])
 
-    async def evict(self, namespace: str, name: str, grace_s: int | None = None) -> None:
-        """POST a policy/v1 Eviction. Raises :class:`KubeError`: 429 when a PodDisruptionBudget allows no
-        disruption now, 500 when several budgets match the pod, 404 when it is gone. Not retried here: each
-        answer means something to the drain."""
+    async def evict(
+        self, namespace: str, name: str, grace_s: int | None = None, *, dry_run: bool = False
+    ) -> None:
+        """POST a policy/v1 Eviction (``grace_s``: ``deleteOptions.gracePeriodSeconds``, seconds; ``dry_run``:
+        ``dryRun=All``, every check and nothing deleted, as ``kubectl drain --dry-run=server``). Raises
+        :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption now (its name in
+        :attr:`KubeError.causes`), 500 when several budgets match the pod, 404 when it is gone. Not retried
+        here: each answer means something to the drain."""
         body: Obj = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        options: Obj = {}
         if grace_s is not None and grace_s >= 0:
-            body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
+            options["gracePeriodSeconds"] = grace_s
+        if dry_run:
+            options["dryRun"] = ["All"]
+        if options:
+            body["deleteOptions"] = options
         await self.request(
             "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body, retry=False
         )
+
+    async def delete_pod(
+        self, namespace: str, name: str, grace_s: int = 0, *, uid: str | None = None
+    ) -> None:
+        """DELETE a pod with ``gracePeriodSeconds`` (0: removed from the API server at once, whatever still
+        runs on its node, as ``kubectl delete --force --grace-period=0``), only if its uid is ``uid`` (a
+        precondition) when given. No PodDisruptionBudget is checked. Raises :class:`KubeError` (404 when it is
+        gone, 409 when another pod of that name is there now)."""
+        body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_s}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body)
+
+    async def get_pdb(self, namespace: str, name: str) -> Obj | None:
+        """The policy/v1 PodDisruptionBudget, or ``None`` when it does not exist."""
+        try:
+            pdb: Obj = await self.request(
+                "GET", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}"
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return pdb
+
+    async def list_pdbs(self, namespace: str) -> list[Obj]:
+        """Every policy/v1 PodDisruptionBudget of ``namespace``."""
+        answer = await self.request("GET", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets")
+        return list(answer.get("items") or [])
 
     async def create_event(self, namespace: str, event: Obj) -> None:
         """Record a core/v1 Event."""
@@ -391,4 +439,14 @@ def _error(status: int, data: bytes, retry_after_s: float | None = None) -> Kube
         body = json.loads(data) if data else {}
     except ValueError:
         body = {"message": data[:200].decode(errors="replace")}
-    return KubeError(status, str(body.get("reason") or ""), str(body.get("message") or ""), retry_after_s)
+    if not isinstance(body, dict):
+        body = {}
+    details = body.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return KubeError(
+        status,
+        str(body.get("reason") or ""),
+        str(body.get("message") or ""),
+        retry_after_s,
+        [cause for cause in causes if isinstance(cause, dict)] if isinstance(causes, list) else None,
+    )

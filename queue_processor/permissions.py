@@ -8,14 +8,16 @@ call is added to the code, it is added here, and the chart and module tests then
 Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/):
 
 - cluster-wide: ``nodes`` get/list/patch (find, cordon, taint, label), ``pods`` list (a node's pods with
-  ``fieldSelector=spec.nodeName``), ``pods/eviction`` create (policy/v1 Eviction API), ``events`` create
+  ``fieldSelector=spec.nodeName``), ``pods/eviction`` create (policy/v1 Eviction API), ``pods`` delete
+  (``DELETE_AT_DEADLINE``: what is left at the instance's end), ``policy`` ``poddisruptionbudgets`` get (the
+  arithmetic of a budget that blocks a drain, for its Event and log line), ``events`` create
   (``EMIT_KUBERNETES_EVENTS``; Events are written into the Node's namespace ``default``);
 - in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update (``NODE_LEASES``).
 
 Differences from aws-node-termination-handler's ClusterRole, on purpose: no ``pods`` get (the drain re-lists
 the node's pods instead of a GET per pod), no ``daemonsets`` get (DaemonSet pods are recognised by their
-controller reference), no ``events`` patch (Events are never aggregated), no ``pods`` delete (evictions
-only), no ``nodes`` update.
+controller reference), no ``events`` patch (Events are never aggregated), no ``pods`` delete unless
+``DELETE_AT_DEADLINE`` (evictions only), no ``nodes`` update.
 
 AWS (IAM actions, https://docs.aws.amazon.com/service-authorization/latest/reference/):
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 __all__ = [
     "AWS_ACTIONS",
     "AWS_API_CALLS",
+    "EXPLAIN_ONLY_REQUESTS",
     "KUBERNETES_RULES",
     "KubernetesRule",
     "kubernetes_verbs",
@@ -57,11 +60,17 @@ KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
     KubernetesRule("", "nodes", ("get", "list", "patch")),
     KubernetesRule("", "pods", ("list",)),
     KubernetesRule("", "pods/eviction", ("create",)),
+    KubernetesRule("", "pods", ("delete",), when="DELETE_AT_DEADLINE"),
+    KubernetesRule("policy", "poddisruptionbudgets", ("get",)),
     KubernetesRule("", "events", ("create",), when="EMIT_KUBERNETES_EVENTS"),
     KubernetesRule(
         "coordination.k8s.io", "leases", ("get", "create", "update"), cluster_wide=False, when="NODE_LEASES"
     ),
 )
+
+#: Requests the Kubernetes client can make that only ``queue-processor explain`` makes, with the credentials of
+#: whoever runs it (a kubeconfig), never the controller: not granted to the controller's ServiceAccount.
+EXPLAIN_ONLY_REQUESTS: frozenset[str] = frozenset({"list poddisruptionbudgets"})
 
 AWS_API_CALLS: dict[str, tuple[str, ...]] = {
     "sqs": (

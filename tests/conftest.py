@@ -76,7 +76,8 @@ KUBERNETES = ["emulated", "real"]
 @pytest.fixture(scope="session")
 def chart_rbac() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The controller's RBAC as the Helm chart renders it with Helm's own engine (helm-python-sdk), with every
-    feature that needs a rule turned on (node Leases, Kubernetes Events): (ClusterRole rules, Role rules).
+    feature that needs a rule turned on (node Leases, Kubernetes Events, deletion at the deadline): (ClusterRole
+    rules, Role rules).
     Skipped when Helm's engine cannot be loaded (failed with QP_REQUIRE_REAL_CLUSTER=1 or CI)."""
     import yaml
 
@@ -94,6 +95,7 @@ def chart_rbac() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             "queueURL": "https://sqs.us-east-1.amazonaws.com/123456789012/queue-processor",
             "nodeLeases": True,
             "emitKubernetesEvents": True,
+            "deleteAtDeadline": True,
         }
         files = chart.render(values=values, name="queue-processor", namespace="queue-processor")
     finally:

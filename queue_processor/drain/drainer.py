@@ -13,18 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from queue_processor.config import default
+from queue_processor.config import Settings, default
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
+from queue_processor.drain.order import DrainOrder, granted_grace, own_grace, waves
 from queue_processor.kube import KubeClient, KubeError
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 
-__all__ = ["TAINT_WRITE_ATTEMPTS", "DrainOutcome", "DrainResult", "Drainer", "EvictionOutcome"]
+__all__ = [
+    "TAINT_WRITE_ATTEMPTS",
+    "WAVE_PAD_S",
+    "DrainOutcome",
+    "DrainResult",
+    "DrainTiming",
+    "Drainer",
+    "EvictionOutcome",
+    "budget_arithmetic",
+    "budget_of",
+]
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
 #: node between our read and our write).
@@ -32,6 +45,10 @@ TAINT_WRITE_ATTEMPTS = 8
 
 #: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
 EVICTION_RETRY_S = (1.0, 10.0)
+
+#: Seconds kept, on top of the longest grace period of the waves still to come, when a wave's wait is cut
+#: short for them: the kubelet's and the API server's time to see a pod gone.
+WAVE_PAD_S = 2.0
 
 
 class DrainOutcome(StrEnum):
@@ -44,6 +61,8 @@ class DrainOutcome(StrEnum):
     """Pods were still there at the deadline (PodDisruptionBudgets included)."""
     ERROR = "error"
     """A pod could not be evicted: the filters refused it, or its eviction failed."""
+    DELETED = "deleted"
+    """Pods still there at the deadline were deleted (DELETE_AT_DEADLINE) and none is left."""
 
 
 class EvictionOutcome(StrEnum):
@@ -62,10 +81,13 @@ class EvictionOutcome(StrEnum):
 
 @dataclass
 class DrainResult:
-    """How a drain ended: ``completed`` when every pod to evict is gone; else ``reason``; ``outcome`` says
-    which. ``evicted`` pods were evicted, ``blocked`` were refused by a PodDisruptionBudget until the
-    deadline, ``failed`` got another error, ``skipped`` were left alone by the filters, ``remaining`` were
-    still on the node at the end."""
+    """How a drain ended: ``completed`` when every pod to evict is gone (evicted, or deleted at the deadline);
+    else ``reason``; ``outcome`` says which. ``evicted`` pods were evicted (``cut_short`` of them with a grace
+    period cut to end before the instance), ``blocked`` were refused by a PodDisruptionBudget until the
+    deadline, ``failed`` got another error, ``skipped`` were left alone by the filters, ``deleted_at_deadline``
+    were deleted by DELETE_AT_DEADLINE, ``remaining`` were still on the node at the end. ``waves`` is the
+    number of pods of each wave, in order; ``causes`` says, one line each, why the drain did not finish: the
+    PodDisruptionBudget with its arithmetic, a failed eviction, pods that did not terminate."""
 
     completed: bool
     outcome: DrainOutcome = DrainOutcome.TIMEOUT
@@ -75,13 +97,80 @@ class DrainResult:
     failed: list[str] = field(default_factory=list)
     skipped: list[PodDecision] = field(default_factory=list)
     remaining: int = 0
+    cut_short: int = 0
+    deleted_at_deadline: int = 0
+    waves: list[int] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+
+
+_DEFAULT_ORDER = DrainOrder(default("drain_order"))
+
+
+@dataclass(frozen=True)
+class DrainTiming:
+    """When and in which order a drain evicts (:mod:`queue_processor.drain.order`):
+
+    - ``order``: DRAIN_ORDER, ``waves`` (ordinary pods, then critical ones once those are gone) or
+      ``all-at-once``;
+    - ``critical_priority``: DRAIN_CRITICAL_PRIORITY, the ``spec.priority`` from which a pod is critical;
+    - ``grace_margin_s``: GRACE_DEADLINE_MARGIN (seconds), how long before the instance's end every grace
+      period must end; negative: grace periods are never cut;
+    - ``delete_at_deadline``: DELETE_AT_DEADLINE, delete what is still there ``delete_lead_s`` seconds
+      (DELETE_AT_DEADLINE_LEAD) before the instance's end.
+    """
+
+    order: DrainOrder = _DEFAULT_ORDER
+    critical_priority: int = default("drain_critical_priority")
+    grace_margin_s: float = default("grace_deadline_margin")
+    delete_at_deadline: bool = default("delete_at_deadline")
+    delete_lead_s: float = default("delete_at_deadline_lead")
+
+    @classmethod
+    def of(cls, settings: Settings) -> DrainTiming:
+        """The timing the settings ask for (DRAIN_ORDER, DRAIN_CRITICAL_PRIORITY, GRACE_DEADLINE_MARGIN,
+        DELETE_AT_DEADLINE, DELETE_AT_DEADLINE_LEAD)."""
+        return cls(
+            order=DrainOrder(settings.drain_order),
+            critical_priority=settings.drain_critical_priority,
+            grace_margin_s=settings.grace_deadline_margin,
+            delete_at_deadline=settings.delete_at_deadline,
+            delete_lead_s=settings.delete_at_deadline_lead,
+        )
+
+
+@dataclass
+class _Pod:
+    """One pod of a drain: its key and uid, the grace period it would get without a deadline, whether it is
+    evicted (or only waited for: being deleted already), and the grace it was given and whether that was
+    cut."""
+
+    key: tuple[str, str]
+    uid: Any
+    grace_s: int
+    evict: bool
+    granted_s: int | None = None
+    cut: bool = False
+
+
+@dataclass(frozen=True)
+class _Eviction:
+    """How one pod's eviction ended: the outcome, what the API said, the PodDisruptionBudget that refused it
+    last (``namespace/name``), and the grace period of the accepted eviction and whether it was cut."""
+
+    key: tuple[str, str]
+    result: EvictionOutcome
+    detail: str
+    budget: str | None = None
+    grace_s: int | None = None
+    cut: bool = False
 
 
 class Drainer:
     """Node operations through a :class:`KubeClient`. ``budget`` bounds concurrent drains (DRAIN_BUDGET);
     ``grace_s`` is POD_TERMINATION_GRACE_PERIOD (-1: each pod's own); ``use_cache`` is USE_APISERVER_CACHE;
-    ``clock`` returns seconds (monotonic); ``observer`` is told each eviction's outcome and the number of nodes
-    draining."""
+    ``timing`` the order, grace cut and deadline step (:class:`DrainTiming`); ``clock`` returns seconds
+    (monotonic); ``observer`` is told each eviction's outcome, the number of nodes draining, the pods each
+    PodDisruptionBudget holds back and each deletion at the deadline."""
 
     def __init__(
         self,
@@ -91,6 +180,7 @@ class Drainer:
         budget: int,
         grace_s: int = default("pod_termination_grace_period"),
         use_cache: bool = False,
+        timing: DrainTiming = DrainTiming(),
         observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -99,9 +189,12 @@ class Drainer:
         self.budget = asyncio.Semaphore(budget)
         self.grace_s = grace_s
         self.use_cache = use_cache
+        self.timing = timing
         self.observer = observer
         self.clock = clock
         self.draining = 0
+        self.blocked: Counter[str] = Counter()
+        """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
 
     async def cordon(
         self,
@@ -178,19 +271,26 @@ class Drainer:
         node: str,
         deadline: float,
         *,
+        instance_end: float | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
         evicted: Callable[[str, str], Awaitable[None]] | None = None,
+        deleted: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
         """Evict the node's pods and wait until they are gone, or until ``deadline`` (a ``clock`` reading).
-        Waits for a drain-budget slot first. ``guard`` is awaited before every eviction request: it raises to
-        stop the drain (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`);
-        ``evicted(namespace, name)`` after each eviction the API server accepted (it must not raise). Raises
-        :class:`KubeError` when the pods cannot be listed, and whatever ``guard`` raises."""
+        Waits for a drain-budget slot first. With ``order`` waves, critical pods are evicted only once the
+        ordinary ones are gone, or when only the time they need is left. ``instance_end`` (a ``clock``
+        reading) is when the instance goes, when a notice says so: grace periods are cut to end
+        ``grace_margin_s`` before it, and with ``delete_at_deadline`` what is still there ``delete_lead_s``
+        before it is deleted. ``guard`` is awaited before every eviction request: it raises to stop the drain
+        (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`);
+        ``evicted(namespace, name)`` after each eviction the API server accepted, ``deleted(namespace, name)``
+        after each deletion at the deadline (they must not raise). Raises :class:`KubeError` when the pods
+        cannot be listed, and whatever ``guard`` raises."""
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, deadline, guard, evicted)
+                return await self._drain(node, deadline, instance_end, guard, evicted, deleted)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
@@ -199,9 +299,12 @@ class Drainer:
         self,
         node: str,
         deadline: float,
+        instance_end: float | None,
         guard: Callable[[], Awaitable[None]] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None,
+        deleted: Callable[[str, str], Awaitable[None]] | None,
     ) -> DrainResult:
+        timing = self.timing
         pods = await self.kube.pods_on_node(node, cached=self.use_cache)
         plan = plan_drain(pods, self.options)
         # Keep names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once.
@@ -209,74 +312,164 @@ class Drainer:
         if plan.errors:
             names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in plan.errors)
             result.reason = f"cannot drain: {names}"
+            result.causes = [f"the drain filters refuse {names}"]
             result.outcome = DrainOutcome.ERROR
             return result
-        to_evict = [pod_key(pod) for pod in plan.evict]
-        waiting = {(pod_key(pod), pod["metadata"].get("uid")) for pod in plan.wait_for}
-        del pods, plan
-        outcomes = await asyncio.gather(*(self._evict(key, deadline, guard, evicted) for key in to_evict))
-        for (namespace, name), (outcome, detail) in zip(to_evict, outcomes, strict=True):
-            if outcome is EvictionOutcome.EVICTED:
-                result.evicted += 1
-            elif outcome is EvictionOutcome.PDB_BLOCKED:
-                result.blocked += 1
-            elif outcome is EvictionOutcome.ERROR:
-                result.failed.append(f"{namespace}/{name}: {detail}")
-        result.remaining = await self._wait_gone(node, waiting, deadline)
-        if result.blocked or result.failed:
-            result.reason = (
-                f"{result.blocked} evictions refused by PodDisruptionBudgets, {len(result.failed)} failed"
+        evicting = {id(pod) for pod in plan.evict}
+        entries = [
+            _Pod(
+                key=pod_key(pod),
+                uid=pod["metadata"].get("uid"),
+                grace_s=own_grace(pod, self.grace_s),
+                evict=id(pod) in evicting,
             )
+            for pod in plan.wait_for
+        ]
+        groups = waves(
+            list(zip(entries, plan.wait_for, strict=True)),
+            timing.order,
+            timing.critical_priority,
+            pod_of=lambda item: item[1],
+        )
+        del pods, plan
+        # The last moment to wait for: the deadline, or, with the deadline step, its lead before the instance's end.
+        final = deadline
+        if timing.delete_at_deadline and instance_end is not None:
+            final = min(deadline, instance_end - timing.delete_lead_s)
+        tasks: list[asyncio.Task[_Eviction]] = []
+        try:
+            for index, group in enumerate(groups):
+                wave = [entry for entry, _ in group]
+                result.waves.append(len(wave))
+                tasks += [
+                    asyncio.create_task(self._evict(entry, final, instance_end, guard, evicted))
+                    for entry in wave
+                    if entry.evict
+                ]
+                later = [entry for later_group in groups[index + 1 :] for entry, _ in later_group]
+                if later:
+                    bound = final - self._reserve(later, final, instance_end)
+                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, bound, tasks)
+            outcomes = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        by_key = {entry.key: entry for group in groups for entry, _ in group}
+        for outcome in outcomes:
+            entry = by_key[outcome.key]
+            entry.granted_s, entry.cut = outcome.grace_s, outcome.cut
+            if outcome.result is EvictionOutcome.EVICTED:
+                result.evicted += 1
+                result.cut_short += outcome.cut
+            elif outcome.result is EvictionOutcome.PDB_BLOCKED:
+                result.blocked += 1
+            elif outcome.result is EvictionOutcome.ERROR:
+                result.failed.append(f"{outcome.key[0]}/{outcome.key[1]}: {outcome.detail}")
+        waiting = {(entry.key, entry.uid) for entry in by_key.values()}
+        left = await self._still_there(node, waiting, final)
+        if left and timing.delete_at_deadline and instance_end is not None:
+            left = await self._delete_at_deadline(left, result, deleted)
+        result.remaining = len(left)
+        blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
+        if blocked or result.failed or left:
+            result.causes = await self._causes(blocked, outcomes, [by_key[key] for key in left])
+        if left or result.failed:
+            result.reason = "; ".join(result.causes)
             result.outcome = DrainOutcome.ERROR if result.failed else DrainOutcome.TIMEOUT
-        elif result.remaining:
-            result.reason = f"{result.remaining} pods still on the node at the deadline"
         else:
             result.completed = True
-            result.outcome = DrainOutcome.DRAINED
+            result.outcome = DrainOutcome.DELETED if result.deleted_at_deadline else DrainOutcome.DRAINED
         return result
+
+    def _reserve(self, later: list[_Pod], final: float, instance_end: float | None) -> float:
+        """Seconds kept for the waves after this one: the longest grace period they will be given, plus
+        :data:`WAVE_PAD_S`, and never more than half of the time left (seconds)."""
+        now = self.clock()
+        until_end = None if instance_end is None else instance_end - now
+        longest = max(granted_grace(e.grace_s, until_end, self.timing.grace_margin_s)[0] for e in later)
+        return min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
 
     async def _evict(
         self,
-        key: tuple[str, str],
+        entry: _Pod,
         deadline: float,
+        instance_end: float | None,
         guard: Callable[[], Awaitable[None]] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None = None,
-    ) -> tuple[EvictionOutcome, str]:
-        """Evict one pod, retrying 429s (and other errors) with backoff until ``deadline``: how it ended and
-        what the API said."""
-        namespace, name = key
+    ) -> _Eviction:
+        """Evict one pod, retrying 429s (and other errors) with backoff until ``deadline``: how it ended. Each
+        attempt asks for the pod's grace period cut to end GRACE_DEADLINE_MARGIN before ``instance_end``
+        (:func:`~queue_processor.drain.order.granted_grace`); the pod's own is sent as no grace period at all
+        when POD_TERMINATION_GRACE_PERIOD is -1 and nothing is cut."""
+        namespace, name = entry.key
         delay = EVICTION_RETRY_S[0]
-        grace = None if self.grace_s < 0 else self.grace_s
-        while True:
-            if guard is not None:
-                await guard()
-            try:
-                await self.kube.evict(namespace, name, grace)
-            except KubeError as exc:
-                if exc.status == 404:
-                    return self._evicted(EvictionOutcome.GONE, "gone")
-                if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
-                    return self._evicted(
-                        EvictionOutcome.ERROR, f"several PodDisruptionBudgets match it: {exc.message}"
-                    )
-                if self.clock() + delay >= deadline:
+        blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
+        try:
+            while True:
+                if guard is not None:
+                    await guard()
+                until_end = None if instance_end is None else instance_end - self.clock()
+                grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
+                try:
+                    await self.kube.evict(namespace, name, grace if cut or self.grace_s >= 0 else None)
+                except KubeError as exc:
+                    if exc.status == 404:
+                        return self._evicted(entry, EvictionOutcome.GONE, "gone")
+                    if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
+                        detail = f"several PodDisruptionBudgets match it: {exc.message}"
+                        return self._evicted(entry, EvictionOutcome.ERROR, detail)
                     if exc.status == 429:
-                        return self._evicted(EvictionOutcome.PDB_BLOCKED, "blocked")
-                    return self._evicted(EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, EVICTION_RETRY_S[1])
-                continue
-            if evicted is not None:
-                await evicted(namespace, name)
-            return self._evicted(EvictionOutcome.EVICTED, "evicted")
+                        budget = budget_of(exc, namespace)
+                        if budget != blocking:
+                            self._blocking(blocking, -1)
+                            blocking = budget
+                            self._blocking(blocking, +1)
+                    if self.clock() + delay >= deadline:
+                        if exc.status == 429:
+                            return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
+                        detail = f"{exc.status} {exc.reason}: {exc.message}"
+                        return self._evicted(entry, EvictionOutcome.ERROR, detail)
+                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                    delay = min(delay * 2, EVICTION_RETRY_S[1])
+                    continue
+                if evicted is not None:
+                    await evicted(namespace, name)
+                return self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace, cut=cut)
+        finally:
+            self._blocking(blocking, -1)
 
-    def _evicted(self, outcome: EvictionOutcome, detail: str) -> tuple[EvictionOutcome, str]:
+    def _blocking(self, budget: str | None, change: int) -> None:
+        """Count one pod more (``+1``) or fewer (``-1``) whose eviction ``budget`` ("namespace/name") refuses
+        now, across every drain; the observer is told the new count."""
+        if budget is None:
+            return
+        self.blocked[budget] += change
+        self.observer.drain_blocked(budget, self.blocked[budget])
+        if self.blocked[budget] <= 0:
+            del self.blocked[budget]
+
+    def _evicted(
+        self,
+        entry: _Pod,
+        outcome: EvictionOutcome,
+        detail: str,
+        budget: str | None = None,
+        *,
+        grace_s: int | None = None,
+        cut: bool = False,
+    ) -> _Eviction:
         self.observer.eviction(outcome)
-        return outcome, detail
+        return _Eviction(entry.key, outcome, detail, budget, grace_s, cut)
 
-    async def _wait_gone(self, node: str, waiting: set[tuple[tuple[str, str], Any]], deadline: float) -> int:
-        """Re-list the node's pods until none of ``waiting`` (key, uid) is left or the deadline; the count
-        left."""
+    async def _wait_gone(
+        self,
+        node: str,
+        waiting: set[tuple[tuple[str, str], Any]],
+        deadline: float,
+        tasks: Sequence[asyncio.Task[Any]] = (),
+    ) -> set[tuple[tuple[str, str], Any]]:
+        """Re-list the node's pods until none of ``waiting`` (key, uid) is left, the deadline, or one of
+        ``tasks`` failed; those left."""
         poll = 0.05
         while waiting:
             pods = await self.kube.pods_on_node(node)  # a quorum read: the cache may still show them
@@ -284,6 +477,126 @@ class Drainer:
             waiting &= present
             if not waiting or self.clock() >= deadline:
                 break
+            if any(task.done() and not task.cancelled() and task.exception() for task in tasks):
+                break
             await asyncio.sleep(min(poll, max(0.0, deadline - self.clock())))
             poll = min(poll * 1.5, 2.0)
-        return len(waiting)
+        return waiting
+
+    async def _still_there(
+        self, node: str, waiting: set[tuple[tuple[str, str], Any]], deadline: float
+    ) -> dict[tuple[str, str], Any]:
+        """:meth:`_wait_gone` for every pod of the drain: key → uid of those still on the node."""
+        return dict(await self._wait_gone(node, waiting, deadline))
+
+    async def _delete_at_deadline(
+        self,
+        left: dict[tuple[str, str], Any],
+        result: DrainResult,
+        deleted: Callable[[str, str], Awaitable[None]] | None,
+    ) -> dict[tuple[str, str], Any]:
+        """DELETE_AT_DEADLINE: delete every pod still there with a grace period of 0 (and the uid as a
+        precondition, so a new pod of the same name is never touched); those that could not be deleted."""
+
+        async def delete(key: tuple[str, str], uid: Any) -> bool:
+            namespace, name = key
+            try:
+                await self.kube.delete_pod(namespace, name, 0, uid=uid)
+            except KubeError as exc:
+                return exc.status in (404, 409)  # gone, or another pod of that name now
+            result.deleted_at_deadline += 1
+            self.observer.deleted_at_deadline()
+            if deleted is not None:
+                await deleted(namespace, name)
+            return True
+
+        done = await asyncio.gather(*(delete(key, uid) for key, uid in left.items()))
+        return {key: uid for (key, uid), ok in zip(left.items(), done, strict=True) if not ok}
+
+    async def _causes(
+        self, blocked: list[_Eviction], outcomes: list[_Eviction], left: list[_Pod]
+    ) -> list[str]:
+        """Why a drain did not finish, one line per cause: each PodDisruptionBudget that refused evictions
+        until the end (with its status read now: ``currentHealthy``, ``desiredHealthy``,
+        ``disruptionsAllowed``, ``expectedPods`` and ``unhealthyPodEvictionPolicy``), each failed eviction, and
+        the pods that were evicted (or were being deleted already) but did not terminate."""
+        causes: list[str] = []
+        by_budget: dict[str | None, list[_Eviction]] = {}
+        for outcome in blocked:
+            by_budget.setdefault(outcome.budget, []).append(outcome)
+        for budget, refused in by_budget.items():
+            names = _names(f"{o.key[0]}/{o.key[1]}" for o in refused)
+            if budget is None:
+                causes.append(f"a PodDisruptionBudget refuses the eviction of {names}: {refused[0].detail}")
+                continue
+            causes.append(
+                f"PodDisruptionBudget {budget} refuses the eviction of {names}: "
+                + (await self._budget_status(budget) or refused[0].detail)
+            )
+        causes += [
+            f"eviction of {o.key[0]}/{o.key[1]} failed: {o.detail}"
+            for o in outcomes
+            if o.result is EvictionOutcome.ERROR
+        ]
+        evicted = {o.key: o for o in outcomes if o.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE)}
+        stuck = [entry for entry in left if entry.key in evicted or not entry.evict]
+        if stuck:
+            names = _names(
+                f"{e.key[0]}/{e.key[1]} (grace {e.granted_s if e.granted_s is not None else e.grace_s} s)"
+                if e.evict
+                else f"{e.key[0]}/{e.key[1]} (being deleted before the drain)"
+                for e in stuck
+            )
+            causes.append(f"evicted pods did not terminate: {names}")
+        return causes
+
+    async def _budget_status(self, budget: str) -> str | None:
+        """The arithmetic of PodDisruptionBudget ``budget`` ("namespace/name") as its status says now, or
+        ``None`` when it cannot be read."""
+        namespace, _, name = budget.partition("/")
+        try:
+            pdb = await self.kube.get_pdb(namespace, name)
+        except KubeError:
+            return None
+        return None if pdb is None else budget_arithmetic(pdb)
+
+
+def _names(names: Iterable[str], most: int = 5) -> str:
+    """``a, b, c`` (at most ``most`` names, then ``and N more``)."""
+    listed = list(names)
+    shown = ", ".join(listed[:most])
+    return shown + (f" and {len(listed) - most} more" if len(listed) > most else "")
+
+
+_BUDGET_CAUSE = re.compile(r"^The disruption budget (\S+) ")
+
+
+def budget_of(error: KubeError, namespace: str) -> str | None:
+    """``namespace/name`` of the PodDisruptionBudget an eviction's 429 names in its ``DisruptionBudget``
+    cause ("The disruption budget NAME needs N healthy pods and has M currently", or "... is still being
+    processed by the server"; ``pkg/registry/core/pod/storage/eviction.go``), ``None`` when it names none."""
+    for cause in error.causes:
+        if cause.get("reason") == "DisruptionBudget":
+            match = _BUDGET_CAUSE.match(str(cause.get("message") or ""))
+            if match:
+                return f"{namespace}/{match.group(1)}"
+    return None
+
+
+def budget_arithmetic(pdb: Mapping[str, Any]) -> str:
+    """One line of a PodDisruptionBudget's arithmetic, from its spec and status: ``minAvailable 2,
+    currentHealthy 2, desiredHealthy 2, disruptionsAllowed 0, expectedPods 3, unhealthyPodEvictionPolicy
+    IfHealthyBudget`` (the policy's default when unset, as the API server applies it)."""
+    spec = pdb.get("spec") or {}
+    status = pdb.get("status") or {}
+    parts = [
+        f"{field} {spec[field]}"
+        for field in ("minAvailable", "maxUnavailable")
+        if spec.get(field) is not None
+    ]
+    parts += [
+        f"{field} {status.get(field, 0)}"
+        for field in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")
+    ]
+    parts.append(f"unhealthyPodEvictionPolicy {spec.get('unhealthyPodEvictionPolicy') or 'IfHealthyBudget'}")
+    return ", ".join(parts)

@@ -25,6 +25,7 @@ __all__ = [
     "CANCEL_DRAIN",
     "CORDON",
     "CORDON_AND_DRAIN",
+    "POD_DELETED_AT_DEADLINE",
     "POD_EVICTION",
     "POST_DRAIN",
     "PRE_DRAIN",
@@ -60,6 +61,11 @@ POST_DRAIN = ("PostDrain", "Post-drain task successfully executed")
 POST_DRAIN_ERROR = "There was a problem executing the post-drain task"
 #: On a pod, once its eviction was accepted (NTH records it on every pod of the node before the drain).
 POD_EVICTION = ("PodEviction", "Pod evicted due to node drain (node {node})")
+#: On a pod (Warning), once DELETE_AT_DEADLINE deleted it: ours, NTH has no such step.
+POD_DELETED_AT_DEADLINE = (
+    "PodDeletedAtDeadline",
+    "Pod still on node {node} at the drain's deadline, deleted (grace period 0) before its instance ends",
+)
 
 
 def parse_annotations(text: str) -> dict[str, str]:
@@ -111,10 +117,12 @@ class NodeEventRecorder:
         involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}  # kubectl's node events
         await self._create(self.namespace, node, involved, reason, message, warning, facts)
 
-    async def record_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
-        """One Normal Event on the pod ``namespace/name``, in its namespace."""
+    async def record_pod(
+        self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """One Event (Normal, or Warning with ``warning``) on the pod ``namespace/name``, in its namespace."""
         involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
-        await self._create(namespace, name, involved, reason, message, False, None)
+        await self._create(namespace, name, involved, reason, message, warning, None)
 
     async def _create(
         self,

@@ -79,6 +79,7 @@ from queue_processor.observe.observer import (
 )
 
 __all__ = [
+    "BLOCKED_BUDGETS_MAX",
     "DRAIN_BUCKETS",
     "ERROR_WHERE",
     "EVENT_TO_CORDON_BUCKETS",
@@ -86,6 +87,7 @@ __all__ = [
     "KIND_SKIP",
     "MONITOR_ERRORS",
     "NODE_ACTIONS",
+    "OTHER_BUDGETS",
     "OUR_NODE_ACTIONS",
     "PREFIX",
     "Metrics",
@@ -112,6 +114,11 @@ MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
 #: Buckets of ``queue_processor_event_to_cordon_seconds``: 10 ms to 120 s (a Spot notice).
 EVENT_TO_CORDON_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120)
 #: Buckets of ``queue_processor_drain_duration_seconds``: 0.5 s to 600 s (10 minutes).
+#: Most PodDisruptionBudgets with a ``drain_blocked`` series of their own (the first by name).
+BLOCKED_BUDGETS_MAX: Final = 50
+#: The ``pdb`` label value of the budgets beyond :data:`BLOCKED_BUDGETS_MAX`.
+OTHER_BUDGETS: Final = "other"
+
 DRAIN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 450, 600)
 
 NodeStatus = Literal["success", "error"]
@@ -178,6 +185,10 @@ class Metrics(Observer):
       (:class:`~queue_processor.observe.observer.LifecycleResult`);
     - :attr:`evictions`: ``evictions_total{result}``, pods whose eviction ended, by how
       (:class:`~queue_processor.drain.drainer.EvictionOutcome`);
+    - :attr:`drain_blocked`: ``drain_blocked{pdb}`` (gauge), pods whose eviction the PodDisruptionBudget
+      ``pdb`` (``namespace/name``) refuses now, across drains; a series goes when its count is 0, and at
+      most :data:`BLOCKED_BUDGETS_MAX` budgets have their own series (the others count under ``other``);
+    - :attr:`deleted_at_deadline`: ``pods_deleted_at_deadline_total``, pods deleted by DELETE_AT_DEADLINE;
     - :attr:`kube_requests`: ``kube_requests_total{verb, resource, code}``, Kubernetes API requests:
       ``verb`` as in audit logs (``get``, ``list``, ``patch``, ``create``, ``delete``...), ``resource`` the
       plural (``nodes``, ``pods``, ``pods/eviction``, ``leases``...), ``code`` the HTTP status (``"200"``)
@@ -282,6 +293,18 @@ class Metrics(Observer):
             "operation_outcomes", "Operations that ended without a drain, by why.", ["outcome"]
         )
         self.evictions = counter("evictions", "Pod eviction requests, by result.", ["result"])
+        self.drain_blocked_pods = gauge(
+            "drain_blocked",
+            "Pods whose eviction a PodDisruptionBudget refuses now, by budget (namespace/name).",
+            ["pdb"],
+        )
+        self._blocked: dict[str, int] = {}
+        self._blocked_series: set[str] = set()
+        self.deleted_at_deadline_pods = counter(
+            "pods_deleted_at_deadline",
+            "Pods still on a node at its instance's end deleted by DELETE_AT_DEADLINE.",
+            [],
+        )
         self.kube_requests = counter(
             "kube_requests", "Kubernetes API requests.", ["verb", "resource", "code"]
         )
@@ -373,6 +396,25 @@ class Metrics(Observer):
     def eviction(self, result: EvictionOutcome) -> None:
         """Count one pod's eviction by how it ended."""
         self.evictions.labels(result=result).inc()
+
+    def drain_blocked(self, budget: str, pods: int) -> None:
+        """Set ``drain_blocked{pdb}``: the budget's own series while fewer than :data:`BLOCKED_BUDGETS_MAX`
+        budgets have one, else ``other`` (the sum of those without); a series at 0 is removed."""
+        self._blocked[budget] = pods
+        if pods <= 0:
+            del self._blocked[budget]
+        shown = sorted(self._blocked)[:BLOCKED_BUDGETS_MAX]
+        other = sum(count for name, count in self._blocked.items() if name not in shown)
+        wanted = {name: self._blocked[name] for name in shown} | ({OTHER_BUDGETS: other} if other else {})
+        for name in self._blocked_series - wanted.keys():
+            self.drain_blocked_pods.remove(name)
+        for name, count in wanted.items():
+            self.drain_blocked_pods.labels(pdb=name).set(count)
+        self._blocked_series = set(wanted)
+
+    def deleted_at_deadline(self) -> None:
+        """Count one pod deleted at its instance's end."""
+        self.deleted_at_deadline_pods.inc()
 
     def heartbeat(self, result: HeartbeatResult) -> None:
         """Count a heartbeat; a call made also counts in ``node_actions_total{node_action="heartbeat"}``."""

@@ -150,7 +150,7 @@ class OperationOutcome(StrEnum):
     """This replica lost the node's Lease during the operation (EarlyExit)."""
 
 
-DrainEnd = Literal["drained", "timeout", "error", "cancelled"]
+DrainEnd = Literal["drained", "deleted", "timeout", "error", "cancelled"]
 """``result`` of ``queue_processor_drain_duration_seconds``: a :class:`DrainOutcome` value, or
 ``cancelled`` when the operation was cancelled (shutdown, lost Lease) during the drain."""
 
@@ -211,6 +211,15 @@ class Observer(Protocol):
 
     def eviction(self, result: EvictionOutcome) -> None:
         """One pod's eviction ended with ``result``."""
+        return
+
+    def drain_blocked(self, budget: str, pods: int) -> None:
+        """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses the eviction of ``pods`` pods (0:
+        none any more), across every drain."""
+        return
+
+    def deleted_at_deadline(self) -> None:
+        """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
         return
 
     def heartbeat(self, result: HeartbeatResult) -> None:

@@ -106,6 +106,11 @@ SAMPLES: dict[str, Any] = {
     "ignoreDaemonSets": False,
     "podTerminationGracePeriod": 45,
     "nodeTerminationGracePeriod": 1000000,
+    "drainOrder": "all-at-once",
+    "drainCriticalPriority": 1000000,
+    "graceDeadlineMargin": 15.5,
+    "deleteAtDeadline": True,
+    "deleteAtDeadlineLead": 3,
     "drainBudget": 50,
     "useAPIServerCacheToListPods": True,
     "kubeAPIQPS": 37.5,
@@ -598,17 +603,18 @@ def _expected_rules(cluster_wide: bool, enabled: dict[str, bool]) -> list[dict[s
     ]
 
 
-@pytest.mark.parametrize("events", [False, True])
+@pytest.mark.parametrize(("events", "delete"), [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize(
     ("replicas", "leases_value", "leases"), [(1, False, False), (1, True, True), (3, False, True)]
 )
 def test_rbac_grants_exactly_the_requests_the_code_makes(
-    chart: Any, events: bool, replicas: int, leases_value: bool, leases: bool
+    chart: Any, events: bool, delete: bool, replicas: int, leases_value: bool, leases: bool
 ) -> None:
-    rendered = render(
-        chart, with_values(BASE, replicas=replicas, nodeLeases=leases_value, emitKubernetesEvents=events)
+    values = with_values(
+        BASE, replicas=replicas, nodeLeases=leases_value, emitKubernetesEvents=events, deleteAtDeadline=delete
     )
-    enabled = {"EMIT_KUBERNETES_EVENTS": events, "NODE_LEASES": leases}
+    rendered = render(chart, values)
+    enabled = {"EMIT_KUBERNETES_EVENTS": events, "NODE_LEASES": leases, "DELETE_AT_DEADLINE": delete}
     assert {rule.when for rule in KUBERNETES_RULES if rule.when} <= set(enabled)
     assert rendered.one("ClusterRole")["rules"] == _expected_rules(True, enabled)
     roles = rendered.all("Role")

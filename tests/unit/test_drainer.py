@@ -70,7 +70,13 @@ async def test_each_eviction_ends_as_the_api_server_answers_it() -> None:
     assert result.outcome is DrainOutcome.ERROR  # a failed pod outranks a blocked one
     assert (result.evicted, result.blocked) == (1, 1)
     assert [failure.split(":")[0] for failure in result.failed] == ["apps/web-1"]
-    assert result.reason == "1 evictions refused by PodDisruptionBudgets, 1 failed"
+    assert result.causes == [
+        "a PodDisruptionBudget refuses the eviction of apps/web-0: Cannot evict pod as it would violate the "
+        "pod's disruption budget.",
+        "eviction of apps/web-1 failed: several PodDisruptionBudgets match it: This pod has more than one "
+        "PodDisruptionBudget, which the eviction subresource does not support.",
+    ]
+    assert result.reason == "; ".join(result.causes)
     assert {result: evictions(metrics, result) for result in ("evicted", "gone", "pdb-blocked", "error")} == {
         "evicted": 1,
         "gone": 1,

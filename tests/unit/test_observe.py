@@ -17,7 +17,7 @@ from queue_processor.config import Settings
 from queue_processor.kinds import PoisonClass, SkipClass
 from queue_processor.observe.events import parse_annotations
 from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging, get_logger
-from queue_processor.observe.metrics import Metrics
+from queue_processor.observe.metrics import BLOCKED_BUDGETS_MAX, OTHER_BUDGETS, Metrics
 from queue_processor.observe.observer import ErrorWhere, NodeAction
 from queue_processor.parse import MAX_MESSAGE_BYTES, parse
 from queue_processor.server import ProbeServer
@@ -60,9 +60,35 @@ def record_one_of_each(metrics: Metrics) -> None:
     metrics.kube_requests.labels(verb="patch", resource="nodes", code="200").inc()
     metrics.aws_requests.labels(service="sqs", operation="ReceiveMessage", result="ok").inc()
     metrics.mark_receive(QUEUE, at=1_700_000_000.5)
+    metrics.drain_blocked("apps/web", 2)
+    metrics.deleted_at_deadline()
 
 
 # --- metrics
+
+
+def test_drain_blocked_has_a_series_per_budget_while_it_blocks_and_a_bounded_number_of_them() -> None:
+    metrics = Metrics(process_metrics=False)
+
+    def series() -> dict[str, float]:
+        return {
+            sample.labels["pdb"]: sample.value
+            for family in metrics.registry.collect()
+            if family.name == "queue_processor_drain_blocked"
+            for sample in family.samples
+        }
+
+    metrics.drain_blocked("apps/web", 2)
+    metrics.drain_blocked("apps/db", 1)
+    assert series() == {"apps/web": 2, "apps/db": 1}
+    metrics.drain_blocked("apps/web", 0)
+    assert series() == {"apps/db": 1}  # a budget that blocks nothing any more has no series
+    for index in range(BLOCKED_BUDGETS_MAX + 5):
+        metrics.drain_blocked(f"team/pdb-{index:03d}", 1)
+    shown = series()
+    assert len(shown) == BLOCKED_BUDGETS_MAX + 1
+    assert shown[OTHER_BUDGETS] == 6  # the 6 last by name, apps/db sorts first
+    assert sum(shown.values()) == BLOCKED_BUDGETS_MAX + 6
 
 
 def test_nth_metrics_keep_their_unprefixed_names_and_labels() -> None:
@@ -117,6 +143,8 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
         "queue_processor_lifecycle_completions_total": "counter",
         "queue_processor_operation_outcomes_total": "counter",
         "queue_processor_evictions_total": "counter",
+        "queue_processor_drain_blocked": "gauge",
+        "queue_processor_pods_deleted_at_deadline_total": "counter",
         "queue_processor_kube_requests_total": "counter",
         "queue_processor_aws_requests_total": "counter",
         "queue_processor_last_receive_timestamp_seconds": "gauge",

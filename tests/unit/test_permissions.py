@@ -81,7 +81,8 @@ def _kube_requests() -> set[str]:
 
 
 def test_every_kubernetes_request_the_client_makes_is_granted_and_nothing_else() -> None:
-    assert _kube_requests() == permissions.kubernetes_verbs()
+    assert _kube_requests() == permissions.kubernetes_verbs() | permissions.EXPLAIN_ONLY_REQUESTS
+    assert not permissions.EXPLAIN_ONLY_REQUESTS & permissions.kubernetes_verbs()
 
 
 def test_leases_are_the_only_namespaced_rule() -> None:

@@ -81,6 +81,11 @@ DELETE_LOCAL_DATA: deleteLocalData
 IGNORE_DAEMON_SETS: ignoreDaemonSets
 POD_TERMINATION_GRACE_PERIOD: podTerminationGracePeriod
 NODE_TERMINATION_GRACE_PERIOD: nodeTerminationGracePeriod
+DRAIN_ORDER: drainOrder
+DRAIN_CRITICAL_PRIORITY: drainCriticalPriority
+GRACE_DEADLINE_MARGIN: graceDeadlineMargin
+DELETE_AT_DEADLINE: deleteAtDeadline
+DELETE_AT_DEADLINE_LEAD: deleteAtDeadlineLead
 DRAIN_BUDGET: drainBudget
 USE_APISERVER_CACHE: useAPIServerCacheToListPods
 KUBE_API_QPS: kubeAPIQPS
@@ -132,6 +137,8 @@ controller use a rule; "clusterWide: false" rules go into a Role in the release 
 - {apiGroup: "", resource: nodes, verbs: [get, list, patch], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods, verbs: [list], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods/eviction, verbs: [create], clusterWide: true, when: ""}
+- {apiGroup: "", resource: pods, verbs: [delete], clusterWide: true, when: DELETE_AT_DEADLINE}
+- {apiGroup: policy, resource: poddisruptionbudgets, verbs: [get], clusterWide: true, when: ""}
 - {apiGroup: "", resource: events, verbs: [create], clusterWide: true, when: EMIT_KUBERNETES_EVENTS}
 - {apiGroup: coordination.k8s.io, resource: leases, verbs: [get, create, update], clusterWide: false, when: NODE_LEASES}
 {{- end }}
@@ -140,7 +147,7 @@ controller use a rule; "clusterWide: false" rules go into a Role in the release 
 {{- define "queue-processor.rbacRulesInForce" -}}
 {{- $root := index . 0 }}
 {{- $clusterWide := index . 1 }}
-{{- $on := dict "" true "EMIT_KUBERNETES_EVENTS" $root.Values.emitKubernetesEvents "NODE_LEASES" (eq (include "queue-processor.nodeLeases" $root) "true") }}
+{{- $on := dict "" true "EMIT_KUBERNETES_EVENTS" $root.Values.emitKubernetesEvents "NODE_LEASES" (eq (include "queue-processor.nodeLeases" $root) "true") "DELETE_AT_DEADLINE" $root.Values.deleteAtDeadline }}
 {{- $rules := list }}
 {{- range include "queue-processor.rbacRules" $root | fromYamlArray }}
 {{- if not (hasKey $on .when) }}
