@@ -539,7 +539,7 @@ class Drainer:
             if o.result is EvictionOutcome.ERROR
         ]
         evicted = {o.key: o for o in outcomes if o.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE)}
-        stuck = [entry for entry in left if entry.key in evicted or not entry.evict]
+        stuck = sorted((e for e in left if e.key in evicted or not e.evict), key=lambda e: e.key)
         if stuck:
             names = _names(
                 f"{e.key[0]}/{e.key[1]} (grace {e.granted_s if e.granted_s is not None else e.grace_s} s)"

@@ -9,6 +9,7 @@ times; :meth:`SandboxClock.backdate` shifts them so that a deadline derived the 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,13 @@ class SandboxClock:
     def real(self, simulated_s: float) -> float:
         """Real seconds for ``simulated_s`` simulated seconds."""
         return simulated_s * self.scale
+
+    def grace(self, simulated_s: int) -> int:
+        """A pod's ``terminationGracePeriodSeconds`` for a grace of ``simulated_s`` simulated seconds: whole
+        real seconds, as the API takes them, rounded up (never to 0 unless ``simulated_s`` is 0 or less), so
+        that the controller reads in a pod's spec the real seconds its termination takes, on either API
+        server."""
+        return 0 if simulated_s <= 0 else max(1, math.ceil(self.real(simulated_s)))
 
     def now(self) -> datetime:
         """The real wall-clock time, aware UTC."""

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["ClusterSpec", "Instance", "KubeCluster", "build_kubernetes"]
+__all__ = ["MANUAL_STATUS", "ClusterSpec", "Instance", "KubeCluster", "build_kubernetes"]
+
+#: Annotation (value ``manual``) of a pod whose status the sandbox sets itself (a completed, pending or unready
+#: pod, :meth:`KubeCluster.add_pod`): no kubelet runs it, so on either API server its deletion, once begun,
+#: never finishes (KWOK disregards such pods; the emulation leaves them terminating).
+MANUAL_STATUS = "sandbox.queue-processor.dev/status"
 
 
 class KubeCluster(Protocol):
@@ -55,11 +60,19 @@ class KubeCluster(Protocol):
         labels: dict[str, str],
         grace_s: int = 30,
         empty_dir: bool = False,
+        priority_class: str | None = None,
         wait: bool = True,
     ) -> list[str]: ...
 
     def add_daemonset(
-        self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30, wait: bool = True
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: dict[str, str],
+        grace_s: int = 30,
+        priority_class: str | None = None,
+        wait: bool = True,
     ) -> None: ...
 
     def wait_for_ready_pods(self, namespace: str, labels: dict[str, str], count: int) -> None: ...
@@ -72,6 +85,7 @@ class KubeCluster(Protocol):
         match_labels: dict[str, str],
         min_available: int | str | None = None,
         max_unavailable: int | str | None = None,
+        unhealthy_pod_eviction_policy: str | None = None,
     ) -> None: ...
 
     def set_pdb(
@@ -95,6 +109,7 @@ class KubeCluster(Protocol):
         mirror: bool = False,
         phase: str = "Running",
         ready: bool = True,
+        priority_class: str | None = None,
         wait: bool = True,
     ) -> None: ...
 

@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from queue_processor.sandbox.cluster import MANUAL_STATUS
+
 __all__ = [
     "COMPONENTS",
     "ControlPlane",
@@ -69,8 +71,6 @@ WRAPPERS = {"k8s": "k8s.io/kubernetes", "etcd": "go.etcd.io/etcd/server/v3", "kw
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools" / "cluster"
 
-#: Annotation that hands a pod's status to the test instead of KWOK (a completed or unready pod).
-MANUAL_STATUS = "sandbox.queue-processor.dev/status"
 #: Annotation that makes KWOK manage a node (its default selector).
 KWOK_NODE = "kwok.x-k8s.io/node"
 #: Annotation (RFC 3339 time) before which KWOK leaves a node not Ready (a node that registers, then turns Ready).

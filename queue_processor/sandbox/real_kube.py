@@ -30,7 +30,6 @@ import contextlib
 import copy
 import http.client
 import json
-import math
 import socket
 import threading
 import time
@@ -44,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.control_plane import KWOK_NODE, MANUAL_STATUS, READY_AT, ControlPlane
+from queue_processor.sandbox.cluster import MANUAL_STATUS
+from queue_processor.sandbox.control_plane import KWOK_NODE, READY_AT, ControlPlane
 
 __all__ = ["RUN_LABEL", "RealKube"]
 
@@ -458,10 +458,7 @@ class RealKube:
                     {"gracePeriodSeconds": 0},
                 )
 
-    def _grace(self, grace_s: int) -> int:
-        return 0 if grace_s <= 0 else max(1, math.ceil(self.clock.real(grace_s)))
-
-    def _pod_spec(self, grace_s: int, empty_dir: bool) -> Obj:
+    def _pod_spec(self, grace_s: int, empty_dir: bool, priority_class: str | None = None) -> Obj:
         spec: Obj = {
             "containers": [
                 {
@@ -470,12 +467,16 @@ class RealKube:
                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
                 }
             ],
-            "terminationGracePeriodSeconds": self._grace(grace_s),
+            "terminationGracePeriodSeconds": self.clock.grace(grace_s),
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
         }
         if empty_dir:
             spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+        if priority_class is not None:
+            spec["priorityClassName"] = (
+                priority_class  # the API server's Priority admission sets spec.priority
+            )
         return spec
 
     def add_replicaset(
@@ -488,6 +489,7 @@ class RealKube:
         labels: dict[str, str],
         grace_s: int = 30,
         empty_dir: bool = False,
+        priority_class: str | None = None,
         wait: bool = True,
     ) -> list[str]:
         """A ReplicaSet of ``replicas`` pods spread over ``nodes`` by the scheduler; with ``wait``, returns when
@@ -495,7 +497,7 @@ class RealKube:
         pods are first pinned to them and, once Ready, the pin is lifted from the template: replacements go to
         any schedulable node of the run, as in the emulation."""
         self.ensure_namespace(namespace)
-        spec = self._pod_spec(grace_s, empty_dir)
+        spec = self._pod_spec(grace_s, empty_dir, priority_class)
         spec["nodeSelector"] = {RUN_LABEL: self.run}
         pinned = set(nodes) != self._node_names
         if pinned:
@@ -558,13 +560,20 @@ class RealKube:
         self._until(enough, f"{count} Ready pods {labels} in {namespace}")
 
     def add_daemonset(
-        self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30, wait: bool = True
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: dict[str, str],
+        grace_s: int = 30,
+        priority_class: str | None = None,
+        wait: bool = True,
     ) -> None:
         """A DaemonSet with a pod on every node of this run, now and on nodes that appear later; with ``wait``,
         returns when the DaemonSet controller reports a Ready pod on every node it schedules to (nodes with a
         taint its pods do not tolerate get none, as on a real cluster)."""
         self.ensure_namespace(namespace)
-        spec = self._pod_spec(grace_s, False)
+        spec = self._pod_spec(grace_s, False, priority_class)
         spec["nodeSelector"] = {RUN_LABEL: self.run}
         pod_labels = {**labels, RUN_LABEL: self.run}
         self._create(
@@ -598,6 +607,7 @@ class RealKube:
         match_labels: dict[str, str],
         min_available: int | str | None = None,
         max_unavailable: int | str | None = None,
+        unhealthy_pod_eviction_policy: str | None = None,
     ) -> None:
         """A policy/v1 PodDisruptionBudget selecting ``match_labels``; returns when the disruption controller has
         computed its status."""
@@ -607,6 +617,8 @@ class RealKube:
             spec["minAvailable"] = min_available
         if max_unavailable is not None:
             spec["maxUnavailable"] = max_unavailable
+        if unhealthy_pod_eviction_policy is not None:
+            spec["unhealthyPodEvictionPolicy"] = unhealthy_pod_eviction_policy
         self._create(
             f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
             {"metadata": {"name": name, "labels": {RUN_LABEL: self.run}}, "spec": spec},
@@ -663,6 +675,7 @@ class RealKube:
         mirror: bool = False,
         phase: str = "Running",
         ready: bool = True,
+        priority_class: str | None = None,
         wait: bool = True,
     ) -> None:
         """A pod bound to ``node`` without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``
@@ -689,7 +702,7 @@ class RealKube:
         manual = phase != "Running" or not ready
         if manual:
             metadata["annotations"][MANUAL_STATUS] = "manual"
-        spec = {**self._pod_spec(grace_s, empty_dir), "nodeName": node}
+        spec = {**self._pod_spec(grace_s, empty_dir, priority_class), "nodeName": node}
         self._create(f"/api/v1/namespaces/{namespace}/pods", {"metadata": metadata, "spec": spec})
         if manual:
             status: Obj = {"phase": phase, "conditions": [{"type": "Ready", "status": "False"}]}

@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from queue_processor.sandbox.clock import SandboxClock
+from queue_processor.sandbox.cluster import MANUAL_STATUS
 from queue_processor.sandbox.kube.store import RESOURCES, Key, ObjectStore, now_iso
 from queue_processor.sandbox.kube_logic import (
     ApiError,
@@ -57,15 +58,29 @@ class Timer:
     payload: Any = field(compare=False, default=None)
 
 
-def pod_template(labels: dict[str, str], grace_s: int, empty_dir: bool = False) -> Obj:
+#: The PriorityClasses every cluster has, and their values ("Pod Priority and Preemption"); the emulation knows
+#: no others.
+SYSTEM_PRIORITY_CLASSES = {"system-node-critical": 2_000_001_000, "system-cluster-critical": 2_000_000_000}
+
+
+def pod_template(
+    labels: dict[str, str], grace_s: int, empty_dir: bool = False, priority_class: str | None = None
+) -> Obj:
     """``{"labels", "spec"}`` of a pod: one ``pause`` container, ``terminationGracePeriodSeconds`` =
-    ``grace_s`` (seconds), and an ``emptyDir`` volume when ``empty_dir``."""
+    ``grace_s`` (real seconds), an ``emptyDir`` volume when ``empty_dir``, and ``priorityClassName`` with the
+    ``priority`` the API server's Priority admission would set. Raises ``ValueError`` for a class other than
+    :data:`SYSTEM_PRIORITY_CLASSES`."""
     spec: Obj = {
         "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
         "terminationGracePeriodSeconds": grace_s,
     }
     if empty_dir:
         spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    if priority_class is not None:
+        if priority_class not in SYSTEM_PRIORITY_CLASSES:
+            raise ValueError(f"no PriorityClass with name {priority_class} was found")
+        spec["priorityClassName"] = priority_class
+        spec["priority"] = SYSTEM_PRIORITY_CLASSES[priority_class]
     return {"labels": dict(labels), "spec": spec}
 
 
@@ -129,7 +144,11 @@ class Controllers:
 
     def schedule(self, delay_s: float, action: str, key: Key, payload: Any = None) -> None:
         """Run ``action`` on ``key`` ``delay_s`` simulated seconds from now (see :class:`Timer`)."""
-        at = self.clock.monotonic() + self.clock.real(delay_s)
+        self.schedule_real(self.clock.real(delay_s), action, key, payload)
+
+    def schedule_real(self, delay_s: float, action: str, key: Key, payload: Any = None) -> None:
+        """Run ``action`` on ``key`` ``delay_s`` real seconds from now."""
+        at = self.clock.monotonic() + delay_s
         heapq.heappush(self.timers, Timer(at, next(self._seq), action, key, payload))
 
     def run_due_timers(self) -> None:
@@ -201,7 +220,8 @@ class Controllers:
 
     def start_terminating(self, key: Key, grace_s: int | None) -> Obj:
         """Begin the graceful deletion of a pod (lock held): set deletionTimestamp, remove it after the grace
-        period (the pod's own when ``grace_s`` is None), and let its ReplicaSet replace it."""
+        period (the pod's own when ``grace_s`` is None; real seconds, as the API's grace periods are everywhere
+        in the emulation, as on a real API server), and let its ReplicaSet replace it."""
         pod = self.store.objects["pods"][key]
         own_grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
         grace = own_grace if grace_s is None or grace_s < 0 else grace_s
@@ -220,7 +240,10 @@ class Controllers:
         ).strftime("%Y-%m-%dT%H:%M:%SZ")
         terminating["metadata"]["deletionGracePeriodSeconds"] = grace
         terminating = self.store.replace("pods", key, terminating)
-        self.schedule(grace, "remove-pod", key, pod["metadata"]["uid"])
+        if (pod["metadata"].get("annotations") or {}).get(
+            MANUAL_STATUS
+        ) != "manual":  # else no kubelet ends it
+            self.schedule_real(grace, "remove-pod", key, pod["metadata"]["uid"])
         if not is_terminating(pod):
             self.replace_for_rs(terminating)
         return terminating
@@ -236,10 +259,10 @@ class Controllers:
             return
         active = len(self.store.active_by_owner.get(rs["metadata"]["uid"], ()))
         for _ in range(int(rs["spec"].get("replicas", 0)) - active):
-            template = {
-                "labels": rs["spec"]["selector"]["matchLabels"],
-                "spec": pod_template({}, int(pod["spec"].get("terminationGracePeriodSeconds", 30)))["spec"],
-            }
+            spec = {
+                k: v for k, v in pod["spec"].items() if k != "nodeName"
+            }  # the template's, as the pod got it
+            template = {"labels": rs["spec"]["selector"]["matchLabels"], "spec": spec}
             replacement = new_pod(
                 namespace,
                 f"{rs['metadata']['name']}-{uuid.uuid4().hex[:5]}",

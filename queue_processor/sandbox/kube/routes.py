@@ -522,6 +522,16 @@ class ApiRoutes:
         return self._present(plural, self.store.replace(plural, key, new))
 
     def _delete(self, plural: str, key: Key, query: Any, body: Any) -> Obj:
+        wanted = ((body.get("preconditions") or {}) if isinstance(body, dict) else {}).get("uid")
+        current = self.store.objects[plural][key]
+        if wanted and wanted != current["metadata"].get("uid"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {qualified(plural)} "{key[1]}": Precondition failed: UID in '
+                f"precondition: {wanted}, UID in object meta: {current['metadata'].get('uid')}",
+                {"name": key[1], **details(plural)},
+            )
         if plural == "pods":
             grace: int | None = None
             if query.get("gracePeriodSeconds") is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from aiohttp import web
 
 from queue_processor.sandbox.clock import SandboxClock
+from queue_processor.sandbox.cluster import MANUAL_STATUS
 from queue_processor.sandbox.kube.controllers import Controllers, new_pod, pod_template
 from queue_processor.sandbox.kube.routes import ApiRoutes, Fault
 from queue_processor.sandbox.kube.store import RESOURCES, Key, ObjectStore
@@ -300,6 +301,7 @@ class KubeSandbox:
         labels: dict[str, str],
         grace_s: int = 30,
         empty_dir: bool = False,
+        priority_class: str | None = None,
         wait: bool = True,
     ) -> list[str]:
         """A ReplicaSet of ``replicas`` Ready pods placed round-robin on ``nodes``; returns the pod names (they are
@@ -312,7 +314,7 @@ class KubeSandbox:
                 "status": {"replicas": replicas},
             },
         )
-        template = pod_template(labels, grace_s, empty_dir)
+        template = pod_template(labels, self.clock.grace(grace_s), empty_dir, priority_class)
         names = []
         for index in range(replicas):
             pod_name = f"{name}-{index:05d}"
@@ -323,7 +325,14 @@ class KubeSandbox:
         return names
 
     def add_daemonset(
-        self, namespace: str, name: str, *, labels: dict[str, str], grace_s: int = 30, wait: bool = True
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: dict[str, str],
+        grace_s: int = 30,
+        priority_class: str | None = None,
+        wait: bool = True,
     ) -> None:
         """A DaemonSet with one Ready pod on every node, now and on nodes that appear later (at once: ``wait`` is
         accepted for the real backend's sake)."""
@@ -335,7 +344,9 @@ class KubeSandbox:
                     "selector": {"matchLabels": dict(labels)},
                     "template": {
                         "metadata": {"labels": dict(labels)},
-                        "spec": pod_template(labels, grace_s)["spec"],
+                        "spec": pod_template(labels, self.clock.grace(grace_s), False, priority_class)[
+                            "spec"
+                        ],
                     },
                 },
             },
@@ -355,6 +366,7 @@ class KubeSandbox:
         match_labels: dict[str, str],
         min_available: int | str | None = None,
         max_unavailable: int | str | None = None,
+        unhealthy_pod_eviction_policy: str | None = None,
     ) -> None:
         """A policy/v1 PodDisruptionBudget selecting ``match_labels``."""
         spec: Obj = {"selector": {"matchLabels": dict(match_labels)}}
@@ -362,6 +374,8 @@ class KubeSandbox:
             spec["minAvailable"] = min_available
         if max_unavailable is not None:
             spec["maxUnavailable"] = max_unavailable
+        if unhealthy_pod_eviction_policy is not None:
+            spec["unhealthyPodEvictionPolicy"] = unhealthy_pod_eviction_policy
         self._store_new(
             "poddisruptionbudgets", {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
         )
@@ -399,16 +413,19 @@ class KubeSandbox:
         mirror: bool = False,
         phase: str = "Running",
         ready: bool = True,
+        priority_class: str | None = None,
         wait: bool = True,
     ) -> None:
         """A pod without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``; in
         ``phase``, and Ready when Running and ``ready`` (at once: ``wait`` is for the real backend)."""
-        template = pod_template(labels or {}, grace_s, empty_dir)
+        template = pod_template(labels or {}, self.clock.grace(grace_s), empty_dir, priority_class)
         pod = new_pod(namespace, name, node, template, None, phase=phase)
         if not ready:
             pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+        if phase != "Running" or not ready:  # no kubelet runs it (as KWOK disregards it on the real server)
+            pod["metadata"].setdefault("annotations", {})[MANUAL_STATUS] = "manual"
         if mirror:
-            pod["metadata"]["annotations"] = {"kubernetes.io/config.mirror": uuid.uuid4().hex}
+            pod["metadata"].setdefault("annotations", {})["kubernetes.io/config.mirror"] = uuid.uuid4().hex
             pod["metadata"]["ownerReferences"] = [
                 {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node, "controller": True}
             ]
