@@ -2,6 +2,7 @@
 
 - ``run``: the controller;
 - ``inspect PATH...``: what the controller would make of message bodies taken from a queue or its DLQ;
+- ``explain NODE``: what would block a drain of a node now (PodDisruptionBudgets with their arithmetic);
 - ``config``: check the settings from the environment and flags, and print them (secrets masked);
 - ``sandbox``: the embedded AWS and Kubernetes, with a cluster and scenarios (needs the ``sandbox`` extra);
 - ``version``.
@@ -39,6 +40,7 @@ from queue_processor.config import (
     Settings,
     StartupError,
     configuration_markdown,
+    default,
     env_name,
     load_settings,
     nth_settings_ignored,
@@ -446,6 +448,140 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
         Console().print(table)
     if unreadable:
         raise click.exceptions.Exit(2)
+
+
+@main.command()
+@click.argument("node")
+@click.option(
+    "--kubeconfig",
+    envvar="KUBECONFIG",
+    default=None,
+    help="kubeconfig to read the cluster with [env: KUBECONFIG; default: in-cluster, else ~/.kube/config].",
+)
+@click.option(
+    "--format",
+    "output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table: for people; json: one JSON object (node, found, unschedulable, pods, summary).",
+)
+@click.option(
+    "--drain-order",
+    envvar="DRAIN_ORDER",
+    type=click.Choice(["waves", "all-at-once"]),
+    default=default("drain_order"),
+    show_default=True,
+    help="DRAIN_ORDER, for the wave column [env: DRAIN_ORDER].",
+)
+@click.option(
+    "--drain-critical-priority",
+    envvar="DRAIN_CRITICAL_PRIORITY",
+    type=int,
+    default=default("drain_critical_priority"),
+    show_default=True,
+    help="DRAIN_CRITICAL_PRIORITY: spec.priority from which a pod is in the last wave [env].",
+)
+@click.option(
+    "--ignore-daemon-sets/--no-ignore-daemon-sets",
+    envvar="IGNORE_DAEMON_SETS",
+    default=default("ignore_daemon_sets"),
+    show_default=True,
+    help="IGNORE_DAEMON_SETS: leave DaemonSet pods (else they forbid the drain) [env].",
+)
+@click.option(
+    "--delete-local-data/--no-delete-local-data",
+    envvar="DELETE_LOCAL_DATA",
+    default=default("delete_local_data"),
+    show_default=True,
+    help="DELETE_LOCAL_DATA: evict emptyDir pods (else they forbid the drain) [env].",
+)
+@click.option(
+    "--pod-termination-grace-period",
+    envvar="POD_TERMINATION_GRACE_PERIOD",
+    type=click.IntRange(min=-1),
+    default=default("pod_termination_grace_period"),
+    show_default=True,
+    help="POD_TERMINATION_GRACE_PERIOD in seconds, for the grace column; -1: each pod's own [env].",
+)
+def explain(
+    node: str,
+    kubeconfig: str | None,
+    output: str,
+    drain_order: str,
+    drain_critical_priority: int,
+    ignore_daemon_sets: bool,
+    delete_local_data: bool,
+    pod_termination_grace_period: int,
+) -> None:
+    """Show what would block a drain of NODE now, changing nothing: each pod's verdict from kubectl drain's
+    filters, its wave and grace period (seconds), the PodDisruptionBudgets that select it with their arithmetic
+    (currentHealthy, desiredHealthy, disruptionsAllowed, expectedPods, unhealthyPodEvictionPolicy), and the
+    API server's answer to a server-side dry-run eviction, as `kubectl drain --dry-run=server` asks it.
+
+    Needs, with your credentials: nodes get, pods list, poddisruptionbudgets list (policy), pods/eviction
+    create (dry run: nothing is evicted).
+
+    Exits 0 when nothing blocks a drain now, 1 when an eviction would be refused or the filters forbid the
+    drain, 2 when the node is not found or the cluster cannot be read (one line on stderr).
+    """
+    from queue_processor.drain.explain import explain_node
+    from queue_processor.drain.filters import DrainOptions
+    from queue_processor.drain.order import DrainOrder
+    from queue_processor.kube import KubeClient, KubeError, load_api_client
+
+    async def read() -> Any:
+        kube = KubeClient(load_api_client(kubeconfig), attempts=2)
+        try:
+            return await explain_node(
+                kube,
+                node,
+                DrainOptions(ignore_daemonsets=ignore_daemon_sets, delete_emptydir_data=delete_local_data),
+                order=DrainOrder(drain_order),
+                critical_priority=drain_critical_priority,
+                grace_override_s=pod_termination_grace_period,
+            )
+        finally:
+            kube.close()
+
+    try:
+        explanation = asyncio.run(read())
+    except (StartupError, KubeError) as exc:
+        click.echo(f"queue-processor explain: {exc}", err=True)
+        raise click.exceptions.Exit(2) from None
+    if not explanation.found:
+        click.echo(f"queue-processor explain: {explanation.summary}", err=True)
+        raise click.exceptions.Exit(2)
+    if output == "json":
+        click.echo(json.dumps(explanation.as_json()))
+    else:
+        table = Table(title=f"{explanation.node}{' (cordoned)' if explanation.unschedulable else ''}")
+        for column in (
+            "pod",
+            "verdict",
+            "wave",
+            "grace",
+            "ready",
+            "PodDisruptionBudgets",
+            "dry-run eviction",
+        ):
+            table.add_column(column, overflow="fold")
+        for pod in explanation.pods:
+            table.add_row(
+                f"{pod.namespace}/{pod.name}",
+                pod.verdict if pod.reason == "ok" else f"{pod.verdict}: {pod.reason}",
+                str(pod.wave or ""),
+                f"{pod.grace_s} s" if pod.wave else "",
+                "yes" if pod.ready else "no",
+                "\n".join(pod.budgets),
+                pod.eviction,
+            )
+        console = Console()
+        console.print(table)
+        console.print(explanation.summary)
+    blocked = any(p.blocked for p in explanation.pods) or any(p.verdict == "error" for p in explanation.pods)
+    if blocked:
+        raise click.exceptions.Exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -22,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from queue_processor.config import Settings, default
+from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.drain.order import DrainOrder, granted_grace, own_grace, waves
 from queue_processor.kube import KubeClient, KubeError
@@ -35,8 +35,6 @@ __all__ = [
     "DrainTiming",
     "Drainer",
     "EvictionOutcome",
-    "budget_arithmetic",
-    "budget_of",
 ]
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
@@ -566,37 +564,3 @@ def _names(names: Iterable[str], most: int = 5) -> str:
     listed = list(names)
     shown = ", ".join(listed[:most])
     return shown + (f" and {len(listed) - most} more" if len(listed) > most else "")
-
-
-_BUDGET_CAUSE = re.compile(r"^The disruption budget (\S+) ")
-
-
-def budget_of(error: KubeError, namespace: str) -> str | None:
-    """``namespace/name`` of the PodDisruptionBudget an eviction's 429 names in its ``DisruptionBudget``
-    cause ("The disruption budget NAME needs N healthy pods and has M currently", or "... is still being
-    processed by the server"; ``pkg/registry/core/pod/storage/eviction.go``), ``None`` when it names none."""
-    for cause in error.causes:
-        if cause.get("reason") == "DisruptionBudget":
-            match = _BUDGET_CAUSE.match(str(cause.get("message") or ""))
-            if match:
-                return f"{namespace}/{match.group(1)}"
-    return None
-
-
-def budget_arithmetic(pdb: Mapping[str, Any]) -> str:
-    """One line of a PodDisruptionBudget's arithmetic, from its spec and status: ``minAvailable 2,
-    currentHealthy 2, desiredHealthy 2, disruptionsAllowed 0, expectedPods 3, unhealthyPodEvictionPolicy
-    IfHealthyBudget`` (the policy's default when unset, as the API server applies it)."""
-    spec = pdb.get("spec") or {}
-    status = pdb.get("status") or {}
-    parts = [
-        f"{field} {spec[field]}"
-        for field in ("minAvailable", "maxUnavailable")
-        if spec.get(field) is not None
-    ]
-    parts += [
-        f"{field} {status.get(field, 0)}"
-        for field in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")
-    ]
-    parts.append(f"unhealthyPodEvictionPolicy {spec.get('unhealthyPodEvictionPolicy') or 'IfHealthyBudget'}")
-    return ", ".join(parts)

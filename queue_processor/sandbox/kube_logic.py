@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from queue_processor.drain.budgets import is_ready, selector_matches
+
 Obj = dict[str, Any]
 
 
@@ -101,28 +103,6 @@ def parse_label_selector(text: str) -> LabelTest:
         else:
             raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
     return lambda labels: all(test(labels) for test in tests)
-
-
-def selector_matches(selector: Obj | None, labels: Mapping[str, str]) -> bool:
-    """Whether a ``LabelSelector`` object (``matchLabels`` and ``matchExpressions`` with In, NotIn, Exists,
-    DoesNotExist) selects ``labels``. An empty selector selects everything; ``None`` selects nothing
-    (as for a PodDisruptionBudget without one in policy/v1)."""
-    if selector is None:
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or []:
-        key, op, values = expression["key"], expression["operator"], expression.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and labels.get(key) in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 def _metadata(field: str) -> Callable[[Obj], str]:
@@ -329,20 +309,6 @@ def json_patch(target: Obj, operations: list[Obj]) -> Obj:
 
 
 # -------------------------------------------------------------------------- PodDisruptionBudget arithmetic
-
-
-def is_terminating(pod: Obj) -> bool:
-    """Whether the pod has a deletionTimestamp (is being deleted)."""
-    return bool(pod["metadata"].get("deletionTimestamp"))
-
-
-def is_ready(pod: Obj) -> bool:
-    """Whether the pod is Running with a Ready condition True and not terminating (a "healthy" pod for a
-    PodDisruptionBudget)."""
-    status = pod.get("status") or {}
-    if status.get("phase") != "Running" or is_terminating(pod):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def _scaled(value: int | str, total: int, round_up: bool) -> int:

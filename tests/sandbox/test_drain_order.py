@@ -9,12 +9,15 @@ Time runs unscaled here (1 simulated second = 1 real second): grace periods are 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from queue_processor.cli import main
 from queue_processor.drain.drainer import Drainer, DrainOutcome, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
@@ -205,3 +208,49 @@ async def test_unready_pods_under_a_budget_that_is_not_met(
             f"evicted pods did not terminate: {namespace}/sick-0 (grace 1 s), {namespace}/sick-1 (grace 1 s)"
         ]
     assert left == {"ok", "sick-0", "sick-1"}
+
+
+def test_explain_names_what_would_block_a_drain_and_changes_nothing(
+    cluster: KubeCluster, tmp_path: Path
+) -> None:
+    node, namespace = a_node(cluster)
+    cluster.add_pod(namespace, "db-0", node=node, labels={"app": "db"}, grace_s=20)
+    cluster.add_pod(namespace, "web-0", node=node, labels={"app": "web"}, grace_s=5)
+    cluster.add_pod(namespace, "mesh", node=node, grace_s=1, priority_class="system-cluster-critical")
+    cluster.add_pdb(namespace, "db", match_labels={"app": "db"}, min_available=1)
+    kubeconfig = str(cluster.kubeconfig(tmp_path / "kubeconfig"))
+    answer = CliRunner().invoke(main, ["explain", node, "--kubeconfig", kubeconfig, "--format", "json"])
+    assert answer.exit_code == 1, answer.output  # an eviction would be refused
+    explained = json.loads(answer.stdout)
+    pods = {p["name"]: p for p in explained["pods"] if p["namespace"] == namespace}
+    assert set(pods) == {"db-0", "web-0", "mesh"}
+    db, web, mesh = pods["db-0"], pods["web-0"], pods["mesh"]
+    assert (db["wave"], db["grace_s"], db["ready"], db["blocked"]) == (1, 20, True, True)
+    assert db["budgets"] == [
+        f"{namespace}/db: minAvailable 1, currentHealthy 1, desiredHealthy 1, disruptionsAllowed 0, "
+        "expectedPods 1, unhealthyPodEvictionPolicy IfHealthyBudget"
+    ]
+    assert db["eviction"].startswith("429 Cannot evict pod as it would violate the pod's disruption budget.")
+    assert "The disruption budget db needs 1 healthy pods and has 1 currently" in db["eviction"]
+    assert (web["wave"], web["grace_s"], web["eviction"], web["blocked"], web["budgets"]) == (
+        1,
+        5,
+        "allowed",
+        False,
+        [],
+    )
+    assert (mesh["wave"], mesh["eviction"]) == (2, "allowed")
+    assert f"refused now ({namespace}/db-0)" in explained["summary"]
+    # a dry run: every pod is still there, none terminating
+    left = {
+        pod["metadata"]["name"]: pod["metadata"].get("deletionTimestamp")
+        for pod in cluster.objects("pods")
+        if pod["metadata"]["namespace"] == namespace
+    }
+    assert left == {"db-0": None, "web-0": None, "mesh": None}
+    table = CliRunner().invoke(main, ["explain", node, "--kubeconfig", kubeconfig])
+    assert table.exit_code == 1
+    assert "refused now" in table.stdout and "db-0" in table.stdout
+    gone = CliRunner().invoke(main, ["explain", "ip-10-9-9-9.ec2.internal", "--kubeconfig", kubeconfig])
+    assert gone.exit_code == 2
+    assert "node ip-10-9-9-9.ec2.internal not found" in gone.stderr

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from queue_processor.drain.budgets import selector_matches
 from queue_processor.sandbox.kube_logic import (
     ApiError,
     json_patch,
@@ -16,7 +17,6 @@ from queue_processor.sandbox.kube_logic import (
     parse_label_selector,
     pdb_expected,
     pdb_status,
-    selector_matches,
     strategic_merge_patch,
 )
 

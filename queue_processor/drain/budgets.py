@@ -1,0 +1,97 @@
+"""PodDisruptionBudgets as a drain meets them: which pods a budget selects, which pods count as healthy, the
+budget an eviction's 429 names, and a budget's arithmetic in one line. Pure (no I/O); the drainer, ``queue-processor
+explain`` and the sandbox's emulated API server share them.
+
+Semantics: "Specifying a Disruption Budget for your Application"
+(https://kubernetes.io/docs/tasks/run-application/configure-pdb/), "API-initiated Eviction"
+(https://kubernetes.io/docs/concepts/scheduling-eviction/api-eviction/), and the API server's eviction
+subresource (``pkg/registry/core/pod/storage/eviction.go``), whose 429 carries a ``DisruptionBudget`` cause.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from queue_processor.kube import KubeError
+
+__all__ = [
+    "DEFAULT_UNHEALTHY_POLICY",
+    "budget_arithmetic",
+    "budget_of",
+    "is_ready",
+    "is_terminating",
+    "selector_matches",
+]
+
+#: ``spec.unhealthyPodEvictionPolicy`` when a budget does not set it.
+DEFAULT_UNHEALTHY_POLICY = "IfHealthyBudget"
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a ``LabelSelector`` object (``matchLabels`` and ``matchExpressions`` with In, NotIn, Exists,
+    DoesNotExist) selects ``labels``. An empty selector selects everything; ``None`` selects nothing
+    (as for a PodDisruptionBudget without one in policy/v1)."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, op, values = expression["key"], expression["operator"], expression.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def is_terminating(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod has a deletionTimestamp (is being deleted)."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod is Running with a Ready condition True and not terminating (a "healthy" pod for a
+    PodDisruptionBudget)."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or is_terminating(pod):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+_BUDGET_CAUSE = re.compile(r"^The disruption budget (\S+) ")
+
+
+def budget_of(error: KubeError, namespace: str) -> str | None:
+    """``namespace/name`` of the PodDisruptionBudget an eviction's 429 names in its ``DisruptionBudget``
+    cause ("The disruption budget NAME needs N healthy pods and has M currently", or "... is still being
+    processed by the server"), ``None`` when it names none."""
+    for cause in error.causes:
+        if cause.get("reason") == "DisruptionBudget":
+            match = _BUDGET_CAUSE.match(str(cause.get("message") or ""))
+            if match:
+                return f"{namespace}/{match.group(1)}"
+    return None
+
+
+def budget_arithmetic(pdb: Mapping[str, Any]) -> str:
+    """One line of a PodDisruptionBudget's arithmetic, from its spec and status: ``minAvailable 2,
+    currentHealthy 2, desiredHealthy 2, disruptionsAllowed 0, expectedPods 3, unhealthyPodEvictionPolicy
+    IfHealthyBudget`` (:data:`DEFAULT_UNHEALTHY_POLICY` when unset, as the API server applies it)."""
+    spec = pdb.get("spec") or {}
+    status = pdb.get("status") or {}
+    parts = [
+        f"{name} {spec[name]}" for name in ("minAvailable", "maxUnavailable") if spec.get(name) is not None
+    ]
+    parts += [
+        f"{name} {status.get(name, 0)}"
+        for name in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")
+    ]
+    policy = spec.get("unhealthyPodEvictionPolicy") or DEFAULT_UNHEALTHY_POLICY
+    return ", ".join([*parts, f"unhealthyPodEvictionPolicy {policy}"])

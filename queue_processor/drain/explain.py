@@ -1,0 +1,134 @@
+"""``queue-processor explain NODE``: what would block a drain of a node now, read from the cluster.
+
+For every pod bound to the node: the drain filters' verdict (:func:`~queue_processor.drain.filters.plan_drain`),
+its wave (:mod:`queue_processor.drain.order`) and grace period, the PodDisruptionBudgets of its namespace that
+select it with their arithmetic (``currentHealthy``, ``desiredHealthy``, ``disruptionsAllowed``,
+``expectedPods``, ``unhealthyPodEvictionPolicy``), whether the pod is healthy for them, and the API server's own
+answer to a server-side dry-run eviction (``dryRun=All``: every admission and budget check, nothing evicted),
+as ``kubectl drain --dry-run=server`` asks it. Nothing is changed.
+
+Requests (with the caller's credentials, not the controller's): get the node, list its pods
+(``fieldSelector=spec.nodeName``), list the PodDisruptionBudgets of each namespace with a pod to evict, and
+one dry-run eviction per pod to evict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready, selector_matches
+from queue_processor.drain.filters import DrainOptions, Verdict, plan_drain
+from queue_processor.drain.order import SYSTEM_CLUSTER_CRITICAL, DrainOrder, own_grace, wave_of
+from queue_processor.kube import KubeClient, KubeError
+
+__all__ = ["NodeExplanation", "PodExplanation", "explain_node"]
+
+
+@dataclass
+class PodExplanation:
+    """One pod of the node: ``verdict`` (evict, skip, error) and ``reason`` from the drain filters; ``wave``
+    (1: ordinary, 2: critical; 0 when not evicted); ``grace_s``, the grace period an eviction would give it
+    without a deadline (seconds); ``ready`` (healthy for a budget); ``budgets``: each selecting
+    PodDisruptionBudget as ``namespace/name: arithmetic``; ``eviction``: the server's answer to a dry-run
+    eviction (``allowed``, or ``<status> <message>``; empty when not evicted); ``blocked``: whether that answer
+    would hold the drain up."""
+
+    namespace: str
+    name: str
+    verdict: str
+    reason: str
+    wave: int = 0
+    grace_s: int = 0
+    ready: bool = False
+    budgets: list[str] = field(default_factory=list)
+    eviction: str = ""
+    blocked: bool = False
+
+
+@dataclass
+class NodeExplanation:
+    """A node's drain as it would go now: ``found`` (the node exists), ``unschedulable`` (cordoned),
+    ``pods`` (one :class:`PodExplanation` each, evicted pods first by wave), and ``summary``, one line."""
+
+    node: str
+    found: bool
+    unschedulable: bool = False
+    pods: list[PodExplanation] = field(default_factory=list)
+    summary: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """The explanation as a JSON-ready dict (the dataclass fields, nested)."""
+        return asdict(self)
+
+
+async def explain_node(
+    kube: KubeClient,
+    node: str,
+    options: DrainOptions,
+    *,
+    order: DrainOrder = DrainOrder.WAVES,
+    critical_priority: int = SYSTEM_CLUSTER_CRITICAL,
+    grace_override_s: int = -1,
+) -> NodeExplanation:
+    """What would block a drain of ``node`` now (see the module). Raises :class:`KubeError` when the node or its
+    pods cannot be read, or a namespace's PodDisruptionBudgets cannot be listed."""
+    found = await kube.get_node(node)
+    if found is None:
+        return NodeExplanation(node, False, summary=f"node {node} not found")
+    explanation = NodeExplanation(node, True, bool((found.get("spec") or {}).get("unschedulable")))
+    plan = plan_drain(await kube.pods_on_node(node), options)
+    evicting = [d for d in plan.decisions if d.verdict is Verdict.EVICT]
+    budgets: dict[str, list[dict[str, Any]]] = {}
+    for namespace in sorted({d.namespace for d in evicting}):
+        budgets[namespace] = await kube.list_pdbs(namespace)
+
+    async def one(decision: Any) -> PodExplanation:
+        pod = decision.pod
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        line = PodExplanation(decision.namespace, decision.name, str(decision.verdict), decision.reason)
+        line.ready = is_ready(pod)
+        if decision.verdict is not Verdict.EVICT:
+            return line
+        line.wave = wave_of(pod, order, critical_priority) + 1
+        line.grace_s = own_grace(pod, grace_override_s)
+        line.budgets = [
+            f"{decision.namespace}/{pdb['metadata']['name']}: {budget_arithmetic(pdb)}"
+            for pdb in budgets.get(decision.namespace, [])
+            if selector_matches((pdb.get("spec") or {}).get("selector"), labels)
+        ]
+        try:
+            await kube.evict(decision.namespace, decision.name, dry_run=True)
+            line.eviction = "allowed"
+        except KubeError as exc:
+            if exc.status == 404:
+                line.eviction = "404 gone already"
+                return line
+            named = budget_of(exc, decision.namespace)
+            detail = "; ".join(str(c.get("message")) for c in exc.causes if c.get("message"))
+            line.eviction = f"{exc.status} {exc.message}" + (f" ({detail})" if detail else "")
+            line.blocked = True
+            if named is not None and not any(b.startswith(f"{named}:") for b in line.budgets):
+                line.budgets.append(named)
+        return line
+
+    lines = await asyncio.gather(*(one(d) for d in plan.decisions))
+    explanation.pods = sorted(lines, key=lambda p: (p.wave == 0, p.wave, p.namespace, p.name))
+    explanation.summary = _summary(explanation, len(plan.errors))
+    return explanation
+
+
+def _summary(explanation: NodeExplanation, errors: int) -> str:
+    """One line: what a drain would do now and what holds it up."""
+    evict = [p for p in explanation.pods if p.verdict == Verdict.EVICT]
+    blocked = [p for p in evict if p.blocked]
+    waves = sorted({p.wave for p in evict})
+    text = f"node {explanation.node}: {len(evict)} pods to evict in {len(waves)} wave(s)"
+    text += f", {len(explanation.pods) - len(evict) - errors} left alone"
+    if errors:
+        return text + f"; {errors} pods forbid the drain (the filters say error): it would not start"
+    if blocked:
+        names = ", ".join(f"{p.namespace}/{p.name}" for p in blocked)
+        return text + f"; {len(blocked)} evictions refused now ({names}): the drain would wait for them"
+    return text + "; nothing blocks a drain now"
