@@ -60,6 +60,7 @@ SCENARIO_NAMES = (
     "mixed-duplicates",
     "pdb-blocked",
     "poison",
+    "spot-critical",
     "spot-storm",
     "warm-pool-launch",
 )

@@ -361,7 +361,7 @@ class Settings(BaseSettings):
         "How long before the instance's end DELETE_AT_DEADLINE deletes what is left.",
         nth="none",
         unit="seconds",
-        ge=1,
+        gt=0,
         le=600,
     )
     drain_budget: int = _field(

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
@@ -82,8 +82,11 @@ class DrainResult:
     """How a drain ended: ``completed`` when every pod to evict is gone (evicted, or deleted at the deadline);
     else ``reason``; ``outcome`` says which. ``evicted`` pods were evicted (``cut_short`` of them with a grace
     period cut to end before the instance), ``blocked`` were refused by a PodDisruptionBudget until the
-    deadline, ``failed`` got another error, ``skipped`` were left alone by the filters, ``deleted_at_deadline``
-    were deleted by DELETE_AT_DEADLINE, ``remaining`` were still on the node at the end. ``waves`` is the
+    deadline, ``failed`` got another error, ``skipped`` were left alone by the filters, ``finished_grace`` were
+    evicted with their own grace period and had all of it (before the instance's end when it is known, else
+    they were gone before the drain ended), ``outlasted`` were evicted with their own grace period ending after
+    the instance's end (killed mid-grace when it goes), ``deleted_at_deadline`` were deleted by
+    DELETE_AT_DEADLINE, ``remaining`` were still on the node at the end. ``waves`` is the
     number of pods of each wave, in order; ``causes`` says, one line each, why the drain did not finish: the
     PodDisruptionBudget with its arithmetic, a failed eviction, pods that did not terminate."""
 
@@ -96,6 +99,8 @@ class DrainResult:
     skipped: list[PodDecision] = field(default_factory=list)
     remaining: int = 0
     cut_short: int = 0
+    finished_grace: int = 0
+    outlasted: int = 0
     deleted_at_deadline: int = 0
     waves: list[int] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
@@ -153,7 +158,8 @@ class _Pod:
 @dataclass(frozen=True)
 class _Eviction:
     """How one pod's eviction ended: the outcome, what the API said, the PodDisruptionBudget that refused it
-    last (``namespace/name``), and the grace period of the accepted eviction and whether it was cut."""
+    last (``namespace/name``), the grace period of the accepted eviction, whether it was cut, and when it was
+    accepted (a ``clock`` reading)."""
 
     key: tuple[str, str]
     result: EvictionOutcome
@@ -161,6 +167,7 @@ class _Eviction:
     budget: str | None = None
     grace_s: int | None = None
     cut: bool = False
+    at: float = 0.0
 
 
 class Drainer:
@@ -365,6 +372,7 @@ class Drainer:
                 result.failed.append(f"{outcome.key[0]}/{outcome.key[1]}: {outcome.detail}")
         waiting = {(entry.key, entry.uid) for entry in by_key.values()}
         left = await self._still_there(node, waiting, final)
+        self._grace_figures(result, outcomes, left, instance_end)
         if left and timing.delete_at_deadline and instance_end is not None:
             left = await self._delete_at_deadline(left, result, deleted)
         result.remaining = len(left)
@@ -378,6 +386,33 @@ class Drainer:
             result.completed = True
             result.outcome = DrainOutcome.DELETED if result.deleted_at_deadline else DrainOutcome.DRAINED
         return result
+
+    def _grace_figures(
+        self,
+        result: DrainResult,
+        outcomes: list[_Eviction],
+        left: Mapping[tuple[str, str], Any],
+        instance_end: float | None,
+    ) -> None:
+        """How each evicted pod's grace period went: ``cut`` (cut to end before the instance), ``own`` (all of
+        its own: it ends before the instance's end, or, when that is unknown, the pod was gone before the drain
+        ended) or ``outlasted`` (its own ends after the instance's end: killed mid-grace when the instance
+        goes); counted in ``result`` and told to the observer."""
+        for outcome in outcomes:
+            if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
+                continue
+            grace: Literal["own", "cut", "outlasted"]
+            if outcome.cut:
+                grace = "cut"
+            elif instance_end is not None:
+                grace = "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
+            elif outcome.key not in left:
+                grace = "own"
+            else:
+                continue
+            result.finished_grace += grace == "own"
+            result.outlasted += grace == "outlasted"
+            self.observer.pod_drained(grace)
 
     def _reserve(self, later: list[_Pod], final: float, instance_end: float | None) -> float:
         """Seconds kept for the waves after this one: the longest grace period they will be given, plus
@@ -457,7 +492,7 @@ class Drainer:
         cut: bool = False,
     ) -> _Eviction:
         self.observer.eviction(outcome)
-        return _Eviction(entry.key, outcome, detail, budget, grace_s, cut)
+        return _Eviction(entry.key, outcome, detail, budget, grace_s, cut, self.clock())
 
     async def _wait_gone(
         self,

@@ -188,7 +188,11 @@ class Metrics(Observer):
     - :attr:`drain_blocked`: ``drain_blocked{pdb}`` (gauge), pods whose eviction the PodDisruptionBudget
       ``pdb`` (``namespace/name``) refuses now, across drains; a series goes when its count is 0, and at
       most :data:`BLOCKED_BUDGETS_MAX` budgets have their own series (the others count under ``other``);
-    - :attr:`deleted_at_deadline`: ``pods_deleted_at_deadline_total``, pods deleted by DELETE_AT_DEADLINE;
+    - :attr:`deleted_at_deadline_pods`: ``pods_deleted_at_deadline_total``, pods deleted by DELETE_AT_DEADLINE;
+    - :attr:`drained_pods`: ``drained_pods_total{grace}``, evicted pods by how their grace period went: all
+      of their own (``own``: ending before the instance's end when it is known, else gone before the drain
+      ended), cut to end before the instance (``cut``), or their own ending after the instance's end
+      (``outlasted``: killed mid-grace when the instance goes);
     - :attr:`kube_requests`: ``kube_requests_total{verb, resource, code}``, Kubernetes API requests:
       ``verb`` as in audit logs (``get``, ``list``, ``patch``, ``create``, ``delete``...), ``resource`` the
       plural (``nodes``, ``pods``, ``pods/eviction``, ``leases``...), ``code`` the HTTP status (``"200"``)
@@ -305,6 +309,13 @@ class Metrics(Observer):
             "Pods still on a node at its instance's end deleted by DELETE_AT_DEADLINE.",
             [],
         )
+        self.drained_pods = counter(
+            "drained_pods",
+            "Evicted pods by how their grace period went: own, cut (to end before the instance), outlasted.",
+            ["grace"],
+        )
+        for grace in ("own", "cut", "outlasted"):
+            self.drained_pods.labels(grace=grace)
         self.kube_requests = counter(
             "kube_requests", "Kubernetes API requests.", ["verb", "resource", "code"]
         )
@@ -411,6 +422,10 @@ class Metrics(Observer):
         for name, count in wanted.items():
             self.drain_blocked_pods.labels(pdb=name).set(count)
         self._blocked_series = set(wanted)
+
+    def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
+        """Count one evicted pod under ``grace``."""
+        self.drained_pods.labels(grace=grace).inc()
 
     def deleted_at_deadline(self) -> None:
         """Count one pod deleted at its instance's end."""

@@ -218,6 +218,11 @@ class Observer(Protocol):
         none any more), across every drain."""
         return
 
+    def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
+        """How an evicted pod's grace period went: all of its own (``own``), cut to end before the instance
+        (``cut``), or its own, ending after the instance's end (``outlasted``: killed mid-grace)."""
+        return
+
     def deleted_at_deadline(self) -> None:
         """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
         return

@@ -39,7 +39,7 @@ CONTROLLER_SERVICE_ACCOUNT = "queue-processor"
 
 KubernetesKind = Literal["emulated", "real"]
 
-__all__ = ["SCENARIOS", "Sandbox", "SandboxOptions"]
+__all__ = ["SCENARIOS", "SCENARIO_SETTINGS", "Sandbox", "SandboxOptions"]
 
 POISON_BODIES = (
     "this is not JSON",
@@ -318,6 +318,38 @@ def _pdb_blocked(sandbox: Sandbox) -> dict[str, Any]:
     return {"terminating": instance.instance_id, "relaxed_after_s": 60.0}
 
 
+def _spot_critical(sandbox: Sandbox) -> dict[str, Any]:
+    """One instance's node gets what a drain under a Spot notice must order: a log shipper DaemonSet and a
+    mesh Deployment (both critical: ``system-node-critical``, ``system-cluster-critical``), two ordinary
+    Deployments with long grace periods (60 s, and 300 s, longer than the notice), and a pod its
+    PodDisruptionBudget never lets go; then the instance gets a Spot interruption warning (terminated when the
+    120 s notice ends). The controller runs with DELETE_AT_DEADLINE (see ``SCENARIO_SETTINGS``)."""
+    namespace = sandbox.cluster.namespace
+    instance = _in_service(sandbox)[0]
+    node = instance.private_dns_name
+    kube = sandbox.kube
+    kube.add_daemonset(
+        namespace, "log-shipper", labels={"app": "log-shipper"}, priority_class="system-node-critical"
+    )
+    kube.add_replicaset(
+        namespace,
+        "mesh",
+        nodes=[node],
+        replicas=1,
+        labels={"app": "mesh"},
+        grace_s=20,
+        priority_class="system-cluster-critical",
+    )
+    kube.add_replicaset(namespace, "orders", nodes=[node], replicas=2, labels={"app": "orders"}, grace_s=60)
+    kube.add_replicaset(
+        namespace, "reports", nodes=[node], replicas=1, labels={"app": "reports"}, grace_s=300
+    )
+    kube.add_replicaset(namespace, "ledger", nodes=[node], replicas=1, labels={"app": "ledger"}, grace_s=30)
+    kube.add_pdb(namespace, "ledger", match_labels={"app": "ledger"}, min_available=1)
+    sandbox.aws.spot_interruption(instance.instance_id)
+    return {"interrupted": instance.instance_id, "node": node}
+
+
 def _poison(sandbox: Sandbox) -> dict[str, Any]:
     """Bodies the controller cannot understand, for the dead-letter queue, and one good Spot warning."""
     for body in POISON_BODIES:
@@ -334,4 +366,8 @@ SCENARIOS: dict[str, Callable[[Sandbox], dict[str, Any]]] = {
     "mixed-duplicates": _mixed_duplicates,
     "pdb-blocked": _pdb_blocked,
     "poison": _poison,
+    "spot-critical": _spot_critical,
 }
+
+#: Settings a scenario runs the controller with, under any the caller gives (field name → value).
+SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {"spot-critical": {"delete_at_deadline": True}}

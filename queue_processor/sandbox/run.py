@@ -20,9 +20,9 @@ from typing import Any
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
-from queue_processor.sandbox.environment import Sandbox
+from queue_processor.sandbox.environment import SCENARIO_SETTINGS, Sandbox
 
-__all__ = ["Progress", "as_expected", "judge", "run_scenario"]
+__all__ = ["Progress", "as_expected", "drain_figures", "judge", "run_scenario"]
 
 
 @dataclass
@@ -149,9 +149,17 @@ async def run_scenario(
         "requeue_backoff_base_sec": max(0.1, sandbox.clock.real(10)),
         # a stop waits for the open long polls to end
         "receive_wait_time_sec": min(max(1, round(sandbox.clock.real(20))), 20),
+        "grace_deadline_margin": sandbox.clock.real(10),
+        "delete_at_deadline_lead": max(0.1, sandbox.clock.real(5)),
     }
     settings = load_settings(
-        **{"prometheus_server_port": 0, "probes_server_port": 0, **scaled, **(overrides or {})}
+        **{
+            "prometheus_server_port": 0,
+            "probes_server_port": 0,
+            **scaled,
+            **SCENARIO_SETTINGS.get(scenario, {}),
+            **(overrides or {}),
+        }
     )
     stop, ready = asyncio.Event(), asyncio.Event()
     controllers: list[Controller] = []
@@ -194,8 +202,44 @@ async def run_scenario(
         "nodes": len(nodes),
         "published": published,
         **judge(sandbox, nodes, started),
+        **drain_figures(controllers[0]),
         "heartbeat_tasks_left": heartbeat_tasks,
         "operation_tasks_left": controllers[0].consumer.tasks,
+    }
+
+
+def drain_figures(controller: Controller) -> dict[str, Any]:
+    """What the controller's drains did, from its metrics (``queue_processor_drained_pods_total``):
+    ``pods_finished_grace`` (evicted pods that had all of their own grace period), ``pods_cut_short`` (given a
+    grace period cut to end before the instance), ``pods_killed_mid_grace`` (their own grace period ended after
+    the instance did), ``pods_deleted_at_deadline`` (DELETE_AT_DEADLINE), ``drains`` (ended, any result) and
+    ``drain_seconds_mean``."""
+    registry = controller.metrics.registry
+
+    def sample(name: str, labels: dict[str, str] | None = None) -> float:
+        return registry.get_sample_value(name, labels or {}) or 0.0
+
+    drains = sum(
+        s.value
+        for family in registry.collect()
+        if family.name == "queue_processor_drain_duration_seconds"
+        for s in family.samples
+        if s.name.endswith("_count")
+    )
+    seconds = sum(
+        s.value
+        for family in registry.collect()
+        if family.name == "queue_processor_drain_duration_seconds"
+        for s in family.samples
+        if s.name.endswith("_sum")
+    )
+    return {
+        "pods_finished_grace": int(sample("queue_processor_drained_pods_total", {"grace": "own"})),
+        "pods_cut_short": int(sample("queue_processor_drained_pods_total", {"grace": "cut"})),
+        "pods_killed_mid_grace": int(sample("queue_processor_drained_pods_total", {"grace": "outlasted"})),
+        "pods_deleted_at_deadline": int(sample("queue_processor_pods_deleted_at_deadline_total")),
+        "drains": int(drains),
+        "drain_seconds_mean": round(seconds / drains, 2) if drains else 0.0,
     }
 
 
