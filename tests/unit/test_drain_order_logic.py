@@ -1,0 +1,79 @@
+"""The pure pieces of drain order and deadline-aware grace (queue_processor.drain.order)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queue_processor.drain.order import (
+    DEFAULT_GRACE_S,
+    DrainOrder,
+    granted_grace,
+    is_critical,
+    own_grace,
+    waves,
+)
+
+
+def pod(name: str, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def test_the_system_classes_and_high_priorities_are_critical() -> None:
+    assert is_critical(pod("a", priorityClassName="system-node-critical"))
+    assert is_critical(pod("b", priorityClassName="system-cluster-critical", priority=0))
+    assert is_critical(pod("c", priority=2_000_000_000))
+    assert not is_critical(pod("d", priority=1_000_000_000))
+    assert is_critical(pod("d", priority=1_000_000_000), threshold=1_000_000)
+    assert not is_critical(pod("e", priority=True))  # a mistyped field counts as absent
+    assert not is_critical({"spec": None})
+
+
+def test_waves_put_critical_pods_last_and_keep_the_order_within_a_wave() -> None:
+    pods = [
+        pod("mesh", priority=2_000_000_000),
+        pod("a"),
+        pod("logs", priorityClassName="system-node-critical"),
+        pod("b"),
+    ]
+    names = [
+        [p["metadata"]["name"] for p in wave] for wave in waves(pods, DrainOrder.WAVES, pod_of=lambda p: p)
+    ]
+    assert names == [["a", "b"], ["mesh", "logs"]]
+    assert len(waves(pods, DrainOrder.ALL_AT_ONCE, pod_of=lambda p: p)) == 1
+    assert waves([pod("a")], DrainOrder.WAVES, pod_of=lambda p: p) == [[pod("a")]]  # no empty wave
+    assert waves([], DrainOrder.WAVES, pod_of=lambda p: p) == []
+
+
+def test_own_grace_is_the_override_else_the_pods_else_the_default() -> None:
+    assert own_grace(pod("a", terminationGracePeriodSeconds=90)) == 90
+    assert own_grace(pod("a", terminationGracePeriodSeconds=90), override_s=5) == 5
+    assert own_grace(pod("a")) == DEFAULT_GRACE_S
+    assert own_grace(pod("a", terminationGracePeriodSeconds="90")) == DEFAULT_GRACE_S
+
+
+def test_grace_is_cut_to_end_the_margin_before_the_instance() -> None:
+    assert granted_grace(300, until_end_s=100.0, margin_s=10) == (90, True)
+    assert granted_grace(30, until_end_s=100.0, margin_s=10) == (30, False)
+    assert granted_grace(300, until_end_s=None, margin_s=10) == (300, False)  # no known end
+    assert granted_grace(300, until_end_s=100.0, margin_s=-1) == (300, False)  # the cut is off
+    assert granted_grace(300, until_end_s=3.0, margin_s=10) == (1, True)  # at least 1 s
+    assert granted_grace(0, until_end_s=3.0, margin_s=10) == (0, False)
+
+
+@given(
+    own=st.integers(min_value=0, max_value=100_000),
+    until_end=st.floats(min_value=-1000, max_value=100_000, allow_nan=False),
+    margin=st.floats(min_value=0, max_value=3600, allow_nan=False),
+)
+def test_a_granted_grace_never_exceeds_the_pods_own_and_ends_by_the_margin_when_it_can(
+    own: int, until_end: float, margin: float
+) -> None:
+    granted, cut = granted_grace(own, until_end, margin)
+    assert 0 <= granted <= own
+    assert cut == (granted < own)
+    if cut:
+        assert granted >= 1
+        assert granted <= max(1, until_end - margin)
