@@ -337,10 +337,14 @@ class Drainer:
             pod_of=lambda item: item[1],
         )
         del pods, plan
-        # The last moment to wait for: the deadline, or, with the deadline step, its lead before the instance's end.
-        final = deadline
-        if timing.delete_at_deadline and instance_end is not None:
-            final = min(deadline, instance_end - timing.delete_lead_s)
+        # The last moment to wait for: the deadline, or, with the deadline step, its lead before the instance's
+        # end, when that comes first (an end far away, an AWS Health event's next week, never deletes anything).
+        deleting = (
+            timing.delete_at_deadline
+            and instance_end is not None
+            and instance_end - timing.delete_lead_s <= deadline
+        )
+        final = instance_end - timing.delete_lead_s if deleting and instance_end is not None else deadline
         tasks: list[asyncio.Task[_Eviction]] = []
         try:
             for index, group in enumerate(groups):
@@ -356,9 +360,13 @@ class Drainer:
                     bound = final - self._reserve(later, final, instance_end)
                     await self._wait_gone(node, {(e.key, e.uid) for e in wave}, bound, tasks)
             outcomes = await asyncio.gather(*tasks)
-        finally:
+        except (
+            BaseException
+        ):  # a guard raised (the Lease is lost), or the drain is cancelled: stop every eviction
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         by_key = {entry.key: entry for group in groups for entry, _ in group}
         for outcome in outcomes:
             entry = by_key[outcome.key]
@@ -373,7 +381,7 @@ class Drainer:
         waiting = {(entry.key, entry.uid) for entry in by_key.values()}
         left = await self._still_there(node, waiting, final)
         self._grace_figures(result, outcomes, left, instance_end)
-        if left and timing.delete_at_deadline and instance_end is not None:
+        if left and deleting:
             left = await self._delete_at_deadline(left, result, deleted)
         result.remaining = len(left)
         blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_processor.drain.drainer import Drainer, DrainOutcome
+from queue_processor.drain.drainer import Drainer, DrainOutcome, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.kube import KubeError
 from queue_processor.observe.metrics import Metrics
@@ -110,3 +110,16 @@ async def test_a_guard_that_raises_stops_the_drain_before_any_eviction() -> None
         raise AssertionError("the drain went on without its Lease")
     assert kube.evicted == []
     assert drainer.draining == 0
+
+
+async def test_the_deadline_step_deletes_nothing_when_the_instance_ends_after_the_drain_deadline() -> None:
+    # An AWS Health event's start next week: the drain still ends at its own deadline, nothing is deleted.
+    kube = Answers({"web-0": 429})
+    kube.add_node()
+    kube.add_pod("web-0")
+    now = [100.0]
+    timing = DrainTiming(delete_at_deadline=True, delete_lead_s=5)
+    drainer = Drainer(kube, DrainOptions(), budget=1, timing=timing, clock=lambda: now[0])  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=now[0], instance_end=now[0] + 7 * 86400)
+    assert (result.completed, result.blocked, result.deleted_at_deadline) == (False, 1, 0)
+    assert [p["metadata"]["name"] for p in kube.pods] == ["web-0"]
