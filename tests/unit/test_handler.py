@@ -29,6 +29,7 @@ from queue_processor.kinds import (
     AsgTerminateLifecycleEvent,
     Event,
     RebalanceRecommendationEvent,
+    ScheduledChangeEvent,
     SpotInterruptionEvent,
     StateChangeEvent,
 )
@@ -729,6 +730,49 @@ async def test_a_skewed_notice_still_gets_a_drain_and_never_more_than_the_grace_
     outcome, _ = await world.run(operation)
     assert outcome is Outcome.DONE
     assert deadlines == [pytest.approx(expected_s, abs=5)]  # seconds left when the drain began
+
+
+def scheduled(in_s: float) -> ScheduledChangeEvent:
+    return ScheduledChangeEvent(
+        instance_id=INSTANCE,
+        time=datetime.now(UTC),
+        scheduled_start_time=datetime.now(UTC) + timedelta(seconds=in_s),
+        source_id="health-1",
+        event_arn="arn:aws:health:us-east-1::event/EC2/INSTANCE_RETIREMENT_SCHEDULED/1",
+        message=ref("m-health"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("events", "deadline_s", "end_s"),
+    [
+        ([spot()], 120.0, 120.0),  # a Spot notice: the drain and the instance end together
+        ([terminate()], 300.0, None),  # a lifecycle hook holds the instance: no end to cut grace periods to
+        ([terminate(), scheduled(60.0)], 300.0, 60.0),  # a Health start cuts grace, never the drain itself
+        ([scheduled(-60.0)], 300.0, None),  # a start already past says nothing of when the instance goes
+    ],
+)
+async def test_the_drain_is_told_when_the_instance_ends(
+    env: Any, events: list[Any], deadline_s: float, end_s: float | None
+) -> None:
+    world = World(settings(node_termination_grace_period=300))
+    operation = None
+    for event in events:
+        operation = world.receive(event) or operation
+    assert operation is not None
+    seen: list[tuple[float, float | None]] = []
+    drain = world.drainer.drain
+
+    async def recording(node: str, deadline: float, **kwargs: Any) -> Any:
+        now, end = world.handler.clock(), kwargs["instance_end"]
+        seen.append((deadline - now, None if end is None else end - now))
+        return await drain(node, deadline, **kwargs)
+
+    world.drainer.drain = recording  # type: ignore[method-assign]
+    await world.run(operation)
+    ((deadline, end),) = seen
+    assert deadline == pytest.approx(deadline_s, abs=5)
+    assert end == (None if end_s is None else pytest.approx(end_s, abs=5))
 
 
 # ----------------------------------------------------------------------------------------------- webhook
