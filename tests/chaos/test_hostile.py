@@ -106,8 +106,12 @@ async def test_hostile_messages_in_a_storm(sandbox: Sandbox, tmp_path: Path) -> 
         nodes = {instance.private_dns_name for instance in interrupted}
         drained = lambda: {pod["spec"].get("nodeName") for pod in sandbox.kube.evictions} >= nodes  # noqa: E731
         await until(drained, 60, "pods evicted from every interrupted node")
-        # Both conditions at once: a poison message between two receives can leave the queue's counts at
-        # (0, 0) for a moment on a loaded machine, before it is offered again and then redriven.
+        # The drains may settle every message before the notice ends; the instance's termination then publishes
+        # its state changes. Wait for that first, then for every message to be settled or redriven.
+        gone = interrupted[0].instance_id
+        await until(
+            lambda: sandbox.aws.ec2_state(gone) == "terminated", 60, "the interrupted instance terminated"
+        )
         settled = lambda: queue_depth(sandbox) == (0, 0) and sandbox.queue_counts().dlq == len(POISON)  # noqa: E731
         await until(settled, 90, "every message settled or redriven")
     finally:
