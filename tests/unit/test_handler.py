@@ -745,19 +745,19 @@ def scheduled(in_s: float) -> ScheduledChangeEvent:
 
 @pytest.mark.parametrize(
     ("events", "deadline_s", "end_s"),
-    [
-        ([spot()], 120.0, 120.0),  # a Spot notice: the drain and the instance end together
-        ([terminate()], 300.0, None),  # a lifecycle hook holds the instance: no end to cut grace periods to
-        ([terminate(), scheduled(60.0)], 300.0, 60.0),  # a Health start cuts grace, never the drain itself
-        ([scheduled(-60.0)], 300.0, None),  # a start already past says nothing of when the instance goes
+    [  # factories: an event's time is when the test runs, not when it is collected
+        (lambda: [spot()], 120.0, 120.0),  # a Spot notice: the drain and the instance end together
+        (lambda: [terminate()], 300.0, None),  # a lifecycle hook holds the instance: no end to cut grace to
+        (lambda: [terminate(), scheduled(60.0)], 300.0, 60.0),  # a Health start cuts grace, never the drain
+        (lambda: [scheduled(-60.0)], 300.0, None),  # a start already past says nothing of the instance's end
     ],
 )
 async def test_the_drain_is_told_when_the_instance_ends(
-    env: Any, events: list[Any], deadline_s: float, end_s: float | None
+    env: Any, events: Callable[[], list[Any]], deadline_s: float, end_s: float | None
 ) -> None:
     world = World(settings(node_termination_grace_period=300))
     operation = None
-    for event in events:
+    for event in events():
         operation = world.receive(event) or operation
     assert operation is not None
     seen: list[tuple[float, float | None]] = []
