@@ -360,9 +360,8 @@ class Drainer:
                     bound = final - self._reserve(later, final, instance_end)
                     await self._wait_gone(node, {(e.key, e.uid) for e in wave}, bound, tasks)
             outcomes = await asyncio.gather(*tasks)
-        except (
-            BaseException
-        ):  # a guard raised (the Lease is lost), or the drain is cancelled: stop every eviction
+        except BaseException:
+            # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction.
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
