@@ -139,7 +139,15 @@ def test_pdb_blocked_relaxes_its_budget_later(sandbox: Sandbox) -> None:
 def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
     from queue_processor.cli import SCENARIO_NAMES
 
-    tested = {"spot-storm", "asg-scale-in", "warm-pool-launch", "mixed-duplicates", "poison", "pdb-blocked"}
+    tested = {
+        "spot-storm",
+        "asg-scale-in",
+        "warm-pool-launch",
+        "mixed-duplicates",
+        "poison",
+        "pdb-blocked",
+        "spot-critical",
+    }
     assert set(SCENARIOS) == tested
     assert set(SCENARIO_NAMES) == tested
 
