@@ -380,12 +380,13 @@ class Drainer:
         waiting = {(entry.key, entry.uid) for entry in by_key.values()}
         left = await self._still_there(node, waiting, final)
         self._grace_figures(result, outcomes, left, instance_end)
+        refused: list[str] = []  # deletions at the deadline the API server refused
         if left and deleting:
-            left = await self._delete_at_deadline(left, result, deleted)
+            left = await self._delete_at_deadline(left, result, deleted, refused)
         result.remaining = len(left)
         blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
         if blocked or result.failed or left:
-            result.causes = await self._causes(blocked, outcomes, [by_key[key] for key in left])
+            result.causes = await self._causes(blocked, outcomes, [by_key[key] for key in left]) + refused
         if left or result.failed:
             result.reason = "; ".join(result.causes)
             result.outcome = DrainOutcome.ERROR if result.failed else DrainOutcome.TIMEOUT
@@ -534,16 +535,22 @@ class Drainer:
         left: dict[tuple[str, str], Any],
         result: DrainResult,
         deleted: Callable[[str, str], Awaitable[None]] | None,
+        refused: list[str],
     ) -> dict[tuple[str, str], Any]:
         """DELETE_AT_DEADLINE: delete every pod still there with a grace period of 0 (and the uid as a
-        precondition, so a new pod of the same name is never touched); those that could not be deleted."""
+        precondition, so a new pod of the same name is never touched); those that could not be deleted. Each
+        deletion the API server refuses (a 403 without the chart's ``deleteAtDeadline`` RBAC rule, a 5xx) adds
+        a line to ``refused``, which goes into the drain's causes."""
 
         async def delete(key: tuple[str, str], uid: Any) -> bool:
             namespace, name = key
             try:
                 await self.kube.delete_pod(namespace, name, 0, uid=uid)
             except KubeError as exc:
-                return exc.status in (404, 409)  # gone, or another pod of that name now
+                if exc.status in (404, 409):  # gone, or another pod of that name now
+                    return True
+                refused.append(f"deletion of {namespace}/{name} at the deadline failed: {exc}")
+                return False
             result.deleted_at_deadline += 1
             self.observer.deleted_at_deadline()
             if deleted is not None:

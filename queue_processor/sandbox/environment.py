@@ -11,7 +11,8 @@ kubeconfig and an env file that point ``queue-processor run`` at both.
 (:class:`~queue_processor.sandbox.real_kube.RealKube`, given or started by the sandbox) instead of the emulation:
 the same nodes, workloads and scenarios, judged by the real API server and controllers. There the kubeconfig it
 writes is a ServiceAccount's whose only rights are the controller's RBAC rules (``rbac``, by default those of
-:mod:`queue_processor.permissions`, which the Helm chart is tested against), ``admin.kubeconfig`` beside it is
+:mod:`queue_processor.permissions` with NODE_LEASES, EMIT_KUBERNETES_EVENTS and DELETE_AT_DEADLINE on, which the
+Helm chart is tested against), ``admin.kubeconfig`` beside it is
 the administrator's, and ``POD_NAMESPACE`` in the env file is that ServiceAccount's namespace. On a control
 plane shared with other sandboxes (``plane`` given), the workloads go to namespaces named after the run.
 """
@@ -154,10 +155,9 @@ class Sandbox:
 
         assert isinstance(self.kube, RealKube)
         self.kube.kubeconfig(self.workdir / "admin.kubeconfig")
-        enabled = frozenset({"NODE_LEASES", "EMIT_KUBERNETES_EVENTS"})
         cluster_rules, namespaced_rules = self.rbac or (
-            rbac_rules(cluster_wide=True, enabled=enabled),
-            rbac_rules(cluster_wide=False, enabled=enabled),
+            rbac_rules(cluster_wide=True, enabled=RBAC_SETTINGS_ON),
+            rbac_rules(cluster_wide=False, enabled=RBAC_SETTINGS_ON),
         )
         self.kube.service_account_kubeconfig(
             self.kubeconfig_path,
@@ -371,3 +371,9 @@ SCENARIOS: dict[str, Callable[[Sandbox], dict[str, Any]]] = {
 
 #: Settings a scenario runs the controller with, under any the caller gives (field name → value).
 SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {"spot-critical": {"delete_at_deadline": True}}
+
+#: The settings whose RBAC rules (:data:`queue_processor.permissions.KUBERNETES_RULES`) the sandbox's
+#: ServiceAccount gets on a real control plane, unless ``rbac`` is given: the chart's defaults (NODE_LEASES,
+#: EMIT_KUBERNETES_EVENTS) and every setting a scenario switches on (:data:`SCENARIO_SETTINGS`), or the
+#: API server refuses what that scenario's controller does (spot-critical's deletions at the deadline: 403).
+RBAC_SETTINGS_ON = frozenset({"NODE_LEASES", "EMIT_KUBERNETES_EVENTS", "DELETE_AT_DEADLINE"})

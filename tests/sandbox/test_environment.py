@@ -152,6 +152,23 @@ def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
     assert set(SCENARIO_NAMES) == tested
 
 
+def test_the_sandbox_service_account_may_do_what_each_scenario_switches_on() -> None:
+    # A scenario's setting whose RBAC rule the sandbox's ServiceAccount lacks is refused (403) on the real
+    # control plane: spot-critical's deletions at the deadline were, while the emulation deleted.
+    from queue_processor.permissions import KUBERNETES_RULES
+    from queue_processor.sandbox.environment import RBAC_SETTINGS_ON, SCENARIO_SETTINGS
+
+    conditional = {rule.when for rule in KUBERNETES_RULES if rule.when}
+    switched_on = {
+        name.upper()
+        for settings in SCENARIO_SETTINGS.values()
+        for name, value in settings.items()
+        if value is True
+    }
+    assert switched_on & conditional <= RBAC_SETTINGS_ON
+    assert "DELETE_AT_DEADLINE" in switched_on & conditional  # the check above has something to check
+
+
 def test_the_sandbox_command_without_the_controller(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         main,

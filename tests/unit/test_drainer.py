@@ -15,9 +15,18 @@ from tests.unit.test_handler import NODE, FakeKube
 class Answers(FakeKube):
     """Evictions answered per pod name: an HTTP status, or success when none is given."""
 
-    def __init__(self, statuses: dict[str, int]) -> None:
+    def __init__(self, statuses: dict[str, int], deletions: dict[str, int] | None = None) -> None:
         super().__init__()
         self.statuses = statuses
+        self.deletions = deletions or {}
+
+    async def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str | None = None) -> None:
+        status = self.deletions.get(name)
+        if status == 403:
+            raise KubeError(
+                403, "Forbidden", f'pods "{name}" is forbidden: User cannot delete resource "pods"'
+            )
+        self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
 
     async def evict(self, namespace: str, name: str, grace_s: int | None = None) -> None:
         status = self.statuses.get(name)
@@ -123,3 +132,21 @@ async def test_the_deadline_step_deletes_nothing_when_the_instance_ends_after_th
     result = await drainer.drain(NODE, deadline=now[0], instance_end=now[0] + 7 * 86400)
     assert (result.completed, result.blocked, result.deleted_at_deadline) == (False, 1, 0)
     assert [p["metadata"]["name"] for p in kube.pods] == ["web-0"]
+
+
+async def test_the_deadline_step_deletes_what_is_left_and_names_a_refused_deletion() -> None:
+    # Both pods are held by a budget until the lead before the instance's end; web-0 is deleted, web-1's
+    # deletion is refused (no RBAC rule for it): the drain is incomplete and says why.
+    kube = Answers({"web-0": 429, "web-1": 429}, deletions={"web-1": 403})
+    kube.add_node()
+    kube.add_pod("web-0")
+    kube.add_pod("web-1")
+    now = [100.0]
+    timing = DrainTiming(delete_at_deadline=True, delete_lead_s=5)
+    drainer = Drainer(kube, DrainOptions(), budget=2, timing=timing, clock=lambda: now[0])  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=now[0] + 5, instance_end=now[0] + 5)
+    assert (result.completed, result.deleted_at_deadline, result.remaining) == (False, 1, 1)
+    assert [p["metadata"]["name"] for p in kube.pods] == ["web-1"]
+    assert result.causes[-1].startswith("deletion of apps/web-1 at the deadline failed: ")
+    assert "forbidden" in result.causes[-1]
+    assert result.reason == "; ".join(result.causes)
