@@ -376,4 +376,9 @@ SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {"spot-critical": {"delete_at_dea
 #: ServiceAccount gets on a real control plane, unless ``rbac`` is given: the chart's defaults (NODE_LEASES,
 #: EMIT_KUBERNETES_EVENTS) and every setting a scenario switches on (:data:`SCENARIO_SETTINGS`), or the
 #: API server refuses what that scenario's controller does (spot-critical's deletions at the deadline: 403).
-RBAC_SETTINGS_ON = frozenset({"NODE_LEASES", "EMIT_KUBERNETES_EVENTS", "DELETE_AT_DEADLINE"})
+RBAC_SETTINGS_ON = frozenset({"NODE_LEASES", "EMIT_KUBERNETES_EVENTS"}) | {
+    name.upper()
+    for settings in SCENARIO_SETTINGS.values()
+    for name, value in settings.items()
+    if value is True
+}

@@ -219,20 +219,16 @@ def drain_figures(controller: Controller) -> dict[str, Any]:
     def sample(name: str, labels: dict[str, str] | None = None) -> float:
         return registry.get_sample_value(name, labels or {}) or 0.0
 
-    drains = sum(
-        s.value
-        for family in registry.collect()
-        if family.name == "queue_processor_drain_duration_seconds"
-        for s in family.samples
-        if s.name.endswith("_count")
-    )
-    seconds = sum(
-        s.value
-        for family in registry.collect()
-        if family.name == "queue_processor_drain_duration_seconds"
-        for s in family.samples
-        if s.name.endswith("_sum")
-    )
+    def durations(suffix: str) -> float:  # "_count" or "_sum" of the drain histogram, over every label set
+        return sum(
+            s.value
+            for family in registry.collect()
+            if family.name == "queue_processor_drain_duration_seconds"
+            for s in family.samples
+            if s.name.endswith(suffix)
+        )
+
+    drains, seconds = durations("_count"), durations("_sum")
     return {
         "pods_finished_grace": int(sample("queue_processor_drained_pods_total", {"grace": "own"})),
         "pods_cut_short": int(sample("queue_processor_drained_pods_total", {"grace": "cut"})),

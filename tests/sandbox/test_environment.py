@@ -155,18 +155,12 @@ def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
 def test_the_sandbox_service_account_may_do_what_each_scenario_switches_on() -> None:
     # A scenario's setting whose RBAC rule the sandbox's ServiceAccount lacks is refused (403) on the real
     # control plane: spot-critical's deletions at the deadline were, while the emulation deleted.
-    from queue_processor.permissions import KUBERNETES_RULES
-    from queue_processor.sandbox.environment import RBAC_SETTINGS_ON, SCENARIO_SETTINGS
+    from queue_processor.permissions import rbac_rules
+    from queue_processor.sandbox.environment import RBAC_SETTINGS_ON
 
-    conditional = {rule.when for rule in KUBERNETES_RULES if rule.when}
-    switched_on = {
-        name.upper()
-        for settings in SCENARIO_SETTINGS.values()
-        for name, value in settings.items()
-        if value is True
-    }
-    assert switched_on & conditional <= RBAC_SETTINGS_ON
-    assert "DELETE_AT_DEADLINE" in switched_on & conditional  # the check above has something to check
+    rules = rbac_rules(cluster_wide=True, enabled=RBAC_SETTINGS_ON)
+    assert any(rule["resources"] == ["pods"] and "delete" in rule["verbs"] for rule in rules)
+    assert {"NODE_LEASES", "EMIT_KUBERNETES_EVENTS", "DELETE_AT_DEADLINE"} <= RBAC_SETTINGS_ON
 
 
 def test_the_sandbox_command_without_the_controller(tmp_path: Path) -> None:
