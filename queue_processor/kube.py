@@ -78,7 +78,8 @@ class KubeError(Exception):
 
 class RateLimiter:
     """A token bucket: ``qps`` tokens per second, at most ``burst`` saved up (client-go's flowcontrol), with
-    two classes of callers: an ``urgent`` one (cordoning a node: DESIGN.md says it never waits behind drains)
+    two classes of callers: an ``urgent`` one (cordoning a node, renewing a node Lease: DESIGN.md says neither
+    waits behind drains)
     takes the next token before any ordinary one. ``clock`` returns seconds."""
 
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
@@ -113,7 +114,8 @@ class RateLimiter:
                 self._urgent_waiting -= 1
 
 
-#: Threads (and connections) reserved for node calls (get, list, patch: finding and cordoning nodes).
+#: Threads (and connections) reserved for urgent calls: nodes (get, list, patch: finding and cordoning them) and
+#: node Leases (get, create, update: a late renewal loses the node).
 URGENT_THREADS = 16
 
 
@@ -122,7 +124,7 @@ def load_api_client(
 ) -> client.ApiClient:
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
-    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node calls). Raises
+    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls). Raises
     :class:`~queue_processor.config.StartupError` (one line naming KUBECONFIG) when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
@@ -167,7 +169,7 @@ def _wait(state: RetryCallState) -> float:
 
 class KubeClient:
     """JSON access to the API server for the controller: ``threads`` for drain traffic and
-    :data:`URGENT_THREADS` more for urgent node calls (a cordon's rate is these threads over the API
+    :data:`URGENT_THREADS` more for urgent node and Lease calls (a cordon's rate is these threads over the API
     server's latency under the storm's load, so they are not few). ``observer`` is told every request
     (:meth:`~queue_processor.observe.observer.Observer.kube_request`). Raises :class:`KubeError` from every
     call that fails."""
@@ -189,7 +191,7 @@ class KubeClient:
         self.attempts = attempts
         self.observer = observer
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
-        # Cordoning must not queue behind a storm's evictions and pod lists: node calls get threads of their own.
+        # Cordons and Lease renewals must not queue behind a storm's evictions and pod lists: threads of their own.
         self._urgent_pool = ThreadPoolExecutor(max_workers=URGENT_THREADS, thread_name_prefix="kube-urgent")
         self.answered_at = 0.0
         """``time.monotonic()`` of the last answer from the API server (for readiness)."""
@@ -217,7 +219,8 @@ class KubeClient:
         urgent: bool = False,
     ) -> Any:
         """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller;
-        ``urgent`` requests (node reads and patches: cordoning) pass the rate limiter before drain traffic."""
+        ``urgent`` requests (node reads and patches: cordoning; Lease calls) pass the rate limiter before drain
+        traffic and run on threads of their own."""
         if not retry:
             return await self._once(method, path, query, body, content_type, urgent)
         async for attempt in AsyncRetrying(
@@ -382,12 +385,14 @@ class KubeClient:
         await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
 
     # ------------------------------------------------------------------------------------------ leases
+    # Urgent, as node calls: a renewal that waits behind a storm's evictions lets the Lease lapse and the node
+    # go to another replica (DESIGN.md rule 10).
 
     async def get_lease(self, namespace: str, name: str) -> Obj | None:
         """The Lease, or ``None``."""
         try:
             lease: Obj = await self.request(
-                "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+                "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", urgent=True
             )
         except KubeError as exc:
             if exc.status == 404:
@@ -398,7 +403,11 @@ class KubeClient:
     async def create_lease(self, namespace: str, lease: Obj) -> Obj:
         """Create a Lease; :class:`KubeError` 409 when it exists."""
         created: Obj = await self.request(
-            "POST", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", body=lease, retry=False
+            "POST",
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            body=lease,
+            retry=False,
+            urgent=True,
         )
         return created
 
@@ -410,6 +419,7 @@ class KubeClient:
             f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
             body=lease,
             retry=False,
+            urgent=True,
         )
         return replaced
 

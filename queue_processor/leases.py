@@ -5,8 +5,9 @@ A replica :meth:`NodeLeases.claim`\\ s ``queue-processor-<node>`` in its namespa
 the Lease, or renews its own, or takes over one whose holder stopped renewing (``renewTime`` +
 ``leaseDurationSeconds`` in the past) — always through the API server's optimistic concurrency (create → 409
 AlreadyExists, replace with a stale resourceVersion → 409 Conflict: another replica won). While it handles the
-node, a renewal task keeps the Lease (every third of its duration); :meth:`Claim.release` cancels and awaits
-that task and gives the Lease up. A replica that finds the Lease held by another lets its message be requeued:
+node, a renewal task keeps the Lease (every third of its duration; one renewal in flight at a time, shared
+with every :meth:`Claim.confirm`; a 409 that leaves the Lease ours is not a loss); :meth:`Claim.release`
+cancels and awaits that task and gives the Lease up. A replica that finds the Lease held by another lets its message be requeued:
 whatever the holder does, a later retry finds the node drained and finishes at once.
 
 "Leases" (Kubernetes concepts, coordination.k8s.io/v1).
@@ -20,14 +21,14 @@ import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
 from queue_processor.config import default
 from queue_processor.kube import KubeClient, KubeError
 
-__all__ = ["Claim", "ClaimLost", "NodeLeases", "lease_name"]
+__all__ = ["RENEW_ATTEMPTS", "Claim", "ClaimLost", "NodeLeases", "lease_name"]
 
 log = structlog.get_logger("queue_processor.leases")
 
@@ -53,17 +54,26 @@ def _parse(value: str | None) -> datetime | None:
 
 
 class ClaimLost(Exception):  # noqa: N818 - it names what happened
-    """The node's Lease is no longer this replica's: another replica took it (409 on renewal), or it lapsed
-    (not renewed within its duration, e.g. while the process was paused) and could not be renewed."""
+    """The node's Lease is no longer this replica's: another replica holds it now (a renewal answered 409 and
+    the Lease read back names another holder), or it lapsed (not renewed within its duration, e.g. while the
+    process was paused) and could not be renewed."""
+
+
+#: How many times one renewal re-reads the Lease and writes again after a 409 that left it ours.
+RENEW_ATTEMPTS = 3
 
 
 class Claim:
     """A held Lease; :meth:`release` it when the node's handling ends (cancels and awaits the renewal).
 
-    ``lost`` is set when a renewal finds the Lease taken (409 Conflict) or when renewals have failed for a
-    whole lease duration: the operation must stop (EarlyExit). :meth:`confirm` is called before anything
-    that must not be done twice (an eviction, a lifecycle completion): when the last renewal is older than a
-    renewal period (a paused process wakes up), it renews first and raises :class:`ClaimLost` on failure.
+    ``lost`` is set when the Lease is someone else's: a renewal's 409 Conflict re-reads the Lease, and only a
+    ``holderIdentity`` that is no longer ours (or a Lease that cannot be written for a whole lease duration)
+    is a loss; a 409 that left it ours (our own earlier write, or another writer that did not take it) is
+    written again on the fresh ``resourceVersion``. The operation stops when ``lost`` is set (EarlyExit).
+    :meth:`confirm` is called before anything that must not be done twice (an eviction, a lifecycle
+    completion): when the last renewal is older than a renewal period (a paused process wakes up), it renews
+    first and raises :class:`ClaimLost` on failure. At most one renewal is in flight per claim: the background
+    renewal and every concurrent :meth:`confirm` share it and read its result (DESIGN.md rule 10).
     ``clock`` returns monotonic seconds."""
 
     def __init__(
@@ -74,6 +84,7 @@ class Claim:
         self.clock = clock
         self.renewed_at = clock()
         self.lost = asyncio.Event()
+        self._renewal: asyncio.Task[None] | None = None
         self._renewer = asyncio.create_task(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
 
     @property
@@ -81,46 +92,94 @@ class Claim:
         """The Lease's name."""
         return str(self.lease["metadata"]["name"])
 
+    async def renew(self) -> None:
+        """Renew the Lease now, or wait for the renewal already in flight and take its result. Raises
+        :class:`ClaimLost` when the Lease is lost; a renewal that failed otherwise (the API server did not
+        answer) is logged and raises nothing while the Lease has not lapsed."""
+        if self.lost.is_set():
+            raise ClaimLost(f"Lease {self.name} was lost")
+        if self._renewal is None or self._renewal.done():
+            self._renewal = asyncio.create_task(self._renew_once(), name=f"renew-{self.name}")
+        # Shielded: a caller cancelled mid-renewal (its eviction stopped) leaves the write to the others.
+        await asyncio.shield(self._renewal)
+
     async def _renew_once(self) -> None:
+        leases = self._leases
         try:
-            self.lease = await self._leases._write(self.lease, renew=True)
+            for _ in range(RENEW_ATTEMPTS):
+                try:
+                    self.lease = await leases._write(self.lease, renew=True)
+                except KubeError as exc:
+                    if exc.status != 409:
+                        raise
+                    current = await leases.kube.get_lease(leases.namespace, self.name)
+                    holder = ((current or {}).get("spec") or {}).get("holderIdentity")
+                    if current is None or holder != leases.identity:
+                        self._lose(f"held by {holder!r} now" if current is not None else "deleted")
+                    self.lease = current  # ours still: write again on its resourceVersion
+                    continue
+                self.renewed_at = self.clock()
+                return
+            raise KubeError(
+                409, "Conflict", f"Lease {self.name} kept changing under {RENEW_ATTEMPTS} renewals"
+            )
         except KubeError as exc:
-            if exc.status == 409 or self.clock() - self.renewed_at >= self._leases.duration_s:
-                log.warning("lease lost", lease=self.name, error=str(exc))
-                self.lost.set()
-                raise ClaimLost(f"Lease {self.name}: {exc}") from exc
+            if self.clock() - self.renewed_at >= leases.duration_s:
+                self._lose(f"not renewed for {leases.duration_s} s: {exc}")
             log.warning("lease renewal failed", lease=self.name, error=str(exc))
-            return
-        self.renewed_at = self.clock()
+
+    def _lose(self, why: str) -> NoReturn:
+        log.warning("lease lost", lease=self.name, why=why)
+        self.lost.set()
+        raise ClaimLost(f"Lease {self.name}: {why}")
 
     async def _renew_forever(self) -> None:
         while not self.lost.is_set():
             await asyncio.sleep(self._leases.renew_every_s)
             with contextlib.suppress(ClaimLost):
-                await self._renew_once()
+                await self.renew()
 
     async def confirm(self) -> None:
-        """Make sure the Lease is still ours: renew it now when the last renewal is older than a renewal
-        period. Raises :class:`ClaimLost` when it is not (or no longer) ours."""
+        """Make sure the Lease is still ours: renew it now (or wait for the renewal in flight) when the last
+        renewal is older than a renewal period. Raises :class:`ClaimLost` when it is not (or no longer)
+        ours."""
         if self.lost.is_set():
             raise ClaimLost(f"Lease {self.name} was lost")
         if self.clock() - self.renewed_at >= self._leases.renew_every_s:
-            await self._renew_once()
+            await self.renew()
             if self.clock() - self.renewed_at >= self._leases.duration_s:
                 self.lost.set()
                 raise ClaimLost(f"Lease {self.name} lapsed and could not be renewed")
 
     async def release(self) -> None:
-        """Stop renewing and give the Lease up (its holder cleared) unless it was lost; errors are logged,
-        not raised."""
-        self._renewer.cancel()
-        await asyncio.gather(self._renewer, return_exceptions=True)
+        """Stop renewing (the renewal task and a renewal in flight are cancelled and awaited) and give the
+        Lease up (its holder cleared) unless it was lost; a 409 re-reads it and clears it when it is still
+        ours. Errors are logged, not raised."""
+        tasks = [task for task in (self._renewer, self._renewal) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.lost.is_set():
             return
-        lease = dict(self.lease)
-        lease["spec"] = {**lease.get("spec", {}), "holderIdentity": None}
-        with contextlib.suppress(KubeError):
-            await self._leases.kube.replace_lease(self._leases.namespace, lease)
+        leases = self._leases
+        lease: dict[str, Any] | None = self.lease
+        for _ in range(RENEW_ATTEMPTS):
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != leases.identity:
+                return
+            try:
+                await leases.kube.replace_lease(
+                    leases.namespace, {**lease, "spec": {**lease.get("spec", {}), "holderIdentity": None}}
+                )
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    log.warning("lease release failed", lease=self.name, error=str(exc))
+                    return
+            try:
+                lease = await leases.kube.get_lease(leases.namespace, self.name)
+            except KubeError as exc:
+                log.warning("lease release failed", lease=self.name, error=str(exc))
+                return
 
     async def __aenter__(self) -> Claim:
         return self

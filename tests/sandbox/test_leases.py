@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from queue_processor.kube import KubeClient, load_api_client
-from queue_processor.leases import NodeLeases, lease_name
+from queue_processor.leases import ClaimLost, NodeLeases, lease_name
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.cluster import KubeCluster
 from queue_processor.sandbox.kube import KubeSandbox
@@ -92,3 +92,71 @@ def test_lease_names_are_valid_object_names() -> None:
     assert lease_name("ip-10-0-0-1.ec2.internal") == "queue-processor-ip-10-0-0-1.ec2.internal"
     assert lease_name("Node_A") == "queue-processor-node-a"
     assert len(lease_name("x" * 400)) <= 253
+
+
+class SlowLeaseWrites:
+    """The controller's client with every Lease write answered ``delay_s`` later (a busy API server): the
+    write is sent, then the answer waits."""
+
+    def __init__(self, kube: KubeClient, delay_s: float) -> None:
+        self.kube = kube
+        self.delay_s = delay_s
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.kube, name)
+
+    async def replace_lease(self, namespace: str, lease: dict[str, object]) -> dict[str, object]:
+        self.writes += 1
+        answer = await self.kube.replace_lease(namespace, lease)
+        await asyncio.sleep(self.delay_s)
+        return answer
+
+
+async def test_concurrent_confirms_and_the_renewal_never_lose_our_own_lease(kube: KubeClient) -> None:
+    """Every eviction and completion confirms the Lease first. Once a renewal period has passed, they all
+    want it renewed at the same moment as the background renewal, each with the same resourceVersion: one
+    renewal goes out and the others wait for its answer, and the Lease is never lost to our own writes (a 409
+    whose holder is still us is not a loss)."""
+    slow = SlowLeaseWrites(kube, delay_s=0.2)
+    leases = NodeLeases(slow, namespace=OPS, identity="me", duration_s=15, renew_every_s=0.05)  # type: ignore[arg-type]
+    node = f"n4-{id(kube)}"
+    claim = await leases.claim(node)
+    assert claim is not None
+
+    async def evictions_retried() -> None:
+        for _ in range(6):
+            await claim.confirm()
+            await asyncio.sleep(0.03)
+
+    await asyncio.gather(*(evictions_retried() for _ in range(12)))  # raises ClaimLost if it was lost
+    assert not claim.lost.is_set()
+    assert slow.writes < 12 * 6  # the callers shared renewals
+    await claim.release()
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None
+    assert not lease["spec"].get("holderIdentity")  # released: the next replica takes it at once
+
+
+async def test_a_lease_another_replica_really_took_is_lost_and_left_to_it(kube: KubeClient) -> None:
+    node = f"n5-{id(kube)}"
+    paused = NodeLeases(kube, namespace=OPS, identity="paused", duration_s=15, renew_every_s=0.05)
+    claim = await paused.claim(node)
+    assert claim is not None
+    claim._renewer.cancel()  # SIGSTOP: nothing renews
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None
+    lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"  # lapsed while the process was paused
+    await kube.replace_lease(OPS, lease)
+    other = NodeLeases(kube, namespace=OPS, identity="other", duration_s=15)
+    taken = await other.claim(node)
+    assert taken is not None
+    claim.renewed_at -= 1.0  # the paused replica wakes up: its last renewal is a renewal period old
+    with pytest.raises(ClaimLost):
+        await claim.confirm()
+    assert claim.lost.is_set()
+    await claim.release()  # a lost Lease is not released: it is the other replica's
+    held = await kube.get_lease(OPS, lease_name(node))
+    assert held is not None
+    assert held["spec"]["holderIdentity"] == "other"
+    await taken.release()

@@ -575,6 +575,42 @@ async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_compl
     assert our_tasks() == set()
 
 
+async def test_a_long_budget_blocked_drain_keeps_its_own_lease_through_concurrent_renewals(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue "Interruptions in combination" 1: a PodDisruptionBudget holds the drain for many renewal periods
+    while each pod's eviction is retried, every retry confirming the Lease, on an API server that answers
+    Lease writes slowly. The renewals are ours: one operation, never lease-lost, the Lease released."""
+    monkeypatch.setattr("queue_processor.drain.drainer.EVICTION_RETRY_S", (0.005, 0.01))
+    world = World(settings(node_leases=True), leases=True)
+    assert world.leases is not None
+    world.leases.renew_every_s = 0.01  # many renewal periods pass during the drain
+    refusals = [60]  # the budget relaxes after 60 refused evictions (of three pods, retried concurrently)
+    original_evict, original_replace = world.kube.evict, world.kube.replace_lease
+
+    async def budget(namespace: str, name: str, grace_s: int | None = None) -> None:
+        world.kube.refuse_evictions = refusals[0] > 0
+        refusals[0] -= 1
+        await original_evict(namespace, name, grace_s)
+
+    async def slow_write(namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        answer = await original_replace(namespace, lease)
+        await asyncio.sleep(0.02)  # a busy API server: the answer comes late
+        return answer
+
+    world.kube.evict = budget  # type: ignore[method-assign]
+    world.kube.replace_lease = slow_write  # type: ignore[method-assign]
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 0
+    assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2"]
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert next(iter(world.kube.leases.values()))["spec"]["holderIdentity"] is None  # released
+    assert our_tasks() == set()
+
+
 async def test_heartbeat_access_denied_never_blocks_the_cordon_or_the_drain(env: Any) -> None:
     # NTH's documented IAM policy has no autoscaling:DescribeLifecycleHooks.
     world = World(settings(node_leases=True), autoscaling=FakeAutoscaling(deny_describe=True), leases=True)
