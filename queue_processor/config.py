@@ -251,8 +251,10 @@ class Settings(BaseSettings):
     )
     delete_sqs_msg_if_node_not_found: bool = _field(
         False,
-        "Delete a message whose instance has no node in the cluster (otherwise it is requeued until the "
-        "queue's redrive policy moves it to the dead-letter queue).",
+        "Delete a message whose instance has no node in the cluster at once, its lifecycle actions completed. "
+        "Otherwise it is requeued while a node may still register, until the instance has run for "
+        "LAUNCH_READY_TIMEOUT_SEC; then it is deleted and its actions completed the same way (nothing to drain).",
+        nth="same name; NTH requeues until the dead-letter queue when it is false",
     )
     # --- which nodes
     check_tag_before_draining: bool = _field(
@@ -440,8 +442,10 @@ class Settings(BaseSettings):
     )
     launch_ready_timeout_sec: int = _field(
         900,
-        "Longest wait for a launching instance's node to register and turn Ready before the launch action's "
-        "message is requeued.",
+        "How long a node may take to register and turn Ready, from the start of its launch lifecycle action "
+        "(the same moment at every receive and on every replica): then the launch action is completed with its "
+        "hook's DefaultResult (ABANDON, the group replaces the instance, when the hook cannot be read). Also how "
+        "long after an instance's launch a terminate action without a node waits for one to register.",
         nth="none",
         unit="seconds",
         ge=1,

@@ -78,14 +78,31 @@ from queue_processor.observe.events import (
     RECEIVED_REASONS,
     NodeEventRecorder,
 )
-from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, NodeAction, Observer, OperationOutcome
+from queue_processor.observe.observer import (
+    NULL_OBSERVER,
+    ErrorWhere,
+    LifecycleResult,
+    NodeAction,
+    Observer,
+    OperationOutcome,
+)
 from queue_processor.observe.webhook import Webhook, drain_data
 
-__all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "Handler", "Outcome"]
+__all__ = [
+    "EXCLUDE_FROM_LB_LABEL",
+    "INSTANCE_ENDED",
+    "OUT_OF_SERVICE_TAINT",
+    "Handler",
+    "Outcome",
+    "launch_ready_deadline",
+]
 
 log = structlog.get_logger("queue_processor.handler")
 
 OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+
+#: EC2 states of an instance that has ended: its node never comes back and its lifecycle actions are over.
+INSTANCE_ENDED = ("shutting-down", "terminated")
 EXCLUDE_FROM_LB_LABEL = (
     "node.kubernetes.io/exclude-from-external-load-balancers",
     "aws-node-termination-handler",
@@ -226,7 +243,7 @@ class Handler:
             await self._event(target.node, f"{reason}Error", f"{text}: {exc}", warning=True, info=target.info)
             raise
         if node is None:
-            return await self._no_node(operation, bound)
+            return await self._no_node(operation, target.info, bound)
         bound = bound.bind(node=node)
         facts = await self._webhook_facts(node)
         if not self.settings.cordon_only:
@@ -336,7 +353,7 @@ class Handler:
             return _Target(info, info.private_dns_name or "", True, None)
         node = await self.finder.find(info)
         if node is None:
-            return await self._no_node(operation, bound)
+            return await self._no_node(operation, info, bound)
         name = str(node["metadata"]["name"])
         claim = None
         if self.leases is not None:
@@ -575,9 +592,12 @@ class Handler:
             raise ClaimLost(f"Lease {claim.name} was lost")
         return task.result()
 
-    async def _no_node(self, operation: NodeOperation, bound: Any) -> Outcome:
-        """No Node for the instance: done when the instance is gone or DELETE_SQS_MSG_IF_NODE_NOT_FOUND says
-        so (its lifecycle actions completed), else retried."""
+    async def _no_node(self, operation: NodeOperation, info: InstanceInfo, bound: Any) -> Outcome:
+        """No Node for the instance. Done, its lifecycle actions completed (CONTINUE: there is nothing to
+        drain), when the instance is gone, when DELETE_SQS_MSG_IF_NODE_NOT_FOUND says so, or when no node can
+        come any more: the instance has run for LAUNCH_READY_TIMEOUT_SEC (its ``LaunchTime``, its last start)
+        without one registering (DESIGN.md rule 9). Before that (or when EC2 gives no ``LaunchTime``) a node
+        may still register, and the operation is retried."""
         if await self._instance_gone(operation):
             bound.info("instance terminated and its node gone: nothing to drain")
             self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
@@ -588,7 +608,21 @@ class Handler:
             self.observer.operation_outcome(OperationOutcome.NODE_NOT_FOUND)
             await self._complete_actions(operation, None, bound)
             return Outcome.DONE
-        bound.info("no node for the instance: requeued")
+        timeout_s = self.settings.launch_ready_timeout_sec
+        launched = info.launch_time
+        running_s = None if launched is None else (datetime.now(UTC) - launched).total_seconds()
+        if running_s is not None and running_s >= timeout_s:
+            bound.info(
+                "no node registered for the instance: nothing to drain, its lifecycle actions completed",
+                running_s=running_s,
+                launch_ready_timeout_s=timeout_s,
+            )
+            self.observer.operation_outcome(OperationOutcome.NO_NODE)
+            await self._complete_actions(operation, None, bound)
+            return Outcome.DONE
+        bound.info(
+            "no node for the instance yet: requeued", running_s=running_s, launch_ready_timeout_s=timeout_s
+        )
         return Outcome.RETRY
 
     async def _event(
@@ -606,11 +640,10 @@ class Handler:
     async def _instance_gone(self, operation: NodeOperation) -> bool:
         """Whether the instance is shutting down or terminated (its node will never come back): from the
         operation's own state changes, else from a fresh DescribeInstances."""
-        gone = ("shutting-down", "terminated")
-        if any(isinstance(e, StateChangeEvent) and e.state in gone for e in operation.events):
+        if any(isinstance(e, StateChangeEvent) and e.state in INSTANCE_ENDED for e in operation.events):
             return True
         info = await self.resolver.get(operation.instance_id, fresh=True)
-        return info is None or info.state in gone
+        return info is None or info.state in INSTANCE_ENDED
 
     def _deadline(self, operation: NodeOperation) -> float:
         """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among
@@ -653,7 +686,11 @@ class Handler:
 
     async def _launch(self, operation: NodeOperation, bound: Any) -> Outcome:
         """Wait for the instance's node to be registered and Ready, then complete its launch actions (those
-        headed for a warm pool only with COMPLETE_WARM_POOL_LAUNCH)."""
+        headed for a warm pool only with COMPLETE_WARM_POOL_LAUNCH) with CONTINUE. Only while work can still
+        finish them (DESIGN.md rule 9): an instance EC2 lists as shutting down or terminated ends its actions
+        (acknowledged at once), an action AWS says is over is settled, and a node not Ready
+        LAUNCH_READY_TIMEOUT_SEC after the action began (:func:`launch_ready_deadline`: the same moment at
+        every receive, on every replica) gets the hook's DefaultResult."""
         settings = self.settings
         for action in operation.launch_actions:
             if self._left_to_bootstrap(action):
@@ -661,20 +698,32 @@ class Handler:
         if not operation.unsettled():
             bound.info("launch into a warm pool: left to the instance's bootstrap")
             return Outcome.DONE
-        info = await self._resolve(operation, bound)
-        if isinstance(info, Outcome):
-            return info
-        node = await self.finder.find(info)
-        deadline = self.clock() + settings.launch_ready_timeout_sec
+        resolved = await self._resolve(operation, bound)
+        if isinstance(resolved, Outcome):
+            return resolved
+        info: InstanceInfo | None = resolved
+        deadline = launch_ready_deadline(operation, settings.launch_ready_timeout_sec, self.clock())
         poll = 0.1
-        while node is None or not _is_ready(node):
+        while True:
+            if info is None or info.state in INSTANCE_ENDED:
+                return await self._launch_ended(operation, info, bound)
+            for open_action in operation.unsettled():
+                if self.heartbeats.over(open_action):
+                    operation.settled[open_action.action_key] = LifecycleResult.NO_ACTIVE_ACTION
+                    bound.info(
+                        "launch action already over: acknowledged", hook=open_action.lifecycle_hook_name
+                    )
+            if not operation.unsettled():
+                self.observer.operation_outcome(OperationOutcome.ACTION_OVER)
+                return Outcome.DONE
+            node = await self.finder.find(info)
+            if node is not None and _is_ready(node):
+                break
             if self.clock() >= deadline:
-                bound.warning("node not Ready in time: requeued", timeout_s=settings.launch_ready_timeout_sec)
-                return Outcome.RETRY
-            await asyncio.sleep(poll)
+                return await self._launch_not_ready(operation, node is not None, bound)
+            await asyncio.sleep(min(poll, max(deadline - self.clock(), 0.0)))
             poll = min(poll * 1.5, 5.0)
-            fresh = await self.resolver.get(operation.instance_id)
-            node = await self.finder.find(fresh) if fresh is not None else None
+            info = await self.resolver.get(operation.instance_id)
         bound = bound.bind(node=node["metadata"]["name"])
         await self._completion_delay()
         if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
@@ -696,3 +745,44 @@ class Handler:
         self.observer.node_action(NodeAction.POST_DRAIN, True)
         await self._event(name, *POST_DRAIN, info=info)
         return Outcome.DONE
+
+    async def _launch_ended(self, operation: NodeOperation, info: InstanceInfo | None, bound: Any) -> Outcome:
+        """The launching instance is shutting down or terminated (or EC2 no longer shows it): its launch
+        actions ended with it. Their heartbeats stop and the messages are acknowledged."""
+        bound.info("launching instance terminated: its launch actions are over", state=info and info.state)
+        for action in operation.unsettled():
+            await self.heartbeats.stop(action)
+        self._settle_all(operation, "instance-gone")
+        self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
+        return Outcome.DONE
+
+    async def _launch_not_ready(self, operation: NodeOperation, registered: bool, bound: Any) -> Outcome:
+        """LAUNCH_READY_TIMEOUT_SEC has passed since the launch began and the node is not Ready: each launch
+        action is completed with its hook's DefaultResult (ABANDON when the hook cannot be read), as Auto
+        Scaling would at the hook's timeout, but now, instead of heartbeats keeping a broken instance in
+        ``Pending:Wait`` until the message reaches the dead-letter queue."""
+        self.observer.operation_outcome(OperationOutcome.LAUNCH_NOT_READY)
+        for action in operation.unsettled():
+            result = await self.heartbeats.lifecycle.default_result(
+                action.auto_scaling_group_name, action.lifecycle_hook_name
+            )
+            bound.warning(
+                "node not Ready in time: launch action completed with its hook's DefaultResult",
+                timeout_s=self.settings.launch_ready_timeout_sec,
+                registered=registered,
+                hook=action.lifecycle_hook_name,
+                result=result,
+            )
+            outcome = await self.heartbeats.complete(action, result)
+            operation.settled[action.action_key] = outcome
+        return Outcome.DONE
+
+
+def launch_ready_deadline(operation: NodeOperation, timeout_s: float, now: float) -> float:
+    """When (a reading of the clock that read ``now``) the launch actions of ``operation`` have waited
+    LAUNCH_READY_TIMEOUT_SEC (``timeout_s``) for their node: measured from the earliest action's start (its
+    event time), so every receive of a requeued message, every replica and a restarted controller agree; an
+    action time ahead of this clock counts as now (pure)."""
+    started = min((action.time for action in operation.launch_actions), default=None)
+    age = 0.0 if started is None else max((datetime.now(UTC) - started).total_seconds(), 0.0)
+    return now + max(timeout_s - age, 0.0)

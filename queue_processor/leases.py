@@ -7,8 +7,8 @@ the Lease, or renews its own, or takes over one whose holder stopped renewing (`
 AlreadyExists, replace with a stale resourceVersion → 409 Conflict: another replica won). While it handles the
 node, a renewal task keeps the Lease (every third of its duration; one renewal in flight at a time, shared
 with every :meth:`Claim.confirm`; a 409 that leaves the Lease ours is not a loss); :meth:`Claim.release`
-cancels and awaits that task and gives the Lease up. A replica that finds the Lease held by another lets its message be requeued:
-whatever the holder does, a later retry finds the node drained and finishes at once.
+cancels and awaits that task and gives the Lease up. A replica that finds the Lease held by another lets its
+message be requeued: whatever the holder does, a later retry finds the node drained and finishes at once.
 
 "Leases" (Kubernetes concepts, coordination.k8s.io/v1).
 """

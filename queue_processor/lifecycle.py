@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from botocore.exceptions import ClientError
@@ -87,7 +87,7 @@ class Lifecycle:
         self.autoscaling = autoscaling
         self.settings = settings
         self.observer = observer
-        self._timeouts: dict[tuple[str, str], float | None] = {}
+        self._hooks: dict[tuple[str, str], dict[str, Any] | None] = {}
         self._checked: set[tuple[str, str]] = set()
 
     async def hook_timeout_s(self, group: str, hook: str, *, quiet: bool = False) -> float | None:
@@ -96,8 +96,25 @@ class Lifecycle:
         once as a warning, cached). Raises the AWS error when retries of a retryable one are exhausted (not
         cached: the caller tries again). ``quiet``: a hook that may not be read is neither logged nor counted
         (the caller does not need it for heartbeats)."""
+        timeout = (await self._hook(group, hook, quiet=quiet) or {}).get("HeartbeatTimeout")
+        return float(timeout) if timeout is not None else None
+
+    async def default_result(self, group: str, hook: str) -> Literal["CONTINUE", "ABANDON"]:
+        """The hook's ``DefaultResult``: what Auto Scaling does when the action times out, and what a launch
+        whose node never turned Ready is completed with (DESIGN.md rule 9). ``ABANDON`` when the hook cannot
+        be read (not found, denied, or AWS unreachable after retries): an instance nobody can vouch for is
+        replaced. Raises nothing but ``CancelledError``."""
+        try:
+            described = await self._hook(group, hook, quiet=True)
+        except ClientError:
+            return "ABANDON"
+        result = (described or {}).get("DefaultResult")
+        return "CONTINUE" if result == "CONTINUE" else "ABANDON"
+
+    async def _hook(self, group: str, hook: str, *, quiet: bool) -> dict[str, Any] | None:
+        """The hook as DescribeLifecycleHooks describes it, read once and cached (see :meth:`hook_timeout_s`)."""
         key = (group, hook)
-        if key not in self._timeouts:
+        if key not in self._hooks:
             try:
                 answer = await call(
                     self.autoscaling.describe_lifecycle_hooks,
@@ -117,11 +134,11 @@ class Lifecycle:
                     hook=hook,
                     code=error_code(exc),
                 )
-                self._timeouts[key] = None
+                self._hooks[key] = None
                 return None
             hooks = answer.get("LifecycleHooks") or []
-            self._timeouts[key] = float(hooks[0]["HeartbeatTimeout"]) if hooks else None
-        return self._timeouts[key]
+            self._hooks[key] = dict(hooks[0]) if hooks else None
+        return self._hooks[key]
 
     async def interval_s(self, action: AsgLifecycleEvent) -> float | None:
         """Seconds between heartbeats for ``action``, or ``None`` for none (HEARTBEAT_INTERVAL=0, or automatic

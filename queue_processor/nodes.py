@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from queue_processor.aws import collect
@@ -39,7 +40,9 @@ __all__ = [
 @dataclass(frozen=True)
 class InstanceInfo:
     """What EC2 says of an instance: ``private_dns_name`` (the node name by default), ``availability_zone``,
-    ``state`` (``running``, ``shutting-down``…), its tags and ``instance_type`` (``m5.large``)."""
+    ``state`` (``running``, ``shutting-down``…), its tags, ``instance_type`` (``m5.large``) and
+    ``launch_time`` (``LaunchTime``: when it was last launched or started, timezone-aware; ``None`` when EC2
+    did not say)."""
 
     instance_id: str
     private_dns_name: str
@@ -47,6 +50,7 @@ class InstanceInfo:
     state: str
     tags: dict[str, str] = field(default_factory=dict)
     instance_type: str = ""
+    launch_time: datetime | None = None
 
     @property
     def provider_id(self) -> str:
@@ -209,7 +213,15 @@ def _info(instance: dict[str, Any]) -> InstanceInfo:
         state=(instance.get("State") or {}).get("Name", ""),
         tags={tag["Key"]: tag.get("Value", "") for tag in instance.get("Tags") or []},
         instance_type=instance.get("InstanceType") or "",
+        launch_time=_aware(instance.get("LaunchTime")),
     )
+
+
+def _aware(value: Any) -> datetime | None:
+    """A timezone-aware datetime from botocore's ``LaunchTime`` (a datetime; UTC when naive), else ``None``."""
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 class NodeFinder:

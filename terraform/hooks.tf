@@ -7,10 +7,13 @@
 # of the group, which is worse and gains nothing.
 #
 # Launch (optional): a new instance waits in Pending:Wait until the controller sees its node registered and
-# Ready. default_result defaults to ABANDON, AWS's own default: a node that did not turn Ready in time is
-# replaced rather than put in service broken. The price is that while the controller is down every launch is
-# abandoned after the timeout and the group cannot grow; choose CONTINUE (launch_hook_default_result) when
-# scale-out matters more than keeping an unready node out.
+# Ready, then completes the action with CONTINUE. A node not Ready LAUNCH_READY_TIMEOUT_SEC after the launch
+# began gets the hook's default_result from the controller at once (and from Auto Scaling at the heartbeat
+# timeout when no controller runs). default_result defaults to ABANDON, AWS's own default: a node that did not
+# turn Ready in time is replaced rather than put in service broken. The price is that while the controller is
+# down every launch is abandoned after the timeout and the group cannot grow; choose CONTINUE
+# (launch_hook_default_result) when scale-out matters more than keeping an unready node out: the controller
+# follows the hook's choice.
 
 locals {
   hooked_groups = var.create_lifecycle_hooks ? toset(var.asg_names) : toset([])

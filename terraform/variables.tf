@@ -180,7 +180,7 @@ variable "launch_hook_heartbeat_timeout_seconds" {
 }
 
 variable "launch_hook_default_result" {
-  description = "What Auto Scaling does with a launching instance whose action was not completed in time: ABANDON (terminate it and launch another; a node that never turned Ready is not put in service) or CONTINUE (put it in service anyway). See the README for the trade-off."
+  description = "What happens to a launching instance whose node is not Ready in time, whether the controller completes its action after LAUNCH_READY_TIMEOUT_SEC or Auto Scaling times it out: ABANDON (terminate it and launch another; a node that never turned Ready is not put in service) or CONTINUE (put it in service anyway). See the README for the trade-off."
   type        = string
   default     = "ABANDON"
 

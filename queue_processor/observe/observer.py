@@ -132,7 +132,8 @@ class LifecycleResult(StrEnum):
 
 class OperationOutcome(StrEnum):
     """``outcome`` of ``queue_processor_operation_outcomes_total``: an operation that ended without a drain,
-    by why. The first five are terminal (the messages are acknowledged); the Lease ones are requeued."""
+    by why. All but the Lease ones are terminal (the messages are acknowledged); the Lease ones are
+    requeued."""
 
     UNKNOWN_INSTANCE = "unknown-instance"
     """EC2 does not know the instance (gone long ago, or another account or region)."""
@@ -142,6 +143,14 @@ class OperationOutcome(StrEnum):
     """The instance is terminated or shutting down and its node is gone."""
     NODE_NOT_FOUND = "node-not-found"
     """No node for the instance, and DELETE_SQS_MSG_IF_NODE_NOT_FOUND."""
+    NO_NODE = "no-node"
+    """No node registered for the instance in the LAUNCH_READY_TIMEOUT_SEC since it started: nothing to
+    drain, its lifecycle actions completed."""
+    LAUNCH_NOT_READY = "launch-not-ready"
+    """A launching instance's node was not Ready LAUNCH_READY_TIMEOUT_SEC after the action began: its launch
+    actions were completed with their hook's DefaultResult."""
+    ACTION_OVER = "action-over"
+    """Every launch action of the operation was over already (AWS said so): acknowledged."""
     STARTED_AGAIN = "started-again"
     """Only ``stopping``/``stopped`` state changes, and the instance is running again (a warm pool)."""
     LEASE_HELD = "lease-held"

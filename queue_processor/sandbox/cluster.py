@@ -43,7 +43,7 @@ class KubeCluster(Protocol):
         provider_id: str = "",
         labels: dict[str, str] | None = None,
         register_after_s: float = 0.0,
-        ready_after_s: float = 0.0,
+        ready_after_s: float | None = 0.0,
     ) -> None: ...
 
     def wait_for_nodes(self, names: list[str], timeout_s: float = ...) -> None: ...

@@ -113,6 +113,7 @@ class Sandbox:
         self.queue: SandboxQueue | None = None
         self.instances: list[SandboxInstance] = []
         self._timers: list[threading.Timer] = []
+        self._never_ready = 0  # launches whose node never turns Ready (launches_never_ready)
 
     def start(self) -> Sandbox:
         """Start both sides, build the cluster, write the kubeconfig and env file."""
@@ -224,15 +225,28 @@ class Sandbox:
             instance.instance_id, instance.private_dns_name, instance.availability_zone, instance.asg_name
         )
 
+    def launches_never_ready(self, count: int = 1) -> None:
+        """The next ``count`` instances that start running in a group (a launch, or a warm-pool instance moved
+        into it) register a Node that never turns Ready: a kubelet that cannot finish starting (a broken image,
+        a CNI that never comes up). The lever for a launch lifecycle action whose node is never Ready.
+        Raises ``ValueError`` for a negative count."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        self._never_ready += count
+
     def _follow(self, instance: SandboxInstance, event: str) -> None:
         """Keep Kubernetes in step with EC2 (called by the AWS side under its lock)."""
         if event == "launched":
+            ready_after_s: float | None = self.options.node_ready_s
+            if self._never_ready > 0:
+                self._never_ready -= 1
+                ready_after_s = None
             self.kube.add_node(
                 instance.private_dns_name,
                 provider_id=instance.provider_id,
                 labels={"topology.kubernetes.io/zone": instance.availability_zone},
                 register_after_s=self.options.node_register_s,
-                ready_after_s=self.options.node_ready_s,
+                ready_after_s=ready_after_s,
             )
         elif event == "terminated":
             self.kube.delete_node(instance.private_dns_name)

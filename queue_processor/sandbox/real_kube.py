@@ -396,10 +396,11 @@ class RealKube:
         provider_id: str = "",
         labels: dict[str, str] | None = None,
         register_after_s: float = 0.0,
-        ready_after_s: float = 0.0,
+        ready_after_s: float | None = 0.0,
     ) -> None:
         """Create a Node (``kubernetes.io/hostname`` = ``name``, the run label), now or ``register_after_s``
-        simulated seconds from now; KWOK turns it Ready ``ready_after_s`` after it appears."""
+        simulated seconds from now; KWOK turns it Ready ``ready_after_s`` after it appears. With
+        ``ready_after_s`` ``None`` KWOK does not manage it: registered, never Ready (no kubelet answers)."""
         body: Obj = {
             "metadata": {
                 "name": name,
@@ -411,8 +412,8 @@ class RealKube:
             self._node_names.add(name)
 
         def register() -> None:
-            annotations = {KWOK_NODE: "fake"}
-            if ready_after_s > 0:
+            annotations = {KWOK_NODE: "fake"} if ready_after_s is not None else {}
+            if ready_after_s is not None and ready_after_s > 0:
                 ready_at = datetime.now(UTC) + timedelta(seconds=self.clock.real(ready_after_s))
                 annotations[READY_AT] = ready_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             body["metadata"]["annotations"] = annotations

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -501,31 +502,64 @@ async def test_with_node_leases_the_node_is_drained_and_its_lease_released(sandb
     assert running.evicted(node)
 
 
-@pytest.mark.parametrize("delete_if_not_found", [True, False])
-async def test_a_terminate_action_for_an_instance_without_a_node(
-    sandbox: Sandbox, delete_if_not_found: bool
-) -> None:
+@pytest.mark.parametrize("case", ["delete-if-not-found", "no-node-will-come", "a-node-may-come"])
+async def test_a_terminate_action_for_an_instance_without_a_node(sandbox: Sandbox, case: str) -> None:
     # The instance runs but no Node exists for it (never joined, or deleted by hand). With
-    # DELETE_SQS_MSG_IF_NODE_NOT_FOUND the message is acknowledged and the action completed (nothing to
-    # drain); without it the message is retried, the action left open, and nothing else touched.
+    # DELETE_SQS_MSG_IF_NODE_NOT_FOUND the message is acknowledged and the action completed at once (nothing
+    # to drain). Without it, the same once the instance has run for LAUNCH_READY_TIMEOUT_SEC (its node would
+    # have registered by now: no Terminating:Wait heartbeated for an hour of requeues, nothing in the
+    # dead-letter queue); before that a node may still register, and the message is retried, the action left
+    # open, and nothing else touched.
     instance_id, node = node_of(sandbox, 3)
     sandbox.kube.delete_node(node)
-    async with controller(
-        sandbox, delete_sqs_msg_if_node_not_found=delete_if_not_found, requeue_backoff_base_sec=0.5
-    ) as running:
+    settings: dict[str, Any] = {"delete_sqs_msg_if_node_not_found": case == "delete-if-not-found"}
+    if case == "no-node-will-come":
+        settings["launch_ready_timeout_sec"] = 1
+        ec2 = sandbox.aws.client("ec2")
+        (reservation,) = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        launched = reservation["Instances"][0]["LaunchTime"]
+        await until(
+            lambda: (datetime.now(UTC) - launched).total_seconds() > 1.5, what="the instance runs 1 s"
+        )
+    async with controller(sandbox, requeue_backoff_base_sec=0.5, **settings) as running:
         (action,) = sandbox.aws.terminate_instance(instance_id)
-        if delete_if_not_found:
+        if case == "a-node-may-come":
+            await until(lambda: requeued(running) >= 2, what="retried")
+        else:
             await until(lambda: sandbox.aws.action(action.token).status != "open", what="completion")
             await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
-        else:
-            await until(lambda: requeued(running) >= 2, what="retried")
     completions = [c for c in sandbox.aws.calls(instance_id) if c.operation == "CompleteLifecycleAction"]
-    if delete_if_not_found:
-        assert [(c.result, c.ok) for c in completions] == [("CONTINUE", True)]
-    else:
+    if case == "a-node-may-come":
         assert completions == []
         assert sandbox.aws.action(action.token).status == "open"
+    else:
+        assert [(c.result, c.outcome) for c in completions] == [("CONTINUE", "ok")]
+        assert running.dlq_depth() == 0
     assert not running.evicted()
+
+
+async def test_a_launch_whose_node_never_turns_ready_gets_its_hooks_default_result(sandbox: Sandbox) -> None:
+    # A kubelet that never becomes Ready: the launch action is completed with its hook's DefaultResult
+    # (ABANDON, the sandbox's and the Terraform module's default: the group replaces the instance)
+    # LAUNCH_READY_TIMEOUT_SEC after it began, instead of being heartbeated in Pending:Wait until its message
+    # reaches the dead-letter queue.
+    sandbox.launches_never_ready(1)
+    async with controller(sandbox, launch_ready_timeout_sec=2) as running:
+        (launched,) = sandbox.aws.launch_instances("workers-0", 1)
+        (action,) = sandbox.aws.actions(launched.instance_id, status="open")
+        await until(
+            lambda: sandbox.aws.action(action.token).status != "open", timeout_s=30, what="launch completion"
+        )
+        await until(lambda: running.queue_depth() == (0, 0), timeout_s=30, what="queue drained")
+        node = sandbox.kube.get("nodes", launched.private_dns_name)
+        assert node is None or not any(
+            c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or []
+        )
+    completions = [
+        c for c in sandbox.aws.calls(launched.instance_id) if c.operation == "CompleteLifecycleAction"
+    ]
+    assert [(c.result, c.outcome) for c in completions] == [("ABANDON", "ok")]
+    assert running.dlq_depth() == 0
 
 
 async def test_a_node_named_otherwise_is_found_by_its_hostname_label(sandbox: Sandbox) -> None:

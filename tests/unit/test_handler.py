@@ -74,10 +74,10 @@ def terminate(
     )
 
 
-def launch(destination: str = "AutoScalingGroup") -> AsgLaunchLifecycleEvent:
+def launch(destination: str = "AutoScalingGroup", age_s: float = 0.0) -> AsgLaunchLifecycleEvent:
     return AsgLaunchLifecycleEvent(
         instance_id=INSTANCE,
-        time=datetime.now(UTC),
+        time=datetime.now(UTC) - timedelta(seconds=age_s),
         auto_scaling_group_name="workers",
         lifecycle_hook_name="launch",
         lifecycle_action_token="tok-launch",
@@ -94,9 +94,13 @@ def client_error(code: str, message: str) -> ClientError:
 class FakeAutoscaling:
     """Auto Scaling's lifecycle API for one hook: open actions by token, calls recorded in order."""
 
-    def __init__(self, heartbeat_timeout_s: int = 300, *, deny_describe: bool = False) -> None:
+    def __init__(
+        self, heartbeat_timeout_s: int = 300, *, deny_describe: bool = False, default_result: str = "ABANDON"
+    ) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.deny_describe = deny_describe
+        self.default_result = default_result
+        self.results: dict[str, str] = {}  # token → LifecycleActionResult of its completion
         self.open: set[str] = set()
         self.calls: list[tuple[str, str]] = []  # (operation, token)
         self.fail_heartbeats = 0  # the next N heartbeats are throttled
@@ -108,7 +112,8 @@ class FakeAutoscaling:
             raise client_error(
                 "AccessDenied", "not authorized to perform: autoscaling:DescribeLifecycleHooks"
             )
-        return {"LifecycleHooks": [{"HeartbeatTimeout": self.heartbeat_timeout_s}]}
+        hook = {"HeartbeatTimeout": self.heartbeat_timeout_s, "DefaultResult": self.default_result}
+        return {"LifecycleHooks": [hook]}
 
     async def record_lifecycle_action_heartbeat(self, **kwargs: Any) -> dict[str, Any]:
         token = kwargs.get("LifecycleActionToken", "")
@@ -129,6 +134,7 @@ class FakeAutoscaling:
             raise client_error("ValidationError", f"No active Lifecycle Action found with token {token}")
         self.open.discard(token)
         self.calls.append(("CompleteLifecycleAction", token))
+        self.results[token] = kwargs["LifecycleActionResult"]
         return {}
 
     def made(self, operation: str) -> list[str]:
@@ -729,6 +735,93 @@ async def test_a_completed_action_gets_no_heartbeat_after_its_completion(env: An
     last = max(i for i, (op, _) in enumerate(autoscaling.calls) if op == "RecordLifecycleActionHeartbeat")
     done = autoscaling.calls.index(("CompleteLifecycleAction", "tok-1"))
     assert last < done
+
+
+# ------------------------------------------------------------------ hopeless lifecycle actions (issue 26.2)
+
+
+@pytest.mark.parametrize("default_result", ["ABANDON", "CONTINUE", None])  # None: the hook cannot be read
+async def test_a_launch_whose_node_is_not_ready_in_time_gets_its_hooks_default_result(
+    env: Any, default_result: str | None
+) -> None:
+    """The window runs from the action's start, not from this receive: a redelivered launch action that
+    began two minutes ago, with a one-minute window, is completed now (the Terraform module lets users pick
+    CONTINUE for launches when scale-out matters more), never heartbeated receive after receive."""
+    autoscaling = FakeAutoscaling(deny_describe=default_result is None, default_result=default_result or "")
+    world = World(settings(launch_ready_timeout_sec=60), autoscaling=autoscaling)
+    action = launch(age_s=120)
+    operation = world.receive(action)  # its node is registered, never Ready
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-launch": MessageOutcome.DELETE})
+    assert autoscaling.results == {"tok-launch": default_result or "ABANDON"}
+    assert world.count("queue_processor_operation_outcomes_total", outcome="launch-not-ready") == 1
+    assert world.heartbeats.running == 0
+    assert our_tasks() == set()
+
+
+@pytest.mark.parametrize("state", ["shutting-down", "terminated"])
+async def test_a_launch_whose_instance_ended_is_acknowledged_at_once(env: Any, state: str) -> None:
+    world = World(settings(launch_ready_timeout_sec=900))
+    world.resolver.info = InstanceInfo(INSTANCE, NODE, "us-east-1a", state, dict(MANAGED))
+    operation = world.receive(launch())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-launch": MessageOutcome.DELETE})
+    assert world.autoscaling.made("CompleteLifecycleAction") == []  # over with its instance
+    assert world.count("queue_processor_operation_outcomes_total", outcome="instance-gone") == 1
+    assert world.heartbeats.running == 0
+    assert our_tasks() == set()
+
+
+async def test_a_launch_action_already_over_is_acknowledged_without_waiting_for_its_node(env: Any) -> None:
+    world = World(settings(launch_ready_timeout_sec=7200))
+    action = launch(age_s=3600)  # older than a heartbeat interval: its first beat goes out at once
+    operation = world.receive(action)
+    assert operation is not None
+    world.autoscaling.open.clear()  # it timed out already: AWS answers "No active Lifecycle Action"
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-launch": MessageOutcome.DELETE})
+    assert world.autoscaling.made("CompleteLifecycleAction") == []
+    assert world.count("queue_processor_operation_outcomes_total", outcome="action-over") == 1
+    assert our_tasks() == set()
+
+
+@pytest.mark.parametrize("lease", [False, True])
+async def test_a_terminate_action_whose_instance_never_got_a_node_is_completed(env: Any, lease: bool) -> None:
+    """The instance has run for longer than a node takes to register (LAUNCH_READY_TIMEOUT_SEC): there is
+    nothing to drain and nothing will come, so the action is completed instead of being requeued for an hour
+    while Terminating:Wait is heartbeated."""
+    world = World(settings(launch_ready_timeout_sec=900, node_leases=lease), leases=lease)
+    world.kube.nodes.clear()
+    launched = datetime.now(UTC) - timedelta(hours=2)
+    world.resolver.info = InstanceInfo(
+        INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED), launch_time=launched
+    )
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert world.autoscaling.results == {"tok-1": "CONTINUE"}
+    assert world.count("queue_processor_operation_outcomes_total", outcome="no-node") == 1
+    assert world.heartbeats.running == 0
+    assert our_tasks() == set()
+
+
+async def test_a_terminate_action_whose_instance_may_still_register_a_node_is_retried(env: Any) -> None:
+    world = World(settings(launch_ready_timeout_sec=900))
+    world.kube.nodes.clear()
+    launched = datetime.now(UTC) - timedelta(seconds=30)  # just launched: its kubelet may not be up yet
+    world.resolver.info = InstanceInfo(
+        INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED), launch_time=launched
+    )
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.RETRY, {"m-asg": MessageOutcome.REQUEUE})
+    assert world.autoscaling.made("CompleteLifecycleAction") == []
+    assert world.heartbeats.running == 1  # heartbeated while a node may still come
+    await world.heartbeats.close()
 
 
 # ------------------------------------------------------------------------------------------- clock skew

@@ -25,6 +25,7 @@ import botocore.session
 from moto.autoscaling.exceptions import ValidationError
 from moto.autoscaling.models import TerminateInstanceActivity
 from moto.backends import get_backend
+from moto.core.utils import utcnow as moto_utcnow
 from moto.moto_api._internal.models import moto_api_backend
 
 from queue_processor.events import SPOT_NOTICE, EventKind
@@ -487,7 +488,7 @@ class AwsSandbox:
                     raise ValueError(f"{asg_name} has {len(states)} warmed instances, {count} asked")
                 stopped = [s.instance.id for s in states if s.instance.state != "running"]
                 if stopped:
-                    self._ec2.start_instances(stopped)
+                    self._start(stopped)
             else:
                 states = self._run_instances(group, count)
             if destination == "AutoScalingGroup":
@@ -821,6 +822,14 @@ class AwsSandbox:
         finally:
             group.availability_zones = zones
         return list(group.instance_states[before:])
+
+    def _start(self, instance_ids: list[str]) -> None:
+        """EC2 StartInstances as EC2 answers it afterwards: ``LaunchTime`` is the start's time (EC2 reports an
+        instance's most recent launch, "Stop and start Amazon EC2 instances"; moto keeps the first). Called
+        under the lock."""
+        self._ec2.start_instances(instance_ids)
+        for instance_id in instance_ids:
+            self._ec2.get_instance(instance_id).launch_time = moto_utcnow()
 
     def _find_state(self, instance_id: str) -> Any:
         for group in self._autoscaling.autoscaling_groups.values():

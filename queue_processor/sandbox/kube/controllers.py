@@ -174,7 +174,8 @@ class Controllers:
                     self.store.insert("nodes", node)
                     for ds in list(objects["daemonsets"].values()):
                         self.daemon_pod(ds, node["metadata"]["name"])
-                self.schedule(ready_after_s, "node-ready", timer.key)
+                if ready_after_s is not None:  # None: registered, never Ready
+                    self.schedule(ready_after_s, "node-ready", timer.key)
             elif timer.action == "node-ready":
                 node = objects["nodes"].get(timer.key)
                 if node is not None:

@@ -244,11 +244,12 @@ class KubeSandbox:
         provider_id: str = "",
         labels: dict[str, str] | None = None,
         register_after_s: float = 0.0,
-        ready_after_s: float = 0.0,
+        ready_after_s: float | None = 0.0,
     ) -> None:
         """Add a Node (``kubernetes.io/hostname`` label = ``name``). With ``register_after_s`` it appears that
-        many simulated seconds from now; it turns Ready ``ready_after_s`` after it appears. DaemonSets get a
-        pod on it when it appears."""
+        many simulated seconds from now; it turns Ready ``ready_after_s`` after it appears, never when
+        ``ready_after_s`` is ``None`` (a kubelet that registers and never becomes Ready). DaemonSets get a pod
+        on it when it appears."""
         node = {
             "apiVersion": "v1",
             "kind": "Node",
