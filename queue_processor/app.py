@@ -39,6 +39,7 @@ from queue_processor.nodes import (
 from queue_processor.observe.events import NodeEventRecorder, parse_annotations
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
+from queue_processor.returns import Returns
 from queue_processor.server import ProbeServer
 
 __all__ = ["Controller", "run_controller"]
@@ -165,6 +166,21 @@ async def run_controller(
             if server is not None and settings.enable_prometheus_server
             else None
         )
+        returns = (
+            asyncio.create_task(
+                Returns(
+                    kube,
+                    drainer,
+                    resolver,
+                    busy=handler.draining,
+                    interval_s=settings.return_check_interval_sec,
+                    observer=metrics,
+                ).run(),
+                name="returns",
+            )
+            if settings.uncordon_on_return and not settings.dry_run
+            else None
+        )
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
         if started is not None:
             started(Controller(consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, server))
@@ -177,9 +193,10 @@ async def run_controller(
             log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
             # Bounded whatever AWS or the API server does: the consumer gets the whole budget but a second
             # for the rest; a request stuck in a worker thread is abandoned, not waited for.
-            if gauges is not None:
-                gauges.cancel()
-                await asyncio.gather(gauges, return_exceptions=True)
+            for background in (gauges, returns):
+                if background is not None:
+                    background.cancel()
+                    await asyncio.gather(background, return_exceptions=True)
             await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
             await resolver.close()
             if server is not None:

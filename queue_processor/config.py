@@ -450,6 +450,21 @@ class Settings(BaseSettings):
         unit="seconds",
         ge=1,
     )
+    uncordon_on_return: bool = _field(
+        True,
+        "Undo our cordon, taints and label when an instance we cordoned comes back into service (a warm-pool "
+        "return, a stop followed by a start) and its node is Ready; what others set on the node stays.",
+        nth="none: NTH leaves a returning node cordoned",
+    )
+    return_check_interval_sec: float = _field(
+        30.0,
+        "How often the nodes we cordoned are checked for an instance back in service (its EC2 LaunchTime "
+        "changed since our cordon, running, node Ready): one node LIST by label and one DescribeInstances.",
+        nth="none",
+        unit="seconds",
+        ge=1,
+        le=3600,
+    )
     complete_lifecycle_action_delay_seconds: int = _field(
         -1,
         "Wait this long after the drain, and after a launching instance's node turns Ready, before "

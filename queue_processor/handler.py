@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ import structlog
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
@@ -63,7 +65,7 @@ from queue_processor.kinds import (
 from queue_processor.kube import KubeError
 from queue_processor.leases import Claim, ClaimLost, NodeLeases
 from queue_processor.lifecycle import Heartbeats
-from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
+from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed, node_ready
 from queue_processor.observe.events import (
     CANCEL_DRAIN,
     CORDON,
@@ -87,6 +89,7 @@ from queue_processor.observe.observer import (
     OperationOutcome,
 )
 from queue_processor.observe.webhook import Webhook, drain_data
+from queue_processor.returns import came_back
 
 __all__ = [
     "EXCLUDE_FROM_LB_LABEL",
@@ -128,11 +131,6 @@ class Outcome(StrEnum):
     """Acknowledge: drained, or nothing to do."""
     RETRY = "retry"
     """EarlyExit: make the messages visible again after a backoff."""
-
-
-def _is_ready(node: dict[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 T = TypeVar("T")
@@ -179,6 +177,7 @@ class Handler:
         self.webhook = webhook
         self.observer = observer
         self.clock = clock
+        self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
 
     # ------------------------------------------------------------------------------------------- receipt
 
@@ -194,6 +193,11 @@ class Handler:
     def _left_to_bootstrap(self, action: AsgLaunchLifecycleEvent) -> bool:
         return action.destination == "WarmPool" and not self.settings.complete_warm_pool_launch
 
+    def draining(self, instance_id: str) -> bool:
+        """Whether a drain operation for ``instance_id`` runs here now (the check for instances back in
+        service leaves their nodes alone)."""
+        return self._draining[instance_id] > 0
+
     # ---------------------------------------------------------------------------------------- operations
 
     async def handle(self, operation: NodeOperation) -> Outcome:
@@ -203,6 +207,8 @@ class Handler:
             kind=str(operation.first.kind),
             event_id=operation.first.event_id,
         )
+        draining = operation.mode is Mode.DRAIN
+        self._draining[operation.instance_id] += draining
         try:
             async with AsyncExitStack() as early_exit:
                 if operation.mode is Mode.LAUNCH:
@@ -218,6 +224,10 @@ class Handler:
             bound.error("operation failed", error=repr(exc))
             self.observer.error(ErrorWhere.HANDLE)
             return Outcome.RETRY
+        finally:
+            self._draining[operation.instance_id] -= draining
+            if self._draining[operation.instance_id] <= 0:
+                del self._draining[operation.instance_id]
 
     async def _pipeline(self, operation: NodeOperation, early_exit: AsyncExitStack, bound: Any) -> Outcome:
         """resolve → claim → PreDrain + cordon → drain → PostDrain."""
@@ -369,12 +379,13 @@ class Handler:
         """PreDrain and cordon in one write; the node's name, or ``None`` when there is no such node."""
         taints, labels = self._pre_drain(operation)
         name = target.node
-        if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels):
+        about = self._about(operation, target.info)
+        if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels, about=about):
             node = await self.finder.find(target.info) if target.assumed else None
             if node is None:
                 return None
             name = str(node["metadata"]["name"])
-            if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels):
+            if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels, about=about):
                 return None
         for _ in taints:
             self.observer.node_action(NodeAction.TAINT, True)
@@ -396,9 +407,22 @@ class Handler:
             await self._event(name, *CORDON, info=target.info)
         return name
 
+    @staticmethod
+    def _about(operation: NodeOperation, info: InstanceInfo) -> CordonRecord:
+        """The instance facts recorded with our cordon (:mod:`queue_processor.drain.record`): its ID, its EC2
+        ``LaunchTime`` now (a later, different one means it was stopped and started since), whether a terminate
+        action sends it to a warm pool, and when."""
+        return CordonRecord(
+            instance_id=operation.instance_id,
+            launch_time=info.launch_time.isoformat() if info.launch_time is not None else "",
+            warm_pool=any(action.destination == "WarmPool" for action in operation.terminate_actions),
+            since=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+
     async def _webhook_facts(self, node: str) -> tuple[dict[str, str] | None, list[str] | None]:
-        """The node's labels and the names of every pod bound to it (by namespace, then name, as the API
-        server lists them), read before the drain for the webhook as NTH reads them; ``(None, None)``
+        """The node's labels (but :data:`~queue_processor.drain.record.RECORD_LABEL`, ours) and the names of
+        every pod bound to it (by namespace, then name, as the API server lists them), read before the drain for
+        the webhook as NTH reads them; ``(None, None)``
         without a webhook or when they cannot be read (NTH sends nil then)."""
         if self.webhook is None or not self.webhook.url:
             return None, None
@@ -408,6 +432,8 @@ class Handler:
         except KubeError:
             return None, None
         labels = dict(found["metadata"].get("labels") or {}) if found is not None else None
+        if labels is not None:  # our bookkeeping (what to undo on return) is not one of the node's labels
+            labels.pop(RECORD_LABEL, None)
         order = sorted((p["metadata"].get("namespace", ""), p["metadata"]["name"]) for p in pods)
         names = [name for _, name in order]
         return labels, names
@@ -717,7 +743,7 @@ class Handler:
                 self.observer.operation_outcome(OperationOutcome.ACTION_OVER)
                 return Outcome.DONE
             node = await self.finder.find(info)
-            if node is not None and _is_ready(node):
+            if node is not None and node_ready(node):
                 break
             if self.clock() >= deadline:
                 return await self._launch_not_ready(operation, node is not None, bound)
@@ -734,6 +760,8 @@ class Handler:
         name = str(node["metadata"]["name"])
         text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"
         await self._event(name, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text, info=info)
+        if settings.uncordon_on_return:
+            await self._undo_on_return(operation, name, info, bound)
         try:
             await self._complete_actions(operation, None, bound)
         except asyncio.CancelledError:
@@ -745,6 +773,26 @@ class Handler:
         self.observer.node_action(NodeAction.POST_DRAIN, True)
         await self._event(name, *POST_DRAIN, info=info)
         return Outcome.DONE
+
+    async def _undo_on_return(
+        self, operation: NodeOperation, node: str, info: InstanceInfo | None, bound: Any
+    ) -> None:
+        """The launching instance is going into service and its node is Ready: undo what we did to the node
+        when it carries our record for this instance (DESIGN.md rule 12) and no drain of it runs here. A launch
+        out of a warm pool is proof of its return; another launch only when the instance was started since our
+        cordon (:func:`~queue_processor.returns.came_back`)."""
+        from_pool = any(action.origin == "WarmPool" for action in operation.launch_actions)
+
+        def decide(found: dict[str, Any], record: CordonRecord) -> bool:
+            if record.instance_id != operation.instance_id or self.draining(operation.instance_id):
+                return False
+            return node_ready(found) and (from_pool or came_back(record, info, found))
+
+        if await self.drainer.undo(node, decide):
+            self.observer.node_action(NodeAction.UNCORDON, True)
+            bound.info(
+                "instance back in service: our cordon, taints and label undone", from_warm_pool=from_pool
+            )
 
     async def _launch_ended(self, operation: NodeOperation, info: InstanceInfo | None, bound: Any) -> Outcome:
         """The launching instance is shutting down or terminated (or EC2 no longer shows it): its launch

@@ -32,6 +32,7 @@ __all__ = [
     "NodeFinder",
     "describe_instances",
     "is_managed",
+    "node_ready",
     "tagged_instances",
     "tagged_nodes",
 ]
@@ -56,6 +57,12 @@ class InstanceInfo:
     def provider_id(self) -> str:
         """``aws:///<az>/<instance-id>``: the Node's spec.providerID on AWS."""
         return f"aws:///{self.availability_zone}/{self.instance_id}"
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    """Whether a Node's ``Ready`` condition is ``True`` (its kubelet reports it healthy)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") -> bool:

@@ -24,6 +24,7 @@ from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.drain.order import DrainOrder, granted_grace, own_grace, waves
+from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
 from queue_processor.kube import KubeClient, KubeError
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 
@@ -207,24 +208,23 @@ class Drainer:
         *,
         taints: Sequence[tuple[str, str, str]] = (),
         labels_if_absent: Mapping[str, str] | None = None,
+        about: CordonRecord | None = None,
     ) -> bool:
         """Mark the node unschedulable (``spec.unschedulable: true``) and, in the same request, add ``taints``
         (``(key, value, effect)``) and those of ``labels_if_absent`` the node does not carry yet (a value
         already there may be someone else's: it is never overwritten): one write for PreDrain and cordon.
         Idempotent. ``False`` when the node does not exist (404); raises :class:`KubeError` for other failures.
 
-        Without taints or labels this is one strategic-merge patch. With them it is a read-modify-write (one
-        read): ``Node.spec.taints`` has no patch merge key, so a patch that carries taints replaces the whole
-        list on a real API server; the node is read, every taint but ours (same key and effect) is kept as it
-        was, labels already present are left out, and the patch carries the read ``resourceVersion``, so a
-        concurrent change answers 409 Conflict and the write is retried on a fresh read
-        (:data:`TAINT_WRITE_ATTEMPTS` times)."""
+        It is a read-modify-write (one read): ``Node.spec.taints`` has no patch merge key, so a patch that
+        carries taints replaces the whole list on a real API server; the node is read, every taint but ours
+        (same key and effect) is kept as it was, labels already present are left out, and the patch carries the
+        read ``resourceVersion``, so a concurrent change answers 409 Conflict and the write is retried on a fresh
+        read (:data:`TAINT_WRITE_ATTEMPTS` times). The read also says what this write changes that the node did
+        not have: that goes into the node's :class:`~queue_processor.drain.record.CordonRecord` (with the
+        instance facts of ``about``), so that :meth:`undo` can take back exactly what we did."""
         patch: dict[str, Any] = {"spec": {"unschedulable": True}}
         try:
-            if taints or labels_if_absent:
-                await self._read_modify_write(node, taints, patch, labels_if_absent or {})
-            else:
-                await self.kube.patch_node(node, patch)
+            await self._read_modify_write(node, taints, patch, labels_if_absent or {}, about)
         except KubeError as exc:
             if exc.status == 404:
                 return False
@@ -233,8 +233,32 @@ class Drainer:
 
     async def taint(self, node: str, key: str, value: str, effect: str) -> None:
         """Add (or update) one taint, keeping every other taint of the node (read-modify-write, see
-        :meth:`cordon`). Raises :class:`KubeError` (404 when the node is gone)."""
+        :meth:`cordon`; recorded when the node did not carry it). Raises :class:`KubeError` (404 when the node
+        is gone)."""
         await self._read_modify_write(node, [(key, value, effect)], {}, {})
+
+    async def undo(self, node: str, decide: Callable[[dict[str, Any], CordonRecord], bool]) -> bool:
+        """Take back what the node's :class:`~queue_processor.drain.record.CordonRecord` says we changed (our
+        cordon, taints and labels, and the record itself), when ``decide(node, record)`` says so on the node as
+        read for the write; what others set stays (:func:`~queue_processor.drain.record.undo_patch`). ``True``
+        when it was undone, ``False`` when the node is gone, carries no record, or ``decide`` declined. A
+        concurrent change (409) is retried on a fresh read, :data:`TAINT_WRITE_ATTEMPTS` times. Raises
+        :class:`KubeError` for other failures."""
+        for attempt in range(TAINT_WRITE_ATTEMPTS):
+            current = await self.kube.get_node(node)
+            record = CordonRecord.from_node(current) if current is not None else None
+            if current is None or record is None or not decide(current, record):
+                return False
+            try:
+                await self.kube.patch_node(node, undo_patch(current, record))
+                return True
+            except KubeError as exc:
+                if exc.status == 404:
+                    return False
+                if exc.status != 409 or attempt == TAINT_WRITE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+        return False  # pragma: no cover - the loop returns or raises
 
     async def _read_modify_write(
         self,
@@ -242,6 +266,7 @@ class Drainer:
         taints: Sequence[tuple[str, str, str]],
         patch: dict[str, Any],
         labels_if_absent: Mapping[str, str],
+        about: CordonRecord | None = None,
     ) -> None:
         ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
         identities = {(taint["key"], taint["effect"]) for taint in ours}
@@ -257,9 +282,19 @@ class Drainer:
             present = (current.get("metadata") or {}).get("labels") or {}
             metadata: dict[str, Any] = {"resourceVersion": current["metadata"]["resourceVersion"]}
             labels = {key: value for key, value in labels_if_absent.items() if key not in present}
+            spec = dict(patch.get("spec", {}))
+            record = recorded(
+                current,
+                unschedulable=bool(spec.get("unschedulable")),
+                taints=sorted(identities),
+                labels=labels,
+                about=about,
+            )
+            if record is not None:
+                metadata["annotations"] = {RECORD_ANNOTATION: record.to_json()}
+                labels = {**labels, RECORD_LABEL: "true"}
             if labels:
                 metadata["labels"] = labels
-            spec = dict(patch.get("spec", {}))
             if taints:
                 spec["taints"] = kept + ours
             body = {**patch, "metadata": metadata, "spec": spec}

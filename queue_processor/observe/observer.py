@@ -69,6 +69,8 @@ class NodeAction(StrEnum):
     """CompleteLifecycleAction of a terminate action after the drain."""
     LAUNCH_READY = "launch-ready"
     """CompleteLifecycleAction of a launch action once its node is Ready."""
+    UNCORDON = "uncordon"
+    """Our cordon, taints and label were undone: the instance came back into service (UNCORDON_ON_RETURN)."""
 
 
 #: The ``node_action`` values NTH has: counted in its ``actions_total``.

@@ -417,7 +417,11 @@ class RealKube:
                 ready_at = datetime.now(UTC) + timedelta(seconds=self.clock.real(ready_after_s))
                 annotations[READY_AT] = ready_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             body["metadata"]["annotations"] = annotations
-            self._create("/api/v1/nodes", body)
+            try:
+                self._create("/api/v1/nodes", body)
+            except RuntimeError as exc:  # a returning kubelet finds its Node registered: it keeps it
+                if "HTTP 409" not in str(exc):
+                    raise
 
         if register_after_s <= 0:
             register()

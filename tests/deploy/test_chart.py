@@ -121,6 +121,8 @@ SAMPLES: dict[str, Any] = {
     "heartbeatUntil": 7200,
     "completeWarmPoolLaunch": True,
     "launchReadyTimeoutSec": 1200,
+    "uncordonOnReturn": False,
+    "returnCheckIntervalSec": 12.5,
     "completeLifecycleActionDelaySeconds": 30,
     "emitKubernetesEvents": True,
     "kubernetesEventsExtraAnnotations": "team=platform,cost-center=42",

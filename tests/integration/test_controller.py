@@ -24,6 +24,8 @@ import pytest
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import Settings, load_settings
+from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
+from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.permissions import kubernetes_verbs
 from queue_processor.sandbox.aws import TERMINATE_HOOK
 from queue_processor.sandbox.cluster import ClusterSpec
@@ -560,6 +562,97 @@ async def test_a_launch_whose_node_never_turns_ready_gets_its_hooks_default_resu
     ]
     assert [(c.result, c.outcome) for c in completions] == [("ABANDON", "ok")]
     assert running.dlq_depth() == 0
+
+
+FOREIGN_TAINT = {"key": "example.com/dedicated", "value": "batch", "effect": "NoSchedule"}
+LB_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
+
+
+def ours_left(sandbox: Sandbox, node: str) -> dict[str, Any]:
+    """What of ours is left on ``node``: unschedulable, the taints other than the foreign one (and the real
+    node lifecycle controller's, which follows ``spec.unschedulable``), our label and record."""
+    found = sandbox.kube.get("nodes", node)
+    assert found is not None
+    controller_taint = ("node.kubernetes.io/unschedulable", "NoSchedule")
+    taints = {
+        (t["key"], t["effect"])
+        for t in found["spec"].get("taints") or []
+        if (t["key"], t["effect"]) not in {controller_taint, (FOREIGN_TAINT["key"], FOREIGN_TAINT["effect"])}
+    }
+    labels = found["metadata"].get("labels") or {}
+    return {
+        "unschedulable": bool(found["spec"].get("unschedulable")),
+        "taints": taints,
+        "labels": {key for key in (LB_LABEL, RECORD_LABEL) if key in labels},
+        "record": RECORD_ANNOTATION in (found["metadata"].get("annotations") or {}),
+        "foreign": FOREIGN_TAINT in (found["spec"].get("taints") or []),
+    }
+
+
+BACK = {"unschedulable": False, "taints": set(), "labels": set(), "record": False, "foreign": True}
+
+
+async def test_an_instance_stopped_then_started_again_gets_its_node_back_as_it_was(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Issue "Interruptions in combination" 3: the instance stopped (its node drained, cordoned, tainted,
+    labelled), then started again: our cordon, taints and label go, someone else's taint stays; a node cordoned
+    for a rebalance recommendation (its instance never left) stays cordoned."""
+    instance_id, node = node_of(sandbox, 2)
+    rebalanced_id, rebalanced = node_of(sandbox, 5)
+    admin = KubeClient(load_api_client(str(sandbox.kube.kubeconfig(tmp_path / "admin"))))
+    try:
+        await admin.patch_node(node, {"spec": {"taints": [FOREIGN_TAINT]}})
+    finally:
+        admin.close()
+    settings = {
+        "taint_node": True,
+        "exclude_from_load_balancers": True,
+        "enable_out_of_service_taint": True,
+        "return_check_interval_sec": 1,
+    }
+    async with controller(sandbox, **settings) as running:
+        sandbox.aws.rebalance_recommendation(rebalanced_id)
+        sandbox.aws.stop_instance(instance_id)
+        await until(
+            lambda: unschedulable(sandbox, node) and unschedulable(sandbox, rebalanced), what="cordons"
+        )
+        await until(lambda: running.queue_depth() == (0, 0), what="both drained")
+        left = ours_left(sandbox, node)
+        assert left["unschedulable"]
+        assert left["taints"] >= {("node.kubernetes.io/out-of-service", "NoExecute")}
+        assert left["labels"] == {LB_LABEL, RECORD_LABEL}
+        sandbox.aws.start_instance(instance_id)
+        await until(lambda: not unschedulable(sandbox, node), what="the returned node schedulable again")
+        assert ours_left(sandbox, node) == BACK
+        assert unschedulable(sandbox, rebalanced)  # checked in the same pass, and left alone
+
+
+async def test_a_warm_pool_return_gets_its_node_back_when_its_launch_action_is_handled(
+    sandbox: Sandbox,
+) -> None:
+    """Scale-in into a warm pool drains and cordons the node; the instance's move back into the group (a launch
+    action from WarmPool to AutoScalingGroup) undoes our cordon, taint and label before the action is
+    completed (the periodic check is out of the way here: its interval is an hour)."""
+    instance = sandbox.instances[1]
+    settings = {"taint_node": True, "exclude_from_load_balancers": True, "return_check_interval_sec": 3600}
+    async with controller(sandbox, **settings) as running:
+        (leaving,) = sandbox.aws.terminate_instance(instance.instance_id, to_warm_pool=True)
+        await until(lambda: sandbox.aws.action(leaving.token).status != "open", what="terminate completion")
+        await until(
+            lambda: (sandbox.aws.lifecycle_state(instance.instance_id) or "").startswith("Warmed:"),
+            what="the instance in the warm pool",
+        )
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+        assert unschedulable(sandbox, instance.private_dns_name)
+        (back,) = sandbox.aws.launch_instances(instance.asg_name, 1, origin="WarmPool")
+        assert back.instance_id == instance.instance_id
+        (returning,) = sandbox.aws.actions(instance.instance_id, status="open")
+        await until(lambda: sandbox.aws.action(returning.token).status != "open", what="launch completion")
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert sandbox.aws.action(returning.token).result == "CONTINUE"
+    left = ours_left(sandbox, instance.private_dns_name)
+    assert left == {**BACK, "foreign": False}
 
 
 async def test_a_node_named_otherwise_is_found_by_its_hostname_label(sandbox: Sandbox) -> None:

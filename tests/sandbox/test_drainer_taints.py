@@ -17,6 +17,7 @@ import pytest
 
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.cluster import KubeCluster
@@ -58,6 +59,16 @@ async def taints_of(kube: KubeClient, name: str) -> dict[tuple[str, str], str]:
     node = await kube.get_node(name)
     assert node is not None
     return {(t["key"], t["effect"]): t.get("value", "") for t in node["spec"].get("taints") or []}
+
+
+#: The taint a real server's node lifecycle controller keeps in step with ``spec.unschedulable``
+#: (TaintNodesByCondition): neither ours nor the other writer's.
+UNSCHEDULABLE = ("node.kubernetes.io/unschedulable", "NoSchedule")
+
+
+async def others(kube: KubeClient, name: str) -> dict[tuple[str, str], str]:
+    """:func:`taints_of` without :data:`UNSCHEDULABLE`."""
+    return {key: value for key, value in (await taints_of(kube, name)).items() if key != UNSCHEDULABLE}
 
 
 def drainer(kube: KubeClient) -> Drainer:
@@ -153,3 +164,36 @@ async def test_a_taint_written_between_our_read_and_our_write_is_kept(
 async def test_cordon_of_a_missing_node_is_false(kube: KubeClient) -> None:
     assert not await drainer(kube).cordon("no-such-node", taints=[("ours", "1", "NoSchedule")])
     assert not await drainer(kube).cordon("no-such-node")
+
+
+async def test_undo_takes_back_what_we_did_and_nothing_else(cluster: KubeCluster, kube: KubeClient) -> None:
+    """DESIGN.md rule 12, on the API server's own patch semantics: the cordon with PreDrain's taint and label,
+    the out-of-service taint after it, then the undo: the node is as it was, someone else's taint included."""
+    name = await tainted_node(cluster, kube)
+    about = CordonRecord(instance_id="i-1", launch_time="2026-11-25T10:00:00+00:00")
+    lb = {"node.kubernetes.io/exclude-from-external-load-balancers": "aws-node-termination-handler"}
+    ours = ("aws-node-termination-handler/spot-itn", "spot-interruption-1", "NoSchedule")
+    assert await drainer(kube).cordon(name, taints=[ours], labels_if_absent=lb, about=about)
+    await drainer(kube).taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+    assert await drainer(kube).undo(name, lambda node, record: record.instance_id == "i-1")
+    node = await kube.get_node(name)
+    assert node is not None
+    assert not node["spec"].get("unschedulable")
+    assert await others(kube, name) == {(OTHER["key"], OTHER["effect"]): OTHER["value"]}
+    labels = node["metadata"].get("labels") or {}
+    assert not set(lb) & set(labels)
+    assert RECORD_LABEL not in labels
+    assert RECORD_ANNOTATION not in (node["metadata"].get("annotations") or {})
+    assert not await drainer(kube).undo(name, lambda node, record: True)  # nothing recorded any more
+
+
+async def test_undo_keeps_a_cordon_somebody_else_made(cluster: KubeCluster, kube: KubeClient) -> None:
+    name = await tainted_node(cluster, kube)
+    await kube.patch_node(name, {"spec": {"unschedulable": True}})  # kubectl cordon, before the interruption
+    ours = ("aws-node-termination-handler/spot-itn", "spot-interruption-1", "NoSchedule")
+    assert await drainer(kube).cordon(name, taints=[ours], about=CordonRecord(instance_id="i-1"))
+    assert await drainer(kube).undo(name, lambda node, record: True)
+    node = await kube.get_node(name)
+    assert node is not None
+    assert node["spec"].get("unschedulable") is True  # theirs: kept
+    assert await others(kube, name) == {(OTHER["key"], OTHER["effect"]): OTHER["value"]}

@@ -565,6 +565,20 @@ class AwsSandbox:
         with self._lock:
             self._stop_ec2(instance_id)
 
+    def start_instance(self, instance_id: str) -> None:
+        """Start a stopped instance in EC2 (as ``StartInstances`` would, or EC2 restarting a stopped Spot
+        instance when capacity returns): ``running`` again with a new ``LaunchTime`` (EC2 reports the last
+        start), ``pending`` and ``running`` published (the standard rules do not forward them). Its node stays
+        registered and Ready throughout (the sandbox does not model a stopped kubelet). Raises ``ValueError``
+        when the instance is not stopped."""
+        with self._lock:
+            state = self._ec2.get_instance(instance_id).state
+            if state != "stopped":
+                raise ValueError(f"{instance_id} is {state}, not stopped")
+            self._start([instance_id])
+            self.publish_state_change(instance_id, "pending")
+            self.publish_state_change(instance_id, "running")
+
     def terminate_ec2_instance(self, instance_id: str) -> None:
         """Terminate the instance in EC2, outside Auto Scaling (as ``TerminateInstances`` would): it leaves
         its group, its open lifecycle actions are cancelled, ``shutting-down`` and ``terminated`` published."""
