@@ -52,7 +52,7 @@ import structlog
 
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.drainer import DrainBounds, Drainer
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import (
@@ -493,11 +493,15 @@ class Handler:
         bound: Any,
         info: InstanceInfo,
     ) -> bool:
-        """Evict the node's pods until the deadline; ``True`` when drained. Kinds that join meanwhile get
+        """Evict the node's pods until the deadline; ``True`` when drained. Events that join meanwhile bring the
+        drain's deadline and the instance's end nearer when theirs are (DESIGN.md rule 13), and their kinds get
         their taints (a watcher task, cancelled and awaited when the drain ends; ``tainted`` grows)."""
         started = self.clock()
         kind = str(operation.first.kind)
-        watcher = asyncio.create_task(self._taint_joiners(operation, node, tainted), name=f"taints-{node}")
+        bounds = DrainBounds(self._deadline(operation), self._instance_end(operation))
+        watcher = asyncio.create_task(
+            self._joiners(operation, node, tainted, bounds, bound), name=f"joiners-{node}"
+        )
         recorder = self.recorder if self.recorder is not None and self.recorder.enabled else None
 
         async def evicted(namespace: str, name: str) -> None:
@@ -512,8 +516,7 @@ class Handler:
         try:
             result = await self.drainer.drain(
                 node,
-                self._deadline(operation),
-                instance_end=self._instance_end(operation),
+                bounds,
                 guard=claim.confirm if claim is not None else None,
                 evicted=evicted if recorder is not None else None,
                 deleted=deleted if recorder is not None else None,
@@ -546,11 +549,24 @@ class Handler:
         await self._event(node, *CORDON_AND_DRAIN, info=info)
         return True
 
-    async def _taint_joiners(self, operation: NodeOperation, node: str, tainted: set[EventKind]) -> None:
-        """Whenever an event joins, taint the node for kinds not tainted yet (TAINT_NODE)."""
+    async def _joiners(
+        self, operation: NodeOperation, node: str, tainted: set[EventKind], bounds: DrainBounds, bound: Any
+    ) -> None:
+        """Whenever an event joins: the drain's bounds tighten to its deadline and instance end when they are
+        nearer (a Spot warning joining a rebalance recommendation's drain), and the node is tainted for kinds
+        not tainted yet (TAINT_NODE)."""
         while True:
             await operation.joined.wait()
             operation.joined.clear()
+            if bounds.tighten(self._deadline(operation), self._instance_end(operation)):
+                now = self.clock()
+                bound.info(
+                    "a joining event brings the drain's end nearer",
+                    deadline_in_s=round(bounds.deadline - now, 1),
+                    instance_end_in_s=None
+                    if bounds.instance_end is None
+                    else round(bounds.instance_end - now, 1),
+                )
             new = [kind for kind in operation.kinds if kind not in tainted]
             for key, value, effect in self._taints(operation, new):
                 await self.drainer.taint(node, key, value, effect)

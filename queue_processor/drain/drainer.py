@@ -12,6 +12,7 @@ at once); cordoning never waits for it ("Safely Drain a Node", "API-initiated Ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import Counter
@@ -31,6 +32,7 @@ from queue_processor.observe.observer import NULL_OBSERVER, Observer
 __all__ = [
     "TAINT_WRITE_ATTEMPTS",
     "WAVE_PAD_S",
+    "DrainBounds",
     "DrainOutcome",
     "DrainResult",
     "DrainTiming",
@@ -140,6 +142,55 @@ class DrainTiming:
             delete_at_deadline=settings.delete_at_deadline,
             delete_lead_s=settings.delete_at_deadline_lead,
         )
+
+
+class DrainBounds:
+    """When a drain must end, tightened only (DESIGN.md rule 13): ``deadline`` (a ``clock`` reading: the drain
+    stops waiting then) and ``instance_end`` (a ``clock`` reading: when the instance goes, ``None`` while no
+    event says). An event that joins the operation with a nearer end (a Spot warning after the rebalance
+    recommendation that started the drain) tightens them (:meth:`tighten`), and the drain in progress picks the new
+    bounds up at once: waits and eviction retries wake, grace periods are cut again (pods evicted already are
+    evicted again with the shorter grace, which the API server applies to a terminating pod), the waves and the
+    deadline step are planned again. One asyncio loop owns it."""
+
+    def __init__(self, deadline: float, instance_end: float | None = None) -> None:
+        self.deadline = deadline
+        self.instance_end = instance_end
+        self._tightened = asyncio.Event()
+
+    def tighten(self, deadline: float, instance_end: float | None) -> bool:
+        """Take the nearer of each bound; ``True`` (and every waiter woken) when one moved."""
+        moved = False
+        if deadline < self.deadline:
+            self.deadline, moved = deadline, True
+        if instance_end is not None and (self.instance_end is None or instance_end < self.instance_end):
+            self.instance_end, moved = instance_end, True
+        if moved:
+            woken, self._tightened = self._tightened, asyncio.Event()
+            woken.set()
+        return moved
+
+    def final(self, timing: DrainTiming) -> tuple[float, bool]:
+        """The last moment the drain waits for (a ``clock`` reading), and whether it ends with the deadline
+        step: with DELETE_AT_DEADLINE, DELETE_AT_DEADLINE_LEAD before the instance's end when that comes before
+        the deadline (an end far away, an AWS Health event's next week, never deletes anything), else the
+        deadline."""
+        end = self.instance_end
+        if timing.delete_at_deadline and end is not None and end - timing.delete_lead_s <= self.deadline:
+            return end - timing.delete_lead_s, True
+        return self.deadline, False
+
+    async def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less when the bounds tighten meanwhile: ``True`` when they did."""
+        tightened = self._tightened
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(seconds, 0.0)):
+                await tightened.wait()
+        return tightened.is_set()
+
+    async def tightening(self) -> None:
+        """Wait until the bounds tighten next."""
+        await self._tightened.wait()
 
 
 @dataclass
@@ -309,28 +360,30 @@ class Drainer:
     async def drain(
         self,
         node: str,
-        deadline: float,
+        deadline: float | DrainBounds,
         *,
         instance_end: float | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
         evicted: Callable[[str, str], Awaitable[None]] | None = None,
         deleted: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
-        """Evict the node's pods and wait until they are gone, or until ``deadline`` (a ``clock`` reading).
-        Waits for a drain-budget slot first. With ``order`` waves, critical pods are evicted only once the
-        ordinary ones are gone, or when only the time they need is left. ``instance_end`` (a ``clock``
-        reading) is when the instance goes, when a notice says so: grace periods are cut to end
+        """Evict the node's pods and wait until they are gone, or until the deadline (a ``clock`` reading, or
+        the :class:`DrainBounds` of an operation whose bounds may tighten while it drains). Waits for a
+        drain-budget slot first. With ``order`` waves, critical pods are evicted only once the ordinary ones are
+        gone, or when only the time they need is left. ``instance_end`` (a ``clock`` reading; with a plain
+        deadline) is when the instance goes, when a notice says so: grace periods are cut to end
         ``grace_margin_s`` before it, and with ``delete_at_deadline`` what is still there ``delete_lead_s``
         before it is deleted. ``guard`` is awaited before every eviction request: it raises to stop the drain
         (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`);
         ``evicted(namespace, name)`` after each eviction the API server accepted, ``deleted(namespace, name)``
         after each deletion at the deadline (they must not raise). Raises :class:`KubeError` when the pods
         cannot be listed, and whatever ``guard`` raises."""
+        bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, deadline, instance_end, guard, evicted, deleted)
+                return await self._drain(node, bounds, guard, evicted, deleted)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
@@ -338,8 +391,7 @@ class Drainer:
     async def _drain(
         self,
         node: str,
-        deadline: float,
-        instance_end: float | None,
+        bounds: DrainBounds,
         guard: Callable[[], Awaitable[None]] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None,
         deleted: Callable[[str, str], Awaitable[None]] | None,
@@ -372,36 +424,40 @@ class Drainer:
             pod_of=lambda item: item[1],
         )
         del pods, plan
-        # The last moment to wait for: the deadline, or, with the deadline step, its lead before the instance's
-        # end, when that comes first (an end far away, an AWS Health event's next week, never deletes anything).
-        deleting = (
-            timing.delete_at_deadline
-            and instance_end is not None
-            and instance_end - timing.delete_lead_s <= deadline
-        )
-        final = instance_end - timing.delete_lead_s if deleting and instance_end is not None else deadline
         tasks: list[asyncio.Task[_Eviction]] = []
+        accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
+        by_key = {entry.key: entry for group in groups for entry, _ in group}
+        recut = asyncio.create_task(self._recut(bounds, by_key, accepted), name=f"recut-{node}")
         try:
             for index, group in enumerate(groups):
                 wave = [entry for entry, _ in group]
                 result.waves.append(len(wave))
                 tasks += [
-                    asyncio.create_task(self._evict(entry, final, instance_end, guard, evicted))
+                    asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted))
                     for entry in wave
                     if entry.evict
                 ]
                 later = [entry for later_group in groups[index + 1 :] for entry, _ in later_group]
                 if later:
-                    bound = final - self._reserve(later, final, instance_end)
-                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, bound, tasks)
-            outcomes = await asyncio.gather(*tasks)
+
+                    def wave_bound(later: list[_Pod] = later) -> float:
+                        final = bounds.final(timing)[0]
+                        return final - self._reserve(later, final, bounds.instance_end)
+
+                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, tasks)
+            outcomes = [accepted.get(o.key, o) for o in await asyncio.gather(*tasks)]
+            waiting = {(entry.key, entry.uid) for entry in by_key.values()}
+            left = dict(await self._wait_gone(node, waiting, lambda: bounds.final(timing)[0], bounds))
         except BaseException:
             # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction.
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        by_key = {entry.key: entry for group in groups for entry, _ in group}
+        finally:
+            recut.cancel()
+            await asyncio.gather(recut, return_exceptions=True)
+        outcomes = [accepted.get(o.key, o) for o in outcomes]  # a re-cut after the gather
         for outcome in outcomes:
             entry = by_key[outcome.key]
             entry.granted_s, entry.cut = outcome.grace_s, outcome.cut
@@ -412,11 +468,9 @@ class Drainer:
                 result.blocked += 1
             elif outcome.result is EvictionOutcome.ERROR:
                 result.failed.append(f"{outcome.key[0]}/{outcome.key[1]}: {outcome.detail}")
-        waiting = {(entry.key, entry.uid) for entry in by_key.values()}
-        left = await self._still_there(node, waiting, final)
-        self._grace_figures(result, outcomes, left, instance_end)
+        self._grace_figures(result, outcomes, left, bounds.instance_end)
         refused: list[str] = []  # deletions at the deadline the API server refused
-        if left and deleting:
+        if left and bounds.final(timing)[1]:
             left = await self._delete_at_deadline(left, result, deleted, refused)
         result.remaining = len(left)
         blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
@@ -429,6 +483,31 @@ class Drainer:
             result.completed = True
             result.outcome = DrainOutcome.DELETED if result.deleted_at_deadline else DrainOutcome.DRAINED
         return result
+
+    async def _recut(
+        self,
+        bounds: DrainBounds,
+        pods: Mapping[tuple[str, str], _Pod],
+        accepted: dict[tuple[str, str], _Eviction],
+    ) -> None:
+        """Whenever the bounds tighten, evict again, with the grace period cut to the new end, each pod already
+        evicted whose grace would outlast it: the API server applies a shorter grace to a terminating pod
+        (its eviction ignores PodDisruptionBudgets). Runs until cancelled; a failed eviction is left as it
+        was (the pod keeps its grace, and the deadline step still comes)."""
+        while True:
+            await bounds.tightening()
+            end = bounds.instance_end
+            if end is None:
+                continue
+            for key, outcome in list(accepted.items()):
+                if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
+                    continue
+                grace, cut = granted_grace(pods[key].grace_s, end - self.clock(), self.timing.grace_margin_s)
+                if not cut or self.clock() + grace >= outcome.at + outcome.grace_s:
+                    continue
+                with contextlib.suppress(KubeError):
+                    await self.kube.evict(key[0], key[1], grace)
+                    accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
     def _grace_figures(
         self,
@@ -468,15 +547,17 @@ class Drainer:
     async def _evict(
         self,
         entry: _Pod,
-        deadline: float,
-        instance_end: float | None,
+        bounds: DrainBounds,
         guard: Callable[[], Awaitable[None]] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None = None,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
+        accepted: dict[tuple[str, str], _Eviction],
     ) -> _Eviction:
-        """Evict one pod, retrying 429s (and other errors) with backoff until ``deadline``: how it ended. Each
-        attempt asks for the pod's grace period cut to end GRACE_DEADLINE_MARGIN before ``instance_end``
+        """Evict one pod, retrying 429s (and other errors) with backoff until the drain's last moment
+        (:meth:`DrainBounds.final`, read again at each attempt): how it ended. Each attempt asks for the pod's
+        grace period cut to end GRACE_DEADLINE_MARGIN before the instance's end
         (:func:`~queue_processor.drain.order.granted_grace`); the pod's own is sent as no grace period at all
-        when POD_TERMINATION_GRACE_PERIOD is -1 and nothing is cut."""
+        when POD_TERMINATION_GRACE_PERIOD is -1 and nothing is cut. A tightening of the bounds ends a wait
+        between attempts at once. An accepted eviction is also put in ``accepted`` (for :meth:`_recut`)."""
         namespace, name = entry.key
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
@@ -484,6 +565,7 @@ class Drainer:
             while True:
                 if guard is not None:
                     await guard()
+                instance_end = bounds.instance_end
                 until_end = None if instance_end is None else instance_end - self.clock()
                 grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
                 try:
@@ -500,17 +582,21 @@ class Drainer:
                             self._blocking(blocking, -1)
                             blocking = budget
                             self._blocking(blocking, +1)
-                    if self.clock() + delay >= deadline:
+                    if self.clock() + delay >= bounds.final(self.timing)[0]:
                         if exc.status == 429:
                             return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
                         detail = f"{exc.status} {exc.reason}: {exc.message}"
                         return self._evicted(entry, EvictionOutcome.ERROR, detail)
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                    delay = min(delay * 2, EVICTION_RETRY_S[1])
+                    if await bounds.sleep(delay * random.uniform(0.8, 1.2)):
+                        delay = EVICTION_RETRY_S[0]  # a new end: try again now, with the new grace
+                    else:
+                        delay = min(delay * 2, EVICTION_RETRY_S[1])
                     continue
                 if evicted is not None:
                     await evicted(namespace, name)
-                return self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace, cut=cut)
+                outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace, cut=cut)
+                accepted[entry.key] = outcome
+                return outcome
         finally:
             self._blocking(blocking, -1)
 
@@ -541,29 +627,24 @@ class Drainer:
         self,
         node: str,
         waiting: set[tuple[tuple[str, str], Any]],
-        deadline: float,
+        deadline: Callable[[], float],
+        bounds: DrainBounds,
         tasks: Sequence[asyncio.Task[Any]] = (),
     ) -> set[tuple[tuple[str, str], Any]]:
-        """Re-list the node's pods until none of ``waiting`` (key, uid) is left, the deadline, or one of
-        ``tasks`` failed; those left."""
+        """Re-list the node's pods until none of ``waiting`` (key, uid) is left, ``deadline()`` (read again at
+        each poll, and at once when ``bounds`` tighten), or one of ``tasks`` failed; those left."""
         poll = 0.05
         while waiting:
             pods = await self.kube.pods_on_node(node)  # a quorum read: the cache may still show them
             present = {(pod_key(pod), pod["metadata"].get("uid")) for pod in pods}
             waiting &= present
-            if not waiting or self.clock() >= deadline:
+            if not waiting or self.clock() >= deadline():
                 break
             if any(task.done() and not task.cancelled() and task.exception() for task in tasks):
                 break
-            await asyncio.sleep(min(poll, max(0.0, deadline - self.clock())))
-            poll = min(poll * 1.5, 2.0)
+            if not await bounds.sleep(min(poll, max(0.0, deadline() - self.clock()))):
+                poll = min(poll * 1.5, 2.0)
         return waiting
-
-    async def _still_there(
-        self, node: str, waiting: set[tuple[tuple[str, str], Any]], deadline: float
-    ) -> dict[tuple[str, str], Any]:
-        """:meth:`_wait_gone` for every pod of the drain: key → uid of those still on the node."""
-        return dict(await self._wait_gone(node, waiting, deadline))
 
     async def _delete_at_deadline(
         self,

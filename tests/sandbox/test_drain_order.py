@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from queue_processor.cli import main
-from queue_processor.drain.drainer import Drainer, DrainOutcome, DrainTiming
+from queue_processor.drain.drainer import DrainBounds, Drainer, DrainOutcome, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
 from queue_processor.kube import KubeClient, load_api_client
@@ -148,6 +148,37 @@ async def test_what_a_budget_blocks_is_deleted_just_before_the_instance_ends(
     assert left == set()  # gone from the API server at once: its controller may replace it
     assert metrics.registry.get_sample_value("queue_processor_pods_deleted_at_deadline_total") == 1
     assert drainer.blocked == {}  # the gauge holds nothing once the drain is over
+
+
+async def test_a_nearer_end_that_joins_a_running_drain_is_picked_up_at_once(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    """DESIGN.md rule 13 (issue "Interruptions in combination" 4): a rebalance recommendation starts the drain
+    (no instance end, a deadline ten minutes away); the Spot warning for the same instance joins once the slow
+    pod has been evicted with its own 600 s. The pod already terminating is evicted again with its grace cut to
+    the new end (the API server shortens a terminating pod's grace), and what the budget holds is deleted just
+    before it, not when the rebalance deadline comes."""
+    node, namespace = a_node(cluster)
+    cluster.add_pod(namespace, "guarded", node=node, labels={"app": "db"}, grace_s=30)
+    cluster.add_pod(namespace, "slow", node=node, grace_s=600)
+    cluster.add_pdb(namespace, "db", match_labels={"app": "db"}, min_available=1)
+    timing = DrainTiming(delete_at_deadline=True, delete_lead_s=2, grace_margin_s=3)
+    drainer = Drainer(kube, DrainOptions(), budget=1, timing=timing)
+    bounds = DrainBounds(drainer.clock() + 600)  # the rebalance recommendation's
+    deleted: list[str] = []
+
+    async def spot_warning_joins(_: str, name: str) -> None:
+        if name == "slow":
+            assert bounds.tighten(drainer.clock() + 600, drainer.clock() + 8)
+
+    async def on_delete(_: str, name: str) -> None:
+        deleted.append(name)
+
+    result = await drainer.drain(node, bounds, evicted=spot_warning_joins, deleted=on_delete)
+    assert (result.completed, result.outcome) == (True, DrainOutcome.DELETED), result
+    assert "guarded" in deleted
+    assert result.cut_short == 1  # slow: evicted again, its 600 s cut to the Spot warning's end
+    assert names_on(await kube.pods_on_node(node), namespace) == set()
 
 
 async def test_a_blocked_drain_names_the_budget_with_its_arithmetic(

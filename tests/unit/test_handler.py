@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import Settings, load_settings
-from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Handler, Outcome
@@ -51,11 +51,20 @@ def ref(message_id: str) -> SqsMessageRef:
     return SqsMessageRef(queue_url=QUEUE, message_id=message_id, receipt_handle=f"rh-{message_id}")
 
 
-def spot(message_id: str = "m-spot", instance: str = INSTANCE) -> SpotInterruptionEvent:
+def spot(message_id: str = "m-spot", instance: str = INSTANCE, age_s: float = 0.0) -> SpotInterruptionEvent:
     return SpotInterruptionEvent(
         instance_id=instance,
-        time=datetime.now(UTC),
+        time=datetime.now(UTC) - timedelta(seconds=age_s),
         source_id=f"spot-{message_id}",
+        message=ref(message_id),
+    )
+
+
+def rebalance(message_id: str = "m-rebalance") -> RebalanceRecommendationEvent:
+    return RebalanceRecommendationEvent(
+        instance_id=INSTANCE,
+        time=datetime.now(UTC),
+        source_id=f"rebalance-{message_id}",
         message=ref(message_id),
     )
 
@@ -150,6 +159,7 @@ class FakeKube:
         self.pods: list[dict[str, Any]] = []
         self.leases: dict[str, dict[str, Any]] = {}
         self.evicted: list[str] = []
+        self.deleted: list[str] = []  # deleted at the deadline (DELETE_AT_DEADLINE)
         self.refuse_evictions = False  # 429 from a PodDisruptionBudget
         self.on_evict: Any = None
 
@@ -202,6 +212,14 @@ class FakeKube:
             )
         self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
         self.evicted.append(name)
+
+    async def delete_pod(
+        self, namespace: str, name: str, grace_s: int = 0, *, uid: str | None = None
+    ) -> None:
+        if not any(p["metadata"]["name"] == name for p in self.pods):
+            raise KubeError(404, "NotFound", f'pods "{name}" not found')
+        self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+        self.deleted.append(name)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         lease = self.leases.get(name)
@@ -259,7 +277,13 @@ class World:
         self.metrics = Metrics(process_metrics=False)
         self.lifecycle = Lifecycle(self.autoscaling, settings, observer=self.metrics)
         self.heartbeats = Heartbeats(self.lifecycle)
-        self.drainer = Drainer(self.kube, DrainOptions(), budget=10, observer=self.metrics)  # type: ignore[arg-type]
+        self.drainer = Drainer(
+            self.kube,  # type: ignore[arg-type]
+            DrainOptions(),
+            budget=10,
+            timing=DrainTiming.of(settings),
+            observer=self.metrics,
+        )
         self.leases = (
             NodeLeases(self.kube, namespace="ops", identity="replica-a", duration_s=60)  # type: ignore[arg-type]
             if leases
@@ -737,6 +761,47 @@ async def test_a_completed_action_gets_no_heartbeat_after_its_completion(env: An
     assert last < done
 
 
+# ------------------------------------------------------------- a nearer end joins a running drain (26.4)
+
+
+async def test_a_spot_warning_joining_a_rebalance_drain_brings_its_end_and_the_deadline_step(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual order: a rebalance recommendation starts the drain (deadline NODE_TERMINATION_GRACE_PERIOD,
+    no instance end), then the Spot warning for the same instance joins. The drain takes its end at once: the
+    pod its budget holds is deleted DELETE_AT_DEADLINE_LEAD before the instance goes, not left there until the
+    rebalance deadline (DESIGN.md rule 13)."""
+    monkeypatch.setattr("queue_processor.drain.drainer.EVICTION_RETRY_S", (0.01, 0.05))
+    world = World(
+        settings(delete_at_deadline=True, delete_at_deadline_lead=4.5, node_termination_grace_period=3600)
+    )
+    world.kube.pods = [p for p in world.kube.pods if p["metadata"]["name"] == "web-0"]  # the guarded one
+    world.kube.refuse_evictions = True  # its PodDisruptionBudget never allows it
+    operation = world.receive(rebalance())
+    assert operation is not None
+    joined: list[bool] = []
+
+    async def spot_joins(name: str) -> None:
+        if not joined:
+            joined.append(
+                world.receive(spot(age_s=115)) is None
+            )  # 5 s of notice left: joins, no new operation
+
+    world.kube.on_evict = spot_joins
+    outcome, messages = await world.run(operation)
+    assert joined == [True]
+    assert outcome is Outcome.DONE
+    assert messages == {"m-rebalance": MessageOutcome.DELETE, "m-spot": MessageOutcome.DELETE}
+    assert world.kube.deleted == ["web-0"]
+    assert (
+        world.count(
+            "queue_processor_drain_duration_seconds_count", kind="rebalance-recommendation", result="deleted"
+        )
+        == 1
+    )
+    assert our_tasks() == set()
+
+
 # ------------------------------------------------------------------ hopeless lifecycle actions (issue 26.2)
 
 
@@ -851,9 +916,9 @@ async def test_a_skewed_notice_still_gets_a_drain_and_never_more_than_the_grace_
     deadlines: list[float] = []
     drain = world.drainer.drain
 
-    async def recording(node: str, deadline: float, **kwargs: Any) -> Any:
-        deadlines.append(deadline - world.handler.clock())
-        return await drain(node, deadline, **kwargs)
+    async def recording(node: str, bounds: DrainBounds, **kwargs: Any) -> Any:
+        deadlines.append(bounds.deadline - world.handler.clock())
+        return await drain(node, bounds, **kwargs)
 
     world.drainer.drain = recording  # type: ignore[method-assign]
     outcome, _ = await world.run(operation)
@@ -892,10 +957,10 @@ async def test_the_drain_is_told_when_the_instance_ends(
     seen: list[tuple[float, float | None]] = []
     drain = world.drainer.drain
 
-    async def recording(node: str, deadline: float, **kwargs: Any) -> Any:
-        now, end = world.handler.clock(), kwargs["instance_end"]
-        seen.append((deadline - now, None if end is None else end - now))
-        return await drain(node, deadline, **kwargs)
+    async def recording(node: str, bounds: DrainBounds, **kwargs: Any) -> Any:
+        now, end = world.handler.clock(), bounds.instance_end
+        seen.append((bounds.deadline - now, None if end is None else end - now))
+        return await drain(node, bounds, **kwargs)
 
     world.drainer.drain = recording  # type: ignore[method-assign]
     await world.run(operation)
@@ -980,11 +1045,8 @@ async def test_each_interruption_taken_up_gets_its_own_webhook_as_in_nth(env: An
     webhook = with_webhook(world)
     operation = world.receive(spot())
     assert operation is not None
-    rebalance = RebalanceRecommendationEvent(
-        instance_id=INSTANCE, time=datetime.now(UTC), source_id="rebalance-1", message=ref("m-rebalance")
-    )
-    assert world.receive(rebalance) is None  # joins the operation
+    assert world.receive(rebalance()) is None  # joins the operation
     await world.run(operation)
     kinds = [data["Kind"] for data, _, _ in webhook.seen]
     assert kinds == ["SPOT_ITN", "REBALANCE_RECOMMENDATION"]
-    assert webhook.seen[1][0]["EventID"] == "rebalance-recommendation-event-" + b"rebalance-1".hex()
+    assert webhook.seen[1][0]["EventID"] == "rebalance-recommendation-event-" + b"rebalance-m-rebalance".hex()
