@@ -526,7 +526,10 @@ class Settings(BaseSettings):
         "info", "Least severe level logged.", nth="same; NTH has no warning level"
     )
     pod_name: str = _field(
-        "", "This pod's name (downward API), so a drain never evicts the controller itself."
+        "",
+        "This pod's name (downward API): a drain of its node evicts the controller's own pod last, once the rest "
+        "is gone, and leaves the node's lifecycle actions to its successor.",
+        nth="same name; NTH never evicts its own pod and completes its node's action",
     )
     pod_namespace: str = _field(
         "",

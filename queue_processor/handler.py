@@ -52,7 +52,8 @@ import structlog
 
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.drain.drainer import DrainBounds, Drainer
+from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
+from queue_processor.drain.filters import OWN_POD
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import (
@@ -103,6 +104,10 @@ __all__ = [
 log = structlog.get_logger("queue_processor.handler")
 
 OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+
+#: How long, after evicting its own pod, the controller waits for the kubelet's SIGTERM before it requeues the
+#: node's messages itself (seconds): the kubelet signals at once; this only bounds a pod that is not this process.
+LEAVE_WAIT_S = 60.0
 
 #: EC2 states of an instance that has ended: its node never comes back and its lifecycle actions are over.
 INSTANCE_ENDED = ("shutting-down", "terminated")
@@ -259,15 +264,19 @@ class Handler:
         if not self.settings.cordon_only:
             drain = self._drain(operation, node, target.claim, tainted, bound, target.info)
             try:
-                drained = await self._guarded(target.claim, drain)
+                result = await self._guarded(target.claim, drain)
             except (asyncio.CancelledError, ClaimLost):
                 raise
             except Exception:
                 await self._notify(operation, target.info, *facts)
                 raise
             await self._notify(operation, target.info, *facts)
-            if not drained:
+            if not result.completed:
                 return Outcome.RETRY
+            if any(decision.reason == OWN_POD for decision in result.skipped):
+                left = self._leave(operation, node, bound)
+                if await self._guarded(target.claim, left):
+                    return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
             await self._notify(operation, target.info, *facts)
         post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
@@ -492,8 +501,8 @@ class Handler:
         tainted: set[EventKind],
         bound: Any,
         info: InstanceInfo,
-    ) -> bool:
-        """Evict the node's pods until the deadline; ``True`` when drained. Events that join meanwhile bring the
+    ) -> DrainResult:
+        """Evict the node's pods until the deadline; how it ended. Events that join meanwhile bring the
         drain's deadline and the instance's end nearer when theirs are (DESIGN.md rule 13), and their kinds get
         their taints (a watcher task, cancelled and awaited when the drain ends; ``tainted`` grows)."""
         started = self.clock()
@@ -543,10 +552,35 @@ class Handler:
                 EventKind.ASG_TERMINATE_LIFECYCLE in operation.kinds
             ):  # NTH's EarlyExit task for lifecycle hooks
                 await self._event(node, *CANCEL_DRAIN, info=info)
-            return False
+            return result
         self.observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
         bound.info("drained", skipped=len(result.skipped), **figures)
         await self._event(node, *CORDON_AND_DRAIN, info=info)
+        return result
+
+    async def _leave(self, operation: NodeOperation, node: str, bound: Any) -> bool:
+        """Our own pod runs on the node just drained. Rather than completing the node's lifecycle actions and
+        dying with the instance (every other message we hold then waits out its visibility timeout, unheartbeated,
+        until a new pod runs elsewhere), evict our pod last: the kubelet's SIGTERM starts our graceful shutdown,
+        which stops every heartbeat and makes every message we hold visible again at once, this node's included;
+        whoever runs next (the ReplicaSet's replacement, scheduled off this cordoned node, or another replica)
+        takes them up, finds this node drained and completes its actions. ``True`` when our pod was evicted and
+        no SIGTERM came within :data:`LEAVE_WAIT_S` (requeue: the next receive sees how things are then);
+        ``False`` when the eviction was refused until the drain deadline (a PodDisruptionBudget over our
+        replicas): the actions are completed as before and this process goes with the instance."""
+        namespace, name = self.settings.pod_namespace or "default", self.settings.pod_name
+        if not await self.drainer.evict_last(namespace, name, self._deadline(operation)):
+            bound.warning(
+                "our own pod could not be evicted before the deadline: completing and going with the node"
+            )
+            return False
+        self.observer.node_action(NodeAction.LEAVE, True)
+        bound.info(
+            "our own pod evicted, last: its shutdown releases our messages, this node's actions go to our successor",
+            pod=f"{namespace}/{name}",
+        )
+        await asyncio.sleep(LEAVE_WAIT_S)  # the kubelet's SIGTERM comes first, and shutdown cancels this
+        bound.warning("our own pod was evicted but no SIGTERM came: requeued", waited_s=LEAVE_WAIT_S)
         return True
 
     async def _joiners(

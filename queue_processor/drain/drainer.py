@@ -600,6 +600,28 @@ class Drainer:
         finally:
             self._blocking(blocking, -1)
 
+    async def evict_last(self, namespace: str, name: str, deadline: float) -> bool:
+        """Evict one pod with its own grace period, retrying PodDisruptionBudget refusals (429) with backoff until
+        ``deadline`` (a ``clock`` reading): ``True`` once the API server accepted it (or the pod is gone),
+        ``False`` when it was refused until the deadline. The controller's own pod goes this way, after its node
+        is drained. Raises :class:`KubeError` for any other failure."""
+        delay = EVICTION_RETRY_S[0]
+        while True:
+            try:
+                await self.kube.evict(namespace, name)
+            except KubeError as exc:
+                if exc.status == 404:
+                    return True
+                if exc.status != 429:
+                    raise
+                if self.clock() + delay >= deadline:
+                    return False
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, EVICTION_RETRY_S[1])
+                continue
+            self.observer.eviction(EvictionOutcome.EVICTED)
+            return True
+
     def _blocking(self, budget: str | None, change: int) -> None:
         """Count one pod more (``+1``) or fewer (``-1``) whose eviction ``budget`` ("namespace/name") refuses
         now, across every drain; the observer is told the new count."""

@@ -19,7 +19,7 @@ Missing or mistyped fields count as absent: the filters never raise on a pod.
 
 Filters, in the order they run (:data:`FILTERS`):
 
-1. :func:`own_pod_filter`: the controller's own pod is never evicted.
+1. :func:`own_pod_filter`: the controller's own pod is not evicted with the others (the handler evicts it last).
 2. :func:`mirror_filter`: mirror (static) pods are skipped; the API server cannot delete them.
 3. :func:`daemonset_filter`: DaemonSet-managed pods are skipped (``IGNORE_DAEMON_SETS``) or block the drain.
 4. :func:`terminating_filter`: pods already being deleted are not evicted again, only waited for.
@@ -53,6 +53,7 @@ from typing import Any
 __all__ = [
     "FILTERS",
     "MIRROR_POD_ANNOTATION",
+    "OWN_POD",
     "DrainOptions",
     "DrainPlan",
     "FilterStatus",
@@ -262,10 +263,15 @@ def has_local_storage(pod: Mapping[str, Any]) -> bool:
 # --- the filters ---------------------------------------------------------------------------------------------
 
 
+#: The reason :func:`own_pod_filter` gives: the handler evicts that pod itself, last, once the rest is drained.
+OWN_POD = "own-pod"
+
+
 def own_pod_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """SKIP the controller's own pod (``options.own_pod``): a drain must not evict the process running it."""
+    """SKIP the controller's own pod (``options.own_pod``): a drain does not evict the process running it; the
+    handler evicts it last, once the node is drained (:meth:`queue_processor.handler.Handler`, "leave")."""
     if options.own_pod is not None and pod_key(pod) == tuple(options.own_pod):
-        return FilterStatus(Verdict.SKIP, "own-pod")
+        return FilterStatus(Verdict.SKIP, OWN_POD)
     return OK
 
 

@@ -69,6 +69,9 @@ class NodeAction(StrEnum):
     """CompleteLifecycleAction of a terminate action after the drain."""
     LAUNCH_READY = "launch-ready"
     """CompleteLifecycleAction of a launch action once its node is Ready."""
+    LEAVE = "leave"
+    """The controller's own pod was evicted, last, from the node it drained: its successor completes the node's
+    actions."""
     UNCORDON = "uncordon"
     """Our cordon, taints and label were undone: the instance came back into service (UNCORDON_ON_RETURN)."""
 

@@ -19,7 +19,10 @@ plane shared with other sandboxes (``plane`` given), the workloads go to namespa
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -114,6 +117,7 @@ class Sandbox:
         self.instances: list[SandboxInstance] = []
         self._timers: list[threading.Timer] = []
         self._never_ready = 0  # launches whose node never turns Ready (launches_never_ready)
+        self._kubelets: list[threading.Event] = []  # kubelet_for watchers, ended by stop()
 
     def start(self) -> Sandbox:
         """Start both sides, build the cluster, write the kubeconfig and env file."""
@@ -172,6 +176,8 @@ class Sandbox:
         """Stop timers, both servers and their threads."""
         for timer in self._timers:
             timer.cancel()
+        for kubelet in self._kubelets:
+            kubelet.set()
         self.kube.stop()
         self.aws.stop()
 
@@ -224,6 +230,28 @@ class Sandbox:
         return Instance(
             instance.instance_id, instance.private_dns_name, instance.availability_zone, instance.asg_name
         )
+
+    def kubelet_for(self, namespace: str, name: str, pid: int, signum: int = signal.SIGTERM) -> None:
+        """Make pod ``namespace/name`` the pod of process ``pid``, as a kubelet would: once the pod is evicted or
+        deleted (it gets a ``deletionTimestamp``, or disappears), ``signum`` (SIGTERM) is sent to the process, once.
+        The sandbox's pods run nothing: this lever lets a controller process be the pod it drains (its
+        ``POD_NAME`` and ``POD_NAMESPACE``). Checked every 50 ms in a thread :meth:`stop` ends. Raises
+        ``LookupError`` when the pod does not exist now."""
+        if self.kube.get("pods", name, namespace) is None:
+            raise LookupError(f"no pod {namespace}/{name}")
+        stopped = threading.Event()
+
+        def watch() -> None:
+            while not stopped.wait(0.05):
+                pod = self.kube.get("pods", name, namespace)
+                if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signum)
+                    return
+
+        thread = threading.Thread(target=watch, name=f"kubelet-{name}", daemon=True)
+        self._kubelets.append(stopped)
+        thread.start()
 
     def launches_never_ready(self, count: int = 1) -> None:
         """The next ``count`` instances that start running in a group (a launch, or a warm-pool instance moved

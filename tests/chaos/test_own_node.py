@@ -1,0 +1,92 @@
+"""The controller drains its own node (issue "Interruptions in combination" 5).
+
+A scale-in takes the node the controller's own pod runs on, together with another node. The controller drains
+its node, evicts its own pod last, and does not complete the node's lifecycle action: the kubelet's SIGTERM
+(the sandbox's lever :meth:`~queue_processor.sandbox.environment.Sandbox.kubelet_for`, since the sandbox's pods
+run nothing) starts its graceful shutdown, which stops its heartbeats and makes every message it holds visible
+again at once. Its successor (the ReplicaSet's replacement, started here as a second process) finds the node
+drained and completes both actions. No action is left to time out because the controller drained itself, and
+no pod is evicted twice.
+
+Before: the controller completed its own node's action, the instance went with the process, and every other
+message it held waited out its visibility timeout, unheartbeated, until a new pod ran elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from queue_processor.permissions import kubernetes_verbs
+from queue_processor.sandbox.cluster import ClusterSpec
+from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from tests.chaos.harness import Controller, queue_depth, settle
+from tests.conftest import KUBERNETES
+
+SCALE = 0.01  # hooks: HeartbeatTimeout 6000 s = 60 s real
+
+
+@pytest.fixture(params=KUBERNETES)
+def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
+    options = SandboxOptions(
+        nodes=3,
+        scale=SCALE,
+        visibility_timeout_s=30,  # longer than the test would wait for a message a dead process held
+        heartbeat_timeout_s=6000,
+        cluster=ClusterSpec(apps=2, pdb_max_unavailable=1),
+    )
+    real = request.param == "real"
+    plane = request.getfixturevalue("control_plane") if real else None
+    rbac = request.getfixturevalue("chart_rbac") if real else None
+    with Sandbox(
+        options, workdir=tmp_path / "sandbox", kubernetes=request.param, plane=plane, rbac=rbac
+    ) as running:
+        yield running
+        assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)
+
+
+async def test_the_controller_evicts_itself_last_and_its_successor_completes_its_node(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    own, other = sandbox.instances[0], sandbox.instances[1]
+    namespace = sandbox.controller_namespace
+    sandbox.kube.ensure_namespace(namespace)
+    (pod,) = sandbox.kube.add_replicaset(
+        namespace,
+        "queue-processor",
+        nodes=[own.private_dns_name],
+        replicas=1,
+        labels={"app.kubernetes.io/name": "queue-processor"},
+        grace_s=1,
+    )
+    identity = {"POD_NAME": pod, "POD_NAMESPACE": namespace}
+    first = Controller(sandbox, tmp_path / "first.log", **identity)
+    sandbox.kubelet_for(namespace, pod, first.process.pid)
+    started = time.monotonic()
+    (own_action,) = sandbox.aws.terminate_instance(own.instance_id)
+    (other_action,) = sandbox.aws.terminate_instance(other.instance_id)
+
+    # The kubelet's SIGTERM, once its own pod is evicted: a clean exit, every message it held visible at once.
+    assert first.process.wait(timeout=120) == 0
+    first.assert_clean_exit()
+    assert queue_depth(sandbox)[1] == 0  # nothing left in flight: no visibility timeout to wait out
+    assert (
+        sandbox.aws.action(own_action.token).status == "open"
+    )  # left to the successor, heartbeated till then
+    on_own = [
+        p["metadata"]["name"]
+        for p in sandbox.kube.evictions
+        if p["spec"].get("nodeName") == own.private_dns_name
+    ]
+    assert on_own[-1] == pod  # evicted last
+    assert len(on_own) > 1  # after the node's other pods
+
+    successor = Controller(
+        sandbox, tmp_path / "successor.log", POD_NAME=f"{pod}-next", POD_NAMESPACE=namespace
+    )
+    nodes = [own.private_dns_name, other.private_dns_name]
+    verdict = await settle(sandbox, [own_action.token, other_action.token], nodes, started, [successor])
+    assert verdict["lifecycle_timed_out"] == 0
