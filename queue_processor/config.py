@@ -162,8 +162,10 @@ class Settings(BaseSettings):
     # --- the queue
     queue_url: str = _field(
         "",
-        "URL of the SQS queue that EventBridge rules and lifecycle hooks send interruption messages to.",
-        nth="same; required (here or in QUEUE_URLS)",
+        "URL of the SQS queue that EventBridge rules and lifecycle hooks send interruption messages to. A "
+        "standard queue: a FIFO queue (name ending in .fifo) is refused, since one held or requeued message would "
+        "hold back every later message of its group.",
+        nth="same; required (here or in QUEUE_URLS); NTH does not check the queue type",
     )
     queue_urls: Annotated[list[str], NoDecode] = _field(
         [],
@@ -606,6 +608,20 @@ class Settings(BaseSettings):
     def _check_urls(cls, value: list[str]) -> list[str]:
         for url in value:
             cls._check_url(url)
+            cls._check_standard(url)
+        return value
+
+    @field_validator("queue_url")
+    @classmethod
+    def _check_standard(cls, value: str) -> str:
+        """Refuse a FIFO queue (its name ends in ``.fifo``, "Amazon SQS FIFO queues"): a message held or
+        requeued there holds back every later message of its group, Spot warnings included, for as long as it
+        is retried."""
+        if value.rstrip("/").endswith(".fifo"):
+            raise ValueError(
+                f"{value} is a FIFO queue: one held or requeued message would hold back every later message of "
+                "its group, Spot warnings included; use a standard queue (as the Terraform module creates)"
+            )
         return value
 
     @field_validator("heartbeat_interval")

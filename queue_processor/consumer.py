@@ -133,6 +133,8 @@ class Consumer:
         self._stopping = asyncio.Event()
         self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
         self._delete_flusher: asyncio.Task[None] | None = None
+        # Message ID → the renewal in flight that carries it (_extend_held), which its settlement waits for.
+        self._extending: dict[str, asyncio.Future[None]] = {}
         self.loop_heartbeat = time.monotonic()
         """``time.monotonic()`` of the last loop iteration (liveness)."""
         self._waiting_for_budget = 0  # receive loops waiting for an in-flight slot
@@ -376,6 +378,9 @@ class Consumer:
             and event.message.message_id == ref.message_id
         ]
         try:
+            renewal = self._extending.get(ref.message_id)
+            if renewal is not None:  # a renewal carrying this message is in flight: it must land first
+                await asyncio.shield(renewal)
             if outcome is MessageOutcome.DELETE:
                 # Settled: completed (its heartbeat already stopped), over, or left alone on purpose. Nothing
                 # beats for a message this replica deletes; for the others this stop finds no task.
@@ -479,10 +484,43 @@ class Consumer:
             await self._set_visibility(queue_url, handles, seconds, where)
 
     async def _extend_loop(self) -> None:
-        """Every half visibility timeout, renew the visibility of every held message (batches of 10)."""
+        """Every half visibility timeout, renew the visibility of every held message (:meth:`_extend_held`)."""
         period = max(self.visibility_timeout_s / 2, 1.0)
         while True:
             await asyncio.sleep(period)
-            await self._set_held_visibility(
-                self.store.held(), self.visibility_timeout_s, ErrorWhere.VISIBILITY
-            )
+            await self._extend_held()
+
+    async def _extend_held(self) -> None:
+        """One renewal of every message held, to the visibility timeout (batches of 10), ordered with their
+        settlement: a message whose operations have ended by the time its batch goes out is left out (its
+        settlement decides its visibility), and :meth:`_settle` waits for a batch in flight that carries its
+        message, so that a renewal never lands after a requeue (hiding the message for the whole timeout
+        instead of the backoff) or after a delete (a failed renewal counted as an error)."""
+        loop = asyncio.get_running_loop()
+        refs = self.store.held()
+        renewals = {ref.message_id: loop.create_future() for ref in refs}
+        self._extending.update(renewals)
+        try:
+            by_queue: dict[str, list[SqsMessageRef]] = {}
+            for ref in refs:
+                by_queue.setdefault(ref.queue_url, []).append(ref)
+            for queue_url, queued in by_queue.items():
+                for start in range(0, len(queued), 10):
+                    chunk = queued[start : start + 10]
+                    live = [ref for ref in chunk if self.store.in_flight(ref.message_id)]
+                    for ref in chunk:
+                        if ref not in live:
+                            renewals[ref.message_id].set_result(None)
+                    if live:
+                        handles = [ref.receipt_handle for ref in live]
+                        await self._set_visibility(
+                            queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
+                        )
+                    for ref in live:
+                        renewals[ref.message_id].set_result(None)
+        finally:
+            for message_id, renewal in renewals.items():
+                if not renewal.done():
+                    renewal.set_result(None)
+                if self._extending.get(message_id) is renewal:
+                    del self._extending[message_id]

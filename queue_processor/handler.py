@@ -611,18 +611,24 @@ class Handler:
         self, operation: NodeOperation, node: str, claim: Claim | None, tainted: set[EventKind], bound: Any
     ) -> Outcome:
         """Complete the lifecycle actions; taint for kinds that joined since the last taint; the
-        out-of-service taint when ENABLE_OUT_OF_SERVICE_TAINT (not with CORDON_ONLY, as NTH)."""
+        out-of-service taint when ENABLE_OUT_OF_SERVICE_TAINT (not with CORDON_ONLY, as NTH). A node gone by
+        then is success: its instance terminated once its actions were completed, and the node went with it."""
         settings = self.settings
         await self._completion_delay()
         await self._complete_actions(operation, claim, bound)
-        new = [kind for kind in operation.kinds if kind not in tainted]
-        for key, value, effect in self._taints(operation, new):
-            await self.drainer.taint(node, key, value, effect)
-            self.observer.node_action(NodeAction.TAINT, True)
-        tainted.update(new)
-        if settings.enable_out_of_service_taint and not settings.cordon_only:
-            await self.drainer.taint(node, *OUT_OF_SERVICE_TAINT)
-            self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
+        try:
+            new = [kind for kind in operation.kinds if kind not in tainted]
+            for key, value, effect in self._taints(operation, new):
+                await self.drainer.taint(node, key, value, effect)
+                self.observer.node_action(NodeAction.TAINT, True)
+            tainted.update(new)
+            if settings.enable_out_of_service_taint and not settings.cordon_only:
+                await self.drainer.taint(node, *OUT_OF_SERVICE_TAINT)
+                self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            bound.info("node gone once its actions were completed: nothing left to taint")
         await self._complete_actions(operation, claim, bound)  # actions that joined during the taints
         return Outcome.DONE
 

@@ -677,7 +677,8 @@ def test_nothing_uses_the_host_network_ports_or_filesystem(chart: Any, name: str
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_a_rollout_progresses_on_a_single_control_plane_node(chart: Any, name: str) -> None:
     """kOps upgrades stalled when NTH's new pod stayed Pending next to the old one (host port, required
-    anti-affinity): the old pod may go first, and nothing requires a separate node."""
+    anti-affinity): the old pod may go first, and nothing requires a separate node. Every value set, on the
+    rendered manifests; tests/deploy/test_rollout.py runs the upgrade on the real scheduler."""
     rendered = render(chart, VALUE_SETS[name])
     strategy = rendered.deployment["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"

@@ -142,6 +142,11 @@ def test_environment_and_nth_aliases(
             "is in account 210987654321, queue",
         ),
         (
+            {"QUEUE_URL": QUEUE + ".fifo"},
+            f"QUEUE_URL={QUEUE}.fifo: {QUEUE}.fifo is a FIFO queue: one held or requeued message would hold back",
+        ),
+        ({"QUEUE_URLS": QUEUE + "-2.fifo"}, f"{QUEUE}-2.fifo is a FIFO queue"),
+        (
             {"SQS_MSG_VISIBILITY_TIMEOUT_SEC": "5"},
             "SQS_MSG_VISIBILITY_TIMEOUT_SEC=5: Input should be greater than or equal to 10",
         ),

@@ -186,6 +186,8 @@ class FakeSqs:
         self.visibility: list[tuple[str, int]] = []
         self.bodies: dict[str, str] = {}
         self._count = 0
+        self.batches = 0  # ChangeMessageVisibilityBatch calls begun
+        self.batch_gate: asyncio.Event | None = None
 
     def deliver(self, body: str, message_id: str | None = None, receive_count: int = 1) -> str:
         self._count += 1
@@ -224,6 +226,9 @@ class FakeSqs:
         self._changed(call["ReceiptHandle"], call["VisibilityTimeout"])
 
     async def change_message_visibility_batch(self, **call: Any) -> dict[str, Any]:
+        self.batches += 1
+        if self.batch_gate is not None:  # the answer comes when the test says
+            await self.batch_gate.wait()
         for entry in call["Entries"]:
             self._changed(entry["ReceiptHandle"], entry["VisibilityTimeout"])
         return {"Successful": [{"Id": entry["Id"]} for entry in call["Entries"]], "Failed": []}
@@ -379,6 +384,31 @@ async def test_a_failed_operation_requeues_with_a_backoff_and_the_action_keeps_b
     assert running.handler.heartbeats.stopped == []
     kind = "asg-terminate-lifecycle"
     assert running.count("queue_processor_messages_requeued_total", queue=QUEUE, kind=kind) == 1
+
+
+async def test_a_renewal_in_flight_lands_before_the_requeue_never_after_it(make: Any) -> None:
+    """Issue "Interruptions in combination" 6: the visibility extender renews every held message while the
+    operation of one ends and requeues it. The requeue's backoff must be the last word: a renewal landing after
+    it hid the message for the whole visibility timeout instead of the backoff."""
+    running = make(Outcome.RETRY)
+    running.handler.gate = asyncio.Event()
+    message_id = running.sqs.deliver(terminate_body())
+    await running.until(lambda: running.handler.handled)
+    running.sqs.batch_gate = asyncio.Event()
+    renewal = asyncio.create_task(running.consumer._extend_held())
+    await running.until(lambda: running.sqs.batches == 1)  # the renewal is on its way, unanswered
+    running.handler.gate.set()  # the operation ends: requeue
+    for _ in range(20):
+        await asyncio.sleep(0)
+    running.sqs.batch_gate.set()
+    await renewal
+    requeued = "queue_processor_messages_requeued_total"
+    await running.until(lambda: running.count(requeued, queue=QUEUE, kind=KIND) == 1)
+    handle = f"rh-{message_id}-1"
+    changes = [seconds for changed, seconds in running.sqs.visibility if changed == handle]
+    assert changes[0] == 30  # the renewal
+    assert 8 <= changes[-1] <= 12  # then the backoff, last
+    assert running.count("queue_processor_errors_total", where="visibility") == 0
 
 
 async def test_a_redelivered_message_joins_its_operation_and_is_settled_with_its_newest_handle(

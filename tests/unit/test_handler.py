@@ -114,6 +114,7 @@ class FakeAutoscaling:
         self.calls: list[tuple[str, str]] = []  # (operation, token)
         self.fail_heartbeats = 0  # the next N heartbeats are throttled
         self.complete_gate: asyncio.Event | None = None  # completions wait for it when set
+        self.on_complete: Callable[[str], None] | None = None  # called with the token of each completion
 
     async def describe_lifecycle_hooks(self, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(("DescribeLifecycleHooks", ""))
@@ -144,6 +145,8 @@ class FakeAutoscaling:
         self.open.discard(token)
         self.calls.append(("CompleteLifecycleAction", token))
         self.results[token] = kwargs["LifecycleActionResult"]
+        if self.on_complete is not None:
+            self.on_complete(token)
         return {}
 
     def made(self, operation: str) -> list[str]:
@@ -759,6 +762,21 @@ async def test_a_completed_action_gets_no_heartbeat_after_its_completion(env: An
     last = max(i for i, (op, _) in enumerate(autoscaling.calls) if op == "RecordLifecycleActionHeartbeat")
     done = autoscaling.calls.index(("CompleteLifecycleAction", "tok-1"))
     assert last < done
+
+
+async def test_a_node_gone_right_after_its_action_was_completed_is_success(env: Any) -> None:
+    """Issue "Interruptions in combination" 6: with ENABLE_OUT_OF_SERVICE_TAINT, the instance terminates as
+    soon as its action is completed and its Node goes with it; the taint's read then answers 404. Every action
+    was completed: that is success, not a RETRY with a PostDrainError."""
+    world = World(settings(enable_out_of_service_taint=True, emit_kubernetes_events=True))
+    world.autoscaling.on_complete = lambda token: world.kube.nodes.clear()
+    operation = world.receive(terminate())
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert world.count("actions_total", node_action="post-drain", node_status="success") == 1
+    assert world.count("actions_total", node_action="post-drain", node_status="error") == 0
 
 
 # ------------------------------------------------------------- a nearer end joins a running drain (26.4)
