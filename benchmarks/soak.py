@@ -139,6 +139,7 @@ JUDGED = (
     "dlq",
     "heartbeats_after_end",
     "nodes_drained_twice",
+    "evictions_repeated",
     "evictions_denied",
 )
 #: The shortest HeartbeatTimeout (real seconds) the hooks get: the controller's retries of a failed

@@ -272,7 +272,7 @@ def sandbox(
     then judges whatever ran against it (a controller in another process, several replicas, or
     aws-node-termination-handler): the last line is JSON with drained, cordoned, evicted,
     lifecycle_completed, lifecycle_timed_out, daemonset_pods_evicted, messages_left, dlq, heartbeats_after_end,
-    nodes_drained_twice and evictions_denied (see queue_processor.sandbox.run.judge).
+    nodes_drained_twice, evictions_repeated and evictions_denied (see queue_processor.sandbox.run.judge).
     """
     # The sandbox needs the `sandbox` extra (moto): imported here, so `run` works without it.
     from queue_processor.sandbox.environment import Sandbox, SandboxOptions

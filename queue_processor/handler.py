@@ -538,6 +538,7 @@ class Handler:
             await asyncio.gather(watcher, return_exceptions=True)
         self.observer.drained(kind, result.outcome, self.clock() - started)
         figures = {
+            "drain_id": result.drain_id,
             "evicted": result.evicted,
             "waves": result.waves,
             "cut_short": result.cut_short,

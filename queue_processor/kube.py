@@ -35,6 +35,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from queue_processor import __version__
 from queue_processor.config import StartupError, default
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 
@@ -136,7 +137,7 @@ def load_api_client(
     if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return client.ApiClient(configuration)
+            return _named(client.ApiClient(configuration))
         except config.ConfigException:
             pass
     path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
@@ -148,7 +149,16 @@ def load_api_client(
             f"KUBECONFIG={path}: not in a cluster (no service account) and the kubeconfig cannot be used: "
             f"{first}"
         ) from None
-    return client.ApiClient(configuration)
+    return _named(client.ApiClient(configuration))
+
+
+#: The User-Agent of every request (what the API server's audit log records as ``userAgent``).
+USER_AGENT = f"queue-processor/{__version__}"
+
+
+def _named(api: client.ApiClient) -> client.ApiClient:
+    api.user_agent = USER_AGENT
+    return api
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -217,12 +227,14 @@ class KubeClient:
         content_type: str | None = None,
         retry: bool = True,
         urgent: bool = False,
+        agent: str | None = None,
     ) -> Any:
         """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller;
         ``urgent`` requests (node reads and patches: cordoning; Lease calls) pass the rate limiter before drain
-        traffic and run on threads of their own."""
+        traffic and run on threads of their own; ``agent`` is appended to the User-Agent (``drain/<id>``: the
+        API server's audit log then tells which drain sent it)."""
         if not retry:
-            return await self._once(method, path, query, body, content_type, urgent)
+            return await self._once(method, path, query, body, content_type, urgent, agent)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             wait=_wait,
@@ -230,7 +242,7 @@ class KubeClient:
             reraise=True,
         ):
             with attempt:
-                return await self._once(method, path, query, body, content_type, urgent)
+                return await self._once(method, path, query, body, content_type, urgent, agent)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(
@@ -241,13 +253,22 @@ class KubeClient:
         body: Any,
         content_type: str | None,
         urgent: bool = False,
+        agent: str | None = None,
     ) -> Any:
         await self.limiter.acquire(urgent=urgent)
         loop = asyncio.get_running_loop()
         pool = self._urgent_pool if urgent else self._pool
-        status, data, retry_after = await loop.run_in_executor(
-            pool, self._call, method, path, query, body, content_type
-        )
+        sent = loop.run_in_executor(pool, self._call, method, path, query, body, content_type, agent)
+        try:
+            status, data, retry_after = await asyncio.shield(sent)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: a write already on its way still reaches the server. Its caller (a
+            # drain that stops) must not go on while it may still land, or a later drain of the node overlaps
+            # with it. So a cancelled write returns once answered (at most ``timeout_s``); a second
+            # cancellation ends that wait. A read changes nothing and is left behind.
+            if method != "GET" and not sent.done():
+                await asyncio.wait({sent})
+            raise
         verb, resource = _describe(method, path, query)
         self.observer.kube_request(verb, resource, status or None)
         if status:
@@ -259,7 +280,13 @@ class KubeClient:
         return json.loads(data) if data else None
 
     def _call(
-        self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str | None
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str | None,
+        agent: str | None = None,
     ) -> tuple[int, bytes, float | None]:
         headers = {"Accept": "application/json"}
         if body is not None:
@@ -273,6 +300,8 @@ class KubeClient:
                 body=body,
                 auth_settings=["BearerToken"],
             )
+            if agent:  # the client's default headers win over header_params: set it on the serialized ones
+                params[2]["User-Agent"] = f"{self.api.user_agent} {agent}"
             response = self.api.call_api(*params, _request_timeout=self.timeout_s)
             response.read()  # type: ignore[no-untyped-call]
             return (
@@ -328,10 +357,17 @@ class KubeClient:
         return list(answer.get("items") or [])
 
     async def evict(
-        self, namespace: str, name: str, grace_s: int | None = None, *, dry_run: bool = False
+        self,
+        namespace: str,
+        name: str,
+        grace_s: int | None = None,
+        *,
+        dry_run: bool = False,
+        drain: str | None = None,
     ) -> None:
         """POST a policy/v1 Eviction (``grace_s``: ``deleteOptions.gracePeriodSeconds``, seconds; ``dry_run``:
-        ``dryRun=All``, every check and nothing deleted, as ``kubectl drain --dry-run=server``). Raises
+        ``dryRun=All``, every check and nothing deleted, as ``kubectl drain --dry-run=server``; ``drain``: the
+        ID of the drain that sends it, in the User-Agent as ``drain/<id>``). Raises
         :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption now (its name in
         :attr:`KubeError.causes`), 500 when several budgets match the pod, 404 when it is gone. Not retried
         here: each answer means something to the drain."""
@@ -348,7 +384,11 @@ class KubeClient:
         if options:
             body["deleteOptions"] = options
         await self.request(
-            "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body, retry=False
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+            body=body,
+            retry=False,
+            agent=f"drain/{drain}" if drain else None,
         )
 
     async def delete_pod(

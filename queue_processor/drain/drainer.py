@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -91,7 +92,9 @@ class DrainResult:
     the instance's end (killed mid-grace when it goes), ``deleted_at_deadline`` were deleted by
     DELETE_AT_DEADLINE, ``remaining`` were still on the node at the end. ``waves`` is the
     number of pods of each wave, in order; ``causes`` says, one line each, why the drain did not finish: the
-    PodDisruptionBudget with its arithmetic, a failed eviction, pods that did not terminate."""
+    PodDisruptionBudget with its arithmetic, a failed eviction, pods that did not terminate. ``drain_id``
+    names the drain in the User-Agent of its evictions (``drain/<id>``), so the API server's audit log tells
+    one drain's retries from a second drain."""
 
     completed: bool
     outcome: DrainOutcome = DrainOutcome.TIMEOUT
@@ -107,6 +110,7 @@ class DrainResult:
     deleted_at_deadline: int = 0
     waves: list[int] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
+    drain_id: str = ""
 
 
 _DEFAULT_ORDER = DrainOrder(default("drain_order"))
@@ -397,10 +401,13 @@ class Drainer:
         deleted: Callable[[str, str], Awaitable[None]] | None,
     ) -> DrainResult:
         timing = self.timing
+        drain_id = uuid.uuid4().hex[:12]
         pods = await self.kube.pods_on_node(node, cached=self.use_cache)
         plan = plan_drain(pods, self.options)
         # Keep names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once.
-        result = DrainResult(completed=False, skipped=[replace(d, pod={}) for d in plan.skipped])
+        result = DrainResult(
+            completed=False, skipped=[replace(d, pod={}) for d in plan.skipped], drain_id=drain_id
+        )
         if plan.errors:
             names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in plan.errors)
             result.reason = f"cannot drain: {names}"
@@ -427,13 +434,13 @@ class Drainer:
         tasks: list[asyncio.Task[_Eviction]] = []
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for group in groups for entry, _ in group}
-        recut = asyncio.create_task(self._recut(bounds, by_key, accepted), name=f"recut-{node}")
+        recut = asyncio.create_task(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
         try:
             for index, group in enumerate(groups):
                 wave = [entry for entry, _ in group]
                 result.waves.append(len(wave))
                 tasks += [
-                    asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted))
+                    asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted, drain_id))
                     for entry in wave
                     if entry.evict
                 ]
@@ -489,6 +496,7 @@ class Drainer:
         bounds: DrainBounds,
         pods: Mapping[tuple[str, str], _Pod],
         accepted: dict[tuple[str, str], _Eviction],
+        drain_id: str,
     ) -> None:
         """Whenever the bounds tighten, evict again, with the grace period cut to the new end, each pod already
         evicted whose grace would outlast it: the API server applies a shorter grace to a terminating pod
@@ -506,7 +514,7 @@ class Drainer:
                 if not cut or self.clock() + grace >= outcome.at + outcome.grace_s:
                     continue
                 with contextlib.suppress(KubeError):
-                    await self.kube.evict(key[0], key[1], grace)
+                    await self.kube.evict(key[0], key[1], grace, drain=drain_id)
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
     def _grace_figures(
@@ -551,6 +559,7 @@ class Drainer:
         guard: Callable[[], Awaitable[None]] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None,
         accepted: dict[tuple[str, str], _Eviction],
+        drain_id: str,
     ) -> _Eviction:
         """Evict one pod, retrying 429s (and other errors) with backoff until the drain's last moment
         (:meth:`DrainBounds.final`, read again at each attempt): how it ended. Each attempt asks for the pod's
@@ -569,7 +578,8 @@ class Drainer:
                 until_end = None if instance_end is None else instance_end - self.clock()
                 grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
                 try:
-                    await self.kube.evict(namespace, name, grace if cut or self.grace_s >= 0 else None)
+                    granted = grace if cut or self.grace_s >= 0 else None
+                    await self.kube.evict(namespace, name, granted, drain=drain_id)
                 except KubeError as exc:
                     if exc.status == 404:
                         return self._evicted(entry, EvictionOutcome.GONE, "gone")

@@ -8,18 +8,49 @@ DELETE_LOCAL_DATA), and unreplicated pods (evicted by a forced drain only). Size
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["MANUAL_STATUS", "ClusterSpec", "Instance", "KubeCluster", "build_kubernetes"]
+__all__ = [
+    "EVICTED_BY",
+    "MANUAL_STATUS",
+    "ClusterSpec",
+    "Instance",
+    "KubeCluster",
+    "build_kubernetes",
+    "drain_of",
+    "eviction_record",
+]
 
 #: Annotation (value ``manual``) of a pod whose status the sandbox sets itself (a completed, pending or unready
 #: pod, :meth:`KubeCluster.add_pod`): no kubelet runs it, so on either API server its deletion, once begun,
 #: never finishes (KWOK disregards such pods; the emulation leaves them terminating).
 MANUAL_STATUS = "sandbox.queue-processor.dev/status"
+#: Annotation on each record of :attr:`KubeCluster.evictions` (never on the pod itself): the eviction request's
+#: User-Agent, as the API server saw it (its audit log's ``userAgent`` on the real control plane).
+EVICTED_BY = "sandbox.queue-processor.dev/evicted-by"
+
+
+def eviction_record(pod: dict[str, Any], agent: str) -> dict[str, Any]:
+    """A copy of ``pod`` for the eviction record, annotated with the request's User-Agent ``agent``."""
+    record = copy.deepcopy(pod)
+    metadata = record.setdefault("metadata", {})
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), EVICTED_BY: agent}
+    return record
+
+
+def drain_of(record: dict[str, Any]) -> str | None:
+    """The drain that sent an eviction (``drain/<id>`` in its User-Agent, as queue-processor sends it), or
+    ``None`` when it names none (another client: each of its evictions counts as a drain of its own)."""
+    agent = ((record.get("metadata") or {}).get("annotations") or {}).get(EVICTED_BY) or ""
+    for word in agent.split():
+        if word.startswith("drain/"):
+            return word.removeprefix("drain/")
+    return None
 
 
 class KubeCluster(Protocol):
@@ -123,6 +154,9 @@ class KubeCluster(Protocol):
 
     @property
     def evictions(self) -> list[dict[str, Any]]: ...
+
+    """Every pod an eviction deleted (HTTP 201, not a dry run), as it was just before, in order; each record
+    carries the annotation :data:`EVICTED_BY`."""
 
     def denied(self) -> Counter[tuple[str, str]]: ...
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import MANUAL_STATUS
+from queue_processor.sandbox.cluster import MANUAL_STATUS, eviction_record
 from queue_processor.sandbox.control_plane import KWOK_NODE, READY_AT, ControlPlane
 
 __all__ = ["RUN_LABEL", "RealKube"]
@@ -202,9 +202,8 @@ class RealKube:
         self._requests: Counter[str] = Counter()
         self._by_user: Counter[tuple[str, str, int]] = Counter()
         self._evictions: list[Obj] = []
-        self._pending: collections.deque[tuple[Key, str]] = (
-            collections.deque()
-        )  # evictions read from the audit log, pod not resolved yet
+        # Evictions read from the audit log (pod, stage time, User-Agent), pod not resolved yet.
+        self._pending: collections.deque[tuple[Key, str, str]] = collections.deque()
         self._last_eviction: dict[str, datetime] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -746,7 +745,11 @@ class RealKube:
             )
             if ref.get("subresource") == "eviction" and code == 201 and not dry_run:
                 self._pending.append(
-                    ((ref.get("namespace", ""), ref.get("name", "")), event["stageTimestamp"])
+                    (
+                        (ref.get("namespace", ""), ref.get("name", "")),
+                        event["stageTimestamp"],
+                        str(event.get("userAgent") or ""),
+                    )
                 )
         self._resolve_pending()
 
@@ -756,7 +759,7 @@ class RealKube:
         read."""
         deadline = time.monotonic() + 1.0
         while self._pending:
-            key, stamp = self._pending[0]
+            key, stamp, agent = self._pending[0]
             if key[0] not in self._namespaces:  # not a pod of this run
                 self._pending.popleft()
                 continue
@@ -769,7 +772,7 @@ class RealKube:
                 time.sleep(0.02)
                 continue
             self._pending.popleft()
-            pod = copy.deepcopy(pod)
+            pod = eviction_record(pod, agent)
             self._evictions.append(pod)
             node = (pod.get("spec") or {}).get("nodeName")
             if node:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
+from queue_processor.sandbox.cluster import drain_of
 from queue_processor.sandbox.environment import SCENARIO_SETTINGS, Sandbox
 
 __all__ = ["Progress", "as_expected", "drain_figures", "judge", "run_scenario"]
@@ -79,7 +79,12 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
       (the action was completed, abandoned or timed out already), and those that reached an open action
       while nobody held it: every message carrying the action was visible in its queue (released, or
       requeued and back) or gone;
-    - ``nodes_drained_twice``: nodes one of whose pods was evicted twice (two drains at once);
+    - ``nodes_drained_twice``: nodes one of whose pods was evicted by two drains (two drains at once, or a
+      second drain of a node already drained): the drain is the one the eviction's User-Agent names
+      (``drain/<id>``), and an eviction that names none (another client, NTH) is a drain of its own;
+    - ``evictions_repeated``: evictions of a pod by a drain that had evicted it already (not a second drain:
+      a retry after a connection reset the server had answered, or a grace period cut again when a nearer end
+      joined the drain); the pod was terminating by then, so nothing more was disrupted;
     - ``evictions_denied``: eviction requests answered 403 Forbidden (RBAC on the real control plane; the
       emulation has none, and answers 403 only as an injected fault).
     """
@@ -101,11 +106,21 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
         and (name not in present or (present[name].get("spec") or {}).get("unschedulable"))
     )
     evictions = sandbox.kube.evictions
-    counts = Counter((pod["metadata"]["namespace"], pod["metadata"]["name"]) for pod in evictions)
+    drains: dict[tuple[str, str, str], set[str]] = {}  # pod → the drains that evicted it
+    repeated = 0
+    for index, pod in enumerate(evictions):
+        metadata = pod["metadata"]
+        evicted_by = drain_of(pod) or f"unnamed-{index}"
+        seen = drains.setdefault((metadata["namespace"], metadata["name"], metadata.get("uid", "")), set())
+        repeated += evicted_by in seen
+        seen.add(evicted_by)
     twice = {
         pod["spec"].get("nodeName")
         for pod in evictions
-        if counts[(pod["metadata"]["namespace"], pod["metadata"]["name"])] > 1
+        if len(
+            drains[(pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"].get("uid", ""))]
+        )
+        > 1
     }
     denied = sum(n for (_, what), n in sandbox.kube.denied().items() if "eviction" in what)
     return {
@@ -128,6 +143,7 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
             and ("No active Lifecycle Action" in call.outcome or call.held is False)
         ),
         "nodes_drained_twice": len(twice - {None}),
+        "evictions_repeated": repeated,
         "evictions_denied": denied,
         "seconds": state.seconds,
         "progress": asdict(state),

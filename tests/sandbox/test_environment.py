@@ -17,6 +17,7 @@ from kubernetes import client, config
 from queue_processor.cli import main
 from queue_processor.config import load_settings
 from queue_processor.events import EventKind
+from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.parse import parse
 from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
 from queue_processor.sandbox.run import judge
@@ -239,6 +240,35 @@ def test_the_judge_sees_a_heartbeat_after_the_end_and_a_pod_evicted_twice(sandbo
     assert (verdict["heartbeats_after_end"], verdict["nodes_drained_twice"]) == (1, 1)
     assert verdict["lifecycle_completed"] == 1
     assert verdict["evicted"] == 2
+
+
+async def test_the_judge_tells_a_drains_repeated_eviction_from_a_second_drain(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Issue "Interruptions in combination" 7: one drain evicting a pod again (a retry after a reset the server
+    had answered, or a grace cut again for a nearer end) is not a second drain; two drains evicting it are."""
+    node = sandbox.instances[0].private_dns_name
+    namespace = sandbox.cluster.namespace
+    for name in ("retried", "twice"):
+        sandbox.kube.add_pod(namespace, name, node=node, grace_s=100_000)  # terminating for a long while
+    kube = KubeClient(load_api_client(str(sandbox.kubeconfig_path)))
+    try:
+        for name, drain in (("retried", "a"), ("retried", "a"), ("twice", "a"), ("twice", "b")):
+            await kube.evict(namespace, name, drain=drain)
+    finally:
+        kube.close()
+    verdict = judge(sandbox, [node], time.monotonic())
+    assert (verdict["nodes_drained_twice"], verdict["evictions_repeated"]) == (1, 1)
+    other = sandbox.instances[1].private_dns_name
+    sandbox.kube.add_pod(namespace, "once", node=other, grace_s=100_000)
+    kube = KubeClient(load_api_client(str(sandbox.kubeconfig_path)))
+    try:
+        for _ in range(2):
+            await kube.evict(namespace, "once", drain="c")
+    finally:
+        kube.close()
+    verdict = judge(sandbox, [other], time.monotonic())
+    assert (verdict["nodes_drained_twice"], verdict["evictions_repeated"]) == (1, 2)  # the record is global
 
 
 def test_the_judge_counts_a_heartbeat_while_nobody_holds_the_message(sandbox: Sandbox) -> None:

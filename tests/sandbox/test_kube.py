@@ -824,3 +824,24 @@ def test_pdb_status_kept_by_counters_equals_a_full_scan(
         evict(emulation_v1, namespace, name)  # terminating for 30 s, replacements scheduled
         fast, scanned = both()
         assert fast == scanned
+
+
+async def test_the_eviction_record_names_the_drain_that_sent_each_eviction(
+    kube: KubeCluster, tmp_path: Path
+) -> None:
+    """The judge tells a drain's retries from a second drain by the ``drain/<id>`` the controller puts in each
+    eviction's User-Agent, as the API server saw it (the audit log's ``userAgent`` on the real server)."""
+    from queue_processor.kube import KubeClient, load_api_client
+    from queue_processor.sandbox.cluster import drain_of
+
+    namespace = namespace_of(kube)
+    (node,) = nodes(kube, 1)
+    kube.add_pod(namespace, "slow", node=node, grace_s=100_000)  # terminating for a long while
+    client_ = KubeClient(load_api_client(str(kube.kubeconfig(tmp_path / "kubeconfig"))))
+    try:
+        for drain in ("first", "first", "second"):
+            await client_.evict(namespace, "slow", drain=drain)
+    finally:
+        client_.close()
+    mine = [pod for pod in kube.evictions if pod["metadata"]["namespace"] == namespace]
+    assert [drain_of(pod) for pod in mine] == ["first", "first", "second"]

@@ -71,3 +71,30 @@ async def test_throttled_and_reset_calls_are_retried_inside_the_call_and_an_evic
             assert (refused.value.status, refused.value.retry_after_s) == (429, 1.0)
         finally:
             client.close()
+
+
+async def test_a_cancelled_write_is_over_on_the_server_when_its_caller_is(tmp_path: Path) -> None:
+    """Issue "Interruptions in combination" 7: a drain stopped (its operation failed or was cancelled) while
+    one of its evictions was still on its way. The thread cannot be stopped, so the POST still reached the
+    server later, evicting the pod while the next drain of the node (a terminate action arriving 0.4 s later)
+    had listed it as running and evicted it too: two drains at once. A cancelled write now returns only once
+    the server has answered it (a GET is left behind: it changes nothing)."""
+    with KubeSandbox(SandboxClock(1.0)) as sandbox:
+        sandbox.ensure_namespace("apps")
+        sandbox.add_node("ip-10-0-0-2.ec2.internal")
+        sandbox.wait_for_nodes(["ip-10-0-0-2.ec2.internal"])
+        sandbox.add_pod("apps", "web-0", node="ip-10-0-0-2.ec2.internal", grace_s=30)
+        client = KubeClient(load_api_client(str(sandbox.kubeconfig(tmp_path / "kubeconfig"))))
+        try:
+            fault = sandbox.inject_fault("create", "pods/eviction", delay_s=1.0)
+            eviction = asyncio.create_task(client.evict("apps", "web-0"))
+            while fault.count:  # noqa: ASYNC110 - the server has taken the request (and sits on it)
+                await asyncio.sleep(0.01)
+            eviction.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await eviction
+            pod = sandbox.get("pods", "web-0", "apps")
+            assert pod is not None
+            assert pod["metadata"].get("deletionTimestamp")  # the server had done it before we went on
+        finally:
+            client.close()

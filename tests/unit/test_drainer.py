@@ -28,7 +28,9 @@ class Answers(FakeKube):
             )
         self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
 
-    async def evict(self, namespace: str, name: str, grace_s: int | None = None) -> None:
+    async def evict(
+        self, namespace: str, name: str, grace_s: int | None = None, *, drain: str | None = None
+    ) -> None:
         status = self.statuses.get(name)
         if status == 404:
             self.pods = [p for p in self.pods if p["metadata"]["name"] != name]

@@ -206,7 +206,9 @@ class FakeKube:
     async def pods_on_node(self, node: str, *, cached: bool = False) -> list[dict[str, Any]]:
         return [copy.deepcopy(p) for p in self.pods if p["spec"]["nodeName"] == node]
 
-    async def evict(self, namespace: str, name: str, grace_s: int | None = None) -> None:
+    async def evict(
+        self, namespace: str, name: str, grace_s: int | None = None, *, drain: str | None = None
+    ) -> None:
         if self.on_evict is not None:
             await self.on_evict(name)
         if self.refuse_evictions:
@@ -621,10 +623,10 @@ async def test_a_long_budget_blocked_drain_keeps_its_own_lease_through_concurren
     refusals = [60]  # the budget relaxes after 60 refused evictions (of three pods, retried concurrently)
     original_evict, original_replace = world.kube.evict, world.kube.replace_lease
 
-    async def budget(namespace: str, name: str, grace_s: int | None = None) -> None:
+    async def budget(namespace: str, name: str, grace_s: int | None = None, **kwargs: Any) -> None:
         world.kube.refuse_evictions = refusals[0] > 0
         refusals[0] -= 1
-        await original_evict(namespace, name, grace_s)
+        await original_evict(namespace, name, grace_s, **kwargs)
 
     async def slow_write(namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
         answer = await original_replace(namespace, lease)

@@ -29,7 +29,7 @@ from typing import Any
 
 from queue_processor.drain.budgets import is_ready, is_terminating, selector_matches
 from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import MANUAL_STATUS
+from queue_processor.sandbox.cluster import MANUAL_STATUS, eviction_record
 from queue_processor.sandbox.kube.store import RESOURCES, Key, ObjectStore, now_iso
 from queue_processor.sandbox.kube_logic import (
     ApiError,
@@ -347,12 +347,13 @@ class Controllers:
         pods = store.select_pods(namespace, selector)
         return pdb_status(pdb, pods, pdb_expected(pdb, pods, self.scale))
 
-    def evict(self, key: Key, body: Obj, dry_run: bool = False) -> Obj:
+    def evict(self, key: Key, body: Obj, dry_run: bool = False, agent: str = "") -> Obj:
         """The policy/v1 Eviction subresource, as pkg/registry/core/pod/storage/eviction.go decides: a pending,
         finished or terminating pod is deleted without a budget check; a pod under more than one budget is
         refused (500); an unready pod goes when the budget says AlwaysAllow, or when it is met and wants at
         least one healthy pod (IfHealthyBudget); otherwise the budget must allow a disruption (else 429).
-        ``dryRun=All`` (in the body's deleteOptions or the query) checks everything and deletes nothing."""
+        ``dryRun=All`` (in the body's deleteOptions or the query) checks everything and deletes nothing. The
+        record of an eviction carries ``agent``, the request's User-Agent (:data:`EVICTED_BY`)."""
         pod = self.store.objects["pods"].get(key)
         if pod is None:
             raise ApiError(404, "NotFound", f'pods "{key[1]}" not found', {"name": key[1], "kind": "pods"})
@@ -399,7 +400,7 @@ class Controllers:
                     )
         if dry_run:
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
-        self.evictions.append(copy.deepcopy(pod))
+        self.evictions.append(eviction_record(pod, agent))
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             self.last_eviction[node] = datetime.now(UTC)

@@ -387,7 +387,9 @@ class ApiRoutes:
                 validate_event(obj)
             return 201, self._present(plural, self.store.insert(plural, obj))
         if verb == "create" and plural == "pods" and sub == "eviction":
-            return 201, self.controllers.evict(key, body or {}, dry_run=request.query.get("dryRun") == "All")
+            dry_run = request.query.get("dryRun") == "All"
+            agent = request.headers.get("User-Agent", "")
+            return 201, self.controllers.evict(key, body or {}, dry_run=dry_run, agent=agent)
         current = objects[plural].get(key)
         if current is None:
             raise ApiError(
