@@ -11,7 +11,7 @@ CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: setup demo test lint typecheck unit bench storm soak versus-nth docs lock clean cluster-bin cluster-bin-if-go
+.PHONY: setup demo test lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -61,6 +61,16 @@ storm: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/python benchmarks/soak.py
+
+# The storyline explorer (queue_processor/sandbox/explore.py): SEEDS storylines from SEED_FROM (24 from 0), or
+# SEED=K to replay one; KUBERNETES=real runs them on the real control plane (built by cluster-bin).
+SEEDS ?= 24
+SEED_FROM ?= 0
+KUBERNETES ?= emulated
+explore: $(STAMP)
+	@if [ "$(KUBERNETES)" = real ]; then $(MAKE) --no-print-directory cluster-bin; fi
+	$(BIN)/python -m queue_processor.sandbox.explore --kubernetes $(KUBERNETES) \
+		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --seed-from $(SEED_FROM))
 
 # queue-processor and aws-node-termination-handler on the same workloads (real control plane and NTH built by
 # cluster-bin; matplotlib for the picture)

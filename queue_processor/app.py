@@ -106,7 +106,7 @@ async def run_controller(
             settings,
             resolver=resolver,
             finder=finder,
-            heartbeats=Heartbeats(lifecycle),
+            heartbeats=Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec),
             drainer=drainer,
             recorder=NodeEventRecorder(
                 kube,

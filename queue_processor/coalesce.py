@@ -186,6 +186,11 @@ class EventStore:
         state = self._messages.get(message_id)
         return state is not None and state.running > 0
 
+    def actions_of(self, message_id: str) -> set[ActionKey]:
+        """The lifecycle actions a message in flight carries (empty for one not in flight)."""
+        state = self._messages.get(message_id)
+        return set(state.actions) if state is not None else set()
+
     def held(self) -> list[SqsMessageRef]:
         """Every message that still has an operation running, each with the newest receipt handle it was
         received with (the only one SQS still honours): the messages whose visibility is extended, and made

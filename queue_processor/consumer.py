@@ -233,6 +233,7 @@ class Consumer:
             current = asyncio.current_task()
             assert current is not None
             self._polling.add(current)
+            asked_at = time.monotonic()
             try:
                 answer = await call(
                     self.sqs.receive_message,
@@ -267,6 +268,23 @@ class Consumer:
             messages = answer.get("Messages") or []
             for _ in range(room - len(messages)):
                 self._budget.release()
+            if messages and time.monotonic() - asked_at > self.wait_s + self.visibility_timeout_s:
+                # The answer came after these messages' visibility timeout was surely over (this process was
+                # paused, or its loop stalled): another consumer may have received them since and be handling,
+                # even completing, their actions. They are not ours: let them go, the next receive gets them
+                # fresh, whoever makes it.
+                log.warning(
+                    "messages received too late to be ours: made visible again",
+                    messages=len(messages),
+                    waited_s=round(time.monotonic() - asked_at, 1),
+                )
+                self._polling.discard(current)
+                await self._set_visibility(
+                    queue_url, [m["ReceiptHandle"] for m in messages], 0, ErrorWhere.REQUEUE
+                )
+                for _ in messages:
+                    self._budget.release()
+                continue
             failed = 0
             try:
                 for index, message in enumerate(messages):
@@ -452,14 +470,16 @@ class Consumer:
 
     async def _set_visibility(
         self, queue_url: str, receipt_handles: list[str], seconds: int, where: ErrorWhere
-    ) -> None:
+    ) -> set[str]:
         """ChangeMessageVisibilityBatch for ``receipt_handles`` of ``queue_url`` (batches of 10, SQS's
-        limit): visible in ``seconds``. A failed batch is logged and counted under ``where``; raises
-        nothing."""
+        limit): visible in ``seconds``. Returns the receipt handles whose change SQS took. A failed batch or
+        entry is logged and counted under ``where``; raises nothing."""
+        changed: set[str] = set()
         for start in range(0, len(receipt_handles), 10):
+            chunk = receipt_handles[start : start + 10]
             entries = [
                 {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
-                for i, handle in enumerate(receipt_handles[start : start + 10])
+                for i, handle in enumerate(chunk)
             ]
             try:
                 answer = await call(
@@ -471,9 +491,13 @@ class Consumer:
                     "visibility change failed", queue=queue_url, messages=len(entries), error=repr(exc)
                 )
                 continue
-            for failed in answer.get("Failed") or []:
+            failed = answer.get("Failed") or []
+            for entry in failed:
                 self.observer.error(where)
-                log.warning("visibility change failed", queue=queue_url, code=failed.get("Code"))
+                log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
+            refused = {int(entry["Id"]) for entry in failed}
+            changed.update(handle for i, handle in enumerate(chunk) if i not in refused)
+        return changed
 
     async def _set_held_visibility(self, refs: list[SqsMessageRef], seconds: int, where: ErrorWhere) -> None:
         """:meth:`_set_visibility` for messages of any queues, one queue at a time."""
@@ -513,9 +537,12 @@ class Consumer:
                             renewals[ref.message_id].set_result(None)
                     if live:
                         handles = [ref.receipt_handle for ref in live]
-                        await self._set_visibility(
+                        renewed = await self._set_visibility(
                             queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
                         )
+                        for ref in live:  # ours for another visibility timeout: their actions may be beaten
+                            if ref.receipt_handle in renewed:
+                                self.handler.heartbeats.hold(self.store.actions_of(ref.message_id))
                     for ref in live:
                         renewals[ref.message_id].set_result(None)
         finally:

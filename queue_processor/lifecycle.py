@@ -31,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -226,6 +226,10 @@ class _Beat:
     held: asyncio.Event  # set while a receive of ours holds the action's message
     requeued_until: float | None = None  # clock reading; None while a receive of ours holds the action
     visible_at: float | None = None  # clock reading: when the requeued message is back in the queue
+    held_until: float | None = None  # clock reading: when our hold of the message lapses; None: never
+    confirmed: asyncio.Event = field(
+        default_factory=asyncio.Event
+    )  # set when a receive or renewal confirms it
 
 
 class Heartbeats:
@@ -239,10 +243,12 @@ class Heartbeats:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        hold_s: float | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.clock = clock
         self.sleep = sleep
+        self.hold_s = hold_s
         self._beats: dict[ActionKey, _Beat] = {}
         self._over: dict[ActionKey, float] = {}  # → clock reading when it ended (kept MAX_HEARTBEAT_UNTIL_S)
 
@@ -263,6 +269,7 @@ class Heartbeats:
         if beat is not None:
             beat.requeued_until = beat.visible_at = None
             beat.held.set()
+            self._confirm(beat)
             return
         if key in self._over:
             return
@@ -270,7 +277,20 @@ class Heartbeats:
         task = asyncio.create_task(self._run(action), name=name)
         self._beats[key] = _Beat(action, task, asyncio.Event())
         self._beats[key].held.set()
+        self._confirm(self._beats[key])
         task.add_done_callback(functools.partial(self._forget, key))
+
+    def hold(self, keys: Iterable[ActionKey]) -> None:
+        """The messages carrying the actions of ``keys`` are ours for another ``hold_s`` seconds (their
+        visibility was just renewed): their heartbeats may go on."""
+        for key in keys:
+            beat = self._beats.get(key)
+            if beat is not None:
+                self._confirm(beat)
+
+    def _confirm(self, beat: _Beat) -> None:
+        beat.held_until = None if self.hold_s is None else self.clock() + self.hold_s
+        beat.confirmed.set()
 
     def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
         """The action's message was requeued and is back in the queue in ``visible_in_s`` seconds (its
@@ -283,6 +303,7 @@ class Heartbeats:
             beat.visible_at = now + visible_in_s
             beat.requeued_until = now + max(for_s, visible_in_s)
             beat.held.clear()
+            beat.confirmed.set()  # a beat waiting for its hold to be confirmed looks again: it is requeued
 
     async def stop(self, action: AsgLifecycleEvent) -> None:
         """Stop the action's heartbeat and wait until its task has ended."""
@@ -371,6 +392,16 @@ class Heartbeats:
                 bound.info("requeued lifecycle action not received again: heartbeats stop")
                 return
             if self.clock() >= deadline:
+                continue
+            held_until = beat.held_until if beat is not None and beat.visible_at is None else None
+            if beat is not None and held_until is not None and self.clock() > held_until:
+                # Our hold of the action's message lapsed (this process was paused, or its renewals failed for a
+                # visibility timeout): another consumer may hold it now, and the action may be over. No heartbeat
+                # until a receive or a renewal says it is ours again.
+                bound.info("the action's message may no longer be ours: heartbeats wait for it")
+                beat.confirmed.clear()
+                await beat.confirmed.wait()  # a receive, a renewal or a requeue: look again at once
+                wait_s = 0.0
                 continue
             try:
                 alive = await self.lifecycle.beat(action)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
@@ -246,6 +247,7 @@ class FakeHeartbeats:
         self.started: list[str] = []
         self.stopped: list[str] = []
         self.requeues: list[tuple[str, float]] = []
+        self.held: list[str] = []  # actions whose message's visibility a renewal extended
         self.closed = False
 
     def start(self, action: AsgLifecycleEvent) -> None:
@@ -256,6 +258,9 @@ class FakeHeartbeats:
 
     def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
         self.requeues.append((action.action_key.token_or_instance, for_s))
+
+    def hold(self, keys: Any) -> None:
+        self.held.extend(key.token_or_instance for key in keys)
 
     async def close(self) -> None:
         self.closed = True
@@ -409,6 +414,39 @@ async def test_a_renewal_in_flight_lands_before_the_requeue_never_after_it(make:
     assert changes[0] == 30  # the renewal
     assert 8 <= changes[-1] <= 12  # then the backoff, last
     assert running.count("queue_processor_errors_total", where="visibility") == 0
+
+
+async def test_messages_answered_after_their_visibility_timeout_are_let_go(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the storyline explorer (seed 19): a replica paused (SIGSTOP) with a long poll open woke up to
+    its answer, long after the messages' visibility timeout: another replica had received them meanwhile and
+    completed their actions, and this one took them up again (heartbeat after the end). An answer that comes
+    later than the poll's wait plus the visibility timeout is let go, and received again fresh."""
+    offset = [0.0]
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return time.monotonic() + offset[0]
+
+    monkeypatch.setattr("queue_processor.consumer.time", Clock)
+    running = make()
+    original = running.sqs.receive_message
+
+    async def paused_once_during_the_poll(**call: Any) -> dict[str, Any]:
+        answer = await original(**call)
+        if answer.get("Messages") and not offset[0]:
+            offset[0] = 3600.0  # the process was stopped for an hour while the answer waited
+        return answer
+
+    running.sqs.receive_message = paused_once_during_the_poll
+    message_id = running.sqs.deliver(terminate_body())
+    deleted = "queue_processor_messages_deleted_total"
+    await running.until(lambda: running.count(deleted, queue=QUEUE, kind=KIND) == 1)
+    assert running.sqs.visibility[0] == (f"rh-{message_id}-1", 0)  # let go at once
+    assert running.handler.heartbeats.started == ["tok-1"]  # once: for the fresh receive only
+    assert len(running.handler.handled) == 1
 
 
 async def test_a_redelivered_message_joins_its_operation_and_is_settled_with_its_newest_handle(

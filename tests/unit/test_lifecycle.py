@@ -178,3 +178,43 @@ async def test_a_requeued_action_back_in_the_queue_gets_a_beat_only_when_its_tim
             assert all(moment <= 130 for moment in beats)
     finally:
         await heartbeats.close()
+
+
+@pytest.mark.parametrize("ours_again", [True, False])
+async def test_a_process_that_wakes_from_a_pause_beats_only_once_its_message_is_ours_again(
+    monkeypatch: pytest.MonkeyPatch, ours_again: bool
+) -> None:
+    """Found by the storyline explorer (seed 19): a replica paused (SIGSTOP) for longer than the visibility
+    timeout woke up and its heartbeat task beat at once for an action another replica had meanwhile received
+    and completed ("No active Lifecycle Action"). Our hold of the message lapses ``hold_s`` (the visibility
+    timeout) after the last receive or renewal: beats wait until a renewal or a receive confirms it again."""
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", "30")
+    fake = FakeTime()
+    beats: list[float] = []
+
+    class Recording(FakeAutoscaling):
+        async def record_lifecycle_action_heartbeat(self, **kwargs: Any) -> dict[str, Any]:
+            beats.append(fake.now)
+            return {}
+
+    action = ACTION.model_copy(update={"time": datetime.now(UTC)})
+    lifecycle = Lifecycle(Recording(60), load_settings())
+    heartbeats = Heartbeats(lifecycle, clock=fake.clock, sleep=fake.sleep, hold_s=10)
+    heartbeats.start(action)  # received at 0: ours until 10 unless renewed
+    try:
+        for moment in (5, 15, 25):  # the visibility extender renews every half visibility timeout
+            await fake.advance_to(moment)
+            heartbeats.hold({action.action_key})
+        await fake.advance_to(30)
+        assert beats == [pytest.approx(30, abs=1)]  # held: beats every interval
+        await fake.advance_to(200)  # paused: no renewal since 25, the hold lapsed at 35
+        assert len(beats) == 1
+        if ours_again:
+            heartbeats.hold({action.action_key})  # the renewal after the pause went through: still ours
+            await fake.advance_to(200)
+            assert beats[1:] == [200]
+        else:
+            assert heartbeats.running == 1  # waits; the settlement of its message stops it
+    finally:
+        await heartbeats.close()

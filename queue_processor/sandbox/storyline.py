@@ -1,0 +1,200 @@
+"""Storylines: seeded random sequences of what happens to real clusters, for the explorer (pure, no I/O).
+
+DESIGN.md rule 14: every behaviour is exercised in generated combinations, not only in its own tests. A
+:class:`Storyline` is what one seed makes: a cluster of 3 to 10 nodes in one or two Auto Scaling groups, one or
+two controller replicas, and a list of :class:`Step`\\ s at simulated times, drawn from the events and faults
+real clusters meet:
+
+- interruptions of an instance (by its slot, the index of the instance in the cluster as it was built):
+  rebalance recommendations, Spot warnings (``terminate``, ``stop``, ``hibernate``), ASG scale-in through the
+  terminate hook, a scale-in into the warm pool, an EC2 stop (and, later, a start), an AWS Health scheduled
+  change (the instance retired when it starts), a Capacity Reservation interruption;
+- the group's scale-out through its launch hook (sometimes of an instance whose node never turns Ready), and a
+  warm-pool instance moved back into the group;
+- the cluster's side: a PodDisruptionBudget that blocks evictions for a while then relaxes, the Node of an
+  instance deleted mid-drain;
+- the controllers' side: the second replica paused (SIGSTOP, then SIGCONT) or killed (SIGKILL, then started
+  again);
+- faults of the sandbox's injectors: the Kubernetes API (500, 429 with Retry-After, slow answers, connection
+  resets; emulation only) and AWS (throttled heartbeats and completions);
+- delivery: each message is sent again, later, with the storyline's duplicate probability (at least once
+  delivery, and out of order: the copy arrives after what was published since).
+
+A step names its target by slot or group index; the runner (:mod:`queue_processor.sandbox.explore`) skips a
+step whose target is not in a state it applies to (an instance already gone) and records it. The same seed
+always makes the same storyline; :meth:`Storyline.only` keeps a subset of its steps (shrinking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from random import Random
+from typing import Literal
+
+__all__ = ["FAULT_KINDS", "INTERRUPTIONS", "Step", "Storyline", "generate"]
+
+StepKind = Literal[
+    "rebalance",
+    "spot",
+    "spot-stop",
+    "spot-hibernate",
+    "scale-in",
+    "to-warm-pool",
+    "stop",
+    "start",
+    "health",
+    "capacity-reservation",
+    "scale-out",
+    "scale-out-never-ready",
+    "from-warm-pool",
+    "pdb-hold",
+    "pdb-release",
+    "delete-node",
+    "pause-replica",
+    "resume-replica",
+    "kill-replica",
+    "restart-replica",
+    "kube-fault",
+    "aws-fault",
+]
+
+#: Interruptions of one instance, with their weights.
+INTERRUPTIONS: dict[StepKind, int] = {
+    "rebalance": 3,
+    "spot": 3,
+    "spot-stop": 1,
+    "spot-hibernate": 1,
+    "scale-in": 4,
+    "to-warm-pool": 2,
+    "stop": 2,
+    "health": 2,
+    "capacity-reservation": 1,
+}
+
+#: Faults a step may inject: Kubernetes (``how`` for ``verb resource``) and AWS (an operation throttled).
+FAULT_KINDS: dict[str, tuple[str, ...]] = {
+    "kube": ("500", "429", "slow", "reset"),
+    "kube-target": ("list pods", "create pods/eviction", "patch nodes", "get nodes", "update leases"),
+    "aws": ("RecordLifecycleActionHeartbeat", "CompleteLifecycleAction"),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing that happens at ``at_s`` simulated seconds into the storyline: ``kind`` to the instance in
+    slot ``target`` (or, for ``scale-out``/``from-warm-pool``, to group ``target``; for ``pdb-*`` the app
+    ``target``; for faults and replicas, ``target`` is unused), with ``detail`` (a fault's shape, a notice's or a
+    pause's length in simulated seconds)."""
+
+    at_s: float
+    kind: StepKind
+    target: int = 0
+    detail: str = ""
+
+    def describe(self) -> str:
+        """``"t=12.0s spot slot 3"``: one line for the explorer's output."""
+        what = f"t={self.at_s:.1f}s {self.kind} {self.target}"
+        return f"{what} ({self.detail})" if self.detail else what
+
+
+@dataclass(frozen=True)
+class Storyline:
+    """What one seed makes: ``nodes`` instances over ``asgs`` groups, ``replicas`` controller processes (with
+    NODE_LEASES when more than one), ``apps`` ReplicaSets under PodDisruptionBudgets, the probability
+    ``duplicates`` that a published message is delivered again (``duplicate_delay_s`` simulated seconds at
+    most later), ``faults`` (whether fault steps may be drawn) and the ``steps`` in time order."""
+
+    seed: int
+    nodes: int
+    asgs: int
+    replicas: int
+    apps: int
+    duplicates: float
+    duplicate_delay_s: float
+    faults: bool
+    steps: tuple[Step, ...] = field(default_factory=tuple)
+
+    @property
+    def length_s(self) -> float:
+        """Simulated seconds until the last step."""
+        return max((step.at_s for step in self.steps), default=0.0)
+
+    def only(self, keep: set[int]) -> Storyline:
+        """The same storyline with only the steps whose index is in ``keep`` (shrinking)."""
+        return replace(self, steps=tuple(step for index, step in enumerate(self.steps) if index in keep))
+
+    def describe(self) -> str:
+        """One line: the cluster, the controllers and how many steps."""
+        return (
+            f"nodes={self.nodes} asgs={self.asgs} replicas={self.replicas} apps={self.apps} "
+            f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} steps={len(self.steps)}"
+        )
+
+
+def generate(seed: int) -> Storyline:
+    """The storyline of ``seed`` (the same every time)."""
+    rng = Random(seed)
+    nodes = rng.randint(3, 10)
+    asgs = rng.choice((1, 2))
+    replicas = rng.choice((1, 1, 2))
+    apps = rng.randint(1, 3)
+    faults = rng.random() < 0.5
+    steps: list[Step] = []
+    at = 0.0
+    interrupted: set[int] = set()
+    for _ in range(rng.randint(2, max(3, nodes))):
+        at += rng.uniform(0.0, 40.0)
+        slot = rng.randrange(nodes)
+        kind = rng.choices(list(INTERRUPTIONS), list(INTERRUPTIONS.values()))[0]
+        detail = ""
+        if kind == "health":
+            detail = f"{rng.uniform(60, 240):.0f}"  # the scheduled start, simulated seconds from now
+        elif kind == "capacity-reservation":
+            detail = f"{rng.uniform(60, 180):.0f}"  # the notice
+        steps.append(Step(round(at, 1), kind, slot, detail))
+        interrupted.add(slot)
+        if kind == "stop" and rng.random() < 0.7:  # most stopped instances are started again
+            steps.append(Step(round(at + rng.uniform(30, 120), 1), "start", slot))
+        if kind == "to-warm-pool" and rng.random() < 0.7:  # and most warm-pool instances come back
+            steps.append(Step(round(at + rng.uniform(30, 120), 1), "from-warm-pool", slot % asgs))
+        if rng.random() < 0.15:  # the node goes while the controller drains it
+            steps.append(Step(round(at + rng.uniform(1, 10), 1), "delete-node", slot))
+    for _ in range(rng.choice((0, 0, 1, 2))):
+        kind = "scale-out-never-ready" if rng.random() < 0.3 else "scale-out"
+        steps.append(Step(round(rng.uniform(0, at + 10), 1), kind, rng.randrange(asgs)))
+    if rng.random() < 0.4:  # a budget that blocks for a while, then relaxes
+        start = rng.uniform(0, at)
+        app = rng.randrange(apps)
+        steps.append(Step(round(start, 1), "pdb-hold", app))
+        steps.append(Step(round(start + rng.uniform(20, 120), 1), "pdb-release", app))
+    if replicas > 1 and rng.random() < 0.6:
+        start = rng.uniform(0, at + 10)
+        if rng.random() < 0.5:
+            pause = rng.uniform(5, 400)  # sometimes longer than a node Lease lasts
+            steps.append(Step(round(start, 1), "pause-replica", 1, f"{pause:.0f}"))
+            steps.append(Step(round(start + pause, 1), "resume-replica", 1))
+        else:
+            steps.append(Step(round(start, 1), "kill-replica", 1))
+            steps.append(Step(round(start + rng.uniform(20, 200), 1), "restart-replica", 1))
+    if faults:
+        for _ in range(rng.randint(1, 4)):
+            when = round(rng.uniform(0, at + 10), 1)
+            if rng.random() < 0.6:
+                how = rng.choice(FAULT_KINDS["kube"])
+                target = rng.choice(FAULT_KINDS["kube-target"])
+                steps.append(Step(when, "kube-fault", 0, f"{how} {target} x{rng.randint(1, 3)}"))
+            else:
+                operation = rng.choice(FAULT_KINDS["aws"])
+                steps.append(Step(when, "aws-fault", 0, f"Throttling {operation} x{rng.randint(1, 2)}"))
+    steps.sort(key=lambda step: step.at_s)
+    return Storyline(
+        seed=seed,
+        nodes=nodes,
+        asgs=asgs,
+        replicas=replicas,
+        apps=apps,
+        duplicates=round(rng.choice((0.0, 0.1, 0.3)), 2),
+        duplicate_delay_s=30.0,
+        faults=faults,
+        steps=tuple(steps),
+    )

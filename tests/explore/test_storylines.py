@@ -1,0 +1,109 @@
+"""The storyline explorer (DESIGN.md rule 14): the generator and the shrinker (pure), the judge shown to catch a
+controller broken on purpose, and a fixed set of seeds played on the emulation and on the real control plane.
+``make explore`` runs many more; a storyline that failed once is pinned in ``PINNED`` with what it found."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from queue_processor.sandbox.explore import Outcome, run, shrink
+from queue_processor.sandbox.storyline import INTERRUPTIONS, Step, Storyline, generate
+
+#: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
+#: replicas, with and without faults (their descriptions are checked below, so a generator change that
+#: drops a kind from them fails loudly).
+EMULATED = [0, 1, 3, 12, 29]
+REAL = [5, 20]
+#: Storylines that failed once, with the defect they found (each fixed since).
+PINNED: dict[int, str] = {
+    19: "a replica woke from SIGSTOP to a long poll's stale answer and heartbeated actions the other replica "
+    "had completed meanwhile (heartbeat-after-end); and its heartbeat tasks beat before its hold of the message "
+    "was confirmed again",
+}
+
+
+def test_a_seed_makes_the_same_storyline_every_time() -> None:
+    assert generate(7) == generate(7)
+    assert generate(7) != generate(8)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_storylines_stay_within_their_bounds(seed: int) -> None:
+    story = generate(seed)
+    assert 3 <= story.nodes <= 10
+    assert story.replicas in (1, 2)
+    assert [step.at_s for step in story.steps] == sorted(step.at_s for step in story.steps)
+    assert any(step.kind in INTERRUPTIONS for step in story.steps)
+    for step in story.steps:
+        if step.kind in ("pause-replica", "kill-replica", "resume-replica", "restart-replica"):
+            assert story.replicas == 2  # the second replica is the one disturbed
+        if step.kind in ("kube-fault", "aws-fault"):
+            assert story.faults
+
+
+def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
+    kinds = {step.kind for seed in EMULATED + REAL for step in generate(seed).steps}
+    assert kinds >= {"rebalance", "spot", "scale-in", "to-warm-pool", "stop", "health", "from-warm-pool"}
+    assert kinds >= {"pause-replica", "kill-replica", "pdb-hold", "kube-fault", "aws-fault", "delete-node"}
+    assert {generate(seed).replicas for seed in EMULATED} == {1, 2}
+    assert {generate(seed).faults for seed in EMULATED} == {False, True}
+
+
+def test_shrinking_keeps_only_the_steps_the_failure_needs() -> None:
+    story = replace(generate(3), steps=tuple(Step(float(i), "rebalance", i) for i in range(12)))
+    runs: list[int] = []
+
+    def runner(candidate: Storyline) -> Outcome:  # fails when slots 3 and 7 are both interrupted
+        runs.append(len(candidate.steps))
+        targets = {step.target for step in candidate.steps}
+        return Outcome(candidate, failed={"lifecycle": "x"} if {3, 7} <= targets else {})
+
+    small = shrink(story, "lifecycle", runner)
+    assert [step.target for step in small.steps] == [3, 7]
+    assert len(runs) < 12 * 12  # delta debugging, not every subset
+
+
+def test_the_judge_catches_a_controller_that_leaves_a_returned_node_cordoned() -> None:
+    """A judge that cannot fail is no judge: with UNCORDON_ON_RETURN off, a stopped instance started again
+    keeps our cordon, and the storyline fails ``returned``."""
+    base = generate(2)
+    story = replace(
+        base,
+        nodes=3,
+        replicas=1,
+        faults=False,
+        duplicates=0.0,
+        steps=(Step(1, "stop", 0), Step(40, "start", 0)),
+    )
+    outcome = run(story, settings={"UNCORDON_ON_RETURN": "false"}, settle_s=10)
+    assert [step.kind for step in outcome.applied] == ["stop", "start"]
+    assert set(outcome.failed) == {"returned"}, outcome.failed
+
+
+def explain(outcome: Outcome) -> str:
+    steps = "; ".join(step.describe() for step in outcome.storyline.steps)
+    return f"{outcome.failed} (replay: make explore SEED={outcome.storyline.seed}; {steps})"
+
+
+@pytest.mark.parametrize("seed", EMULATED)
+def test_a_storyline_holds_on_the_emulation(seed: int) -> None:
+    outcome = run(generate(seed))
+    assert outcome.ok, explain(outcome)
+    assert outcome.applied
+
+
+@pytest.mark.parametrize("seed", REAL)
+def test_a_storyline_holds_on_the_real_control_plane(seed: int, request: pytest.FixtureRequest) -> None:
+    plane = request.getfixturevalue("control_plane")
+    rbac = request.getfixturevalue("chart_rbac")
+    outcome = run(generate(seed), kubernetes="real", plane=plane, rbac=rbac)
+    assert outcome.ok, explain(outcome)
+    assert outcome.applied
+
+
+@pytest.mark.parametrize("seed", sorted(PINNED))
+def test_a_storyline_that_failed_once_holds(seed: int) -> None:
+    outcome = run(generate(seed))
+    assert outcome.ok, f"{PINNED[seed]}: {explain(outcome)}"
