@@ -160,6 +160,8 @@ class DrainBounds:
     def __init__(self, deadline: float, instance_end: float | None = None) -> None:
         self.deadline = deadline
         self.instance_end = instance_end
+        self.version = 0
+        """How many times the bounds tightened."""
         self._tightened = asyncio.Event()
 
     def tighten(self, deadline: float, instance_end: float | None) -> bool:
@@ -170,6 +172,7 @@ class DrainBounds:
         if instance_end is not None and (self.instance_end is None or instance_end < self.instance_end):
             self.instance_end, moved = instance_end, True
         if moved:
+            self.version += 1
             woken, self._tightened = self._tightened, asyncio.Event()
             woken.set()
         return moved
@@ -446,10 +449,17 @@ class Drainer:
                 ]
                 later = [entry for later_group in groups[index + 1 :] for entry, _ in later_group]
                 if later:
+                    # The time kept for the waves still to come is planned when this wave starts, and again
+                    # only when the bounds tighten: planned again at every poll, it would shrink as the end
+                    # nears (their cut grace shrinks with it) and keep pushing the next wave later.
+                    planned: dict[int, float] = {}
 
-                    def wave_bound(later: list[_Pod] = later) -> float:
-                        final = bounds.final(timing)[0]
-                        return final - self._reserve(later, final, bounds.instance_end)
+                    def wave_bound(later: list[_Pod] = later, planned: dict[int, float] = planned) -> float:
+                        if bounds.version not in planned:
+                            final = bounds.final(timing)[0]
+                            planned.clear()
+                            planned[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
+                        return planned[bounds.version]
 
                     await self._wait_gone(node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, tasks)
             outcomes = [accepted.get(o.key, o) for o in await asyncio.gather(*tasks)]
