@@ -49,6 +49,7 @@ from pathlib import Path
 from random import Random
 from typing import Any, Literal
 
+from queue_processor.drain.drainer import EVICTION_RETRY_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.sandbox.cluster import ClusterSpec
 from queue_processor.sandbox.environment import Sandbox, SandboxOptions
@@ -137,8 +138,12 @@ class _World:
         self.interrupted: dict[str, float] = {}  # instance → when it was last interrupted (real)
         self.deleted_on_purpose: set[str] = set()
         self.held: set[int] = set()  # apps whose budget is held now
+        self.released_at = -1e9  # when a held budget last relaxed (real)
+        self.quiet_after = 0.0  # when the sandbox's own timers (notice ends) have all fired (real)
+        self.replacements = 0  # instances launched to keep capacity (keep_capacity)
+        self._capacity_checked = 0.0
         self.held_ever: set[str] = set()  # nodes whose instance went while a budget was held
-        self.gone_undrained: dict[str, int] = {}
+        self.gone_undrained: dict[str, str] = {}
         self._rng = Random(story.seed + 1)
         self._published_seen = 0
         self._watch_deletions()
@@ -181,11 +186,39 @@ class _World:
         while self._timeline:
             due, _, _, action = self._timeline[0]
             self.duplicate_new_messages()
+            self.keep_capacity()
             if time.monotonic() < due:
                 time.sleep(min(0.05, due - time.monotonic()))
                 continue
             heapq.heappop(self._timeline)
             action()
+
+    def keep_capacity(self) -> None:
+        """Do what the groups' desired capacity does: while fewer than half the storyline's nodes (at least two)
+        are in service, running, not interrupted and schedulable, launch one more (through the launch hook),
+        so that the pods of the instances that left have somewhere to go and the budgets can allow drains
+        again. Checked every half second."""
+        now = time.monotonic()
+        if now < self._capacity_checked + 0.5:
+            return
+        self._capacity_checked = now
+        aws, kube = self.sandbox.aws, self.sandbox.kube
+        staying, launching = 0, 0
+        for instance in aws.instances():
+            lifecycle = aws.lifecycle_state(instance.instance_id) or ""
+            if lifecycle.startswith("Pending"):
+                launching += 1
+                continue
+            if lifecycle != "InService" or instance.instance_id in self.interrupted:
+                continue
+            node = kube.get("nodes", instance.private_dns_name)
+            if node is not None and not (node.get("spec") or {}).get("unschedulable"):
+                staying += 1
+        if staying + launching < max(2, self.story.nodes // 2):
+            group = self.groups[self.replacements % len(self.groups)]
+            (launched,) = aws.launch_instances(group, 1)
+            self.nodes[launched.instance_id] = launched.private_dns_name
+            self.replacements += 1
 
     def fail(self, invariant: str, what: str) -> None:
         seen = self.outcome.failed.get(invariant)
@@ -243,7 +276,11 @@ class _World:
         if kind in ("pdb-hold", "pdb-release"):
             app = f"app-{step.target:03d}"
             kube.set_pdb(self.sandbox.cluster.namespace, app, max_unavailable=0 if kind == "pdb-hold" else 1)
-            (self.held.add if kind == "pdb-hold" else self.held.discard)(step.target)
+            if kind == "pdb-hold":
+                self.held.add(step.target)
+            else:
+                self.held.discard(step.target)
+                self.released_at = now
             return True
         if kind in ("pause-replica", "resume-replica", "kill-replica", "restart-replica"):
             return self._replica_step(step)
@@ -276,6 +313,7 @@ class _World:
         elif kind in ("spot", "spot-stop", "spot-hibernate"):
             action = {"spot": "terminate", "spot-stop": "stop", "spot-hibernate": "hibernate"}[kind]
             aws.spot_interruption(instance_id, action=action)
+            self.quiet_after = max(self.quiet_after, now + (120 + 5) * SCALE)
         elif kind == "scale-in":
             if lifecycle != "InService":
                 return False
@@ -291,7 +329,9 @@ class _World:
             aws.scheduled_change([instance_id], start_in_s=start_in, duration_s=600)
             self.at(step.at_s + start_in, "retire", lambda: self._retire(instance_id))
         elif kind == "capacity-reservation":
-            aws.capacity_reservation_interruption(instance_id, notice_s=float(step.detail or 120))
+            notice = float(step.detail or 120)
+            aws.capacity_reservation_interruption(instance_id, notice_s=notice)
+            self.quiet_after = max(self.quiet_after, now + (notice + 5) * SCALE)
         return True
 
     def _retire(self, instance_id: str) -> None:
@@ -376,10 +416,13 @@ class _World:
                     )
                     and "kubernetes.io/config.mirror" not in (pod["metadata"].get("annotations") or {})
                 ]
-                if left and self.held:
+                # A budget held now, or relaxed too recently for a blocked eviction's next retry (it backs off
+                # to EVICTION_RETRY_S apart): not a drain its budgets allowed.
+                if left and (self.held or time.monotonic() - self.released_at < EVICTION_RETRY_S[1]):
                     self.held_ever.add(name)
                 elif left:
-                    self.gone_undrained[name] = len(left)
+                    at = round((time.monotonic() - self.t0) / SCALE, 1)
+                    self.gone_undrained[name] = f"t={at}s: " + ", ".join(p["metadata"]["name"] for p in left)
             original(name)
 
         kube.delete_node = delete_node  # type: ignore[method-assign]
@@ -404,6 +447,8 @@ class _World:
         """Nothing left to do: no action open, the queue empty, every instance back in service with its node
         given back (:meth:`still_ours`), every instance out of its wait states."""
         aws = self.sandbox.aws
+        if time.monotonic() < self.quiet_after:  # a notice still to end: its state changes are to come
+            return False
         if any(action.status == "open" for action in aws.actions()):
             return False
         counts = self.sandbox.queue_counts()
@@ -479,6 +524,7 @@ def run(
                         world.start(replica)
                 deadline = time.monotonic() + settle_s
                 while not world.settled() and time.monotonic() < deadline:
+                    world.keep_capacity()
                     time.sleep(0.2)
             finally:
                 world.stop_all()
