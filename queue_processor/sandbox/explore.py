@@ -640,7 +640,10 @@ def main(argv: list[str] | None = None) -> int:
     with _real_plane(args.kubernetes) as plane:
         for seed in seeds:
             story = generate(seed)
-            outcome = run(story, kubernetes=args.kubernetes, plane=plane)
+            try:
+                outcome = run(story, kubernetes=args.kubernetes, plane=plane)
+            except Exception as error:  # the bench itself failed (a sandbox that did not start): say so, go on
+                outcome = Outcome(story, failed={"explorer": f"{type(error).__name__}: {error}"})
             verdict = "ok" if outcome.ok else "FAIL"
             line = (
                 f"seed {seed}: {verdict} ({story.describe()}, {len(outcome.applied)} applied, "
