@@ -19,7 +19,9 @@ from the sandbox's own record plus the controllers' logs for what only they can 
 - ``returned``: every instance back in service (started again, or moved out of the warm pool, and not
   interrupted since) has a schedulable node without our taints, label or record;
 - ``gone-undrained``: no instance went (its node deleted with it) with pods on it a drain would have evicted
-  and that were not even terminating, unless its node was deleted on purpose or a budget was held;
+  and that were not even terminating, unless its node was deleted on purpose, a budget was held (or relaxed
+  less than an eviction retry before), or a replica was paused or killed while it was interrupted (the message
+  it held comes back to another only after its visibility timeout, which may outlast a notice);
 - ``lease-lost``: no Lease lost by a replica that was neither paused nor killed;
 - ``process``: no traceback in any controller's log, and every controller stopped with SIGTERM exited 0 with
   its ``stopped`` line at zero (tasks, operations, heartbeats).
@@ -141,6 +143,7 @@ class _World:
         self.released_at = -1e9  # when a held budget last relaxed (real)
         self.quiet_after = 0.0  # when the sandbox's own timers (notice ends) have all fired (real)
         self.replacements = 0  # instances launched to keep capacity (keep_capacity)
+        self.disturbances: list[float] = []  # when a replica was paused or killed (real)
         self._capacity_checked = 0.0
         self.held_ever: set[str] = set()  # nodes whose instance went while a budget was held
         self.gone_undrained: dict[str, str] = {}
@@ -346,6 +349,7 @@ class _World:
         if step.kind == "pause-replica" and process is not None and not replica.paused:
             process.process.send_signal(signal.SIGSTOP)
             replica.paused = replica.disturbed = True
+            self.disturbances.append(time.monotonic())
             return True
         if step.kind == "resume-replica" and process is not None and replica.paused:
             process.process.send_signal(signal.SIGCONT)
@@ -357,6 +361,7 @@ class _World:
             process.log.close()
             replica.earlier.append(process)
             replica.process, replica.paused, replica.disturbed = None, False, True
+            self.disturbances.append(time.monotonic())
             return True
         if step.kind == "restart-replica" and process is None:
             self.start(replica)
@@ -405,7 +410,12 @@ class _World:
 
         def delete_node(name: str) -> None:
             never_ready = {self.nodes.get(instance_id) for instance_id in self.never_ready}
-            if name not in self.deleted_on_purpose and name not in never_ready:
+            instance = next((i for i, node in self.nodes.items() if node == name), "")
+            began = self.interrupted.get(instance, 0.0)
+            # A replica paused or killed while the node was interrupted may have held its message: another
+            # replica gets it only after its visibility timeout, which may outlast the notice.
+            disturbed = any(began - 1.0 <= moment for moment in self.disturbances)
+            if name not in self.deleted_on_purpose and name not in never_ready and not disturbed:
                 left = [
                     pod
                     for pod in kube.objects("pods")
@@ -642,7 +652,9 @@ def main(argv: list[str] | None = None) -> int:
             story = generate(seed)
             try:
                 outcome = run(story, kubernetes=args.kubernetes, plane=plane)
-            except Exception as error:  # the bench itself failed (a sandbox that did not start): say so, go on
+            except (
+                Exception
+            ) as error:  # the bench itself failed (a sandbox that did not start): say so, go on
                 outcome = Outcome(story, failed={"explorer": f"{type(error).__name__}: {error}"})
             verdict = "ok" if outcome.ok else "FAIL"
             line = (
