@@ -143,7 +143,9 @@ class _World:
         self.released_at = -1e9  # when a held budget last relaxed (real)
         self.quiet_after = 0.0  # when the sandbox's own timers (notice ends) have all fired (real)
         self.replacements = 0  # instances launched to keep capacity (keep_capacity)
-        self.disturbances: list[float] = []  # when a replica was paused or killed (real)
+        # When the second replica was paused or dead (real, from, until): its messages wait meanwhile.
+        self.disturbances: list[list[float]] = []
+        self.first_interrupted: dict[str, float] = {}  # instance → its first interruption (real)
         self._capacity_checked = 0.0
         self.held_ever: set[str] = set()  # nodes whose instance went while a budget was held
         self.gone_undrained: dict[str, str] = {}
@@ -311,6 +313,7 @@ class _World:
         if ec2 != "running" or lifecycle not in ("InService", ""):
             return False
         self.interrupted[instance_id] = now
+        self.first_interrupted.setdefault(instance_id, now)
         if kind == "rebalance":
             aws.rebalance_recommendation(instance_id)
         elif kind in ("spot", "spot-stop", "spot-hibernate"):
@@ -341,6 +344,10 @@ class _World:
         if self._state(instance_id)[1] in ("running", "stopped"):
             self.sandbox.aws.terminate_ec2_instance(instance_id)
 
+    def _disturbance_over(self) -> None:
+        if self.disturbances and self.disturbances[-1][1] == float("inf"):
+            self.disturbances[-1][1] = time.monotonic()
+
     def _replica_step(self, step: Step) -> bool:
         if len(self.replicas) < 2:
             return False
@@ -349,11 +356,12 @@ class _World:
         if step.kind == "pause-replica" and process is not None and not replica.paused:
             process.process.send_signal(signal.SIGSTOP)
             replica.paused = replica.disturbed = True
-            self.disturbances.append(time.monotonic())
+            self.disturbances.append([time.monotonic(), float("inf")])
             return True
         if step.kind == "resume-replica" and process is not None and replica.paused:
             process.process.send_signal(signal.SIGCONT)
             replica.paused = False
+            self._disturbance_over()
             return True
         if step.kind == "kill-replica" and process is not None:
             process.process.kill()
@@ -361,10 +369,11 @@ class _World:
             process.log.close()
             replica.earlier.append(process)
             replica.process, replica.paused, replica.disturbed = None, False, True
-            self.disturbances.append(time.monotonic())
+            self.disturbances.append([time.monotonic(), float("inf")])
             return True
         if step.kind == "restart-replica" and process is None:
             self.start(replica)
+            self._disturbance_over()
             return True
         return False
 
@@ -411,10 +420,11 @@ class _World:
         def delete_node(name: str) -> None:
             never_ready = {self.nodes.get(instance_id) for instance_id in self.never_ready}
             instance = next((i for i, node in self.nodes.items() if node == name), "")
-            began = self.interrupted.get(instance, 0.0)
-            # A replica paused or killed while the node was interrupted may have held its message: another
-            # replica gets it only after its visibility timeout, which may outlast the notice.
-            disturbed = any(began - 1.0 <= moment for moment in self.disturbances)
+            began, now = self.first_interrupted.get(instance, 0.0), time.monotonic()
+            # A replica paused or dead while the node was interrupted may have held its message (a long poll
+            # it had open takes it even while paused): another replica gets it only after its visibility
+            # timeout, which may outlast the notice.
+            disturbed = any(start <= now and end >= began - 1.0 for start, end in self.disturbances)
             if name not in self.deleted_on_purpose and name not in never_ready and not disturbed:
                 left = [
                     pod
