@@ -21,7 +21,7 @@ import structlog
 from queue_processor import __version__
 from queue_processor.aws import AwsClients
 from queue_processor.coalesce import EventStore
-from queue_processor.config import Settings, StartupError
+from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
@@ -36,9 +36,10 @@ from queue_processor.nodes import (
     tagged_instances,
     tagged_nodes,
 )
-from queue_processor.observe.events import NodeEventRecorder, parse_annotations
+from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
+from queue_processor.outcomes import StartupError
 from queue_processor.returns import Returns
 from queue_processor.server import ProbeServer
 

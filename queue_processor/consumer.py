@@ -37,7 +37,8 @@ from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler, Outcome
 from queue_processor.kinds import AsgLifecycleEvent
-from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, MessageFate, Observer
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
 
 if TYPE_CHECKING:  # the stubs are a development dependency

@@ -63,8 +63,7 @@ from queue_processor.kinds import (
     ScheduledChangeEvent,
     StateChangeEvent,
 )
-from queue_processor.kube import KubeError
-from queue_processor.leases import Claim, ClaimLost, NodeLeases
+from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed, node_ready
 from queue_processor.observe.events import (
@@ -81,15 +80,16 @@ from queue_processor.observe.events import (
     RECEIVED_REASONS,
     NodeEventRecorder,
 )
-from queue_processor.observe.observer import (
-    NULL_OBSERVER,
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.webhook import Webhook, drain_data
+from queue_processor.outcomes import (
+    ClaimLost,
     ErrorWhere,
+    KubeError,
     LifecycleResult,
     NodeAction,
-    Observer,
     OperationOutcome,
 )
-from queue_processor.observe.webhook import Webhook, drain_data
 from queue_processor.returns import came_back
 
 __all__ = [

@@ -26,7 +26,8 @@ from typing import Any, NoReturn
 import structlog
 
 from queue_processor.config import default
-from queue_processor.kube import KubeClient, KubeError
+from queue_processor.kube import KubeClient
+from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = ["RENEW_ATTEMPTS", "Claim", "ClaimLost", "NodeLeases", "lease_name"]
 
@@ -51,12 +52,6 @@ def _parse(value: str | None) -> datetime | None:
         return datetime.strptime(value, _MICRO).replace(tzinfo=UTC)
     except ValueError:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-class ClaimLost(Exception):  # noqa: N818 - it names what happened
-    """The node's Lease is no longer this replica's: another replica holds it now (a renewal answered 409 and
-    the Lease read back names another holder), or it lapsed (not renewed within its duration, e.g. while the
-    process was paused) and could not be renewed."""
 
 
 #: How many times one renewal re-reads the Lease and writes again after a 409 that left it ours.

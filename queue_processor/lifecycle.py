@@ -43,7 +43,8 @@ from queue_processor.aws import call, error_code, is_no_active_action, is_retrya
 from queue_processor.config import Settings
 from queue_processor.events import ActionKey
 from queue_processor.kinds import AsgLifecycleEvent
-from queue_processor.observe.observer import NULL_OBSERVER, HeartbeatResult, LifecycleResult, Observer
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import HeartbeatResult, LifecycleResult
 
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_autoscaling import AutoScalingClient

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from queue_processor.kube import KubeError
+from queue_processor.outcomes import KubeError
 
 __all__ = [
     "DEFAULT_UNHEALTHY_POLICY",

@@ -19,7 +19,6 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any, Literal
 
 from queue_processor.config import Settings, default
@@ -27,18 +26,17 @@ from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.drain.order import DrainOrder, granted_grace, own_grace, waves
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
-from queue_processor.kube import KubeClient, KubeError
+from queue_processor.kube import KubeClient
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
 
 __all__ = [
     "TAINT_WRITE_ATTEMPTS",
     "WAVE_PAD_S",
     "DrainBounds",
-    "DrainOutcome",
     "DrainResult",
     "DrainTiming",
     "Drainer",
-    "EvictionOutcome",
 ]
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
@@ -51,34 +49,6 @@ EVICTION_RETRY_S = (1.0, 10.0)
 #: Seconds kept, on top of the longest grace period of the waves still to come, when a wave's wait is cut
 #: short for them: the kubelet's and the API server's time to see a pod gone.
 WAVE_PAD_S = 2.0
-
-
-class DrainOutcome(StrEnum):
-    """How a drain ended, decided where it ends (the ``result`` label of
-    ``queue_processor_drain_duration_seconds``)."""
-
-    DRAINED = "drained"
-    """Every pod to evict is gone."""
-    TIMEOUT = "timeout"
-    """Pods were still there at the deadline (PodDisruptionBudgets included)."""
-    ERROR = "error"
-    """A pod could not be evicted: the filters refused it, or its eviction failed."""
-    DELETED = "deleted"
-    """Pods still there at the deadline were deleted (DELETE_AT_DEADLINE) and none is left."""
-
-
-class EvictionOutcome(StrEnum):
-    """How one pod's eviction ended, decided where it ends (the ``result`` label of
-    ``queue_processor_evictions_total``)."""
-
-    EVICTED = "evicted"
-    """The Eviction API accepted it (201)."""
-    GONE = "gone"
-    """The pod was gone already (404)."""
-    PDB_BLOCKED = "pdb-blocked"
-    """A PodDisruptionBudget refused it (429) until the deadline."""
-    ERROR = "error"
-    """Another error (several budgets match the pod: 500; anything else until the deadline)."""
 
 
 @dataclass

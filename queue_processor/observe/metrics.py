@@ -62,20 +62,22 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from queue_processor import __version__
-from queue_processor.drain.drainer import DrainOutcome, EvictionOutcome
-from queue_processor.kinds.base import PoisonClass, SkipClass
-from queue_processor.observe.observer import (
+from queue_processor.observe.observer import Observer
+from queue_processor.outcomes import (
     NTH_NODE_ACTIONS,
     SQS_MONITOR,
     AwsResult,
     DrainEnd,
+    DrainOutcome,
     ErrorWhere,
+    EvictionOutcome,
     HeartbeatResult,
     LifecycleResult,
     MessageFate,
     NodeAction,
-    Observer,
     OperationOutcome,
+    PoisonClass,
+    SkipClass,
 )
 
 __all__ = [

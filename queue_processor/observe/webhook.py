@@ -19,7 +19,8 @@ NTH's data (``combinedDrainData`` in NTH's ``pkg/webhook``; :func:`drain_data`):
 
 Headers are WEBHOOK_HEADERS; WEBHOOK_PROXY is used when set. As NTH does, a request has 5 seconds and is not
 retried; a failure is logged and counted, never a reason to fail a drain. A template is parsed and executed
-over empty data at start-up (:func:`check_template`), as NTH does, so a bad one stops start-up.
+over empty data at start-up (:func:`~queue_processor.observe.templates.check_template`), as NTH does, so a bad
+one stops start-up.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import structlog
@@ -47,16 +47,9 @@ from queue_processor.observe.gotemplate import (
     TemplateError,
     parse,
 )
+from queue_processor.observe.templates import nth_data
 
-__all__ = [
-    "NTH_KINDS",
-    "Webhook",
-    "check_template",
-    "drain_data",
-    "nth_data",
-    "nth_description",
-    "nth_event_id",
-]
+__all__ = ["NTH_KINDS", "Webhook", "drain_data", "nth_description", "nth_event_id"]
 
 log = structlog.get_logger("queue_processor.webhook")
 
@@ -76,47 +69,6 @@ NTH_KINDS: dict[EventKind, tuple[str, str]] = {
 
 #: The ASG tag EC2 puts on a group's instances (NTH's ``AutoScalingGroupName`` for other kinds).
 ASG_TAG = "aws:autoscaling:groupName"
-
-# ``(JSON key, field)`` in the order encoding/json writes NTH's combinedDrainData: the embedded
-# ec2metadata.NodeMetadata (its json tags; its InstanceID and InstanceType lose to the outer fields), the
-# embedded monitor.InterruptionEvent (its func fields are tagged "-"), then the outer InstanceID and
-# InstanceType.
-_METADATA = (
-    ("accountId", "AccountId"),
-    ("instanceId", ""),
-    ("instanceLifeCycle", "InstanceLifeCycle"),
-    ("instanceType", ""),
-    ("publicHostname", "PublicHostname"),
-    ("publicIp", "PublicIP"),
-    ("localHostname", "LocalHostname"),
-    ("privateIp", "LocalIP"),
-    ("availabilityZone", "AvailabilityZone"),
-    ("region", "Region"),
-)
-_EVENT = (
-    "EventID",
-    "Kind",
-    "Monitor",
-    "Description",
-    "State",
-    "AutoScalingGroupName",
-    "NodeName",
-    "NodeLabels",
-    "Pods",
-    "ProviderID",
-    "IsManaged",
-    "StartTime",
-    "EndTime",
-    "NodeProcessed",
-    "InProgress",
-)
-_JSON_NAMES = (
-    *_METADATA,
-    *((name, name) for name in _EVENT),
-    ("InstanceID", "InstanceID"),
-    ("InstanceType", "InstanceType"),
-)
-_DATA_TYPE = "webhook.combinedDrainData"
 
 
 def nth_event_id(event: Event) -> str:
@@ -156,33 +108,6 @@ def nth_description(event: Event) -> str:
         case _:
             text = f"Capacity Reservation interruption notice for instance {instance} was sent at {at}"
     return text + " \n"
-
-
-def nth_data(fields: Mapping[str, Any]) -> Struct:
-    """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as
-    in NTH's queue mode (no instance metadata)."""
-    values: dict[str, Any] = {name: "" for _, name in _METADATA if name}
-    values |= {
-        "EventID": "",
-        "Kind": "",
-        "Monitor": "",
-        "Description": "",
-        "State": "",
-        "AutoScalingGroupName": "",
-        "NodeName": "",
-        "NodeLabels": NilMap(),
-        "Pods": NilSlice(),
-        "ProviderID": "",
-        "IsManaged": False,
-        "StartTime": GoTime.zero(),
-        "EndTime": GoTime.zero(),
-        "NodeProcessed": False,
-        "InProgress": False,
-        "InstanceID": "",
-        "InstanceType": "",
-    }
-    values |= fields
-    return Struct(_DATA_TYPE, values, _JSON_NAMES)
 
 
 def drain_data(
@@ -225,14 +150,6 @@ def drain_data(
             "InstanceType": info.instance_type if info is not None else "",
         }
     )
-
-
-def check_template(text: str) -> Template:
-    """``text`` parsed and executed over empty data, as NTH validates its template at start-up; raises
-    :class:`~queue_processor.observe.gotemplate.TemplateError` naming what fails or is not supported."""
-    template = parse(text)
-    template.execute(nth_data({}))
-    return template
 
 
 class Webhook:

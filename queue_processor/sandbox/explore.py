@@ -642,7 +642,9 @@ def main(argv: list[str] | None = None) -> int:
             story = generate(seed)
             try:
                 outcome = run(story, kubernetes=args.kubernetes, plane=plane)
-            except Exception as error:  # the bench itself failed (a sandbox that did not start): say so, go on
+            except (
+                Exception
+            ) as error:  # the bench itself failed (a sandbox that did not start): say so, go on
                 outcome = Outcome(story, failed={"explorer": f"{type(error).__name__}: {error}"})
             verdict = "ok" if outcome.ok else "FAIL"
             line = (
