@@ -35,7 +35,12 @@ LAYERS: list[set[str]] = [
         "queue_processor.kinds.spot",
         "queue_processor.kinds.state_change",
     },
-    {"queue_processor.kinds", "queue_processor.kube", "queue_processor.aws", "queue_processor.observe.metrics"},
+    {
+        "queue_processor.kinds",
+        "queue_processor.kube",
+        "queue_processor.aws",
+        "queue_processor.observe.metrics",
+    },
     {
         "queue_processor.parse",
         "queue_processor.coalesce",
@@ -74,7 +79,11 @@ def imports_of(path: Path) -> set[str]:
     """Every project module ``path`` imports, wherever the import statement is."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "queue_processor":
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] == "queue_processor"
+        ):
             found.add(node.module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "queue_processor")
