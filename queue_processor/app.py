@@ -77,6 +77,7 @@ async def run_controller(
     kubeconfig cannot be used, a port cannot be bound, or SQS refuses the first receives for good (the queue
     does not exist, the credentials are missing or refused); what may heal (an endpoint not reachable yet)
     is retried, with /readyz failing meanwhile."""
+    before = asyncio.all_tasks()  # the caller's own (a sandbox running us in its loop): not ours to count
     metrics = Metrics(__version__)
     async with AwsClients(settings, observer=metrics) as aws:
         kube = KubeClient(
@@ -204,7 +205,9 @@ async def run_controller(
                 await server.stop()
             kube.close(wait=False)
             left = sorted(
-                task.get_name() for task in asyncio.all_tasks() if task is not asyncio.current_task()
+                task.get_name()
+                for task in asyncio.all_tasks() - before
+                if task is not asyncio.current_task()
             )
             # What a stop leaves behind (tests and the chaos suite check zeros): tasks of this loop still
             # alive (named, at most ten), operation and heartbeat tasks.

@@ -355,7 +355,10 @@ async def _watch_scenario(
                 f"queue {state.visible} visible, {state.in_flight} in flight · DLQ {state.dlq}"
             )
 
-        return await run_scenario(running, scenario, timeout_s=timeout_s, progress=show)
+        summary = await run_scenario(running, scenario, timeout_s=timeout_s, progress=show)
+    if not console.is_terminal:  # Live ends its last line without a newline when it is not a terminal
+        console.line()
+    return summary
 
 
 def _sandbox_summary(running: Sandbox, scenario: str | None, nodes: int, seconds: float) -> dict[str, Any]:
