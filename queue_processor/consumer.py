@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from botocore.exceptions import NoCredentialsError
 
+from queue_processor import tasks
 from queue_processor.aws import call, error_code
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import REQUEUE_MAX_S, default
@@ -188,11 +189,7 @@ class Consumer:
                 operations=len(self._operations),
                 polls=sum(1 for task in self._loops if not task.done()),
             )
-        leftovers = [*self._loops, *self._operations.values(), self._extender, self._delete_flusher]
-        tasks = [task for task in leftovers if task is not None and not task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await tasks.stop(*self._loops, *self._operations.values(), self._extender, self._delete_flusher)
         await self.handler.heartbeats.close()
 
     async def _shut_down(self) -> None:
@@ -200,20 +197,15 @@ class Consumer:
             if task not in self._polling:  # waiting for an in-flight slot: no poll to let end
                 task.cancel()
         held = self.store.held()  # no new receipt handle can come in now; operations may end below
-        operations = list(self._operations.values())
-        for task in operations:
-            task.cancel()
-        await asyncio.gather(*operations, return_exceptions=True)
+        await tasks.stop(*self._operations.values())
         await self.handler.heartbeats.close()  # nothing beats once this replica lets its messages go
-        if self._extender is not None:
-            self._extender.cancel()
-            await asyncio.gather(self._extender, return_exceptions=True)
+        await tasks.stop(self._extender)
         if self._delete_flusher is not None:
-            await asyncio.gather(self._delete_flusher, return_exceptions=True)  # deletes already decided
+            await tasks.wait(self._delete_flusher)  # deletes already decided
         await self._set_held_visibility(held, 0, ErrorWhere.REQUEUE)
         # An open poll takes the messages just made visible and ends at once; its loop makes them visible
         # again (see _receive_loop) and stops. A poll that finds nothing ends after its wait.
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await tasks.wait(*self._loops)
 
     # -------------------------------------------------------------------------------------------- receive
 
@@ -381,10 +373,19 @@ class Consumer:
                 del self._operations[key]
             settlement = self.store.finish(operation, succeeded=succeeded)
             if not self._stopping.is_set():
-                await asyncio.gather(
+                results = await asyncio.gather(
                     *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
                     return_exceptions=True,
                 )
+                for (ref, outcome), result in zip(settlement.messages, results, strict=True):
+                    if isinstance(result, Exception):  # logged and counted, never dropped
+                        self.observer.error(ErrorWhere.SETTLE)
+                        log.error(
+                            "settlement failed",
+                            message_id=ref.message_id,
+                            outcome=str(outcome),
+                            error=repr(result),
+                        )
             self.observer.in_flight(self.store.held_count, len(self._operations))
 
     async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:

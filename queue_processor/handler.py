@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
@@ -534,8 +535,7 @@ class Handler:
             self.observer.drained(kind, "cancelled", self.clock() - started)
             raise
         finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await tasks.stop(watcher)
         self.observer.drained(kind, result.outcome, self.clock() - started)
         figures = {
             "drain_id": result.drain_id,
@@ -667,10 +667,7 @@ class Handler:
         try:
             await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for pending in (task, lost):
-                if not pending.done():
-                    pending.cancel()
-            await asyncio.gather(task, lost, return_exceptions=True)
+            await tasks.stop(task, lost)
         if task.cancelled() and lost.done() and not lost.cancelled():
             raise ClaimLost(f"Lease {claim.name} was lost")
         return task.result()

@@ -104,7 +104,7 @@ def load_api_client(
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
     thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls). Raises
-    :class:`~queue_processor.config.StartupError` (one line naming KUBECONFIG) when neither is usable."""
+    :class:`~queue_processor.outcomes.StartupError` (one line naming KUBECONFIG) when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
     # Only a connection that failed before the request went out is tried again down there; every other retry

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import structlog
 
+from queue_processor import tasks
 from queue_processor.config import default
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import ClaimLost, KubeError
@@ -150,10 +151,7 @@ class Claim:
         """Stop renewing (the renewal task and a renewal in flight are cancelled and awaited) and give the
         Lease up (its holder cleared) unless it was lost; a 409 re-reads it and clears it when it is still
         ours. Errors are logged, not raised."""
-        tasks = [task for task in (self._renewer, self._renewal) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await tasks.stop(self._renewer, self._renewal)
         if self.lost.is_set():
             return
         leases = self._leases

@@ -19,7 +19,7 @@
   message is not received again within the requeue's margin, the heartbeat stops;
 - a failed heartbeat is retried within seconds (:data:`RETRY_S`), with a warning, never a whole interval
   later (the next beat would land after the HeartbeatTimeout);
-- :meth:`Lifecycle.complete` answers the :class:`~queue_processor.observe.observer.LifecycleResult` it
+- :meth:`Lifecycle.complete` answers the :class:`~queue_processor.outcomes.LifecycleResult` it
   got: ``continue`` / ``abandon``, or, for that same ValidationError, ``no-active-action`` (terminal: the
   action was completed, abandoned or timed out already).
 
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from botocore.exceptions import ClientError
 
+from queue_processor import tasks
 from queue_processor.aws import call, error_code, is_no_active_action, is_retryable
 from queue_processor.config import Settings
 from queue_processor.events import ActionKey
@@ -310,8 +311,7 @@ class Heartbeats:
         """Stop the action's heartbeat and wait until its task has ended."""
         beat = self._beats.pop(action.action_key, None)
         if beat is not None:
-            beat.task.cancel()
-            await asyncio.gather(beat.task, return_exceptions=True)
+            await tasks.stop(beat.task)
 
     async def complete(
         self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
@@ -336,9 +336,7 @@ class Heartbeats:
         """Stop every heartbeat (shutdown: nothing beats after the controller exits)."""
         beats = list(self._beats.values())
         self._beats.clear()
-        for beat in beats:
-            beat.task.cancel()
-        await asyncio.gather(*(beat.task for beat in beats), return_exceptions=True)
+        await tasks.stop(*(beat.task for beat in beats))
 
     def _mark_over(self, key: ActionKey) -> None:
         now = self.clock()
@@ -428,6 +426,4 @@ class Heartbeats:
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+            await tasks.stop(*waiters)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from queue_processor import tasks
 from queue_processor.aws import collect
 from queue_processor.kube import KubeClient
 
@@ -168,10 +169,7 @@ class InstanceResolver:
 
     async def close(self) -> None:
         """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""
-        tasks = [task for task in (self._flush, *self._in_flight) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await tasks.stop(self._flush, *self._in_flight)
 
     async def _run_batch(self) -> None:
         await asyncio.sleep(self.window_s)

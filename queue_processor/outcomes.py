@@ -207,6 +207,8 @@ class ErrorWhere(StrEnum):
     DELETE = "delete"
     REQUEUE = "requeue"
     VISIBILITY = "visibility"
+    SETTLE = "settle"
+    """Settling a message (deleting or requeuing it once its operations ended) raised."""
 
 
 class MessageFate(StrEnum):

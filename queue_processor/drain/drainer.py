@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from queue_processor import tasks
 from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
@@ -404,7 +405,7 @@ class Drainer:
             pod_of=lambda item: item[1],
         )
         del pods, plan
-        tasks: list[asyncio.Task[_Eviction]] = []
+        evictions: list[asyncio.Task[_Eviction]] = []
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for group in groups for entry, _ in group}
         recut = asyncio.create_task(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
@@ -412,7 +413,7 @@ class Drainer:
             for index, group in enumerate(groups):
                 wave = [entry for entry, _ in group]
                 result.waves.append(len(wave))
-                tasks += [
+                evictions += [
                     asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted, drain_id))
                     for entry in wave
                     if entry.evict
@@ -431,19 +432,16 @@ class Drainer:
                             planned[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
                         return planned[bounds.version]
 
-                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, tasks)
-            outcomes = [accepted.get(o.key, o) for o in await asyncio.gather(*tasks)]
+                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, evictions)
+            outcomes = [accepted.get(o.key, o) for o in await asyncio.gather(*evictions)]
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             left = dict(await self._wait_gone(node, waiting, lambda: bounds.final(timing)[0], bounds))
         except BaseException:
             # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await tasks.stop(*evictions)
             raise
         finally:
-            recut.cancel()
-            await asyncio.gather(recut, return_exceptions=True)
+            await tasks.stop(recut)
         outcomes = [accepted.get(o.key, o) for o in outcomes]  # a re-cut after the gather
         for outcome in outcomes:
             entry = by_key[outcome.key]
@@ -641,10 +639,10 @@ class Drainer:
         waiting: set[tuple[tuple[str, str], Any]],
         deadline: Callable[[], float],
         bounds: DrainBounds,
-        tasks: Sequence[asyncio.Task[Any]] = (),
+        evictions: Sequence[asyncio.Task[Any]] = (),
     ) -> set[tuple[tuple[str, str], Any]]:
         """Re-list the node's pods until none of ``waiting`` (key, uid) is left, ``deadline()`` (read again at
-        each poll, and at once when ``bounds`` tighten), or one of ``tasks`` failed; those left."""
+        each poll, and at once when ``bounds`` tighten), or one of ``evictions`` failed; those left."""
         poll = 0.05
         while waiting:
             pods = await self.kube.pods_on_node(node)  # a quorum read: the cache may still show them
@@ -652,7 +650,7 @@ class Drainer:
             waiting &= present
             if not waiting or self.clock() >= deadline():
                 break
-            if any(task.done() and not task.cancelled() and task.exception() for task in tasks):
+            if any(task.done() and not task.cancelled() and task.exception() for task in evictions):
                 break
             if not await bounds.sleep(min(poll, max(0.0, deadline() - self.clock()))):
                 poll = min(poll * 1.5, 2.0)
