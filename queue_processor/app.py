@@ -162,14 +162,12 @@ async def run_controller(
                 ) from None
         consumer.start()
         gauges = (
-            asyncio.create_task(
-                _tagged_gauges(aws.ec2, kube, settings.managed_tag, metrics), name="nth-tagged"
-            )
+            tasks.spawn(_tagged_gauges(aws.ec2, kube, settings.managed_tag, metrics), name="nth-tagged")
             if server is not None and settings.enable_prometheus_server
             else None
         )
         returns = (
-            asyncio.create_task(
+            tasks.spawn(
                 Returns(
                     kube,
                     drainer,

@@ -147,10 +147,8 @@ class Consumer:
         """Start the receive loops and the visibility extender."""
         for url in self.queue_urls:
             for index in range(self.loops_per_queue):
-                self._loops.append(
-                    asyncio.create_task(self._receive_loop(url), name=f"receive-{index}-{url}")
-                )
-        self._extender = asyncio.create_task(self._extend_loop(), name="visibility-extender")
+                self._loops.append(tasks.spawn(self._receive_loop(url), name=f"receive-{index}-{url}"))
+        self._extender = tasks.spawn(self._extend_loop(), name="visibility-extender")
 
     def reachable(self) -> bool:
         """Readiness: SQS has answered a ReceiveMessage, and the latest one that ended was answered. Receive
@@ -355,7 +353,7 @@ class Consumer:
         leaves ``_operations`` when it ends, also when a shutdown cancels it before it ever ran (its body,
         and so its ``finally``, never runs then)."""
         key = (operation.instance_id, str(operation.mode))
-        task = asyncio.create_task(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
+        task = tasks.spawn(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
         self._operations[key] = task
         task.add_done_callback(functools.partial(self._forget_operation, key))
 
@@ -425,7 +423,7 @@ class Consumer:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending_deletes.setdefault(ref.queue_url, []).append((ref, future))
         if self._delete_flusher is None or self._delete_flusher.done():
-            self._delete_flusher = asyncio.create_task(self._flush_deletes(), name="delete-batcher")
+            self._delete_flusher = tasks.spawn(self._flush_deletes(), name="delete-batcher")
         if await future:
             self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
 

@@ -509,9 +509,7 @@ class Handler:
         started = self.clock()
         kind = str(operation.first.kind)
         bounds = DrainBounds(self._deadline(operation), self._instance_end(operation))
-        watcher = asyncio.create_task(
-            self._joiners(operation, node, tainted, bounds, bound), name=f"joiners-{node}"
-        )
+        watcher = tasks.spawn(self._joiners(operation, node, tainted, bounds, bound), name=f"joiners-{node}")
         recorder = self.recorder if self.recorder is not None and self.recorder.enabled else None
 
         async def evicted(namespace: str, name: str) -> None:

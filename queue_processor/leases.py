@@ -81,7 +81,7 @@ class Claim:
         self.renewed_at = clock()
         self.lost = asyncio.Event()
         self._renewal: asyncio.Task[None] | None = None
-        self._renewer = asyncio.create_task(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
+        self._renewer = tasks.spawn(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
 
     @property
     def name(self) -> str:

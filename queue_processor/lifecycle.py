@@ -276,7 +276,7 @@ class Heartbeats:
         if key in self._over:
             return
         name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
-        task = asyncio.create_task(self._run(action), name=name)
+        task = tasks.spawn(self._run(action), name=name)
         self._beats[key] = _Beat(action, task, asyncio.Event())
         self._beats[key].held.set()
         self._confirm(self._beats[key])

@@ -164,7 +164,7 @@ class InstanceResolver:
         future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(instance_id, []).append(future)
         if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._run_batch(), name="describe-instances")
+            self._flush = tasks.spawn(self._run_batch(), name="describe-instances")
         return await future
 
     async def close(self) -> None:

@@ -408,7 +408,7 @@ class Drainer:
         evictions: list[asyncio.Task[_Eviction]] = []
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for group in groups for entry, _ in group}
-        recut = asyncio.create_task(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
+        recut = tasks.spawn(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
         try:
             for index, group in enumerate(groups):
                 wave = [entry for entry, _ in group]
