@@ -53,6 +53,7 @@ import structlog
 from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
+from queue_processor.deadlines import drain_deadline, instance_end, launch_ready_deadline
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
@@ -61,7 +62,6 @@ from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     Event,
-    ScheduledChangeEvent,
     StateChangeEvent,
 )
 from queue_processor.leases import Claim, NodeLeases
@@ -99,7 +99,6 @@ __all__ = [
     "OUT_OF_SERVICE_TAINT",
     "Handler",
     "Outcome",
-    "launch_ready_deadline",
 ]
 
 log = structlog.get_logger("queue_processor.handler")
@@ -724,43 +723,20 @@ class Handler:
         return info is None or info.state in INSTANCE_ENDED
 
     def _deadline(self, operation: NodeOperation) -> float:
-        """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among
-        the operation's events, never past the end of the earliest such notice (:meth:`_notice_end`). Other
-        kinds (rebalance, state change, lifecycle actions, scheduled changes) must not shorten the drain."""
-        deadline = self.clock() + self.settings.node_termination_grace_period
-        end = self._notice_end(operation)
-        return deadline if end is None else min(deadline, end)
-
-    def _notice_end(self, operation: NodeOperation) -> float | None:
-        """The end (a ``clock`` reading) of the earliest Spot or Capacity Reservation notice among the
-        operation's events, ``None`` without one. Their start time is when the instance goes.
-
-        A notice already over by this clock (delivered late, or this clock runs ahead of AWS's) is measured
-        from the operation's start instead (its own length, 120 s for Spot, from when it was received): a drain
-        cut to nothing could never succeed, and an instance that is really gone ends the retry as "instance
-        gone"."""
-        notices = [e for e in operation.events if e.notice]
-        if not notices:
-            return None
-        now = self.clock()
-        first = min(notices, key=lambda e: e.start_time)
-        left = (first.start_time - datetime.now(UTC)).total_seconds()
-        if left <= 0:
-            length = (first.start_time - first.time).total_seconds()
-            left = length - (now - operation.started_at)
-        return now + max(left, 0.0)
+        """The operation's drain deadline now (:func:`~queue_processor.deadlines.drain_deadline`)."""
+        return drain_deadline(
+            operation.events,
+            grace_period_s=self.settings.node_termination_grace_period,
+            now=self.clock(),
+            wall=datetime.now(UTC),
+            started_at=operation.started_at,
+        )
 
     def _instance_end(self, operation: NodeOperation) -> float | None:
-        """When the instance goes (a ``clock`` reading), as far as the operation's events say: the end of a
-        Spot or Capacity Reservation notice (:meth:`_notice_end`), or the start of an AWS Health scheduled
-        change still to come, the earliest; ``None`` when no event says. Grace periods are cut to end
-        GRACE_DEADLINE_MARGIN before it, and DELETE_AT_DEADLINE acts DELETE_AT_DEADLINE_LEAD before it."""
-        ends = [end for end in (self._notice_end(operation),) if end is not None]
-        now, wall = self.clock(), datetime.now(UTC)
-        for event in operation.events:
-            if isinstance(event, ScheduledChangeEvent) and event.start_time > wall:
-                ends.append(now + (event.start_time - wall).total_seconds())
-        return min(ends, default=None)
+        """When the operation's instance goes, as its events say now (:func:`~.deadlines.instance_end`)."""
+        return instance_end(
+            operation.events, now=self.clock(), wall=datetime.now(UTC), started_at=operation.started_at
+        )
 
     async def _launch(self, operation: NodeOperation, bound: Any) -> Outcome:
         """Wait for the instance's node to be registered and Ready, then complete its launch actions (those
@@ -780,7 +756,12 @@ class Handler:
         if isinstance(resolved, Outcome):
             return resolved
         info: InstanceInfo | None = resolved
-        deadline = launch_ready_deadline(operation, settings.launch_ready_timeout_sec, self.clock())
+        deadline = launch_ready_deadline(
+            operation.events,
+            timeout_s=settings.launch_ready_timeout_sec,
+            now=self.clock(),
+            wall=datetime.now(UTC),
+        )
         poll = 0.1
         while True:
             if info is None or info.state in INSTANCE_ENDED:
@@ -876,13 +857,3 @@ class Handler:
             outcome = await self.heartbeats.complete(action, result)
             operation.settled[action.action_key] = outcome
         return Outcome.DONE
-
-
-def launch_ready_deadline(operation: NodeOperation, timeout_s: float, now: float) -> float:
-    """When (a reading of the clock that read ``now``) the launch actions of ``operation`` have waited
-    LAUNCH_READY_TIMEOUT_SEC (``timeout_s``) for their node: measured from the earliest action's start (its
-    event time), so every receive of a requeued message, every replica and a restarted controller agree; an
-    action time ahead of this clock counts as now (pure)."""
-    started = min((action.time for action in operation.launch_actions), default=None)
-    age = 0.0 if started is None else max((datetime.now(UTC) - started).total_seconds(), 0.0)
-    return now + max(timeout_s - age, 0.0)

@@ -49,6 +49,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.nodes",
         "queue_processor.observe.events",
         "queue_processor.leases",
+        "queue_processor.deadlines",
     },
     {
         "queue_processor.drain.drainer",
