@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -56,7 +56,7 @@ from queue_processor.config import Settings
 from queue_processor.deadlines import drain_deadline, instance_end, launch_ready_deadline
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
-from queue_processor.drain.record import RECORD_LABEL, CordonRecord
+from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
@@ -82,7 +82,7 @@ from queue_processor.observe.events import (
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.observe.webhook import Webhook, drain_data
+from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook, node_facts
 from queue_processor.outcomes import (
     ClaimLost,
     ErrorWhere,
@@ -260,7 +260,7 @@ class Handler:
         if node is None:
             return await self._no_node(operation, target.info, bound)
         bound = bound.bind(node=node)
-        facts = await self._webhook_facts(node)
+        facts = await node_facts(self.drainer.kube, node) if self.webhook is not None else NO_FACTS
         if not self.settings.cordon_only:
             drain = self._drain(operation, node, target.claim, tainted, bound, target.info)
             try:
@@ -268,9 +268,9 @@ class Handler:
             except (asyncio.CancelledError, ClaimLost):
                 raise
             except Exception:
-                await self._notify(operation, target.info, *facts)
+                await self._notify(operation, target.info, facts)
                 raise
-            await self._notify(operation, target.info, *facts)
+            await self._notify(operation, target.info, facts)
             if not result.completed:
                 return Outcome.RETRY
             if any(decision.reason == OWN_POD for decision in result.skipped):
@@ -278,7 +278,7 @@ class Handler:
                 if await self._guarded(target.claim, left):
                     return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
-            await self._notify(operation, target.info, *facts)
+            await self._notify(operation, target.info, facts)
         post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
         try:
             outcome = await self._guarded(target.claim, post_drain)
@@ -304,7 +304,7 @@ class Handler:
             self.observer.node_action(NodeAction.PRE_DRAIN, True)
         only = self.settings.cordon_only
         self.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)
-        await self._notify(operation, info, None, None)
+        await self._notify(operation, info, NO_FACTS)
         await self._completion_delay()
         await self._complete_actions(operation, None, bound)
         self.observer.node_action(NodeAction.POST_DRAIN, True)
@@ -428,50 +428,15 @@ class Handler:
             since=datetime.now(UTC).isoformat(timespec="seconds"),
         )
 
-    async def _webhook_facts(self, node: str) -> tuple[dict[str, str] | None, list[str] | None]:
-        """The node's labels (but :data:`~queue_processor.drain.record.RECORD_LABEL`, ours) and the names of
-        every pod bound to it (by namespace, then name, as the API server lists them), read before the drain for
-        the webhook as NTH reads them; ``(None, None)``
-        without a webhook or when they cannot be read (NTH sends nil then)."""
-        if self.webhook is None or not self.webhook.url:
-            return None, None
-        try:
-            found = await self.drainer.kube.get_node(node)
-            pods = await self.drainer.kube.pods_on_node(node)
-        except KubeError:
-            return None, None
-        labels = dict(found["metadata"].get("labels") or {}) if found is not None else None
-        if labels is not None:  # our bookkeeping (what to undo on return) is not one of the node's labels
-            labels.pop(RECORD_LABEL, None)
-        order = sorted((p["metadata"].get("namespace", ""), p["metadata"]["name"]) for p in pods)
-        names = [name for _, name in order]
-        return labels, names
-
-    async def _notify(
-        self,
-        operation: NodeOperation,
-        info: InstanceInfo,
-        labels: dict[str, str] | None,
-        pods: list[str] | None,
-    ) -> None:
-        """The webhook, as NTH sends it: one request per interruption taken up (the first event of each kind
-        in the operation), after the drain, whatever its result, and before the lifecycle actions are
-        completed."""
-        if self.webhook is None or not self.webhook.url:
-            return
-        age = self.clock() - operation.started_at  # seconds since the operation began: when NTH took it up
-        wall = datetime.now().astimezone() - timedelta(seconds=age)
-        for kind in operation.kinds:
-            event = operation.event_of(kind)
-            data = drain_data(
-                event,
-                node_labels=labels,
-                pods=pods,
-                info=info,
-                received_wall=wall,
-                received_monotonic=time.monotonic() - age,
+    async def _notify(self, operation: NodeOperation, info: InstanceInfo, facts: NodeFacts) -> None:
+        """The webhook, as NTH sends it (:meth:`~queue_processor.observe.webhook.Webhook.notify_operation`)."""
+        if self.webhook is not None:
+            await self.webhook.notify_operation(
+                [operation.event_of(kind) for kind in operation.kinds],
+                info,
+                facts,
+                self.clock() - operation.started_at,
             )
-            await self.webhook.notify(data)
 
     def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
         """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:

@@ -28,14 +28,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import aiohttp
 import structlog
 
+from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.events import EventKind
 from queue_processor.kinds import Event, ScheduledChangeEvent, StateChangeEvent
+from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.gotemplate import (
     PROCESS_START,
@@ -48,8 +51,18 @@ from queue_processor.observe.gotemplate import (
     parse,
 )
 from queue_processor.observe.templates import nth_data
+from queue_processor.outcomes import KubeError
 
-__all__ = ["NTH_KINDS", "Webhook", "drain_data", "nth_description", "nth_event_id"]
+__all__ = [
+    "NO_FACTS",
+    "NTH_KINDS",
+    "NodeFacts",
+    "Webhook",
+    "drain_data",
+    "node_facts",
+    "nth_description",
+    "nth_event_id",
+]
 
 log = structlog.get_logger("queue_processor.webhook")
 
@@ -152,6 +165,35 @@ def drain_data(
     )
 
 
+@dataclass(frozen=True)
+class NodeFacts:
+    """What NTH's webhook tells of a node, read before the drain: its ``labels`` (but our bookkeeping label,
+    :data:`~queue_processor.drain.record.RECORD_LABEL`) and the names of every pod bound to it, by namespace
+    then name as the API server lists them; ``None`` where they could not be read (NTH sends nil then)."""
+
+    labels: dict[str, str] | None = None
+    pods: list[str] | None = None
+
+
+#: No facts: a dry run, or no webhook to send.
+NO_FACTS = NodeFacts()
+
+
+async def node_facts(kube: KubeClient, node: str) -> NodeFacts:
+    """The :class:`NodeFacts` of ``node``, as NTH reads them before its drain (a node GET and a pod LIST);
+    :data:`NO_FACTS` when they cannot be read."""
+    try:
+        found = await kube.get_node(node)
+        pods = await kube.pods_on_node(node)
+    except KubeError:
+        return NO_FACTS
+    labels = dict(found["metadata"].get("labels") or {}) if found is not None else None
+    if labels is not None:  # our bookkeeping (what to undo on return) is not one of the node's labels
+        labels.pop(RECORD_LABEL, None)
+    order = sorted((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]) for pod in pods)
+    return NodeFacts(labels, [name for _, name in order])
+
+
 class Webhook:
     """Posts notifications to ``url`` (no-op when empty). ``failures`` counts the ones that failed (a
     request error, a status ≥ 300, an unreadable template file, a template that fails to render). The body
@@ -184,6 +226,26 @@ class Webhook:
         except OSError as exc:
             log.warning("webhook template file unreadable: not sent", file=self.template_file, error=str(exc))
             return None
+
+    async def notify_operation(
+        self, events: Sequence[Event], info: InstanceInfo, facts: NodeFacts, age_s: float
+    ) -> None:
+        """The webhook, as NTH sends it for an operation taken up ``age_s`` seconds ago: one request per
+        interruption (``events``: the first event of each kind), after the drain, whatever its result, and
+        before the lifecycle actions are completed."""
+        if not self.url:
+            return
+        wall = datetime.now().astimezone() - timedelta(seconds=age_s)
+        for event in events:
+            data = drain_data(
+                event,
+                node_labels=facts.labels,
+                pods=facts.pods,
+                info=info,
+                received_wall=wall,
+                received_monotonic=time.monotonic() - age_s,
+            )
+            await self.notify(data)
 
     async def notify(self, data: Struct) -> None:
         """POST the template rendered over ``data`` (:func:`drain_data`)."""
