@@ -2,6 +2,7 @@
 #   make demo   set up .venv and run the main job on the embedded sandbox (a 20-node cluster, a scenario)
 #   make test   set up .venv, build the real control plane when Go is there (make cluster-bin), and run every
 #               check: ruff, ruff format, mypy --strict, pytest
+# Between changes: make check (lint, types, and every test but those on the real control plane or beside NTH).
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: setup demo test lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go
+.PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -51,6 +52,10 @@ unit: $(STAMP) $(CHECKOV) cluster-bin-if-go
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# The fast tier: what to run between changes (no Go, no control plane, no NTH needed).
+check: lint typecheck $(STAMP) $(CHECKOV)
+	$(BIN)/pytest -m "not real"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/parse.py

@@ -18,10 +18,10 @@ from typing import Any
 
 import structlog
 
-from queue_processor import __version__
+from queue_processor import __version__, tasks
 from queue_processor.aws import AwsClients
 from queue_processor.coalesce import EventStore
-from queue_processor.config import Settings, StartupError
+from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
@@ -36,9 +36,10 @@ from queue_processor.nodes import (
     tagged_instances,
     tagged_nodes,
 )
-from queue_processor.observe.events import NodeEventRecorder, parse_annotations
+from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
+from queue_processor.outcomes import StartupError
 from queue_processor.returns import Returns
 from queue_processor.server import ProbeServer
 
@@ -72,10 +73,11 @@ async def run_controller(
 ) -> None:
     """Run until ``stop`` is set. ``kubeconfig`` overrides the in-cluster / KUBECONFIG lookup; ``serve``
     starts the probe and metrics server; ``started`` is called with the :class:`Controller` once it
-    consumes. Raises :class:`~queue_processor.config.StartupError` (one line naming the setting) when the
+    consumes. Raises :class:`~queue_processor.outcomes.StartupError` (one line naming the setting) when the
     kubeconfig cannot be used, a port cannot be bound, or SQS refuses the first receives for good (the queue
     does not exist, the credentials are missing or refused); what may heal (an endpoint not reachable yet)
     is retried, with /readyz failing meanwhile."""
+    before = asyncio.all_tasks()  # the caller's own (a sandbox running us in its loop): not ours to count
     metrics = Metrics(__version__)
     async with AwsClients(settings, observer=metrics) as aws:
         kube = KubeClient(
@@ -160,14 +162,12 @@ async def run_controller(
                 ) from None
         consumer.start()
         gauges = (
-            asyncio.create_task(
-                _tagged_gauges(aws.ec2, kube, settings.managed_tag, metrics), name="nth-tagged"
-            )
+            tasks.spawn(_tagged_gauges(aws.ec2, kube, settings.managed_tag, metrics), name="nth-tagged")
             if server is not None and settings.enable_prometheus_server
             else None
         )
         returns = (
-            asyncio.create_task(
+            tasks.spawn(
                 Returns(
                     kube,
                     drainer,
@@ -193,17 +193,14 @@ async def run_controller(
             log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
             # Bounded whatever AWS or the API server does: the consumer gets the whole budget but a second
             # for the rest; a request stuck in a worker thread is abandoned, not waited for.
-            for background in (gauges, returns):
-                if background is not None:
-                    background.cancel()
-                    await asyncio.gather(background, return_exceptions=True)
+            await tasks.stop(gauges, returns)
             await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
             await resolver.close()
             if server is not None:
                 await server.stop()
             kube.close(wait=False)
             left = sorted(
-                task.get_name() for task in asyncio.all_tasks() if task is not asyncio.current_task()
+                task.get_name() for task in asyncio.all_tasks() - before if task is not asyncio.current_task()
             )
             # What a stop leaves behind (tests and the chaos suite check zeros): tasks of this loop still
             # alive (named, at most ten), operation and heartbeat tasks.

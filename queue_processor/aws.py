@@ -22,7 +22,8 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from queue_processor.config import Settings
-from queue_processor.observe.observer import NULL_OBSERVER, AwsResult, Observer
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import AwsResult
 
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_autoscaling import AutoScalingClient

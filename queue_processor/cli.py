@@ -36,16 +36,16 @@ from rich.table import Table
 from queue_processor import __version__
 from queue_processor.app import run_controller
 from queue_processor.config import (
-    ConfigError,
     Settings,
-    StartupError,
     configuration_markdown,
     default,
     env_name,
     load_settings,
     nth_settings_ignored,
 )
+from queue_processor.kinds import Event
 from queue_processor.observe.logs import configure_logging, get_logger
+from queue_processor.outcomes import ConfigError, StartupError
 from queue_processor.parse import ParseResult, parse
 
 if TYPE_CHECKING:
@@ -355,7 +355,10 @@ async def _watch_scenario(
                 f"queue {state.visible} visible, {state.in_flight} in flight · DLQ {state.dlq}"
             )
 
-        return await run_scenario(running, scenario, timeout_s=timeout_s, progress=show)
+        summary = await run_scenario(running, scenario, timeout_s=timeout_s, progress=show)
+    if not console.is_terminal:  # Live ends its last line without a newline when it is not a terminal
+        console.line()
+    return summary
 
 
 def _sandbox_summary(running: Sandbox, scenario: str | None, nodes: int, seconds: float) -> dict[str, Any]:
@@ -377,7 +380,7 @@ def _sandbox_summary(running: Sandbox, scenario: str | None, nodes: int, seconds
     }
 
 
-def _result_json(path: str, result: ParseResult) -> dict[str, Any]:
+def _result_json(path: str, result: ParseResult[Event]) -> dict[str, Any]:
     return {
         "file": path,
         "outcome": result.outcome,
@@ -529,7 +532,8 @@ def explain(
     from queue_processor.drain.explain import explain_node
     from queue_processor.drain.filters import DrainOptions
     from queue_processor.drain.order import DrainOrder
-    from queue_processor.kube import KubeClient, KubeError, load_api_client
+    from queue_processor.kube import KubeClient, load_api_client
+    from queue_processor.outcomes import KubeError
 
     async def read() -> Any:
         kube = KubeClient(load_api_client(kubeconfig), attempts=2)

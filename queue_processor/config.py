@@ -27,16 +27,19 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from queue_processor.observe.gotemplate import TemplateError
+from queue_processor.observe.templates import check_template
+from queue_processor.outcomes import ConfigError
+
 __all__ = [
     "REQUEUE_MAX_S",
-    "ConfigError",
     "Settings",
-    "StartupError",
     "configuration_markdown",
     "default",
     "env_name",
     "load_settings",
     "nth_settings_ignored",
+    "parse_annotations",
     "queue_account",
     "region_from_queue_url",
 ]
@@ -82,10 +85,21 @@ DEFAULT_WEBHOOK_TEMPLATE = (
 )
 
 
+def parse_annotations(text: str) -> dict[str, str]:
+    """``KUBERNETES_EVENTS_EXTRA_ANNOTATIONS``: ``key=value`` pairs separated by commas (NTH's format), blanks
+    around each key and value ignored; ``""`` gives ``{}``. Raises ``ValueError`` naming the pair that is
+    not ``key=value`` (NTH stops at start-up there too)."""
+    annotations: dict[str, str] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{pair!r} is not key=value")
+        annotations[key.strip()] = value.strip()
+    return annotations
+
+
 def _check_webhook_template(text: str) -> None:
     """NTH's start-up check: the template parses and executes over empty data; ``ValueError`` if not."""
-    from queue_processor.observe.gotemplate import TemplateError
-    from queue_processor.observe.webhook import check_template
 
     try:
         check_template(text)
@@ -98,16 +112,6 @@ _QUEUE_URL_REGION = re.compile(
     r"^https?://(?:[^/]*?\.)?(?:sqs[.-])?(?P<region>[a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-\d+)\."
     r"(?:queue\.)?(?:vpce\.)?amazonaws\.com(?:\.cn)?(?::\d+)?/"
 )
-
-
-class ConfigError(ValueError):
-    """A setting is missing or invalid; ``str()`` is one line naming the variable(s)."""
-
-
-class StartupError(ConfigError):
-    """Start-up found the environment unusable in a way that will not heal by waiting (a kubeconfig that
-    cannot be read, a port in use, a queue that does not exist, credentials refused); ``str()`` is one line
-    naming the setting and what was wrong. ``queue-processor run`` prints it and exits 2."""
 
 
 def region_from_queue_url(url: str) -> str | None:
@@ -569,8 +573,6 @@ class Settings(BaseSettings):
     @field_validator("kubernetes_events_extra_annotations")
     @classmethod
     def _check_annotations(cls, value: str) -> str:
-        from queue_processor.observe.events import parse_annotations
-
         parse_annotations(value)
         return value
 

@@ -31,13 +31,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from botocore.exceptions import NoCredentialsError
 
+from queue_processor import tasks
 from queue_processor.aws import call, error_code
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler, Outcome
 from queue_processor.kinds import AsgLifecycleEvent
-from queue_processor.observe.observer import NULL_OBSERVER, ErrorWhere, MessageFate, Observer
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
 
 if TYPE_CHECKING:  # the stubs are a development dependency
@@ -145,10 +147,8 @@ class Consumer:
         """Start the receive loops and the visibility extender."""
         for url in self.queue_urls:
             for index in range(self.loops_per_queue):
-                self._loops.append(
-                    asyncio.create_task(self._receive_loop(url), name=f"receive-{index}-{url}")
-                )
-        self._extender = asyncio.create_task(self._extend_loop(), name="visibility-extender")
+                self._loops.append(tasks.spawn(self._receive_loop(url), name=f"receive-{index}-{url}"))
+        self._extender = tasks.spawn(self._extend_loop(), name="visibility-extender")
 
     def reachable(self) -> bool:
         """Readiness: SQS has answered a ReceiveMessage, and the latest one that ended was answered. Receive
@@ -187,11 +187,7 @@ class Consumer:
                 operations=len(self._operations),
                 polls=sum(1 for task in self._loops if not task.done()),
             )
-        leftovers = [*self._loops, *self._operations.values(), self._extender, self._delete_flusher]
-        tasks = [task for task in leftovers if task is not None and not task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await tasks.stop(*self._loops, *self._operations.values(), self._extender, self._delete_flusher)
         await self.handler.heartbeats.close()
 
     async def _shut_down(self) -> None:
@@ -199,20 +195,15 @@ class Consumer:
             if task not in self._polling:  # waiting for an in-flight slot: no poll to let end
                 task.cancel()
         held = self.store.held()  # no new receipt handle can come in now; operations may end below
-        operations = list(self._operations.values())
-        for task in operations:
-            task.cancel()
-        await asyncio.gather(*operations, return_exceptions=True)
+        await tasks.stop(*self._operations.values())
         await self.handler.heartbeats.close()  # nothing beats once this replica lets its messages go
-        if self._extender is not None:
-            self._extender.cancel()
-            await asyncio.gather(self._extender, return_exceptions=True)
+        await tasks.stop(self._extender)
         if self._delete_flusher is not None:
-            await asyncio.gather(self._delete_flusher, return_exceptions=True)  # deletes already decided
+            await tasks.wait(self._delete_flusher)  # deletes already decided
         await self._set_held_visibility(held, 0, ErrorWhere.REQUEUE)
         # An open poll takes the messages just made visible and ends at once; its loop makes them visible
         # again (see _receive_loop) and stops. A poll that finds nothing ends after its wait.
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await tasks.wait(*self._loops)
 
     # -------------------------------------------------------------------------------------------- receive
 
@@ -362,7 +353,7 @@ class Consumer:
         leaves ``_operations`` when it ends, also when a shutdown cancels it before it ever ran (its body,
         and so its ``finally``, never runs then)."""
         key = (operation.instance_id, str(operation.mode))
-        task = asyncio.create_task(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
+        task = tasks.spawn(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
         self._operations[key] = task
         task.add_done_callback(functools.partial(self._forget_operation, key))
 
@@ -380,10 +371,19 @@ class Consumer:
                 del self._operations[key]
             settlement = self.store.finish(operation, succeeded=succeeded)
             if not self._stopping.is_set():
-                await asyncio.gather(
+                results = await asyncio.gather(
                     *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
                     return_exceptions=True,
                 )
+                for (ref, outcome), result in zip(settlement.messages, results, strict=True):
+                    if isinstance(result, Exception):  # logged and counted, never dropped
+                        self.observer.error(ErrorWhere.SETTLE)
+                        log.error(
+                            "settlement failed",
+                            message_id=ref.message_id,
+                            outcome=str(outcome),
+                            error=repr(result),
+                        )
             self.observer.in_flight(self.store.held_count, len(self._operations))
 
     async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:
@@ -423,7 +423,7 @@ class Consumer:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending_deletes.setdefault(ref.queue_url, []).append((ref, future))
         if self._delete_flusher is None or self._delete_flusher.done():
-            self._delete_flusher = asyncio.create_task(self._flush_deletes(), name="delete-batcher")
+            self._delete_flusher = tasks.spawn(self._flush_deletes(), name="delete-batcher")
         if await future:
             self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
 

@@ -44,27 +44,27 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
 import structlog
 
+from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
+from queue_processor.deadlines import drain_deadline, instance_end, launch_ready_deadline
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
-from queue_processor.drain.record import RECORD_LABEL, CordonRecord
+from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     Event,
-    ScheduledChangeEvent,
     StateChangeEvent,
 )
-from queue_processor.kube import KubeError
-from queue_processor.leases import Claim, ClaimLost, NodeLeases
+from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed, node_ready
 from queue_processor.observe.events import (
@@ -81,15 +81,16 @@ from queue_processor.observe.events import (
     RECEIVED_REASONS,
     NodeEventRecorder,
 )
-from queue_processor.observe.observer import (
-    NULL_OBSERVER,
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook, node_facts
+from queue_processor.outcomes import (
+    ClaimLost,
     ErrorWhere,
+    KubeError,
     LifecycleResult,
     NodeAction,
-    Observer,
     OperationOutcome,
 )
-from queue_processor.observe.webhook import Webhook, drain_data
 from queue_processor.returns import came_back
 
 __all__ = [
@@ -98,7 +99,6 @@ __all__ = [
     "OUT_OF_SERVICE_TAINT",
     "Handler",
     "Outcome",
-    "launch_ready_deadline",
 ]
 
 log = structlog.get_logger("queue_processor.handler")
@@ -260,7 +260,7 @@ class Handler:
         if node is None:
             return await self._no_node(operation, target.info, bound)
         bound = bound.bind(node=node)
-        facts = await self._webhook_facts(node)
+        facts = await node_facts(self.drainer.kube, node) if self.webhook is not None else NO_FACTS
         if not self.settings.cordon_only:
             drain = self._drain(operation, node, target.claim, tainted, bound, target.info)
             try:
@@ -268,9 +268,9 @@ class Handler:
             except (asyncio.CancelledError, ClaimLost):
                 raise
             except Exception:
-                await self._notify(operation, target.info, *facts)
+                await self._notify(operation, target.info, facts)
                 raise
-            await self._notify(operation, target.info, *facts)
+            await self._notify(operation, target.info, facts)
             if not result.completed:
                 return Outcome.RETRY
             if any(decision.reason == OWN_POD for decision in result.skipped):
@@ -278,7 +278,7 @@ class Handler:
                 if await self._guarded(target.claim, left):
                     return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
-            await self._notify(operation, target.info, *facts)
+            await self._notify(operation, target.info, facts)
         post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
         try:
             outcome = await self._guarded(target.claim, post_drain)
@@ -304,7 +304,7 @@ class Handler:
             self.observer.node_action(NodeAction.PRE_DRAIN, True)
         only = self.settings.cordon_only
         self.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)
-        await self._notify(operation, info, None, None)
+        await self._notify(operation, info, NO_FACTS)
         await self._completion_delay()
         await self._complete_actions(operation, None, bound)
         self.observer.node_action(NodeAction.POST_DRAIN, True)
@@ -428,50 +428,15 @@ class Handler:
             since=datetime.now(UTC).isoformat(timespec="seconds"),
         )
 
-    async def _webhook_facts(self, node: str) -> tuple[dict[str, str] | None, list[str] | None]:
-        """The node's labels (but :data:`~queue_processor.drain.record.RECORD_LABEL`, ours) and the names of
-        every pod bound to it (by namespace, then name, as the API server lists them), read before the drain for
-        the webhook as NTH reads them; ``(None, None)``
-        without a webhook or when they cannot be read (NTH sends nil then)."""
-        if self.webhook is None or not self.webhook.url:
-            return None, None
-        try:
-            found = await self.drainer.kube.get_node(node)
-            pods = await self.drainer.kube.pods_on_node(node)
-        except KubeError:
-            return None, None
-        labels = dict(found["metadata"].get("labels") or {}) if found is not None else None
-        if labels is not None:  # our bookkeeping (what to undo on return) is not one of the node's labels
-            labels.pop(RECORD_LABEL, None)
-        order = sorted((p["metadata"].get("namespace", ""), p["metadata"]["name"]) for p in pods)
-        names = [name for _, name in order]
-        return labels, names
-
-    async def _notify(
-        self,
-        operation: NodeOperation,
-        info: InstanceInfo,
-        labels: dict[str, str] | None,
-        pods: list[str] | None,
-    ) -> None:
-        """The webhook, as NTH sends it: one request per interruption taken up (the first event of each kind
-        in the operation), after the drain, whatever its result, and before the lifecycle actions are
-        completed."""
-        if self.webhook is None or not self.webhook.url:
-            return
-        age = self.clock() - operation.started_at  # seconds since the operation began: when NTH took it up
-        wall = datetime.now().astimezone() - timedelta(seconds=age)
-        for kind in operation.kinds:
-            event = operation.event_of(kind)
-            data = drain_data(
-                event,
-                node_labels=labels,
-                pods=pods,
-                info=info,
-                received_wall=wall,
-                received_monotonic=time.monotonic() - age,
+    async def _notify(self, operation: NodeOperation, info: InstanceInfo, facts: NodeFacts) -> None:
+        """The webhook, as NTH sends it (:meth:`~queue_processor.observe.webhook.Webhook.notify_operation`)."""
+        if self.webhook is not None:
+            await self.webhook.notify_operation(
+                [operation.event_of(kind) for kind in operation.kinds],
+                info,
+                facts,
+                self.clock() - operation.started_at,
             )
-            await self.webhook.notify(data)
 
     def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
         """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:
@@ -508,9 +473,7 @@ class Handler:
         started = self.clock()
         kind = str(operation.first.kind)
         bounds = DrainBounds(self._deadline(operation), self._instance_end(operation))
-        watcher = asyncio.create_task(
-            self._joiners(operation, node, tainted, bounds, bound), name=f"joiners-{node}"
-        )
+        watcher = tasks.spawn(self._joiners(operation, node, tainted, bounds, bound), name=f"joiners-{node}")
         recorder = self.recorder if self.recorder is not None and self.recorder.enabled else None
 
         async def evicted(namespace: str, name: str) -> None:
@@ -534,8 +497,7 @@ class Handler:
             self.observer.drained(kind, "cancelled", self.clock() - started)
             raise
         finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await tasks.stop(watcher)
         self.observer.drained(kind, result.outcome, self.clock() - started)
         figures = {
             "drain_id": result.drain_id,
@@ -667,10 +629,7 @@ class Handler:
         try:
             await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for pending in (task, lost):
-                if not pending.done():
-                    pending.cancel()
-            await asyncio.gather(task, lost, return_exceptions=True)
+            await tasks.stop(task, lost)
         if task.cancelled() and lost.done() and not lost.cancelled():
             raise ClaimLost(f"Lease {claim.name} was lost")
         return task.result()
@@ -729,43 +688,20 @@ class Handler:
         return info is None or info.state in INSTANCE_ENDED
 
     def _deadline(self, operation: NodeOperation) -> float:
-        """NODE_TERMINATION_GRACE_PERIOD from now, and, when a Spot or Capacity Reservation notice is among
-        the operation's events, never past the end of the earliest such notice (:meth:`_notice_end`). Other
-        kinds (rebalance, state change, lifecycle actions, scheduled changes) must not shorten the drain."""
-        deadline = self.clock() + self.settings.node_termination_grace_period
-        end = self._notice_end(operation)
-        return deadline if end is None else min(deadline, end)
-
-    def _notice_end(self, operation: NodeOperation) -> float | None:
-        """The end (a ``clock`` reading) of the earliest Spot or Capacity Reservation notice among the
-        operation's events, ``None`` without one. Their start time is when the instance goes.
-
-        A notice already over by this clock (delivered late, or this clock runs ahead of AWS's) is measured
-        from the operation's start instead (its own length, 120 s for Spot, from when it was received): a drain
-        cut to nothing could never succeed, and an instance that is really gone ends the retry as "instance
-        gone"."""
-        notices = [e for e in operation.events if e.notice]
-        if not notices:
-            return None
-        now = self.clock()
-        first = min(notices, key=lambda e: e.start_time)
-        left = (first.start_time - datetime.now(UTC)).total_seconds()
-        if left <= 0:
-            length = (first.start_time - first.time).total_seconds()
-            left = length - (now - operation.started_at)
-        return now + max(left, 0.0)
+        """The operation's drain deadline now (:func:`~queue_processor.deadlines.drain_deadline`)."""
+        return drain_deadline(
+            operation.events,
+            grace_period_s=self.settings.node_termination_grace_period,
+            now=self.clock(),
+            wall=datetime.now(UTC),
+            started_at=operation.started_at,
+        )
 
     def _instance_end(self, operation: NodeOperation) -> float | None:
-        """When the instance goes (a ``clock`` reading), as far as the operation's events say: the end of a
-        Spot or Capacity Reservation notice (:meth:`_notice_end`), or the start of an AWS Health scheduled
-        change still to come, the earliest; ``None`` when no event says. Grace periods are cut to end
-        GRACE_DEADLINE_MARGIN before it, and DELETE_AT_DEADLINE acts DELETE_AT_DEADLINE_LEAD before it."""
-        ends = [end for end in (self._notice_end(operation),) if end is not None]
-        now, wall = self.clock(), datetime.now(UTC)
-        for event in operation.events:
-            if isinstance(event, ScheduledChangeEvent) and event.start_time > wall:
-                ends.append(now + (event.start_time - wall).total_seconds())
-        return min(ends, default=None)
+        """When the operation's instance goes, as its events say now (:func:`~.deadlines.instance_end`)."""
+        return instance_end(
+            operation.events, now=self.clock(), wall=datetime.now(UTC), started_at=operation.started_at
+        )
 
     async def _launch(self, operation: NodeOperation, bound: Any) -> Outcome:
         """Wait for the instance's node to be registered and Ready, then complete its launch actions (those
@@ -785,7 +721,12 @@ class Handler:
         if isinstance(resolved, Outcome):
             return resolved
         info: InstanceInfo | None = resolved
-        deadline = launch_ready_deadline(operation, settings.launch_ready_timeout_sec, self.clock())
+        deadline = launch_ready_deadline(
+            operation.events,
+            timeout_s=settings.launch_ready_timeout_sec,
+            now=self.clock(),
+            wall=datetime.now(UTC),
+        )
         poll = 0.1
         while True:
             if info is None or info.state in INSTANCE_ENDED:
@@ -881,13 +822,3 @@ class Handler:
             outcome = await self.heartbeats.complete(action, result)
             operation.settled[action.action_key] = outcome
         return Outcome.DONE
-
-
-def launch_ready_deadline(operation: NodeOperation, timeout_s: float, now: float) -> float:
-    """When (a reading of the clock that read ``now``) the launch actions of ``operation`` have waited
-    LAUNCH_READY_TIMEOUT_SEC (``timeout_s``) for their node: measured from the earliest action's start (its
-    event time), so every receive of a requeued message, every replica and a restarted controller agree; an
-    action time ahead of this clock counts as now (pure)."""
-    started = min((action.time for action in operation.launch_actions), default=None)
-    age = 0.0 if started is None else max((datetime.now(UTC) - started).total_seconds(), 0.0)
-    return now + max(timeout_s - age, 0.0)

@@ -36,8 +36,9 @@ from tenacity import (
 )
 
 from queue_processor import __version__
-from queue_processor.config import StartupError, default
+from queue_processor.config import default
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import KubeError, StartupError
 
 __all__ = ["RETRY_AFTER_MAX_S", "KubeClient", "KubeError", "RateLimiter", "load_api_client"]
 
@@ -52,29 +53,6 @@ PATCH_TYPES = {
     "merge": "application/merge-patch+json",
     "json": "application/json-patch+json",
 }
-
-
-class KubeError(Exception):
-    """An error answer from the API server: ``status`` (HTTP code; 0 for a connection error), ``reason``
-    (the Status object's reason, e.g. ``NotFound``, ``TooManyRequests``, ``Conflict``), ``message``,
-    ``retry_after_s``, the Retry-After header in seconds when the answer carried one, and ``causes``, the
-    Status's ``details.causes`` (``[{"reason": str, "message": str, "field": str}]``; an eviction's 429 names
-    the PodDisruptionBudget in a ``DisruptionBudget`` cause)."""
-
-    def __init__(
-        self,
-        status: int,
-        reason: str,
-        message: str,
-        retry_after_s: float | None = None,
-        causes: list[dict[str, Any]] | None = None,
-    ) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.retry_after_s = retry_after_s
-        self.causes = causes or []
 
 
 class RateLimiter:
@@ -126,7 +104,7 @@ def load_api_client(
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
     thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls). Raises
-    :class:`~queue_processor.config.StartupError` (one line naming KUBECONFIG) when neither is usable."""
+    :class:`~queue_processor.outcomes.StartupError` (one line naming KUBECONFIG) when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
     # Only a connection that failed before the request went out is tried again down there; every other retry

@@ -25,8 +25,10 @@ from typing import Any, NoReturn
 
 import structlog
 
+from queue_processor import tasks
 from queue_processor.config import default
-from queue_processor.kube import KubeClient, KubeError
+from queue_processor.kube import KubeClient
+from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = ["RENEW_ATTEMPTS", "Claim", "ClaimLost", "NodeLeases", "lease_name"]
 
@@ -51,12 +53,6 @@ def _parse(value: str | None) -> datetime | None:
         return datetime.strptime(value, _MICRO).replace(tzinfo=UTC)
     except ValueError:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-class ClaimLost(Exception):  # noqa: N818 - it names what happened
-    """The node's Lease is no longer this replica's: another replica holds it now (a renewal answered 409 and
-    the Lease read back names another holder), or it lapsed (not renewed within its duration, e.g. while the
-    process was paused) and could not be renewed."""
 
 
 #: How many times one renewal re-reads the Lease and writes again after a 409 that left it ours.
@@ -85,7 +81,7 @@ class Claim:
         self.renewed_at = clock()
         self.lost = asyncio.Event()
         self._renewal: asyncio.Task[None] | None = None
-        self._renewer = asyncio.create_task(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
+        self._renewer = tasks.spawn(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
 
     @property
     def name(self) -> str:
@@ -155,10 +151,7 @@ class Claim:
         """Stop renewing (the renewal task and a renewal in flight are cancelled and awaited) and give the
         Lease up (its holder cleared) unless it was lost; a 409 re-reads it and clears it when it is still
         ours. Errors are logged, not raised."""
-        tasks = [task for task in (self._renewer, self._renewal) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await tasks.stop(self._renewer, self._renewal)
         if self.lost.is_set():
             return
         leases = self._leases

@@ -19,7 +19,7 @@
   message is not received again within the requeue's margin, the heartbeat stops;
 - a failed heartbeat is retried within seconds (:data:`RETRY_S`), with a warning, never a whole interval
   later (the next beat would land after the HeartbeatTimeout);
-- :meth:`Lifecycle.complete` answers the :class:`~queue_processor.observe.observer.LifecycleResult` it
+- :meth:`Lifecycle.complete` answers the :class:`~queue_processor.outcomes.LifecycleResult` it
   got: ``continue`` / ``abandon``, or, for that same ValidationError, ``no-active-action`` (terminal: the
   action was completed, abandoned or timed out already).
 
@@ -39,11 +39,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from botocore.exceptions import ClientError
 
+from queue_processor import tasks
 from queue_processor.aws import call, error_code, is_no_active_action, is_retryable
 from queue_processor.config import Settings
 from queue_processor.events import ActionKey
 from queue_processor.kinds import AsgLifecycleEvent
-from queue_processor.observe.observer import NULL_OBSERVER, HeartbeatResult, LifecycleResult, Observer
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import HeartbeatResult, LifecycleResult
 
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_autoscaling import AutoScalingClient
@@ -274,7 +276,7 @@ class Heartbeats:
         if key in self._over:
             return
         name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
-        task = asyncio.create_task(self._run(action), name=name)
+        task = tasks.spawn(self._run(action), name=name)
         self._beats[key] = _Beat(action, task, asyncio.Event())
         self._beats[key].held.set()
         self._confirm(self._beats[key])
@@ -309,8 +311,7 @@ class Heartbeats:
         """Stop the action's heartbeat and wait until its task has ended."""
         beat = self._beats.pop(action.action_key, None)
         if beat is not None:
-            beat.task.cancel()
-            await asyncio.gather(beat.task, return_exceptions=True)
+            await tasks.stop(beat.task)
 
     async def complete(
         self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
@@ -335,9 +336,7 @@ class Heartbeats:
         """Stop every heartbeat (shutdown: nothing beats after the controller exits)."""
         beats = list(self._beats.values())
         self._beats.clear()
-        for beat in beats:
-            beat.task.cancel()
-        await asyncio.gather(*(beat.task for beat in beats), return_exceptions=True)
+        await tasks.stop(*(beat.task for beat in beats))
 
     def _mark_over(self, key: ActionKey) -> None:
         now = self.clock()
@@ -427,6 +426,4 @@ class Heartbeats:
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+            await tasks.stop(*waiters)

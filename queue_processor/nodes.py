@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from queue_processor import tasks
 from queue_processor.aws import collect
 from queue_processor.kube import KubeClient
 
@@ -163,15 +164,12 @@ class InstanceResolver:
         future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(instance_id, []).append(future)
         if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._run_batch(), name="describe-instances")
+            self._flush = tasks.spawn(self._run_batch(), name="describe-instances")
         return await future
 
     async def close(self) -> None:
         """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""
-        tasks = [task for task in (self._flush, *self._in_flight) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await tasks.stop(self._flush, *self._in_flight)
 
     async def _run_batch(self) -> None:
         await asyncio.sleep(self.window_s)

@@ -1,4 +1,4 @@
-"""Message body → typed events: ``parse(body) -> ParseResult``, pure and total.
+"""Message body → typed events: ``parse(body) -> ParseResult[Event]``, pure and total.
 
 Accepted formats:
 
@@ -21,9 +21,10 @@ from typing import Annotated, Any, Union
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import REGISTRY, ParseResult, Poison, PoisonClass, SkipClass
+from queue_processor.kinds import REGISTRY, Event, ParseResult, Poison
 from queue_processor.kinds.asg_lifecycle import LifecycleProbe, parse_direct
 from queue_processor.kinds.base import BY_MODEL, describe_validation_error
+from queue_processor.outcomes import PoisonClass, SkipClass
 
 __all__ = ["MAX_MESSAGE_BYTES", "ParseResult", "parse"]
 
@@ -60,7 +61,7 @@ def _kinds() -> TypeAdapter[Any]:
     )
 
 
-def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult:
+def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult[Event]:
     """What the controller makes of one SQS message body. Never raises, whatever ``body`` holds.
 
     ``body`` is the message body (text, or UTF-8 bytes); ``message``, when given, is attached to every
@@ -97,7 +98,7 @@ def _size_reason(body: str | bytes) -> str | None:
     return None
 
 
-def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -> ParseResult:
+def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -> ParseResult[Event]:
     if len(body) * 4 > MAX_MESSAGE_BYTES:  # a UTF-8 character is at most 4 bytes
         too_large = _size_reason(body)
         if too_large is not None:
@@ -105,7 +106,7 @@ def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -
     # Hints, not decisions: a body naming "detail-type" is most likely an EventBridge event, one naming
     # "LifecycleTransition" a lifecycle notification sent straight to SQS; each is tried in one pass first,
     # and whatever it does not take goes through the other shapes.
-    result: ParseResult | None = None
+    result: ParseResult[Event] | None = None
     text = body if isinstance(body, str) else body.decode("utf-8", "replace")
     hinted = '"detail-type"' in text
     if hinted:
@@ -119,7 +120,7 @@ def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -
     return result
 
 
-def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResult | None:
+def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResult[Event] | None:
     """A registered EventBridge kind, validated from JSON in one pass into its model (for most kinds, the
     event itself); ``None`` when the body is not one."""
     try:
@@ -151,7 +152,7 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
             f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on",
         )
     try:
-        result: ParseResult = spec.finish(validated, message)
+        result: ParseResult[Event] = spec.finish(validated, message)
     except Poison as poison:
         return ParseResult.poison(poison.reason_class, poison.reason, "eventbridge")
     if message is not None:
@@ -163,7 +164,7 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
 
 def _other(
     body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool, tried_eventbridge: bool
-) -> ParseResult:
+) -> ParseResult[Event]:
     """Anything but a registered EventBridge kind: SNS, a direct Auto Scaling notification, an EventBridge
     event of another kind, or poison."""
     try:

@@ -33,7 +33,8 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
-from queue_processor.observe.observer import NULL_OBSERVER, NodeAction, Observer
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import NodeAction
 
 __all__ = ["Returns", "came_back"]
 

@@ -73,6 +73,24 @@ def control_plane() -> Iterator[Any]:
 KUBERNETES = ["emulated", "real"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``real`` every test that needs the real control plane (it asks for the fixture, or runs with the
+    ``real`` value of :data:`KUBERNETES`) or NTH (``tests/peers``): ``make check`` (``-m "not real"``) runs
+    the others, on the emulation, in minutes; ``make test`` runs everything."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if (
+            fixtures & {"control_plane", "plane", "nth_webhook"}  # the plane, or a Go peer cluster-bin builds
+            or "real" in params.values()
+            or "cluster" in params.values()
+            or "/tests/peers/" in str(item.path)
+            or item.name.endswith("_on_the_real_control_plane")
+            or "_on_the_real_control_plane[" in item.name
+        ):
+            item.add_marker(pytest.mark.real)
+
+
 @pytest.fixture(scope="session")
 def chart_rbac() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The controller's RBAC as the Helm chart renders it with Helm's own engine (helm-python-sdk), with every

@@ -14,14 +14,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from queue_processor.kube import KubeError
+from queue_processor.drain.filters import is_terminating
+from queue_processor.outcomes import KubeError
 
 __all__ = [
     "DEFAULT_UNHEALTHY_POLICY",
     "budget_arithmetic",
     "budget_of",
     "is_ready",
-    "is_terminating",
     "selector_matches",
 ]
 
@@ -49,11 +49,6 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
         if op == "DoesNotExist" and key in labels:
             return False
     return True
-
-
-def is_terminating(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod has a deletionTimestamp (is being deleted)."""
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:

@@ -19,26 +19,25 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any, Literal
 
+from queue_processor import tasks
 from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.drain.order import DrainOrder, granted_grace, own_grace, waves
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
-from queue_processor.kube import KubeClient, KubeError
+from queue_processor.kube import KubeClient
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
 
 __all__ = [
     "TAINT_WRITE_ATTEMPTS",
     "WAVE_PAD_S",
     "DrainBounds",
-    "DrainOutcome",
     "DrainResult",
     "DrainTiming",
     "Drainer",
-    "EvictionOutcome",
 ]
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
@@ -51,34 +50,6 @@ EVICTION_RETRY_S = (1.0, 10.0)
 #: Seconds kept, on top of the longest grace period of the waves still to come, when a wave's wait is cut
 #: short for them: the kubelet's and the API server's time to see a pod gone.
 WAVE_PAD_S = 2.0
-
-
-class DrainOutcome(StrEnum):
-    """How a drain ended, decided where it ends (the ``result`` label of
-    ``queue_processor_drain_duration_seconds``)."""
-
-    DRAINED = "drained"
-    """Every pod to evict is gone."""
-    TIMEOUT = "timeout"
-    """Pods were still there at the deadline (PodDisruptionBudgets included)."""
-    ERROR = "error"
-    """A pod could not be evicted: the filters refused it, or its eviction failed."""
-    DELETED = "deleted"
-    """Pods still there at the deadline were deleted (DELETE_AT_DEADLINE) and none is left."""
-
-
-class EvictionOutcome(StrEnum):
-    """How one pod's eviction ended, decided where it ends (the ``result`` label of
-    ``queue_processor_evictions_total``)."""
-
-    EVICTED = "evicted"
-    """The Eviction API accepted it (201)."""
-    GONE = "gone"
-    """The pod was gone already (404)."""
-    PDB_BLOCKED = "pdb-blocked"
-    """A PodDisruptionBudget refused it (429) until the deadline."""
-    ERROR = "error"
-    """Another error (several budgets match the pod: 500; anything else until the deadline)."""
 
 
 @dataclass
@@ -227,6 +198,126 @@ class _Eviction:
     grace_s: int | None = None
     cut: bool = False
     at: float = 0.0
+
+
+@dataclass(frozen=True)
+class WavePlan:
+    """What a drain will do, decided before it does anything (:func:`plan_waves`): the pods of each wave in
+    order (each evicted, or only waited for when it is being deleted already), the pods the filters leave alone
+    (``skipped``), and those they refuse to drain (``refused``: the drain cannot start)."""
+
+    waves: list[list[_Pod]]
+    skipped: list[PodDecision]
+    refused: list[PodDecision]
+
+
+def plan_waves(
+    pods: list[dict[str, Any]], options: DrainOptions, timing: DrainTiming, grace_s: int
+) -> WavePlan:
+    """The plan of a drain of ``pods`` (pure): kubectl-drain's filters (:func:`plan_drain`), each pod's own
+    grace period (POD_TERMINATION_GRACE_PERIOD ``grace_s``, -1: its own), and the waves of ``timing``'s
+    order. The decisions keep names, not pod objects."""
+    decisions = plan_drain(pods, options)
+    evicting = {id(pod) for pod in decisions.evict}
+    entries = [
+        _Pod(
+            key=pod_key(pod),
+            uid=pod["metadata"].get("uid"),
+            grace_s=own_grace(pod, grace_s),
+            evict=id(pod) in evicting,
+        )
+        for pod in decisions.wait_for
+    ]
+    groups = waves(
+        list(zip(entries, decisions.wait_for, strict=True)),
+        timing.order,
+        timing.critical_priority,
+        pod_of=lambda item: item[1],
+    )
+    return WavePlan(
+        waves=[[entry for entry, _ in group] for group in groups],
+        skipped=[replace(decision, pod={}) for decision in decisions.skipped],
+        refused=[replace(decision, pod={}) for decision in decisions.errors],
+    )
+
+
+Grace = Literal["own", "cut", "outlasted"]
+
+
+def grace_verdicts(
+    outcomes: list[_Eviction], left: Mapping[tuple[str, str], Any], instance_end: float | None
+) -> dict[tuple[str, str], Grace]:
+    """How each evicted pod's grace period went (pure): ``cut`` (cut to end before the instance), ``own`` (all
+    of its own: it ends before the instance's end, or, when that is unknown, the pod was gone before the drain
+    ended) or ``outlasted`` (its own ends after the instance's end: killed mid-grace when the instance goes).
+    A pod still there at the end without a known instance end has no verdict."""
+    verdicts: dict[tuple[str, str], Grace] = {}
+    for outcome in outcomes:
+        if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
+            continue
+        if outcome.cut:
+            verdicts[outcome.key] = "cut"
+        elif instance_end is not None:
+            verdicts[outcome.key] = "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
+        elif outcome.key not in left:
+            verdicts[outcome.key] = "own"
+    return verdicts
+
+
+@dataclass
+class _Done:
+    """What a drain's execution saw: each eviction as it ended (re-cuts included), the grace verdicts, how many
+    pods were still there at the end, how many were deleted at the deadline, and why it did not finish."""
+
+    outcomes: list[_Eviction] = field(default_factory=list)
+    graces: dict[tuple[str, str], Grace] = field(default_factory=dict)
+    remaining: int = 0
+    deleted: int = 0
+    causes: list[str] = field(default_factory=list)
+
+
+def summarise(planned: WavePlan, done: _Done, drain_id: str) -> DrainResult:
+    """The :class:`DrainResult` of a drain (pure): built once, from its plan and what its execution saw."""
+    waves = [len(wave) for wave in planned.waves]
+    if planned.refused:
+        names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in planned.refused)
+        return DrainResult(
+            completed=False,
+            outcome=DrainOutcome.ERROR,
+            reason=f"cannot drain: {names}",
+            skipped=planned.skipped,
+            causes=[f"the drain filters refuse {names}"],
+            drain_id=drain_id,
+        )
+    evicted = [o for o in done.outcomes if o.result is EvictionOutcome.EVICTED]
+    failed = [
+        f"{o.key[0]}/{o.key[1]}: {o.detail}" for o in done.outcomes if o.result is EvictionOutcome.ERROR
+    ]
+    finished = not (done.remaining or failed)
+    if failed:
+        outcome = DrainOutcome.ERROR
+    elif done.remaining:
+        outcome = DrainOutcome.TIMEOUT
+    else:
+        outcome = DrainOutcome.DELETED if done.deleted else DrainOutcome.DRAINED
+    verdicts = list(done.graces.values())
+    return DrainResult(
+        completed=finished,
+        outcome=outcome,
+        reason=None if finished else "; ".join(done.causes),
+        evicted=len(evicted),
+        blocked=sum(1 for o in done.outcomes if o.result is EvictionOutcome.PDB_BLOCKED),
+        failed=failed,
+        skipped=planned.skipped,
+        remaining=done.remaining,
+        cut_short=sum(1 for o in evicted if o.cut),
+        finished_grace=verdicts.count("own"),
+        outlasted=verdicts.count("outlasted"),
+        deleted_at_deadline=done.deleted,
+        waves=waves,
+        causes=done.causes,
+        drain_id=drain_id,
+    )
 
 
 class Drainer:
@@ -403,103 +494,81 @@ class Drainer:
         evicted: Callable[[str, str], Awaitable[None]] | None,
         deleted: Callable[[str, str], Awaitable[None]] | None,
     ) -> DrainResult:
-        timing = self.timing
+        """Plan (pure), execute, summarise (pure)."""
         drain_id = uuid.uuid4().hex[:12]
         pods = await self.kube.pods_on_node(node, cached=self.use_cache)
-        plan = plan_drain(pods, self.options)
-        # Keep names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once.
-        result = DrainResult(
-            completed=False, skipped=[replace(d, pod={}) for d in plan.skipped], drain_id=drain_id
-        )
-        if plan.errors:
-            names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in plan.errors)
-            result.reason = f"cannot drain: {names}"
-            result.causes = [f"the drain filters refuse {names}"]
-            result.outcome = DrainOutcome.ERROR
-            return result
-        evicting = {id(pod) for pod in plan.evict}
-        entries = [
-            _Pod(
-                key=pod_key(pod),
-                uid=pod["metadata"].get("uid"),
-                grace_s=own_grace(pod, self.grace_s),
-                evict=id(pod) in evicting,
-            )
-            for pod in plan.wait_for
-        ]
-        groups = waves(
-            list(zip(entries, plan.wait_for, strict=True)),
-            timing.order,
-            timing.critical_priority,
-            pod_of=lambda item: item[1],
-        )
-        del pods, plan
-        tasks: list[asyncio.Task[_Eviction]] = []
+        planned = plan_waves(pods, self.options, self.timing, self.grace_s)
+        del (
+            pods
+        )  # names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once
+        if planned.refused:
+            return summarise(planned, _Done(), drain_id)
+        done = await self._execute(node, planned, bounds, guard, evicted, deleted, drain_id)
+        return summarise(planned, done, drain_id)
+
+    async def _execute(
+        self,
+        node: str,
+        planned: WavePlan,
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
+        deleted: Callable[[str, str], Awaitable[None]] | None,
+        drain_id: str,
+    ) -> _Done:
+        """Evict wave after wave, wait until the pods are gone or the last moment, take the deadline step when
+        it comes, and read why a drain did not finish: what happened (:class:`_Done`)."""
+        timing = self.timing
+        evictions: list[asyncio.Task[_Eviction]] = []
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
-        by_key = {entry.key: entry for group in groups for entry, _ in group}
-        recut = asyncio.create_task(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
+        by_key = {entry.key: entry for wave in planned.waves for entry in wave}
+        recut = tasks.spawn(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
         try:
-            for index, group in enumerate(groups):
-                wave = [entry for entry, _ in group]
-                result.waves.append(len(wave))
-                tasks += [
+            for index, wave in enumerate(planned.waves):
+                evictions += [
                     asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted, drain_id))
                     for entry in wave
                     if entry.evict
                 ]
-                later = [entry for later_group in groups[index + 1 :] for entry, _ in later_group]
+                later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
                 if later:
                     # The time kept for the waves still to come is planned when this wave starts, and again
                     # only when the bounds tighten: planned again at every poll, it would shrink as the end
                     # nears (their cut grace shrinks with it) and keep pushing the next wave later.
-                    planned: dict[int, float] = {}
+                    kept: dict[int, float] = {}
 
-                    def wave_bound(later: list[_Pod] = later, planned: dict[int, float] = planned) -> float:
-                        if bounds.version not in planned:
+                    def wave_bound(later: list[_Pod] = later, kept: dict[int, float] = kept) -> float:
+                        if bounds.version not in kept:
                             final = bounds.final(timing)[0]
-                            planned.clear()
-                            planned[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
-                        return planned[bounds.version]
+                            kept.clear()
+                            kept[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
+                        return kept[bounds.version]
 
-                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, tasks)
-            outcomes = [accepted.get(o.key, o) for o in await asyncio.gather(*tasks)]
+                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, evictions)
+            await asyncio.gather(*evictions)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             left = dict(await self._wait_gone(node, waiting, lambda: bounds.final(timing)[0], bounds))
         except BaseException:
             # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await tasks.stop(*evictions)
             raise
         finally:
-            recut.cancel()
-            await asyncio.gather(recut, return_exceptions=True)
-        outcomes = [accepted.get(o.key, o) for o in outcomes]  # a re-cut after the gather
+            await tasks.stop(recut)
+        outcomes = [accepted.get(task.result().key, task.result()) for task in evictions]  # re-cuts included
         for outcome in outcomes:
-            entry = by_key[outcome.key]
-            entry.granted_s, entry.cut = outcome.grace_s, outcome.cut
-            if outcome.result is EvictionOutcome.EVICTED:
-                result.evicted += 1
-                result.cut_short += outcome.cut
-            elif outcome.result is EvictionOutcome.PDB_BLOCKED:
-                result.blocked += 1
-            elif outcome.result is EvictionOutcome.ERROR:
-                result.failed.append(f"{outcome.key[0]}/{outcome.key[1]}: {outcome.detail}")
-        self._grace_figures(result, outcomes, left, bounds.instance_end)
+            by_key[outcome.key].granted_s, by_key[outcome.key].cut = outcome.grace_s, outcome.cut
+        graces = grace_verdicts(outcomes, left, bounds.instance_end)
+        for grace in graces.values():
+            self.observer.pod_drained(grace)
+        removed = 0
         refused: list[str] = []  # deletions at the deadline the API server refused
         if left and bounds.final(timing)[1]:
-            left = await self._delete_at_deadline(left, result, deleted, refused)
-        result.remaining = len(left)
+            left, removed, refused = await self._delete_at_deadline(left, deleted)
         blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
-        if blocked or result.failed or left:
-            result.causes = await self._causes(blocked, outcomes, [by_key[key] for key in left]) + refused
-        if left or result.failed:
-            result.reason = "; ".join(result.causes)
-            result.outcome = DrainOutcome.ERROR if result.failed else DrainOutcome.TIMEOUT
-        else:
-            result.completed = True
-            result.outcome = DrainOutcome.DELETED if result.deleted_at_deadline else DrainOutcome.DRAINED
-        return result
+        failed = any(o.result is EvictionOutcome.ERROR for o in outcomes)
+        stuck = [by_key[key] for key in left]
+        causes = await self._causes(blocked, outcomes, stuck) + refused if blocked or failed or left else []
+        return _Done(outcomes, graces, len(left), removed, causes)
 
     async def _recut(
         self,
@@ -526,33 +595,6 @@ class Drainer:
                 with contextlib.suppress(KubeError):
                     await self.kube.evict(key[0], key[1], grace, drain=drain_id)
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
-
-    def _grace_figures(
-        self,
-        result: DrainResult,
-        outcomes: list[_Eviction],
-        left: Mapping[tuple[str, str], Any],
-        instance_end: float | None,
-    ) -> None:
-        """How each evicted pod's grace period went: ``cut`` (cut to end before the instance), ``own`` (all of
-        its own: it ends before the instance's end, or, when that is unknown, the pod was gone before the drain
-        ended) or ``outlasted`` (its own ends after the instance's end: killed mid-grace when the instance
-        goes); counted in ``result`` and told to the observer."""
-        for outcome in outcomes:
-            if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
-                continue
-            grace: Literal["own", "cut", "outlasted"]
-            if outcome.cut:
-                grace = "cut"
-            elif instance_end is not None:
-                grace = "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
-            elif outcome.key not in left:
-                grace = "own"
-            else:
-                continue
-            result.finished_grace += grace == "own"
-            result.outlasted += grace == "outlasted"
-            self.observer.pod_drained(grace)
 
     def _reserve(self, later: list[_Pod], final: float, instance_end: float | None) -> float:
         """Seconds kept for the waves after this one: the longest grace period they will be given, plus
@@ -671,10 +713,10 @@ class Drainer:
         waiting: set[tuple[tuple[str, str], Any]],
         deadline: Callable[[], float],
         bounds: DrainBounds,
-        tasks: Sequence[asyncio.Task[Any]] = (),
+        evictions: Sequence[asyncio.Task[Any]] = (),
     ) -> set[tuple[tuple[str, str], Any]]:
         """Re-list the node's pods until none of ``waiting`` (key, uid) is left, ``deadline()`` (read again at
-        each poll, and at once when ``bounds`` tighten), or one of ``tasks`` failed; those left."""
+        each poll, and at once when ``bounds`` tighten), or one of ``evictions`` failed; those left."""
         poll = 0.05
         while waiting:
             pods = await self.kube.pods_on_node(node)  # a quorum read: the cache may still show them
@@ -682,41 +724,38 @@ class Drainer:
             waiting &= present
             if not waiting or self.clock() >= deadline():
                 break
-            if any(task.done() and not task.cancelled() and task.exception() for task in tasks):
+            if any(task.done() and not task.cancelled() and task.exception() for task in evictions):
                 break
             if not await bounds.sleep(min(poll, max(0.0, deadline() - self.clock()))):
                 poll = min(poll * 1.5, 2.0)
         return waiting
 
     async def _delete_at_deadline(
-        self,
-        left: dict[tuple[str, str], Any],
-        result: DrainResult,
-        deleted: Callable[[str, str], Awaitable[None]] | None,
-        refused: list[str],
-    ) -> dict[tuple[str, str], Any]:
+        self, left: dict[tuple[str, str], Any], deleted: Callable[[str, str], Awaitable[None]] | None
+    ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
         """DELETE_AT_DEADLINE: delete every pod still there with a grace period of 0 (and the uid as a
-        precondition, so a new pod of the same name is never touched); those that could not be deleted. Each
-        deletion the API server refuses (a 403 without the chart's ``deleteAtDeadline`` RBAC rule, a 5xx) adds
-        a line to ``refused``, which goes into the drain's causes."""
+        precondition, so a new pod of the same name is never touched). Returns those that could not be deleted,
+        how many were, and one line per deletion the API server refused (a 403 without the chart's
+        ``deleteAtDeadline`` RBAC rule, a 5xx), which goes into the drain's causes."""
+        refused: list[str] = []
 
-        async def delete(key: tuple[str, str], uid: Any) -> bool:
+        async def delete(key: tuple[str, str], uid: Any) -> bool | None:
             namespace, name = key
             try:
                 await self.kube.delete_pod(namespace, name, 0, uid=uid)
             except KubeError as exc:
                 if exc.status in (404, 409):  # gone, or another pod of that name now
-                    return True
+                    return None
                 refused.append(f"deletion of {namespace}/{name} at the deadline failed: {exc}")
                 return False
-            result.deleted_at_deadline += 1
             self.observer.deleted_at_deadline()
             if deleted is not None:
                 await deleted(namespace, name)
             return True
 
         done = await asyncio.gather(*(delete(key, uid) for key, uid in left.items()))
-        return {key: uid for (key, uid), ok in zip(left.items(), done, strict=True) if not ok}
+        kept = {key: uid for (key, uid), ok in zip(left.items(), done, strict=True) if ok is False}
+        return kept, sum(1 for ok in done if ok), refused
 
     async def _causes(
         self, blocked: list[_Eviction], outcomes: list[_Eviction], left: list[_Pod]

@@ -16,12 +16,13 @@ from queue_processor.kinds.asg_lifecycle import (
     AsgLifecycleEvent,
     AsgTerminateLifecycleEvent,
 )
-from queue_processor.kinds.base import REGISTRY, ParseResult, Poison, PoisonClass, SkipClass, register
+from queue_processor.kinds.base import REGISTRY, ParseResult, Poison, register
 from queue_processor.kinds.capacity_reservation import CapacityReservationInterruptionEvent
 from queue_processor.kinds.health import ScheduledChangeEvent
 from queue_processor.kinds.rebalance import RebalanceRecommendationEvent
 from queue_processor.kinds.spot import SpotInterruptionEvent
 from queue_processor.kinds.state_change import StateChangeEvent
+from queue_processor.outcomes import PoisonClass, SkipClass
 
 Event = Annotated[
     AsgTerminateLifecycleEvent

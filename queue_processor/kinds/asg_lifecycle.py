@@ -18,12 +18,13 @@ its heartbeat timeout passes.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from queue_processor.events import ActionKey, BaseEvent, EventKind, NonEmptyStr, SqsMessageRef, detail_alias
-from queue_processor.kinds.base import ParseResult, SkipClass, describe_validation_error, register, single
+from queue_processor.kinds.base import ParseResult, describe_validation_error, register, single
+from queue_processor.outcomes import SkipClass
 
 
 class AsgLifecycleEvent(BaseEvent):
@@ -139,7 +140,7 @@ class LifecycleProbe(BaseModel):
             return True
         return self.event is not None and self.event.startswith("autoscaling:")
 
-    def not_an_action(self, envelope: str) -> ParseResult | None:
+    def not_an_action(self, envelope: str) -> ParseResult[Any] | None:
         """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
         if self.is_test_notification:
             return ParseResult.skip(SkipClass.TEST_NOTIFICATION, "Auto Scaling test notification", envelope)
@@ -162,7 +163,7 @@ class _EventBridgeProbe(BaseModel):
     detail: LifecycleProbe | None = None
 
 
-def _explain_invalid(body: str | bytes) -> ParseResult | None:
+def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
     """A terminate/launch EventBridge message that did not validate as its action: a skip when its detail
     is a test notification or a transition not acted on, else ``None`` (poison)."""
     try:
@@ -182,7 +183,9 @@ finish_launch = register("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=
 _DIRECT_KEYS = {"time": "Time", "id": "RequestId"}
 
 
-def parse_direct(body: str | bytes, message: SqsMessageRef | None) -> ParseResult:
+def parse_direct(
+    body: str | bytes, message: SqsMessageRef | None
+) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
     """An Auto Scaling notification sent straight to SQS: one event for a terminate or launch action
     (validated from JSON in one pass), a skip for a test notification, a plain scaling notification or a
     transition not acted on, poison when a field an action needs is missing or mistyped."""
@@ -214,7 +217,7 @@ def _direct_event(
     model: type[AsgTerminateLifecycleEvent] | type[AsgLaunchLifecycleEvent],
     body: str | bytes,
     message: SqsMessageRef | None,
-) -> ParseResult:
+) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
     event = model.model_validate_json(body)
     if message is not None:
         event.attach(message)

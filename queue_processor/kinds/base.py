@@ -11,62 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, get_args
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from queue_processor.events import SqsMessageRef
+from queue_processor.events import BaseEvent, SqsMessageRef
+from queue_processor.outcomes import PoisonClass, SkipClass
 
-if TYPE_CHECKING:  # the kinds import this module: their union is only named here
-    from queue_processor.kinds import Event
+#: The event type a :class:`ParseResult` carries: one kind's event, or the union of every kind's
+#: (:data:`queue_processor.kinds.Event`, which the parser's result carries).
+E = TypeVar("E", bound=BaseEvent, covariant=True)
+K = TypeVar("K", bound=BaseEvent)
 
 Outcome = Literal["events", "skip", "poison"]
 
 
-class PoisonClass(StrEnum):
-    """Why a message is poison, decided where the parser finds out; the ``reason`` label of
-    ``queue_processor_messages_poison_total`` (the free-text reason holds IDs and stays in the log line)."""
-
-    NOT_JSON = "not-json"
-    """The body (or an SNS envelope's ``Message``) is not JSON, including an empty body."""
-    NOT_OBJECT = "not-object"
-    """JSON, but not an object: an array, a string, a number, ``null``."""
-    TOO_LARGE = "too-large"
-    """Larger than SQS allows (1 MiB)."""
-    UNKNOWN_SHAPE = "unknown-shape"
-    """Neither an EventBridge event, an Auto Scaling notification nor an SNS notification (or an SNS
-    envelope inside an SNS envelope)."""
-    MISSING_FIELD = "missing-field"
-    """A known kind without a field it needs (an AWS Health event naming no instance included)."""
-    INVALID_FIELD = "invalid-field"
-    """A known kind with a field of the wrong type or value (a blank ID, an unreadable time, a start time
-    out of range, a lifecycle transition under the other detail-type)."""
-    OTHER = "other"
-    """Anything else: a bug in a kind parser, caught so the receive loop lives on."""
-
-
-class SkipClass(StrEnum):
-    """Why a valid message is not acted on, decided where the parser finds out; the ``reason_class`` label
-    of ``queue_processor_messages_skipped_total``."""
-
-    TEST_NOTIFICATION = "test-notification"
-    """``autoscaling:TEST_NOTIFICATION``, sent when a lifecycle hook is created."""
-    UNHANDLED_KIND = "unhandled-kind"
-    """An EventBridge ``source`` / ``detail-type``, or an Auto Scaling notification, not acted on."""
-    UNHANDLED_TRANSITION = "unhandled-transition"
-    """A lifecycle transition other than ``EC2_INSTANCE_TERMINATING`` / ``EC2_INSTANCE_LAUNCHING``."""
-    UNHANDLED_STATE = "unhandled-state"
-    """An instance state other than stopping, stopped, shutting-down or terminated."""
-    UNHANDLED_HEALTH_EVENT = "unhandled-health-event"
-    """An AWS Health event of another service or category than EC2 ``scheduledChange``."""
-    HEALTH_EVENT_CLOSED = "health-event-closed"
-    """An AWS Health event whose ``statusCode`` is ``closed``."""
-    SNS_CONTROL = "sns-control"
-    """An SNS message that is not a ``Notification`` (``SubscriptionConfirmation``...)."""
-
-
-class ParseResult(NamedTuple):
+class ParseResult(NamedTuple, Generic[E]):
     """What the parser made of one message body.
 
     - ``outcome == "events"``: ``events`` holds one or more typed events, ``reason`` is ``None``;
@@ -81,7 +41,7 @@ class ParseResult(NamedTuple):
     """
 
     outcome: Outcome
-    events: tuple[Event, ...] = ()
+    events: tuple[E, ...] = ()
     reason: str | None = None
     envelope: str | None = None
     reason_class: PoisonClass | SkipClass | None = None
@@ -97,22 +57,24 @@ class ParseResult(NamedTuple):
         return self.reason_class if isinstance(self.reason_class, SkipClass) else None
 
     @classmethod
-    def of_events(cls, events: tuple[Event, ...], envelope: str = "eventbridge") -> ParseResult:
+    def of_events(cls, events: tuple[E, ...], envelope: str = "eventbridge") -> ParseResult[E]:
         """An ``events`` result; ``events`` must not be empty."""
         return cls("events", events, None, envelope)
 
     @classmethod
-    def skip(cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge") -> ParseResult:
+    def skip(
+        cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge"
+    ) -> ParseResult[Any]:
         """A ``skip`` result: its class and its free-text reason."""
         return cls("skip", (), reason, envelope, reason_class)
 
     @classmethod
-    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult:
+    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult[Any]:
         """A ``poison`` result: its class and its free-text reason."""
         return cls("poison", (), reason, envelope, reason_class)
 
     @classmethod
-    def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult:
+    def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult[Any]:
         """A ``poison`` result for a pydantic ``ValidationError`` of a known shape: ``missing-field`` when its
         first error is a missing field, else ``invalid-field``; ``reason`` describes it."""
         return cls.poison(validation_class(exc), reason, envelope)
@@ -150,8 +112,8 @@ class EventBridgeMessage(BaseModel):
 
 
 M = TypeVar("M", bound=BaseModel)
-KindParser = Callable[[Any, SqsMessageRef | None], ParseResult]
-InvalidHook = Callable[[str | bytes], ParseResult | None]
+KindParser = Callable[[Any, SqsMessageRef | None], ParseResult[Any]]
+InvalidHook = Callable[[str | bytes], ParseResult[Any] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +138,8 @@ BY_MODEL: dict[type[BaseModel], KindSpec] = {}
 def register(
     source: str, model: type[M], on_invalid: InvalidHook | None = None
 ) -> Callable[
-    [Callable[[M, SqsMessageRef | None], ParseResult]], Callable[[M, SqsMessageRef | None], ParseResult]
+    [Callable[[M, SqsMessageRef | None], ParseResult[Any]]],
+    Callable[[M, SqsMessageRef | None], ParseResult[Any]],
 ]:
     """Register the decorated function as what finishes a body validated into ``model``: an EventBridge
     message of ``source`` whose detail-type is one of the values of ``model.detail_type``'s ``Literal``
@@ -195,8 +158,8 @@ def register(
             raise ValueError(f"detail-type {detail_type!r} is registered twice")
 
     def decorate(
-        fn: Callable[[M, SqsMessageRef | None], ParseResult],
-    ) -> Callable[[M, SqsMessageRef | None], ParseResult]:
+        fn: Callable[[M, SqsMessageRef | None], ParseResult[Any]],
+    ) -> Callable[[M, SqsMessageRef | None], ParseResult[Any]]:
         spec = KindSpec(source, detail_types, model, fn, on_invalid)
         for detail_type in detail_types:
             REGISTRY[(source, detail_type)] = spec
@@ -225,6 +188,6 @@ def validation_class(exc: ValidationError) -> PoisonClass:
     return PoisonClass.MISSING_FIELD if first["type"] == "missing" else PoisonClass.INVALID_FIELD
 
 
-def single(event: Event, message: SqsMessageRef | None) -> ParseResult:
+def single(event: K, message: SqsMessageRef | None) -> ParseResult[K]:
     """The finish of a kind whose model is its event: the event, as it is."""
     return ParseResult.of_events((event,))

@@ -21,14 +21,8 @@ from typing import ClassVar, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, computed_field
 
 from queue_processor.events import BaseEvent, EventKind, SqsMessageRef, cached_field
-from queue_processor.kinds.base import (
-    EventBridgeMessage,
-    ParseResult,
-    Poison,
-    PoisonClass,
-    SkipClass,
-    register,
-)
+from queue_processor.kinds.base import EventBridgeMessage, ParseResult, Poison, register
+from queue_processor.outcomes import PoisonClass, SkipClass
 
 
 class ScheduledChangeEvent(BaseEvent):
@@ -155,7 +149,7 @@ def _time_field(name: str, value: str) -> datetime:
 
 
 @register("aws.health", HealthMessage)
-def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult:
+def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult[ScheduledChangeEvent]:
     """One :class:`ScheduledChangeEvent` per affected instance of an EC2 ``scheduledChange``; a skip for any
     other service or category, or a closed event; poison when ``time`` or ``startTime`` is missing or
     unreadable, or no instance is named."""

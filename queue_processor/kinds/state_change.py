@@ -13,7 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from queue_processor.events import BaseEvent, EventKind, NonEmptyStr, SqsMessageRef, detail_alias
-from queue_processor.kinds.base import ParseResult, SkipClass, register
+from queue_processor.kinds.base import ParseResult, register
+from queue_processor.outcomes import SkipClass
 
 
 class StateChangeEvent(BaseEvent):
@@ -33,7 +34,9 @@ DRAIN_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
 
 
 @register("aws.ec2", StateChangeEvent)
-def finish_state_change(event: StateChangeEvent, message: SqsMessageRef | None) -> ParseResult:
+def finish_state_change(
+    event: StateChangeEvent, message: SqsMessageRef | None
+) -> ParseResult[StateChangeEvent]:
     """The event for a state in :data:`DRAIN_STATES`, a skip for any other state."""
     if event.state not in DRAIN_STATES:
         return ParseResult.skip(SkipClass.UNHANDLED_STATE, f"instance state {event.state!r} is not acted on")

@@ -19,7 +19,8 @@ from typing import Any
 import structlog
 
 from queue_processor.events import EventKind
-from queue_processor.kube import KubeClient, KubeError
+from queue_processor.kube import KubeClient
+from queue_processor.outcomes import KubeError
 
 __all__ = [
     "CANCEL_DRAIN",
@@ -31,7 +32,6 @@ __all__ = [
     "PRE_DRAIN",
     "RECEIVED_REASONS",
     "NodeEventRecorder",
-    "parse_annotations",
 ]
 
 log = structlog.get_logger("queue_processor.events")
@@ -66,19 +66,6 @@ POD_DELETED_AT_DEADLINE = (
     "PodDeletedAtDeadline",
     "Pod still on node {node} at the drain's deadline, deleted (grace period 0) before its instance ends",
 )
-
-
-def parse_annotations(text: str) -> dict[str, str]:
-    """``KUBERNETES_EVENTS_EXTRA_ANNOTATIONS``: ``key=value`` pairs separated by commas (NTH's format), blanks
-    around each key and value ignored; ``""`` gives ``{}``. Raises ``ValueError`` naming the pair that is
-    not ``key=value`` (NTH stops at start-up there too)."""
-    annotations: dict[str, str] = {}
-    for pair in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{pair!r} is not key=value")
-        annotations[key.strip()] = value.strip()
-    return annotations
 
 
 class NodeEventRecorder:

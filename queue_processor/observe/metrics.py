@@ -12,11 +12,11 @@ names and label names and **no prefix**, so dashboards and alerts written for NT
   deprecated ``actions_node_total`` with node name and event ID labels is not kept). ``node_status`` is
   ``success`` or ``error``; ``node_action`` is one of :data:`NODE_ACTIONS` (``pre-drain``, ``cordon``,
   ``cordon-and-drain``, ``post-drain``), counted where NTH v1.25.6 counts them in queue-processor mode (see
-  :class:`~queue_processor.observe.observer.NodeAction`): ``cordon`` only with CORDON_ONLY, ``pre-drain``
+  :class:`~queue_processor.outcomes.NodeAction`): ``cordon`` only with CORDON_ONLY, ``pre-drain``
   not for state changes. Messages coalesced into one operation on one node count once, where NTH, which
   handles each message on its own, counts each.
 - ``events_error_total{event_error_where}``: NTH's ``events.error`` counter; in queue-processor mode its only
-  ``event_error_where`` is ``SQS_MONITOR`` (:data:`~queue_processor.observe.observer.SQS_MONITOR`), counted
+  ``event_error_where`` is ``SQS_MONITOR`` (:data:`~queue_processor.outcomes.SQS_MONITOR`), counted
   when a ReceiveMessage call fails or a non-empty batch has no message that could be processed.
 
 Our own versions of both name every step: ``queue_processor_node_actions_total{node_action, node_status}``
@@ -33,7 +33,7 @@ Label conventions, so that label sets stay small and bounded:
 - ``kind``: an :class:`~queue_processor.events.EventKind` value (``spot-interruption``...), or ``"skip"`` /
   ``"poison"`` (:data:`KIND_SKIP`, :data:`KIND_POISON`) for a message that gave no event.
 - ``reason`` (poison) and ``reason_class`` (skip): the parser's
-  :class:`~queue_processor.kinds.base.PoisonClass` / :class:`~queue_processor.kinds.base.SkipClass`, never
+  :class:`~queue_processor.outcomes.PoisonClass` / :class:`~queue_processor.outcomes.SkipClass`, never
   its free-text reason (which holds IDs and would explode cardinality).
 
 :class:`Metrics` is the :class:`~queue_processor.observe.observer.Observer` the controller runs with: the
@@ -62,20 +62,22 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from queue_processor import __version__
-from queue_processor.drain.drainer import DrainOutcome, EvictionOutcome
-from queue_processor.kinds.base import PoisonClass, SkipClass
-from queue_processor.observe.observer import (
+from queue_processor.observe.observer import Observer
+from queue_processor.outcomes import (
     NTH_NODE_ACTIONS,
     SQS_MONITOR,
     AwsResult,
     DrainEnd,
+    DrainOutcome,
     ErrorWhere,
+    EvictionOutcome,
     HeartbeatResult,
     LifecycleResult,
     MessageFate,
     NodeAction,
-    Observer,
     OperationOutcome,
+    PoisonClass,
+    SkipClass,
 )
 
 __all__ = [
@@ -164,9 +166,9 @@ class Metrics(Observer):
     - :attr:`messages_requeued`: ``messages_requeued_total{queue, kind}``, messages made visible again after
       a backoff (EarlyExit);
     - :attr:`messages_poison`: ``messages_poison_total{queue, reason}``, poison messages left to the
-      redrive policy, ``reason`` a :class:`~queue_processor.kinds.base.PoisonClass`;
+      redrive policy, ``reason`` a :class:`~queue_processor.outcomes.PoisonClass`;
     - :attr:`messages_skipped`: ``messages_skipped_total{queue, reason_class}``, valid messages not acted
-      on, ``reason_class`` a :class:`~queue_processor.kinds.base.SkipClass`;
+      on, ``reason_class`` a :class:`~queue_processor.outcomes.SkipClass`;
     - :attr:`event_to_cordon`: ``event_to_cordon_seconds`` (histogram, :data:`EVENT_TO_CORDON_BUCKETS`),
       seconds from receiving the message that carried an event to the node's cordon succeeding (our
       latency; AWS's delivery delay is not included);
@@ -178,13 +180,13 @@ class Metrics(Observer):
     - :attr:`in_flight_operations`: ``in_flight_operations`` (gauge), per-node operations under way;
     - :attr:`draining_nodes`: ``draining_nodes`` (gauge), nodes being drained (bounded by DRAIN_BUDGET);
     - :attr:`heartbeats`: ``heartbeats_total{result}``, RecordLifecycleActionHeartbeat calls
-      (:class:`~queue_processor.observe.observer.HeartbeatResult`);
+      (:class:`~queue_processor.outcomes.HeartbeatResult`);
     - :attr:`operation_outcomes`: ``operation_outcomes_total{outcome}``, operations that ended without a
-      drain (:class:`~queue_processor.observe.observer.OperationOutcome`);
+      drain (:class:`~queue_processor.outcomes.OperationOutcome`);
     - :attr:`lifecycle_completions`: ``lifecycle_completions_total{result}``, CompleteLifecycleAction calls
-      (:class:`~queue_processor.observe.observer.LifecycleResult`);
+      (:class:`~queue_processor.outcomes.LifecycleResult`);
     - :attr:`evictions`: ``evictions_total{result}``, pods whose eviction ended, by how
-      (:class:`~queue_processor.drain.drainer.EvictionOutcome`);
+      (:class:`~queue_processor.outcomes.EvictionOutcome`);
     - :attr:`drain_blocked`: ``drain_blocked{pdb}`` (gauge), pods whose eviction the PodDisruptionBudget
       ``pdb`` (``namespace/name``) refuses now, across drains; a series goes when its count is 0, and at
       most :data:`BLOCKED_BUDGETS_MAX` budgets have their own series (the others count under ``other``);

@@ -19,7 +19,8 @@ NTH's data (``combinedDrainData`` in NTH's ``pkg/webhook``; :func:`drain_data`):
 
 Headers are WEBHOOK_HEADERS; WEBHOOK_PROXY is used when set. As NTH does, a request has 5 seconds and is not
 retried; a failure is logged and counted, never a reason to fail a drain. A template is parsed and executed
-over empty data at start-up (:func:`check_template`), as NTH does, so a bad one stops start-up.
+over empty data at start-up (:func:`~queue_processor.observe.templates.check_template`), as NTH does, so a bad
+one stops start-up.
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import structlog
 
+from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.events import EventKind
 from queue_processor.kinds import Event, ScheduledChangeEvent, StateChangeEvent
+from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.gotemplate import (
     PROCESS_START,
@@ -47,13 +50,16 @@ from queue_processor.observe.gotemplate import (
     TemplateError,
     parse,
 )
+from queue_processor.observe.templates import nth_data
+from queue_processor.outcomes import KubeError
 
 __all__ = [
+    "NO_FACTS",
     "NTH_KINDS",
+    "NodeFacts",
     "Webhook",
-    "check_template",
     "drain_data",
-    "nth_data",
+    "node_facts",
     "nth_description",
     "nth_event_id",
 ]
@@ -76,47 +82,6 @@ NTH_KINDS: dict[EventKind, tuple[str, str]] = {
 
 #: The ASG tag EC2 puts on a group's instances (NTH's ``AutoScalingGroupName`` for other kinds).
 ASG_TAG = "aws:autoscaling:groupName"
-
-# ``(JSON key, field)`` in the order encoding/json writes NTH's combinedDrainData: the embedded
-# ec2metadata.NodeMetadata (its json tags; its InstanceID and InstanceType lose to the outer fields), the
-# embedded monitor.InterruptionEvent (its func fields are tagged "-"), then the outer InstanceID and
-# InstanceType.
-_METADATA = (
-    ("accountId", "AccountId"),
-    ("instanceId", ""),
-    ("instanceLifeCycle", "InstanceLifeCycle"),
-    ("instanceType", ""),
-    ("publicHostname", "PublicHostname"),
-    ("publicIp", "PublicIP"),
-    ("localHostname", "LocalHostname"),
-    ("privateIp", "LocalIP"),
-    ("availabilityZone", "AvailabilityZone"),
-    ("region", "Region"),
-)
-_EVENT = (
-    "EventID",
-    "Kind",
-    "Monitor",
-    "Description",
-    "State",
-    "AutoScalingGroupName",
-    "NodeName",
-    "NodeLabels",
-    "Pods",
-    "ProviderID",
-    "IsManaged",
-    "StartTime",
-    "EndTime",
-    "NodeProcessed",
-    "InProgress",
-)
-_JSON_NAMES = (
-    *_METADATA,
-    *((name, name) for name in _EVENT),
-    ("InstanceID", "InstanceID"),
-    ("InstanceType", "InstanceType"),
-)
-_DATA_TYPE = "webhook.combinedDrainData"
 
 
 def nth_event_id(event: Event) -> str:
@@ -156,33 +121,6 @@ def nth_description(event: Event) -> str:
         case _:
             text = f"Capacity Reservation interruption notice for instance {instance} was sent at {at}"
     return text + " \n"
-
-
-def nth_data(fields: Mapping[str, Any]) -> Struct:
-    """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as
-    in NTH's queue mode (no instance metadata)."""
-    values: dict[str, Any] = {name: "" for _, name in _METADATA if name}
-    values |= {
-        "EventID": "",
-        "Kind": "",
-        "Monitor": "",
-        "Description": "",
-        "State": "",
-        "AutoScalingGroupName": "",
-        "NodeName": "",
-        "NodeLabels": NilMap(),
-        "Pods": NilSlice(),
-        "ProviderID": "",
-        "IsManaged": False,
-        "StartTime": GoTime.zero(),
-        "EndTime": GoTime.zero(),
-        "NodeProcessed": False,
-        "InProgress": False,
-        "InstanceID": "",
-        "InstanceType": "",
-    }
-    values |= fields
-    return Struct(_DATA_TYPE, values, _JSON_NAMES)
 
 
 def drain_data(
@@ -227,12 +165,33 @@ def drain_data(
     )
 
 
-def check_template(text: str) -> Template:
-    """``text`` parsed and executed over empty data, as NTH validates its template at start-up; raises
-    :class:`~queue_processor.observe.gotemplate.TemplateError` naming what fails or is not supported."""
-    template = parse(text)
-    template.execute(nth_data({}))
-    return template
+@dataclass(frozen=True)
+class NodeFacts:
+    """What NTH's webhook tells of a node, read before the drain: its ``labels`` (but our bookkeeping label,
+    :data:`~queue_processor.drain.record.RECORD_LABEL`) and the names of every pod bound to it, by namespace
+    then name as the API server lists them; ``None`` where they could not be read (NTH sends nil then)."""
+
+    labels: dict[str, str] | None = None
+    pods: list[str] | None = None
+
+
+#: No facts: a dry run, or no webhook to send.
+NO_FACTS = NodeFacts()
+
+
+async def node_facts(kube: KubeClient, node: str) -> NodeFacts:
+    """The :class:`NodeFacts` of ``node``, as NTH reads them before its drain (a node GET and a pod LIST);
+    :data:`NO_FACTS` when they cannot be read."""
+    try:
+        found = await kube.get_node(node)
+        pods = await kube.pods_on_node(node)
+    except KubeError:
+        return NO_FACTS
+    labels = dict(found["metadata"].get("labels") or {}) if found is not None else None
+    if labels is not None:  # our bookkeeping (what to undo on return) is not one of the node's labels
+        labels.pop(RECORD_LABEL, None)
+    order = sorted((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]) for pod in pods)
+    return NodeFacts(labels, [name for _, name in order])
 
 
 class Webhook:
@@ -267,6 +226,26 @@ class Webhook:
         except OSError as exc:
             log.warning("webhook template file unreadable: not sent", file=self.template_file, error=str(exc))
             return None
+
+    async def notify_operation(
+        self, events: Sequence[Event], info: InstanceInfo, facts: NodeFacts, age_s: float
+    ) -> None:
+        """The webhook, as NTH sends it for an operation taken up ``age_s`` seconds ago: one request per
+        interruption (``events``: the first event of each kind), after the drain, whatever its result, and
+        before the lifecycle actions are completed."""
+        if not self.url:
+            return
+        wall = datetime.now().astimezone() - timedelta(seconds=age_s)
+        for event in events:
+            data = drain_data(
+                event,
+                node_labels=facts.labels,
+                pods=facts.pods,
+                info=info,
+                received_wall=wall,
+                received_monotonic=time.monotonic() - age_s,
+            )
+            await self.notify(data)
 
     async def notify(self, data: Struct) -> None:
         """POST the template rendered over ``data`` (:func:`drain_data`)."""

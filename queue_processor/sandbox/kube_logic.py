@@ -15,9 +15,55 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from queue_processor.drain.budgets import is_ready, selector_matches
-
 Obj = dict[str, Any]
+
+
+# ------------------------------------------------------------------------------ the API server's own reading
+# The emulation's implementation of what the API server and the disruption controller decide, written from
+# their documentation and code (apimachinery's label selectors, podutil.IsPodReady, the disruption
+# controller's countHealthyPods), never borrowed from the drainer it judges: a bug in the drainer's reading of
+# a budget must show as a disagreement with the real control plane, which runs the same tests.
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """``metav1.LabelSelectorAsSelector(selector).Matches(labels)``: every requirement holds, ``matchLabels``
+    entries being ``key In (value)``; ``In`` needs the key with one of the values, ``NotIn`` the key absent or
+    with none of them, ``Exists`` / ``DoesNotExist`` the key present / absent. A null selector selects nothing
+    (a policy/v1 PodDisruptionBudget without one), an empty one everything."""
+    if selector is None:
+        return False
+    requirements = [(key, "In", [value]) for key, value in (selector.get("matchLabels") or {}).items()]
+    requirements += [
+        (expression["key"], expression["operator"], list(expression.get("values") or []))
+        for expression in selector.get("matchExpressions") or []
+    ]
+    for key, operator, values in requirements:
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def is_terminating(pod: Mapping[str, Any]) -> bool:
+    """``pod.DeletionTimestamp != nil``: a deletion was requested (graceful or not)."""
+    return (pod.get("metadata") or {}).get("deletionTimestamp") is not None
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    """Healthy as the disruption controller counts it (``countHealthyPods``): not being deleted, and
+    ``podutil.IsPodReady``: its ``Ready`` condition is ``True``."""
+    if is_terminating(pod):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(
+        condition.get("type") == "Ready" and condition.get("status") == "True" for condition in conditions
+    )
 
 
 class ApiError(Exception):

@@ -24,8 +24,9 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from queue_processor.config import ConfigError, Settings, env_name, load_settings
+from queue_processor.config import Settings, env_name, load_settings
 from queue_processor.observe.metrics import Metrics
+from queue_processor.outcomes import ConfigError
 from queue_processor.permissions import AWS_ACTIONS, KUBERNETES_RULES
 from tests.conftest import ROOT
 

@@ -86,3 +86,5 @@ def test_the_sandbox_command_runs_a_scenario_on_the_real_control_plane(
     assert summary["drained"] == 2
     assert (tmp_path / "sb" / "admin.kubeconfig").is_file()
     assert "POD_NAMESPACE=" in (tmp_path / "sb" / "sandbox.env").read_text()
+    (stopped,) = [line for line in result.stdout.splitlines() if " stopped " in line]
+    assert "tasks_left=0" in stopped  # the sandbox's own task is not the controller's

@@ -26,7 +26,8 @@ from queue_processor.config import DEFAULT_WEBHOOK_TEMPLATE
 from queue_processor.kinds import Event
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.gotemplate import GoTime, NilMap, NilSlice, Struct, TemplateError, parse
-from queue_processor.observe.webhook import check_template, drain_data, nth_data
+from queue_processor.observe.templates import check_template, nth_data
+from queue_processor.observe.webhook import drain_data
 from queue_processor.parse import parse as parse_body
 from tests.conftest import REQUIRE_REAL_CLUSTER, ROOT
 from tests.migration import nth

@@ -18,11 +18,12 @@ import pytest
 from click.testing import CliRunner
 
 from queue_processor.cli import main
-from queue_processor.drain.drainer import DrainBounds, Drainer, DrainOutcome, DrainTiming
+from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.observe.metrics import Metrics
+from queue_processor.outcomes import DrainOutcome
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.cluster import KubeCluster
 from queue_processor.sandbox.kube import KubeSandbox

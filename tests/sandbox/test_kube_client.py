@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_processor.kube import KubeClient, KubeError, load_api_client
+from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.outcomes import KubeError
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.kube import KubeSandbox
 

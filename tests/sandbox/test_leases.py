@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from queue_processor.kube import KubeClient, load_api_client
-from queue_processor.leases import ClaimLost, NodeLeases, lease_name
+from queue_processor.leases import NodeLeases, lease_name
+from queue_processor.outcomes import ClaimLost
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.cluster import KubeCluster
 from queue_processor.sandbox.kube import KubeSandbox

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_processor.drain.drainer import Drainer, DrainOutcome, DrainTiming
+from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.kube import KubeError
 from queue_processor.observe.metrics import Metrics
+from queue_processor.outcomes import DrainOutcome, KubeError
 from tests.unit.test_handler import NODE, FakeKube
 
 

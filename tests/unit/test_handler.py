@@ -33,13 +33,13 @@ from queue_processor.kinds import (
     SpotInterruptionEvent,
     StateChangeEvent,
 )
-from queue_processor.kube import KubeError
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.gotemplate import Struct, parse
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
+from queue_processor.outcomes import KubeError
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/q"
 INSTANCE = "i-0abc"

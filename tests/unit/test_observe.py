@@ -13,12 +13,10 @@ import aiohttp
 import pytest
 import structlog
 
-from queue_processor.config import Settings
-from queue_processor.kinds import PoisonClass, SkipClass
-from queue_processor.observe.events import parse_annotations
+from queue_processor.config import Settings, parse_annotations
 from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging, get_logger
 from queue_processor.observe.metrics import BLOCKED_BUDGETS_MAX, OTHER_BUDGETS, Metrics
-from queue_processor.observe.observer import ErrorWhere, NodeAction
+from queue_processor.outcomes import ErrorWhere, NodeAction, PoisonClass, SkipClass
 from queue_processor.parse import MAX_MESSAGE_BYTES, parse
 from queue_processor.server import ProbeServer
 from tests.conftest import FIXTURES

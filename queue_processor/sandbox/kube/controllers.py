@@ -27,17 +27,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from queue_processor.drain.budgets import is_ready, is_terminating, selector_matches
 from queue_processor.sandbox.clock import SandboxClock
 from queue_processor.sandbox.cluster import MANUAL_STATUS, eviction_record
 from queue_processor.sandbox.kube.store import RESOURCES, Key, ObjectStore, now_iso
 from queue_processor.sandbox.kube_logic import (
     ApiError,
     Obj,
+    is_ready,
+    is_terminating,
     owner,
     pdb_expected,
     pdb_status,
     pdb_status_of,
+    selector_matches,
 )
 
 __all__ = ["Controllers", "Timer", "new_pod", "pod_template"]

@@ -313,7 +313,10 @@ class ApiRoutes:
                 )
                 return web.json_response(error.status(), status=fault.status, headers=headers)
         try:
-            body = await request.json() if request.can_read_body else None
+            try:
+                body = await request.json() if request.can_read_body else None
+            except ConnectionResetError:  # the client went away (killed, or its request cancelled) mid-body
+                return web.Response(status=499)  # never sent: nothing is done, as an API server does
             with self.lock:
                 status, payload = self._dispatch(verb, plural, namespace, name, sub, request, body)
         except ApiError as exc:

@@ -23,11 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from queue_processor.drain.budgets import is_ready, is_terminating, selector_matches
 from queue_processor.sandbox.kube_logic import (
     ApiError,
     Obj,
+    is_ready,
+    is_terminating,
     owner,
+    selector_matches,
 )
 
 __all__ = ["RESOURCES", "Key", "ObjectStore", "ResourceInfo", "details", "now_iso", "qualified"]

@@ -1,0 +1,92 @@
+"""NTH's webhook data, as a Go template sees it, and the start-up check of a template (pure; imports only
+:mod:`.gotemplate`): what the settings check and what :mod:`.webhook` renders over.
+
+NTH's ``combinedDrainData`` (``pkg/webhook`` of aws-node-termination-handler v1.25.6): the embedded
+``ec2metadata.NodeMetadata``, the embedded ``monitor.InterruptionEvent`` and the outer ``InstanceID`` and
+``InstanceType``, with their JSON names in the order encoding/json writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from queue_processor.observe.gotemplate import GoTime, NilMap, NilSlice, Struct, Template, parse
+
+__all__ = ["DATA_TYPE", "JSON_NAMES", "METADATA", "check_template", "nth_data"]
+
+# ``(JSON key, field)`` in the order encoding/json writes NTH's combinedDrainData: the embedded
+# ec2metadata.NodeMetadata (its json tags; its InstanceID and InstanceType lose to the outer fields), the
+# embedded monitor.InterruptionEvent (its func fields are tagged "-"), then the outer InstanceID and
+# InstanceType.
+METADATA = (
+    ("accountId", "AccountId"),
+    ("instanceId", ""),
+    ("instanceLifeCycle", "InstanceLifeCycle"),
+    ("instanceType", ""),
+    ("publicHostname", "PublicHostname"),
+    ("publicIp", "PublicIP"),
+    ("localHostname", "LocalHostname"),
+    ("privateIp", "LocalIP"),
+    ("availabilityZone", "AvailabilityZone"),
+    ("region", "Region"),
+)
+EVENT_FIELDS = (
+    "EventID",
+    "Kind",
+    "Monitor",
+    "Description",
+    "State",
+    "AutoScalingGroupName",
+    "NodeName",
+    "NodeLabels",
+    "Pods",
+    "ProviderID",
+    "IsManaged",
+    "StartTime",
+    "EndTime",
+    "NodeProcessed",
+    "InProgress",
+)
+JSON_NAMES = (
+    *METADATA,
+    *((name, name) for name in EVENT_FIELDS),
+    ("InstanceID", "InstanceID"),
+    ("InstanceType", "InstanceType"),
+)
+DATA_TYPE = "webhook.combinedDrainData"
+
+
+def nth_data(fields: Mapping[str, Any]) -> Struct:
+    """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as
+    in NTH's queue mode (no instance metadata)."""
+    values: dict[str, Any] = {name: "" for _, name in METADATA if name}
+    values |= {
+        "EventID": "",
+        "Kind": "",
+        "Monitor": "",
+        "Description": "",
+        "State": "",
+        "AutoScalingGroupName": "",
+        "NodeName": "",
+        "NodeLabels": NilMap(),
+        "Pods": NilSlice(),
+        "ProviderID": "",
+        "IsManaged": False,
+        "StartTime": GoTime.zero(),
+        "EndTime": GoTime.zero(),
+        "NodeProcessed": False,
+        "InProgress": False,
+        "InstanceID": "",
+        "InstanceType": "",
+    }
+    values |= fields
+    return Struct(DATA_TYPE, values, JSON_NAMES)
+
+
+def check_template(text: str) -> Template:
+    """``text`` parsed and executed over empty data, as NTH validates its template at start-up; raises
+    :class:`~queue_processor.observe.gotemplate.TemplateError` naming what fails or is not supported."""
+    template = parse(text)
+    template.execute(nth_data({}))
+    return template

@@ -1,0 +1,110 @@
+"""The controller's layers, written down once: every import of a controller module (at run time, inside a
+function, or for type checking only) goes to a module of a lower layer. A circle, an import against the order,
+or a module not placed here fails (DESIGN.md, "Layout": no import circles; errors and outcome enums in a leaf).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+#: Bottom to top. A module imports only from layers below its own.
+LAYERS: list[set[str]] = [
+    {  # leaves: vocabularies and pure logic that need nothing of the project's
+        "queue_processor",
+        "queue_processor.outcomes",
+        "queue_processor.tasks",
+        "queue_processor.events",
+        "queue_processor.permissions",
+        "queue_processor.drain",
+        "queue_processor.drain.filters",
+        "queue_processor.drain.order",
+        "queue_processor.drain.record",
+        "queue_processor.observe",
+        "queue_processor.observe.gotemplate",
+        "queue_processor.observe.logs",
+    },
+    {"queue_processor.observe.templates", "queue_processor.observe.observer", "queue_processor.kinds.base"},
+    {
+        "queue_processor.config",
+        "queue_processor.kinds.asg_lifecycle",
+        "queue_processor.kinds.capacity_reservation",
+        "queue_processor.kinds.health",
+        "queue_processor.kinds.rebalance",
+        "queue_processor.kinds.spot",
+        "queue_processor.kinds.state_change",
+    },
+    {
+        "queue_processor.kinds",
+        "queue_processor.kube",
+        "queue_processor.aws",
+        "queue_processor.observe.metrics",
+    },
+    {
+        "queue_processor.parse",
+        "queue_processor.coalesce",
+        "queue_processor.drain.budgets",
+        "queue_processor.nodes",
+        "queue_processor.observe.events",
+        "queue_processor.leases",
+        "queue_processor.deadlines",
+    },
+    {
+        "queue_processor.drain.drainer",
+        "queue_processor.drain.explain",
+        "queue_processor.observe.webhook",
+        "queue_processor.lifecycle",
+    },
+    {"queue_processor.returns"},
+    {"queue_processor.handler"},
+    {"queue_processor.consumer", "queue_processor.server"},
+    {"queue_processor.app"},
+    {"queue_processor.cli"},
+]
+#: Not the controller: the test bench its CLI reaches only where it is installed (left out of the check).
+BENCH = "queue_processor.sandbox"
+
+
+def controller_modules() -> dict[str, Path]:
+    package = ROOT / "queue_processor"
+    modules = {}
+    for path in package.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if name != BENCH and not name.startswith(BENCH + "."):
+            modules[name] = path
+    return modules
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every project module ``path`` imports, wherever the import statement is."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] == "queue_processor"
+        ):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "queue_processor")
+    return found
+
+
+def test_every_controller_module_has_a_layer() -> None:
+    placed = set().union(*LAYERS)
+    assert sorted(set(controller_modules()) - placed) == []
+    assert sorted(placed - set(controller_modules())) == []  # no stale entry
+    assert sum(len(layer) for layer in LAYERS) == len(placed)  # none placed twice
+
+
+def test_imports_point_down_the_layers() -> None:
+    layer = {module: index for index, modules in enumerate(LAYERS) for module in modules}
+    against = [
+        f"{module} (layer {layer[module]}) imports {target} (layer {layer[target]})"
+        for module, path in controller_modules().items()
+        for target in sorted(imports_of(path))
+        if not target.startswith(BENCH) and layer.get(target, 0) >= layer[module]
+    ]
+    assert against == []
