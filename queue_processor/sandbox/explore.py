@@ -121,9 +121,15 @@ class _World:
     """A storyline being played: the sandbox, the replicas, the timeline of steps and follow-ups."""
 
     def __init__(
-        self, sandbox: Sandbox, story: Storyline, workdir: Path, settings: dict[str, str] | None = None
+        self,
+        sandbox: Sandbox,
+        story: Storyline,
+        workdir: Path,
+        settings: dict[str, str] | None = None,
+        before_step: Callable[[Step, Sandbox], None] | None = None,
     ) -> None:
         self.sandbox = sandbox
+        self.before_step = before_step
         self.settings = {**CONTROLLER_ENV, **(settings or {})}
         self.story = story
         self.workdir = workdir
@@ -245,6 +251,8 @@ class _World:
 
     def apply(self, step: Step) -> None:
         """Apply ``step`` when its target is in a state it applies to; record it either way."""
+        if self.before_step is not None:
+            self.before_step(step, self.sandbox)
         try:
             done = self._apply(step)
         except (ValueError, KeyError, LookupError) as error:  # a race with the sandbox's own timers
@@ -506,11 +514,14 @@ def run(
     rbac: Any = None,
     settings: dict[str, str] | None = None,
     settle_s: float = SETTLE_S,
+    before_step: Callable[[Step, Sandbox], None] | None = None,
 ) -> Outcome:
     """Play ``story`` against a fresh sandbox and judge it. ``settings`` override the controllers' (environment
     variables; a test breaks one on purpose to show the judge catches it). ``plane`` and ``rbac``: the real
     control plane and the controller's RBAC rules, with ``kubernetes="real"``; ``settle_s``: how long (real
-    seconds) everything may take to settle after the last step before it is judged as it stands."""
+    seconds) everything may take to settle after the last step before it is judged as it stands;
+    ``before_step``: called with each step and the sandbox just before the step is applied (a test waits there
+    for the state a step is meant to meet, so that a loaded machine cannot reorder what it checks)."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"explore-{story.seed}-") as tmp:
         workdir = Path(tmp)
@@ -529,7 +540,7 @@ def run(
             options, workdir=workdir / "sandbox", kubernetes=kubernetes, plane=plane, rbac=rbac
         ) as sandbox:
             sandbox.kube.ensure_namespace(sandbox.controller_namespace)
-            world = _World(sandbox, story, workdir, settings)
+            world = _World(sandbox, story, workdir, settings, before_step)
             try:
                 for replica in world.replicas:
                     world.start(replica)

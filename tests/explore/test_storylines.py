@@ -4,10 +4,12 @@ controller broken on purpose, and a fixed set of seeds played on the emulation a
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
 
+from queue_processor.sandbox.environment import Sandbox
 from queue_processor.sandbox.explore import Outcome, run, shrink
 from queue_processor.sandbox.storyline import INTERRUPTIONS, Step, Storyline, generate
 
@@ -77,7 +79,19 @@ def test_the_judge_catches_a_controller_that_leaves_a_returned_node_cordoned() -
         duplicates=0.0,
         steps=(Step(1, "stop", 0), Step(40, "start", 0)),
     )
-    outcome = run(story, settings={"UNCORDON_ON_RETURN": "false"}, settle_s=10)
+
+    def cordoned_first(step: Step, sandbox: Sandbox) -> None:
+        """The start meets a cordoned node, however slow the machine (a start before the controller saw the
+        stop would leave nothing to judge)."""
+        if step.kind != "start":
+            return
+        node = sandbox.instances[0].private_dns_name
+        deadline = time.monotonic() + 120
+        while not (sandbox.kube.get("nodes", node) or {}).get("spec", {}).get("unschedulable"):
+            assert time.monotonic() < deadline, f"{node} was never cordoned after its stop"
+            time.sleep(0.1)
+
+    outcome = run(story, settings={"UNCORDON_ON_RETURN": "false"}, settle_s=10, before_step=cordoned_first)
     assert [step.kind for step in outcome.applied] == ["stop", "start"]
     assert set(outcome.failed) == {"returned"}, outcome.failed
 

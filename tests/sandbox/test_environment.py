@@ -30,18 +30,26 @@ def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
         yield running
 
 
-def drain_queue(running: Sandbox, wait_s: float = 0.5) -> list[str]:
+def drain_queue(running: Sandbox) -> list[str]:
+    """Every body on the queue, deleted as read: reads until SQS counts no message visible, in flight or
+    delayed (no clock: a loaded machine only makes it slower)."""
     sqs = boto3.client("sqs", **running.aws.client_kwargs)
+    url = running.env()["QUEUE_URL"]
+    counted = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ]
     bodies: list[str] = []
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        got = sqs.receive_message(
-            QueueUrl=running.env()["QUEUE_URL"], MaxNumberOfMessages=10, WaitTimeSeconds=0
-        )
+    while True:
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
         for message in got.get("Messages", []):
             bodies.append(message["Body"])
-            sqs.delete_message(QueueUrl=running.env()["QUEUE_URL"], ReceiptHandle=message["ReceiptHandle"])
-    return bodies
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        if not got.get("Messages"):
+            left = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=counted)["Attributes"]
+            if not any(int(left[name]) for name in counted):
+                return bodies
 
 
 def kinds(bodies: list[str]) -> Counter[str]:
