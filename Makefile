@@ -11,6 +11,10 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 CHECKOV_VERSION := 3.3.30
+# The suite waits more than it computes (sandboxes, timers, controllers in their own processes): pytest-xdist
+# runs it on several workers, each with its own sandboxes and, when a test needs it, its own control plane.
+TEST_WORKERS ?= 4
+CHECK_WORKERS ?= 6
 
 .PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go
 
@@ -49,13 +53,13 @@ cluster-bin-if-go:
 	else echo "make: go not found: the tests on the real control plane will be skipped"; fi
 
 unit: $(STAMP) $(CHECKOV) cluster-bin-if-go
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 test: lint typecheck unit
 
 # The fast tier: what to run between changes (no Go, no control plane, no NTH needed).
 check: lint typecheck $(STAMP) $(CHECKOV)
-	$(BIN)/pytest -m "not real"
+	$(BIN)/pytest -n $(CHECK_WORKERS) -m "not real"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/parse.py

@@ -108,3 +108,40 @@ def test_imports_point_down_the_layers() -> None:
         if not target.startswith(BENCH) and layer.get(target, 0) >= layer[module]
     ]
     assert against == []
+
+
+#: Names with a leading underscore that are public API of the library that defines them: ``os._exit``, a
+#: NamedTuple's ``_replace``, and moto's SQS queue ``_messages`` (moto has no public reader for them).
+PUBLIC_UNDERSCORED = {"_exit", "_replace", "_messages"}
+
+
+def test_no_module_reaches_into_another_modules_privates() -> None:
+    """A name with a leading underscore is read only where it is defined: by ``self``/``cls``, or in the
+    module that defines it (issue 28: the sandbox's moto patches called ``AwsSandbox._raise_injected`` and
+    ``_scale_in_to``; they now talk to a protocol, ``moto_server.ServedActions``)."""
+    reaches = []
+    for path in sorted((ROOT / "queue_processor").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        defined = {
+            name
+            for node in ast.walk(tree)
+            for name in (
+                [node.name]
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                else [node.attr]
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                else [node.id]
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+                else []
+            )
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                and node.attr not in defined | PUBLIC_UNDERSCORED
+            ):
+                reaches.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert reaches == []

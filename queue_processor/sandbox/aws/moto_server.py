@@ -34,7 +34,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from moto.autoscaling.exceptions import AutoscalingClientError
@@ -52,10 +52,54 @@ from moto.server import ThreadedMotoServer
 from moto.sqs.models import SQSBackend
 from werkzeug.serving import ThreadedWSGIServer
 
-if TYPE_CHECKING:
-    from queue_processor.sandbox.aws.sandbox import AwsSandbox
+from queue_processor.sandbox.aws.model import Operation
 
-__all__ = ["Faults", "MotoServer", "active", "install", "uninstall"]
+__all__ = ["Faults", "MotoServer", "ServedActions", "active", "install", "uninstall"]
+
+
+class ServedActions(Protocol):
+    """What the patched moto actions ask of the sandbox they are installed for (:func:`install`); the
+    sandbox hands an object of this shape, so neither module reaches into the other's privates. Each method
+    runs on a server thread while a request is served and may raise moto's errors (``ValidationError``,
+    ``AutoscalingClientError``: HTTP 400 in the AWS Query error shape)."""
+
+    def raise_injected(self, operation: str) -> None:
+        """Raise the error set up for ``operation`` (an Auto Scaling action name), if any."""
+
+    def real_seconds(self, simulated_s: float) -> float:
+        """The real seconds ``simulated_s`` simulated seconds take on the sandbox's clock."""
+
+    def configure_hook(
+        self,
+        asg_name: str,
+        hook_name: str,
+        *,
+        notification_target_arn: str | None,
+        notification_metadata: str | None,
+        role_arn: str | None,
+    ) -> None:
+        """Keep what moto's ``PutLifecycleHook`` drops; send the hook's test notification."""
+
+    def lifecycle_call(
+        self,
+        operation: Operation,
+        *,
+        asg_name: str,
+        hook_name: str,
+        token: str | None,
+        instance_id: str | None,
+        result: str | None,
+    ) -> None:
+        """Serve ``RecordLifecycleActionHeartbeat`` or ``CompleteLifecycleAction``."""
+
+    def terminate_in_group(self, instance_id: str, should_decrement: bool) -> Any | None:
+        """``TerminateInstanceInAutoScalingGroup`` through a terminate hook: moto's activity, or ``None``
+        when moto's own behaviour applies."""
+
+    def scale_in_to(self, group: Any, desired: int) -> bool:
+        """Lower ``group``'s capacity to ``desired`` through its terminate hook; ``False`` when moto's own
+        ``set_desired_capacity`` applies."""
+
 
 #: Services whose requests the server serialises with the sandbox's own changes (SQS stays concurrent).
 _SERIALIZED_SERVICES = frozenset({"autoscaling", "ec2", "events"})
@@ -266,16 +310,16 @@ class MotoServer(ThreadedMotoServer):
 # -------------------------------------------------------------------------- moto AutoScalingResponse methods
 
 _active_lock = threading.Lock()
-_ACTIVE: AwsSandbox | None = None
+_ACTIVE: ServedActions | None = None
 _ORIGINAL_PUT_HOOK: Callable[[Any], Any] | None = None
 
 
-def active() -> AwsSandbox | None:
-    """The sandbox the patches are installed for, ``None`` when none is."""
+def active() -> ServedActions | None:
+    """What the patches are installed for, ``None`` when nothing is."""
     return _ACTIVE
 
 
-def _current() -> AwsSandbox:
+def _current() -> ServedActions:
     sandbox = _ACTIVE
     if sandbox is None:  # pragma: no cover - the methods are installed only while a sandbox runs
         raise RuntimeError("no AWS sandbox is running")
@@ -284,7 +328,7 @@ def _current() -> AwsSandbox:
 
 def _record_lifecycle_action_heartbeat(self: Any) -> Any:
     """``RecordLifecycleActionHeartbeat`` (EC2 Auto Scaling API Reference)."""
-    _current()._lifecycle_call(
+    _current().lifecycle_call(
         "RecordLifecycleActionHeartbeat",
         asg_name=self._get_param("AutoScalingGroupName") or "",
         hook_name=self._get_param("LifecycleHookName") or "",
@@ -297,7 +341,7 @@ def _record_lifecycle_action_heartbeat(self: Any) -> Any:
 
 def _complete_lifecycle_action(self: Any) -> Any:
     """``CompleteLifecycleAction`` (EC2 Auto Scaling API Reference)."""
-    _current()._lifecycle_call(
+    _current().lifecycle_call(
         "CompleteLifecycleAction",
         asg_name=self._get_param("AutoScalingGroupName") or "",
         hook_name=self._get_param("LifecycleHookName") or "",
@@ -312,7 +356,7 @@ def _put_lifecycle_hook(self: Any) -> Any:
     """``PutLifecycleHook``: moto's, then the notification target, metadata and global timeout it drops."""
     assert _ORIGINAL_PUT_HOOK is not None
     response = _ORIGINAL_PUT_HOOK(self)
-    _current()._configure_hook(
+    _current().configure_hook(
         self._get_param("AutoScalingGroupName"),
         self._get_param("LifecycleHookName"),
         notification_target_arn=self._get_param("NotificationTargetARN"),
@@ -327,15 +371,15 @@ def _describe_lifecycle_hooks(self: Any) -> Any:
     the clock (at least 1 s), so a consumer that heartbeats at half the timeout it reads keeps an action alive
     under a scaled clock, as it would at full scale."""
     sandbox = _current()
-    sandbox._raise_injected("DescribeLifecycleHooks")
+    sandbox.raise_injected("DescribeLifecycleHooks")
     hooks = []
     for hook in self.autoscaling_backend.describe_lifecycle_hooks(
         as_name=self._get_param("AutoScalingGroupName"),
         lifecycle_hook_names=self._get_param("LifecycleHookNames", []),
     ):
         scaled = copy.copy(hook)
-        scaled.heartbeat_timeout = max(1, math.ceil(sandbox.clock.real(hook.heartbeat_timeout)))
-        scaled.global_timeout = max(1, math.ceil(sandbox.clock.real(hook.global_timeout)))
+        scaled.heartbeat_timeout = max(1, math.ceil(sandbox.real_seconds(hook.heartbeat_timeout)))
+        scaled.global_timeout = max(1, math.ceil(sandbox.real_seconds(hook.global_timeout)))
         hooks.append(scaled)
     return ActionResult({"LifecycleHooks": hooks})
 
@@ -364,10 +408,10 @@ def _scale_in_through_hooks() -> Iterator[None]:
 def _terminate_instance_in_auto_scaling_group(self: Any) -> Any:
     """``TerminateInstanceInAutoScalingGroup`` (EC2 Auto Scaling API Reference): ``InstanceId`` and
     ``ShouldDecrementDesiredCapacity`` (default false). For a group with a terminate hook, served by
-    :meth:`AwsSandbox._terminate_in_group` (the instance waits in ``Terminating:Wait``, its actions open; the
+    :meth:`ServedActions.terminate_in_group` (the instance waits in ``Terminating:Wait``, its actions open; the
     answer is ``{"Activity": ...}`` in moto's shape; HTTP 400 ``ValidationError`` when the instance is neither
     InService nor Standby); otherwise moto's."""
-    activity = _current()._terminate_in_group(
+    activity = _current().terminate_in_group(
         self._get_param("InstanceId"),
         self._get_bool_param("ShouldDecrementDesiredCapacity", False),
     )
@@ -394,14 +438,14 @@ def _update_auto_scaling_group(self: Any) -> Any:
 def _group_set_desired_capacity(group: Any, new_capacity: int | None) -> None:
     """moto's ``FakeAutoScalingGroup.set_desired_capacity`` (``None``: the group's MinSize), except, while a
     ``SetDesiredCapacity`` or ``UpdateAutoScalingGroup`` request is served, a scale-in of a group with a
-    terminate hook: :meth:`AwsSandbox._scale_in_to` sets the capacity and puts the instances it removes in
+    terminate hook: :meth:`ServedActions.scale_in_to` sets the capacity and puts the instances it removes in
     ``Terminating:Wait``; the group's load balancers and target groups are then refreshed as moto does."""
     sandbox = _ACTIVE
     desired = group.min_size if new_capacity is None else new_capacity
     if (
         sandbox is None
         or not getattr(_scaling_request, "active", False)
-        or not sandbox._scale_in_to(group, desired or 0)
+        or not sandbox.scale_in_to(group, desired or 0)
     ):
         _ORIGINAL_GROUP_SET_DESIRED(group, new_capacity)
         return
@@ -467,7 +511,7 @@ def _retention_check(backend: SQSBackend, queue_name: str, message: Any) -> bool
     return bool(retention_s + message.sent_timestamp / 1000 > time.time())
 
 
-def install(sandbox: AwsSandbox) -> None:
+def install(sandbox: ServedActions) -> None:
     """Patch moto for ``sandbox``: the ``AutoScalingResponse`` methods (served by ``sandbox``), the group's
     ``set_desired_capacity`` (scale-in through terminate hooks during the requests that ask for it), unique private
     IPs (the record of issued ones restarts), the cheap SQS retention check. Raises ``RuntimeError`` when
@@ -489,7 +533,7 @@ def install(sandbox: AwsSandbox) -> None:
             setattr(module, "random_private_ip", _unique_private_ip)  # noqa: B010 - not re-exported by moto
 
 
-def uninstall(sandbox: AwsSandbox) -> None:
+def uninstall(sandbox: ServedActions) -> None:
     """Put moto back as it was before :func:`install`; nothing when ``sandbox`` is not the one installed."""
     global _ACTIVE, _ORIGINAL_PUT_HOOK
     with _active_lock:

@@ -105,6 +105,7 @@ class AwsSandbox:
             settle=self._settle,
             held=self._delivery.held,
         )
+        self._served = _Served(self)
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -112,7 +113,7 @@ class AwsSandbox:
         """Reset moto's state, start the server and the timer thread, add the lifecycle actions to moto."""
         if self._server is not None:
             return self
-        install(self)
+        install(self._served)
         try:
             moto_api_backend.reset()
             self._server = MotoServer(self._lock, faults=self._faults)
@@ -128,7 +129,7 @@ class AwsSandbox:
     def stop(self) -> None:
         """Stop the timers, the server and every thread they started (a request still being served, such as
         an SQS long poll, gets 5 s to end); reset moto's state. Idempotent."""
-        if active() is not self:
+        if active() is not self._served:
             return
         for client in self._clients.values():
             client.close()
@@ -142,7 +143,7 @@ class AwsSandbox:
             self._schedule.generation += 1
             self._lifecycle.close()
         moto_api_backend.reset()
-        uninstall(self)
+        uninstall(self._served)
 
     def stop_endpoint(self) -> None:
         """An outage: the endpoint stops answering (new connections refused, open ones shut down, a request
@@ -192,11 +193,6 @@ class AwsSandbox:
     def clear_errors(self) -> None:
         """Forget every error :meth:`inject_error` set up."""
         self._faults.clear()
-
-    def _raise_injected(self, operation: str) -> None:
-        """Raise the error :meth:`inject_error` set up for ``operation``, if any (moto's
-        ``AutoscalingClientError``)."""
-        self._faults.raise_injected(operation)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -943,3 +939,17 @@ class AwsSandbox:
 
         self._schedule.call_at(time.monotonic() + delay, act)
         return body
+
+
+class _Served:
+    """What the patched moto actions ask of an :class:`AwsSandbox` (:class:`~.moto_server.ServedActions`):
+    the sandbox's own lifecycle, scale-in and fault internals, behind the protocol the patches are written
+    against."""
+
+    def __init__(self, sandbox: AwsSandbox) -> None:
+        self.raise_injected = sandbox._faults.raise_injected
+        self.real_seconds = sandbox.clock.real
+        self.configure_hook = sandbox._configure_hook
+        self.lifecycle_call = sandbox._lifecycle_call
+        self.terminate_in_group = sandbox._terminate_in_group
+        self.scale_in_to = sandbox._scale_in_to
