@@ -53,13 +53,13 @@ cluster-bin-if-go:
 	else echo "make: go not found: the tests on the real control plane will be skipped"; fi
 
 unit: $(STAMP) $(CHECKOV) cluster-bin-if-go
-	$(BIN)/pytest -n $(TEST_WORKERS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 test: lint typecheck unit
 
 # The fast tier: what to run between changes (no Go, no control plane, no NTH needed).
 check: lint typecheck $(STAMP) $(CHECKOV)
-	$(BIN)/pytest -n $(CHECK_WORKERS) -m "not real"
+	$(BIN)/pytest -n $(CHECK_WORKERS) --dist worksteal -m "not real"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/parse.py
