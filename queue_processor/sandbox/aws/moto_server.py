@@ -12,6 +12,8 @@
   keep moto's behaviour. It also makes moto's private IPs unique within the sandbox and
   its SQS retention check cheap; :func:`uninstall` puts moto back. One sandbox runs per process at a time:
   moto's backends are process-wide.
+- :class:`ServedActions`: what the patches ask of the sandbox they are installed for (it hands an object of
+  that shape to :func:`install`; this module does not know ``AwsSandbox``).
 - :class:`Faults`: the AWS errors :meth:`AwsSandbox.inject_error` sets up, raised by the added actions.
 - :class:`MotoServer`: moto's ``ThreadedMotoServer`` on 127.0.0.1 and a free port. Auto Scaling, EC2 and
   EventBridge requests run under the sandbox's lock (moto's backends are not thread-safe, and the sandbox
