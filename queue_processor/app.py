@@ -104,11 +104,12 @@ async def run_controller(
             timing=DrainTiming.of(settings),
             observer=metrics,
         )
+        heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
         handler = Handler(
             settings,
             resolver=resolver,
             finder=finder,
-            heartbeats=Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec),
+            heartbeats=heartbeats,
             drainer=drainer,
             recorder=NodeEventRecorder(
                 kube,
@@ -139,6 +140,7 @@ async def run_controller(
             aws.sqs,
             handler,
             store,
+            heartbeats=heartbeats,
             queue_urls=settings.all_queue_urls,
             in_flight_budget=settings.in_flight_budget,
             visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,

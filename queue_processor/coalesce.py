@@ -191,6 +191,10 @@ class EventStore:
         state = self._messages.get(message_id)
         return set(state.actions) if state is not None else set()
 
+    def running(self, operation: NodeOperation) -> bool:
+        """Whether ``operation`` is in flight (admitted and not finished)."""
+        return self._operations.get(operation.key) is operation
+
     def held(self) -> list[SqsMessageRef]:
         """Every message that still has an operation running, each with the newest receipt handle it was
         received with (the only one SQS still honours): the messages whose visibility is extended, and made

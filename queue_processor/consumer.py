@@ -2,7 +2,9 @@
 
 - One or more long-poll loops per queue (ReceiveMessage: up to 10 messages, WaitTimeSeconds 20, with
   ``SentTimestamp`` and ``ApproximateReceiveCount``). A loop asks only for as many messages as the in-flight
-  budget has room for, and waits only when it is full (DESIGN.md rule 6).
+  budget has room for, and waits only when it is full (DESIGN.md rule 6). The budget is a ledger of slots
+  (:mod:`queue_processor.ledger`): room reserved around each poll by one ``async with``, a slot claimed per
+  message kept, returned once when the message is settled, however its operation ended.
 - Each message is parsed (:func:`queue_processor.parse.parse`): poison is logged with its message ID, counted,
   never deleted, and hidden for POISON_VISIBILITY_TIMEOUT_SEC so it does not hot-loop while the redrive policy
   moves it to the dead-letter queue; a skip is deleted; events go to the :class:`EventStore`, and a new
@@ -33,11 +35,13 @@ from botocore.exceptions import NoCredentialsError
 
 from queue_processor import tasks
 from queue_processor.aws import call, error_code
-from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
+from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation, Settlement
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler, Outcome
 from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.ledger import InFlightSlots, Room
+from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
@@ -86,7 +90,9 @@ def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backo
 
 
 class Consumer:
-    """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``.
+    """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``; ``store`` coalesces
+    the events and holds the messages; ``heartbeats`` (the handler's) follow each message's hold: renewed,
+    requeued, stopped when it is deleted, closed on shutdown.
 
     ``in_flight_budget`` messages at most are being handled; ``visibility_timeout_s`` is given on receive and
     renewed every half of it; ``loops_per_queue`` long polls run per queue; ``wait_s`` is the long-poll wait;
@@ -99,6 +105,7 @@ class Consumer:
         handler: Handler,
         store: EventStore,
         *,
+        heartbeats: Heartbeats,
         queue_urls: list[str],
         in_flight_budget: int,
         visibility_timeout_s: int,
@@ -111,6 +118,7 @@ class Consumer:
         self.sqs = sqs
         self.handler = handler
         self.store = store
+        self.heartbeats = heartbeats
         self.queue_urls = queue_urls
         self.visibility_timeout_s = visibility_timeout_s
         self.loops_per_queue = loops_per_queue
@@ -126,7 +134,7 @@ class Consumer:
         has answered once is logged and retried (credentials may rotate, a policy may be re-attached)."""
         self.poison_visibility_s = poison_visibility_s
         self.requeue_base_s = requeue_base_s
-        self._budget = asyncio.Semaphore(in_flight_budget)
+        self._slots = InFlightSlots(in_flight_budget)
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         # Receive loops from their poll until its messages are taken: a shutdown lets them finish.
@@ -139,7 +147,6 @@ class Consumer:
         self._extending: dict[str, asyncio.Future[None]] = {}
         self.loop_heartbeat = time.monotonic()
         """``time.monotonic()`` of the last loop iteration (liveness)."""
-        self._waiting_for_budget = 0  # receive loops waiting for an in-flight slot
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -162,7 +169,7 @@ class Consumer:
         to settle, and a long drain must not get the pod restarted)."""
         if not self._loops or any(task.done() for task in self._loops):
             return False
-        return time.monotonic() - self.loop_heartbeat < max_idle_s or self._waiting_for_budget > 0
+        return time.monotonic() - self.loop_heartbeat < max_idle_s or self._slots.waiting > 0
 
     @property
     def tasks(self) -> int:
@@ -188,7 +195,7 @@ class Consumer:
                 polls=sum(1 for task in self._loops if not task.done()),
             )
         await tasks.stop(*self._loops, *self._operations.values(), self._extender, self._delete_flusher)
-        await self.handler.heartbeats.close()
+        await self.heartbeats.close()
 
     async def _shut_down(self) -> None:
         for task in self._loops:
@@ -196,7 +203,7 @@ class Consumer:
                 task.cancel()
         held = self.store.held()  # no new receipt handle can come in now; operations may end below
         await tasks.stop(*self._operations.values())
-        await self.handler.heartbeats.close()  # nothing beats once this replica lets its messages go
+        await self.heartbeats.close()  # nothing beats once this replica lets its messages go
         await tasks.stop(self._extender)
         if self._delete_flusher is not None:
             await tasks.wait(self._delete_flusher)  # deletes already decided
@@ -210,39 +217,39 @@ class Consumer:
     async def _receive_loop(self, queue_url: str) -> None:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
-            self._waiting_for_budget += 1
-            try:
-                await self._budget.acquire()  # at least one slot before asking for anything
-            finally:
-                self._waiting_for_budget -= 1
-            room = 1
-            while room < 10 and not self._budget.locked():
-                await self._budget.acquire()
-                room += 1
-            if self._stopping.is_set():  # slots taken while a shutdown began: no new poll
+            retry_in_s = 0.0
+            # Room for up to 10 messages, at least one; what the poll does not fill, or a message does not
+            # keep, is free again when the block exits, however it exits (the ledger: ledger.py).
+            async with self._slots.room(10) as room:
+                if self._stopping.is_set():  # room taken while a shutdown began: no new poll
+                    return
+                retry_in_s = await self._poll(queue_url, room)
+            if retry_in_s < 0:  # refused for good
                 return
-            current = asyncio.current_task()
-            assert current is not None
-            self._polling.add(current)
+            if retry_in_s:
+                await asyncio.sleep(retry_in_s)
+
+    async def _poll(self, queue_url: str, room: Room) -> float:
+        """One ReceiveMessage for at most ``room.size`` messages, and each message it brings taken
+        (:meth:`_take`). Returns 0 to poll again at once, the seconds to wait before the next poll after a
+        failed one, or -1 when SQS refuses this controller for good (start-up failed)."""
+        current = asyncio.current_task()
+        assert current is not None
+        self._polling.add(current)
+        try:
             asked_at = time.monotonic()
             try:
                 answer = await call(
                     self.sqs.receive_message,
                     QueueUrl=queue_url,
-                    MaxNumberOfMessages=room,
+                    MaxNumberOfMessages=room.size,
                     WaitTimeSeconds=self.wait_s,
                     VisibilityTimeout=self.visibility_timeout_s,
                     MessageSystemAttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
                 )
             except asyncio.CancelledError:
-                self._polling.discard(current)
-                for _ in range(room):
-                    self._budget.release()
                 raise
             except Exception as exc:
-                self._polling.discard(current)
-                for _ in range(room):
-                    self._budget.release()
                 self.observer.error(ErrorWhere.RECEIVE)
                 self.failed_at = time.monotonic()
                 refused = _refusal(queue_url, exc)
@@ -250,15 +257,12 @@ class Consumer:
                     log.error("the queue refuses this controller: stopping", queue=queue_url, error=repr(exc))
                     if not self.refused.done():
                         self.refused.set_result(refused)
-                    return
+                    return -1
                 log.warning("receive failed", queue=queue_url, error=repr(exc))
-                await asyncio.sleep(1.0)
-                continue
+                return 1.0
             self.answered_at = time.monotonic()
             self.observer.receive_answered(queue_url)
             messages = answer.get("Messages") or []
-            for _ in range(room - len(messages)):
-                self._budget.release()
             if messages and time.monotonic() - asked_at > self.wait_s + self.visibility_timeout_s:
                 # The answer came after these messages' visibility timeout was surely over (this process was
                 # paused, or its loop stalled): another consumer may have received them since and be handling,
@@ -269,32 +273,27 @@ class Consumer:
                     messages=len(messages),
                     waited_s=round(time.monotonic() - asked_at, 1),
                 )
-                self._polling.discard(current)
                 await self._set_visibility(
                     queue_url, [m["ReceiptHandle"] for m in messages], 0, ErrorWhere.REQUEUE
                 )
-                for _ in messages:
-                    self._budget.release()
-                continue
+                return 0.0
             failed = 0
-            try:
-                for index, message in enumerate(messages):
-                    if self._stopping.is_set():  # this replica is letting its messages go: these too
-                        await self._let_go(queue_url, messages[index:])
-                        return
-                    try:
-                        failed += not await self._take(queue_url, message)
-                    except Exception as exc:  # the loop survives any single message
-                        failed += 1
-                        self.observer.error(ErrorWhere.HANDLE)
-                        log.error(
-                            "message handling failed", message_id=message.get("MessageId"), error=repr(exc)
-                        )
-                        self._budget.release()
-                if messages and failed == len(messages):  # what NTH counts as its monitor's error
-                    self.observer.error(ErrorWhere.BATCH)
-            finally:
-                self._polling.discard(current)
+            for index, message in enumerate(messages):
+                if self._stopping.is_set():  # this replica is letting its messages go: these too
+                    await self._let_go(queue_url, messages[index:])
+                    return 0.0
+                try:
+                    failed += not await self._take(queue_url, message, room)
+                except Exception as exc:  # the loop survives any single message
+                    failed += 1
+                    self.observer.error(ErrorWhere.HANDLE)
+                    log.error("message handling failed", message_id=message.get("MessageId"), error=repr(exc))
+                    self._release_if_let_go(message["MessageId"])
+            if messages and failed == len(messages):  # what NTH counts as its monitor's error
+                self.observer.error(ErrorWhere.BATCH)
+            return 0.0
+        finally:
+            self._polling.discard(current)
 
     async def _let_go(self, queue_url: str, messages: list[MessageTypeDef]) -> None:
         """Make messages a poll brought back during shutdown visible again at once."""
@@ -302,9 +301,9 @@ class Consumer:
         handles = [message["ReceiptHandle"] for message in messages]
         await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
 
-    async def _take(self, queue_url: str, message: MessageTypeDef) -> bool:
-        """One received message; holds one budget slot until it is settled. ``False`` when it cannot be
-        processed (poison)."""
+    async def _take(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
+        """One received message; a message kept for handling claims one of ``room``'s slots, held until
+        it is settled (one it holds already keeps it). ``False`` when it cannot be processed (poison)."""
         attributes = message.get("Attributes") or {}
         sent = attributes.get("SentTimestamp")
         ref = SqsMessageRef(
@@ -322,44 +321,57 @@ class Consumer:
             bound.warning("poison message left for the dead-letter queue", reason=result.reason)
             self.observer.poison(queue_url, result.poison_class)
             await self._change_visibility(ref, self.poison_visibility_s)
-            self._budget.release()
             return False
         if result.outcome == "skip":
             bound.info("message skipped", reason=result.reason)
             if result.skip_class is not None:
                 self.observer.skipped(queue_url, result.skip_class)
             await self._delete(ref, kinds)
-            self._budget.release()
             return True
-        redelivered = self.store.in_flight(ref.message_id)  # held already: it keeps the slot it has
+        room.claim(ref.message_id)  # held already (received again): it keeps the slot it has
         for event in result.events:
             admission = self.store.admit(event)
+            if admission.kind is AdmissionKind.NEW and admission.operation is not None:
+                # First its task (which runs at the next suspension, after the heartbeats below started), so
+                # that nothing the store took is left without a task to settle it, whatever raises next.
+                await self._start(admission.operation)
             if admission.kind is not AdmissionKind.DONE:
                 self.handler.received(event)  # heartbeats from first receipt, before any handling
-            if admission.kind is AdmissionKind.NEW and admission.operation is not None:
-                self._spawn(admission.operation)
-        if self.store.in_flight(ref.message_id):  # the store keeps its newest receipt handle
-            if redelivered:
-                self._budget.release()
-        else:  # every event repeats one already done
+        if not self.store.in_flight(ref.message_id):  # every event repeats one already done
             bound.info("message repeats events already handled: deleted")
             await self._delete(ref, kinds)
-            self._budget.release()
+            self._slots.release(ref.message_id)
         self.observer.in_flight(self.store.held_count, len(self._operations))
         return True
 
+    async def _start(self, operation: NodeOperation) -> None:
+        """:meth:`_spawn` ``operation``; when that raises, the operation ends as failed at once (its messages
+        requeued with their backoff, their slots returned) and the error goes up: nothing stays held and
+        renewed for ever without a task to settle it."""
+        try:
+            self._spawn(operation)
+        except BaseException:
+            await self._settle_all(self.store.finish(operation, succeeded=False), operation)
+            raise
+
     def _spawn(self, operation: NodeOperation) -> None:
-        """Start the task that runs ``operation`` through the handler and settles its messages. The task
-        leaves ``_operations`` when it ends, also when a shutdown cancels it before it ever ran (its body,
-        and so its ``finally``, never runs then)."""
+        """Start the task that runs ``operation`` through the handler and settles its messages."""
         key = (operation.instance_id, str(operation.mode))
         task = tasks.spawn(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
         self._operations[key] = task
-        task.add_done_callback(functools.partial(self._forget_operation, key))
+        task.add_done_callback(functools.partial(self._operation_ended, key, operation))
 
-    def _forget_operation(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+    def _operation_ended(
+        self, key: tuple[str, str], operation: NodeOperation, task: asyncio.Task[None]
+    ) -> None:
+        """The operation's task ended, however: it leaves ``_operations``. One a shutdown cancelled before it
+        ever ran (its body, and so its ``finally``, never ran) is finished here as failed, and the slots of its
+        messages returned (the shutdown makes every held message visible)."""
         if self._operations.get(key) is task:
             del self._operations[key]
+        if self.store.running(operation):
+            for ref, _ in self.store.finish(operation, succeeded=False).messages:
+                self._release_if_let_go(ref.message_id)
 
     async def _run(self, operation: NodeOperation) -> None:
         key = (operation.instance_id, str(operation.mode))
@@ -370,21 +382,32 @@ class Consumer:
             if self._operations.get(key) is asyncio.current_task():
                 del self._operations[key]
             settlement = self.store.finish(operation, succeeded=succeeded)
-            if not self._stopping.is_set():
-                results = await asyncio.gather(
-                    *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
-                    return_exceptions=True,
-                )
-                for (ref, outcome), result in zip(settlement.messages, results, strict=True):
-                    if isinstance(result, Exception):  # logged and counted, never dropped
-                        self.observer.error(ErrorWhere.SETTLE)
-                        log.error(
-                            "settlement failed",
-                            message_id=ref.message_id,
-                            outcome=str(outcome),
-                            error=repr(result),
-                        )
+            if self._stopping.is_set():  # the shutdown makes every held message visible: slots only
+                for ref, _ in settlement.messages:
+                    self._release_if_let_go(ref.message_id)
+            else:
+                await self._settle_all(settlement, operation)
             self.observer.in_flight(self.store.held_count, len(self._operations))
+
+    async def _settle_all(self, settlement: Settlement, operation: NodeOperation) -> None:
+        """Settle every message of ``settlement`` at once (:meth:`_settle`); an error is logged and counted
+        (``errors_total{where="settle"}``), never dropped, and the message's slot is returned all the same."""
+        results = await asyncio.gather(
+            *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
+            return_exceptions=True,
+        )
+        for (ref, outcome), result in zip(settlement.messages, results, strict=True):
+            if isinstance(result, Exception):
+                self.observer.error(ErrorWhere.SETTLE)
+                log.error(
+                    "settlement failed", message_id=ref.message_id, outcome=str(outcome), error=repr(result)
+                )
+
+    def _release_if_let_go(self, message_id: str) -> None:
+        """Return ``message_id``'s slot unless the store holds the message (again): a message received
+        again while its settlement was on its way keeps the slot for its new holding."""
+        if not self.store.in_flight(message_id):
+            self._slots.release(message_id)
 
     async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:
         kinds = ",".join(str(kind) for kind in operation.kinds)
@@ -403,17 +426,17 @@ class Consumer:
                 # Settled: completed (its heartbeat already stopped), over, or left alone on purpose. Nothing
                 # beats for a message this replica deletes; for the others this stop finds no task.
                 for action in actions:
-                    await self.handler.heartbeats.stop(action)
+                    await self.heartbeats.stop(action)
                 await self._delete(ref, kinds)
             else:
                 backoff = requeue_backoff_s(ref.receive_count, self.requeue_base_s)
                 for action in actions:  # beats on until the message is received again (or not)
-                    self.handler.heartbeats.requeued(action, backoff, backoff + self.visibility_timeout_s)
+                    self.heartbeats.requeued(action, backoff, backoff + self.visibility_timeout_s)
                 await self._change_visibility(ref, backoff)
                 self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
                 log.info("requeued", message_id=ref.message_id, visible_in_s=backoff)
         finally:
-            self._budget.release()
+            self._release_if_let_go(ref.message_id)
 
     # ----------------------------------------------------------------------------------------- SQS calls
 
@@ -428,33 +451,55 @@ class Consumer:
             self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
 
     async def _flush_deletes(self) -> None:
-        await asyncio.sleep(DELETE_WINDOW_S)
-        while self._pending_deletes:
-            queue_url, items = self._pending_deletes.popitem()
-            for start in range(0, len(items), 10):
-                chunk = items[start : start + 10]
-                entries = [
-                    {"Id": str(i), "ReceiptHandle": ref.receipt_handle} for i, (ref, _) in enumerate(chunk)
-                ]
-                try:
-                    answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
-                except Exception as exc:
+        """Send the pending deletes in batches of 10 after :data:`DELETE_WINDOW_S`. Every waiting
+        :meth:`_delete` gets its answer, also when this task dies (an unexpected error, a cancellation): what
+        it had not sent is answered as not deleted, logged and counted, so no settlement waits for ever."""
+        taken: list[tuple[SqsMessageRef, asyncio.Future[bool]]] = []
+        try:
+            await asyncio.sleep(DELETE_WINDOW_S)
+            while self._pending_deletes:
+                queue_url, taken = self._pending_deletes.popitem()
+                await self._delete_batches(queue_url, taken)
+        finally:
+            left = [item for item in taken if not item[1].done()]
+            if asyncio.current_task() is self._delete_flusher:  # no flusher will take what is still pending
+                for items in self._pending_deletes.values():
+                    left.extend(items)
+                self._pending_deletes.clear()
+            for ref, future in left:
+                self.observer.error(ErrorWhere.DELETE)
+                log.error("delete not sent: the delete batcher ended", message_id=ref.message_id)
+                future.set_result(False)
+
+    async def _delete_batches(
+        self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
+    ) -> None:
+        """DeleteMessageBatch for ``items`` of ``queue_url``, 10 at a time; each future gets whether SQS
+        deleted its message."""
+        for start in range(0, len(items), 10):
+            chunk = items[start : start + 10]
+            entries = [
+                {"Id": str(i), "ReceiptHandle": ref.receipt_handle} for i, (ref, _) in enumerate(chunk)
+            ]
+            try:
+                answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
+            except Exception as exc:
+                self.observer.error(ErrorWhere.DELETE)
+                log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
+                failed = set(range(len(chunk)))
+            else:
+                failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
+                for entry in answer.get("Failed") or []:
                     self.observer.error(ErrorWhere.DELETE)
-                    log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
-                    failed = set(range(len(chunk)))
-                else:
-                    failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
-                    for entry in answer.get("Failed") or []:
-                        self.observer.error(ErrorWhere.DELETE)
-                        log.warning(
-                            "delete failed",
-                            message_id=chunk[int(entry["Id"])][0].message_id,
-                            code=entry.get("Code"),
-                            error=entry.get("Message"),
-                        )
-                for index, (_, future) in enumerate(chunk):
-                    if not future.done():
-                        future.set_result(index not in failed)
+                    log.warning(
+                        "delete failed",
+                        message_id=chunk[int(entry["Id"])][0].message_id,
+                        code=entry.get("Code"),
+                        error=entry.get("Message"),
+                    )
+            for index, (_, future) in enumerate(chunk):
+                if not future.done():
+                    future.set_result(index not in failed)
 
     async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
         try:
@@ -542,7 +587,7 @@ class Consumer:
                         )
                         for ref in live:  # ours for another visibility timeout: their actions may be beaten
                             if ref.receipt_handle in renewed:
-                                self.handler.heartbeats.hold(self.store.actions_of(ref.message_id))
+                                self.heartbeats.hold(self.store.actions_of(ref.message_id))
                     for ref in live:
                         renewals[ref.message_id].set_result(None)
         finally:

@@ -38,24 +38,26 @@ async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None
 
     consumer = Consumer(
         NeverAnswers(),
-        SimpleNamespace(heartbeats=Heartbeats(None)),  # type: ignore[arg-type]  # no message ever arrives
+        SimpleNamespace(),  # type: ignore[arg-type]  # no message ever arrives
         EventStore(),
+        heartbeats=Heartbeats(None),
         queue_urls=["q"],
         in_flight_budget=2,
         loops_per_queue=2,
         visibility_timeout_s=30,
     )
-    for _ in range(2):
-        await consumer._budget.acquire()  # every slot held by operations under way
+    async with consumer._slots.room(2) as room:  # every slot held by messages under way
+        assert room.claim("held-1")
+        assert room.claim("held-2")
     consumer.start()
     try:
         await asyncio.sleep(0.01)
         consumer.loop_heartbeat -= 600  # no iteration for ten minutes, but the loops wait for slots
         assert consumer.alive()
-        consumer._budget.release()  # one loop gets a slot and sits in a receive that never answers
+        consumer._slots.release("held-1")  # one loop gets a slot and sits in a receive that never answers
         await asyncio.sleep(0.01)
         assert consumer.alive()  # the other still waits for a slot
-        consumer._budget.release()
+        consumer._slots.release("held-2")
         await asyncio.sleep(0.01)
         assert not consumer.alive()  # slots free, no iteration for ten minutes: stuck
         for task in consumer._loops:
@@ -77,8 +79,9 @@ async def test_an_empty_receive_counts_as_an_answer() -> None:
     metrics = Metrics(process_metrics=False)
     consumer = Consumer(
         Empty(),
-        SimpleNamespace(heartbeats=Heartbeats(None)),  # type: ignore[arg-type]  # no message arrives
+        SimpleNamespace(),  # type: ignore[arg-type]  # no message arrives
         EventStore(),
+        heartbeats=Heartbeats(None),
         queue_urls=["q"],
         in_flight_budget=2,
         loops_per_queue=1,
@@ -111,8 +114,9 @@ async def test_readiness_follows_the_latest_receive() -> None:
     sqs = Scripted()
     consumer = Consumer(
         sqs,
-        SimpleNamespace(heartbeats=Heartbeats(None)),  # type: ignore[arg-type]  # no message arrives
+        SimpleNamespace(),  # type: ignore[arg-type]  # no message arrives
         EventStore(),
+        heartbeats=Heartbeats(None),
         queue_urls=["q"],
         in_flight_budget=2,
         loops_per_queue=1,
@@ -304,6 +308,7 @@ class Running:
             self.sqs,
             handler,  # type: ignore[arg-type]
             EventStore(),
+            heartbeats=handler.heartbeats,  # type: ignore[arg-type]
             queue_urls=[QUEUE],
             in_flight_budget=4,
             loops_per_queue=1,
@@ -485,6 +490,7 @@ async def test_shutdown_cancels_operations_lets_open_polls_end_and_leaves_every_
     assert running.sqs.deleted == []
     assert running.consumer.tasks == 0
     assert all(task.done() for task in running.consumer._loops)
+    assert (running.consumer._slots.held, running.consumer._slots.free) == (0, 4)  # its slot returned
 
 
 async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> None:
@@ -493,12 +499,16 @@ async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> No
     running = Running(FakeHandler())
     running.sqs.deliver(terminate_body())
     (message,) = (await running.sqs.receive_message(MaxNumberOfMessages=1))["Messages"]
-    await running.consumer._take(QUEUE, message)  # type: ignore[arg-type]
+    async with running.consumer._slots.room(1) as room:
+        await running.consumer._take(QUEUE, message, room)  # type: ignore[arg-type]
     assert running.consumer.tasks == 1  # spawned, not started
+    assert running.consumer._slots.held == 1
     await running.consumer.shutdown(timeout_s=10)  # awaited directly: the loop runs nothing in between
     assert running.handler.handled == []  # it never ran
     assert running.consumer.tasks == 0
     assert [seconds for _, seconds in running.sqs.visibility] == [0]  # its message let go at once
+    assert (running.consumer._slots.held, running.consumer._slots.free) == (0, 4)  # and its slot returned
+    assert not running.consumer.store.held()
 
 
 async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
@@ -514,3 +524,112 @@ async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
     await running.until(lambda: running.consumer._polling)
     await asyncio.wait_for(running.consumer.shutdown(timeout_s=0.2), 30)  # returns: the bound held
     assert all(task.done() for task in running.consumer._loops)
+
+
+# ------------------------------------------------------- the in-flight slots: each path returns one, once
+
+
+def slots_of(running: Running) -> tuple[int, int]:
+    """(held, free) of the consumer's in-flight slots; free + held never exceeds the budget (4)."""
+    slots = running.consumer._slots
+    slots.check()
+    return slots.held, slots.free
+
+
+async def test_a_slot_is_returned_once_when_taking_a_message_raises_after_the_store_took_it(
+    make: Any,
+) -> None:
+    """Issue 28: with a plain semaphore the receive loop released the slot when ``_take`` raised, and the
+    settlement released it again: the budget grew by one each time."""
+    running = make()
+    running.handler.gate = asyncio.Event()
+    original = running.handler.received
+
+    def fails(event: Any) -> None:
+        original(event)
+        raise RuntimeError("a bug after the store took the message")
+
+    running.handler.received = fails
+    running.sqs.deliver(terminate_body())
+    await running.until(lambda: running.count("queue_processor_errors_total", where="handle") == 1)
+    assert slots_of(running)[0] == 1  # the message keeps its slot: its operation will settle it
+    running.handler.gate.set()
+    await running.until(lambda: running.sqs.deleted)
+    await running.until(lambda: slots_of(running)[0] == 0)
+    assert running.consumer.tasks == 0
+    await running.consumer.shutdown(timeout_s=10)
+    assert slots_of(running) == (0, 4)  # not 5: returned once
+
+
+async def test_a_poll_cancelled_in_the_middle_of_its_batch_returns_the_slots_nobody_claimed() -> None:
+    class Stuck(FakeSqs):
+        """The poison message's visibility change never answers: the batch stops there."""
+
+        async def change_message_visibility(self, **call: Any) -> None:
+            await asyncio.Event().wait()
+
+    running = Running(FakeHandler())
+    running.sqs = Stuck()
+    running.consumer.sqs = running.sqs  # type: ignore[assignment]
+    running.handler.gate = asyncio.Event()
+    running.sqs.deliver(terminate_body("tok-1", "i-0000000000000000a"))
+    running.sqs.deliver("{not json")
+    running.sqs.deliver(terminate_body("tok-2", "i-0000000000000000b"))
+    running.consumer.start()
+    try:
+        await running.until(lambda: running.handler.handled)  # the first kept, the poison one stuck
+        assert slots_of(running) == (1, 0)  # one claimed, three reserved for the batch
+        (loop,) = running.consumer._loops
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        assert slots_of(running) == (1, 3)  # the unclaimed ones are free again
+    finally:
+        running.handler.gate.set()
+        await running.consumer.shutdown(timeout_s=10)
+    assert slots_of(running) == (0, 4)
+
+
+async def test_an_operation_that_cannot_be_started_is_requeued_not_held_for_ever(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: a ``_spawn`` that raised left its message in the store, held and renewed with nothing to
+    settle it."""
+    running = make()
+
+    def cannot_start(operation: NodeOperation) -> None:
+        raise RuntimeError("no task for it")
+
+    monkeypatch.setattr(running.consumer, "_spawn", cannot_start)
+    message_id = running.sqs.deliver(terminate_body())
+    requeued = "queue_processor_messages_requeued_total"
+    await running.until(lambda: running.count(requeued, queue=QUEUE, kind=KIND) == 1)
+    ((handle, backoff),) = running.sqs.visibility
+    assert handle == f"rh-{message_id}-1"
+    assert 8 <= backoff <= 12
+    assert running.consumer.store.held() == []
+    assert running.count("queue_processor_errors_total", where="handle") == 1
+    await running.consumer.shutdown(timeout_s=10)
+    assert slots_of(running) == (0, 4)
+
+
+async def test_a_delete_batcher_that_dies_leaves_no_settlement_waiting(make: Any) -> None:
+    class Hangs(FakeSqs):
+        asked = False
+
+        async def delete_message_batch(self, **call: Any) -> dict[str, Any]:
+            self.asked = True
+            await asyncio.Event().wait()  # never answers
+            return {}
+
+    running = make()
+    running.sqs = Hangs()
+    running.consumer.sqs = running.sqs
+    running.sqs.deliver(terminate_body())
+    await running.until(lambda: running.sqs.asked)  # the batcher sent the delete, unanswered
+    assert slots_of(running)[0] == 1  # the message's settlement waits for it, holding its slot
+    flusher = running.consumer._delete_flusher
+    flusher.cancel()
+    await asyncio.gather(flusher, return_exceptions=True)
+    await running.until(lambda: slots_of(running)[0] == 0)  # answered "not deleted": the settlement ended
+    assert running.count("queue_processor_errors_total", where="delete") == 1
+    assert running.count("queue_processor_messages_deleted_total", queue=QUEUE, kind=KIND) == 0

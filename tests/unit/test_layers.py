@@ -16,6 +16,7 @@ LAYERS: list[set[str]] = [
         "queue_processor",
         "queue_processor.outcomes",
         "queue_processor.tasks",
+        "queue_processor.ledger",
         "queue_processor.events",
         "queue_processor.permissions",
         "queue_processor.drain",

@@ -1,0 +1,129 @@
+"""The in-flight budget as a ledger of slots: at most ``size`` messages held at once, each slot owned by one
+message ID, so that a slot is returned once whatever raises, is cancelled or repeats.
+
+A receive loop reserves room before it polls (``async with slots.room(10) as room``: waits for at least one
+free slot, takes up to ten); each message it keeps claims one of them for its message ID (``room.claim``);
+whatever the block did not claim goes back when it exits, normally, by an exception or by cancellation. A
+claimed slot goes back when its message is settled (:meth:`InFlightSlots.release`, keyed by message ID: a
+second release, or a release of a message that holds nothing, changes nothing). A message received again while
+held keeps the slot it has. The counts always add up to ``size`` (checked by :meth:`InFlightSlots.check`).
+
+This replaces a plain ``asyncio.Semaphore`` whose every acquire had to be matched by hand (issue 28: released
+twice when ``_take`` raised after the store took the message; never returned for an operation a shutdown
+cancelled before it ran; an extra release grew the budget silently).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+__all__ = ["InFlightSlots", "Room"]
+
+
+class Room:
+    """Slots reserved for one poll: ``size`` of them (what to ask SQS for), ``claim`` gives one to a
+    message. Only valid inside the ``async with`` that made it."""
+
+    def __init__(self, slots: InFlightSlots, size: int) -> None:
+        self._slots = slots
+        self.size = size
+        """Slots reserved (1 to the ``at_most`` asked for)."""
+        self.unclaimed = size
+        """Reserved slots no message claimed yet (returned when the block exits)."""
+
+    def claim(self, message_id: str) -> bool:
+        """Give one reserved slot to ``message_id``. ``False``, taking nothing, when the message holds a slot
+        already (received again while held). Raises ``RuntimeError`` when every reserved slot is claimed
+        (a poll brought more messages than it asked for) or the block has exited."""
+        if message_id in self._slots._held:
+            return False
+        if self.unclaimed <= 0:
+            raise RuntimeError("no reserved slot left to claim")
+        self.unclaimed -= 1
+        self._slots._held.add(message_id)
+        return True
+
+
+class InFlightSlots:
+    """At most ``size`` (≥ 1) messages held at once; see the module docstring. Not thread-safe (one event
+    loop)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"an in-flight budget of {size} slots: at least 1")
+        self.size = size
+        self._free = size
+        self._held: set[str] = set()
+        self._waiters: list[asyncio.Future[None]] = []
+        self.waiting = 0
+        """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
+
+    @property
+    def free(self) -> int:
+        """Slots neither reserved nor held."""
+        return self._free
+
+    @property
+    def held(self) -> int:
+        """Slots held by messages (claimed and not released)."""
+        return len(self._held)
+
+    def holds(self, message_id: str) -> bool:
+        """Whether ``message_id`` holds a slot."""
+        return message_id in self._held
+
+    @asynccontextmanager
+    async def room(self, at_most: int) -> AsyncIterator[Room]:
+        """Wait until a slot is free, reserve up to ``at_most`` (≥ 1) free slots and yield them as a
+        :class:`Room`; on exit (however it comes) every slot the block did not claim is free again."""
+        self.waiting += 1
+        try:
+            while self._free <= 0:
+                woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.append(woken)
+                try:
+                    await woken
+                finally:
+                    if woken in self._waiters:
+                        self._waiters.remove(woken)
+        finally:
+            self.waiting -= 1
+        taken = min(self._free, max(1, at_most))
+        self._free -= taken
+        room = Room(self, taken)
+        try:
+            yield room
+        finally:
+            self._give_back(room.unclaimed)
+            room.unclaimed = 0
+
+    def release(self, message_id: str) -> bool:
+        """Return the slot ``message_id`` holds: ``True`` when it held one, ``False`` (nothing changes) when
+        it did not — released already, or never claimed."""
+        if message_id not in self._held:
+            return False
+        self._held.discard(message_id)
+        self._give_back(1)
+        return True
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` unless 0 ≤ free and free + held ≤ size (reserved slots make up the rest):
+        a slot counted twice, which the ledger's shape is meant to make impossible."""
+        if self._free < 0 or self._free + len(self._held) > self.size:
+            raise RuntimeError(f"in-flight slots miscounted: {self._free} free, {len(self._held)} held")
+
+    def _give_back(self, count: int) -> None:
+        if count <= 0:
+            return
+        self._free += count
+        self.check()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake every poller waiting for a slot; each checks again (the first may take them all)."""
+        waiters, self._waiters = self._waiters, []
+        for woken in waiters:
+            if not woken.done():
+                woken.set_result(None)

@@ -1,0 +1,94 @@
+"""The in-flight slots (queue_processor/ledger.py): room reserved around a poll, claimed per message ID,
+returned however the block exits, released once per message."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from queue_processor.ledger import InFlightSlots
+
+
+async def test_what_a_room_does_not_claim_is_free_again_when_it_exits() -> None:
+    slots = InFlightSlots(4)
+    async with slots.room(10) as room:
+        assert room.size == 4
+        assert slots.free == 0
+        assert room.claim("m-1")
+    assert (slots.held, slots.free) == (1, 3)
+
+
+async def test_a_room_left_by_an_exception_or_a_cancellation_gives_everything_unclaimed_back() -> None:
+    slots = InFlightSlots(3)
+
+    async def failed_poll() -> None:
+        async with slots.room(3) as room:
+            room.claim("m-1")
+            raise ValueError("a poll that failed")
+
+    with pytest.raises(ValueError, match="a poll that failed"):
+        await failed_poll()
+    assert (slots.held, slots.free) == (1, 2)
+
+    entered = asyncio.Event()
+
+    async def poll() -> None:
+        async with slots.room(3):
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(poll())
+    await entered.wait()
+    assert slots.free == 0
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert (slots.held, slots.free) == (1, 2)
+
+
+async def test_a_slot_is_released_once_and_only_by_the_message_that_holds_it() -> None:
+    slots = InFlightSlots(2)
+    async with slots.room(2) as room:
+        assert room.claim("m-1")
+        assert not room.claim("m-1")  # received again while held: keeps the slot it has
+    assert (slots.held, slots.free) == (1, 1)
+    assert slots.release("m-1")
+    assert not slots.release("m-1")  # a second release changes nothing
+    assert not slots.release("never-held")
+    assert (slots.held, slots.free) == (0, 2)
+
+
+async def test_a_room_cannot_claim_more_than_it_reserved() -> None:
+    slots = InFlightSlots(2)
+    async with slots.room(1) as room:
+        room.claim("m-1")
+        with pytest.raises(RuntimeError):
+            room.claim("m-2")
+    assert (slots.held, slots.free) == (1, 1)
+
+
+async def test_a_poller_waits_for_a_free_slot_and_takes_it_when_a_message_is_settled() -> None:
+    slots = InFlightSlots(1)
+    async with slots.room(1) as room:
+        room.claim("m-1")
+    got: list[int] = []
+
+    async def poll() -> None:
+        async with slots.room(10) as room:
+            got.append(room.size)
+
+    task = asyncio.create_task(poll())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert got == []
+    assert slots.waiting == 1
+    slots.release("m-1")
+    await task
+    assert got == [1]
+    assert slots.waiting == 0
+    assert slots.free == 1
+
+
+def test_a_budget_below_one_slot_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        InFlightSlots(0)
