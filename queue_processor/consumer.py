@@ -217,7 +217,6 @@ class Consumer:
     async def _receive_loop(self, queue_url: str) -> None:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
-            retry_in_s = 0.0
             # Room for up to 10 messages, at least one; what the poll does not fill, or a message does not
             # keep, is free again when the block exits, however it exits (the ledger: ledger.py).
             async with self._slots.room(10) as room:
@@ -247,8 +246,6 @@ class Consumer:
                     VisibilityTimeout=self.visibility_timeout_s,
                     MessageSystemAttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
                 )
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 self.observer.error(ErrorWhere.RECEIVE)
                 self.failed_at = time.monotonic()
@@ -339,8 +336,8 @@ class Consumer:
                 self.handler.received(event)  # heartbeats from first receipt, before any handling
         if not self.store.in_flight(ref.message_id):  # every event repeats one already done
             bound.info("message repeats events already handled: deleted")
+            self._slots.release(ref.message_id)  # before the delete, which may raise or be cancelled
             await self._delete(ref, kinds)
-            self._slots.release(ref.message_id)
         self.observer.in_flight(self.store.held_count, len(self._operations))
         return True
 
@@ -350,7 +347,7 @@ class Consumer:
         renewed for ever without a task to settle it."""
         try:
             self._spawn(operation)
-        except BaseException:
+        except Exception:
             await self._settle_all(self.store.finish(operation, succeeded=False), operation)
             raise
 
@@ -460,13 +457,12 @@ class Consumer:
             while self._pending_deletes:
                 queue_url, taken = self._pending_deletes.popitem()
                 await self._delete_batches(queue_url, taken)
-        finally:
-            left = [item for item in taken if not item[1].done()]
-            if asyncio.current_task() is self._delete_flusher:  # no flusher will take what is still pending
-                for items in self._pending_deletes.values():
-                    left.extend(items)
-                self._pending_deletes.clear()
+        finally:  # after a normal end nothing is left; after a death no other batcher takes what is
+            left = [*taken, *(item for items in self._pending_deletes.values() for item in items)]
+            self._pending_deletes.clear()
             for ref, future in left:
+                if future.done():  # answered, or its caller is gone
+                    continue
                 self.observer.error(ErrorWhere.DELETE)
                 log.error("delete not sent: the delete batcher ended", message_id=ref.message_id)
                 future.set_result(False)

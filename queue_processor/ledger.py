@@ -70,10 +70,6 @@ class InFlightSlots:
         """Slots held by messages (claimed and not released)."""
         return len(self._held)
 
-    def holds(self, message_id: str) -> bool:
-        """Whether ``message_id`` holds a slot."""
-        return message_id in self._held
-
     @asynccontextmanager
     async def room(self, at_most: int) -> AsyncIterator[Room]:
         """Wait until a slot is free, reserve up to ``at_most`` (≥ 1) free slots and yield them as a
