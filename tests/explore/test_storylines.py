@@ -4,13 +4,14 @@ controller broken on purpose, and a fixed set of seeds played on the emulation a
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import replace
 
 import pytest
 
 from queue_processor.sandbox.environment import Sandbox
-from queue_processor.sandbox.explore import Outcome, run, shrink
+from queue_processor.sandbox.explore import Outcome, exit_verdict, run, shrink
 from queue_processor.sandbox.storyline import INTERRUPTIONS, Step, Storyline, generate
 
 #: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
@@ -121,3 +122,14 @@ def test_a_storyline_holds_on_the_real_control_plane(seed: int, request: pytest.
 def test_a_storyline_that_failed_once_holds(seed: int) -> None:
     outcome = run(generate(seed))
     assert outcome.ok, f"{PINNED[seed]}: {explain(outcome)}"
+
+
+def test_a_replica_ended_by_sigterm_fails_unless_it_had_not_started() -> None:
+    """Seed 311 on a loaded machine: the second replica, paused while it was still importing, got SIGTERM
+    before its handler was installed and ended by the signal's default action, having held nothing. That is
+    not a controller's failure; the same exit after it wrote a line is."""
+    started = [{"event": "consuming"}]
+    assert exit_verdict(0, started) is None
+    assert exit_verdict(-signal.SIGTERM, []) == "stopped-while-starting"
+    assert exit_verdict(-signal.SIGTERM, started) == f"exited {-signal.SIGTERM}"
+    assert exit_verdict(1, []) == "exited 1"
