@@ -18,10 +18,10 @@ CHECK_WORKERS ?= 6
 
 .PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[sandbox,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]' -e ./sandbox
 	touch $@
 
 $(CHECKOV):
@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict queue_processor
+	$(BIN)/mypy --strict queue_processor sandbox/queue_processor_sandbox
 
 # The real Kubernetes control plane the tests judge the emulation and the controller against (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok), built from the Go module proxy into
@@ -71,14 +71,14 @@ storm: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python benchmarks/soak.py
 
-# The storyline explorer (queue_processor/sandbox/explore.py): SEEDS storylines from SEED_FROM (24 from 0), or
-# SEED=K to replay one; KUBERNETES=real runs them on the real control plane (built by cluster-bin).
+# The storyline explorer (sandbox/queue_processor_sandbox/explore.py): SEEDS storylines from SEED_FROM (24
+# from 0), or SEED=K to replay one; KUBERNETES=real runs them on the real control plane (built by cluster-bin).
 SEEDS ?= 24
 SEED_FROM ?= 0
 KUBERNETES ?= emulated
 explore: $(STAMP)
 	@if [ "$(KUBERNETES)" = real ]; then $(MAKE) --no-print-directory cluster-bin; fi
-	$(BIN)/python -m queue_processor.sandbox.explore --kubernetes $(KUBERNETES) \
+	$(BIN)/python -m queue_processor_sandbox.explore --kubernetes $(KUBERNETES) \
 		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --seed-from $(SEED_FROM))
 
 # queue-processor and aws-node-termination-handler on the same workloads (real control plane and NTH built by
@@ -92,9 +92,9 @@ docs: $(STAMP)
 
 lock:
 	rm -rf /tmp/queue-processor-lock && $(PYTHON) -m venv /tmp/queue-processor-lock
-	/tmp/queue-processor-lock/bin/pip install --quiet '.[sandbox,dev,bench]'
+	/tmp/queue-processor-lock/bin/pip install --quiet '.[dev,bench]' ./sandbox
 	{ head -n 2 constraints.txt; /tmp/queue-processor-lock/bin/pip freeze --all | grep -v '^queue-processor\|^pip=='; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info sandbox/*.egg-info

@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.run import run_scenario
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.run import run_scenario
 
 RUNS: list[tuple[str, dict[str, Any]]] = [
     (scenario, {"drain_order": order, "grace_deadline_margin": margin, **extra})
@@ -47,7 +47,7 @@ async def one(
     options = SandboxOptions(nodes=args.nodes, scale=args.scale, cluster=ClusterSpec(apps=4))
     plane = None
     if args.kubernetes == "real":
-        from queue_processor.sandbox.control_plane import ControlPlane
+        from queue_processor_sandbox.control_plane import ControlPlane
 
         plane = ControlPlane()
         plane.start()

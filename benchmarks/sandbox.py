@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 
 
 def main() -> None:

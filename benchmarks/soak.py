@@ -60,7 +60,7 @@ Measured in the same run:
   tasks alive). The controller exposes no live count of its asyncio tasks; ``tasks_end`` is the count its
   ``stopped`` log line gives after the SIGTERM that ends the run (tasks of its loop still alive), with
   ``operations_left`` and ``heartbeats_left`` from the same line;
-- the judge's fields (:func:`queue_processor.sandbox.run.judge`) over every node an incident targeted;
+- the judge's fields (:func:`queue_processor_sandbox.run.judge`) over every node an incident targeted;
 - ``nodes_gone_undrained`` / ``pods_gone_unevicted``: nodes that went (instance terminated) with pods on them
   that a drain would have evicted and that were not even terminating; a Spot drain slowed by faults may lose
   that race with its notice. Informative, not part of the goal. (The emulation's ReplicaSets do not replace
@@ -104,13 +104,13 @@ from pathlib import Path
 from random import Random
 from typing import Any, Literal
 
-from queue_processor.sandbox.aws import QueueCounts
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import POISON_BODIES, Sandbox, SandboxOptions
-from queue_processor.sandbox.kube import KubeSandbox
-from queue_processor.sandbox.kube.routes import Fault
-from queue_processor.sandbox.peer import Samples, proc_status, scrape, total
-from queue_processor.sandbox.run import judge
+from queue_processor_sandbox.aws import QueueCounts
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import POISON_BODIES, Sandbox, SandboxOptions
+from queue_processor_sandbox.kube import KubeSandbox
+from queue_processor_sandbox.kube.routes import Fault
+from queue_processor_sandbox.processes import Samples, proc_status, scrape, total
+from queue_processor_sandbox.run import judge
 
 #: Incident kinds and their weights once the first of each has been published.
 INCIDENTS = {"spot": 3, "asg-terminate": 3, "rebalance": 1, "state-change": 1, "scheduled-change": 1}

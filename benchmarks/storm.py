@@ -49,9 +49,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.peer import parse_metrics, peak_rss_mib, scrape, total
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.processes import parse_metrics, peak_rss_mib, scrape, total
 
 
 def floor_seconds(sandbox: Sandbox, count: int) -> float:
@@ -140,7 +140,7 @@ def main() -> None:
     )
     plane = None
     if args.kubernetes == "real":
-        from queue_processor.sandbox.control_plane import ControlPlane
+        from queue_processor_sandbox.control_plane import ControlPlane
 
         # Thousands of nodes: KWOK renews each node's Lease every 150 s instead of every 10 s; the control
         # plane's own controllers get the API rate they need to create and bind the pods in minutes.

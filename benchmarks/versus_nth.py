@@ -2,7 +2,7 @@
 
 Each (workload, system) pair runs on a fresh sandbox of one shared real control plane (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, KWOK; ``make cluster-bin`` builds them and NTH), with the same
-input: :mod:`queue_processor.sandbox.sidebyside` defines the workloads and what is measured. Each run waits for
+input: :mod:`queue_processor_sandbox.sidebyside` defines the workloads and what is measured. Each run waits for
 the namespaces of the run before it to finish terminating, so that none shares the machine with the deletion
 of another's pods. Systems: ``nth``
 (its chart's defaults: WORKERS=10, no heartbeats), ``nth_tuned`` (WORKERS raised to the workload's node
@@ -34,8 +34,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from queue_processor.sandbox.control_plane import ControlPlane
-from queue_processor.sandbox.sidebyside import (
+from queue_processor_sandbox.control_plane import ControlPlane
+from sidebyside import (
     QUIET_BOUND_S,
     SPOT_NOTICE_S,
     SYSTEMS,

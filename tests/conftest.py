@@ -50,7 +50,7 @@ def control_plane() -> Iterator[Any]:
     whole run, started on first use; tests share it and keep to their own namespaces and nodes. Skipped with
     the reason when its binaries are missing (`make cluster-bin`), failed instead with QP_REQUIRE_REAL_CLUSTER=1.
     """
-    from queue_processor.sandbox.control_plane import ControlPlane, ControlPlaneError, find_binaries
+    from queue_processor_sandbox.control_plane import ControlPlane, ControlPlaneError, find_binaries
 
     try:
         find_binaries()

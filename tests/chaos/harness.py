@@ -1,6 +1,6 @@
 """What the chaos cases share: the controller as its own process (``queue-processor run``) pointed at a sandbox,
 waits on what a user would watch (queue depth, cordons, lifecycle actions), and the verdict every case ends
-with: the sandbox's judge (:func:`queue_processor.sandbox.run.judge`) finds nothing lost or done twice, and each
+with: the sandbox's judge (:func:`queue_processor_sandbox.run.judge`) finds nothing lost or done twice, and each
 controller that exited left no task behind (its ``stopped`` log line)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from queue_processor.sandbox.environment import Sandbox
-from queue_processor.sandbox.peer import QueueProcessor
-from queue_processor.sandbox.run import judge
+from queue_processor_sandbox.environment import Sandbox
+from queue_processor_sandbox.processes import QueueProcessor
+from queue_processor_sandbox.run import judge
 
 SCRIPT = str(Path(sys.executable).parent / "queue-processor")
 #: The judge's fields every case must end with at zero.

@@ -14,8 +14,8 @@ import boto3
 import pytest
 
 from queue_processor.parse import MAX_MESSAGE_BYTES
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from tests.chaos.harness import Controller, assert_judged_clean, queue_depth, until
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.control_plane import ControlPlane
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.run import judge
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.control_plane import ControlPlane
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.run import judge
 from tests.chaos.harness import Controller, hold_drains, settle, until
 from tests.chaos.test_signals import LEAVING, SCALE, Draining
 

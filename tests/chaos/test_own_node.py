@@ -2,7 +2,7 @@
 
 A scale-in takes the node the controller's own pod runs on, together with another node. The controller drains
 its node, evicts its own pod last, and does not complete the node's lifecycle action: the kubelet's SIGTERM
-(the sandbox's lever :meth:`~queue_processor.sandbox.environment.Sandbox.kubelet_for`, since the sandbox's pods
+(the sandbox's lever :meth:`~queue_processor_sandbox.environment.Sandbox.kubelet_for`, since the sandbox's pods
 run nothing) starts its graceful shutdown, which stops its heartbeats and makes every message it holds visible
 again at once. Its successor (the ReplicaSet's replacement, started here as a second process) finds the node
 drained and completes both actions. No action is left to time out because the controller drained itself, and
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from queue_processor.permissions import kubernetes_verbs
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from tests.chaos.harness import Controller, queue_depth, settle
 from tests.conftest import KUBERNETES
 

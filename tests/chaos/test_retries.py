@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from tests.chaos.harness import Controller, hold_drains, settle, until
 from tests.conftest import KUBERNETES
 

@@ -501,6 +501,9 @@ def test_the_ignore_matcher_follows_docker_semantics() -> None:
         ".hypothesis/examples/x",
         "queue_processor/__pycache__/app.cpython-311.pyc",
         "queue_processor.egg-info/PKG-INFO",
+        "sandbox/pyproject.toml",
+        "sandbox/queue_processor_sandbox/environment.py",
+        "benchmarks/sidebyside.py",
     ],
 )
 def test_dockerignore_keeps_out(path: str) -> None:
@@ -520,6 +523,14 @@ def test_dockerignore_lets_in_everything_the_build_copies() -> None:
                 relative = file.relative_to(ROOT).as_posix()
                 if file.is_file() and "__pycache__" not in file.parts:
                     assert not excluded(relative), f"{relative} is excluded, yet the build copies {source}"
+
+
+def test_the_image_copies_the_controller_and_no_test_bench() -> None:
+    """The build context's sources are the controller's package and the files its wheel is built from: the
+    sandbox (its own distribution in sandbox/), the benchmarks and their peer harness never reach the image."""
+    copied = {posixpath.normpath(source) for source in copied_sources()}
+    assert copied == {"pyproject.toml", "constraints.txt", "README.md", "queue_processor"}
+    assert not (ROOT / "queue_processor" / "sandbox").exists()
 
 
 # -------------------------------------------------------------------------------------- building the wheel
@@ -607,4 +618,14 @@ def test_the_copied_context_builds_the_wheel(tmp_path: Path) -> None:
     assert readme in metadata, "the wheel's description lacks the readme: it was not copied"
     for module in ("queue_processor/cli.py", "queue_processor/app.py", "queue_processor/kinds/spot.py"):
         assert module in names
+    # The controller and its metadata, nothing else: no sandbox, benchmark or peer-harness code, no moto.
+    dist_info = f"queue_processor-{PYPROJECT['project']['version']}.dist-info/"
+    outside = [n for n in names if not n.startswith(("queue_processor/", dist_info))]
+    assert outside == []
+    bench = ("sandbox", "moto", "sidebyside", "nth.py", "processes.py", "explore.py", "control_plane.py")
+    assert [n for n in names if any(word in n for word in bench)] == []
+    requires = [
+        line for line in metadata.splitlines() if line.startswith(("Requires-Dist:", "Provides-Extra:"))
+    ]
+    assert not [line for line in requires if "moto" in line or "sandbox" in line], requires
     assert not any("__pycache__" in name for name in names)

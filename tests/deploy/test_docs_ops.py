@@ -21,7 +21,8 @@ import pytest
 import yaml
 from hcl2 import SerializationOptions
 
-from queue_processor.cli import SCENARIO_NAMES, main
+from queue_processor.cli import main
+from queue_processor_sandbox.environment import SCENARIOS as SCENARIO_NAMES
 from tests.conftest import ROOT
 
 INSTALL = ROOT / "docs" / "install.md"
@@ -260,7 +261,7 @@ def _squash(expression: str) -> str:
 def cli_problems(invocations: list[tuple[str, list[str], str]]) -> list[str]:
     problems = []
     for name, options, line in invocations:
-        command = main.commands.get(name)
+        command = main.get_command(click.Context(main), name)  # the sandbox's command too (an entry point)
         if command is None:
             problems.append(f"no subcommand {name!r}: {line}")
             continue

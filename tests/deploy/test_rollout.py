@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from queue_processor.kube import KubeClient, load_api_client
-from queue_processor.sandbox.clock import SandboxClock
+from queue_processor_sandbox.clock import SandboxClock
 from tests.conftest import ROOT
 
 CHART = ROOT / "charts" / "queue-processor"
@@ -53,7 +53,7 @@ def plural(kind: str) -> str:
 
 @pytest.fixture
 def cluster(control_plane: Any, tmp_path: Path) -> Iterator[tuple[Any, KubeClient]]:
-    from queue_processor.sandbox.real_kube import RealKube
+    from queue_processor_sandbox.real_kube import RealKube
 
     with RealKube(SandboxClock(1.0), plane=control_plane) as real:
         client = KubeClient(load_api_client(str(real.kubeconfig(tmp_path / "admin"))))

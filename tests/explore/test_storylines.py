@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from queue_processor.sandbox.environment import Sandbox
-from queue_processor.sandbox.explore import Outcome, exit_verdict, run, shrink
-from queue_processor.sandbox.storyline import INTERRUPTIONS, Step, Storyline, generate
+from queue_processor_sandbox.environment import Sandbox
+from queue_processor_sandbox.explore import Outcome, exit_verdict, run, shrink
+from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, generate
 
 #: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
 #: replicas, with and without faults (their descriptions are checked below, so a generator change that

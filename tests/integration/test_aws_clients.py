@@ -14,8 +14,8 @@ from queue_processor.config import load_settings
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import describe_instances, tagged_instances, tagged_nodes
 from queue_processor.observe.metrics import Metrics
-from queue_processor.sandbox.aws import TERMINATE_HOOK, AwsSandbox
-from queue_processor.sandbox.clock import SandboxClock
+from queue_processor_sandbox.aws import TERMINATE_HOOK, AwsSandbox
+from queue_processor_sandbox.clock import SandboxClock
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/interruptions"
 

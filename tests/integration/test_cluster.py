@@ -37,9 +37,9 @@ from kubernetes.client.rest import ApiException
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
-from queue_processor.sandbox.aws import AwsSandbox, SandboxInstance, SandboxQueue
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.kube import KubeSandbox
+from queue_processor_sandbox.aws import AwsSandbox, SandboxInstance, SandboxQueue
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.kube import KubeSandbox
 from tests.integration.test_controller import until
 
 REAL = bool(os.environ.get("KUBECONFIG"))

@@ -27,9 +27,9 @@ from queue_processor.config import Settings, load_settings
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.permissions import kubernetes_verbs
-from queue_processor.sandbox.aws import TERMINATE_HOOK
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.aws import TERMINATE_HOOK
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from tests.conftest import KUBERNETES
 
 SCALE = 0.01  # hooks: HeartbeatTimeout 1000 s = 10 s real, so the controller heartbeats every 5 s

@@ -54,10 +54,10 @@ import pytest
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
-from queue_processor.sandbox.aws import AwsSandbox
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.control_plane import ControlPlane
-from queue_processor.sandbox.real_kube import RealKube
+from queue_processor_sandbox.aws import AwsSandbox
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.control_plane import ControlPlane
+from queue_processor_sandbox.real_kube import RealKube
 from tests.integration.test_controller import until
 
 SCALE = 0.01  # Kubernetes side: a grace of 100 simulated seconds is 1 real second

@@ -15,8 +15,8 @@ import pytest
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 
 Rules = list[dict[str, Any]]
 

@@ -1,7 +1,7 @@
 """Every sandbox scenario, end to end with the controller, on both Kubernetes API servers: the emulation and the
 real control plane (where the controller runs as a ServiceAccount whose only rights are the ClusterRole and Role
 that the Helm chart renders, and must get no 403). What is judged is
-what ``queue-processor sandbox --scenario`` judges (:func:`queue_processor.sandbox.run.as_expected`): no message
+what ``queue-processor sandbox --scenario`` judges (:func:`queue_processor_sandbox.run.as_expected`): no message
 left, nothing in the dead-letter queue but poison, no DaemonSet pod evicted, no lifecycle action timed out, no
 task left behind."""
 
@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from queue_processor.cli import main
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
-from queue_processor.sandbox.run import as_expected, run_scenario
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
+from queue_processor_sandbox.run import as_expected, run_scenario
 from tests.conftest import KUBERNETES
 
 

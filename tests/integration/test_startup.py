@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_processor.sandbox.aws import AwsSandbox
-from queue_processor.sandbox.clock import SandboxClock
+from queue_processor_sandbox.aws import AwsSandbox
+from queue_processor_sandbox.clock import SandboxClock
 
 SCRIPT = str(Path(sys.executable).parent / "queue-processor")
 

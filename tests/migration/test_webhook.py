@@ -66,7 +66,7 @@ class Renderer:
 def nth_webhook() -> Iterator[Renderer]:
     """NTH's renderer, built by ``make cluster-bin``: skipped when missing, failed with
     QP_REQUIRE_REAL_CLUSTER=1 (CI)."""
-    from queue_processor.sandbox.control_plane import default_bin_dir
+    from queue_processor_sandbox.control_plane import default_bin_dir
 
     env = os.environ.get("QP_CLUSTER_BIN")
     path = (Path(env) if env else default_bin_dir()) / "webhookrender"

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from queue_processor.sandbox.sidebyside import Workload, run_workload
+from sidebyside import Workload, run_workload
 from tests.conftest import REQUIRE_REAL_CLUSTER
 
 
 @pytest.fixture(scope="session")
 def nth_built() -> Path:
     """The NTH executable."""
-    from queue_processor.sandbox.control_plane import ControlPlaneError
-    from queue_processor.sandbox.peer import find_nth
+    from nth import find_nth
+    from queue_processor_sandbox.control_plane import ControlPlaneError
 
     try:
         return find_nth()

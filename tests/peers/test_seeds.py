@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from queue_processor.sandbox.sidebyside import apiserver_cache, asg_scale_in, drain_fails, warm_pool
+from sidebyside import apiserver_cache, asg_scale_in, drain_fails, warm_pool
 from tests.peers.conftest import Run
 
 

@@ -33,7 +33,7 @@ from queue_processor.kinds import (
     StateChangeEvent,
 )
 from queue_processor.parse import ParseResult, parse
-from queue_processor.sandbox.aws import (
+from queue_processor_sandbox.aws import (
     LAUNCH_HOOK,
     MANAGED_TAG,
     STANDARD_RULES,
@@ -41,7 +41,7 @@ from queue_processor.sandbox.aws import (
     AwsSandbox,
     SandboxQueue,
 )
-from queue_processor.sandbox.clock import SandboxClock
+from queue_processor_sandbox.clock import SandboxClock
 
 SCALE = 0.01
 T = TypeVar("T")

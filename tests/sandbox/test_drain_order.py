@@ -24,9 +24,9 @@ from queue_processor.drain.order import DrainOrder
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import KubeCluster
-from queue_processor.sandbox.kube import KubeSandbox
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import KubeCluster
+from queue_processor_sandbox.kube import KubeSandbox
 from tests.conftest import KUBERNETES
 
 
@@ -36,7 +36,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
         with KubeSandbox(SandboxClock(1.0)) as sandbox:
             yield sandbox
         return
-    from queue_processor.sandbox.real_kube import RealKube
+    from queue_processor_sandbox.real_kube import RealKube
 
     with RealKube(SandboxClock(1.0), plane=request.getfixturevalue("control_plane")) as real:
         yield real

@@ -19,9 +19,9 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord
 from queue_processor.kube import KubeClient, load_api_client
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import KubeCluster
-from queue_processor.sandbox.kube import KubeSandbox
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import KubeCluster
+from queue_processor_sandbox.kube import KubeSandbox
 from tests.conftest import KUBERNETES
 
 OTHER = {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -33,7 +33,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
         with KubeSandbox(SandboxClock(0.01)) as sandbox:
             yield sandbox
         return
-    from queue_processor.sandbox.real_kube import RealKube
+    from queue_processor_sandbox.real_kube import RealKube
 
     with RealKube(SandboxClock(0.01), plane=request.getfixturevalue("control_plane")) as real:
         yield real

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
+import click
 import pytest
 from botocore.exceptions import ClientError
 from click.testing import CliRunner
@@ -19,8 +20,8 @@ from queue_processor.config import load_settings
 from queue_processor.events import EventKind
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.parse import parse
-from queue_processor.sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
-from queue_processor.sandbox.run import judge
+from queue_processor_sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
+from queue_processor_sandbox.run import judge
 
 
 @pytest.fixture
@@ -146,8 +147,10 @@ def test_pdb_blocked_relaxes_its_budget_later(sandbox: Sandbox) -> None:
 
 
 def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
-    from queue_processor.cli import SCENARIO_NAMES
+    from queue_processor_sandbox.command import sandbox as command
 
+    offered = next(p for p in command.params if p.name == "scenario")
+    assert isinstance(offered.type, click.Choice)
     tested = {
         "spot-storm",
         "asg-scale-in",
@@ -158,14 +161,14 @@ def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
         "spot-critical",
     }
     assert set(SCENARIOS) == tested
-    assert set(SCENARIO_NAMES) == tested
+    assert set(offered.type.choices) == tested
 
 
 def test_the_sandbox_service_account_may_do_what_each_scenario_switches_on() -> None:
     # A scenario's setting whose RBAC rule the sandbox's ServiceAccount lacks is refused (403) on the real
     # control plane: spot-critical's deletions at the deadline were, while the emulation deleted.
     from queue_processor.permissions import rbac_rules
-    from queue_processor.sandbox.environment import RBAC_SETTINGS_ON
+    from queue_processor_sandbox.environment import RBAC_SETTINGS_ON
 
     rules = rbac_rules(cluster_wide=True, enabled=RBAC_SETTINGS_ON)
     assert any(rule["resources"] == ["pods"] and "delete" in rule["verbs"] for rule in rules)

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import KubeCluster
-from queue_processor.sandbox.kube import KubeSandbox
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import KubeCluster
+from queue_processor_sandbox.kube import KubeSandbox
 from tests.conftest import KUBERNETES, REQUIRE_REAL_CLUSTER
 
 # 1 simulated second = 10 ms. On the real server a pod's grace is rounded up to whole seconds, and KWOK ends it at
@@ -41,7 +41,7 @@ def kube(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
         with KubeSandbox(SandboxClock(SCALE), cache_lag_s=50.0) as sandbox:
             yield sandbox
         return
-    from queue_processor.sandbox.real_kube import RealKube
+    from queue_processor_sandbox.real_kube import RealKube
 
     with RealKube(SandboxClock(SCALE), plane=request.getfixturevalue("control_plane")) as real:
         yield real
@@ -682,7 +682,7 @@ def test_events_about_a_node_live_in_the_default_namespace(kube: KubeCluster, v1
 
 
 def test_kubectl_talks_to_it(kube: KubeCluster, tmp_path: Path) -> None:
-    from queue_processor.sandbox.control_plane import ControlPlaneError, find_binaries
+    from queue_processor_sandbox.control_plane import ControlPlaneError, find_binaries
 
     try:
         kubectl = find_binaries()["kubectl"]
@@ -797,7 +797,7 @@ def test_pdb_status_kept_by_counters_equals_a_full_scan(
 ) -> None:
     """Emulation only: the emulation keeps a one-label budget's status with counters updated on every pod change
     (a storm of evictions would otherwise scan every pod of the app each time); it must say what a scan says."""
-    from queue_processor.sandbox.kube_logic import pdb_expected, pdb_status
+    from queue_processor_sandbox.kube_logic import pdb_expected, pdb_status
 
     kube = emulation
     hosts = nodes(kube, 3)
@@ -832,7 +832,7 @@ async def test_the_eviction_record_names_the_drain_that_sent_each_eviction(
     """The judge tells a drain's retries from a second drain by the ``drain/<id>`` the controller puts in each
     eviction's User-Agent, as the API server saw it (the audit log's ``userAgent`` on the real server)."""
     from queue_processor.kube import KubeClient, load_api_client
-    from queue_processor.sandbox.cluster import drain_of
+    from queue_processor_sandbox.cluster import drain_of
 
     namespace = namespace_of(kube)
     (node,) = nodes(kube, 1)

@@ -10,8 +10,8 @@ import pytest
 
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.outcomes import KubeError
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.kube import KubeSandbox
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.kube import KubeSandbox
 
 
 @pytest.mark.parametrize("call", ["node", "lease"])

@@ -13,9 +13,9 @@ import pytest
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases, lease_name
 from queue_processor.outcomes import ClaimLost
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import KubeCluster
-from queue_processor.sandbox.kube import KubeSandbox
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import KubeCluster
+from queue_processor_sandbox.kube import KubeSandbox
 from tests.conftest import KUBERNETES
 
 OPS = f"ops-{uuid.uuid4().hex[:6]}"
@@ -28,7 +28,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
             sandbox.ensure_namespace(OPS)
             yield sandbox
         return
-    from queue_processor.sandbox.real_kube import RealKube
+    from queue_processor_sandbox.real_kube import RealKube
 
     with RealKube(SandboxClock(0.01), plane=request.getfixturevalue("control_plane")) as real:
         real.ensure_namespace(OPS)

@@ -190,3 +190,57 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["outcome"] == "events"
+
+
+def _without_the_sandbox(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """A Python command and environment that see this interpreter's packages but not the sandbox's
+    distribution: site-packages laid out again (links) without queue-processor-sandbox's metadata and import
+    hook, site processing off (-S), the controller found from the repository."""
+    site_packages = Path(next(p for p in sys.path if p.endswith("site-packages")))
+    view = tmp_path / "site-packages"
+    view.mkdir()
+    for entry in site_packages.iterdir():
+        if "queue_processor_sandbox" not in entry.name and not entry.name.endswith(".pth"):
+            (view / entry.name).symlink_to(entry)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{view}"}
+    return [sys.executable, "-S", "-c", "from queue_processor.cli import main; main()"], env
+
+
+def test_where_the_sandbox_is_not_installed_its_command_says_how_to_get_it_in_one_line(
+    tmp_path: Path,
+) -> None:
+    argv, env = _without_the_sandbox(tmp_path)
+    probe = subprocess.run(
+        [argv[0], "-S", "-c", "import importlib.util as u; print(u.find_spec('queue_processor_sandbox'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "None"  # the view really has no sandbox
+    done = subprocess.run(
+        [*argv, "sandbox", "--nodes", "3", "--scenario", "spot-storm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("queue-processor sandbox: the sandbox is not installed")
+    assert "pip install -e . -e ./sandbox" in line
+    assert "make demo" in line
+    listed = subprocess.run([*argv, "--help"], env=env, capture_output=True, text=True, check=True)
+    assert "sandbox" in listed.stdout
+    assert "Not installed here" in listed.stdout
+    # The controller's own commands are untouched.
+    version = subprocess.run([*argv, "version"], env=env, capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == __version__
+
+
+def test_where_the_sandbox_is_installed_the_cli_runs_its_command() -> None:
+    result = CliRunner().invoke(main, ["sandbox", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--scenario" in result.output
+    assert "Not installed" not in result.output

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queue_processor.drain.budgets import selector_matches
-from queue_processor.sandbox.kube_logic import (
+from queue_processor_sandbox.kube_logic import (
     ApiError,
     json_patch,
     merge_patch,

@@ -1,6 +1,6 @@
-"""The sandbox's Kubernetes side on a real control plane (:mod:`queue_processor.sandbox.control_plane`).
+"""The sandbox's Kubernetes side on a real control plane (:mod:`queue_processor_sandbox.control_plane`).
 
-:class:`RealKube` offers what :class:`~queue_processor.sandbox.kube.KubeSandbox` offers the sandbox and the tests
+:class:`RealKube` offers what :class:`~queue_processor_sandbox.kube.KubeSandbox` offers the sandbox and the tests
 (add nodes and workloads, read the cluster, count requests, list evictions), but every answer comes from a real
 kube-apiserver with its real controllers, scheduler and KWOK's fake kubelets:
 
@@ -18,7 +18,7 @@ by a list-then-watch informer for cheap polling (:meth:`RealKube.count`, :meth:`
 :meth:`RealKube.pods_on`); :meth:`RealKube.get` reads the API server. :meth:`RealKube.stop` deletes this run's
 nodes and namespaces, so several sandboxes can share one control plane, one after another or at once.
 
-Durations are simulated seconds scaled by the :class:`~queue_processor.sandbox.clock.SandboxClock`; a pod's
+Durations are simulated seconds scaled by the :class:`~queue_processor_sandbox.clock.SandboxClock`; a pod's
 ``terminationGracePeriodSeconds`` is a whole number of real seconds, so a scaled grace is rounded up (never to 0
 when it was not 0).
 """
@@ -42,9 +42,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import MANUAL_STATUS, eviction_record
-from queue_processor.sandbox.control_plane import KWOK_NODE, READY_AT, ControlPlane
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import MANUAL_STATUS, eviction_record
+from queue_processor_sandbox.control_plane import KWOK_NODE, READY_AT, ControlPlane
 
 __all__ = ["RUN_LABEL", "RealKube"]
 
@@ -174,7 +174,7 @@ class RealKube:
     (else :meth:`start` starts one of its own and :meth:`stop` stops it). ``run``: the run ID (random when
     omitted). Use as a context manager or call :meth:`start`/:meth:`stop`.
 
-    Raises :class:`~queue_processor.sandbox.control_plane.ControlPlaneError` from :meth:`start` when there is
+    Raises :class:`~queue_processor_sandbox.control_plane.ControlPlaneError` from :meth:`start` when there is
     no control plane to start; ``TimeoutError`` when the cluster does not reach a state it waits for.
     """
 

@@ -55,8 +55,8 @@ def drain_of(record: dict[str, Any]) -> str | None:
 
 class KubeCluster(Protocol):
     """What the sandbox needs of a Kubernetes side: the emulation
-    (:class:`~queue_processor.sandbox.kube.KubeSandbox`) or a real control plane
-    (:class:`~queue_processor.sandbox.real_kube.RealKube`). Durations are simulated seconds."""
+    (:class:`~queue_processor_sandbox.kube.KubeSandbox`) or a real control plane
+    (:class:`~queue_processor_sandbox.real_kube.RealKube`). Durations are simulated seconds."""
 
     @property
     def url(self) -> str: ...

@@ -67,9 +67,9 @@ thread), :mod:`.eventbridge` (EventBridge and notification delivery to SQS, :dat
 the package's public face; import them from here.
 """
 
-from queue_processor.sandbox.aws.eventbridge import STANDARD_RULES, PublishedMessage
-from queue_processor.sandbox.aws.lifecycle import LifecycleAction, LifecycleCall
-from queue_processor.sandbox.aws.model import (
+from queue_processor_sandbox.aws.eventbridge import STANDARD_RULES, PublishedMessage
+from queue_processor_sandbox.aws.lifecycle import LifecycleAction, LifecycleCall
+from queue_processor_sandbox.aws.model import (
     ACCOUNT_ID,
     LAUNCH_HOOK,
     LAUNCH_TRANSITION,
@@ -81,7 +81,7 @@ from queue_processor.sandbox.aws.model import (
     SandboxInstance,
     SandboxQueue,
 )
-from queue_processor.sandbox.aws.sandbox import AwsSandbox
+from queue_processor_sandbox.aws.sandbox import AwsSandbox
 
 __all__ = [
     "ACCOUNT_ID",

@@ -1,6 +1,6 @@
 """Pure pieces of the Kubernetes API emulation: selectors, patches, PodDisruptionBudget arithmetic.
 
-No I/O; :mod:`queue_processor.sandbox.kube` serves them over HTTP. Semantics follow the Kubernetes API
+No I/O; :mod:`queue_processor_sandbox.kube` serves them over HTTP. Semantics follow the Kubernetes API
 reference: "Labels and Selectors" and "Field Selectors" (concepts/overview/working-with-objects), JSON merge
 patch (RFC 7386), JSON patch (RFC 6902), strategic merge patch ("Update API Objects in Place Using kubectl
 patch"), and the disruption controller / eviction subresource ("Specifying a Disruption Budget for your

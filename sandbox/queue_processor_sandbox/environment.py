@@ -1,14 +1,14 @@
 """The whole sandbox in one object: AWS, Kubernetes, a cluster spanning both, and scenarios.
 
-:class:`Sandbox` starts :class:`~queue_processor.sandbox.aws.AwsSandbox` (queue, dead-letter queue, the
+:class:`Sandbox` starts :class:`~queue_processor_sandbox.aws.AwsSandbox` (queue, dead-letter queue, the
 standard EventBridge rules, Auto Scaling groups with lifecycle hooks) and
-:class:`~queue_processor.sandbox.kube.KubeSandbox` (a Node per instance and the workloads of a
-:class:`~queue_processor.sandbox.cluster.ClusterSpec`), keeps the two in step the way a real cluster does (a
+:class:`~queue_processor_sandbox.kube.KubeSandbox` (a Node per instance and the workloads of a
+:class:`~queue_processor_sandbox.cluster.ClusterSpec`), keeps the two in step the way a real cluster does (a
 launched instance registers its Node after ``node_register_s``; a terminated one loses it), and writes a
 kubeconfig and an env file that point ``queue-processor run`` at both.
 
 ``kubernetes="real"`` puts the cluster on a real control plane
-(:class:`~queue_processor.sandbox.real_kube.RealKube`, given or started by the sandbox) instead of the emulation:
+(:class:`~queue_processor_sandbox.real_kube.RealKube`, given or started by the sandbox) instead of the emulation:
 the same nodes, workloads and scenarios, judged by the real API server and controllers. There the kubeconfig it
 writes is a ServiceAccount's whose only rights are the controller's RBAC rules (``rbac``, by default those of
 :mod:`queue_processor.permissions` with NODE_LEASES, EMIT_KUBERNETES_EVENTS and DELETE_AT_DEADLINE on, which the
@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from queue_processor.permissions import rbac_rules
-from queue_processor.sandbox.aws import AwsSandbox, QueueCounts, SandboxInstance, SandboxQueue
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import ClusterSpec, Instance, KubeCluster, build_kubernetes
-from queue_processor.sandbox.kube import KubeSandbox
+from queue_processor_sandbox.aws import AwsSandbox, QueueCounts, SandboxInstance, SandboxQueue
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import ClusterSpec, Instance, KubeCluster, build_kubernetes
+from queue_processor_sandbox.kube import KubeSandbox
 
 if TYPE_CHECKING:
-    from queue_processor.sandbox.control_plane import ControlPlane
+    from queue_processor_sandbox.control_plane import ControlPlane
 
 #: Where the controller's ServiceAccount lives on a real control plane (its Role and Leases too).
 CONTROLLER_SERVICE_ACCOUNT = "queue-processor"
@@ -78,7 +78,7 @@ class Sandbox:
 
     Use as a context manager or call :meth:`start`/:meth:`stop`. Raises ``RuntimeError`` from :meth:`start`
     when another AWS sandbox runs in the process (moto's state is process-wide), and
-    :class:`~queue_processor.sandbox.control_plane.ControlPlaneError` when ``kubernetes="real"`` and no
+    :class:`~queue_processor_sandbox.control_plane.ControlPlaneError` when ``kubernetes="real"`` and no
     control plane can be started. ``rbac``: the controller's (ClusterRole rules, Role rules) on a real control
     plane.
     """
@@ -102,7 +102,7 @@ class Sandbox:
         self.controller_namespace = "kube-system"
         self.kube: KubeCluster
         if kubernetes == "real":
-            from queue_processor.sandbox.real_kube import RealKube
+            from queue_processor_sandbox.real_kube import RealKube
 
             real = RealKube(self.clock, plane=plane)
             self.kube = real
@@ -156,7 +156,7 @@ class Sandbox:
         if self.kubernetes != "real":
             self.kube.kubeconfig(self.kubeconfig_path)
             return
-        from queue_processor.sandbox.real_kube import RealKube
+        from queue_processor_sandbox.real_kube import RealKube
 
         assert isinstance(self.kube, RealKube)
         self.kube.kubeconfig(self.workdir / "admin.kubeconfig")
@@ -205,7 +205,7 @@ class Sandbox:
         return f"system:serviceaccount:{self.controller_namespace}:{CONTROLLER_SERVICE_ACCOUNT}"
 
     def queue_counts(self) -> QueueCounts:
-        """The sandbox queue's :class:`~queue_processor.sandbox.aws.QueueCounts` (visible, in flight,
+        """The sandbox queue's :class:`~queue_processor_sandbox.aws.QueueCounts` (visible, in flight,
         dead-letter), read over HTTP. Raises ``RuntimeError`` before :meth:`start`, and botocore's errors."""
         if self.queue is None:
             raise RuntimeError("the sandbox is not started")

@@ -1,7 +1,7 @@
 """The storyline explorer: generated combinations of real events, faults and replicas, judged by the sandbox.
 
 DESIGN.md rule 14, in the spirit of Jepsen's generated histories checked against invariants. Each seed makes a
-:class:`~queue_processor.sandbox.storyline.Storyline` (3 to 10 nodes, one or two controller replicas, steps of
+:class:`~queue_processor_sandbox.storyline.Storyline` (3 to 10 nodes, one or two controller replicas, steps of
 interruptions, scale-outs, warm-pool moves, stops and starts, budgets that block then relax, a node deleted
 mid-drain, a replica paused or killed, API and AWS faults, duplicated and late deliveries). :func:`run` plays it
 against a fresh sandbox, the controllers running as their own processes (``queue-processor run``), waits until
@@ -12,7 +12,7 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   with CONTINUE (or cancelled with its instance), a launch completed with CONTINUE once its node was Ready, a
   launch whose node never turned Ready completed with its hook's DefaultResult (ABANDON here); none timed out,
   none left open;
-- ``drained-twice``: no node drained twice (a pod evicted by two drains, :func:`~queue_processor.sandbox.run.judge`);
+- ``drained-twice``: no node drained twice (a pod evicted by two drains, :func:`~queue_processor_sandbox.run.judge`);
 - ``daemonset-or-mirror``: no DaemonSet or mirror pod evicted;
 - ``heartbeat-after-end``: no heartbeat after an action ended (or while nobody held its message);
 - ``messages``: no message left, nothing in the dead-letter queue (the explorer sends no poison);
@@ -28,7 +28,7 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   first line (still importing, its handler not installed yet: seed 311 on a loaded machine, paused during
   its start), which held nothing.
 
-``python -m queue_processor.sandbox.explore --seeds N --seed-from K`` (``make explore``) runs N seeds from K,
+``python -m queue_processor_sandbox.explore --seeds N --seed-from K`` (``make explore``) runs N seeds from K,
 prints one line per storyline and, for a failure, the one command that replays it (``--seed K``), after
 shrinking it to the fewest steps that still fail the same invariant (:func:`shrink`, delta debugging). It exits
 1 when a storyline failed. Kubernetes faults need the emulation; with ``--kubernetes real`` they are skipped.
@@ -55,11 +55,11 @@ from typing import Any, Literal
 
 from queue_processor.drain.drainer import EVICTION_RETRY_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.peer import QueueProcessor
-from queue_processor.sandbox.run import judge
-from queue_processor.sandbox.storyline import Step, Storyline, generate
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.processes import QueueProcessor
+from queue_processor_sandbox.run import judge
+from queue_processor_sandbox.storyline import Step, Storyline, generate
 
 __all__ = ["SCALE", "Outcome", "main", "run", "shrink", "violations"]
 
@@ -660,7 +660,7 @@ def _real_plane(kubernetes: str) -> Iterator[Any]:
     if kubernetes != "real":
         yield None
         return
-    from queue_processor.sandbox.control_plane import ControlPlane
+    from queue_processor_sandbox.control_plane import ControlPlane
 
     plane = ControlPlane()
     plane.start()

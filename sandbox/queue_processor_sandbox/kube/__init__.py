@@ -20,7 +20,7 @@ What it serves (JSON over HTTP, the paths and shapes of the Kubernetes API refer
   (:meth:`KubeSandbox.inject_fault`).
 
 Not served: watches, deletecollection, admission, validation beyond what these behaviours need. Every duration
-is simulated seconds turned into real ones by the :class:`~queue_processor.sandbox.clock.SandboxClock`.
+is simulated seconds turned into real ones by the :class:`~queue_processor_sandbox.clock.SandboxClock`.
 
 The server runs an asyncio loop in a thread of its own, so synchronous clients (tests, the controller's thread
 pool) and asynchronous ones can use it alike; its state is guarded by one lock.
@@ -29,13 +29,13 @@ Modules: :mod:`.store` (the object store, resourceVersions and indexes, :class:`
 :mod:`.controllers` (the simulated controllers: timers, node lifecycle, kubelet termination, ReplicaSet and
 DaemonSet, scheduler, PodDisruptionBudget status and eviction), :mod:`.routes` (HTTP routing, status codes,
 fault injection, JSON and patches) and :mod:`.sandbox` (:class:`KubeSandbox`, which ties them together). The
-pure pieces (selectors, patches, budget arithmetic) live in :mod:`queue_processor.sandbox.kube_logic`.
+pure pieces (selectors, patches, budget arithmetic) live in :mod:`queue_processor_sandbox.kube_logic`.
 """
 
 from __future__ import annotations
 
-from queue_processor.sandbox.kube.routes import Fault
-from queue_processor.sandbox.kube.sandbox import KubeSandbox
-from queue_processor.sandbox.kube.store import RESOURCES, ResourceInfo
+from queue_processor_sandbox.kube.routes import Fault
+from queue_processor_sandbox.kube.sandbox import KubeSandbox
+from queue_processor_sandbox.kube.store import RESOURCES, ResourceInfo
 
 __all__ = ["RESOURCES", "Fault", "KubeSandbox", "ResourceInfo"]

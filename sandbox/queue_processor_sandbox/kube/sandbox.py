@@ -1,8 +1,8 @@
 """:class:`KubeSandbox`, the public face of the Kubernetes emulation: it ties the parts together.
 
-It owns the lock that guards all state, the :class:`~queue_processor.sandbox.kube.store.ObjectStore`, the
-:class:`~queue_processor.sandbox.kube.controllers.Controllers` that act on it and the
-:class:`~queue_processor.sandbox.kube.routes.ApiRoutes` that serve it; it runs the server and the controllers'
+It owns the lock that guards all state, the :class:`~queue_processor_sandbox.kube.store.ObjectStore`, the
+:class:`~queue_processor_sandbox.kube.controllers.Controllers` that act on it and the
+:class:`~queue_processor_sandbox.kube.routes.ApiRoutes` that serve it; it runs the server and the controllers'
 timers on an asyncio loop in a thread of its own, and offers the helpers tests and the sandbox use to build a
 cluster (nodes, ReplicaSets, DaemonSets, PodDisruptionBudgets, pods) and to look at it.
 """
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import MANUAL_STATUS
-from queue_processor.sandbox.kube.controllers import Controllers, new_pod, pod_template
-from queue_processor.sandbox.kube.routes import ApiRoutes, Fault
-from queue_processor.sandbox.kube.store import RESOURCES, Key, ObjectStore
-from queue_processor.sandbox.kube_logic import Obj
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import MANUAL_STATUS
+from queue_processor_sandbox.kube.controllers import Controllers, new_pod, pod_template
+from queue_processor_sandbox.kube.routes import ApiRoutes, Fault
+from queue_processor_sandbox.kube.store import RESOURCES, Key, ObjectStore
+from queue_processor_sandbox.kube_logic import Obj
 
 __all__ = ["KubeSandbox"]
 

@@ -1,11 +1,11 @@
 """One workload, one system, one fresh sandbox on the real control plane: what ``benchmarks/versus_nth.py`` and
 ``tests/peers/`` run for aws-node-termination-handler (NTH) and for queue-processor alike.
 
-:func:`run_workload` builds a :class:`~queue_processor.sandbox.environment.Sandbox` (``kubernetes="real"``,
-sharing the given control plane), starts the system as its own process (:class:`~queue_processor.sandbox.peer.Nth`
+:func:`run_workload` builds a :class:`~queue_processor_sandbox.environment.Sandbox` (``kubernetes="real"``,
+sharing the given control plane), starts the system as its own process (:class:`nth.Nth`
 or ``queue-processor run``), waits until it serves its probe, publishes the workload's messages, watches
 every node until the work is done or the workload's bound passes, stops the process (SIGTERM) and returns
-:class:`Figures`: the judge's verdict (:func:`~queue_processor.sandbox.run.judge`) plus latencies, API
+:class:`Figures`: the judge's verdict (:func:`~queue_processor_sandbox.run.judge`) plus latencies, API
 requests and memory.
 
 Systems (:data:`SYSTEMS`): ``nth`` is NTH v1.25.6 with its Helm chart's defaults for queue-processor mode
@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from queue_processor.sandbox.cluster import ClusterSpec
-from queue_processor.sandbox.environment import Sandbox, SandboxOptions
-from queue_processor.sandbox.peer import Nth, Process, QueueProcessor, peak_rss_mib, scrape
-from queue_processor.sandbox.run import judge
+from nth import Nth
+from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.processes import Process, QueueProcessor, peak_rss_mib, scrape
+from queue_processor_sandbox.run import judge
 
 if TYPE_CHECKING:
-    from queue_processor.sandbox.control_plane import ControlPlane
+    from queue_processor_sandbox.control_plane import ControlPlane
 
 __all__ = ["SYSTEMS", "WORKLOADS", "Figures", "Workload", "run_workload", "start_system"]
 
@@ -319,7 +320,7 @@ class _Watch(threading.Thread):
 
 def start_system(system: str, sandbox: Sandbox, log: Path, extra: dict[str, str]) -> Process:
     """Start ``system`` (one of :data:`SYSTEMS`) against ``sandbox``, logging to ``log``. Raises
-    ``ValueError`` for an unknown system and what :class:`~queue_processor.sandbox.peer.Nth` raises."""
+    ``ValueError`` for an unknown system and what :class:`nth.Nth` raises."""
     if system in ("nth", "nth_tuned"):
         return Nth(sandbox, log, **extra)
     if system != "queue_processor":

@@ -54,7 +54,7 @@ from moto.server import ThreadedMotoServer
 from moto.sqs.models import SQSBackend
 from werkzeug.serving import ThreadedWSGIServer
 
-from queue_processor.sandbox.aws.model import Operation
+from queue_processor_sandbox.aws.model import Operation
 
 __all__ = ["Faults", "MotoServer", "ServedActions", "active", "install", "uninstall"]
 

@@ -35,14 +35,14 @@ from typing import Any
 
 from moto.autoscaling.exceptions import AutoscalingClientError, ValidationError
 
-from queue_processor.sandbox.aws.model import (
+from queue_processor_sandbox.aws.model import (
     MAX_GLOBAL_TIMEOUT_S,
     ActionStatus,
     Operation,
     Result,
     utcnow,
 )
-from queue_processor.sandbox.clock import SandboxClock
+from queue_processor_sandbox.clock import SandboxClock
 
 __all__ = ["ActionState", "LifecycleAction", "LifecycleActions", "LifecycleCall", "Schedule"]
 

@@ -1,4 +1,4 @@
-"""Run the controller against a started :class:`~queue_processor.sandbox.environment.Sandbox` for one scenario,
+"""Run the controller against a started :class:`~queue_processor_sandbox.environment.Sandbox` for one scenario,
 watch it, and judge the end.
 
 :func:`run_scenario` starts the controller in the current event loop (settings from the sandbox's env, plus
@@ -19,8 +19,8 @@ from typing import Any
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
-from queue_processor.sandbox.cluster import drain_of
-from queue_processor.sandbox.environment import SCENARIO_SETTINGS, Sandbox
+from queue_processor_sandbox.cluster import drain_of
+from queue_processor_sandbox.environment import SCENARIO_SETTINGS, Sandbox
 
 __all__ = ["Progress", "as_expected", "drain_figures", "judge", "run_scenario"]
 

@@ -33,10 +33,10 @@ from typing import Any
 
 from aiohttp import web
 
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.kube.controllers import Controllers
-from queue_processor.sandbox.kube.store import RESOURCES, Key, ObjectStore, details, qualified
-from queue_processor.sandbox.kube_logic import (
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.kube.controllers import Controllers
+from queue_processor_sandbox.kube.store import RESOURCES, Key, ObjectStore, details, qualified
+from queue_processor_sandbox.kube_logic import (
     ApiError,
     Obj,
     json_patch,

@@ -1,11 +1,11 @@
 """The sandbox's AWS as one object: :class:`AwsSandbox`, which ties moto's patched server, the lifecycle
 actions and EventBridge delivery together and plays the scenarios.
 
-It starts :class:`~queue_processor.sandbox.aws.moto_server.MotoServer` (with the patches of
-:mod:`~queue_processor.sandbox.aws.moto_server` installed), builds queues, rules and Auto Scaling groups over
+It starts :class:`~queue_processor_sandbox.aws.moto_server.MotoServer` (with the patches of
+:mod:`~queue_processor_sandbox.aws.moto_server` installed), builds queues, rules and Auto Scaling groups over
 HTTP as a user would, moves instances between lifecycle states (launches, terminations, the warm pool) once
-:class:`~queue_processor.sandbox.aws.lifecycle.LifecycleActions` has settled their actions, and publishes the
-documented event formats through :class:`~queue_processor.sandbox.aws.eventbridge.Delivery`. The package
+:class:`~queue_processor_sandbox.aws.lifecycle.LifecycleActions` has settled their actions, and publishes the
+documented event formats through :class:`~queue_processor_sandbox.aws.eventbridge.Delivery`. The package
 docstring describes the behaviour as a whole.
 """
 
@@ -29,15 +29,15 @@ from moto.core.utils import utcnow as moto_utcnow
 from moto.moto_api._internal.models import moto_api_backend
 
 from queue_processor.events import SPOT_NOTICE, EventKind
-from queue_processor.sandbox.aws.eventbridge import STANDARD_RULES, Delivery, PublishedMessage
-from queue_processor.sandbox.aws.lifecycle import (
+from queue_processor_sandbox.aws.eventbridge import STANDARD_RULES, Delivery, PublishedMessage
+from queue_processor_sandbox.aws.lifecycle import (
     ActionState,
     LifecycleAction,
     LifecycleActions,
     LifecycleCall,
     Schedule,
 )
-from queue_processor.sandbox.aws.model import (
+from queue_processor_sandbox.aws.model import (
     ACCOUNT_ID,
     DEFAULT_REGION,
     DEFAULT_ZONES,
@@ -59,8 +59,8 @@ from queue_processor.sandbox.aws.model import (
     utcnow,
     whole_seconds,
 )
-from queue_processor.sandbox.aws.moto_server import Faults, MotoServer, active, install, uninstall
-from queue_processor.sandbox.clock import SandboxClock
+from queue_processor_sandbox.aws.moto_server import Faults, MotoServer, active, install, uninstall
+from queue_processor_sandbox.clock import SandboxClock
 
 __all__ = ["AwsSandbox"]
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from queue_processor.sandbox.cluster import MANUAL_STATUS
+from queue_processor_sandbox.cluster import MANUAL_STATUS
 
 __all__ = [
     "COMPONENTS",
@@ -886,7 +886,7 @@ def running(**options: Any) -> Iterator[ControlPlane]:
 
 
 def main() -> None:  # pragma: no cover - a developer's tool
-    """``python -m queue_processor.sandbox.control_plane``: start a control plane, print the admin kubeconfig's
+    """``python -m queue_processor_sandbox.control_plane``: start a control plane, print the admin kubeconfig's
     path, and keep it running until SIGINT or SIGTERM."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

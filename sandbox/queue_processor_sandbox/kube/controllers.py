@@ -3,7 +3,7 @@
 What they do, as the Kubernetes components they stand for:
 
 - timers (:meth:`Controllers.schedule`, :meth:`Controllers.run_due_timers`): every delayed action, in simulated
-  seconds turned into real ones by the :class:`~queue_processor.sandbox.clock.SandboxClock`;
+  seconds turned into real ones by the :class:`~queue_processor_sandbox.clock.SandboxClock`;
 - node lifecycle: a Node registers some time after its instance launched, then turns Ready;
 - the kubelet's graceful pod termination: a deleted pod gets a ``deletionTimestamp`` and is removed when its
   grace period has passed ("Pod Lifecycle", termination of Pods);
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from queue_processor.sandbox.clock import SandboxClock
-from queue_processor.sandbox.cluster import MANUAL_STATUS, eviction_record
-from queue_processor.sandbox.kube.store import RESOURCES, Key, ObjectStore, now_iso
-from queue_processor.sandbox.kube_logic import (
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import MANUAL_STATUS, eviction_record
+from queue_processor_sandbox.kube.store import RESOURCES, Key, ObjectStore, now_iso
+from queue_processor_sandbox.kube_logic import (
     ApiError,
     Obj,
     is_ready,
@@ -326,7 +326,7 @@ class Controllers:
 
     def pdb_status(self, pdb: Obj) -> Obj:
         """A PodDisruptionBudget's ``status`` as the disruption controller would write it now (see
-        :func:`~queue_processor.sandbox.kube_logic.pdb_status`); a budget with one matchLabels label and no
+        :func:`~queue_processor_sandbox.kube_logic.pdb_status`); a budget with one matchLabels label and no
         matchExpressions is computed from the store's counters, without a scan."""
         store = self.store
         namespace = pdb["metadata"]["namespace"]

@@ -20,7 +20,7 @@ real clusters meet:
 - delivery: each message is sent again, later, with the storyline's duplicate probability (at least once
   delivery, and out of order: the copy arrives after what was published since).
 
-A step names its target by slot or group index; the runner (:mod:`queue_processor.sandbox.explore`) skips a
+A step names its target by slot or group index; the runner (:mod:`queue_processor_sandbox.explore`) skips a
 step whose target is not in a state it applies to (an instance already gone) and records it. The same seed
 always makes the same storyline; :meth:`Storyline.only` keeps a subset of its steps (shrinking).
 """

@@ -26,8 +26,8 @@ from typing import Any, Literal
 from moto.backends import get_backend
 
 from queue_processor.events import EventKind
-from queue_processor.sandbox.aws.lifecycle import ActionState
-from queue_processor.sandbox.aws.model import (
+from queue_processor_sandbox.aws.lifecycle import ActionState
+from queue_processor_sandbox.aws.model import (
     ACCOUNT_ID,
     TERMINATE_TRANSITION,
     milliseconds,

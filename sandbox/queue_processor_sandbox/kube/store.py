@@ -12,7 +12,7 @@ What it holds:
   :func:`details`).
 
 No locking here: every method expects the caller to hold the sandbox's lock
-(:attr:`~queue_processor.sandbox.kube.KubeSandbox.lock`). No watches are stored (the sandbox serves none).
+(:attr:`~queue_processor_sandbox.kube.KubeSandbox.lock`). No watches are stored (the sandbox serves none).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from queue_processor.sandbox.kube_logic import (
+from queue_processor_sandbox.kube_logic import (
     ApiError,
     Obj,
     is_ready,
