@@ -38,7 +38,7 @@ from moto.autoscaling.exceptions import AutoscalingClientError, ValidationError
 from queue_processor_sandbox.aws.model import (
     MAX_GLOBAL_TIMEOUT_S,
     ActionStatus,
-    Operation,
+    LifecycleRequest,
     Result,
     utcnow,
 )
@@ -80,21 +80,15 @@ class LifecycleAction:
     heartbeats: int
 
 
-@dataclass(frozen=True)
-class LifecycleCall:
+@dataclass(frozen=True, kw_only=True)
+class LifecycleCall(LifecycleRequest):
     """One ``RecordLifecycleActionHeartbeat`` or ``CompleteLifecycleAction`` call as the sandbox received it:
-    the parameters as given (``None`` when absent), ``outcome`` = ``"ok"`` or what the caller saw
+    the request (:class:`~.model.LifecycleRequest`), ``time`` it arrived, ``outcome`` = ``"ok"`` or what the caller saw
     (``"ValidationError: <message>"``), and the token of the action it reached (``None`` on error). ``held``,
     for a heartbeat that reached an action: whether a consumer held one of the action's messages (in flight)
     at that moment; ``None`` for every other call."""
 
-    operation: Operation
     time: datetime
-    asg_name: str
-    hook_name: str
-    token: str | None
-    instance_id: str | None
-    result: str | None
     outcome: str
     action_token: str | None
     held: bool | None = None
@@ -414,18 +408,10 @@ class LifecycleActions:
             return True
         return action.status != "open"
 
-    def serve(
-        self,
-        operation: Operation,
-        *,
-        asg_name: str,
-        hook_name: str,
-        token: str | None,
-        instance_id: str | None,
-        result: str | None,
-    ) -> None:
+    def serve(self, request: LifecycleRequest) -> None:
         """Serve a heartbeat or completion, record it, raise moto's ``ValidationError`` as AWS answers (or the
-        ``AutoscalingClientError`` injected for ``operation``)."""
+        ``AutoscalingClientError`` injected for the request's operation)."""
+        operation, result = request.operation, request.result
         with self._lock:
             matched: ActionState | None = None
             outcome = "InternalFailure"
@@ -434,7 +420,9 @@ class LifecycleActions:
                 self._raise_injected(operation)
                 if operation == "CompleteLifecycleAction" and result not in ("CONTINUE", "ABANDON"):
                     raise ValidationError("LifecycleActionResult must be CONTINUE or ABANDON")
-                matched = self._find_active(asg_name, hook_name, token, instance_id)
+                matched = self._find_active(
+                    request.asg_name, request.hook_name, request.token, request.instance_id
+                )
                 if operation == "RecordLifecycleActionHeartbeat":
                     matched.heartbeats += 1
                     restarted = time.monotonic() + self._clock.real(matched.heartbeat_timeout_s)
@@ -449,16 +437,7 @@ class LifecycleActions:
             finally:
                 reached = matched.token if matched is not None and outcome == "ok" else None
                 call = LifecycleCall(
-                    operation,
-                    utcnow(),
-                    asg_name,
-                    hook_name,
-                    token,
-                    instance_id,
-                    result,
-                    outcome,
-                    reached,
-                    held,
+                    **vars(request), time=utcnow(), outcome=outcome, action_token=reached, held=held
                 )
                 self._calls.append(call)
                 self._changed.notify_all()

@@ -27,6 +27,7 @@ __all__ = [
     "TERMINATE_TRANSITION",
     "ActionStatus",
     "ClientKwargs",
+    "LifecycleRequest",
     "Operation",
     "Result",
     "SandboxInstance",
@@ -55,6 +56,21 @@ MAX_GLOBAL_TIMEOUT_S = 48 * 3600.0
 Result = Literal["CONTINUE", "ABANDON"]
 ActionStatus = Literal["open", "completed", "timed-out", "cancelled"]
 Operation = Literal["RecordLifecycleActionHeartbeat", "CompleteLifecycleAction"]
+
+
+@dataclass(frozen=True)
+class LifecycleRequest:
+    """One ``RecordLifecycleActionHeartbeat`` or ``CompleteLifecycleAction`` request as the Auto Scaling API
+    received it (EC2 Auto Scaling API Reference): the group, the hook, the action's token or instance ID
+    (``None`` when absent; AWS wants one of the two) and, for a completion, ``LifecycleActionResult``
+    (``None`` for a heartbeat, or when absent)."""
+
+    operation: Operation
+    asg_name: str
+    hook_name: str
+    token: str | None
+    instance_id: str | None
+    result: str | None
 
 
 # --------------------------------------------------------------------------------------------- public records

@@ -54,7 +54,7 @@ from moto.server import ThreadedMotoServer
 from moto.sqs.models import SQSBackend
 from werkzeug.serving import ThreadedWSGIServer
 
-from queue_processor_sandbox.aws.model import Operation
+from queue_processor_sandbox.aws.model import LifecycleRequest, Operation
 
 __all__ = ["Faults", "MotoServer", "ServedActions", "active", "install", "uninstall"]
 
@@ -82,16 +82,7 @@ class ServedActions(Protocol):
     ) -> None:
         """Keep what moto's ``PutLifecycleHook`` drops; send the hook's test notification."""
 
-    def lifecycle_call(
-        self,
-        operation: Operation,
-        *,
-        asg_name: str,
-        hook_name: str,
-        token: str | None,
-        instance_id: str | None,
-        result: str | None,
-    ) -> None:
+    def lifecycle_call(self, request: LifecycleRequest) -> None:
         """Serve ``RecordLifecycleActionHeartbeat`` or ``CompleteLifecycleAction``."""
 
     def terminate_in_group(self, instance_id: str, should_decrement: bool) -> Any | None:
@@ -328,29 +319,29 @@ def _current() -> ServedActions:
     return sandbox
 
 
-def _record_lifecycle_action_heartbeat(self: Any) -> Any:
-    """``RecordLifecycleActionHeartbeat`` (EC2 Auto Scaling API Reference)."""
-    _current().lifecycle_call(
-        "RecordLifecycleActionHeartbeat",
+def _lifecycle_request(self: Any, operation: Operation) -> LifecycleRequest:
+    """The parameters of a lifecycle-action request, read by the ``AutoScalingResponse`` being served (``self``
+    of the patched methods below, which call this as their own helper)."""
+    completing = operation == "CompleteLifecycleAction"
+    return LifecycleRequest(
+        operation,
         asg_name=self._get_param("AutoScalingGroupName") or "",
         hook_name=self._get_param("LifecycleHookName") or "",
         token=self._get_param("LifecycleActionToken"),
         instance_id=self._get_param("InstanceId"),
-        result=None,
+        result=self._get_param("LifecycleActionResult") if completing else None,
     )
+
+
+def _record_lifecycle_action_heartbeat(self: Any) -> Any:
+    """``RecordLifecycleActionHeartbeat`` (EC2 Auto Scaling API Reference)."""
+    _current().lifecycle_call(_lifecycle_request(self, "RecordLifecycleActionHeartbeat"))
     return EmptyResult()
 
 
 def _complete_lifecycle_action(self: Any) -> Any:
     """``CompleteLifecycleAction`` (EC2 Auto Scaling API Reference)."""
-    _current().lifecycle_call(
-        "CompleteLifecycleAction",
-        asg_name=self._get_param("AutoScalingGroupName") or "",
-        hook_name=self._get_param("LifecycleHookName") or "",
-        token=self._get_param("LifecycleActionToken"),
-        instance_id=self._get_param("InstanceId"),
-        result=self._get_param("LifecycleActionResult"),
-    )
+    _current().lifecycle_call(_lifecycle_request(self, "CompleteLifecycleAction"))
     return EmptyResult()
 
 

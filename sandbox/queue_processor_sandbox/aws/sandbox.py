@@ -50,7 +50,6 @@ from queue_processor_sandbox.aws.model import (
     TERMINATE_TRANSITION,
     ActionStatus,
     ClientKwargs,
-    Operation,
     QueueCounts,
     Result,
     SandboxInstance,
@@ -690,27 +689,6 @@ class AwsSandbox:
             state, self._autoscaling.lifecycle_hooks.values(), transition, origin, destination
         )
 
-    def _lifecycle_call(
-        self,
-        operation: Operation,
-        *,
-        asg_name: str,
-        hook_name: str,
-        token: str | None,
-        instance_id: str | None,
-        result: str | None,
-    ) -> None:
-        """Serve a heartbeat or completion (the methods added to moto's ``AutoScalingResponse``), record it,
-        raise moto's ``ValidationError`` as AWS answers."""
-        self._lifecycle.serve(
-            operation,
-            asg_name=asg_name,
-            hook_name=hook_name,
-            token=token,
-            instance_id=instance_id,
-            result=result,
-        )
-
     def _settle(self, action: ActionState, outcome: Result) -> None:
         """The last action of an instance's transition has ended: the instance proceeds with ``outcome``."""
         state = self._find_state(action.instance_id)
@@ -950,6 +928,6 @@ class _Served:
         self.raise_injected = sandbox._faults.raise_injected
         self.real_seconds = sandbox.clock.real
         self.configure_hook = sandbox._configure_hook
-        self.lifecycle_call = sandbox._lifecycle_call
+        self.lifecycle_call = sandbox._lifecycle.serve
         self.terminate_in_group = sandbox._terminate_in_group
         self.scale_in_to = sandbox._scale_in_to
