@@ -1,12 +1,13 @@
 """The per-node pipeline: resolve → claim → PreDrain → cordon → drain → PostDrain, and EarlyExit on any failure.
 
-For a drain operation (every kind but launch actions), :meth:`Handler.handle` runs one named step after the
-other (each a short method of the same name):
+For a drain operation (every kind but launch actions), :meth:`Handler.handle` builds the operation's
+:class:`~queue_processor.steps.OperationContext` (the operation, its EarlyExit stack, its logger, what the
+steps find) and hands it to one step after the other (each a short method of the same name):
 
-1. :meth:`Handler._resolve`: the instance as EC2 describes it (batched and cached) and its managed tag. An
-   instance unknown to EC2 is terminal (its lifecycle actions are completed: AWS says whether they were still
-   open); an unmanaged one is terminal and its actions are left to whoever manages it. With DRY_RUN the
-   operation ends here, logged, before anything writes.
+1. :meth:`Steps.resolve <queue_processor.steps.Steps.resolve>`: the instance as EC2 describes it (batched and
+   cached) and its managed tag. An instance unknown to EC2 is terminal (its lifecycle actions are completed: AWS
+   says whether they were still open); an unmanaged one is terminal and its actions are left to whoever manages
+   it. With DRY_RUN the operation ends here, logged, before anything writes.
 2. :meth:`Handler._claim`: the Node (none: DELETE_SQS_MSG_IF_NODE_NOT_FOUND decides, see :meth:`_no_node`)
    and, with NODE_LEASES, its Lease (held by another replica: requeue). The Lease is entered on the
    operation's EarlyExit stack; a Lease lost on the way (409 on renewal, or lapsed while the process was
@@ -20,15 +21,21 @@ other (each a short method of the same name):
    operation is completed with CONTINUE, again and again until none is left (actions join while others
    complete); the out-of-service taint when asked.
 
+The cordon and PostDrain steps run through one wrapper (:meth:`Steps.step <queue_processor.steps.Steps.step>`)
+that counts NTH's action and records its Event on success and on failure, from one table
+(:data:`~queue_processor.steps.STEP_EVENTS`); the drain reports its own end (complete, or incomplete and
+requeued), and the webhook is sent after it however it ended.
+
 Heartbeats are not the pipeline's: they belong to :class:`~queue_processor.lifecycle.Heartbeats`, started
 when a message is first received (:meth:`Handler.received`) and kept across requeues, so that setting them up
 never delays a cordon and a requeued action does not time out. EarlyExit is the operation's
-``AsyncExitStack``: whatever a step starts (the Lease and its renewal, the taint watcher) is entered there and
-cancelled and awaited when the operation ends, whatever the outcome.
+``AsyncExitStack``: whatever a step starts (the Lease and its renewal, the taint watcher, the tasks of a step
+guarded by the Lease) is entered there through the context and cancelled and awaited when the operation
+ends, whatever the outcome.
 
-A launch operation waits until the instance's node is registered and Ready, then completes its launch
-actions; an action headed for a warm pool is left to the instance's own bootstrap unless
-COMPLETE_WARM_POOL_LAUNCH.
+A launch operation is :class:`~queue_processor.launch.Launches`': it waits until the instance's node is
+registered and Ready, then completes its launch actions; an action headed for a warm pool is left to the
+instance's own bootstrap unless COMPLETE_WARM_POOL_LAUNCH.
 
 ``handle`` returns :attr:`Outcome.DONE` (acknowledge the messages) or :attr:`Outcome.RETRY` (EarlyExit:
 requeue them). It raises nothing but ``CancelledError``: unexpected errors are logged and become RETRY.
@@ -41,19 +48,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
-from typing import Any, TypeVar
 
 import structlog
 
 from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.deadlines import drain_deadline, instance_end, launch_ready_deadline
+from queue_processor.deadlines import drain_deadline, instance_end
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
 from queue_processor.drain.record import CordonRecord
@@ -62,36 +66,32 @@ from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     Event,
-    StateChangeEvent,
 )
-from queue_processor.leases import Claim, NodeLeases
+from queue_processor.launch import Launches
+from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats
-from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed, node_ready
+from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder
 from queue_processor.observe.events import (
     CANCEL_DRAIN,
     CORDON,
     CORDON_AND_DRAIN,
     CORDON_AND_DRAIN_ERROR,
-    CORDON_ERROR,
     POD_DELETED_AT_DEADLINE,
     POD_EVICTION,
-    POST_DRAIN,
-    POST_DRAIN_ERROR,
     PRE_DRAIN,
     RECEIVED_REASONS,
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook, node_facts
+from queue_processor.observe.webhook import Webhook, node_facts
 from queue_processor.outcomes import (
     ClaimLost,
     ErrorWhere,
     KubeError,
-    LifecycleResult,
     NodeAction,
     OperationOutcome,
 )
-from queue_processor.returns import came_back
+from queue_processor.steps import INSTANCE_ENDED, OperationContext, Outcome, Step, Steps
 
 __all__ = [
     "EXCLUDE_FROM_LB_LABEL",
@@ -109,8 +109,6 @@ OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "No
 #: node's messages itself (seconds): the kubelet signals at once; this only bounds a pod that is not this process.
 LEAVE_WAIT_S = 60.0
 
-#: EC2 states of an instance that has ended: its node never comes back and its lifecycle actions are over.
-INSTANCE_ENDED = ("shutting-down", "terminated")
 EXCLUDE_FROM_LB_LABEL = (
     "node.kubernetes.io/exclude-from-external-load-balancers",
     "aws-node-termination-handler",
@@ -129,34 +127,11 @@ PRE_DRAIN_KINDS = frozenset(
 )
 
 
-class Outcome(StrEnum):
-    """The end of an operation for its messages."""
-
-    DONE = "done"
-    """Acknowledge: drained, or nothing to do."""
-    RETRY = "retry"
-    """EarlyExit: make the messages visible again after a backoff."""
-
-
-T = TypeVar("T")
-
-
-@dataclass
-class _Target:
-    """What the claim step found: the node's name, whether it was assumed (named after the instance's private
-    DNS name, not read), and the Lease claimed for it."""
-
-    info: InstanceInfo
-    node: str
-    assumed: bool
-    claim: Claim | None
-
-
-class Handler:
-    """Runs operations. ``observer`` is told each action on a node, the cordon latency, each drain's
-    duration and result, and the outcome of operations that end without a drain; ``clock`` returns monotonic
-    seconds. ``heartbeats`` owns every lifecycle action's heartbeat and
-    completes actions."""
+class Handler(Steps):
+    """Runs operations: drains here (see the module docstring), launches through :class:`~.launch.Launches`.
+    ``observer`` is told each action on a node, the cordon latency, each drain's duration and result, and the
+    outcome of operations that end without a drain; ``clock`` returns monotonic seconds. ``heartbeats`` owns
+    every lifecycle action's heartbeat and completes actions."""
 
     def __init__(
         self,
@@ -172,16 +147,29 @@ class Handler:
         observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
-        self.resolver = resolver
-        self.finder = finder
-        self.heartbeats = heartbeats
+        super().__init__(
+            settings,
+            resolver=resolver,
+            finder=finder,
+            heartbeats=heartbeats,
+            recorder=recorder,
+            observer=observer,
+            clock=clock,
+        )
         self.drainer = drainer
-        self.recorder = recorder
         self.leases = leases
         self.webhook = webhook
-        self.observer = observer
-        self.clock = clock
+        self.launches = Launches(
+            settings,
+            resolver=resolver,
+            finder=finder,
+            heartbeats=heartbeats,
+            drainer=drainer,
+            draining=self.draining,
+            recorder=recorder,
+            observer=observer,
+            clock=clock,
+        )
         self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
 
     # ------------------------------------------------------------------------------------------- receipt
@@ -191,12 +179,9 @@ class Handler:
         complete is heartbeated from now on. Synchronous: nothing here waits on AWS."""
         if not isinstance(event, AsgLifecycleEvent) or self.settings.dry_run:
             return
-        if isinstance(event, AsgLaunchLifecycleEvent) and self._left_to_bootstrap(event):
+        if isinstance(event, AsgLaunchLifecycleEvent) and self.left_to_bootstrap(event):
             return
         self.heartbeats.start(event)
-
-    def _left_to_bootstrap(self, action: AsgLaunchLifecycleEvent) -> bool:
-        return action.destination == "WarmPool" and not self.settings.complete_warm_pool_launch
 
     def draining(self, instance_id: str) -> bool:
         """Whether a drain operation for ``instance_id`` runs here now (the check for instances back in
@@ -216,9 +201,10 @@ class Handler:
         self._draining[operation.instance_id] += draining
         try:
             async with AsyncExitStack() as early_exit:
+                ctx = OperationContext(operation, early_exit, bound)
                 if operation.mode is Mode.LAUNCH:
-                    return await self._launch(operation, bound)
-                return await self._pipeline(operation, early_exit, bound)
+                    return await self.launches.run(ctx)
+                return await self._pipeline(ctx)
         except asyncio.CancelledError:
             raise
         except ClaimLost as exc:
@@ -234,168 +220,96 @@ class Handler:
             if self._draining[operation.instance_id] <= 0:
                 del self._draining[operation.instance_id]
 
-    async def _pipeline(self, operation: NodeOperation, early_exit: AsyncExitStack, bound: Any) -> Outcome:
-        """resolve → claim → PreDrain + cordon → drain → PostDrain."""
-        info = await self._resolve(operation, bound)
+    async def _pipeline(self, ctx: OperationContext) -> Outcome:
+        """resolve → claim → PreDrain + cordon → drain → PostDrain (``ctx.tainted``: the kinds whose taints
+        go out with the cordon, growing as kinds join)."""
+        info = await self.resolve(ctx)
         if isinstance(info, Outcome):
             return info
         if self.settings.dry_run:
-            return await self._dry_run(operation, info, bound)
-        target = await self._claim(operation, info, early_exit, bound)
-        if isinstance(target, Outcome):
-            return target
-        bound = bound.bind(node=target.node)
-        tainted = set(operation.kinds)  # the kinds whose taints go out with the cordon
-        try:
-            node = await self._cordon(operation, target, bound)
-        except (asyncio.CancelledError, ClaimLost):
-            raise
-        except Exception as exc:  # NTH's CordonAndDrainError (CordonError with CORDON_ONLY)
-            only = self.settings.cordon_only
-            reason, text = (
-                (CORDON[0], CORDON_ERROR) if only else (CORDON_AND_DRAIN[0], CORDON_AND_DRAIN_ERROR)
-            )
-            await self._event(target.node, f"{reason}Error", f"{text}: {exc}", warning=True, info=target.info)
-            raise
-        if node is None:
-            return await self._no_node(operation, target.info, bound)
-        bound = bound.bind(node=node)
-        facts = await node_facts(self.drainer.kube, node) if self.webhook is not None else NO_FACTS
+            return await self._dry_run(ctx)
+        claimed = await self._claim(ctx)
+        if claimed is not None:
+            return claimed
+        ctx.bind(node=ctx.node)
+        if not await self.step(ctx, Step.CORDON, self._cordon(ctx)):
+            return await self._no_node(ctx)
+        ctx.bind(node=ctx.node)
+        if self.webhook is not None:
+            ctx.facts = await node_facts(self.drainer.kube, ctx.node)
         if not self.settings.cordon_only:
-            drain = self._drain(operation, node, target.claim, tainted, bound, target.info)
             try:
-                result = await self._guarded(target.claim, drain)
+                result = await self.guarded(ctx, self._drain(ctx))
             except (asyncio.CancelledError, ClaimLost):
                 raise
             except Exception:
-                await self._notify(operation, target.info, facts)
+                await self._notify(ctx)
                 raise
-            await self._notify(operation, target.info, facts)
+            await self._notify(ctx)
             if not result.completed:
                 return Outcome.RETRY
-            if any(decision.reason == OWN_POD for decision in result.skipped):
-                left = self._leave(operation, node, bound)
-                if await self._guarded(target.claim, left):
-                    return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
+            own_pod = any(decision.reason == OWN_POD for decision in result.skipped)
+            if own_pod and await self.guarded(ctx, self._leave(ctx)):
+                return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
-            await self._notify(operation, target.info, facts)
-        post_drain = self._post_drain(operation, node, target.claim, tainted, bound)
-        try:
-            outcome = await self._guarded(target.claim, post_drain)
-        except (asyncio.CancelledError, ClaimLost):
-            raise
-        except Exception as exc:
-            self.observer.node_action(NodeAction.POST_DRAIN, False)
-            await self._event(
-                node, "PostDrainError", f"{POST_DRAIN_ERROR}: {exc}", warning=True, info=target.info
-            )
-            raise
-        self.observer.node_action(NodeAction.POST_DRAIN, True)
-        await self._event(node, *POST_DRAIN, info=target.info)
-        return outcome
+            await self._notify(ctx)
+        return await self.step(ctx, Step.POST_DRAIN, self._post_drain(ctx), guarded=True)
 
-    async def _dry_run(self, operation: NodeOperation, info: InstanceInfo, bound: Any) -> Outcome:
+    async def _dry_run(self, ctx: OperationContext) -> Outcome:
         """DRY_RUN, as NTH: nothing changes in Kubernetes (no cordon, taint, label, eviction, Lease or
         Event), but the lifecycle actions are completed (CONTINUE), the webhook is sent and NTH's actions are
         counted as if done, so a dry run never holds an instance until its hook times out."""
-        node = info.private_dns_name or operation.instance_id
-        bound.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only, node=node)
+        operation, info = ctx.operation, ctx.info
+        node = (info.private_dns_name if info is not None else None) or operation.instance_id
+        ctx.log.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only, node=node)
         if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
             self.observer.node_action(NodeAction.PRE_DRAIN, True)
         only = self.settings.cordon_only
         self.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)
-        await self._notify(operation, info, NO_FACTS)
-        await self._completion_delay()
-        await self._complete_actions(operation, None, bound)
+        await self._notify(ctx)
+        await self.completion_delay()
+        await self.complete_actions(ctx, claim=None)
         self.observer.node_action(NodeAction.POST_DRAIN, True)
         return Outcome.DONE
 
-    async def _resolve(self, operation: NodeOperation, bound: Any) -> InstanceInfo | Outcome:
-        """The instance as EC2 describes it, or the outcome when there is nothing to do: unknown to EC2
-        (its lifecycle actions completed), not managed by this cluster (left alone), or started again since
-        the stop the operation is about."""
-        info = await self.resolver.get(operation.instance_id)
-        if info is None:
-            self.observer.operation_outcome(OperationOutcome.UNKNOWN_INSTANCE)
-            if operation.mode is Mode.DRAIN:
-                bound.info("instance unknown to EC2: nothing to drain, its lifecycle actions completed")
-                await self._complete_actions(operation, None, bound)
-            else:  # never CONTINUE a launch for an instance EC2 cannot show: left to the hook's default
-                bound.info("instance unknown to EC2: its launch actions are left to their hook's timeout")
-                for action in operation.lifecycle_actions:
-                    await self.heartbeats.stop(action)
-                self._settle_all(operation, "unknown-instance")
-            return Outcome.DONE
-        settings = self.settings
-        if not is_managed(
-            info,
-            check=settings.check_tag_before_draining,
-            tag=settings.managed_tag,
-            value=settings.managed_tag_value,
-        ):
-            bound.info("instance not managed: ignored", managed_tag=settings.managed_tag)
-            self.observer.operation_outcome(OperationOutcome.UNMANAGED)
-            for action in operation.lifecycle_actions:
-                await self.heartbeats.stop(action)
-            self._settle_all(operation, "unmanaged")
-            return Outcome.DONE
-        if await self._started_again(operation, bound):
-            return Outcome.DONE
-        return info
-
-    async def _started_again(self, operation: NodeOperation, bound: Any) -> bool:
-        """Whether an operation made only of ``stopping``/``stopped`` state changes comes after the instance
-        started again (EC2 now says ``pending`` or ``running``, read fresh): the stop is over, and the node
-        the restarted instance registers must not be cordoned for it. A warm pool does this: an instance
-        stops into the pool, and its state changes can still be in the queue when it is started into the
-        group ("Warm pools for Amazon EC2 Auto Scaling")."""
-        stops = ("stopping", "stopped")
-        if operation.lifecycle_actions or not all(
-            isinstance(event, StateChangeEvent) and event.state in stops for event in operation.events
-        ):
-            return False
-        info = await self.resolver.get(operation.instance_id, fresh=True)
-        if info is None or info.state not in ("pending", "running"):
-            return False
-        bound.info("instance started again since it stopped: nothing to drain", state=info.state)
-        self.observer.operation_outcome(OperationOutcome.STARTED_AGAIN)
-        return True
-
-    async def _claim(
-        self, operation: NodeOperation, info: InstanceInfo, early_exit: AsyncExitStack, bound: Any
-    ) -> _Target | Outcome:
-        """The node to cordon and, with NODE_LEASES, its Lease (entered on ``early_exit``). When the node is
-        named after the instance's private DNS name (the default on EC2) and there is no Lease to claim, the
-        cordon patch itself finds it; a 404 falls back to the kubernetes.io/hostname lookup."""
-        assumed = self.leases is None and not self.settings.use_provider_id and bool(info.private_dns_name)
-        if assumed:
-            return _Target(info, info.private_dns_name or "", True, None)
+    async def _claim(self, ctx: OperationContext) -> Outcome | None:
+        """The node to cordon (``ctx.node``) and, with NODE_LEASES, its Lease (``ctx.claim``, entered on the
+        EarlyExit stack); ``None`` when claimed, else the operation's outcome. When the node is named after the
+        instance's private DNS name (the default on EC2) and there is no Lease to claim, the cordon patch
+        itself finds it; a 404 falls back to the kubernetes.io/hostname lookup."""
+        info = ctx.info
+        assert info is not None
+        if self.leases is None and not self.settings.use_provider_id and bool(info.private_dns_name):
+            ctx.node, ctx.assumed = info.private_dns_name or "", True
+            return None
         node = await self.finder.find(info)
         if node is None:
-            return await self._no_node(operation, info, bound)
-        name = str(node["metadata"]["name"])
-        claim = None
+            return await self._no_node(ctx)
+        ctx.node = str(node["metadata"]["name"])
         if self.leases is not None:
-            claim = await self.leases.claim(name)
+            claim = await self.leases.claim(ctx.node)
             if claim is None:
-                bound.info("another replica holds the node's Lease: requeued", node=name)
+                ctx.log.info("another replica holds the node's Lease: requeued", node=ctx.node)
                 self.observer.operation_outcome(OperationOutcome.LEASE_HELD)
                 return Outcome.RETRY
-            await early_exit.enter_async_context(claim)
-        return _Target(info, name, False, claim)
+            ctx.claim = await ctx.early_exit.enter_async_context(claim)
+        return None
 
-    async def _cordon(self, operation: NodeOperation, target: _Target, bound: Any) -> str | None:
-        """PreDrain and cordon in one write; the node's name, or ``None`` when there is no such node."""
+    async def _cordon(self, ctx: OperationContext) -> bool:
+        """PreDrain and cordon in one write; ``False`` when there is no such node (``ctx.node`` is the node
+        cordoned: an assumed name that answers 404 is looked up)."""
+        operation, info = ctx.operation, ctx.info
+        assert info is not None
         taints, labels = self._pre_drain(operation)
-        name = target.node
-        about = self._about(operation, target.info)
-        if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels, about=about):
-            node = await self.finder.find(target.info) if target.assumed else None
+        ctx.tainted = set(operation.kinds)  # the kinds whose taints go out with the cordon
+        about = self._about(operation, info)
+        if not await self.drainer.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
+            node = await self.finder.find(info) if ctx.assumed else None
             if node is None:
-                return None
-            name = str(node["metadata"]["name"])
-            if not await self.drainer.cordon(name, taints=taints, labels_if_absent=labels, about=about):
-                return None
+                return False
+            ctx.node = str(node["metadata"]["name"])
+            if not await self.drainer.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
+                return False
         for _ in taints:
             self.observer.node_action(NodeAction.TAINT, True)
         if labels:
@@ -405,16 +319,16 @@ class Handler:
         if self.settings.cordon_only:
             self.observer.node_action(NodeAction.CORDON, True)
         self.observer.cordoned(self.clock() - operation.started_at)
-        bound.info("cordoned")
+        ctx.log.info("cordoned", node=ctx.node)
         for kind in operation.kinds:  # NTH's Event for each interruption taken up, then its steps'
             event_id = operation.event_of(kind).event_id
             text = f"{kind} {event_id} for instance {operation.instance_id}"
-            await self._event(name, RECEIVED_REASONS[kind], text, info=target.info)
+            await self.event(ctx, RECEIVED_REASONS[kind], text)
         if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
-            await self._event(name, *PRE_DRAIN, info=target.info)
+            await self.event(ctx, *PRE_DRAIN)
         if self.settings.cordon_only:
-            await self._event(name, *CORDON, info=target.info)
-        return name
+            await self.event(ctx, *CORDON)
+        return True
 
     @staticmethod
     def _about(operation: NodeOperation, info: InstanceInfo) -> CordonRecord:
@@ -428,13 +342,14 @@ class Handler:
             since=datetime.now(UTC).isoformat(timespec="seconds"),
         )
 
-    async def _notify(self, operation: NodeOperation, info: InstanceInfo, facts: NodeFacts) -> None:
+    async def _notify(self, ctx: OperationContext) -> None:
         """The webhook, as NTH sends it (:meth:`~queue_processor.observe.webhook.Webhook.notify_operation`)."""
-        if self.webhook is not None:
+        operation = ctx.operation
+        if self.webhook is not None and ctx.info is not None:
             await self.webhook.notify_operation(
                 [operation.event_of(kind) for kind in operation.kinds],
-                info,
-                facts,
+                ctx.info,
+                ctx.facts,
                 self.clock() - operation.started_at,
             )
 
@@ -458,22 +373,23 @@ class Handler:
                 taints.append((event.taint_key, event.event_id, self.settings.taint_effect))
         return taints
 
-    async def _drain(
-        self,
-        operation: NodeOperation,
-        node: str,
-        claim: Claim | None,
-        tainted: set[EventKind],
-        bound: Any,
-        info: InstanceInfo,
-    ) -> DrainResult:
+    async def _taint_joined(self, ctx: OperationContext) -> None:
+        """Taint the node for the kinds that joined since its last taints (TAINT_NODE)."""
+        new = [kind for kind in ctx.operation.kinds if kind not in ctx.tainted]
+        for key, value, effect in self._taints(ctx.operation, new):
+            await self.drainer.taint(ctx.node, key, value, effect)
+            self.observer.node_action(NodeAction.TAINT, True)
+        ctx.tainted.update(new)
+
+    async def _drain(self, ctx: OperationContext) -> DrainResult:
         """Evict the node's pods until the deadline; how it ended. Events that join meanwhile bring the
         drain's deadline and the instance's end nearer when theirs are (DESIGN.md rule 13), and their kinds get
-        their taints (a watcher task, cancelled and awaited when the drain ends; ``tainted`` grows)."""
+        their taints (a watcher task on the EarlyExit stack, stopped when the drain ends)."""
+        operation, node = ctx.operation, ctx.node
         started = self.clock()
         kind = str(operation.first.kind)
         bounds = DrainBounds(self._deadline(operation), self._instance_end(operation))
-        watcher = tasks.spawn(self._joiners(operation, node, tainted, bounds, bound), name=f"joiners-{node}")
+        watcher = ctx.spawn(self._joiners(ctx, bounds), name=f"joiners-{node}")
         recorder = self.recorder if self.recorder is not None and self.recorder.enabled else None
 
         async def evicted(namespace: str, name: str) -> None:
@@ -489,7 +405,7 @@ class Handler:
             result = await self.drainer.drain(
                 node,
                 bounds,
-                guard=claim.confirm if claim is not None else None,
+                guard=ctx.claim.confirm if ctx.claim is not None else None,
                 evicted=evicted if recorder is not None else None,
                 deleted=deleted if recorder is not None else None,
             )
@@ -508,20 +424,22 @@ class Handler:
         }
         if not result.completed:
             self.observer.node_action(NodeAction.CORDON_AND_DRAIN, False)
-            bound.warning("drain incomplete: requeued", reason=result.reason, causes=result.causes, **figures)
+            ctx.log.warning(
+                "drain incomplete: requeued", reason=result.reason, causes=result.causes, **figures
+            )
             text = f"{CORDON_AND_DRAIN_ERROR}: drain incomplete, will retry: {result.reason}"
-            await self._event(node, "CordonAndDrainError", text, warning=True, info=info)
+            await self.event(ctx, "CordonAndDrainError", text, warning=True)
             if (
                 EventKind.ASG_TERMINATE_LIFECYCLE in operation.kinds
             ):  # NTH's EarlyExit task for lifecycle hooks
-                await self._event(node, *CANCEL_DRAIN, info=info)
+                await self.event(ctx, *CANCEL_DRAIN)
             return result
         self.observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
-        bound.info("drained", skipped=len(result.skipped), **figures)
-        await self._event(node, *CORDON_AND_DRAIN, info=info)
+        ctx.log.info("drained", skipped=len(result.skipped), **figures)
+        await self.event(ctx, *CORDON_AND_DRAIN)
         return result
 
-    async def _leave(self, operation: NodeOperation, node: str, bound: Any) -> bool:
+    async def _leave(self, ctx: OperationContext) -> bool:
         """Our own pod runs on the node just drained. Rather than completing the node's lifecycle actions and
         dying with the instance (every other message we hold then waits out its visibility timeout, unheartbeated,
         until a new pod runs elsewhere), evict our pod last: the kubelet's SIGTERM starts our graceful shutdown,
@@ -532,160 +450,91 @@ class Handler:
         ``False`` when the eviction was refused until the drain deadline (a PodDisruptionBudget over our
         replicas): the actions are completed as before and this process goes with the instance."""
         namespace, name = self.settings.pod_namespace or "default", self.settings.pod_name
-        if not await self.drainer.evict_last(namespace, name, self._deadline(operation)):
-            bound.warning(
+        if not await self.drainer.evict_last(namespace, name, self._deadline(ctx.operation)):
+            ctx.log.warning(
                 "our own pod could not be evicted before the deadline: completing and going with the node"
             )
             return False
         self.observer.node_action(NodeAction.LEAVE, True)
-        bound.info(
+        ctx.log.info(
             "our own pod evicted, last: its shutdown releases our messages, this node's actions go to our successor",
             pod=f"{namespace}/{name}",
         )
         await asyncio.sleep(LEAVE_WAIT_S)  # the kubelet's SIGTERM comes first, and shutdown cancels this
-        bound.warning("our own pod was evicted but no SIGTERM came: requeued", waited_s=LEAVE_WAIT_S)
+        ctx.log.warning("our own pod was evicted but no SIGTERM came: requeued", waited_s=LEAVE_WAIT_S)
         return True
 
-    async def _joiners(
-        self, operation: NodeOperation, node: str, tainted: set[EventKind], bounds: DrainBounds, bound: Any
-    ) -> None:
+    async def _joiners(self, ctx: OperationContext, bounds: DrainBounds) -> None:
         """Whenever an event joins: the drain's bounds tighten to its deadline and instance end when they are
         nearer (a Spot warning joining a rebalance recommendation's drain), and the node is tainted for kinds
         not tainted yet (TAINT_NODE)."""
+        operation = ctx.operation
         while True:
             await operation.joined.wait()
             operation.joined.clear()
             if bounds.tighten(self._deadline(operation), self._instance_end(operation)):
                 now = self.clock()
-                bound.info(
+                ctx.log.info(
                     "a joining event brings the drain's end nearer",
                     deadline_in_s=round(bounds.deadline - now, 1),
                     instance_end_in_s=None
                     if bounds.instance_end is None
                     else round(bounds.instance_end - now, 1),
                 )
-            new = [kind for kind in operation.kinds if kind not in tainted]
-            for key, value, effect in self._taints(operation, new):
-                await self.drainer.taint(node, key, value, effect)
-                self.observer.node_action(NodeAction.TAINT, True)
-            tainted.update(new)
+            await self._taint_joined(ctx)
 
-    async def _post_drain(
-        self, operation: NodeOperation, node: str, claim: Claim | None, tainted: set[EventKind], bound: Any
-    ) -> Outcome:
+    async def _post_drain(self, ctx: OperationContext) -> Outcome:
         """Complete the lifecycle actions; taint for kinds that joined since the last taint; the
         out-of-service taint when ENABLE_OUT_OF_SERVICE_TAINT (not with CORDON_ONLY, as NTH). A node gone by
         then is success: its instance terminated once its actions were completed, and the node went with it."""
         settings = self.settings
-        await self._completion_delay()
-        await self._complete_actions(operation, claim, bound)
+        await self.completion_delay()
+        await self.complete_actions(ctx, claim=ctx.claim)
         try:
-            new = [kind for kind in operation.kinds if kind not in tainted]
-            for key, value, effect in self._taints(operation, new):
-                await self.drainer.taint(node, key, value, effect)
-                self.observer.node_action(NodeAction.TAINT, True)
-            tainted.update(new)
+            await self._taint_joined(ctx)
             if settings.enable_out_of_service_taint and not settings.cordon_only:
-                await self.drainer.taint(node, *OUT_OF_SERVICE_TAINT)
+                await self.drainer.taint(ctx.node, *OUT_OF_SERVICE_TAINT)
                 self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
         except KubeError as exc:
             if exc.status != 404:
                 raise
-            bound.info("node gone once its actions were completed: nothing left to taint")
-        await self._complete_actions(operation, claim, bound)  # actions that joined during the taints
+            ctx.log.info("node gone once its actions were completed: nothing left to taint")
+        await self.complete_actions(ctx, claim=ctx.claim)  # actions that joined during the taints
         return Outcome.DONE
 
-    async def _completion_delay(self) -> None:
-        """COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS before completing, as NTH: after a drain, a dry run's
-        decision, and a launching instance's node turning Ready (the actions are heartbeated meanwhile)."""
-        if self.settings.complete_lifecycle_action_delay_seconds > 0:
-            await asyncio.sleep(self.settings.complete_lifecycle_action_delay_seconds)
-
-    async def _complete_actions(self, operation: NodeOperation, claim: Claim | None, bound: Any) -> None:
-        """Complete every unsettled lifecycle action of the operation with CONTINUE, until none is left
-        (actions that join while others complete are completed too). With a Lease, it is confirmed first."""
-        while pending := operation.unsettled():
-            for action in pending:
-                if claim is not None:
-                    await claim.confirm()
-                result = await self.heartbeats.complete(action, "CONTINUE")
-                operation.settled[action.action_key] = result
-                launch = operation.mode is Mode.LAUNCH
-                self.observer.node_action(
-                    NodeAction.LAUNCH_READY if launch else NodeAction.LIFECYCLE_COMPLETE, True
-                )
-                bound.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
-
-    def _settle_all(self, operation: NodeOperation, how: str) -> None:
-        for action in operation.unsettled():
-            operation.settled[action.action_key] = how
-
-    async def _guarded(self, claim: Claim | None, step: Awaitable[T]) -> T:
-        """Run ``step``; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost."""
-        if claim is None:
-            return await step
-        task = asyncio.ensure_future(step)
-        lost = asyncio.create_task(claim.lost.wait(), name="lease-lost")
-        try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await tasks.stop(task, lost)
-        if task.cancelled() and lost.done() and not lost.cancelled():
-            raise ClaimLost(f"Lease {claim.name} was lost")
-        return task.result()
-
-    async def _no_node(self, operation: NodeOperation, info: InstanceInfo, bound: Any) -> Outcome:
+    async def _no_node(self, ctx: OperationContext) -> Outcome:
         """No Node for the instance. Done, its lifecycle actions completed (CONTINUE: there is nothing to
         drain), when the instance is gone, when DELETE_SQS_MSG_IF_NODE_NOT_FOUND says so, or when no node can
         come any more: the instance has run for LAUNCH_READY_TIMEOUT_SEC (its ``LaunchTime``, its last start)
         without one registering (DESIGN.md rule 9). Before that (or when EC2 gives no ``LaunchTime``) a node
         may still register, and the operation is retried."""
-        if await self._instance_gone(operation):
-            bound.info("instance terminated and its node gone: nothing to drain")
+        log = ctx.log
+        if await self.instance_gone(ctx.operation):
+            log.info("instance terminated and its node gone: nothing to drain")
             self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
-            await self._complete_actions(operation, None, bound)
+            await self.complete_actions(ctx, claim=None)
             return Outcome.DONE
         if self.settings.delete_sqs_msg_if_node_not_found:
-            bound.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
+            log.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
             self.observer.operation_outcome(OperationOutcome.NODE_NOT_FOUND)
-            await self._complete_actions(operation, None, bound)
+            await self.complete_actions(ctx, claim=None)
             return Outcome.DONE
         timeout_s = self.settings.launch_ready_timeout_sec
-        launched = info.launch_time
+        launched = ctx.info.launch_time if ctx.info is not None else None
         running_s = None if launched is None else (datetime.now(UTC) - launched).total_seconds()
         if running_s is not None and running_s >= timeout_s:
-            bound.info(
+            log.info(
                 "no node registered for the instance: nothing to drain, its lifecycle actions completed",
                 running_s=running_s,
                 launch_ready_timeout_s=timeout_s,
             )
             self.observer.operation_outcome(OperationOutcome.NO_NODE)
-            await self._complete_actions(operation, None, bound)
+            await self.complete_actions(ctx, claim=None)
             return Outcome.DONE
-        bound.info(
+        log.info(
             "no node for the instance yet: requeued", running_s=running_s, launch_ready_timeout_s=timeout_s
         )
         return Outcome.RETRY
-
-    async def _event(
-        self, node: str, reason: str, message: str, *, warning: bool = False, info: InstanceInfo | None = None
-    ) -> None:
-        """An Event on ``node`` with NTH's per-node annotations, from what EC2 says of its instance."""
-        if self.recorder is None:
-            return
-        facts = {"local-hostname": node}
-        if info is not None:
-            zone = info.availability_zone
-            facts |= {"instance-id": info.instance_id, "availability-zone": zone, "region": zone[:-1]}
-        await self.recorder.record(node, reason, message, warning=warning, facts=facts)
-
-    async def _instance_gone(self, operation: NodeOperation) -> bool:
-        """Whether the instance is shutting down or terminated (its node will never come back): from the
-        operation's own state changes, else from a fresh DescribeInstances."""
-        if any(isinstance(e, StateChangeEvent) and e.state in INSTANCE_ENDED for e in operation.events):
-            return True
-        info = await self.resolver.get(operation.instance_id, fresh=True)
-        return info is None or info.state in INSTANCE_ENDED
 
     def _deadline(self, operation: NodeOperation) -> float:
         """The operation's drain deadline now (:func:`~queue_processor.deadlines.drain_deadline`)."""
@@ -702,123 +551,3 @@ class Handler:
         return instance_end(
             operation.events, now=self.clock(), wall=datetime.now(UTC), started_at=operation.started_at
         )
-
-    async def _launch(self, operation: NodeOperation, bound: Any) -> Outcome:
-        """Wait for the instance's node to be registered and Ready, then complete its launch actions (those
-        headed for a warm pool only with COMPLETE_WARM_POOL_LAUNCH) with CONTINUE. Only while work can still
-        finish them (DESIGN.md rule 9): an instance EC2 lists as shutting down or terminated ends its actions
-        (acknowledged at once), an action AWS says is over is settled, and a node not Ready
-        LAUNCH_READY_TIMEOUT_SEC after the action began (:func:`launch_ready_deadline`: the same moment at
-        every receive, on every replica) gets the hook's DefaultResult."""
-        settings = self.settings
-        for action in operation.launch_actions:
-            if self._left_to_bootstrap(action):
-                operation.settled[action.action_key] = "left-to-bootstrap"
-        if not operation.unsettled():
-            bound.info("launch into a warm pool: left to the instance's bootstrap")
-            return Outcome.DONE
-        resolved = await self._resolve(operation, bound)
-        if isinstance(resolved, Outcome):
-            return resolved
-        info: InstanceInfo | None = resolved
-        deadline = launch_ready_deadline(
-            operation.events,
-            timeout_s=settings.launch_ready_timeout_sec,
-            now=self.clock(),
-            wall=datetime.now(UTC),
-        )
-        poll = 0.1
-        while True:
-            if info is None or info.state in INSTANCE_ENDED:
-                return await self._launch_ended(operation, info, bound)
-            for open_action in operation.unsettled():
-                if self.heartbeats.over(open_action):
-                    operation.settled[open_action.action_key] = LifecycleResult.NO_ACTIVE_ACTION
-                    bound.info(
-                        "launch action already over: acknowledged", hook=open_action.lifecycle_hook_name
-                    )
-            if not operation.unsettled():
-                self.observer.operation_outcome(OperationOutcome.ACTION_OVER)
-                return Outcome.DONE
-            node = await self.finder.find(info)
-            if node is not None and node_ready(node):
-                break
-            if self.clock() >= deadline:
-                return await self._launch_not_ready(operation, node is not None, bound)
-            await asyncio.sleep(min(poll, max(deadline - self.clock(), 0.0)))
-            poll = min(poll * 1.5, 5.0)
-            info = await self.resolver.get(operation.instance_id)
-        bound = bound.bind(node=node["metadata"]["name"])
-        await self._completion_delay()
-        if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
-            bound.info("dry run: the node is Ready, its launch actions completed")
-            await self._complete_actions(operation, None, bound)
-            self.observer.node_action(NodeAction.POST_DRAIN, True)
-            return Outcome.DONE
-        name = str(node["metadata"]["name"])
-        text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"
-        await self._event(name, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text, info=info)
-        if settings.uncordon_on_return:
-            await self._undo_on_return(operation, name, info, bound)
-        try:
-            await self._complete_actions(operation, None, bound)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # NTH's launch PostDrain
-            self.observer.node_action(NodeAction.POST_DRAIN, False)
-            await self._event(name, "PostDrainError", f"{POST_DRAIN_ERROR}: {exc}", warning=True, info=info)
-            raise
-        self.observer.node_action(NodeAction.POST_DRAIN, True)
-        await self._event(name, *POST_DRAIN, info=info)
-        return Outcome.DONE
-
-    async def _undo_on_return(
-        self, operation: NodeOperation, node: str, info: InstanceInfo | None, bound: Any
-    ) -> None:
-        """The launching instance is going into service and its node is Ready: undo what we did to the node
-        when it carries our record for this instance (DESIGN.md rule 12) and no drain of it runs here. A launch
-        out of a warm pool is proof of its return; another launch only when the instance was started since our
-        cordon (:func:`~queue_processor.returns.came_back`)."""
-        from_pool = any(action.origin == "WarmPool" for action in operation.launch_actions)
-
-        def decide(found: dict[str, Any], record: CordonRecord) -> bool:
-            if record.instance_id != operation.instance_id or self.draining(operation.instance_id):
-                return False
-            return node_ready(found) and (from_pool or came_back(record, info, found))
-
-        if await self.drainer.undo(node, decide):
-            self.observer.node_action(NodeAction.UNCORDON, True)
-            bound.info(
-                "instance back in service: our cordon, taints and label undone", from_warm_pool=from_pool
-            )
-
-    async def _launch_ended(self, operation: NodeOperation, info: InstanceInfo | None, bound: Any) -> Outcome:
-        """The launching instance is shutting down or terminated (or EC2 no longer shows it): its launch
-        actions ended with it. Their heartbeats stop and the messages are acknowledged."""
-        bound.info("launching instance terminated: its launch actions are over", state=info and info.state)
-        for action in operation.unsettled():
-            await self.heartbeats.stop(action)
-        self._settle_all(operation, "instance-gone")
-        self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
-        return Outcome.DONE
-
-    async def _launch_not_ready(self, operation: NodeOperation, registered: bool, bound: Any) -> Outcome:
-        """LAUNCH_READY_TIMEOUT_SEC has passed since the launch began and the node is not Ready: each launch
-        action is completed with its hook's DefaultResult (ABANDON when the hook cannot be read), as Auto
-        Scaling would at the hook's timeout, but now, instead of heartbeats keeping a broken instance in
-        ``Pending:Wait`` until the message reaches the dead-letter queue."""
-        self.observer.operation_outcome(OperationOutcome.LAUNCH_NOT_READY)
-        for action in operation.unsettled():
-            result = await self.heartbeats.lifecycle.default_result(
-                action.auto_scaling_group_name, action.lifecycle_hook_name
-            )
-            bound.warning(
-                "node not Ready in time: launch action completed with its hook's DefaultResult",
-                timeout_s=self.settings.launch_ready_timeout_sec,
-                registered=registered,
-                hook=action.lifecycle_hook_name,
-                result=result,
-            )
-            outcome = await self.heartbeats.complete(action, result)
-            operation.settled[action.action_key] = outcome
-        return Outcome.DONE

@@ -674,13 +674,19 @@ async def test_heartbeat_set_up_never_delays_the_cordon(env: Any) -> None:
     assert our_tasks() == set()
 
 
-async def test_shutdown_cancels_the_operation_and_stops_every_heartbeat(env: Any) -> None:
-    world = World(settings(node_termination_grace_period=600))
+@pytest.mark.parametrize("leases", [False, True], ids=["no-lease", "lease"])
+async def test_shutdown_cancels_the_operation_and_stops_every_heartbeat(env: Any, leases: bool) -> None:
+    # With a Lease the drain runs as a guarded step (its task and the Lease watch), beside the joiners'
+    # watcher and the Lease's renewal: every one of them is on the operation's EarlyExit stack.
+    world = World(settings(node_termination_grace_period=600, node_leases=leases), leases=leases)
     world.kube.refuse_evictions = True
     operation = world.receive(terminate())
     assert operation is not None
     task = asyncio.create_task(world.handler.handle(operation))
     await until(lambda: world.node()["spec"].get("unschedulable") is True)
+    await until(lambda: any(t.get_name().startswith("joiners-") for t in our_tasks()))
+    if leases:
+        assert {t.get_name().split("-")[0] for t in our_tasks()} >= {"step", "lease", "joiners"}
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await world.heartbeats.close()

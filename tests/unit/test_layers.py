@@ -59,6 +59,8 @@ LAYERS: list[set[str]] = [
         "queue_processor.lifecycle",
     },
     {"queue_processor.returns"},
+    {"queue_processor.steps"},
+    {"queue_processor.launch"},
     {"queue_processor.handler"},
     {"queue_processor.consumer", "queue_processor.server"},
     {"queue_processor.app"},

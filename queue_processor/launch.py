@@ -1,0 +1,180 @@
+"""The launch path: a launching instance's node is waited for, then its launch actions are completed.
+
+:meth:`Launches.run` waits until the instance's node is registered and Ready, then completes its launch
+actions (those headed for a warm pool only with COMPLETE_WARM_POOL_LAUNCH) with CONTINUE, undoing first what
+we did to a node coming back into service (UNCORDON_ON_RETURN). Only while work can still finish them
+(DESIGN.md rule 9): an instance EC2 lists as shutting down or terminated ends its actions (acknowledged at
+once), an action AWS says is over is settled, and a node not Ready LAUNCH_READY_TIMEOUT_SEC after the action
+began (:func:`~queue_processor.deadlines.launch_ready_deadline`: the same moment at every receive, on every
+replica) gets the hook's DefaultResult.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from queue_processor.config import Settings
+from queue_processor.deadlines import launch_ready_deadline
+from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.record import CordonRecord
+from queue_processor.events import EventKind
+from queue_processor.lifecycle import Heartbeats
+from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, node_ready
+from queue_processor.observe.events import RECEIVED_REASONS, NodeEventRecorder
+from queue_processor.observe.observer import Observer
+from queue_processor.outcomes import LifecycleResult, NodeAction, OperationOutcome
+from queue_processor.returns import came_back
+from queue_processor.steps import INSTANCE_ENDED, OperationContext, Outcome, Step, Steps, settle_all
+
+__all__ = ["Launches"]
+
+
+class Launches(Steps):
+    """Runs launch operations (see the module docstring). ``draining(instance_id)`` says whether a drain of
+    the instance runs here now: a node being drained is never uncordoned for a launch."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        resolver: InstanceResolver,
+        finder: NodeFinder,
+        heartbeats: Heartbeats,
+        drainer: Drainer,
+        draining: Callable[[str], bool],
+        recorder: NodeEventRecorder | None,
+        observer: Observer,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(
+            settings,
+            resolver=resolver,
+            finder=finder,
+            heartbeats=heartbeats,
+            recorder=recorder,
+            observer=observer,
+            clock=clock,
+        )
+        self.drainer = drainer
+        self.draining = draining
+
+    async def run(self, ctx: OperationContext) -> Outcome:
+        """The launch operation of ``ctx`` to its end."""
+        settings, operation = self.settings, ctx.operation
+        for action in operation.launch_actions:
+            if self.left_to_bootstrap(action):
+                operation.settled[action.action_key] = "left-to-bootstrap"
+        if not operation.unsettled():
+            ctx.log.info("launch into a warm pool: left to the instance's bootstrap")
+            return Outcome.DONE
+        resolved = await self.resolve(ctx)
+        if isinstance(resolved, Outcome):
+            return resolved
+        node = await self._ready_node(ctx, resolved)
+        if isinstance(node, Outcome):
+            return node
+        ctx.node = str(node["metadata"]["name"])
+        ctx.bind(node=ctx.node)
+        await self.completion_delay()
+        if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
+            ctx.log.info("dry run: the node is Ready, its launch actions completed")
+            await self.complete_actions(ctx, claim=None)
+            self.observer.node_action(NodeAction.POST_DRAIN, True)
+            return Outcome.DONE
+        text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"
+        await self.event(ctx, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text)
+        if settings.uncordon_on_return:
+            await self._undo_on_return(ctx)
+        await self.step(
+            ctx, Step.POST_DRAIN, self.complete_actions(ctx, claim=None)
+        )  # NTH's launch PostDrain
+        return Outcome.DONE
+
+    async def _ready_node(self, ctx: OperationContext, info: InstanceInfo | None) -> dict[str, Any] | Outcome:
+        """Wait (polling, backing off from 0.1 s to 5 s) until the instance's node is registered and Ready;
+        the node, or the outcome when the launch ended otherwise."""
+        operation = ctx.operation
+        deadline = launch_ready_deadline(
+            operation.events,
+            timeout_s=self.settings.launch_ready_timeout_sec,
+            now=self.clock(),
+            wall=datetime.now(UTC),
+        )
+        poll = 0.1
+        while True:
+            if info is None or info.state in INSTANCE_ENDED:
+                return await self._ended(ctx, info)
+            for open_action in operation.unsettled():
+                if self.heartbeats.over(open_action):
+                    operation.settled[open_action.action_key] = LifecycleResult.NO_ACTIVE_ACTION
+                    ctx.log.info(
+                        "launch action already over: acknowledged", hook=open_action.lifecycle_hook_name
+                    )
+            if not operation.unsettled():
+                self.observer.operation_outcome(OperationOutcome.ACTION_OVER)
+                return Outcome.DONE
+            node = await self.finder.find(info)
+            if node is not None and node_ready(node):
+                ctx.info = info
+                return node
+            if self.clock() >= deadline:
+                return await self._not_ready(ctx, node is not None)
+            await asyncio.sleep(min(poll, max(deadline - self.clock(), 0.0)))
+            poll = min(poll * 1.5, 5.0)
+            info = await self.resolver.get(operation.instance_id)
+
+    async def _undo_on_return(self, ctx: OperationContext) -> None:
+        """The launching instance is going into service and its node is Ready: undo what we did to the node
+        when it carries our record for this instance (DESIGN.md rule 12) and no drain of it runs here. A launch
+        out of a warm pool is proof of its return; another launch only when the instance was started since our
+        cordon (:func:`~queue_processor.returns.came_back`)."""
+        operation = ctx.operation
+        from_pool = any(action.origin == "WarmPool" for action in operation.launch_actions)
+
+        def decide(found: dict[str, Any], record: CordonRecord) -> bool:
+            if record.instance_id != operation.instance_id or self.draining(operation.instance_id):
+                return False
+            return node_ready(found) and (from_pool or came_back(record, ctx.info, found))
+
+        if await self.drainer.undo(ctx.node, decide):
+            self.observer.node_action(NodeAction.UNCORDON, True)
+            ctx.log.info(
+                "instance back in service: our cordon, taints and label undone", from_warm_pool=from_pool
+            )
+
+    async def _ended(self, ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
+        """The launching instance is shutting down or terminated (or EC2 no longer shows it): its launch
+        actions ended with it. Their heartbeats stop and the messages are acknowledged."""
+        ctx.log.info("launching instance terminated: its launch actions are over", state=info and info.state)
+        operation = ctx.operation
+        for action in operation.unsettled():
+            await self.heartbeats.stop(action)
+        settle_all(operation, "instance-gone")
+        self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
+        return Outcome.DONE
+
+    async def _not_ready(self, ctx: OperationContext, registered: bool) -> Outcome:
+        """LAUNCH_READY_TIMEOUT_SEC has passed since the launch began and the node is not Ready: each launch
+        action is completed with its hook's DefaultResult (ABANDON when the hook cannot be read), as Auto
+        Scaling would at the hook's timeout, but now, instead of heartbeats keeping a broken instance in
+        ``Pending:Wait`` until the message reaches the dead-letter queue."""
+        self.observer.operation_outcome(OperationOutcome.LAUNCH_NOT_READY)
+        operation = ctx.operation
+        for action in operation.unsettled():
+            result = await self.heartbeats.lifecycle.default_result(
+                action.auto_scaling_group_name, action.lifecycle_hook_name
+            )
+            ctx.log.warning(
+                "node not Ready in time: launch action completed with its hook's DefaultResult",
+                timeout_s=self.settings.launch_ready_timeout_sec,
+                registered=registered,
+                hook=action.lifecycle_hook_name,
+                result=result,
+            )
+            outcome = await self.heartbeats.complete(action, result)
+            operation.settled[action.action_key] = outcome
+        return Outcome.DONE
