@@ -91,7 +91,7 @@ from queue_processor.outcomes import (
     NodeAction,
     OperationOutcome,
 )
-from queue_processor.steps import INSTANCE_ENDED, OperationContext, Outcome, Step, Steps
+from queue_processor.steps import INSTANCE_ENDED, Collaborators, OperationContext, Outcome, Step, Steps
 
 __all__ = [
     "EXCLUDE_FROM_LB_LABEL",
@@ -147,29 +147,11 @@ class Handler(Steps):
         observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(
-            settings,
-            resolver=resolver,
-            finder=finder,
-            heartbeats=heartbeats,
-            recorder=recorder,
-            observer=observer,
-            clock=clock,
-        )
+        super().__init__(Collaborators(settings, resolver, finder, heartbeats, recorder, observer, clock))
         self.drainer = drainer
         self.leases = leases
         self.webhook = webhook
-        self.launches = Launches(
-            settings,
-            resolver=resolver,
-            finder=finder,
-            heartbeats=heartbeats,
-            drainer=drainer,
-            draining=self.draining,
-            recorder=recorder,
-            observer=observer,
-            clock=clock,
-        )
+        self.launches = Launches(self.parts, drainer=drainer, draining=self.draining)
         self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
 
     # ------------------------------------------------------------------------------------------- receipt

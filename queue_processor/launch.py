@@ -12,23 +12,27 @@ replica) gets the hook's DefaultResult.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from queue_processor.config import Settings
 from queue_processor.deadlines import launch_ready_deadline
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
-from queue_processor.lifecycle import Heartbeats
-from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, node_ready
-from queue_processor.observe.events import RECEIVED_REASONS, NodeEventRecorder
-from queue_processor.observe.observer import Observer
+from queue_processor.nodes import InstanceInfo, node_ready
+from queue_processor.observe.events import RECEIVED_REASONS
 from queue_processor.outcomes import LifecycleResult, NodeAction, OperationOutcome
 from queue_processor.returns import came_back
-from queue_processor.steps import INSTANCE_ENDED, OperationContext, Outcome, Step, Steps, settle_all
+from queue_processor.steps import (
+    INSTANCE_ENDED,
+    Collaborators,
+    OperationContext,
+    Outcome,
+    Step,
+    Steps,
+    settle_all,
+)
 
 __all__ = ["Launches"]
 
@@ -37,28 +41,8 @@ class Launches(Steps):
     """Runs launch operations (see the module docstring). ``draining(instance_id)`` says whether a drain of
     the instance runs here now: a node being drained is never uncordoned for a launch."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        resolver: InstanceResolver,
-        finder: NodeFinder,
-        heartbeats: Heartbeats,
-        drainer: Drainer,
-        draining: Callable[[str], bool],
-        recorder: NodeEventRecorder | None,
-        observer: Observer,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(
-            settings,
-            resolver=resolver,
-            finder=finder,
-            heartbeats=heartbeats,
-            recorder=recorder,
-            observer=observer,
-            clock=clock,
-        )
+    def __init__(self, parts: Collaborators, *, drainer: Drainer, draining: Callable[[str], bool]) -> None:
+        super().__init__(parts)
         self.drainer = drainer
         self.draining = draining
 

@@ -49,6 +49,7 @@ from queue_processor.outcomes import ClaimLost, NodeAction, OperationOutcome
 __all__ = [
     "INSTANCE_ENDED",
     "STEP_EVENTS",
+    "Collaborators",
     "OperationContext",
     "Outcome",
     "Step",
@@ -140,29 +141,35 @@ class OperationContext:
         return task
 
 
-class Steps:
-    """The collaborators and helpers the drain and launch paths share. ``observer`` is told each action on a
-    node and the outcome of operations that end without a drain; ``clock`` returns monotonic seconds;
-    ``heartbeats`` owns every lifecycle action's heartbeat and completes actions."""
+@dataclass(frozen=True)
+class Collaborators:
+    """What the drain and launch paths both talk to. ``observer`` is told each action on a node and the
+    outcome of operations that end without a drain; ``clock`` returns monotonic seconds; ``heartbeats`` owns
+    every lifecycle action's heartbeat and completes actions; ``recorder`` records Kubernetes Events (none:
+    no Events)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        resolver: InstanceResolver,
-        finder: NodeFinder,
-        heartbeats: Heartbeats,
-        recorder: NodeEventRecorder | None,
-        observer: Observer,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.settings = settings
-        self.resolver = resolver
-        self.finder = finder
-        self.heartbeats = heartbeats
-        self.recorder = recorder
-        self.observer = observer
-        self.clock = clock
+    settings: Settings
+    resolver: InstanceResolver
+    finder: NodeFinder
+    heartbeats: Heartbeats
+    recorder: NodeEventRecorder | None
+    observer: Observer
+    clock: Callable[[], float] = time.monotonic
+
+
+class Steps:
+    """The helpers the drain and launch paths share, over their :class:`Collaborators` (each one is also an
+    attribute of the same name)."""
+
+    def __init__(self, parts: Collaborators) -> None:
+        self.parts = parts
+        self.settings = parts.settings
+        self.resolver = parts.resolver
+        self.finder = parts.finder
+        self.heartbeats = parts.heartbeats
+        self.recorder = parts.recorder
+        self.observer = parts.observer
+        self.clock = parts.clock
 
     # -------------------------------------------------------------------------------------- the wrapper
 
