@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
-from queue_processor.events import ActionKey, EventKind, SqsMessageRef
+from queue_processor.events import ActionKey, EventKind
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
@@ -57,7 +57,8 @@ def mode_of(event: Event) -> Mode:
 @dataclass
 class NodeOperation:
     """Everything asked of one instance at once: its events (unique event IDs, in arrival order) and the
-    messages they came in. ``started_at`` is the store clock's reading (seconds) when it began.
+    IDs of the messages they came in (in arrival order). ``started_at`` is the store clock's reading
+    (seconds) when it began.
 
     ``settled`` maps each lifecycle action the handler is finished with to how (``completed``,
     ``no-active-action``, ``unmanaged``…); ``joined`` is set whenever an event joins (the handler clears it
@@ -67,7 +68,7 @@ class NodeOperation:
     mode: Mode
     started_at: float
     events: list[Event] = field(default_factory=list)
-    messages: dict[str, SqsMessageRef] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
     settled: dict[ActionKey, str] = field(default_factory=dict)
     joined: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
 
@@ -150,12 +151,13 @@ class MessageOutcome(StrEnum):
 class Settlement:
     """Messages whose every operation has ended, with what to do with each."""
 
-    messages: tuple[tuple[SqsMessageRef, MessageOutcome], ...]
+    messages: tuple[tuple[str, MessageOutcome], ...]
+    """(message ID, what to do with it) pairs; the receipt handles are the settlement ledger's
+    (:class:`~queue_processor.settlement.Ledger`)."""
 
 
 @dataclass
 class _MessageState:
-    ref: SqsMessageRef
     running: int = 0
     failed: bool = False
     actions: set[ActionKey] = field(default_factory=set)  # the lifecycle actions it carries
@@ -195,11 +197,10 @@ class EventStore:
         """Whether ``operation`` is in flight (admitted and not finished)."""
         return self._operations.get(operation.key) is operation
 
-    def held(self) -> list[SqsMessageRef]:
-        """Every message that still has an operation running, each with the newest receipt handle it was
-        received with (the only one SQS still honours): the messages whose visibility is extended, and made
-        visible again at shutdown. The store is the only place receipt handles are kept."""
-        return [state.ref for state in self._messages.values()]
+    def held(self) -> list[str]:
+        """The IDs of every message that still has an operation running: the messages whose visibility is
+        extended, and made visible again at shutdown (their receipt handles are the settlement ledger's)."""
+        return list(self._messages)
 
     @property
     def held_count(self) -> int:
@@ -224,15 +225,14 @@ class EventStore:
                 operation.joined.set()
         message = event.message
         if message is not None:
-            state = self._messages.setdefault(message.message_id, _MessageState(message))
-            state.ref = message  # the newest receipt handle wins
+            state = self._messages.setdefault(message.message_id, _MessageState())
             if isinstance(event, AsgLifecycleEvent):
                 state.actions.add(event.action_key)
             operations = self._message_ops.setdefault(message.message_id, set())
-            if key not in operations:
+            if key not in operations:  # the message's first event for this operation
                 operations.add(key)
                 state.running += 1
-            operation.messages[message.message_id] = message
+                operation.messages.append(message.message_id)
         return Admission(kind, operation)
 
     def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
@@ -250,7 +250,7 @@ class EventStore:
             for event in operation.events:
                 if not (isinstance(event, AsgLifecycleEvent) and event.action_key not in operation.settled):
                     self._done[event.event_id] = expiry
-        settled: list[tuple[SqsMessageRef, MessageOutcome]] = []
+        settled: list[tuple[str, MessageOutcome]] = []
         for message_id in operation.messages:
             state = self._messages[message_id]
             state.running -= 1
@@ -259,7 +259,9 @@ class EventStore:
             if state.running == 0:
                 del self._messages[message_id]
                 del self._message_ops[message_id]
-                settled.append((state.ref, MessageOutcome.REQUEUE if state.failed else MessageOutcome.DELETE))
+                settled.append(
+                    (message_id, MessageOutcome.REQUEUE if state.failed else MessageOutcome.DELETE)
+                )
         return Settlement(tuple(settled))
 
     def _expire(self) -> None:

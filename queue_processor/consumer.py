@@ -2,16 +2,17 @@
 
 - One or more long-poll loops per queue (ReceiveMessage: up to 10 messages, WaitTimeSeconds 20, with
   ``SentTimestamp`` and ``ApproximateReceiveCount``). A loop asks only for as many messages as the in-flight
-  budget has room for, and waits only when it is full (DESIGN.md rule 6). The budget is a ledger of slots
-  (:mod:`queue_processor.ledger`): room reserved around each poll by one ``async with``, a slot claimed per
-  message kept, returned once when the message is settled, however its operation ended.
+  budget has room for, and waits only when it is full (DESIGN.md rule 6). What a held message is (its slot,
+  its newest receipt handle, its visibility, its heartbeats' hold, its settlement) is the settlement ledger's
+  (:mod:`queue_processor.settlement`): room reserved around each poll by one ``async with``, a slot claimed
+  per message kept, returned once when the message is settled, however its operation ended.
 - Each message is parsed (:func:`queue_processor.parse.parse`): poison is logged with its message ID, counted,
   never deleted, and hidden for POISON_VISIBILITY_TIMEOUT_SEC so it does not hot-loop while the redrive policy
   moves it to the dead-letter queue; a skip is deleted; events go to the :class:`EventStore`, and a new
   operation to the :class:`Handler` in a task this consumer owns.
-- While any operation of a message runs, a visibility extender renews its visibility timeout (rule 5).
-- When its operations end, a message is deleted (DeleteMessageBatch) or requeued: ChangeMessageVisibility to a
-  backoff that grows with ApproximateReceiveCount.
+- While any operation of a message runs, the ledger renews its visibility timeout (rule 5).
+- When its operations end, the ledger deletes the message (DeleteMessageBatch) or requeues it:
+  ChangeMessageVisibility to a backoff that grows with ApproximateReceiveCount.
 - Every lifecycle action received is heartbeated from then on (:meth:`Handler.received`); a requeued
   message's actions keep their heartbeats for its backoff (plus a visibility timeout for the receive).
 - :meth:`Consumer.shutdown` (SIGTERM/SIGINT): stop receiving, cancel every operation, stop every heartbeat
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -35,27 +35,24 @@ from botocore.exceptions import NoCredentialsError
 
 from queue_processor import tasks
 from queue_processor.aws import call, error_code
-from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation, Settlement
-from queue_processor.config import REQUEUE_MAX_S, default
+from queue_processor.coalesce import AdmissionKind, EventStore, NodeOperation
+from queue_processor.config import default
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler, Outcome
-from queue_processor.kinds import AsgLifecycleEvent
-from queue_processor.ledger import InFlightSlots, Room
+from queue_processor.ledger import Room
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
+from queue_processor.settlement import Ledger
 
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient
     from types_aiobotocore_sqs.type_defs import MessageTypeDef
 
-__all__ = ["Consumer", "requeue_backoff_s"]
+__all__ = ["Consumer"]
 
 log = structlog.get_logger("queue_processor.consumer")
-
-#: How long deletes wait for company before a DeleteMessageBatch call (seconds).
-DELETE_WINDOW_S = 0.02
 
 
 #: SQS error codes that no retry will heal: the queue is not there, or these credentials may not use it.
@@ -81,18 +78,10 @@ def _refusal(queue_url: str, exc: BaseException) -> str | None:
     return f"QUEUE_URL={queue_url}: {why} ({error_code(exc)})" if why is not None else None
 
 
-def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backoff_base_sec")) -> int:
-    """Visibility timeout for a requeued message: ``base_s`` (REQUEUE_BACKOFF_BASE_SEC), doubling with each
-    receive, at most :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out;
-    at least 1 s (SQS counts whole seconds)."""
-    base: float = min(base_s * 2.0 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
-    return max(1, round(base * random.uniform(0.8, 1.2)))
-
-
 class Consumer:
     """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``; ``store`` coalesces
-    the events and holds the messages; ``heartbeats`` (the handler's) follow each message's hold: renewed,
-    requeued, stopped when it is deleted, closed on shutdown.
+    the events; :attr:`ledger` holds the messages; ``heartbeats`` (the handler's) follow each message's hold:
+    renewed, requeued, stopped when it is deleted, closed on shutdown.
 
     ``in_flight_budget`` messages at most are being handled; ``visibility_timeout_s`` is given on receive and
     renewed every half of it; ``loops_per_queue`` long polls run per queue; ``wait_s`` is the long-poll wait;
@@ -132,30 +121,33 @@ class Consumer:
         """Resolved with one line naming the setting when SQS refuses the very first receives for good (the
         queue does not exist, the credentials are refused or missing): start-up failed. A refusal after SQS
         has answered once is logged and retried (credentials may rotate, a policy may be re-attached)."""
-        self.poison_visibility_s = poison_visibility_s
-        self.requeue_base_s = requeue_base_s
-        self._slots = InFlightSlots(in_flight_budget)
+        self.ledger = Ledger(
+            sqs,
+            store,
+            heartbeats,
+            in_flight_budget=in_flight_budget,
+            visibility_timeout_s=visibility_timeout_s,
+            poison_visibility_s=poison_visibility_s,
+            requeue_base_s=requeue_base_s,
+            observer=observer,
+        )
+        """The settlement ledger: slots, receipt handles, visibility, settlement (:mod:`.settlement`)."""
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         # Receive loops from their poll until its messages are taken: a shutdown lets them finish.
         self._polling: set[asyncio.Task[Any]] = set()
-        self._extender: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
-        self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
-        self._delete_flusher: asyncio.Task[None] | None = None
-        # Message ID → the renewal in flight that carries it (_extend_held), which its settlement waits for.
-        self._extending: dict[str, asyncio.Future[None]] = {}
         self.loop_heartbeat = time.monotonic()
         """``time.monotonic()`` of the last loop iteration (liveness)."""
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start the receive loops and the visibility extender."""
+        """Start the receive loops and the ledger's visibility renewals."""
         for url in self.queue_urls:
             for index in range(self.loops_per_queue):
                 self._loops.append(tasks.spawn(self._receive_loop(url), name=f"receive-{index}-{url}"))
-        self._extender = tasks.spawn(self._extend_loop(), name="visibility-extender")
+        self.ledger.start()
 
     def reachable(self) -> bool:
         """Readiness: SQS has answered a ReceiveMessage, and the latest one that ended was answered. Receive
@@ -169,7 +161,7 @@ class Consumer:
         to settle, and a long drain must not get the pod restarted)."""
         if not self._loops or any(task.done() for task in self._loops):
             return False
-        return time.monotonic() - self.loop_heartbeat < max_idle_s or self._slots.waiting > 0
+        return time.monotonic() - self.loop_heartbeat < max_idle_s or self.ledger.slots.waiting > 0
 
     @property
     def tasks(self) -> int:
@@ -194,20 +186,20 @@ class Consumer:
                 operations=len(self._operations),
                 polls=sum(1 for task in self._loops if not task.done()),
             )
-        await tasks.stop(*self._loops, *self._operations.values(), self._extender, self._delete_flusher)
+        await tasks.stop(*self._loops, *self._operations.values())
+        await self.ledger.close()
         await self.heartbeats.close()
 
     async def _shut_down(self) -> None:
         for task in self._loops:
             if task not in self._polling:  # waiting for an in-flight slot: no poll to let end
                 task.cancel()
-        held = self.store.held()  # no new receipt handle can come in now; operations may end below
+        held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
         await tasks.stop(*self._operations.values())
         await self.heartbeats.close()  # nothing beats once this replica lets its messages go
-        await tasks.stop(self._extender)
-        if self._delete_flusher is not None:
-            await tasks.wait(self._delete_flusher)  # deletes already decided
-        await self._set_held_visibility(held, 0, ErrorWhere.REQUEUE)
+        await self.ledger.stop_renewing()
+        await self.ledger.deletes_sent()  # deletes already decided
+        await self.ledger.release_held(held)
         # An open poll takes the messages just made visible and ends at once; its loop makes them visible
         # again (see _receive_loop) and stops. A poll that finds nothing ends after its wait.
         await tasks.wait(*self._loops)
@@ -219,7 +211,7 @@ class Consumer:
             self.loop_heartbeat = time.monotonic()
             # Room for up to 10 messages, at least one; what the poll does not fill, or a message does not
             # keep, is free again when the block exits, however it exits (the ledger: ledger.py).
-            async with self._slots.room(10) as room:
+            async with self.ledger.room(10) as room:
                 if self._stopping.is_set():  # room taken while a shutdown began: no new poll
                     return
                 retry_in_s = await self._poll(queue_url, room)
@@ -270,9 +262,7 @@ class Consumer:
                     messages=len(messages),
                     waited_s=round(time.monotonic() - asked_at, 1),
                 )
-                await self._set_visibility(
-                    queue_url, [m["ReceiptHandle"] for m in messages], 0, ErrorWhere.REQUEUE
-                )
+                await self.ledger.make_visible(queue_url, [m["ReceiptHandle"] for m in messages])
                 return 0.0
             failed = 0
             for index, message in enumerate(messages):
@@ -285,7 +275,7 @@ class Consumer:
                     failed += 1
                     self.observer.error(ErrorWhere.HANDLE)
                     log.error("message handling failed", message_id=message.get("MessageId"), error=repr(exc))
-                    self._release_if_let_go(message["MessageId"])
+                    self.ledger.let_go(message["MessageId"])
             if messages and failed == len(messages):  # what NTH counts as its monitor's error
                 self.observer.error(ErrorWhere.BATCH)
             return 0.0
@@ -295,8 +285,7 @@ class Consumer:
     async def _let_go(self, queue_url: str, messages: list[MessageTypeDef]) -> None:
         """Make messages a poll brought back during shutdown visible again at once."""
         log.info("messages received during shutdown made visible again", messages=len(messages))
-        handles = [message["ReceiptHandle"] for message in messages]
-        await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
+        await self.ledger.make_visible(queue_url, [message["ReceiptHandle"] for message in messages])
 
     async def _take(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
         """One received message; a message kept for handling claims one of ``room``'s slots, held until
@@ -317,15 +306,15 @@ class Consumer:
         if result.outcome == "poison":
             bound.warning("poison message left for the dead-letter queue", reason=result.reason)
             self.observer.poison(queue_url, result.poison_class)
-            await self._change_visibility(ref, self.poison_visibility_s)
+            await self.ledger.poison(ref)
             return False
         if result.outcome == "skip":
             bound.info("message skipped", reason=result.reason)
             if result.skip_class is not None:
                 self.observer.skipped(queue_url, result.skip_class)
-            await self._delete(ref, kinds)
+            await self.ledger.delete(ref, kinds)
             return True
-        room.claim(ref.message_id)  # held already (received again): it keeps the slot it has
+        self.ledger.take(room, ref)  # held already (received again): it keeps the slot it has
         for event in result.events:
             admission = self.store.admit(event)
             if admission.kind is AdmissionKind.NEW and admission.operation is not None:
@@ -336,8 +325,8 @@ class Consumer:
                 self.handler.received(event)  # heartbeats from first receipt, before any handling
         if not self.store.in_flight(ref.message_id):  # every event repeats one already done
             bound.info("message repeats events already handled: deleted")
-            self._slots.release(ref.message_id)  # before the delete, which may raise or be cancelled
-            await self._delete(ref, kinds)
+            self.ledger.slots.release(ref.message_id)  # before the delete, which may raise or be cancelled
+            await self.ledger.delete(ref, kinds)
         self.observer.in_flight(self.store.held_count, len(self._operations))
         return True
 
@@ -348,7 +337,7 @@ class Consumer:
         try:
             self._spawn(operation)
         except Exception:
-            await self._settle_all(self.store.finish(operation, succeeded=False), operation)
+            await self.ledger.finish(operation, succeeded=False)
             raise
 
     def _spawn(self, operation: NodeOperation) -> None:
@@ -367,8 +356,8 @@ class Consumer:
         if self._operations.get(key) is task:
             del self._operations[key]
         if self.store.running(operation):
-            for ref, _ in self.store.finish(operation, succeeded=False).messages:
-                self._release_if_let_go(ref.message_id)
+            for message_id, _ in self.store.finish(operation, succeeded=False).messages:
+                self.ledger.let_go(message_id)
 
     async def _run(self, operation: NodeOperation) -> None:
         key = (operation.instance_id, str(operation.mode))
@@ -378,217 +367,6 @@ class Consumer:
         finally:
             if self._operations.get(key) is asyncio.current_task():
                 del self._operations[key]
-            settlement = self.store.finish(operation, succeeded=succeeded)
-            if self._stopping.is_set():  # the shutdown makes every held message visible: slots only
-                for ref, _ in settlement.messages:
-                    self._release_if_let_go(ref.message_id)
-            else:
-                await self._settle_all(settlement, operation)
+            # A shutdown makes every held message visible: then only their slots are returned.
+            await self.ledger.finish(operation, succeeded=succeeded, letting_go=self._stopping.is_set())
             self.observer.in_flight(self.store.held_count, len(self._operations))
-
-    async def _settle_all(self, settlement: Settlement, operation: NodeOperation) -> None:
-        """Settle every message of ``settlement`` at once (:meth:`_settle`); an error is logged and counted
-        (``errors_total{where="settle"}``), never dropped, and the message's slot is returned all the same."""
-        results = await asyncio.gather(
-            *(self._settle(ref, outcome, operation) for ref, outcome in settlement.messages),
-            return_exceptions=True,
-        )
-        for (ref, outcome), result in zip(settlement.messages, results, strict=True):
-            if isinstance(result, Exception):
-                self.observer.error(ErrorWhere.SETTLE)
-                log.error(
-                    "settlement failed", message_id=ref.message_id, outcome=str(outcome), error=repr(result)
-                )
-
-    def _release_if_let_go(self, message_id: str) -> None:
-        """Return ``message_id``'s slot unless the store holds the message (again): a message received
-        again while its settlement was on its way keeps the slot for its new holding."""
-        if not self.store.in_flight(message_id):
-            self._slots.release(message_id)
-
-    async def _settle(self, ref: SqsMessageRef, outcome: MessageOutcome, operation: NodeOperation) -> None:
-        kinds = ",".join(str(kind) for kind in operation.kinds)
-        actions = [
-            event
-            for event in operation.events
-            if isinstance(event, AsgLifecycleEvent)
-            and event.message is not None
-            and event.message.message_id == ref.message_id
-        ]
-        try:
-            renewal = self._extending.get(ref.message_id)
-            if renewal is not None:  # a renewal carrying this message is in flight: it must land first
-                await asyncio.shield(renewal)
-            if outcome is MessageOutcome.DELETE:
-                # Settled: completed (its heartbeat already stopped), over, or left alone on purpose. Nothing
-                # beats for a message this replica deletes; for the others this stop finds no task.
-                for action in actions:
-                    await self.heartbeats.stop(action)
-                await self._delete(ref, kinds)
-            else:
-                backoff = requeue_backoff_s(ref.receive_count, self.requeue_base_s)
-                for action in actions:  # beats on until the message is received again (or not)
-                    self.heartbeats.requeued(action, backoff, backoff + self.visibility_timeout_s)
-                await self._change_visibility(ref, backoff)
-                self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
-                log.info("requeued", message_id=ref.message_id, visible_in_s=backoff)
-        finally:
-            self._release_if_let_go(ref.message_id)
-
-    # ----------------------------------------------------------------------------------------- SQS calls
-
-    async def _delete(self, ref: SqsMessageRef, kinds: str) -> None:
-        """Delete a message: deletes arriving within :data:`DELETE_WINDOW_S` go out together in
-        DeleteMessageBatch calls of up to 10 entries."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending_deletes.setdefault(ref.queue_url, []).append((ref, future))
-        if self._delete_flusher is None or self._delete_flusher.done():
-            self._delete_flusher = tasks.spawn(self._flush_deletes(), name="delete-batcher")
-        if await future:
-            self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
-
-    async def _flush_deletes(self) -> None:
-        """Send the pending deletes in batches of 10 after :data:`DELETE_WINDOW_S`. Every waiting
-        :meth:`_delete` gets its answer, also when this task dies (an unexpected error, a cancellation): what
-        it had not sent is answered as not deleted, logged and counted, so no settlement waits for ever."""
-        taken: list[tuple[SqsMessageRef, asyncio.Future[bool]]] = []
-        try:
-            await asyncio.sleep(DELETE_WINDOW_S)
-            while self._pending_deletes:
-                queue_url, taken = self._pending_deletes.popitem()
-                await self._delete_batches(queue_url, taken)
-        finally:  # after a normal end nothing is left; after a death no other batcher takes what is
-            left = [*taken, *(item for items in self._pending_deletes.values() for item in items)]
-            self._pending_deletes.clear()
-            for ref, future in left:
-                if future.done():  # answered, or its caller is gone
-                    continue
-                self.observer.error(ErrorWhere.DELETE)
-                log.error("delete not sent: the delete batcher ended", message_id=ref.message_id)
-                future.set_result(False)
-
-    async def _delete_batches(
-        self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
-    ) -> None:
-        """DeleteMessageBatch for ``items`` of ``queue_url``, 10 at a time; each future gets whether SQS
-        deleted its message."""
-        for start in range(0, len(items), 10):
-            chunk = items[start : start + 10]
-            entries = [
-                {"Id": str(i), "ReceiptHandle": ref.receipt_handle} for i, (ref, _) in enumerate(chunk)
-            ]
-            try:
-                answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
-            except Exception as exc:
-                self.observer.error(ErrorWhere.DELETE)
-                log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
-                failed = set(range(len(chunk)))
-            else:
-                failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
-                for entry in answer.get("Failed") or []:
-                    self.observer.error(ErrorWhere.DELETE)
-                    log.warning(
-                        "delete failed",
-                        message_id=chunk[int(entry["Id"])][0].message_id,
-                        code=entry.get("Code"),
-                        error=entry.get("Message"),
-                    )
-            for index, (_, future) in enumerate(chunk):
-                if not future.done():
-                    future.set_result(index not in failed)
-
-    async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
-        try:
-            await call(
-                self.sqs.change_message_visibility,
-                QueueUrl=ref.queue_url,
-                ReceiptHandle=ref.receipt_handle,
-                VisibilityTimeout=seconds,
-            )
-        except Exception as exc:
-            self.observer.error(ErrorWhere.REQUEUE)
-            log.warning("visibility change failed", message_id=ref.message_id, error=repr(exc))
-
-    async def _set_visibility(
-        self, queue_url: str, receipt_handles: list[str], seconds: int, where: ErrorWhere
-    ) -> set[str]:
-        """ChangeMessageVisibilityBatch for ``receipt_handles`` of ``queue_url`` (batches of 10, SQS's
-        limit): visible in ``seconds``. Returns the receipt handles whose change SQS took. A failed batch or
-        entry is logged and counted under ``where``; raises nothing."""
-        changed: set[str] = set()
-        for start in range(0, len(receipt_handles), 10):
-            chunk = receipt_handles[start : start + 10]
-            entries = [
-                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
-                for i, handle in enumerate(chunk)
-            ]
-            try:
-                answer = await call(
-                    self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
-                )
-            except Exception as exc:
-                self.observer.error(where)
-                log.warning(
-                    "visibility change failed", queue=queue_url, messages=len(entries), error=repr(exc)
-                )
-                continue
-            failed = answer.get("Failed") or []
-            for entry in failed:
-                self.observer.error(where)
-                log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
-            refused = {int(entry["Id"]) for entry in failed}
-            changed.update(handle for i, handle in enumerate(chunk) if i not in refused)
-        return changed
-
-    async def _set_held_visibility(self, refs: list[SqsMessageRef], seconds: int, where: ErrorWhere) -> None:
-        """:meth:`_set_visibility` for messages of any queues, one queue at a time."""
-        by_queue: dict[str, list[str]] = {}
-        for ref in refs:
-            by_queue.setdefault(ref.queue_url, []).append(ref.receipt_handle)
-        for queue_url, handles in by_queue.items():
-            await self._set_visibility(queue_url, handles, seconds, where)
-
-    async def _extend_loop(self) -> None:
-        """Every half visibility timeout, renew the visibility of every held message (:meth:`_extend_held`)."""
-        period = max(self.visibility_timeout_s / 2, 1.0)
-        while True:
-            await asyncio.sleep(period)
-            await self._extend_held()
-
-    async def _extend_held(self) -> None:
-        """One renewal of every message held, to the visibility timeout (batches of 10), ordered with their
-        settlement: a message whose operations have ended by the time its batch goes out is left out (its
-        settlement decides its visibility), and :meth:`_settle` waits for a batch in flight that carries its
-        message, so that a renewal never lands after a requeue (hiding the message for the whole timeout
-        instead of the backoff) or after a delete (a failed renewal counted as an error)."""
-        loop = asyncio.get_running_loop()
-        refs = self.store.held()
-        renewals = {ref.message_id: loop.create_future() for ref in refs}
-        self._extending.update(renewals)
-        try:
-            by_queue: dict[str, list[SqsMessageRef]] = {}
-            for ref in refs:
-                by_queue.setdefault(ref.queue_url, []).append(ref)
-            for queue_url, queued in by_queue.items():
-                for start in range(0, len(queued), 10):
-                    chunk = queued[start : start + 10]
-                    live = [ref for ref in chunk if self.store.in_flight(ref.message_id)]
-                    for ref in chunk:
-                        if ref not in live:
-                            renewals[ref.message_id].set_result(None)
-                    if live:
-                        handles = [ref.receipt_handle for ref in live]
-                        renewed = await self._set_visibility(
-                            queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
-                        )
-                        for ref in live:  # ours for another visibility timeout: their actions may be beaten
-                            if ref.receipt_handle in renewed:
-                                self.heartbeats.hold(self.store.actions_of(ref.message_id))
-                    for ref in live:
-                        renewals[ref.message_id].set_result(None)
-        finally:
-            for message_id, renewal in renewals.items():
-                if not renewal.done():
-                    renewal.set_result(None)
-                if self._extending.get(message_id) is renewal:
-                    del self._extending[message_id]

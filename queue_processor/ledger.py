@@ -1,12 +1,14 @@
 """The in-flight budget as a ledger of slots: at most ``size`` messages held at once, each slot owned by one
-message ID, so that a slot is returned once whatever raises, is cancelled or repeats.
+message ID and holding that message's newest receipt handle, so that a slot is returned once whatever raises,
+is cancelled or repeats, and a settlement always uses the one receipt handle SQS still honours.
 
 A receive loop reserves room before it polls (``async with slots.room(10) as room``: waits for at least one
-free slot, takes up to ten); each message it keeps claims one of them for its message ID (``room.claim``);
+free slot, takes up to ten); each message it keeps claims one of them (``room.claim(ref)``);
 whatever the block did not claim goes back when it exits, normally, by an exception or by cancellation. A
 claimed slot goes back when its message is settled (:meth:`InFlightSlots.release`, keyed by message ID: a
 second release, or a release of a message that holds nothing, changes nothing). A message received again while
-held keeps the slot it has. The counts always add up to ``size`` (checked by :meth:`InFlightSlots.check`).
+held keeps the slot it has, with the receipt handle of the new receive (the only one SQS honours now). The
+counts always add up to ``size`` (checked by :meth:`InFlightSlots.check`).
 
 This replaces a plain ``asyncio.Semaphore`` whose every acquire had to be matched by hand (issue 28: released
 twice when ``_take`` raised after the store took the message; never returned for an operation a shutdown
@@ -18,6 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+from queue_processor.events import SqsMessageRef
 
 __all__ = ["InFlightSlots", "Room"]
 
@@ -33,16 +37,19 @@ class Room:
         self.unclaimed = size
         """Reserved slots no message claimed yet (returned when the block exits)."""
 
-    def claim(self, message_id: str) -> bool:
-        """Give one reserved slot to ``message_id``. ``False``, taking nothing, when the message holds a slot
-        already (received again while held). Raises ``RuntimeError`` when every reserved slot is claimed
-        (a poll brought more messages than it asked for) or the block has exited."""
-        if message_id in self._slots._held:
+    def claim(self, ref: SqsMessageRef) -> bool:
+        """Give one reserved slot to the message of ``ref``, which keeps ``ref``'s receipt handle. ``False``,
+        taking no slot, when the message holds one already (received again while held): its receipt handle
+        becomes ``ref``'s. Raises ``RuntimeError`` when every reserved slot is claimed (a poll brought more
+        messages than it asked for) or the block has exited."""
+        held = self._slots._held
+        if ref.message_id in held:
+            held[ref.message_id] = ref
             return False
         if self.unclaimed <= 0:
             raise RuntimeError("no reserved slot left to claim")
         self.unclaimed -= 1
-        self._slots._held.add(message_id)
+        held[ref.message_id] = ref
         return True
 
 
@@ -55,7 +62,7 @@ class InFlightSlots:
             raise ValueError(f"an in-flight budget of {size} slots: at least 1")
         self.size = size
         self._free = size
-        self._held: set[str] = set()
+        self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
         self._waiters: list[asyncio.Future[None]] = []
         self.waiting = 0
         """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
@@ -95,12 +102,15 @@ class InFlightSlots:
             self._give_back(room.unclaimed)
             room.unclaimed = 0
 
+    def ref(self, message_id: str) -> SqsMessageRef | None:
+        """The newest receipt of a message holding a slot (``None`` for one that holds none)."""
+        return self._held.get(message_id)
+
     def release(self, message_id: str) -> bool:
         """Return the slot ``message_id`` holds: ``True`` when it held one, ``False`` (nothing changes) when
         it did not — released already, or never claimed."""
-        if message_id not in self._held:
+        if self._held.pop(message_id, None) is None:
             return False
-        self._held.discard(message_id)
         self._give_back(1)
         return True
 

@@ -69,9 +69,7 @@ def test_every_kind_for_one_instance_makes_one_drain_and_settles_every_message()
     for action in operation.unsettled():
         operation.settled[action.action_key] = "completed"
     settlement = store.finish(operation, succeeded=True)
-    assert sorted((ref.message_id, outcome) for ref, outcome in settlement.messages) == [
-        (f"m{n}", MessageOutcome.DELETE) for n in range(1, 6)
-    ]
+    assert sorted(settlement.messages) == [(f"m{n}", MessageOutcome.DELETE) for n in range(1, 6)]
     assert store.operations == []
 
 
@@ -85,7 +83,7 @@ def test_an_action_that_joined_after_the_last_completion_keeps_its_message() -> 
     assert operation.joined.is_set()  # the handler is told, no polling
     assert operation.unsettled() == [late]
     settlement = store.finish(operation, succeeded=True)  # the handler never completed it
-    assert sorted((ref.message_id, outcome) for ref, outcome in settlement.messages) == [
+    assert sorted(settlement.messages) == [
         ("m1", MessageOutcome.DELETE),
         ("m2", MessageOutcome.REQUEUE),
     ]
@@ -113,7 +111,7 @@ def test_a_failed_operation_requeues_its_messages_and_is_not_remembered() -> Non
     operation = store.admit(spot("i-1", "m1")).operation
     store.admit(terminate("i-1", "m2"))
     settled = store.finish(operation, succeeded=False)  # type: ignore[arg-type]
-    assert sorted((ref.message_id, outcome) for ref, outcome in settled.messages) == [
+    assert sorted(settled.messages) == [
         ("m1", MessageOutcome.REQUEUE),
         ("m2", MessageOutcome.REQUEUE),
     ]
@@ -132,8 +130,7 @@ def test_a_message_for_several_instances_settles_when_its_last_operation_ends() 
     assert a is not b
     assert store.finish(a, succeeded=True).messages == ()  # type: ignore[arg-type]
     assert store.in_flight("health")
-    ((ref, outcome),) = store.finish(b, succeeded=False).messages  # type: ignore[arg-type]
-    assert (ref.message_id, outcome) == ("health", MessageOutcome.REQUEUE)
+    assert store.finish(b, succeeded=False).messages == (("health", MessageOutcome.REQUEUE),)  # type: ignore[arg-type]
     # When it comes back, the instance already drained is done; only the failed one is retried.
     assert store.admit(
         SpotInterruptionEvent(instance_id="i-a", time=T0, source_id="h", message=shared)
@@ -159,16 +156,6 @@ def test_launch_actions_get_their_own_operation() -> None:
     assert launching is not draining
     assert (launching.mode, draining.mode) == (Mode.LAUNCH, Mode.DRAIN)  # type: ignore[union-attr]
     assert launching.launch_actions == [launch]  # type: ignore[union-attr]
-
-
-def test_the_newest_receipt_handle_is_the_one_settled() -> None:
-    store = EventStore()
-    operation = store.admit(spot("i-1", "m1")).operation
-    store.admit(
-        SpotInterruptionEvent(instance_id="i-1", time=T0, source_id="s-i-1", message=msg("m1", "second"))
-    )
-    ((ref, _),) = store.finish(operation, succeeded=True).messages  # type: ignore[arg-type]
-    assert ref.receipt_handle == "second-m1"
 
 
 def test_remembered_ids_expire() -> None:
@@ -207,10 +194,10 @@ def test_every_admitted_message_is_settled_once_its_operations_end(
     store = EventStore()
     unsettled: set[str] = set()
 
-    def settle(messages: tuple[tuple[SqsMessageRef, MessageOutcome], ...]) -> None:
-        for ref, _ in messages:
-            assert ref.message_id in unsettled
-            unsettled.remove(ref.message_id)
+    def settle(messages: tuple[tuple[str, MessageOutcome], ...]) -> None:
+        for message_id, _ in messages:
+            assert message_id in unsettled
+            unsettled.remove(message_id)
 
     for instance, message, succeed in steps:
         admission = store.admit(spot(instance, message, source=message))
@@ -265,25 +252,23 @@ def test_a_message_is_deleted_only_when_every_action_it_carries_is_settled(
         for action in operation.lifecycle_actions:
             if settles[action.action_key]:
                 operation.settled[action.action_key] = "completed"
-        for ref, outcome in store.finish(operation, succeeded=succeed).messages:
+        for message_id, outcome in store.finish(operation, succeeded=succeed).messages:
             if outcome is MessageOutcome.DELETE:
-                deleted.add(ref.message_id)
+                deleted.add(message_id)
     for message_id in deleted:
         assert succeed
         assert all(settles[key] for key in carried.get(message_id, set()))
 
 
-def test_the_store_holds_each_message_with_its_newest_receipt_handle_until_it_is_settled() -> None:
+def test_the_store_holds_each_message_until_every_operation_it_joined_has_ended() -> None:
     store = EventStore()
     first = spot("i-1", "m1")
     admitted = store.admit(first)
     assert admitted.operation is not None
     redelivered = first.model_copy(update={"message": msg("m1", handle="rh2")})  # received again
     assert store.admit(redelivered).kind is AdmissionKind.JOINED
-    assert [ref.receipt_handle for ref in store.held()] == ["rh2-m1"]  # only the newest works
+    assert store.held() == ["m1"]  # once: its receipt handles are the settlement ledger's
     assert store.held_count == 1
     settlement = store.finish(admitted.operation, succeeded=True)
-    assert [(ref.receipt_handle, outcome) for ref, outcome in settlement.messages] == [
-        ("rh2-m1", MessageOutcome.DELETE)
-    ]
+    assert settlement.messages == (("m1", MessageOutcome.DELETE),)
     assert store.held() == []

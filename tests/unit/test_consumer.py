@@ -15,11 +15,13 @@ import pytest
 
 from queue_processor.coalesce import EventStore, NodeOperation
 from queue_processor.config import REQUEUE_MAX_S, default
-from queue_processor.consumer import Consumer, requeue_backoff_s
+from queue_processor.consumer import Consumer
+from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Outcome
 from queue_processor.kinds import AsgLifecycleEvent
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import Metrics
+from queue_processor.settlement import requeue_backoff_s
 
 
 def test_requeue_backoff_grows_with_receives_and_is_capped() -> None:
@@ -46,18 +48,20 @@ async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None
         loops_per_queue=2,
         visibility_timeout_s=30,
     )
-    async with consumer._slots.room(2) as room:  # every slot held by messages under way
-        assert room.claim("held-1")
-        assert room.claim("held-2")
+    async with consumer.ledger.slots.room(2) as room:  # every slot held by messages under way
+        assert room.claim(SqsMessageRef(queue_url="q", message_id="held-1", receipt_handle="rh-1"))
+        assert room.claim(SqsMessageRef(queue_url="q", message_id="held-2", receipt_handle="rh-2"))
     consumer.start()
     try:
         await asyncio.sleep(0.01)
         consumer.loop_heartbeat -= 600  # no iteration for ten minutes, but the loops wait for slots
         assert consumer.alive()
-        consumer._slots.release("held-1")  # one loop gets a slot and sits in a receive that never answers
+        consumer.ledger.slots.release(
+            "held-1"
+        )  # one loop gets a slot and sits in a receive that never answers
         await asyncio.sleep(0.01)
         assert consumer.alive()  # the other still waits for a slot
-        consumer._slots.release("held-2")
+        consumer.ledger.slots.release("held-2")
         await asyncio.sleep(0.01)
         assert not consumer.alive()  # slots free, no iteration for ten minutes: stuck
         for task in consumer._loops:
@@ -405,7 +409,7 @@ async def test_a_renewal_in_flight_lands_before_the_requeue_never_after_it(make:
     message_id = running.sqs.deliver(terminate_body())
     await running.until(lambda: running.handler.handled)
     running.sqs.batch_gate = asyncio.Event()
-    renewal = asyncio.create_task(running.consumer._extend_held())
+    renewal = asyncio.create_task(running.consumer.ledger.renew_held())
     await running.until(lambda: running.sqs.batches == 1)  # the renewal is on its way, unanswered
     running.handler.gate.set()  # the operation ends: requeue
     for _ in range(20):
@@ -490,7 +494,10 @@ async def test_shutdown_cancels_operations_lets_open_polls_end_and_leaves_every_
     assert running.sqs.deleted == []
     assert running.consumer.tasks == 0
     assert all(task.done() for task in running.consumer._loops)
-    assert (running.consumer._slots.held, running.consumer._slots.free) == (0, 4)  # its slot returned
+    assert (running.consumer.ledger.slots.held, running.consumer.ledger.slots.free) == (
+        0,
+        4,
+    )  # its slot returned
 
 
 async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> None:
@@ -499,15 +506,18 @@ async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> No
     running = Running(FakeHandler())
     running.sqs.deliver(terminate_body())
     (message,) = (await running.sqs.receive_message(MaxNumberOfMessages=1))["Messages"]
-    async with running.consumer._slots.room(1) as room:
+    async with running.consumer.ledger.slots.room(1) as room:
         await running.consumer._take(QUEUE, message, room)  # type: ignore[arg-type]
     assert running.consumer.tasks == 1  # spawned, not started
-    assert running.consumer._slots.held == 1
+    assert running.consumer.ledger.slots.held == 1
     await running.consumer.shutdown(timeout_s=10)  # awaited directly: the loop runs nothing in between
     assert running.handler.handled == []  # it never ran
     assert running.consumer.tasks == 0
     assert [seconds for _, seconds in running.sqs.visibility] == [0]  # its message let go at once
-    assert (running.consumer._slots.held, running.consumer._slots.free) == (0, 4)  # and its slot returned
+    assert (running.consumer.ledger.slots.held, running.consumer.ledger.slots.free) == (
+        0,
+        4,
+    )  # and its slot returned
     assert not running.consumer.store.held()
 
 
@@ -519,7 +529,7 @@ async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
 
     running = Running(FakeHandler())
     running.sqs = Hangs()
-    running.consumer.sqs = running.sqs  # type: ignore[assignment]
+    running.consumer.sqs = running.consumer.ledger.sqs = running.sqs  # type: ignore[assignment]
     running.consumer.start()
     await running.until(lambda: running.consumer._polling)
     await asyncio.wait_for(running.consumer.shutdown(timeout_s=0.2), 30)  # returns: the bound held
@@ -531,7 +541,7 @@ async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
 
 def slots_of(running: Running) -> tuple[int, int]:
     """(held, free) of the consumer's in-flight slots; free + held never exceeds the budget (4)."""
-    slots = running.consumer._slots
+    slots = running.consumer.ledger.slots
     slots.check()
     return slots.held, slots.free
 
@@ -570,7 +580,7 @@ async def test_a_poll_cancelled_in_the_middle_of_its_batch_returns_the_slots_nob
 
     running = Running(FakeHandler())
     running.sqs = Stuck()
-    running.consumer.sqs = running.sqs  # type: ignore[assignment]
+    running.consumer.sqs = running.consumer.ledger.sqs = running.sqs  # type: ignore[assignment]
     running.handler.gate = asyncio.Event()
     running.sqs.deliver(terminate_body("tok-1", "i-0000000000000000a"))
     running.sqs.deliver("{not json")
@@ -623,11 +633,11 @@ async def test_a_delete_batcher_that_dies_leaves_no_settlement_waiting(make: Any
 
     running = make()
     running.sqs = Hangs()
-    running.consumer.sqs = running.sqs
+    running.consumer.sqs = running.consumer.ledger.sqs = running.sqs
     running.sqs.deliver(terminate_body())
     await running.until(lambda: running.sqs.asked)  # the batcher sent the delete, unanswered
     assert slots_of(running)[0] == 1  # the message's settlement waits for it, holding its slot
-    flusher = running.consumer._delete_flusher
+    flusher = running.consumer.ledger._delete_flusher
     flusher.cancel()
     await asyncio.gather(flusher, return_exceptions=True)
     await running.until(lambda: slots_of(running)[0] == 0)  # answered "not deleted": the settlement ended

@@ -320,7 +320,7 @@ class World:
     async def run(self, operation: NodeOperation) -> tuple[Outcome, dict[str, MessageOutcome]]:
         outcome = await self.handler.handle(operation)
         settlement = self.store.finish(operation, succeeded=outcome is Outcome.DONE)
-        return outcome, {r.message_id: o for r, o in settlement.messages}
+        return outcome, dict(settlement.messages)
 
     def count(self, name: str, **labels: str) -> float:
         """A sample of the metrics the handler reported (0 when absent)."""

@@ -1,5 +1,5 @@
-"""The in-flight slots (queue_processor/ledger.py): room reserved around a poll, claimed per message ID,
-returned however the block exits, released once per message."""
+"""The in-flight slots (queue_processor/ledger.py): room reserved around a poll, claimed per message (keeping
+its newest receipt handle), returned however the block exits, released once per message."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import asyncio
 
 import pytest
 
+from queue_processor.events import SqsMessageRef
 from queue_processor.ledger import InFlightSlots
+
+
+def ref(message_id: str, handle: str = "rh-1") -> SqsMessageRef:
+    return SqsMessageRef(queue_url="q", message_id=message_id, receipt_handle=f"{handle}-{message_id}")
 
 
 async def test_what_a_room_does_not_claim_is_free_again_when_it_exits() -> None:
@@ -15,7 +20,7 @@ async def test_what_a_room_does_not_claim_is_free_again_when_it_exits() -> None:
     async with slots.room(10) as room:
         assert room.size == 4
         assert slots.free == 0
-        assert room.claim("m-1")
+        assert room.claim(ref("m-1"))
     assert (slots.held, slots.free) == (1, 3)
 
 
@@ -24,7 +29,7 @@ async def test_a_room_left_by_an_exception_or_a_cancellation_gives_everything_un
 
     async def failed_poll() -> None:
         async with slots.room(3) as room:
-            room.claim("m-1")
+            room.claim(ref("m-1"))
             raise ValueError("a poll that failed")
 
     with pytest.raises(ValueError, match="a poll that failed"):
@@ -49,8 +54,8 @@ async def test_a_room_left_by_an_exception_or_a_cancellation_gives_everything_un
 async def test_a_slot_is_released_once_and_only_by_the_message_that_holds_it() -> None:
     slots = InFlightSlots(2)
     async with slots.room(2) as room:
-        assert room.claim("m-1")
-        assert not room.claim("m-1")  # received again while held: keeps the slot it has
+        assert room.claim(ref("m-1"))
+        assert not room.claim(ref("m-1"))  # received again while held: keeps the slot it has
     assert (slots.held, slots.free) == (1, 1)
     assert slots.release("m-1")
     assert not slots.release("m-1")  # a second release changes nothing
@@ -61,16 +66,16 @@ async def test_a_slot_is_released_once_and_only_by_the_message_that_holds_it() -
 async def test_a_room_cannot_claim_more_than_it_reserved() -> None:
     slots = InFlightSlots(2)
     async with slots.room(1) as room:
-        room.claim("m-1")
+        room.claim(ref("m-1"))
         with pytest.raises(RuntimeError):
-            room.claim("m-2")
+            room.claim(ref("m-2"))
     assert (slots.held, slots.free) == (1, 1)
 
 
 async def test_a_poller_waits_for_a_free_slot_and_takes_it_when_a_message_is_settled() -> None:
     slots = InFlightSlots(1)
     async with slots.room(1) as room:
-        room.claim("m-1")
+        room.claim(ref("m-1"))
     got: list[int] = []
 
     async def poll() -> None:
@@ -92,3 +97,17 @@ async def test_a_poller_waits_for_a_free_slot_and_takes_it_when_a_message_is_set
 def test_a_budget_below_one_slot_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         InFlightSlots(0)
+
+
+async def test_a_held_message_keeps_its_newest_receipt_handle_until_its_slot_is_returned() -> None:
+    slots = InFlightSlots(2)
+    async with slots.room(2) as room:
+        assert room.claim(ref("m-1", "rh-1"))
+    async with slots.room(1) as room:
+        assert not room.claim(ref("m-1", "rh-2"))  # received again while held: the new receipt wins
+        assert room.unclaimed == 1
+    held = slots.ref("m-1")
+    assert held is not None
+    assert held.receipt_handle == "rh-2-m-1"  # only the newest works (SQS DeleteMessage)
+    assert slots.release("m-1")
+    assert slots.ref("m-1") is None

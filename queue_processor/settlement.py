@@ -1,0 +1,373 @@
+"""The settlement ledger: everything about a message this replica holds, from its receipt to its settlement.
+
+One component (:class:`Ledger`) that the consumer and, through the heartbeats it drives, the handler talk to:
+
+- **Slots and receipt handles** (:class:`~queue_processor.ledger.InFlightSlots`): a receive reserves room
+  with one ``async with`` (:meth:`Ledger.room`); a message kept claims a slot, which keeps its newest receipt
+  handle (:meth:`Ledger.take`); the slot is returned once, when the message is settled or let go
+  (:meth:`Ledger.let_go`), whatever raised or was cancelled on the way.
+- **Visibility while held** (rule 5): every half visibility timeout the visibility of every message with an
+  operation running is renewed (ChangeMessageVisibilityBatch), and the heartbeats of its lifecycle actions
+  are held with it (:meth:`~queue_processor.lifecycle.Heartbeats.hold`): an action is heartbeated only while
+  a message that carries it is ours.
+- **Settlement** (:meth:`Ledger.finish`): a message whose operations have all ended is deleted (batched
+  DeleteMessageBatch; its actions' heartbeats stopped) or requeued with a backoff that grows with
+  ApproximateReceiveCount (ChangeMessageVisibility; its actions beaten through the backoff). A renewal in
+  flight that carries the message lands first, so the settlement has the last word. A poison message is
+  hidden for POISON_VISIBILITY_TIMEOUT_SEC and never deleted: the queue's redrive policy moves it to the
+  dead-letter queue (:meth:`Ledger.poison`).
+- **Letting go** (shutdown, late answers): messages made visible again at once (:meth:`Ledger.release_held`,
+  :meth:`Ledger.make_visible`).
+
+Settlement errors are logged and counted (``errors_total{where}``), never raised to the caller and never
+dropped; every waiting delete gets an answer even when the batcher dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
+
+import structlog
+
+from queue_processor import tasks
+from queue_processor.aws import call
+from queue_processor.coalesce import EventStore, MessageOutcome, NodeOperation, Settlement
+from queue_processor.config import REQUEUE_MAX_S, default
+from queue_processor.events import SqsMessageRef
+from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.ledger import InFlightSlots, Room
+from queue_processor.lifecycle import Heartbeats
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import ErrorWhere, MessageFate
+
+if TYPE_CHECKING:  # the stubs are a development dependency
+    from types_aiobotocore_sqs import SQSClient
+
+__all__ = ["DELETE_WINDOW_S", "Ledger", "requeue_backoff_s"]
+
+log = structlog.get_logger("queue_processor.settlement")
+
+#: How long deletes wait for company before a DeleteMessageBatch call (seconds).
+DELETE_WINDOW_S = 0.02
+
+
+def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backoff_base_sec")) -> int:
+    """Visibility timeout for a requeued message: ``base_s`` (REQUEUE_BACKOFF_BASE_SEC), doubling with each
+    receive, at most :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out;
+    at least 1 s (SQS counts whole seconds)."""
+    base: float = min(base_s * 2.0 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
+    return max(1, round(base * random.uniform(0.8, 1.2)))
+
+
+class Ledger:
+    """The messages this replica holds (see the module docstring), over ``sqs`` (an aiobotocore SQS client).
+    ``store`` says which messages still have operations running and which lifecycle actions each carries;
+    ``heartbeats`` follow each message's hold. ``in_flight_budget`` messages at most are held;
+    ``visibility_timeout_s`` is renewed every half of it; ``poison_visibility_s`` hides a poison message;
+    ``requeue_base_s`` is the first requeue backoff (seconds)."""
+
+    def __init__(
+        self,
+        sqs: SQSClient,
+        store: EventStore,
+        heartbeats: Heartbeats,
+        *,
+        in_flight_budget: int,
+        visibility_timeout_s: int,
+        poison_visibility_s: int = default("poison_visibility_timeout_sec"),
+        requeue_base_s: float = default("requeue_backoff_base_sec"),
+        observer: Observer = NULL_OBSERVER,
+    ) -> None:
+        self.sqs = sqs
+        self.store = store
+        self.heartbeats = heartbeats
+        self.slots = InFlightSlots(in_flight_budget)
+        self.visibility_timeout_s = visibility_timeout_s
+        self.poison_visibility_s = poison_visibility_s
+        self.requeue_base_s = requeue_base_s
+        self.observer = observer
+        self._extender: asyncio.Task[None] | None = None
+        self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
+        self._delete_flusher: asyncio.Task[None] | None = None
+        # Message ID → the renewal in flight that carries it (renew_held), which its settlement waits for.
+        self._extending: dict[str, asyncio.Future[None]] = {}
+
+    # ------------------------------------------------------------------------------------- holding
+
+    def room(self, at_most: int) -> AbstractAsyncContextManager[Room]:
+        """Room for one poll (:meth:`InFlightSlots.room <queue_processor.ledger.InFlightSlots.room>`): waits
+        for a free slot, reserves up to ``at_most``; what the block does not give to a message is free again
+        when it exits, however it exits."""
+        return self.slots.room(at_most)
+
+    @staticmethod
+    def take(room: Room, ref: SqsMessageRef) -> None:
+        """Hold the message of ``ref``: one of ``room``'s slots, or the one it holds already (received again
+        while held), which keeps ``ref``'s receipt handle from now on. Raises ``RuntimeError`` when ``room``
+        has no slot left."""
+        room.claim(ref)
+
+    def held(self) -> list[SqsMessageRef]:
+        """The newest receipt of every message that still has an operation running (those whose visibility
+        is renewed, and made visible again at shutdown)."""
+        refs = (self.slots.ref(message_id) for message_id in self.store.held())
+        return [ref for ref in refs if ref is not None]
+
+    def let_go(self, message_id: str) -> None:
+        """Return ``message_id``'s slot unless the store holds the message (again): a message received
+        again while its settlement was on its way keeps the slot for its new holding."""
+        if not self.store.in_flight(message_id):
+            self.slots.release(message_id)
+
+    def start(self) -> None:
+        """Start renewing the visibility of the messages held."""
+        self._extender = tasks.spawn(self._extend_loop(), name="visibility-extender")
+
+    async def stop_renewing(self) -> None:
+        """Stop the visibility renewals (a renewal in flight is cancelled and awaited)."""
+        await tasks.stop(self._extender)
+
+    async def deletes_sent(self) -> None:
+        """Wait until the deletes already decided have been answered."""
+        await tasks.wait(self._delete_flusher)
+
+    async def close(self) -> None:
+        """Stop everything the ledger runs; a delete not sent yet is answered as failed (logged, counted)."""
+        await tasks.stop(self._extender, self._delete_flusher)
+
+    # ------------------------------------------------------------------------------------ settlement
+
+    async def poison(self, ref: SqsMessageRef) -> None:
+        """Leave a poison message to the dead-letter queue: hidden for POISON_VISIBILITY_TIMEOUT_SEC, never
+        deleted, so it does not hot-loop while the redrive policy moves it."""
+        await self._change_visibility(ref, self.poison_visibility_s)
+
+    async def finish(self, operation: NodeOperation, *, succeeded: bool, letting_go: bool = False) -> None:
+        """End ``operation`` in the store and settle each message it leaves with no operation running
+        (:meth:`settle`); with ``letting_go`` (a shutdown makes every held message visible), only their slots
+        are returned."""
+        settlement = self.store.finish(operation, succeeded=succeeded)
+        if letting_go:
+            for message_id, _ in settlement.messages:
+                self.let_go(message_id)
+        else:
+            await self.settle(settlement, operation)
+
+    async def settle(self, settlement: Settlement, operation: NodeOperation) -> None:
+        """Settle every message of ``settlement`` at once; an error is logged and counted
+        (``errors_total{where="settle"}``), never dropped, and the message's slot is returned all the same."""
+        # The receipts as they are now, when the store let the messages go (a later receive is another holding).
+        receipts = [
+            (message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement.messages
+        ]
+        results = await asyncio.gather(
+            *(self._settle(message_id, ref, outcome, operation) for message_id, ref, outcome in receipts),
+            return_exceptions=True,
+        )
+        for (message_id, _, outcome), result in zip(receipts, results, strict=True):
+            if isinstance(result, Exception):
+                self.observer.error(ErrorWhere.SETTLE)
+                log.error(
+                    "settlement failed", message_id=message_id, outcome=str(outcome), error=repr(result)
+                )
+
+    async def _settle(
+        self, message_id: str, ref: SqsMessageRef | None, outcome: MessageOutcome, operation: NodeOperation
+    ) -> None:
+        try:
+            if ref is None:  # never held: a message holds its slot before the store takes it
+                raise RuntimeError(f"no receipt handle held for message {message_id}")
+            kinds = ",".join(str(kind) for kind in operation.kinds)
+            actions = [
+                event
+                for event in operation.events
+                if isinstance(event, AsgLifecycleEvent)
+                and event.message is not None
+                and event.message.message_id == message_id
+            ]
+            renewal = self._extending.get(message_id)
+            if renewal is not None:  # a renewal carrying this message is in flight: it must land first
+                await asyncio.shield(renewal)
+            if outcome is MessageOutcome.DELETE:
+                # Settled: completed (its heartbeat already stopped), over, or left alone on purpose. Nothing
+                # beats for a message this replica deletes; for the others this stop finds no task.
+                for action in actions:
+                    await self.heartbeats.stop(action)
+                await self.delete(ref, kinds)
+            else:
+                backoff = requeue_backoff_s(ref.receive_count, self.requeue_base_s)
+                for action in actions:  # beats on until the message is received again (or not)
+                    self.heartbeats.requeued(action, backoff, backoff + self.visibility_timeout_s)
+                await self._change_visibility(ref, backoff)
+                self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
+                log.info("requeued", message_id=message_id, visible_in_s=backoff)
+        finally:
+            self.let_go(message_id)
+
+    async def delete(self, ref: SqsMessageRef, kinds: str) -> None:
+        """Delete a message: deletes arriving within :data:`DELETE_WINDOW_S` go out together in
+        DeleteMessageBatch calls of up to 10 entries. A failure is logged and counted, not raised."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending_deletes.setdefault(ref.queue_url, []).append((ref, future))
+        if self._delete_flusher is None or self._delete_flusher.done():
+            self._delete_flusher = tasks.spawn(self._flush_deletes(), name="delete-batcher")
+        if await future:
+            self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
+
+    async def release_held(self, refs: list[SqsMessageRef]) -> None:
+        """Make ``refs`` (messages of any queues) visible again at once (shutdown)."""
+        by_queue: dict[str, list[str]] = {}
+        for ref in refs:
+            by_queue.setdefault(ref.queue_url, []).append(ref.receipt_handle)
+        for queue_url, handles in by_queue.items():
+            await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
+
+    async def make_visible(self, queue_url: str, receipt_handles: list[str]) -> None:
+        """Make messages this replica does not keep visible again at once (received too late to be ours, or
+        during a shutdown)."""
+        await self._set_visibility(queue_url, receipt_handles, 0, ErrorWhere.REQUEUE)
+
+    # ----------------------------------------------------------------------------------------- SQS calls
+
+    async def _flush_deletes(self) -> None:
+        """Send the pending deletes in batches of 10 after :data:`DELETE_WINDOW_S`. Every waiting
+        :meth:`delete` gets its answer, also when this task dies (an unexpected error, a cancellation): what
+        it had not sent is answered as not deleted, logged and counted, so no settlement waits for ever."""
+        taken: list[tuple[SqsMessageRef, asyncio.Future[bool]]] = []
+        try:
+            await asyncio.sleep(DELETE_WINDOW_S)
+            while self._pending_deletes:
+                queue_url, taken = self._pending_deletes.popitem()
+                await self._delete_batches(queue_url, taken)
+        finally:  # after a normal end nothing is left; after a death no other batcher takes what is
+            left = [*taken, *(item for items in self._pending_deletes.values() for item in items)]
+            self._pending_deletes.clear()
+            for ref, future in left:
+                if future.done():  # answered, or its caller is gone
+                    continue
+                self.observer.error(ErrorWhere.DELETE)
+                log.error("delete not sent: the delete batcher ended", message_id=ref.message_id)
+                future.set_result(False)
+
+    async def _delete_batches(
+        self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
+    ) -> None:
+        """DeleteMessageBatch for ``items`` of ``queue_url``, 10 at a time; each future gets whether SQS
+        deleted its message."""
+        for start in range(0, len(items), 10):
+            chunk = items[start : start + 10]
+            entries = [
+                {"Id": str(i), "ReceiptHandle": ref.receipt_handle} for i, (ref, _) in enumerate(chunk)
+            ]
+            try:
+                answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
+            except Exception as exc:
+                self.observer.error(ErrorWhere.DELETE)
+                log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
+                failed = set(range(len(chunk)))
+            else:
+                failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
+                for entry in answer.get("Failed") or []:
+                    self.observer.error(ErrorWhere.DELETE)
+                    log.warning(
+                        "delete failed",
+                        message_id=chunk[int(entry["Id"])][0].message_id,
+                        code=entry.get("Code"),
+                        error=entry.get("Message"),
+                    )
+            for index, (_, future) in enumerate(chunk):
+                if not future.done():
+                    future.set_result(index not in failed)
+
+    async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
+        try:
+            await call(
+                self.sqs.change_message_visibility,
+                QueueUrl=ref.queue_url,
+                ReceiptHandle=ref.receipt_handle,
+                VisibilityTimeout=seconds,
+            )
+        except Exception as exc:
+            self.observer.error(ErrorWhere.REQUEUE)
+            log.warning("visibility change failed", message_id=ref.message_id, error=repr(exc))
+
+    async def _set_visibility(
+        self, queue_url: str, receipt_handles: list[str], seconds: int, where: ErrorWhere
+    ) -> set[str]:
+        """ChangeMessageVisibilityBatch for ``receipt_handles`` of ``queue_url`` (batches of 10, SQS's
+        limit): visible in ``seconds``. Returns the receipt handles whose change SQS took. A failed batch or
+        entry is logged and counted under ``where``; raises nothing."""
+        changed: set[str] = set()
+        for start in range(0, len(receipt_handles), 10):
+            chunk = receipt_handles[start : start + 10]
+            entries = [
+                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
+                for i, handle in enumerate(chunk)
+            ]
+            try:
+                answer = await call(
+                    self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
+                )
+            except Exception as exc:
+                self.observer.error(where)
+                log.warning(
+                    "visibility change failed", queue=queue_url, messages=len(entries), error=repr(exc)
+                )
+                continue
+            failed = answer.get("Failed") or []
+            for entry in failed:
+                self.observer.error(where)
+                log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
+            refused = {int(entry["Id"]) for entry in failed}
+            changed.update(handle for i, handle in enumerate(chunk) if i not in refused)
+        return changed
+
+    # ------------------------------------------------------------------------------- visibility renewal
+
+    async def _extend_loop(self) -> None:
+        """Every half visibility timeout, renew the visibility of every held message (:meth:`renew_held`)."""
+        period = max(self.visibility_timeout_s / 2, 1.0)
+        while True:
+            await asyncio.sleep(period)
+            await self.renew_held()
+
+    async def renew_held(self) -> None:
+        """One renewal of every message held, to the visibility timeout (batches of 10), ordered with their
+        settlement: a message whose operations have ended by the time its batch goes out is left out (its
+        settlement decides its visibility), and :meth:`_settle` waits for a batch in flight that carries its
+        message, so that a renewal never lands after a requeue (hiding the message for the whole timeout
+        instead of the backoff) or after a delete (a failed renewal counted as an error)."""
+        loop = asyncio.get_running_loop()
+        refs = self.held()
+        renewals = {ref.message_id: loop.create_future() for ref in refs}
+        self._extending.update(renewals)
+        try:
+            by_queue: dict[str, list[SqsMessageRef]] = {}
+            for ref in refs:
+                by_queue.setdefault(ref.queue_url, []).append(ref)
+            for queue_url, queued in by_queue.items():
+                for start in range(0, len(queued), 10):
+                    chunk = queued[start : start + 10]
+                    live = [ref for ref in chunk if self.store.in_flight(ref.message_id)]
+                    for ref in chunk:
+                        if ref not in live:
+                            renewals[ref.message_id].set_result(None)
+                    if live:
+                        handles = [ref.receipt_handle for ref in live]
+                        renewed = await self._set_visibility(
+                            queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
+                        )
+                        for ref in live:  # ours for another visibility timeout: their actions may be beaten
+                            if ref.receipt_handle in renewed:
+                                self.heartbeats.hold(self.store.actions_of(ref.message_id))
+                    for ref in live:
+                        renewals[ref.message_id].set_result(None)
+        finally:
+            for message_id, renewal in renewals.items():
+                if not renewal.done():
+                    renewal.set_result(None)
+                if self._extending.get(message_id) is renewal:
+                    del self._extending[message_id]
