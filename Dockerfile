@@ -6,7 +6,8 @@
 #                --build-arg SOURCE_URL=https://github.com/<owner>/<repo> -t queue-processor:0.1.0 .
 #
 # Two stages on the same Python image: the builder turns the source tree into a wheel and installs it, with the
-# runtime dependencies pinned by constraints.txt (not the `sandbox` or `dev` extras), into a virtual environment
+# runtime dependencies pinned by constraints.txt (not the `dev` extra; the sandbox is a distribution of its own,
+# sandbox/, never copied here), into a virtual environment
 # at /opt/venv; the final stage copies that directory and nothing else, so no build tool, wheel or pip cache
 # reaches it. Every dependency installs from a binary wheel (--only-binary), so no compiler is needed anywhere.
 #

@@ -2,7 +2,7 @@
 
 Each (workload, system) pair runs on a fresh sandbox of one shared real control plane (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, KWOK; ``make cluster-bin`` builds them and NTH), with the same
-input: :mod:`queue_processor_sandbox.sidebyside` defines the workloads and what is measured. Each run waits for
+input: ``benchmarks/sidebyside.py`` defines the workloads and what is measured. Each run waits for
 the namespaces of the run before it to finish terminating, so that none shares the machine with the deletion
 of another's pods. Systems: ``nth``
 (its chart's defaults: WORKERS=10, no heartbeats), ``nth_tuned`` (WORKERS raised to the workload's node

@@ -99,9 +99,11 @@ ELSEWHERE = {
 
 
 class _Commands(click.Group):
-    """The CLI's group: its own commands, plus those of the entry point group :data:`COMMANDS`, each loaded
-    only when it is called (so ``run`` never imports the sandbox). A command of :data:`ELSEWHERE` that is not
-    installed is listed anyway and exits 2 with one line saying how to install it."""
+    """The CLI's group: its own commands, plus those of the entry point group :data:`COMMANDS`, each imported
+    only when it is run or its own help is asked for (listing them, ``queue-processor --help``, imports
+    nothing, so ``run`` never imports the sandbox). A command of :data:`ELSEWHERE` that is not installed is
+    listed anyway and exits 2 with one line saying how to install it; one whose entry point cannot be
+    loaded exits 2 with one line naming the entry point and the error."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_entry_points(), *ELSEWHERE})
@@ -112,13 +114,39 @@ class _Commands(click.Group):
             return own
         found = _entry_points().get(cmd_name)
         if found is not None:
-            loaded = found.load()
+            try:
+                loaded = found.load()
+            except Exception as exc:  # a broken installation: say so in one line, never a traceback
+                return _missing(
+                    cmd_name, f"its entry point {found.value} ({COMMANDS}) cannot be loaded: {exc!r}"
+                )
             if not isinstance(loaded, click.Command):
-                raise click.ClickException(f"entry point {found.value} ({COMMANDS}) is not a click command")
+                return _missing(
+                    cmd_name, f"its entry point {found.value} ({COMMANDS}) is not a click command"
+                )
             return loaded
         if cmd_name in ELSEWHERE:
             return _missing(cmd_name, ELSEWHERE[cmd_name])
         return None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands' list in ``--help``: the group's own with their short help, the others without
+        loading them."""
+        points = _entry_points()
+        rows = []
+        for name in self.list_commands(ctx):
+            command = super().get_command(ctx, name)
+            if command is not None:
+                if not command.hidden:
+                    rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+            elif name in points:
+                module = points[name].value.split(":")[0]
+                rows.append((name, f"See `queue-processor {name} --help` ({module})."))
+            else:
+                rows.append((name, f"Not installed here: {ELSEWHERE[name]}."))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -126,6 +154,8 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
 
 
 def _missing(name: str, hint: str) -> click.Command:
+    """A command that exits 2 with one line: ``queue-processor NAME: HINT``."""
+
     def explain(**_: Any) -> None:
         click.echo(f"queue-processor {name}: {hint}", err=True)
         raise click.exceptions.Exit(2)

@@ -1,6 +1,6 @@
 """The in-flight budget as a ledger of slots: at most ``size`` messages held at once, each slot owned by one
 message ID and holding that message's newest receipt handle, so that a slot is returned once whatever raises,
-is cancelled or repeats, and a settlement always uses the one receipt handle SQS still honours.
+is cancelled or repeats, and a settlement uses the receipt handle of the newest receive when it begins.
 
 A receive loop reserves room before it polls (``async with slots.room(10) as room``: waits for at least one
 free slot, takes up to ten); each message it keeps claims one of them (``room.claim(ref)``);

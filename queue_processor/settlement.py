@@ -159,7 +159,8 @@ class Ledger:
     async def settle(self, settlement: Settlement, operation: NodeOperation) -> None:
         """Settle every message of ``settlement`` at once; an error is logged and counted
         (``errors_total{where="settle"}``), never dropped, and the message's slot is returned all the same."""
-        # The receipts as they are now, when the store let the messages go (a later receive is another holding).
+        # The receipts as they are when the store lets the messages go: a receive while the settlement runs
+        # updates the slot, not this settlement (as before the ledger; the next settlement of it uses that one).
         receipts = [
             (message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement.messages
         ]

@@ -132,11 +132,11 @@ class OperationContext:
         """Add ``values`` to every later log line of the operation."""
         self.log = self.log.bind(**values)
 
-    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
-        """Start ``coro`` as a named task (:func:`queue_processor.tasks.spawn`) whose stop (cancelled and
-        awaited) is on the operation's EarlyExit stack; the caller may stop it earlier (stopping twice is
-        harmless)."""
-        task = tasks.spawn(coro, name=name)
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str, awaited: bool = False) -> asyncio.Task[T]:
+        """Start ``coro`` as a named task (:func:`queue_processor.tasks.spawn`; ``awaited``: the caller takes
+        its result, so its exception is not logged on its own) whose stop (cancelled and awaited) is on the
+        operation's EarlyExit stack; the caller may stop it earlier (stopping twice is harmless)."""
+        task = tasks.spawn(coro, name=name, awaited=awaited)
         self.early_exit.push_async_callback(tasks.stop, task)
         return task
 
@@ -201,7 +201,7 @@ class Steps:
         claim = ctx.claim
         if claim is None:
             return await work
-        task = ctx.spawn(_awaited(work), name=f"step-{ctx.node}")
+        task = ctx.spawn(_awaited(work), name=f"step-{ctx.node}", awaited=True)  # raised below, by result()
         lost = ctx.spawn(claim.lost.wait(), name=f"lease-lost-{ctx.node}")
         try:
             await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)

@@ -21,11 +21,13 @@ log = structlog.get_logger("queue_processor.tasks")
 T = TypeVar("T")
 
 
-def spawn(coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+def spawn(coro: Coroutine[Any, Any, T], *, name: str, awaited: bool = False) -> asyncio.Task[T]:
     """Start ``coro`` as a task named ``name``; an exception it ends with (not a cancellation) is logged with
-    the name when it ends. Its owner must :func:`stop` it."""
+    the name when it ends, unless ``awaited``: its owner takes its result (and so its exception) and deals
+    with it. Its owner must :func:`stop` it."""
     task = asyncio.create_task(coro, name=name)
-    task.add_done_callback(_log_failure)
+    if not awaited:
+        task.add_done_callback(_log_failure)
     return task
 
 

@@ -525,12 +525,21 @@ def test_dockerignore_lets_in_everything_the_build_copies() -> None:
                     assert not excluded(relative), f"{relative} is excluded, yet the build copies {source}"
 
 
+def test_the_sandbox_requires_the_controller_at_its_own_version() -> None:
+    """``pip install -e . -e ./sandbox`` resolves only while the sandbox pins the version the controller has."""
+    sandbox = tomllib.loads((ROOT / "sandbox" / "pyproject.toml").read_text())
+    pins = [Requirement(r) for r in sandbox["project"]["dependencies"]]
+    (controller,) = [r for r in pins if r.name == PYPROJECT["project"]["name"]]
+    assert controller.specifier.contains(PYPROJECT["project"]["version"])
+    assert sandbox["project"]["version"] == PYPROJECT["project"]["version"]
+
+
 def test_the_image_copies_the_controller_and_no_test_bench() -> None:
     """The build context's sources are the controller's package and the files its wheel is built from: the
     sandbox (its own distribution in sandbox/), the benchmarks and their peer harness never reach the image."""
     copied = {posixpath.normpath(source) for source in copied_sources()}
     assert copied == {"pyproject.toml", "constraints.txt", "README.md", "queue_processor"}
-    assert not (ROOT / "queue_processor" / "sandbox").exists()
+    assert not list((ROOT / "queue_processor" / "sandbox").rglob("*.py"))  # (bytecode a pull leaves)
 
 
 # -------------------------------------------------------------------------------------- building the wheel

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from queue_processor import __version__
+from queue_processor import __version__, cli
 from queue_processor.cli import main
 from queue_processor.config import configuration_markdown
 from tests.conftest import ROOT
@@ -244,3 +245,39 @@ def test_where_the_sandbox_is_installed_the_cli_runs_its_command() -> None:
     assert result.exit_code == 0, result.output
     assert "--scenario" in result.output
     assert "Not installed" not in result.output
+
+
+def test_listing_the_commands_imports_none_of_the_sandbox() -> None:
+    probe = (
+        "import sys; from click.testing import CliRunner; from queue_processor.cli import main; "
+        "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0, r.output; "
+        "print([m for m in sys.modules if m.startswith(('queue_processor_sandbox', 'moto'))]); print(r.output)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    imported, _, listing = done.stdout.partition("\n")
+    assert imported == "[]"
+    assert "sandbox  See `queue-processor sandbox --help`" in listing
+    assert "Not installed" not in listing
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("no_such_module_of_ours:command", "cannot be loaded: ModuleNotFoundError"),
+        ("os:getcwd", "is not a click command"),
+    ],
+    ids=["cannot-import", "not-a-command"],
+)
+def test_a_broken_command_entry_point_exits_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, value: str, says: str
+) -> None:
+    point = importlib.metadata.EntryPoint(name="sandbox", value=value, group=cli.COMMANDS)
+    monkeypatch.setattr(cli, "_entry_points", lambda: {"sandbox": point})
+    listed = CliRunner().invoke(main, ["--help"])  # listing never loads it
+    assert listed.exit_code == 0, listed.output
+    assert "sandbox" in listed.output
+    result = CliRunner().invoke(main, ["sandbox", "--nodes", "3"])
+    assert result.exit_code == 2
+    (line,) = result.output.splitlines()
+    assert line.startswith(f"queue-processor sandbox: its entry point {value} (queue_processor.commands) ")
+    assert says in line

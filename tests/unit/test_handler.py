@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import structlog
 from botocore.exceptions import ClientError
 
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
@@ -671,6 +672,26 @@ async def test_heartbeat_set_up_never_delays_the_cordon(env: Any) -> None:
     outcome, _ = await world.run(operation)
     assert outcome is Outcome.DONE
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
+    assert our_tasks() == set()
+
+
+async def test_a_failed_step_under_a_lease_is_logged_once_by_the_operation(env: Any) -> None:
+    # With NODE_LEASES a step runs as a task guarded by the Lease; its failure goes up to the operation, which
+    # logs it once ("operation failed"), and the step's own task does not log it again as an error.
+    world = World(settings(node_leases=True), leases=True)
+
+    def refuse(token: str) -> None:
+        raise RuntimeError("CompleteLifecycleAction refused")
+
+    world.autoscaling.on_complete = refuse
+    operation = world.receive(terminate())
+    assert operation is not None
+    with structlog.testing.capture_logs() as logs:
+        outcome, _ = await world.run(operation)
+    assert outcome is Outcome.RETRY
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["operation failed"]
+    assert world.count("actions_total", node_action="post-drain", node_status="error") == 1
+    await world.heartbeats.close()
     assert our_tasks() == set()
 
 
