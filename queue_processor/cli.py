@@ -389,7 +389,8 @@ def explain(
     pod_termination_grace_period: int,
 ) -> None:
     """Show what would block a drain of NODE now, changing nothing: each pod's verdict from kubectl drain's
-    filters, its wave and grace period (seconds), the PodDisruptionBudgets that select it with their arithmetic
+    filters, its drain policy (annotation queue-processor/drain: evict, last), its wave and grace period
+    (seconds), the PodDisruptionBudgets that select it with their arithmetic
     (currentHealthy, desiredHealthy, disruptionsAllowed, expectedPods, unhealthyPodEvictionPolicy), and the
     API server's answer to a server-side dry-run eviction, as `kubectl drain --dry-run=server` asks it.
 
@@ -434,6 +435,7 @@ def explain(
         for column in (
             "pod",
             "verdict",
+            "policy",
             "wave",
             "grace",
             "ready",
@@ -445,6 +447,7 @@ def explain(
             table.add_row(
                 f"{pod.namespace}/{pod.name}",
                 pod.verdict if pod.reason == "ok" else f"{pod.verdict}: {pod.reason}",
+                pod.policy,
                 str(pod.wave or ""),
                 f"{pod.grace_s} s" if pod.wave else "",
                 "yes" if pod.ready else "no",

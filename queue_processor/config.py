@@ -785,5 +785,26 @@ def configuration_markdown() -> str:
         nth = str(extra.get("nth", "same")).replace("|", "\\|")
         flag = f"`--{name.replace('_', '-')}`"
         lines.append(f"| {variable} | {flag} | {shown} | {extra.get('unit', '')} | {description} | {nth} |")
-    lines.append("")
+    lines += ANNOTATIONS_MARKDOWN
     return "\n".join(lines)
+
+
+#: The annotations users set, as docs/configuration.md lists them (after the settings).
+ANNOTATIONS_MARKDOWN = [
+    "",
+    "## Annotations",
+    "",
+    "Set on a workload's pod template (so every pod of it carries them); nothing is asked of the cluster",
+    "otherwise. NTH has none of them.",
+    "",
+    "| annotation | on | values | what it does |",
+    "|---|---|---|---|",
+    "| `queue-processor/drain` | pods | `evict` (default), `last` | `last`: the pod is evicted in the last wave, "
+    "once the node's other pods are gone, whatever its priority and whatever `DRAIN_ORDER` (a log shipper or "
+    "an agent that must outlive the pods it serves, without a cluster-wide PriorityClass). Any other value is "
+    "reported once per workload and value (a warning log line `unknown drain policy: evicted as by default`, and "
+    "with `EMIT_KUBERNETES_EVENTS` a Warning Event `UnknownDrainPolicy` on the first pod) and the pod is evicted "
+    "as without the annotation; a drain never fails for it. `queue-processor explain NODE` shows each pod's "
+    "policy. |",
+    "",
+]

@@ -80,6 +80,7 @@ from queue_processor.observe.events import (
     POD_EVICTION,
     PRE_DRAIN,
     RECEIVED_REASONS,
+    UNKNOWN_DRAIN_POLICY,
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -383,6 +384,10 @@ class Handler(Steps):
             reason, text = POD_DELETED_AT_DEADLINE
             await recorder.record_pod(namespace, name, reason, text.format(node=node), warning=True)
 
+        async def noticed(namespace: str, name: str, message: str) -> None:
+            assert recorder is not None
+            await recorder.record_pod(namespace, name, UNKNOWN_DRAIN_POLICY, message, warning=True)
+
         try:
             result = await self.drainer.drain(
                 node,
@@ -390,6 +395,7 @@ class Handler(Steps):
                 guard=ctx.claim.confirm if ctx.claim is not None else None,
                 evicted=evicted if recorder is not None else None,
                 deleted=deleted if recorder is not None else None,
+                noticed=noticed if recorder is not None else None,
             )
         except asyncio.CancelledError:
             self.observer.drained(kind, "cancelled", self.clock() - started)

@@ -21,11 +21,22 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import structlog
+
 from queue_processor import tasks
 from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
-from queue_processor.drain.order import DrainOrder, granted_grace, own_grace, waves
+from queue_processor.drain.order import (
+    DRAIN_POLICY_ANNOTATION,
+    DrainOrder,
+    DrainPolicy,
+    drain_policy,
+    granted_grace,
+    own_grace,
+    waves,
+    workload_of,
+)
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
 from queue_processor.kube import KubeClient
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -119,6 +130,9 @@ class DrainTiming:
         )
 
 
+log = structlog.get_logger("queue_processor.drain")
+
+
 class DrainBounds:
     """When a drain must end, tightened only (DESIGN.md rule 13): ``deadline`` (a ``clock`` reading: the drain
     stops waiting then) and ``instance_end`` (a ``clock`` reading: when the instance goes, ``None`` while no
@@ -201,14 +215,27 @@ class _Eviction:
 
 
 @dataclass(frozen=True)
+class PolicyNotice:
+    """A pod to be evicted whose ``queue-processor/drain`` annotation names no policy: its ``workload``
+    (:func:`~queue_processor.drain.order.workload_of`) and the annotation's ``value``."""
+
+    namespace: str
+    name: str
+    workload: str
+    value: str
+
+
+@dataclass(frozen=True)
 class WavePlan:
     """What a drain will do, decided before it does anything (:func:`plan_waves`): the pods of each wave in
     order (each evicted, or only waited for when it is being deleted already), the pods the filters leave alone
-    (``skipped``), and those they refuse to drain (``refused``: the drain cannot start)."""
+    (``skipped``), those they refuse to drain (``refused``: the drain cannot start), and the pods whose drain
+    policy annotation names no policy (``notices``: reported, evicted as by default)."""
 
     waves: list[list[_Pod]]
     skipped: list[PodDecision]
     refused: list[PodDecision]
+    notices: list[PolicyNotice] = field(default_factory=list)
 
 
 def plan_waves(
@@ -234,10 +261,17 @@ def plan_waves(
         timing.critical_priority,
         pod_of=lambda item: item[1],
     )
+    notices = []
+    for pod in decisions.wait_for:
+        unknown = drain_policy(pod)[1]
+        if unknown is not None:
+            namespace, name = pod_key(pod)
+            notices.append(PolicyNotice(namespace, name, workload_of(pod), unknown))
     return WavePlan(
         waves=[[entry for entry, _ in group] for group in groups],
         skipped=[replace(decision, pod={}) for decision in decisions.skipped],
         refused=[replace(decision, pod={}) for decision in decisions.errors],
+        notices=notices,
     )
 
 
@@ -350,6 +384,7 @@ class Drainer:
         self.draining = 0
         self.blocked: Counter[str] = Counter()
         """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
+        self._reported: set[tuple[str, str]] = set()  # (workload, annotation value) reported already
 
     async def cordon(
         self,
@@ -464,6 +499,7 @@ class Drainer:
         guard: Callable[[], Awaitable[None]] | None = None,
         evicted: Callable[[str, str], Awaitable[None]] | None = None,
         deleted: Callable[[str, str], Awaitable[None]] | None = None,
+        noticed: Callable[[str, str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
         """Evict the node's pods and wait until they are gone, or until the deadline (a ``clock`` reading, or
         the :class:`DrainBounds` of an operation whose bounds may tighten while it drains). Waits for a
@@ -474,14 +510,16 @@ class Drainer:
         before it is deleted. ``guard`` is awaited before every eviction request: it raises to stop the drain
         (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`);
         ``evicted(namespace, name)`` after each eviction the API server accepted, ``deleted(namespace, name)``
-        after each deletion at the deadline (they must not raise). Raises :class:`KubeError` when the pods
+        after each deletion at the deadline, ``noticed(namespace, name, message)`` for the first pod of each
+        workload whose ``queue-processor/drain`` annotation names no policy, once per workload and value in
+        this process's life (they must not raise). Raises :class:`KubeError` when the pods
         cannot be listed, and whatever ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, bounds, guard, evicted, deleted)
+                return await self._drain(node, bounds, guard, evicted, deleted, noticed)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
@@ -493,6 +531,7 @@ class Drainer:
         guard: Callable[[], Awaitable[None]] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None,
         deleted: Callable[[str, str], Awaitable[None]] | None,
+        noticed: Callable[[str, str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
         """Plan (pure), execute, summarise (pure)."""
         drain_id = uuid.uuid4().hex[:12]
@@ -503,8 +542,31 @@ class Drainer:
         )  # names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once
         if planned.refused:
             return summarise(planned, _Done(), drain_id)
+        await self._report(planned.notices, noticed)
         done = await self._execute(node, planned, bounds, guard, evicted, deleted, drain_id)
         return summarise(planned, done, drain_id)
+
+    async def _report(
+        self, notices: list[PolicyNotice], noticed: Callable[[str, str, str], Awaitable[None]] | None
+    ) -> None:
+        """Report each workload's unknown drain policy value once (a warning, and ``noticed``)."""
+        for notice in notices:
+            if (notice.workload, notice.value) in self._reported:
+                continue
+            self._reported.add((notice.workload, notice.value))
+            known = ", ".join(policy.value for policy in DrainPolicy)
+            message = (
+                f"{DRAIN_POLICY_ANNOTATION}: {notice.value!r} is not a drain policy ({known}): "
+                f"the pods of {notice.workload} are evicted as by default"
+            )
+            log.warning(
+                "unknown drain policy: evicted as by default",
+                workload=notice.workload,
+                pod=f"{notice.namespace}/{notice.name}",
+                value=notice.value,
+            )
+            if noticed is not None:
+                await noticed(notice.namespace, notice.name, message)
 
     async def _execute(
         self,

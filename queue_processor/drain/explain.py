@@ -1,7 +1,8 @@
 """``queue-processor explain NODE``: what would block a drain of a node now, read from the cluster.
 
 For every pod bound to the node: the drain filters' verdict (:func:`~queue_processor.drain.filters.plan_drain`),
-its wave (:mod:`queue_processor.drain.order`) and grace period, the PodDisruptionBudgets of its namespace that
+its drain policy (the ``queue-processor/drain`` annotation), its wave (:mod:`queue_processor.drain.order`) and
+grace period, the PodDisruptionBudgets of its namespace that
 select it with their arithmetic (``currentHealthy``, ``desiredHealthy``, ``disruptionsAllowed``,
 ``expectedPods``, ``unhealthyPodEvictionPolicy``), whether the pod is healthy for them, and the API server's own
 answer to a server-side dry-run eviction (``dryRun=All``: every admission and budget check, nothing evicted),
@@ -20,7 +21,7 @@ from typing import Any
 
 from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready, selector_matches
 from queue_processor.drain.filters import DrainOptions, Verdict, plan_drain
-from queue_processor.drain.order import SYSTEM_CLUSTER_CRITICAL, DrainOrder, own_grace, wave_of
+from queue_processor.drain.order import SYSTEM_CLUSTER_CRITICAL, DrainOrder, drain_policy, own_grace, wave_of
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 
@@ -30,17 +31,19 @@ __all__ = ["NodeExplanation", "PodExplanation", "explain_node"]
 @dataclass
 class PodExplanation:
     """One pod of the node: ``verdict`` (evict, skip, error) and ``reason`` from the drain filters; ``wave``
-    (1: ordinary, 2: critical; 0 when not evicted); ``grace_s``, the grace period an eviction would give it
-    without a deadline (seconds); ``ready`` (healthy for a budget); ``budgets``: each selecting
-    PodDisruptionBudget as ``namespace/name: arithmetic``; ``eviction``: the server's answer to a dry-run
-    eviction (``allowed``, or ``<status> <message>``; empty when not evicted); ``blocked``: whether that answer
-    would hold the drain up."""
+    (1: ordinary, 2: critical or ``last``; 0 when not evicted); ``policy``: its drain policy (``evict``,
+    ``last``; ``evict (unknown 'VALUE')`` when its ``queue-processor/drain`` annotation names none);
+    ``grace_s``, the grace period an eviction would give it without a deadline (seconds); ``ready`` (healthy
+    for a budget); ``budgets``: each selecting PodDisruptionBudget as ``namespace/name: arithmetic``;
+    ``eviction``: the server's answer to a dry-run eviction (``allowed``, or ``<status> <message>``; empty
+    when not evicted); ``blocked``: whether that answer would hold the drain up."""
 
     namespace: str
     name: str
     verdict: str
     reason: str
     wave: int = 0
+    policy: str = ""
     grace_s: int = 0
     ready: bool = False
     budgets: list[str] = field(default_factory=list)
@@ -93,6 +96,8 @@ async def explain_node(
         if decision.verdict is not Verdict.EVICT:
             return line
         line.wave = wave_of(pod, order, critical_priority) + 1
+        policy, unknown = drain_policy(pod)
+        line.policy = str(policy) if unknown is None else f"{policy} (unknown {unknown!r})"
         line.grace_s = own_grace(pod, grace_override_s)
         line.budgets = [
             f"{decision.namespace}/{pdb['metadata']['name']}: {budget_arithmetic(pdb)}"

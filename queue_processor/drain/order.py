@@ -9,6 +9,12 @@ filters of :mod:`queue_processor.drain.filters` decide that). Priorities: "Pod P
 https://kubernetes.io/docs/concepts/scheduling-eviction/pod-priority-preemption/ (the two system classes are
 2000001000 and 2000000000; user classes may go up to 1000000000).
 
+**Per-workload policy.** The pod annotation ``queue-processor/drain`` (:data:`DRAIN_POLICY_ANNOTATION`, set
+through a workload's pod template) chooses how a drain treats the pod (:class:`DrainPolicy`): ``evict`` (the
+default) or ``last`` (evicted in the last wave, whatever its priority and whatever DRAIN_ORDER: a pod that
+must outlive its node's other pods without a cluster-wide priority). Any other value is reported, once per
+workload, and the pod is evicted as if the annotation were absent (:func:`drain_policy`, :func:`workload_of`).
+
 **Deadline-aware grace.** When the instance has a known end (a Spot or Capacity Reservation notice, an AWS
 Health scheduled change), a pod's grace period (its own ``terminationGracePeriodSeconds``, or
 POD_TERMINATION_GRACE_PERIOD) is cut so that it ends ``margin`` seconds before the instance does: a pod killed
@@ -29,13 +35,17 @@ from typing import Any, TypeVar
 __all__ = [
     "CRITICAL_CLASSES",
     "DEFAULT_GRACE_S",
+    "DRAIN_POLICY_ANNOTATION",
     "SYSTEM_CLUSTER_CRITICAL",
     "DrainOrder",
+    "DrainPolicy",
+    "drain_policy",
     "granted_grace",
     "is_critical",
     "own_grace",
     "wave_of",
     "waves",
+    "workload_of",
 ]
 
 #: spec.priority of the ``system-cluster-critical`` PriorityClass (``system-node-critical`` is 2000001000).
@@ -55,6 +65,59 @@ class DrainOrder(StrEnum):
     ALL_AT_ONCE = "all-at-once"
 
 
+#: The pod annotation that chooses a pod's :class:`DrainPolicy` (through its workload's pod template).
+DRAIN_POLICY_ANNOTATION = "queue-processor/drain"
+
+
+class DrainPolicy(StrEnum):
+    """The values of :data:`DRAIN_POLICY_ANNOTATION`."""
+
+    EVICT = "evict"
+    """The default: evicted in its wave (by priority with DRAIN_ORDER=waves)."""
+    LAST = "last"
+    """Evicted in the last wave, once the node's other pods are gone, whatever its priority or DRAIN_ORDER."""
+
+
+def drain_policy(pod: Mapping[str, Any]) -> tuple[DrainPolicy, str | None]:
+    """The pod's :class:`DrainPolicy` and, when its annotation names none, the annotation's value (to be
+    reported; the pod then gets :attr:`DrainPolicy.EVICT`). Surrounding blanks are ignored; values are
+    lower case. Never raises."""
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    value = annotations.get(DRAIN_POLICY_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if value is None:
+        return DrainPolicy.EVICT, None
+    text = str(value).strip()
+    try:
+        return DrainPolicy(text), None
+    except ValueError:
+        return DrainPolicy.EVICT, text
+
+
+def workload_of(pod: Mapping[str, Any]) -> str:
+    """``namespace/Kind/name`` of the workload a pod belongs to (for what is reported once per workload): its
+    controller owner, a ReplicaSet named after its Deployment and pod-template hash counted as that
+    Deployment; ``namespace/Pod/name`` for a pod without a controller. Never raises."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return "default/Pod/None"
+    namespace = str(metadata.get("namespace") or "default")
+    owners = metadata.get("ownerReferences")
+    controllers = (
+        [o for o in owners if isinstance(o, Mapping) and o.get("controller")]
+        if isinstance(owners, list)
+        else []
+    )
+    if not controllers:
+        return f"{namespace}/Pod/{metadata.get('name')}"
+    kind, name = str(controllers[0].get("kind")), str(controllers[0].get("name"))
+    labels = metadata.get("labels")
+    template_hash = labels.get("pod-template-hash") if isinstance(labels, Mapping) else None
+    if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
+        return f"{namespace}/Deployment/{name.removesuffix(f'-{template_hash}')}"
+    return f"{namespace}/{kind}/{name}"
+
+
 def is_critical(pod: Mapping[str, Any], threshold: int = SYSTEM_CLUSTER_CRITICAL) -> bool:
     """Whether ``pod`` goes in the last wave: its ``spec.priorityClassName`` is one of
     :data:`CRITICAL_CLASSES`, or its ``spec.priority`` (set by the API server's Priority admission from the
@@ -69,7 +132,10 @@ def is_critical(pod: Mapping[str, Any], threshold: int = SYSTEM_CLUSTER_CRITICAL
 
 
 def wave_of(pod: Mapping[str, Any], order: DrainOrder, threshold: int = SYSTEM_CLUSTER_CRITICAL) -> int:
-    """The wave ``pod`` is evicted in: 0 (ordinary, or every pod with ``all-at-once``) or 1 (critical)."""
+    """The wave ``pod`` is evicted in: 0 (ordinary, or every pod with ``all-at-once``) or 1 (critical, or
+    annotated ``queue-processor/drain: last`` whatever the order)."""
+    if drain_policy(pod)[0] is DrainPolicy.LAST:
+        return 1
     return 1 if order is DrainOrder.WAVES and is_critical(pod, threshold) else 0
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "POST_DRAIN",
     "PRE_DRAIN",
     "RECEIVED_REASONS",
+    "UNKNOWN_DRAIN_POLICY",
     "NodeEventRecorder",
 ]
 
@@ -61,6 +62,9 @@ POST_DRAIN = ("PostDrain", "Post-drain task successfully executed")
 POST_DRAIN_ERROR = "There was a problem executing the post-drain task"
 #: On a pod, once its eviction was accepted (NTH records it on every pod of the node before the drain).
 POD_EVICTION = ("PodEviction", "Pod evicted due to node drain (node {node})")
+#: On a pod (Warning), the first of its workload whose ``queue-processor/drain`` annotation names no policy:
+#: ours. The message says which value and what is done instead.
+UNKNOWN_DRAIN_POLICY = "UnknownDrainPolicy"
 #: On a pod (Warning), once DELETE_AT_DEADLINE deleted it: ours, NTH has no such step.
 POD_DELETED_AT_DEADLINE = (
     "PodDeletedAtDeadline",

@@ -141,6 +141,7 @@ class KubeCluster(Protocol):
         phase: str = "Running",
         ready: bool = True,
         priority_class: str | None = None,
+        annotations: dict[str, str] | None = None,
         wait: bool = True,
     ) -> None: ...
 
@@ -192,7 +193,9 @@ class ClusterSpec:
     - a DaemonSet ``node-agent`` (namespace ``kube-system``) when ``daemonset``;
     - a mirror pod ``kube-proxy-<node>`` per node when ``mirror_pods``;
     - ``empty_dir_pods`` pods of a ReplicaSet ``cache`` with an emptyDir volume;
-    - ``unreplicated_pods`` pods without a controller (``debug-<n>``).
+    - ``unreplicated_pods`` pods without a controller (``debug-<n>``);
+    - ``last_pods`` pods without a controller annotated ``queue-processor/drain: last`` (``agent-<n>``, no
+      priority of their own), spread over the nodes.
 
     ``grace_s`` is every pod's terminationGracePeriodSeconds (simulated seconds). The workloads go to
     ``namespace``, the DaemonSet and mirror pods to ``system_namespace``.
@@ -205,6 +208,7 @@ class ClusterSpec:
     mirror_pods: bool = True
     empty_dir_pods: int = 1
     unreplicated_pods: int = 1
+    last_pods: int = 0
     grace_s: int = 5
     namespace: str = "apps"
     system_namespace: str = "kube-system"
@@ -295,6 +299,18 @@ def build_kubernetes(
         )
     if spec.unreplicated_pods:
         waits.append((spec.namespace, {"app": "debug"}, spec.unreplicated_pods))
+    for index in range(spec.last_pods):
+        kube.add_pod(
+            spec.namespace,
+            f"agent-{index}",
+            node=names[index % len(names)],
+            labels={"app": "agent"},
+            grace_s=spec.grace_s,
+            annotations={"queue-processor/drain": "last"},
+            wait=False,
+        )
+    if spec.last_pods:
+        waits.append((spec.namespace, {"app": "agent"}, spec.last_pods))
     for namespace, labels, count in waits:
         kube.wait_for_ready_pods(namespace, labels, count)
     for index in range(spec.apps):

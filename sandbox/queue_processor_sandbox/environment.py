@@ -392,6 +392,30 @@ def _spot_critical(sandbox: Sandbox) -> dict[str, Any]:
     return {"interrupted": instance.instance_id, "node": node}
 
 
+def _drain_policy(sandbox: Sandbox) -> dict[str, Any]:
+    """One instance's node gets three ordinary pods (``web-0``…``web-2``, 5 s grace), an agent annotated
+    ``queue-processor/drain: last`` (no priority of its own: the annotation alone must put it last, judged by
+    ``last_pods_evicted_early``) and a pod whose annotation has a typo (``lsat``: reported, evicted as by
+    default); then the instance gets a Spot interruption warning."""
+    namespace = sandbox.cluster.namespace
+    instance = _in_service(sandbox)[0]
+    node = instance.private_dns_name
+    for index in range(3):
+        sandbox.kube.add_pod(namespace, f"web-{index}", node=node, labels={"app": "web"}, grace_s=5)
+    sandbox.kube.add_pod(
+        namespace, "agent", node=node, labels={"app": "agent"}, grace_s=1, annotations={_DRAIN: "last"}
+    )
+    sandbox.kube.add_pod(
+        namespace, "cache", node=node, labels={"app": "cache"}, grace_s=1, annotations={_DRAIN: "lsat"}
+    )
+    sandbox.aws.spot_interruption(instance.instance_id)
+    return {"interrupted": instance.instance_id, "node": node, "last": ["agent"], "unknown_policy": ["cache"]}
+
+
+#: The drain policy annotation, as the sandbox writes it (the controller's name for it is its own).
+_DRAIN = "queue-processor/drain"
+
+
 def _poison(sandbox: Sandbox) -> dict[str, Any]:
     """Bodies the controller cannot understand, for the dead-letter queue, and one good Spot warning."""
     for body in POISON_BODIES:
@@ -409,6 +433,7 @@ SCENARIOS: dict[str, Callable[[Sandbox], dict[str, Any]]] = {
     "pdb-blocked": _pdb_blocked,
     "poison": _poison,
     "spot-critical": _spot_critical,
+    "drain-policy": _drain_policy,
 }
 
 #: Settings a scenario runs the controller with, under any the caller gives (field name → value).

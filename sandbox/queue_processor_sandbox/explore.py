@@ -22,6 +22,10 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   and that were not even terminating, unless its node was deleted on purpose, a budget was held (or relaxed
   less than an eviction retry before), or a replica was paused or killed while it was interrupted (the message
   it held comes back to another only after its visibility timeout, which may outlast a notice);
+- ``last-early``: no pod annotated ``queue-processor/drain: last`` evicted before an ordinary pod of its node
+  (``last_pods_evicted_early`` of the judge), in storylines without faults or budget holds: a refused or
+  failed eviction retried later, or a last wave started early because only its time was left, may rightly
+  reorder them there;
 - ``lease-lost``: no Lease lost by a replica that was neither paused nor killed;
 - ``process``: no traceback in any controller's log, and every controller stopped with SIGTERM exited 0 with
   its ``stopped`` line at zero (tasks, operations, heartbeats) — but one SIGTERM found before it wrote its
@@ -542,7 +546,7 @@ def run(
             max_receive_count=10,
             node_register_s=40,
             node_ready_s=20,
-            cluster=ClusterSpec(apps=story.apps, pdb_max_unavailable=1),
+            cluster=ClusterSpec(apps=story.apps, pdb_max_unavailable=1, last_pods=story.last_pods),
         )
         with Sandbox(
             options, workdir=workdir / "sandbox", kubernetes=kubernetes, plane=plane, rbac=rbac
@@ -596,6 +600,9 @@ def violations(world: _World) -> None:
     )
     if verdict["daemonset_pods_evicted"] or mirror:
         world.fail("daemonset-or-mirror", f"{verdict['daemonset_pods_evicted']} DaemonSet, {mirror} mirror")
+    holds = any(step.kind == "pdb-hold" for step in world.story.steps)
+    if verdict["last_pods_evicted_early"] and not world.story.faults and not holds:
+        world.fail("last-early", f"{verdict['last_pods_evicted_early']} pod(s) annotated last")
     if verdict["heartbeats_after_end"]:
         world.fail("heartbeat-after-end", str(verdict["heartbeats_after_end"]))
     if verdict["messages_left"] or verdict["dlq"]:

@@ -680,14 +680,20 @@ class RealKube:
         phase: str = "Running",
         ready: bool = True,
         priority_class: str | None = None,
+        annotations: dict[str, str] | None = None,
         wait: bool = True,
     ) -> None:
         """A pod bound to ``node`` without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``
         (owned by its Node, as the kubelet makes them). ``phase`` other than Running, or not ``ready``: the pod's
         status is set by the sandbox (Succeeded/Failed: finished; Pending: not started; Running and not Ready),
-        not by KWOK. With ``wait``, returns once KWOK has made it Running and Ready."""
+        not by KWOK. ``annotations`` are added to its metadata. With ``wait``, returns once KWOK has made it Running and
+        Ready."""
         self.ensure_namespace(namespace)
-        metadata: Obj = {"name": name, "labels": {**(labels or {}), RUN_LABEL: self.run}, "annotations": {}}
+        metadata: Obj = {
+            "name": name,
+            "labels": {**(labels or {}), RUN_LABEL: self.run},
+            "annotations": dict(annotations or {}),
+        }
         if mirror:
             assert self._nodes is not None
             with self._nodes.lock:

@@ -22,7 +22,7 @@ from queue_processor.config import load_settings
 from queue_processor_sandbox.cluster import drain_of
 from queue_processor_sandbox.environment import SCENARIO_SETTINGS, Sandbox
 
-__all__ = ["Progress", "as_expected", "drain_figures", "judge", "run_scenario"]
+__all__ = ["Progress", "as_expected", "drain_figures", "judge", "last_pods_evicted_early", "run_scenario"]
 
 
 @dataclass
@@ -86,7 +86,10 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
       a retry after a connection reset the server had answered, or a grace period cut again when a nearer end
       joined the drain); the pod was terminating by then, so nothing more was disrupted;
     - ``evictions_denied``: eviction requests answered 403 Forbidden (RBAC on the real control plane; the
-      emulation has none, and answers 403 only as an injected fault).
+      emulation has none, and answers 403 only as an injected fault);
+    - ``last_pods_evicted_early``: pods annotated ``queue-processor/drain: last`` whose first eviction came
+      before the first eviction of an ordinary pod of the same node (no such annotation, no system priority
+      class, ``spec.priority`` under 2,000,000,000): the annotation promises they go last.
     """
     state = progress_of(sandbox, nodes, started)
     wanted = set(nodes)
@@ -145,6 +148,7 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
         "nodes_drained_twice": len(twice - {None}),
         "evictions_repeated": repeated,
         "evictions_denied": denied,
+        "last_pods_evicted_early": last_pods_evicted_early(evictions),
         "seconds": state.seconds,
         "progress": asdict(state),
     }
@@ -255,13 +259,51 @@ def drain_figures(controller: Controller) -> dict[str, Any]:
     }
 
 
+#: The annotation whose ``last`` value the judge checks (the sandbox's own spelling of it, not the controller's).
+_DRAIN_ANNOTATION = "queue-processor/drain"
+_SYSTEM_CLASSES = ("system-cluster-critical", "system-node-critical")
+
+
+def last_pods_evicted_early(evictions: list[dict[str, Any]]) -> int:
+    """``last_pods_evicted_early`` of :func:`judge`, from the evictions in the order the API server took them."""
+    firsts: dict[tuple[str, str, str], dict[str, Any]] = {}  # each pod's first eviction, in order
+    for pod in evictions:
+        metadata = pod["metadata"]
+        firsts.setdefault((metadata["namespace"], metadata["name"], metadata.get("uid", "")), pod)
+    ordered = list(firsts.values())
+    return sum(
+        1
+        for index, pod in enumerate(ordered)
+        if _annotated_last(pod)
+        and any(
+            later["spec"].get("nodeName") == pod["spec"].get("nodeName") and _ordinary(later)
+            for later in ordered[index + 1 :]
+        )
+    )
+
+
+def _annotated_last(pod: dict[str, Any]) -> bool:
+    return ((pod["metadata"].get("annotations") or {}).get(_DRAIN_ANNOTATION) or "").strip() == "last"
+
+
+def _ordinary(pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    priority = spec.get("priority")
+    critical = spec.get("priorityClassName") in _SYSTEM_CLASSES or (
+        isinstance(priority, int) and priority >= 2_000_000_000
+    )
+    return not _annotated_last(pod) and not critical
+
+
 def as_expected(summary: dict[str, Any]) -> bool:
-    """Whether a scenario ended as it should: nothing left behind anywhere, no DaemonSet pod evicted, no
-    lifecycle action left to time out, and poison (only) in the dead-letter queue."""
+    """Whether a scenario ended as it should: nothing left behind anywhere, no DaemonSet pod evicted, no pod
+    annotated ``last`` evicted before an ordinary pod of its node, no lifecycle action left to time out, and
+    poison (only) in the dead-letter queue."""
     scenario = summary["scenario"]
     clean = bool(
         summary["messages_left"] == 0
         and summary["daemonset_pods_evicted"] == 0
+        and summary["last_pods_evicted_early"] == 0
         and summary["heartbeat_tasks_left"] == 0
         and summary["operation_tasks_left"] == 0
         and summary["lifecycle_timed_out"] == 0

@@ -115,6 +115,12 @@ class Storyline:
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
     @property
+    def last_pods(self) -> int:
+        """Pods annotated ``queue-processor/drain: last`` in the cluster (0 to 2; from the seed, so that the
+        storylines seeds made before it keep their steps)."""
+        return self.seed % 3
+
+    @property
     def length_s(self) -> float:
         """Simulated seconds until the last step."""
         return max((step.at_s for step in self.steps), default=0.0)
@@ -127,6 +133,7 @@ class Storyline:
         """One line: the cluster, the controllers and how many steps."""
         return (
             f"nodes={self.nodes} asgs={self.asgs} replicas={self.replicas} apps={self.apps} "
+            f"last_pods={self.last_pods} "
             f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} steps={len(self.steps)}"
         )
 

@@ -470,6 +470,14 @@ async def test_kubernetes_events_are_recorded_on_the_node_when_asked(sandbox: Sa
     extra ones."""
     instance_id, node = node_of(sandbox, 3)
     extra = "team=platform,instance-id=overridden"
+    namespace = next(  # the workloads' namespace (on the real control plane, this run's)
+        pod["metadata"]["namespace"]
+        for pod in sandbox.kube.objects("pods")
+        if pod["spec"].get("nodeName") == node and pod["metadata"]["name"].startswith("app-")
+    )
+    sandbox.kube.add_pod(  # a drain policy with a typo: the pod is evicted, and its Event says why
+        namespace, "typo-0", node=node, grace_s=1, annotations={"queue-processor/drain": "lsat"}
+    )
     async with controller(
         sandbox, emit_kubernetes_events=True, kubernetes_events_extra_annotations=extra
     ) as running:
@@ -492,6 +500,17 @@ async def test_kubernetes_events_are_recorded_on_the_node_when_asked(sandbox: Sa
     evicted = {e["involvedObject"]["name"] for e in ours if e["reason"] == "PodEviction"}
     assert evicted == {pod["metadata"]["name"] for pod in sandbox.kube.evictions}
     assert evicted  # the node had pods to evict
+    assert "typo-0" in evicted
+    (policy,) = [e for e in ours if e["reason"] == "UnknownDrainPolicy"]
+    assert (policy["involvedObject"]["kind"], policy["involvedObject"]["name"], policy["type"]) == (
+        "Pod",
+        "typo-0",
+        "Warning",
+    )
+    assert policy["message"] == (
+        "queue-processor/drain: 'lsat' is not a drain policy (evict, last): "
+        f"the pods of {namespace}/Pod/typo-0 are evicted as by default"
+    )
 
 
 async def test_with_node_leases_the_node_is_drained_and_its_lease_released(sandbox: Sandbox) -> None:

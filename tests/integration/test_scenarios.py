@@ -54,6 +54,11 @@ async def test_the_scenario_ends_as_expected(
         assert summary["pods_deleted_at_deadline"] >= 1, summary
         assert summary["pods_killed_mid_grace"] == 0, summary
         assert summary["pods_finished_grace"] + summary["pods_cut_short"] >= 4, summary
+    if scenario == "drain-policy":
+        # The agent annotated last went after web-0..2 and the cache with the typo (judged by as_expected:
+        # last_pods_evicted_early == 0); all five were evicted and the node drained.
+        assert summary["evicted"] >= 5, summary
+        assert summary["drained"] == 1, summary
     if scenario in ("asg-scale-in", "mixed-duplicates", "pdb-blocked"):
         # Not spot-storm: it interrupts every node at once, so no evicted pod can be rescheduled and the
         # PodDisruptionBudgets may rightly keep every node from draining fully inside its 6 s notice.

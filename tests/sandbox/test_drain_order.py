@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from queue_processor.cli import main
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.order import DRAIN_POLICY_ANNOTATION as DRAIN
 from queue_processor.drain.order import DrainOrder
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.observe.metrics import Metrics
@@ -101,6 +102,42 @@ async def test_critical_pods_are_evicted_once_the_ordinary_ones_are_gone(
     remaining = [pod for pod in await kube.pods_on_node(node) if pod["metadata"]["namespace"] == namespace]
     owners = [ref["kind"] for pod in remaining for ref in pod["metadata"].get("ownerReferences") or []]
     assert owners == ["DaemonSet"]  # the log shipper stays
+
+
+@pytest.mark.parametrize("order", [DrainOrder.WAVES, DrainOrder.ALL_AT_ONCE])
+async def test_a_pod_annotated_last_outlives_the_nodes_other_pods_and_an_unknown_policy_is_reported(
+    cluster: KubeCluster, kube: KubeClient, order: DrainOrder
+) -> None:
+    node, namespace = a_node(cluster)
+    cluster.add_pod(namespace, "web-0", node=node, labels={"app": "web"}, grace_s=3)
+    cluster.add_pod(  # a typo: evicted as by default, and said so
+        namespace, "cache-0", node=node, labels={"app": "cache"}, grace_s=1, annotations={DRAIN: "lsat"}
+    )
+    cluster.add_pod(  # no priority at all: the annotation alone puts it last
+        namespace, "agent", node=node, labels={"app": "agent"}, grace_s=1, annotations={DRAIN: "last"}
+    )
+    left_when_agent_went: list[set[str]] = []
+    noticed: list[tuple[str, str]] = []
+
+    async def evicted(_: str, name: str) -> None:
+        if name == "agent":
+            left_when_agent_went.append(names_on(await kube.pods_on_node(node), namespace) - {"agent"})
+
+    async def notice(pod_namespace: str, name: str, message: str) -> None:
+        noticed.append((f"{pod_namespace}/{name}", message))
+
+    drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(order=order))
+    result = await drainer.drain(node, drainer.clock() + 60, evicted=evicted, noticed=notice)
+    assert result.completed, result
+    assert result.waves == [2, 1]  # in both orders: the annotation asks for it
+    assert left_when_agent_went == [set()]  # web-0 and cache-0 were gone before the agent was evicted
+    assert noticed == [
+        (
+            f"{namespace}/cache-0",
+            f"queue-processor/drain: 'lsat' is not a drain policy (evict, last): the pods of "
+            f"{namespace}/Pod/cache-0 are evicted as by default",
+        )
+    ]
 
 
 async def test_grace_periods_are_cut_to_end_a_margin_before_the_instance(
@@ -249,14 +286,19 @@ def test_explain_names_what_would_block_a_drain_and_changes_nothing(
     cluster.add_pod(namespace, "db-0", node=node, labels={"app": "db"}, grace_s=20)
     cluster.add_pod(namespace, "web-0", node=node, labels={"app": "web"}, grace_s=5)
     cluster.add_pod(namespace, "mesh", node=node, grace_s=1, priority_class="system-cluster-critical")
+    cluster.add_pod(namespace, "agent", node=node, grace_s=1, annotations={DRAIN: "last"})
+    cluster.add_pod(namespace, "cache-0", node=node, grace_s=1, annotations={DRAIN: "lsat"})
     cluster.add_pdb(namespace, "db", match_labels={"app": "db"}, min_available=1)
     kubeconfig = str(cluster.kubeconfig(tmp_path / "kubeconfig"))
     answer = CliRunner().invoke(main, ["explain", node, "--kubeconfig", kubeconfig, "--format", "json"])
     assert answer.exit_code == 1, answer.output  # an eviction would be refused
     explained = json.loads(answer.stdout)
     pods = {p["name"]: p for p in explained["pods"] if p["namespace"] == namespace}
-    assert set(pods) == {"db-0", "web-0", "mesh"}
+    assert set(pods) == {"db-0", "web-0", "mesh", "agent", "cache-0"}
     db, web, mesh = pods["db-0"], pods["web-0"], pods["mesh"]
+    assert (pods["agent"]["policy"], pods["agent"]["wave"]) == ("last", 2)
+    assert (pods["cache-0"]["policy"], pods["cache-0"]["wave"]) == ("evict (unknown 'lsat')", 1)
+    assert (db["policy"], mesh["policy"]) == ("evict", "evict")
     assert (db["wave"], db["grace_s"], db["ready"], db["blocked"]) == (1, 20, True, True)
     assert db["budgets"] == [
         f"{namespace}/db: minAvailable 1, currentHealthy 1, desiredHealthy 1, disruptionsAllowed 0, "
@@ -279,11 +321,12 @@ def test_explain_names_what_would_block_a_drain_and_changes_nothing(
         for pod in cluster.objects("pods")
         if pod["metadata"]["namespace"] == namespace
     }
-    assert left == {"db-0": None, "web-0": None, "mesh": None}
+    assert left == {"db-0": None, "web-0": None, "mesh": None, "agent": None, "cache-0": None}
     table = CliRunner().invoke(main, ["explain", node, "--kubeconfig", kubeconfig])
     assert table.exit_code == 1
     assert "refused now" in table.stdout
     assert "db-0" in table.stdout
+    assert "last" in table.stdout  # the policy column
     gone = CliRunner().invoke(main, ["explain", "ip-10-9-9-9.ec2.internal", "--kubeconfig", kubeconfig])
     assert gone.exit_code == 2
     assert "node ip-10-9-9-9.ec2.internal not found" in gone.stderr

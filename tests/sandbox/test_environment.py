@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import click
@@ -21,7 +22,7 @@ from queue_processor.events import EventKind
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.parse import parse
 from queue_processor_sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
-from queue_processor_sandbox.run import judge
+from queue_processor_sandbox.run import judge, last_pods_evicted_early
 
 
 @pytest.fixture
@@ -105,6 +106,7 @@ def test_a_terminated_instance_loses_its_node_and_a_launched_one_registers_later
         ("spot-storm", {EventKind.SPOT_INTERRUPTION: 6, EventKind.REBALANCE_RECOMMENDATION: 6}),
         ("asg-scale-in", {EventKind.ASG_TERMINATE_LIFECYCLE: 3}),
         ("warm-pool-launch", {EventKind.ASG_LAUNCH_LIFECYCLE: 4}),
+        ("drain-policy", {EventKind.SPOT_INTERRUPTION: 1}),
     ],
 )
 def test_scenarios_publish_what_they_say(
@@ -159,6 +161,7 @@ def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
         "poison",
         "pdb-blocked",
         "spot-critical",
+        "drain-policy",
     }
     assert set(SCENARIOS) == tested
     assert set(offered.type.choices) == tested
@@ -322,3 +325,20 @@ def test_the_judge_counts_an_eviction_denied(sandbox: Sandbox) -> None:
     assert denied.value.status == 403
     verdict = judge(sandbox, [instance.private_dns_name], time.monotonic())
     assert (verdict["evictions_denied"], verdict["evicted"]) == (1, 0)
+
+
+def test_the_judge_counts_a_pod_annotated_last_that_went_before_an_ordinary_one() -> None:
+    def pod(name: str, node: str = "n1", *, last: bool = False, **spec: Any) -> dict[str, Any]:
+        annotations = {"queue-processor/drain": "last"} if last else {}
+        metadata = {"namespace": "apps", "name": name, "uid": name, "annotations": annotations}
+        return {"metadata": metadata, "spec": {"nodeName": node, **spec}}
+
+    agent, web, mesh = (
+        pod("agent", last=True),
+        pod("web"),
+        pod("mesh", priorityClassName="system-node-critical"),
+    )
+    assert last_pods_evicted_early([web, agent, mesh]) == 0
+    assert last_pods_evicted_early([agent, web]) == 1  # the ordinary pod went after it
+    assert last_pods_evicted_early([agent, mesh, pod("web", "n2")]) == 0  # critical, or another node's
+    assert last_pods_evicted_early([web, agent, web]) == 0  # a repeated eviction is not a first one

@@ -10,10 +10,14 @@ from hypothesis import strategies as st
 from queue_processor.drain.order import (
     DEFAULT_GRACE_S,
     DrainOrder,
+    DrainPolicy,
+    drain_policy,
     granted_grace,
     is_critical,
     own_grace,
+    wave_of,
     waves,
+    workload_of,
 )
 
 
@@ -77,3 +81,47 @@ def test_a_granted_grace_never_exceeds_the_pods_own_and_ends_by_the_margin_when_
     if cut:
         assert granted >= 1
         assert granted <= max(1, until_end - margin)
+
+
+def annotated(name: str, value: str | None, **metadata: Any) -> dict[str, Any]:
+    annotations = {} if value is None else {"queue-processor/drain": value}
+    return {"metadata": {"name": name, "annotations": annotations, **metadata}, "spec": {}}
+
+
+def test_the_drain_policy_annotation_names_evict_or_last_and_anything_else_is_reported() -> None:
+    assert drain_policy(annotated("a", None)) == (DrainPolicy.EVICT, None)
+    assert drain_policy(annotated("b", "evict")) == (DrainPolicy.EVICT, None)
+    assert drain_policy(annotated("c", " last ")) == (DrainPolicy.LAST, None)
+    assert drain_policy(annotated("d", "Last")) == (DrainPolicy.EVICT, "Last")  # values are lower case
+    assert drain_policy(annotated("e", "")) == (DrainPolicy.EVICT, "")
+    assert drain_policy({"metadata": {"annotations": "not a map"}}) == (DrainPolicy.EVICT, None)
+    assert drain_policy({}) == (DrainPolicy.EVICT, None)
+
+
+@given(st.text(max_size=20))
+def test_a_drain_policy_is_always_one_of_the_known_or_reported(value: str) -> None:
+    policy, unknown = drain_policy(annotated("p", value))
+    assert policy in DrainPolicy
+    assert (unknown is None) == (value.strip() in {p.value for p in DrainPolicy})
+
+
+def test_last_puts_a_pod_in_the_last_wave_whatever_its_priority_and_the_order() -> None:
+    pods = [annotated("agent", "last"), pod("web"), annotated("cache", "lats")]
+    for order in DrainOrder:
+        groups = waves(pods, order, pod_of=lambda p: p)
+        assert [[p["metadata"]["name"] for p in wave] for wave in groups] == [["web", "cache"], ["agent"]]
+        assert wave_of(pods[0], order) == 1
+
+
+def test_a_workload_is_its_controller_and_a_replicasets_deployment() -> None:
+    def owned(kind: str, name: str, **labels: str) -> dict[str, Any]:
+        owner = {"kind": kind, "name": name, "controller": True}
+        return {"metadata": {"name": "p", "namespace": "apps", "labels": labels, "ownerReferences": [owner]}}
+
+    assert workload_of(owned("ReplicaSet", "web-5d8f7c", **{"pod-template-hash": "5d8f7c"})) == (
+        "apps/Deployment/web"
+    )
+    assert workload_of(owned("ReplicaSet", "batch")) == "apps/ReplicaSet/batch"
+    assert workload_of(owned("StatefulSet", "db")) == "apps/StatefulSet/db"
+    assert workload_of({"metadata": {"name": "lonely", "namespace": "apps"}}) == "apps/Pod/lonely"
+    assert workload_of({}) == "default/Pod/None"

@@ -152,3 +152,32 @@ async def test_the_deadline_step_deletes_what_is_left_and_names_a_refused_deleti
     assert result.causes[-1].startswith("deletion of apps/web-1 at the deadline failed: ")
     assert "forbidden" in result.causes[-1]
     assert result.reason == "; ".join(result.causes)
+
+
+async def test_an_unknown_drain_policy_is_reported_once_per_workload_and_the_pod_evicted() -> None:
+    kube = Answers({})
+    for node in ("node-a", "node-b"):
+        kube.add_node(node)
+    for name, node in (("web-0", "node-a"), ("web-1", "node-a"), ("web-2", "node-b"), ("db-0", "node-b")):
+        kube.add_pod(name, node)
+    for pod in kube.pods:
+        value = "lats" if pod["metadata"]["name"].startswith("web") else "surge-please"
+        pod["metadata"]["annotations"] = {"queue-processor/drain": value}
+        if pod["metadata"]["name"].startswith("db"):
+            pod["metadata"]["ownerReferences"][0]["name"] = "db"
+    drainer = Drainer(kube, DrainOptions(), budget=2)  # type: ignore[arg-type]
+    noticed: list[tuple[str, str, str]] = []
+
+    async def notice(namespace: str, name: str, message: str) -> None:
+        noticed.append((namespace, name, message))
+
+    for node in ("node-a", "node-b"):
+        result = await drainer.drain(node, drainer.clock() + 60, noticed=notice)
+        assert result.completed
+        assert result.waves == [2]  # evicted as by default, in the first wave
+    assert sorted(kube.evicted) == ["db-0", "web-0", "web-1", "web-2"]
+    assert [(namespace, name) for namespace, name, _ in noticed] == [("apps", "web-0"), ("apps", "db-0")]
+    assert noticed[0][2] == (
+        "queue-processor/drain: 'lats' is not a drain policy (evict, last): "
+        "the pods of apps/ReplicaSet/rs are evicted as by default"
+    )

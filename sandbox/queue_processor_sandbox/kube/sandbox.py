@@ -415,12 +415,16 @@ class KubeSandbox:
         phase: str = "Running",
         ready: bool = True,
         priority_class: str | None = None,
+        annotations: dict[str, str] | None = None,
         wait: bool = True,
     ) -> None:
         """A pod without a controller (unreplicated), or a mirror (static) pod with ``mirror=True``; in
-        ``phase``, and Ready when Running and ``ready`` (at once: ``wait`` is for the real backend)."""
+        ``phase``, and Ready when Running and ``ready`` (at once: ``wait`` is for the real backend), with
+        ``annotations``."""
         template = pod_template(labels or {}, self.clock.grace(grace_s), empty_dir, priority_class)
         pod = new_pod(namespace, name, node, template, None, phase=phase)
+        if annotations:
+            pod["metadata"].setdefault("annotations", {}).update(annotations)
         if not ready:
             pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
         if phase != "Running" or not ready:  # no kubelet runs it (as KWOK disregards it on the real server)
