@@ -43,7 +43,7 @@ CONTROLLER_SERVICE_ACCOUNT = "queue-processor"
 
 KubernetesKind = Literal["emulated", "real"]
 
-__all__ = ["SCENARIOS", "SCENARIO_SETTINGS", "Sandbox", "SandboxOptions"]
+__all__ = ["SCENARIOS", "SCENARIO_SETTINGS", "Neighbour", "Sandbox", "SandboxOptions"]
 
 POISON_BODIES = (
     "this is not JSON",
@@ -58,7 +58,8 @@ class SandboxOptions:
     across ``zones``; ``scale`` real seconds per simulated second; terminate hooks with
     ``heartbeat_timeout_s`` and launch hooks (``launch_hooks``); the queue's ``visibility_timeout_s`` and
     ``max_receive_count`` before the dead-letter queue; ``node_register_s``/``node_ready_s``: how long a
-    launched instance takes to register its Node and for the Node to turn Ready (simulated seconds)."""
+    launched instance takes to register its Node and for the Node to turn Ready (simulated seconds); ``tags``:
+    more tags on the groups, propagated to their instances (``eks:cluster-name`` to tell clusters apart)."""
 
     nodes: int = 3
     asgs: int = 1
@@ -71,6 +72,7 @@ class SandboxOptions:
     node_register_s: float = 30.0
     node_ready_s: float = 10.0
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 class Sandbox:
@@ -115,6 +117,8 @@ class Sandbox:
             self.kube = KubeSandbox(self.clock)
         self.queue: SandboxQueue | None = None
         self.instances: list[SandboxInstance] = []
+        self.groups: set[str] = set()
+        """This cluster's Auto Scaling groups: only their instances register Nodes here."""
         self._timers: list[threading.Timer] = []
         self._never_ready = 0  # launches whose node never turns Ready (launches_never_ready)
         self._kubelets: list[threading.Event] = []  # kubelet_for watchers, ended by stop()
@@ -136,11 +140,13 @@ class Sandbox:
                 + (1 if index < options.nodes % options.asgs else 0)
                 for index in range(options.asgs)
             }
+            self.groups = {name for name, size in sizes.items() if size}
             self.instances = self.aws.build_cluster(
                 {name: size for name, size in sizes.items() if size},
                 availability_zones=list(options.zones),
                 heartbeat_timeout_s=options.heartbeat_timeout_s,
                 launch_hook=options.launch_hooks,
+                tags=options.tags,
             )
             build_kubernetes(self.kube, [self._instance(i) for i in self.instances], self.cluster)
             self.aws.on_instance(self._follow)
@@ -216,11 +222,7 @@ class Sandbox:
         if self.queue is None:
             raise RuntimeError("the sandbox is not started")
         return {
-            "QUEUE_URL": self.queue.url,
-            "AWS_REGION": self.aws.region,
-            "AWS_ENDPOINT": self.aws.endpoint_url,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
+            **_aws_env(self.aws, self.queue),
             "KUBECONFIG": str(self.kubeconfig_path),
             **({"POD_NAMESPACE": self.controller_namespace} if self.kubernetes == "real" else {}),
         }
@@ -263,21 +265,18 @@ class Sandbox:
         self._never_ready += count
 
     def _follow(self, instance: SandboxInstance, event: str) -> None:
-        """Keep Kubernetes in step with EC2 (called by the AWS side under its lock)."""
+        """Keep Kubernetes in step with EC2 for this cluster's groups (called by the AWS side under its
+        lock)."""
+        if instance.asg_name not in self.groups:  # another cluster's instance (a Neighbour's)
+            return
         if event == "launched":
             ready_after_s: float | None = self.options.node_ready_s
             if self._never_ready > 0:
                 self._never_ready -= 1
                 ready_after_s = None
-            self.kube.add_node(
-                instance.private_dns_name,
-                provider_id=instance.provider_id,
-                labels={"topology.kubernetes.io/zone": instance.availability_zone},
-                register_after_s=self.options.node_register_s,
-                ready_after_s=ready_after_s,
-            )
-        elif event == "terminated":
-            self.kube.delete_node(instance.private_dns_name)
+            _keep_in_step(self.kube, self.options, instance, event, ready_after_s)
+        else:
+            _keep_in_step(self.kube, self.options, instance, event, None)
 
     def after(self, simulated_s: float, action: Callable[[], None]) -> None:
         """Run ``action`` ``simulated_s`` simulated seconds from now, in a timer thread :meth:`stop` cancels."""
@@ -290,6 +289,132 @@ class Sandbox:
         """Publish the events of ``scenario`` (a key of :data:`SCENARIOS`); returns what was done. Raises
         ``KeyError`` for an unknown scenario."""
         return SCENARIOS[scenario](self)
+
+
+class Neighbour:
+    """Another cluster in the same account and region as ``sandbox`` (issue 29, part 4): its own Kubernetes API
+    server (the emulation), queue and dead-letter queue named ``name``, the standard EventBridge rules
+    (``<name>-<kind>``, on the same default bus as the sandbox's: EC2's events reach both queues, as they do in
+    an account with two clusters), and one Auto Scaling group ``<name>-workers`` of ``nodes`` instances with
+    the sandbox's hooks and ``tags``. Files go to ``workdir``: ``kubeconfig`` and ``env`` (:meth:`env`). Use
+    as a context manager after the sandbox started; stopping it stops its API server (the AWS side is the
+    sandbox's)."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        name: str,
+        *,
+        nodes: int,
+        tags: dict[str, str],
+        workdir: Path,
+        cluster: ClusterSpec | None = None,
+    ) -> None:
+        self.sandbox = sandbox
+        self.name = name
+        self.nodes = nodes
+        self.tags = dict(tags)
+        self.workdir = workdir
+        self.cluster = cluster or sandbox.options.cluster
+        self.kube = KubeSandbox(sandbox.clock)
+        self.queue: SandboxQueue | None = None
+        self.instances: list[SandboxInstance] = []
+        self.group = f"{name}-workers"
+
+    def start(self) -> Neighbour:
+        """Start its API server, create its queue, rules and group, build its cluster, write its files."""
+        sandbox, options = self.sandbox, self.sandbox.options
+        aws = sandbox.aws
+        self.kube.start()
+        try:
+            self.queue = aws.create_queue(
+                self.name,
+                visibility_timeout_s=options.visibility_timeout_s,
+                max_receive_count=options.max_receive_count,
+            )
+            aws.put_standard_rules(self.queue.arn, prefix=self.name)
+            self.instances = aws.create_asg(
+                self.group,
+                self.nodes,
+                availability_zones=list(options.zones),
+                heartbeat_timeout_s=options.heartbeat_timeout_s,
+                launch_hook=options.launch_hooks,
+                tags=self.tags,
+            )
+            build_kubernetes(self.kube, [Sandbox._instance(i) for i in self.instances], self.cluster)
+            aws.on_instance(self._follow)
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.kube.kubeconfig(self.kubeconfig_path)
+            (self.workdir / "env").write_text("".join(f"{k}={v}\n" for k, v in self.env().items()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop its API server."""
+        self.kube.stop()
+
+    def __enter__(self) -> Neighbour:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """Its kubeconfig (the emulation's, no credentials)."""
+        return self.workdir / "kubeconfig"
+
+    def env(self) -> dict[str, str]:
+        """The environment that points ``queue-processor run`` at this cluster and its queue."""
+        if self.queue is None:
+            raise RuntimeError("the neighbour is not started")
+        return {**_aws_env(self.sandbox.aws, self.queue), "KUBECONFIG": str(self.kubeconfig_path)}
+
+    def queue_counts(self) -> QueueCounts:
+        """Its queue's :class:`~queue_processor_sandbox.aws.QueueCounts`."""
+        if self.queue is None:
+            raise RuntimeError("the neighbour is not started")
+        return self.sandbox.aws.queue_counts(self.queue)
+
+    def _follow(self, instance: SandboxInstance, event: str) -> None:
+        if instance.asg_name != self.group:
+            return
+        _keep_in_step(self.kube, self.sandbox.options, instance, event, self.sandbox.options.node_ready_s)
+
+
+def _aws_env(aws: AwsSandbox, queue: SandboxQueue) -> dict[str, str]:
+    """The AWS half of a controller's environment: ``queue``, the region, the endpoint, fake credentials."""
+    return {
+        "QUEUE_URL": queue.url,
+        "AWS_REGION": aws.region,
+        "AWS_ENDPOINT": aws.endpoint_url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+
+
+def _keep_in_step(
+    kube: KubeCluster,
+    options: SandboxOptions,
+    instance: SandboxInstance,
+    event: str,
+    ready_after_s: float | None,
+) -> None:
+    """What a cluster's Kubernetes does when one of its instances starts running (``"launched"``: its Node
+    registers after ``node_register_s`` and turns Ready after ``ready_after_s``, never when ``None``) or is
+    terminated (its Node goes)."""
+    if event == "launched":
+        kube.add_node(
+            instance.private_dns_name,
+            provider_id=instance.provider_id,
+            labels={"topology.kubernetes.io/zone": instance.availability_zone},
+            register_after_s=options.node_register_s,
+            ready_after_s=ready_after_s,
+        )
+    elif event == "terminated":
+        kube.delete_node(instance.private_dns_name)
 
 
 def _in_service(sandbox: Sandbox) -> list[SandboxInstance]:

@@ -785,3 +785,38 @@ def test_checkov_finds_nothing_to_fix() -> None:
     assert any(resource.startswith("module.queue_processor.aws_sqs_queue.") for resource in checked)
     for skipped in terraform["results"]["skipped_checks"]:
         assert skipped["check_result"].get("suppress_comment"), skipped["check_id"]
+
+
+# ------------------------------------------------------------------------------- several clusters, one account
+
+#: Resource types whose names are unique per account and region (or account, for IAM): their names must come
+#: from ``local.name`` (``name_prefix``, default ``<cluster_name>-qp``), so that one module instance per cluster
+#: never collides with another in the same account and region.
+ACCOUNT_NAMED = {
+    "aws_sqs_queue": "name",
+    "aws_cloudwatch_metric_alarm": "alarm_name",
+    "aws_cloudwatch_event_rule": "name",
+    "aws_iam_role": "name",
+}
+#: Resource types named within a parent that is the cluster's own: a lifecycle hook within its Auto Scaling
+#: group (the cluster's), an inline role policy within its role, an event target within its rule; queue
+#: policies and redrive policies have no name.
+PARENT_SCOPED = {
+    "aws_autoscaling_lifecycle_hook",
+    "aws_iam_role_policy",
+    "aws_cloudwatch_event_target",
+    "aws_sqs_queue_policy",
+    "aws_sqs_queue_redrive_allow_policy",
+}
+
+
+def test_one_module_instance_per_cluster_names_nothing_another_cluster_also_names() -> None:
+    resources = _blocks("resource")
+    assert {type_ for type_, _ in resources} <= set(ACCOUNT_NAMED) | PARENT_SCOPED, (
+        "a new resource type: say whether its name is account-wide (ACCOUNT_NAMED) or within a parent"
+    )
+    for (type_, name), body in resources.items():
+        if type_ in ACCOUNT_NAMED:
+            value = str(body[ACCOUNT_NAMED[type_]])
+            assert "local.name" in value, f"{type_}.{name}: {value} does not derive from local.name"
+    assert _locals()["name"] == '${coalesce(var.name_prefix, "${var.cluster_name}-qp")}'
