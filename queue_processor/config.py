@@ -380,6 +380,23 @@ class Settings(BaseSettings):
         ge=1,
         le=100_000,
     )
+    drain_budget_non_urgent: str = _field(
+        "",
+        "Most nodes of one group (DRAIN_BUDGET_GROUP_LABEL) drained at once when every event of theirs leaves "
+        "time (rebalance recommendations; AWS Health scheduled changes starting later than "
+        "NODE_TERMINATION_GRACE_PERIOD): a count (2) or a percentage of the group's nodes (10%, at least 1). "
+        "The others are cordoned and wait their turn, their messages held without taking in-flight slots; an "
+        "event that does not leave time (a Spot warning) starts a waiting drain at once. Empty: no limit.",
+        nth="none",
+        pattern=r"^(|[1-9][0-9]{0,5}|([1-9][0-9]?|100)%)$",
+    )
+    drain_budget_group_label: str = _field(
+        "",
+        "The node label whose value names a node's group for DRAIN_BUDGET_NON_URGENT (its size: the nodes "
+        "carrying the same value). Empty: the instance's Auto Scaling group (its aws:autoscaling:groupName tag; "
+        "its size from DescribeAutoScalingGroups).",
+        nth="none",
+    )
     use_apiserver_cache: bool = _field(
         False,
         "List pods from the API server's watch cache (resourceVersion=0): cheaper, possibly stale. The same "

@@ -132,6 +132,7 @@ class Consumer:
             observer=observer,
         )
         """The settlement ledger: slots, receipt handles, visibility, settlement (:mod:`.settlement`)."""
+        handler.park = self.ledger.park  # a drain waiting for its turn gives its messages' slots back
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         # Receive loops from their poll until its messages are taken: a shutdown lets them finish.

@@ -11,9 +11,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from queue_processor.events import EventKind
 from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, ScheduledChangeEvent
 
-__all__ = ["drain_deadline", "instance_end", "launch_ready_deadline", "notice_end"]
+__all__ = ["drain_deadline", "instance_end", "launch_ready_deadline", "leaves_time", "notice_end"]
+
+
+def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetime) -> bool:
+    """Whether every one of ``events`` leaves time (DRAIN_BUDGET_NON_URGENT may make its drain wait its
+    turn): a rebalance recommendation (a Spot instance at elevated risk, no notice yet), or an AWS Health
+    scheduled change whose start is more than NODE_TERMINATION_GRACE_PERIOD (``grace_period_s``, the longest a
+    drain takes) after ``wall``. Anything else (a Spot or Capacity Reservation notice, a terminate lifecycle
+    action, a state change: the instance is going now) does not; neither does an empty list."""
+    if not events:
+        return False
+    for event in events:
+        if event.kind is EventKind.REBALANCE_RECOMMENDATION:
+            continue
+        if (
+            isinstance(event, ScheduledChangeEvent)
+            and (event.start_time - wall).total_seconds() > grace_period_s
+        ):
+            continue
+        return False
+    return True
 
 
 def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:

@@ -48,8 +48,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 
 import structlog
@@ -57,7 +57,7 @@ import structlog
 from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.deadlines import drain_deadline, instance_end
+from queue_processor.deadlines import drain_deadline, instance_end, leaves_time
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
 from queue_processor.drain.record import CordonRecord
@@ -84,7 +84,7 @@ from queue_processor.observe.events import (
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.observe.webhook import Webhook, node_facts
+from queue_processor.observe.webhook import ASG_TAG, Webhook, node_facts
 from queue_processor.outcomes import (
     ClaimLost,
     ErrorWhere,
@@ -93,6 +93,7 @@ from queue_processor.outcomes import (
     OperationOutcome,
 )
 from queue_processor.steps import INSTANCE_ENDED, Collaborators, OperationContext, Outcome, Step, Steps
+from queue_processor.turns import Turns, turn_limit
 
 __all__ = [
     "EXCLUDE_FROM_LB_LABEL",
@@ -154,6 +155,12 @@ class Handler(Steps):
         self.webhook = webhook
         self.launches = Launches(self.parts, drainer=drainer, draining=self.draining)
         self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
+        self.turns = Turns(observer)
+        """Drains per group, and those that wait for a turn (DRAIN_BUDGET_NON_URGENT)."""
+        self.park: Callable[[list[str]], None] = lambda message_ids: None
+        """Called with the message IDs of an operation that starts waiting for a turn: they keep being held,
+        but give their in-flight slots back (the consumer sets it: :meth:`Ledger.park
+        <queue_processor.settlement.Ledger.park>`)."""
 
     # ------------------------------------------------------------------------------------------- receipt
 
@@ -222,7 +229,7 @@ class Handler(Steps):
             ctx.facts = await node_facts(self.drainer.kube, ctx.node)
         if not self.settings.cordon_only:
             try:
-                result = await self.guarded(ctx, self._drain(ctx))
+                result = await self.guarded(ctx, self._drain_in_turn(ctx))
             except (asyncio.CancelledError, ClaimLost):
                 raise
             except Exception:
@@ -363,6 +370,60 @@ class Handler(Steps):
             await self.drainer.taint(ctx.node, key, value, effect)
             self.observer.node_action(NodeAction.TAINT, True)
         ctx.tainted.update(new)
+
+    async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult:
+        """:meth:`_drain`, once the node's group has a turn for it (:meth:`_turn`)."""
+        async with self._turn(ctx):
+            return await self._drain(ctx)
+
+    @asynccontextmanager
+    async def _turn(self, ctx: OperationContext) -> AsyncIterator[None]:
+        """With DRAIN_BUDGET_NON_URGENT: the drain is counted in its node's group, and when every event of the
+        operation leaves time (:func:`~queue_processor.deadlines.leaves_time`) it first waits, cordoned, while
+        the group's limit of drains run (:class:`~queue_processor.turns.Turns`). Its messages stay held but give
+        their in-flight slots back meanwhile (:attr:`park`); an event that joins and does not leave time ends
+        the wait at once; kinds that joined get their taints when it ends."""
+        spec = self.settings.drain_budget_non_urgent
+        if not spec:
+            yield
+            return
+        operation = ctx.operation
+        group, size = await self._group(ctx, sized=spec.strip().endswith("%"))
+        limit = turn_limit(spec, size)
+        grace = self.settings.node_termination_grace_period
+
+        def urgent() -> bool:
+            return not leaves_time(operation.events, grace_period_s=grace, wall=datetime.now(UTC))
+
+        def waiting() -> None:
+            ctx.log.info("waiting for a turn to drain: its events leave time", group=group, limit=limit)
+            self.park(list(operation.messages))
+
+        async with self.turns.turn(
+            group, limit, urgent=urgent, joined=operation.joined, waiting=waiting
+        ) as waited:
+            if waited:
+                ctx.log.info("a turn to drain came", group=group, urgent=urgent())
+                await self._taint_joined(ctx)
+            yield
+
+    async def _group(self, ctx: OperationContext, *, sized: bool) -> tuple[str, int | None]:
+        """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, how many nodes it has (``None``:
+        unknown): the value of DRAIN_BUDGET_GROUP_LABEL on the node (``label=value``; its size: the nodes
+        carrying it), else the instance's Auto Scaling group (its ``aws:autoscaling:groupName`` tag; its size
+        from DescribeAutoScalingGroups). Nodes without either are one group, ``""``."""
+        label = self.settings.drain_budget_group_label
+        if label:
+            node = await self.drainer.kube.get_node(ctx.node)
+            value = str(((node or {}).get("metadata") or {}).get("labels", {}).get(label, ""))
+            if not value:
+                return "", None
+            selector = f"{label}={value}"
+            return selector, len(await self.drainer.kube.list_nodes(selector)) if sized else None
+        group = (ctx.info.tags if ctx.info is not None else {}).get(ASG_TAG, "")
+        if not group or not sized:
+            return group, None
+        return group, await self.heartbeats.lifecycle.group_size(group)
 
     async def _drain(self, ctx: OperationContext) -> DrainResult:
         """Evict the node's pods until the deadline; how it ended. Events that join meanwhile bring the

@@ -63,6 +63,7 @@ class InFlightSlots:
         self.size = size
         self._free = size
         self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
+        self._parked: set[str] = set()  # held messages that gave their slot back (park)
         self._waiters: list[asyncio.Future[None]] = []
         self.waiting = 0
         """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
@@ -74,8 +75,13 @@ class InFlightSlots:
 
     @property
     def held(self) -> int:
-        """Slots held by messages (claimed and not released)."""
-        return len(self._held)
+        """Slots held by messages (claimed, not released, not parked)."""
+        return len(self._held) - len(self._parked)
+
+    @property
+    def parked(self) -> int:
+        """Messages held without a slot (:meth:`park`)."""
+        return len(self._parked)
 
     @asynccontextmanager
     async def room(self, at_most: int) -> AsyncIterator[Room]:
@@ -102,6 +108,16 @@ class InFlightSlots:
             self._give_back(room.unclaimed)
             room.unclaimed = 0
 
+    def park(self, message_id: str) -> bool:
+        """The message of ``message_id`` stays held (its receipt kept) but gives its slot back: its operation
+        waits for a turn (DRAIN_BUDGET_NON_URGENT) and must not keep receiving from taking messages. Its
+        release then returns nothing. ``False`` (nothing changes) when it holds no slot or is parked already."""
+        if message_id not in self._held or message_id in self._parked:
+            return False
+        self._parked.add(message_id)
+        self._give_back(1)
+        return True
+
     def ref(self, message_id: str) -> SqsMessageRef | None:
         """The newest receipt of a message holding a slot (``None`` for one that holds none)."""
         return self._held.get(message_id)
@@ -111,14 +127,17 @@ class InFlightSlots:
         it did not — released already, or never claimed."""
         if self._held.pop(message_id, None) is None:
             return False
-        self._give_back(1)
+        if message_id in self._parked:
+            self._parked.discard(message_id)
+        else:
+            self._give_back(1)
         return True
 
     def check(self) -> None:
         """Raise ``RuntimeError`` unless 0 ≤ free and free + held ≤ size (reserved slots make up the rest):
         a slot counted twice, which the ledger's shape is meant to make impossible."""
-        if self._free < 0 or self._free + len(self._held) > self.size:
-            raise RuntimeError(f"in-flight slots miscounted: {self._free} free, {len(self._held)} held")
+        if self._free < 0 or self._free + self.held > self.size:
+            raise RuntimeError(f"in-flight slots miscounted: {self._free} free, {self.held} held")
 
     def _give_back(self, count: int) -> None:
         if count <= 0:

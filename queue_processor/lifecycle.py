@@ -91,6 +91,25 @@ class Lifecycle:
         self.observer = observer
         self._hooks: dict[tuple[str, str], dict[str, Any] | None] = {}
         self._checked: set[tuple[str, str]] = set()
+        self._sizes: dict[str, tuple[float, int | None]] = {}  # group → (read at, size)
+
+    async def group_size(self, group: str, *, ttl_s: float = 60.0) -> int | None:
+        """How many instances the Auto Scaling group ``group`` has (DescribeAutoScalingGroups), read at most
+        once every ``ttl_s`` seconds; ``None`` when it cannot be read (not found, denied, AWS unreachable
+        after retries: logged once per read). Raises nothing but ``CancelledError``."""
+        now = time.monotonic()
+        cached = self._sizes.get(group)
+        if cached is not None and now - cached[0] < ttl_s:
+            return cached[1]
+        size: int | None = None
+        try:
+            answer = await call(self.autoscaling.describe_auto_scaling_groups, AutoScalingGroupNames=[group])
+            groups = answer.get("AutoScalingGroups") or []
+            size = len(groups[0].get("Instances") or []) if groups else None
+        except ClientError as exc:
+            log.warning("cannot read the Auto Scaling group's size", group=group, code=error_code(exc))
+        self._sizes[group] = (now, size)
+        return size
 
     async def hook_timeout_s(self, group: str, hook: str, *, quiet: bool = False) -> float | None:
         """The hook's HeartbeatTimeout (seconds), read once with DescribeLifecycleHooks and cached; ``None``

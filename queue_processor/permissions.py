@@ -25,7 +25,8 @@ AWS (IAM actions, https://docs.aws.amazon.com/service-authorization/latest/refer
   (likewise for its batch call);
 - EC2: DescribeInstances (node resolution);
 - Auto Scaling: CompleteLifecycleAction, RecordLifecycleActionHeartbeat, DescribeLifecycleHooks (the hook's
-  HeartbeatTimeout, read once per hook).
+  HeartbeatTimeout, read once per hook), DescribeAutoScalingGroups (a group's size, for a percentage in
+  DRAIN_BUDGET_NON_URGENT; read at most once a minute per group).
 """
 
 from __future__ import annotations
@@ -80,7 +81,12 @@ AWS_API_CALLS: dict[str, tuple[str, ...]] = {
         "ChangeMessageVisibilityBatch",
     ),
     "ec2": ("DescribeInstances",),
-    "autoscaling": ("CompleteLifecycleAction", "RecordLifecycleActionHeartbeat", "DescribeLifecycleHooks"),
+    "autoscaling": (
+        "CompleteLifecycleAction",
+        "RecordLifecycleActionHeartbeat",
+        "DescribeLifecycleHooks",
+        "DescribeAutoScalingGroups",
+    ),
 }
 """Every AWS API operation the controller calls, by service (botocore service name)."""
 

@@ -122,6 +122,13 @@ class Ledger:
         if not self.store.in_flight(message_id):
             self.slots.release(message_id)
 
+    def park(self, message_ids: list[str]) -> None:
+        """The messages of ``message_ids`` stay held (renewed, settled as before) but give their in-flight
+        slots back: their operation waits for a turn (DRAIN_BUDGET_NON_URGENT), and a fleet-wide rebalance
+        must not keep the Spot warnings behind it from being received (DESIGN.md rule 6)."""
+        for message_id in message_ids:
+            self.slots.park(message_id)
+
     def start(self) -> None:
         """Start renewing the visibility of the messages held."""
         self._extender = tasks.spawn(self._extend_loop(), name="visibility-extender")

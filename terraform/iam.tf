@@ -67,11 +67,12 @@ data "aws_iam_policy_document" "controller" {
     resources = local.asg_arns
   }
 
-  # The hook's HeartbeatTimeout, read once per hook to pace heartbeats. No resource type: "*" only.
+  # The hook's HeartbeatTimeout, read once per hook to pace heartbeats, and a group's size, read at most once
+  # a minute for a percentage in DRAIN_BUDGET_NON_URGENT. Describe calls have no resource type: "*" only.
   statement {
     sid       = "ReadHookTimeouts"
     effect    = "Allow"
-    actions   = ["autoscaling:DescribeLifecycleHooks"]
+    actions   = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeLifecycleHooks"]
     resources = ["*"]
   }
 

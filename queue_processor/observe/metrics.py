@@ -179,6 +179,8 @@ class Metrics(Observer):
       requeued;
     - :attr:`in_flight_operations`: ``in_flight_operations`` (gauge), per-node operations under way;
     - :attr:`draining_nodes`: ``draining_nodes`` (gauge), nodes being drained (bounded by DRAIN_BUDGET);
+    - :attr:`waiting_drains`: ``drains_waiting{group}`` (gauge), drains of events that leave time waiting for
+      a turn of their group (DRAIN_BUDGET_NON_URGENT);
     - :attr:`heartbeats`: ``heartbeats_total{result}``, RecordLifecycleActionHeartbeat calls
       (:class:`~queue_processor.outcomes.HeartbeatResult`);
     - :attr:`operation_outcomes`: ``operation_outcomes_total{outcome}``, operations that ended without a
@@ -289,6 +291,11 @@ class Metrics(Observer):
         self.in_flight_messages = gauge("in_flight_messages", "SQS messages received and not yet settled.")
         self.in_flight_operations = gauge("in_flight_operations", "Per-node operations under way.")
         self.draining_nodes = gauge("draining_nodes", "Nodes being drained.")
+        self.waiting_drains = gauge(
+            "drains_waiting",
+            "Drains of events that leave time waiting for a turn (DRAIN_BUDGET_NON_URGENT), by group.",
+            ["group"],
+        )
         self.heartbeats = counter(
             "heartbeats", "RecordLifecycleActionHeartbeat calls, by result.", ["result"]
         )
@@ -386,6 +393,10 @@ class Metrics(Observer):
     def draining(self, nodes: int) -> None:
         """Set ``draining_nodes``."""
         self.draining_nodes.set(nodes)
+
+    def drains_waiting(self, group: str, drains: int) -> None:
+        """Set ``drains_waiting{group}``."""
+        self.waiting_drains.labels(group=group).set(drains)
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
         """Count one action on a node in NTH's ``actions_total`` (:data:`NODE_ACTIONS`) or in

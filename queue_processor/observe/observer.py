@@ -74,6 +74,10 @@ class Observer(Protocol):
         """Nodes being drained, now (bounded by DRAIN_BUDGET)."""
         return
 
+    def drains_waiting(self, group: str, drains: int) -> None:
+        """Drains of ``group`` waiting for a turn now (DRAIN_BUDGET_NON_URGENT)."""
+        return
+
     def node_action(self, action: NodeAction, ok: bool) -> None:
         """An action on a node succeeded (``ok``) or failed (NTH's ``actions_total`` for
         :data:`NTH_NODE_ACTIONS`, else ``queue_processor_node_actions_total``)."""

@@ -167,6 +167,9 @@ class KubeCluster(Protocol):
     @property
     def last_eviction(self) -> dict[str, Any]: ...
 
+    @property
+    def first_eviction(self) -> dict[str, Any]: ...
+
 
 @dataclass(frozen=True)
 class Instance:

@@ -118,8 +118,8 @@ def sandbox(
     then judges whatever ran against it (a controller in another process, several replicas, or
     aws-node-termination-handler): the last line is JSON with drained, cordoned, evicted,
     lifecycle_completed, lifecycle_timed_out, daemonset_pods_evicted, messages_left, dlq, heartbeats_after_end,
-    nodes_drained_twice, evictions_repeated, evictions_denied and last_pods_evicted_early (see
-    queue_processor_sandbox.run.judge).
+    nodes_drained_twice, evictions_repeated, evictions_denied, last_pods_evicted_early and
+    most_draining_at_once (see queue_processor_sandbox.run.judge).
     """
     started = time.monotonic()
     console = Console(stderr=True)

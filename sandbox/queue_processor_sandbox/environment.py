@@ -537,6 +537,20 @@ def _drain_policy(sandbox: Sandbox) -> dict[str, Any]:
     return {"interrupted": instance.instance_id, "node": node, "last": ["agent"], "unknown_policy": ["cache"]}
 
 
+def _rebalance_fleet(sandbox: Sandbox) -> dict[str, Any]:
+    """A rebalance recommendation for two thirds of the fleet at once (at least two instances). The controller
+    runs with DRAIN_BUDGET_NON_URGENT=1 (``SCENARIO_SETTINGS``): they drain one at a time per Auto Scaling
+    group, judged by ``most_draining_at_once``."""
+    chosen = _in_service(sandbox)
+    chosen = chosen[: max(2, len(chosen) * 2 // 3)]
+    for instance in chosen:
+        sandbox.aws.rebalance_recommendation(instance.instance_id)
+    return {
+        "rebalanced": len(chosen),
+        "budget": SCENARIO_SETTINGS["rebalance-fleet"]["drain_budget_non_urgent"],
+    }
+
+
 #: The drain policy annotation, as the sandbox writes it (the controller's name for it is its own).
 _DRAIN = "queue-processor/drain"
 
@@ -559,10 +573,14 @@ SCENARIOS: dict[str, Callable[[Sandbox], dict[str, Any]]] = {
     "poison": _poison,
     "spot-critical": _spot_critical,
     "drain-policy": _drain_policy,
+    "rebalance-fleet": _rebalance_fleet,
 }
 
 #: Settings a scenario runs the controller with, under any the caller gives (field name → value).
-SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {"spot-critical": {"delete_at_deadline": True}}
+SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {
+    "spot-critical": {"delete_at_deadline": True},
+    "rebalance-fleet": {"drain_budget_non_urgent": "1"},
+}
 
 #: The settings whose RBAC rules (:data:`queue_processor.permissions.KUBERNETES_RULES`) the sandbox's
 #: ServiceAccount gets on a real control plane, unless ``rbac`` is given: the chart's defaults (NODE_LEASES,

@@ -3,7 +3,8 @@
 DESIGN.md rule 14, in the spirit of Jepsen's generated histories checked against invariants. Each seed makes a
 :class:`~queue_processor_sandbox.storyline.Storyline` (3 to 10 nodes, one or two controller replicas, steps of
 interruptions, scale-outs, warm-pool moves, stops and starts, budgets that block then relax, a node deleted
-mid-drain, a replica paused or killed, API and AWS faults, duplicated and late deliveries). :func:`run` plays it
+mid-drain, a replica paused or killed, API and AWS faults, duplicated and late deliveries; pods annotated
+``queue-processor/drain: last``; for one seed in four, DRAIN_BUDGET_NON_URGENT=1). :func:`run` plays it
 against a fresh sandbox, the controllers running as their own processes (``queue-processor run``), waits until
 everything has settled, stops the controllers with SIGTERM, and checks the invariants (:func:`violations`),
 from the sandbox's own record plus the controllers' logs for what only they can tell:
@@ -175,6 +176,8 @@ class _World:
         extra |= {"POD_NAME": replica.name, "POD_NAMESPACE": self.sandbox.controller_namespace}
         if self.story.replicas > 1:
             extra["NODE_LEASES"] = "true"
+        if self.story.non_urgent_budget:
+            extra.setdefault("DRAIN_BUDGET_NON_URGENT", self.story.non_urgent_budget)
         replica.process = QueueProcessor(self.sandbox, self.workdir / f"{replica.name}.log", **extra)
 
     def stop_all(self) -> None:

@@ -205,6 +205,7 @@ class RealKube:
         # Evictions read from the audit log (pod, stage time, User-Agent), pod not resolved yet.
         self._pending: collections.deque[tuple[Key, str, str]] = collections.deque()
         self._last_eviction: dict[str, datetime] = {}
+        self._first_eviction: dict[str, datetime] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -783,6 +784,7 @@ class RealKube:
             node = (pod.get("spec") or {}).get("nodeName")
             if node:
                 self._last_eviction[node] = datetime.fromisoformat(stamp)
+                self._first_eviction.setdefault(node, self._last_eviction[node])
 
     def _ours(self, user: str) -> bool:
         """Whether ``user`` acts for this run: the administrator, or a ServiceAccount of one of its namespaces."""
@@ -819,6 +821,13 @@ class RealKube:
         with self.lock:
             self._read_audit()
             return list(self._evictions)
+
+    @property
+    def first_eviction(self) -> dict[str, datetime]:
+        """Node name → time (aware UTC, the API server's) of the first eviction of a pod bound to it."""
+        with self.lock:
+            self._read_audit()
+            return dict(self._first_eviction)
 
     @property
     def last_eviction(self) -> dict[str, datetime]:

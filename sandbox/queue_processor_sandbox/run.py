@@ -22,7 +22,15 @@ from queue_processor.config import load_settings
 from queue_processor_sandbox.cluster import drain_of
 from queue_processor_sandbox.environment import SCENARIO_SETTINGS, Sandbox
 
-__all__ = ["Progress", "as_expected", "drain_figures", "judge", "last_pods_evicted_early", "run_scenario"]
+__all__ = [
+    "Progress",
+    "as_expected",
+    "drain_figures",
+    "judge",
+    "last_pods_evicted_early",
+    "most_draining_at_once",
+    "run_scenario",
+]
 
 
 @dataclass
@@ -87,6 +95,8 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
       joined the drain); the pod was terminating by then, so nothing more was disrupted;
     - ``evictions_denied``: eviction requests answered 403 Forbidden (RBAC on the real control plane; the
       emulation has none, and answers 403 only as an injected fault);
+    - ``most_draining_at_once``: the most nodes of one Auto Scaling group among ``nodes`` whose evictions
+      overlapped in time (from each node's first to its last eviction, the API server's times);
     - ``last_pods_evicted_early``: pods annotated ``queue-processor/drain: last`` whose first eviction came
       before the first eviction of an ordinary pod of the same node (no such annotation, no system priority
       class, ``spec.priority`` under 2,000,000,000): the annotation promises they go last.
@@ -149,6 +159,7 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
         "evictions_repeated": repeated,
         "evictions_denied": denied,
         "last_pods_evicted_early": last_pods_evicted_early(evictions),
+        "most_draining_at_once": most_draining_at_once(sandbox, nodes),
         "seconds": state.seconds,
         "progress": asdict(state),
     }
@@ -264,6 +275,27 @@ _DRAIN_ANNOTATION = "queue-processor/drain"
 _SYSTEM_CLASSES = ("system-cluster-critical", "system-node-critical")
 
 
+def most_draining_at_once(sandbox: Sandbox, nodes: list[str]) -> int:
+    """``most_draining_at_once`` of :func:`judge`."""
+    first, last = sandbox.kube.first_eviction, sandbox.kube.last_eviction
+    group_of = {instance.private_dns_name: instance.asg_name for instance in sandbox.instances}
+    spans: dict[str, list[tuple[Any, Any]]] = {}
+    for node in nodes:
+        if node in first and node in last:
+            spans.setdefault(group_of.get(node, ""), []).append((first[node], last[node]))
+    return max((_most_overlapping(group) for group in spans.values()), default=0)
+
+
+def _most_overlapping(spans: list[tuple[Any, Any]]) -> int:
+    """The most of ``spans`` (start, end) that share a moment (ends inclusive)."""
+    edges = sorted([(start, 0) for start, _ in spans] + [(end, 1) for _, end in spans])
+    most = running = 0
+    for _, kind in edges:
+        running += 1 if kind == 0 else -1
+        most = max(most, running)
+    return most
+
+
 def last_pods_evicted_early(evictions: list[dict[str, Any]]) -> int:
     """``last_pods_evicted_early`` of :func:`judge`, from the evictions in the order the API server took them."""
     firsts: dict[tuple[str, str, str], dict[str, Any]] = {}  # each pod's first eviction, in order
@@ -297,8 +329,9 @@ def _ordinary(pod: dict[str, Any]) -> bool:
 
 def as_expected(summary: dict[str, Any]) -> bool:
     """Whether a scenario ended as it should: nothing left behind anywhere, no DaemonSet pod evicted, no pod
-    annotated ``last`` evicted before an ordinary pod of its node, no lifecycle action left to time out, and
-    poison (only) in the dead-letter queue."""
+    annotated ``last`` evicted before an ordinary pod of its node, no lifecycle action left to time out,
+    poison (only) in the dead-letter queue, and for ``rebalance-fleet`` no more drains of a group at once
+    than its budget."""
     scenario = summary["scenario"]
     clean = bool(
         summary["messages_left"] == 0
@@ -310,4 +343,6 @@ def as_expected(summary: dict[str, Any]) -> bool:
     )
     if scenario == "poison":
         return clean and bool(summary["dlq"] == summary["published"]["poison"])
+    if scenario == "rebalance-fleet":  # its budget held: no two nodes of a group drained at once
+        clean = clean and summary["most_draining_at_once"] <= int(summary["published"]["budget"])
     return clean and bool(summary["dlq"] == 0)

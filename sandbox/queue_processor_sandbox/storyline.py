@@ -121,6 +121,12 @@ class Storyline:
         return self.seed % 3
 
     @property
+    def non_urgent_budget(self) -> str:
+        """DRAIN_BUDGET_NON_URGENT for the storyline's controllers: ``"1"`` for one seed in four (rebalance
+        drains take turns, one per group), else empty (from the seed, so the older seeds keep their steps)."""
+        return "1" if self.seed % 4 == 3 else ""
+
+    @property
     def length_s(self) -> float:
         """Simulated seconds until the last step."""
         return max((step.at_s for step in self.steps), default=0.0)
@@ -133,7 +139,7 @@ class Storyline:
         """One line: the cluster, the controllers and how many steps."""
         return (
             f"nodes={self.nodes} asgs={self.asgs} replicas={self.replicas} apps={self.apps} "
-            f"last_pods={self.last_pods} "
+            f"last_pods={self.last_pods} turns={self.non_urgent_budget or 'off'} "
             f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} steps={len(self.steps)}"
         )
 

@@ -113,6 +113,8 @@ SAMPLES: dict[str, Any] = {
     "deleteAtDeadline": True,
     "deleteAtDeadlineLead": 3,
     "drainBudget": 50,
+    "drainBudgetNonUrgent": "10%",
+    "drainBudgetGroupLabel": "topology.kubernetes.io/zone",
     "useAPIServerCacheToListPods": True,
     "kubeAPIQPS": 37.5,
     "kubeAPIBurst": 75,

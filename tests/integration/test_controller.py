@@ -693,3 +693,39 @@ async def test_a_node_named_otherwise_is_found_by_its_hostname_label(sandbox: Sa
         await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
     assert unschedulable(sandbox, "worker-renamed")
     assert {p["metadata"]["name"] for p in running.evicted("worker-renamed")} >= set(pods)
+
+
+@pytest.mark.scale(0.1)  # 12 s Spot notices: the joined drains are seen running before their instances go
+async def test_rebalance_drains_take_turns_and_spot_warnings_that_join_them_start_at_once(
+    sandbox: Sandbox,
+) -> None:
+    # DRAIN_BUDGET_NON_URGENT=2: a rebalance recommendation for four nodes of one Auto Scaling group cordons all
+    # four and drains two at once; the other two wait, their messages held without in-flight slots. The apps'
+    # budgets allow no eviction, so the two drains stay under way. Spot warnings for the four then join: no
+    # drain waits any more.
+    leaving = [node_of(sandbox, index) for index in range(4)]
+    group = sandbox.instances[0].asg_name
+    for app in range(4):
+        sandbox.kube.set_pdb(sandbox.cluster.namespace, f"app-{app:03d}", max_unavailable=0)
+    async with controller(sandbox, drain_budget_non_urgent="2") as running:
+        turns = running.controller.handler.turns
+        slots = running.controller.consumer.ledger.slots
+        for instance_id, _ in leaving:
+            sandbox.aws.rebalance_recommendation(instance_id)
+        await until(
+            lambda: turns.running.get(group) == 2 and turns.waiting(group) == 2,
+            what="two drains, two waiting",
+        )
+        assert all(unschedulable(sandbox, node) for _, node in leaving)  # waiting ones are cordoned too
+        assert slots.parked == 2  # held, renewed, but not taking the receive's room
+        waiting = running.controller.metrics.registry.get_sample_value(
+            "queue_processor_drains_waiting", {"group": group}
+        )
+        assert waiting == 2
+        for instance_id, _ in leaving:
+            sandbox.aws.spot_interruption(instance_id)
+        await until(lambda: turns.running.get(group) == 4, what="every drain under way")
+        assert turns.waiting(group) == 0
+        await until(lambda: running.queue_depth() == (0, 0), timeout_s=60, what="queue drained")
+    assert running.dlq_depth() == 0
+    assert slots.parked == 0

@@ -6,6 +6,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,7 @@ def test_a_terminated_instance_loses_its_node_and_a_launched_one_registers_later
         ("asg-scale-in", {EventKind.ASG_TERMINATE_LIFECYCLE: 3}),
         ("warm-pool-launch", {EventKind.ASG_LAUNCH_LIFECYCLE: 4}),
         ("drain-policy", {EventKind.SPOT_INTERRUPTION: 1}),
+        ("rebalance-fleet", {EventKind.REBALANCE_RECOMMENDATION: 4}),
     ],
 )
 def test_scenarios_publish_what_they_say(
@@ -162,6 +164,7 @@ def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
         "pdb-blocked",
         "spot-critical",
         "drain-policy",
+        "rebalance-fleet",
     }
     assert set(SCENARIOS) == tested
     assert set(offered.type.choices) == tested
@@ -342,3 +345,25 @@ def test_the_judge_counts_a_pod_annotated_last_that_went_before_an_ordinary_one(
     assert last_pods_evicted_early([agent, web]) == 1  # the ordinary pod went after it
     assert last_pods_evicted_early([agent, mesh, pod("web", "n2")]) == 0  # critical, or another node's
     assert last_pods_evicted_early([web, agent, web]) == 0  # a repeated eviction is not a first one
+
+
+def test_the_judge_counts_the_most_nodes_of_a_group_draining_at_once() -> None:
+    from types import SimpleNamespace
+
+    from queue_processor_sandbox.run import most_draining_at_once
+
+    t = [datetime(2026, 11, 26, 4, 0, second, tzinfo=UTC) for second in range(10)]
+    instances = [SimpleNamespace(private_dns_name=f"n{i}", asg_name="a" if i < 3 else "b") for i in range(5)]
+
+    def judged(spans: dict[str, tuple[datetime, datetime]]) -> int:
+        kube = SimpleNamespace(
+            first_eviction={node: span[0] for node, span in spans.items()},
+            last_eviction={node: span[1] for node, span in spans.items()},
+        )
+        sandbox = SimpleNamespace(kube=kube, instances=instances)
+        return most_draining_at_once(sandbox, [f"n{i}" for i in range(5)])  # type: ignore[arg-type]
+
+    assert judged({}) == 0
+    assert judged({"n0": (t[0], t[1]), "n1": (t[2], t[3]), "n2": (t[4], t[5])}) == 1  # one after another
+    assert judged({"n0": (t[0], t[4]), "n1": (t[2], t[3]), "n2": (t[3], t[5])}) == 3  # all three share t[3]
+    assert judged({"n0": (t[0], t[4]), "n3": (t[1], t[3])}) == 1  # another group's drain does not count

@@ -55,6 +55,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.observe.events",
         "queue_processor.leases",
         "queue_processor.deadlines",
+        "queue_processor.turns",
     },
     {
         "queue_processor.drain.drainer",

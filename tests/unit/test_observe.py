@@ -52,6 +52,7 @@ def record_one_of_each(metrics: Metrics) -> None:
     metrics.in_flight_messages.inc()
     metrics.in_flight_operations.inc()
     metrics.draining_nodes.inc()
+    metrics.drains_waiting("workers-a", 3)
     metrics.heartbeats.labels(result="ok").inc()
     metrics.lifecycle_completions.labels(result="continue").inc()
     metrics.evictions.labels(result="pdb-blocked").inc()
@@ -137,6 +138,7 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
         "queue_processor_in_flight_messages": "gauge",
         "queue_processor_in_flight_operations": "gauge",
         "queue_processor_draining_nodes": "gauge",
+        "queue_processor_drains_waiting": "gauge",
         "queue_processor_heartbeats_total": "counter",
         "queue_processor_lifecycle_completions_total": "counter",
         "queue_processor_operation_outcomes_total": "counter",

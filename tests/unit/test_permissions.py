@@ -49,6 +49,7 @@ def test_every_aws_operation_the_code_names_is_listed_and_nothing_else() -> None
 def test_iam_actions_fold_sqs_batch_calls_into_their_single_message_action() -> None:
     assert permissions.AWS_ACTIONS == (
         "autoscaling:CompleteLifecycleAction",
+        "autoscaling:DescribeAutoScalingGroups",
         "autoscaling:DescribeLifecycleHooks",
         "autoscaling:RecordLifecycleActionHeartbeat",
         "ec2:DescribeInstances",

@@ -87,6 +87,8 @@ GRACE_DEADLINE_MARGIN: graceDeadlineMargin
 DELETE_AT_DEADLINE: deleteAtDeadline
 DELETE_AT_DEADLINE_LEAD: deleteAtDeadlineLead
 DRAIN_BUDGET: drainBudget
+DRAIN_BUDGET_NON_URGENT: drainBudgetNonUrgent
+DRAIN_BUDGET_GROUP_LABEL: drainBudgetGroupLabel
 USE_APISERVER_CACHE: useAPIServerCacheToListPods
 KUBE_API_QPS: kubeAPIQPS
 KUBE_API_BURST: kubeAPIBurst

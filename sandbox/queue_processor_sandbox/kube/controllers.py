@@ -120,7 +120,8 @@ def new_pod(
 class Controllers:
     """The simulated controllers over ``store``. ``clock`` scales every simulated duration; ``pod_start_s``
     (simulated seconds) is how long a scheduled pod takes to become Ready. Every eviction is recorded in
-    ``evictions`` (the pod as it was just before) and ``last_eviction`` (node name → aware UTC time)."""
+    ``evictions`` (the pod as it was just before), ``first_eviction`` and ``last_eviction`` (node name → aware
+    UTC time)."""
 
     def __init__(
         self,
@@ -130,12 +131,14 @@ class Controllers:
         pod_start_s: float,
         evictions: list[Obj],
         last_eviction: dict[str, datetime],
+        first_eviction: dict[str, datetime] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.pod_start_s = pod_start_s
         self.evictions = evictions
         self.last_eviction = last_eviction
+        self.first_eviction = first_eviction if first_eviction is not None else {}
         self.timers: list[Timer] = []
         self._seq = itertools.count()
         self._schedulable: tuple[int, list[str]] = (-1, [])
@@ -406,6 +409,7 @@ class Controllers:
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             self.last_eviction[node] = datetime.now(UTC)
+            self.first_eviction.setdefault(node, self.last_eviction[node])
         if phase not in ("Succeeded", "Failed") and not is_terminating(pod):
             marked = copy.deepcopy(pod)
             conditions = marked.setdefault("status", {}).setdefault("conditions", [])

@@ -56,6 +56,8 @@ class KubeSandbox:
         """Every pod an eviction deleted, as it was just before (tests check which pods were evicted)."""
         self.last_eviction: dict[str, datetime] = {}
         """Node name → wall-clock time (aware UTC) of the last eviction of a pod bound to it."""
+        self.first_eviction: dict[str, datetime] = {}
+        """Node name → wall-clock time (aware UTC) of the first eviction of a pod bound to it."""
         self._store = ObjectStore()
         self._controllers = Controllers(
             self._store,
@@ -63,6 +65,7 @@ class KubeSandbox:
             pod_start_s=pod_start_s,
             evictions=self.evictions,
             last_eviction=self.last_eviction,
+            first_eviction=self.first_eviction,
         )
         self._store.on_pod_removed = self._controllers.after_pod_gone
         self._routes = ApiRoutes(

@@ -1,0 +1,111 @@
+"""Turns for drains that leave time (DRAIN_BUDGET_NON_URGENT): at most so many drains of one group at once.
+
+A rebalance recommendation for a third of the fleet, or AWS Health scheduled changes for next week, must not
+drain a third of the fleet at once. Every drain of a group (its Auto Scaling group, or the value of
+DRAIN_BUDGET_GROUP_LABEL) is counted while it runs (:meth:`Turns.turn`); a drain whose events all leave time
+(:func:`~queue_processor.deadlines.leaves_time`) waits, its node already cordoned, until fewer than the limit
+(:func:`turn_limit`) run, in the order they came. A drain that does not leave time never waits, and one that
+waits stops waiting the moment an event joins it that does not (a Spot warning for an instance whose rebalance
+drain waits): urgent drains are counted, never held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from queue_processor import tasks
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+
+__all__ = ["Turns", "turn_limit"]
+
+
+def turn_limit(spec: str, group_size: int | None) -> int | None:
+    """The most drains of a group at once for DRAIN_BUDGET_NON_URGENT ``spec``: ``None`` (no limit) for an
+    empty spec; a count as is; a percentage of ``group_size`` nodes, rounded down, at least 1 (1 when the
+    size is unknown). Raises ``ValueError`` for a spec that is neither (the settings reject those first)."""
+    spec = spec.strip()
+    if not spec:
+        return None
+    if spec.endswith("%"):
+        percent = int(spec[:-1])
+        if not 0 < percent <= 100:
+            raise ValueError(f"a percentage of 1 to 100, not {spec}")
+        return 1 if group_size is None else max(1, math.floor(group_size * percent / 100))
+    count = int(spec)
+    if count < 1:
+        raise ValueError(f"at least 1 drain at once, not {spec}")
+    return count
+
+
+class Turns:
+    """The drains running per group and the ones waiting for a turn (see the module docstring). ``observer``
+    is told how many wait per group (``drains_waiting{group}``). One event loop; not thread-safe."""
+
+    def __init__(self, observer: Observer = NULL_OBSERVER) -> None:
+        self.observer = observer
+        self.running: Counter[str] = Counter()
+        """Drains running now, per group."""
+        self._lines: dict[str, list[asyncio.Event]] = {}  # per group, each waiter's wake-up, in arrival order
+
+    def waiting(self, group: str) -> int:
+        """Drains of ``group`` waiting for a turn now."""
+        return len(self._lines.get(group, []))
+
+    @asynccontextmanager
+    async def turn(
+        self,
+        group: str,
+        limit: int | None,
+        *,
+        urgent: Callable[[], bool],
+        joined: asyncio.Event,
+        waiting: Callable[[], None] = lambda: None,
+    ) -> AsyncIterator[bool]:
+        """A drain of ``group``: counted as running for the block; first, unless ``limit`` is ``None`` or
+        ``urgent()`` holds, it waits while the drains running and those in line before it reach ``limit``.
+        ``joined`` (the operation's, set when an event joins it; cleared here when it wakes the wait) makes it
+        ask ``urgent()`` again. ``waiting()`` is called once when it starts waiting. Yields whether it waited.
+        A cancellation while waiting gives its place up."""
+        waited = False
+        if limit is not None and not urgent():
+            line = self._lines.setdefault(group, [])
+            me = asyncio.Event()
+            line.append(me)
+            try:
+                while self.running[group] + line.index(me) >= limit and not urgent():
+                    if not waited:
+                        waited = True
+                        waiting()
+                        self.observer.drains_waiting(group, len(line))
+                    me.clear()
+                    woken = tasks.spawn(me.wait(), name=f"turn-{group}")
+                    joining = tasks.spawn(joined.wait(), name=f"turn-joined-{group}")
+                    try:
+                        await asyncio.wait({woken, joining}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        await tasks.stop(woken, joining)
+                    joined.clear()
+            finally:
+                line.remove(me)
+                if not line:
+                    del self._lines[group]
+                if waited:
+                    self.observer.drains_waiting(group, self.waiting(group))
+                self._wake(group)  # those behind it move up
+        self.running[group] += 1
+        try:
+            yield waited
+        finally:
+            self.running[group] -= 1
+            if self.running[group] <= 0:
+                del self.running[group]
+            self._wake(group)
+
+    def _wake(self, group: str) -> None:
+        """Every drain of ``group`` in line looks again (the first ones take the free turns)."""
+        for waiter in self._lines.get(group, []):
+            waiter.set()

@@ -1,0 +1,174 @@
+"""Budgets for signals that leave time (issue 29, part 3): which events leave time, the limit of a group, the
+turns a group's drains take, slots given back while waiting, and the handler waiting its turn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from queue_processor.deadlines import leaves_time
+from queue_processor.events import SqsMessageRef
+from queue_processor.kinds import RebalanceRecommendationEvent, ScheduledChangeEvent
+from queue_processor.ledger import InFlightSlots
+from queue_processor.nodes import InstanceInfo
+from queue_processor.turns import Turns, turn_limit
+from tests.unit.test_handler import MANAGED, World, env, rebalance, settings, spot
+
+__all__ = ["env"]  # the handler tests' fixture (the queue URL in the environment), used here too
+
+NOW = datetime(2026, 11, 26, 4, 0, tzinfo=UTC)
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Let the loop run until ``predicate`` holds; fail after 4,000 turns (the fakes answer at once: this bounds
+    a hang, it measures nothing)."""
+    for _ in range(4000):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("never got there")
+
+
+def scheduled(start_in_s: float) -> ScheduledChangeEvent:
+    return ScheduledChangeEvent(
+        instance_id="i-1",
+        time=NOW,
+        source_id=f"health-{start_in_s}",
+        scheduled_start_time=NOW + timedelta(seconds=start_in_s),
+    )
+
+
+def test_rebalances_and_far_scheduled_changes_leave_time_nothing_else_does() -> None:
+    rebalance_event = RebalanceRecommendationEvent(instance_id="i-1", time=NOW, source_id="r")
+    assert leaves_time([rebalance_event], grace_period_s=120, wall=NOW)
+    assert leaves_time([rebalance_event, scheduled(7 * 24 * 3600)], grace_period_s=120, wall=NOW)
+    assert not leaves_time([scheduled(60)], grace_period_s=120, wall=NOW)  # due within a drain's time
+    assert not leaves_time([rebalance_event, spot("m-1", "i-1")], grace_period_s=120, wall=NOW)
+    assert not leaves_time([], grace_period_s=120, wall=NOW)
+
+
+def test_a_limit_is_a_count_or_a_percentage_of_the_group_at_least_one() -> None:
+    assert turn_limit("", 40) is None
+    assert turn_limit("3", None) == 3
+    assert turn_limit("10%", 45) == 4
+    assert turn_limit("10%", 5) == 1
+    assert turn_limit("100%", 7) == 7
+    assert turn_limit("25%", None) == 1  # the group's size could not be read
+    with pytest.raises(ValueError, match="percentage"):
+        turn_limit("0%", 10)
+
+
+async def test_a_group_runs_at_most_its_limit_in_arrival_order_and_urgent_ones_never_wait() -> None:
+    turns = Turns()
+    release = asyncio.Event()
+    order: list[str] = []
+    urgent = dict.fromkeys("abcde", False)
+    joined = {name: asyncio.Event() for name in "abcde"}
+
+    async def drain(name: str, group: str = "g") -> bool:
+        async with turns.turn(group, 2, urgent=lambda: urgent[name], joined=joined[name]) as waited:
+            order.append(name)
+            await release.wait()
+            return waited
+
+    running = {name: asyncio.create_task(drain(name)) for name in "abcd"}
+    other = asyncio.create_task(drain("e", group="h"))  # another group has turns of its own
+    await until(lambda: len(order) == 3)
+    assert order == ["a", "b", "e"]
+    assert turns.waiting("g") == 2
+    urgent["d"] = True  # a Spot warning joins d's operation
+    joined["d"].set()
+    await until(lambda: "d" in order)
+    assert order == ["a", "b", "e", "d"]  # d goes before c, at once, though two run
+    assert turns.running["g"] == 3
+    release.set()
+    results = await asyncio.gather(*running.values(), other)
+    assert results == [False, False, True, True, False]
+    assert order[-1] == "c"
+    assert turns.running == {}
+    assert turns.waiting("g") == 0
+
+
+async def test_a_wait_cancelled_gives_its_place_up() -> None:
+    turns = Turns()
+    release = asyncio.Event()
+
+    async def drain() -> None:
+        async with turns.turn("g", 1, urgent=lambda: False, joined=asyncio.Event()):
+            await release.wait()
+
+    first = asyncio.create_task(drain())
+    second = asyncio.create_task(drain())
+    third = asyncio.create_task(drain())
+    await until(lambda: turns.waiting("g") == 2)
+    second.cancel()
+    await asyncio.gather(second, return_exceptions=True)
+    assert turns.waiting("g") == 1
+    release.set()
+    await asyncio.gather(first, third)
+    assert turns.running == {}
+
+
+async def test_a_parked_message_gives_its_slot_back_once() -> None:
+    slots = InFlightSlots(2)
+    async with slots.room(2) as room:
+        room.claim(SqsMessageRef(queue_url="q", message_id="m-1", receipt_handle="rh"))
+    assert (slots.held, slots.free) == (1, 1)
+    assert slots.park("m-1")
+    assert not slots.park("m-1")
+    assert (slots.held, slots.free, slots.parked) == (0, 2, 1)
+    assert slots.ref("m-1") is not None  # still held: renewed and settled with its receipt
+    assert slots.release("m-1")
+    assert (slots.held, slots.free, slots.parked) == (0, 2, 0)  # not given back twice
+
+
+class Instances:
+    """EC2 as the handler sees it: instance ``i-<n>`` has node ``node-<n>`` in the group ``workers``."""
+
+    async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
+        tags = {**MANAGED, "aws:autoscaling:groupName": "workers"}
+        return InstanceInfo(instance_id, f"node-{instance_id[2:]}", "us-east-1a", "running", tags)
+
+
+async def test_rebalance_drains_wait_their_turn_cordoned_and_a_spot_warning_starts_one_at_once(
+    env: Any,
+) -> None:
+    world = World(settings(drain_budget_non_urgent="2"))
+    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.kube.pods.clear()
+    for index in range(4):
+        world.kube.add_node(f"node-{index}")
+        world.kube.add_pod(f"web-{index}", f"node-{index}")
+    parked: list[str] = []
+    world.handler.park = parked.extend
+    evicting: list[str] = []
+    gate = asyncio.Event()
+
+    async def held(name: str) -> None:
+        evicting.append(name)
+        await gate.wait()
+
+    world.kube.on_evict = held
+    operations = []
+    for index in range(4):
+        event = rebalance(f"m-{index}").model_copy(update={"instance_id": f"i-{index}"})
+        operations.append(world.receive(event))
+    runs = [asyncio.create_task(world.run(operation)) for operation in operations if operation is not None]
+    await until(lambda: len(evicting) == 2 and world.handler.turns.waiting("workers") == 2)
+    assert all(world.kube.nodes[f"node-{i}"]["spec"].get("unschedulable") for i in range(4))  # all cordoned
+    assert sorted(parked) == ["m-2", "m-3"]  # the waiting ones gave their slots back
+    assert world.count("queue_processor_drains_waiting", group="workers") == 2
+    joining = spot("m-spot", "i-3")
+    assert world.receive(joining) is None  # joins i-3's waiting operation
+    await until(lambda: len(evicting) == 3)
+    assert evicting[-1] == "web-3"  # at once, ahead of i-2
+    gate.set()
+    outcomes = [outcome for outcome, _ in await asyncio.gather(*runs)]
+    assert [str(o) for o in outcomes] == ["done"] * 4
+    assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2", "web-3"]
+    assert world.count("queue_processor_drains_waiting", group="workers") == 0
+    await world.heartbeats.close()
