@@ -386,7 +386,8 @@ class Settings(BaseSettings):
         "time (rebalance recommendations; AWS Health scheduled changes starting later than "
         "NODE_TERMINATION_GRACE_PERIOD): a count (2) or a percentage of the group's nodes (10%, at least 1). "
         "The others are cordoned and wait their turn, their messages held without taking in-flight slots; an "
-        "event that does not leave time (a Spot warning) starts a waiting drain at once. Empty: no limit.",
+        "event that does not leave time (a Spot warning) starts a waiting drain at once. Each replica counts "
+        "its own drains. Empty: no limit.",
         nth="none",
         pattern=r"^(|[1-9][0-9]{0,5}|([1-9][0-9]?|100)%)$",
     )
