@@ -66,6 +66,7 @@ from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     Event,
+    ScheduledChangeEvent,
 )
 from queue_processor.launch import Launches
 from queue_processor.leases import NodeLeases
@@ -380,30 +381,56 @@ class Handler(Steps):
     async def _turn(self, ctx: OperationContext) -> AsyncIterator[None]:
         """With DRAIN_BUDGET_NON_URGENT: the drain is counted in its node's group, and when every event of the
         operation leaves time (:func:`~queue_processor.deadlines.leaves_time`) it first waits, cordoned, while
-        the group's limit of drains run (:class:`~queue_processor.turns.Turns`). Its messages stay held but give
-        their in-flight slots back meanwhile (:attr:`park`); an event that joins and does not leave time ends
-        the wait at once; kinds that joined get their taints when it ends."""
+        the group's limit of drains run (:class:`~queue_processor.turns.Turns`). Meanwhile its messages, joined
+        ones too, stay held but give their in-flight slots back (:attr:`park`), and its node Lease is given up,
+        so that another replica that receives an urgent event for the node can drain it at once; the Lease is
+        claimed again when the turn comes (held by another replica by then: :class:`ClaimLost`, requeued). An
+        event that joins and does not leave time, or a scheduled change becoming due, ends the wait at once;
+        kinds that joined get their taints when it ends. Reading the group never fails a drain: a node
+        without the label, or an instance without an Auto Scaling group, is in the group ``""``, and a size
+        that cannot be read counts a percentage as 1."""
         spec = self.settings.drain_budget_non_urgent
         if not spec:
             yield
             return
         operation = ctx.operation
-        group, size = await self._group(ctx, sized=spec.strip().endswith("%"))
-        limit = turn_limit(spec, size)
         grace = self.settings.node_termination_grace_period
 
         def urgent() -> bool:
             return not leaves_time(operation.events, grace_period_s=grace, wall=datetime.now(UTC))
 
-        def waiting() -> None:
-            ctx.log.info("waiting for a turn to drain: its events leave time", group=group, limit=limit)
+        def recheck_s() -> float | None:
+            wall = datetime.now(UTC)
+            due = [
+                (event.start_time - wall).total_seconds() - grace
+                for event in operation.events
+                if isinstance(event, ScheduledChangeEvent)
+            ]
+            return max(min(due), 0.0) + 0.01 if due else None
+
+        group, size = await self._group(ctx, sized=not urgent() and spec.strip().endswith("%"))
+        limit = turn_limit(spec, size)
+        released = False
+
+        async def waiting() -> None:
+            nonlocal released
             self.park(list(operation.messages))
+            if not released:
+                released = True
+                ctx.log.info("waiting for a turn to drain: its events leave time", group=group, limit=limit)
+                if ctx.claim is not None:
+                    await ctx.claim.release()
 
         async with self.turns.turn(
-            group, limit, urgent=urgent, joined=operation.joined, waiting=waiting
+            group, limit, urgent=urgent, joined=operation.joined, waiting=waiting, recheck_s=recheck_s
         ) as waited:
             if waited:
                 ctx.log.info("a turn to drain came", group=group, urgent=urgent())
+                if released and self.leases is not None:
+                    claim = await self.leases.claim(ctx.node)
+                    if claim is None:
+                        raise ClaimLost(f"another replica took the node {ctx.node} while its drain waited")
+                    ctx.claim = await ctx.early_exit.enter_async_context(claim)
                 await self._taint_joined(ctx)
             yield
 
@@ -411,19 +438,26 @@ class Handler(Steps):
         """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, how many nodes it has (``None``:
         unknown): the value of DRAIN_BUDGET_GROUP_LABEL on the node (``label=value``; its size: the nodes
         carrying it), else the instance's Auto Scaling group (its ``aws:autoscaling:groupName`` tag; its size
-        from DescribeAutoScalingGroups). Nodes without either are one group, ``""``."""
+        from DescribeAutoScalingGroups). Nodes without either are one group, ``""``. Raises nothing but
+        ``CancelledError``: what cannot be read counts as unknown (logged)."""
         label = self.settings.drain_budget_group_label
-        if label:
-            node = await self.drainer.kube.get_node(ctx.node)
-            value = str(((node or {}).get("metadata") or {}).get("labels", {}).get(label, ""))
-            if not value:
-                return "", None
-            selector = f"{label}={value}"
-            return selector, len(await self.drainer.kube.list_nodes(selector)) if sized else None
-        group = (ctx.info.tags if ctx.info is not None else {}).get(ASG_TAG, "")
-        if not group or not sized:
-            return group, None
-        return group, await self.heartbeats.lifecycle.group_size(group)
+        try:
+            if label:
+                node = await self.drainer.kube.get_node(ctx.node)
+                value = str(((node or {}).get("metadata") or {}).get("labels", {}).get(label, ""))
+                if not value:
+                    return "", None
+                selector = f"{label}={value}"
+                return selector, len(
+                    await self.drainer.kube.list_nodes(selector, cached=True)
+                ) if sized else None
+            group = (ctx.info.tags if ctx.info is not None else {}).get(ASG_TAG, "")
+            if not group or not sized:
+                return group, None
+            return group, await self.heartbeats.lifecycle.group_size(group)
+        except Exception as exc:
+            ctx.log.warning("cannot read the node's group for DRAIN_BUDGET_NON_URGENT", error=repr(exc))
+            return "", None
 
     async def _drain(self, ctx: OperationContext) -> DrainResult:
         """Evict the node's pods until the deadline; how it ended. Events that join meanwhile bring the

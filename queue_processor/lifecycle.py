@@ -92,23 +92,32 @@ class Lifecycle:
         self._hooks: dict[tuple[str, str], dict[str, Any] | None] = {}
         self._checked: set[tuple[str, str]] = set()
         self._sizes: dict[str, tuple[float, int | None]] = {}  # group → (read at, size)
+        self._reading: dict[str, asyncio.Future[int | None]] = {}  # group → the read in flight
 
     async def group_size(self, group: str, *, ttl_s: float = 60.0) -> int | None:
         """How many instances the Auto Scaling group ``group`` has (DescribeAutoScalingGroups), read at most
-        once every ``ttl_s`` seconds; ``None`` when it cannot be read (not found, denied, AWS unreachable
-        after retries: logged once per read). Raises nothing but ``CancelledError``."""
-        now = time.monotonic()
+        once every ``ttl_s`` seconds and by one caller at a time (the others wait for its answer); when a
+        read fails (not found, denied, AWS unreachable after retries: logged), the last size read, else
+        ``None``. Raises nothing but ``CancelledError``."""
         cached = self._sizes.get(group)
-        if cached is not None and now - cached[0] < ttl_s:
+        if cached is not None and time.monotonic() - cached[0] < ttl_s:
             return cached[1]
-        size: int | None = None
+        reading = self._reading.get(group)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_size(group, cached[1] if cached else None))
+            self._reading[group] = reading
+            reading.add_done_callback(lambda _: self._reading.pop(group, None))
+        return await asyncio.shield(reading)
+
+    async def _read_size(self, group: str, last: int | None) -> int | None:
+        size = last
         try:
             answer = await call(self.autoscaling.describe_auto_scaling_groups, AutoScalingGroupNames=[group])
             groups = answer.get("AutoScalingGroups") or []
-            size = len(groups[0].get("Instances") or []) if groups else None
-        except ClientError as exc:
-            log.warning("cannot read the Auto Scaling group's size", group=group, code=error_code(exc))
-        self._sizes[group] = (now, size)
+            size = len(groups[0].get("Instances") or []) if groups else last
+        except Exception as exc:
+            log.warning("cannot read the Auto Scaling group's size", group=group, error=repr(exc))
+        self._sizes[group] = (time.monotonic(), size)
         return size
 
     async def hook_timeout_s(self, group: str, hook: str, *, quiet: bool = False) -> float | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from queue_processor import tasks
@@ -63,13 +63,16 @@ class Turns:
         *,
         urgent: Callable[[], bool],
         joined: asyncio.Event,
-        waiting: Callable[[], None] = lambda: None,
+        waiting: Callable[[], Awaitable[None]] | None = None,
+        recheck_s: Callable[[], float | None] = lambda: None,
     ) -> AsyncIterator[bool]:
         """A drain of ``group``: counted as running for the block; first, unless ``limit`` is ``None`` or
         ``urgent()`` holds, it waits while the drains running and those in line before it reach ``limit``.
         ``joined`` (the operation's, set when an event joins it; cleared here when it wakes the wait) makes it
-        ask ``urgent()`` again. ``waiting()`` is called once when it starts waiting. Yields whether it waited.
-        A cancellation while waiting gives its place up."""
+        ask ``urgent()`` again, and so does the end of ``recheck_s()`` seconds (``None``: no such moment; a
+        scheduled change becoming due). ``waiting()`` is awaited before each wait (it must be idempotent: the
+        operation's messages, joined ones too, give their slots back). Yields whether it waited. A
+        cancellation while waiting gives its place up."""
         waited = False
         if limit is not None and not urgent():
             line = self._lines.setdefault(group, [])
@@ -79,13 +82,18 @@ class Turns:
                 while self.running[group] + line.index(me) >= limit and not urgent():
                     if not waited:
                         waited = True
-                        waiting()
                         self.observer.drains_waiting(group, len(line))
                     me.clear()
+                    if waiting is not None:
+                        await waiting()
+                        if self.running[group] + line.index(me) < limit or urgent():
+                            break  # its turn came, or an urgent event joined, while it got ready to wait
                     woken = tasks.spawn(me.wait(), name=f"turn-{group}")
                     joining = tasks.spawn(joined.wait(), name=f"turn-joined-{group}")
                     try:
-                        await asyncio.wait({woken, joining}, return_when=asyncio.FIRST_COMPLETED)
+                        await asyncio.wait(
+                            {woken, joining}, timeout=recheck_s(), return_when=asyncio.FIRST_COMPLETED
+                        )
                     finally:
                         await tasks.stop(woken, joining)
                     joined.clear()

@@ -612,12 +612,19 @@ async def test_an_operation_that_cannot_be_started_is_requeued_not_held_for_ever
     monkeypatch.setattr(running.consumer, "_spawn", cannot_start)
     message_id = running.sqs.deliver(terminate_body())
     requeued = "queue_processor_messages_requeued_total"
-    await running.until(lambda: running.count(requeued, queue=QUEUE, kind=KIND) == 1)
+    errors = "queue_processor_errors_total"
+    # The requeue is counted inside the settlement, the error once the failure reaches the receive loop, a loop
+    # turn later: wait for both (a loaded machine ran the check between them).
+    await running.until(
+        lambda: (
+            running.count(requeued, queue=QUEUE, kind=KIND) == 1
+            and running.count(errors, where="handle") == 1
+        )
+    )
     ((handle, backoff),) = running.sqs.visibility
     assert handle == f"rh-{message_id}-1"
     assert 8 <= backoff <= 12
     assert running.consumer.store.held() == []
-    assert running.count("queue_processor_errors_total", where="handle") == 1
     await running.consumer.shutdown(timeout_s=10)
     assert slots_of(running) == (0, 4)
 

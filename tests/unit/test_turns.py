@@ -160,7 +160,12 @@ async def test_rebalance_drains_wait_their_turn_cordoned_and_a_spot_warning_star
     runs = [asyncio.create_task(world.run(operation)) for operation in operations if operation is not None]
     await until(lambda: len(evicting) == 2 and world.handler.turns.waiting("workers") == 2)
     assert all(world.kube.nodes[f"node-{i}"]["spec"].get("unschedulable") for i in range(4))  # all cordoned
-    assert sorted(parked) == ["m-2", "m-3"]  # the waiting ones gave their slots back
+    assert set(parked) == {"m-2", "m-3"}  # the waiting ones gave their slots back
+    again = rebalance("m-2-again").model_copy(
+        update={"instance_id": "i-2", "source_id": "rebalance-m-2-again"}
+    )
+    assert world.receive(again) is None  # another message for i-2's waiting operation
+    await until(lambda: "m-2-again" in parked)  # it gives its slot back too
     assert world.count("queue_processor_drains_waiting", group="workers") == 2
     joining = spot("m-spot", "i-3")
     assert world.receive(joining) is None  # joins i-3's waiting operation
@@ -171,4 +176,72 @@ async def test_rebalance_drains_wait_their_turn_cordoned_and_a_spot_warning_star
     assert [str(o) for o in outcomes] == ["done"] * 4
     assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2", "web-3"]
     assert world.count("queue_processor_drains_waiting", group="workers") == 0
+    await world.heartbeats.close()
+
+
+async def test_a_scheduled_change_becoming_due_ends_the_wait() -> None:
+    turns = Turns()
+    release = asyncio.Event()
+    due = [False]
+
+    async def drain(name: str, urgent: list[bool]) -> None:
+        async with turns.turn(
+            "g", 1, urgent=lambda: urgent[0], joined=asyncio.Event(), recheck_s=lambda: 0.01
+        ):
+            await release.wait()
+
+    first = asyncio.create_task(drain("first", [False]))
+    second = asyncio.create_task(drain("second", due))
+    await until(lambda: turns.waiting("g") == 1)
+    due[0] = True  # nothing wakes it but the time it was told to look again
+    await until(lambda: turns.running.get("g") == 2)
+    release.set()
+    await asyncio.gather(first, second)
+
+
+async def test_a_waiting_drain_gives_its_node_lease_up_and_claims_it_again_for_its_turn(env: Any) -> None:
+    world = World(settings(drain_budget_non_urgent="1", node_leases=True), leases=True)
+    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.kube.pods.clear()
+    for index in range(2):
+        world.kube.add_node(f"node-{index}")
+        world.kube.add_pod(f"web-{index}", f"node-{index}")
+    gate = asyncio.Event()
+
+    async def held(name: str) -> None:
+        await gate.wait()
+
+    world.kube.on_evict = held
+    runs = []
+    for index in range(2):
+        operation = world.receive(rebalance(f"m-{index}").model_copy(update={"instance_id": f"i-{index}"}))
+        assert operation is not None
+        runs.append(asyncio.create_task(world.run(operation)))
+    await until(lambda: world.handler.turns.waiting("workers") == 1)
+    # The waiting one gave its Lease up (another replica may drain that node at once); the other keeps its own.
+    await until(lambda: sorted(str(holder) for holder in _holders(world).values()) == ["None", "replica-a"])
+    gate.set()
+    outcomes = [str(outcome) for outcome, _ in await asyncio.gather(*runs)]
+    assert outcomes == ["done", "done"]
+    assert sorted(world.kube.evicted) == ["web-0", "web-1"]
+    await world.heartbeats.close()
+
+
+def _holders(world: World) -> dict[str, Any]:
+    return {
+        lease["metadata"]["name"]: lease["spec"].get("holderIdentity") for lease in world.kube.leases.values()
+    }
+
+
+async def test_a_group_size_that_cannot_be_read_counts_a_percentage_as_one(env: Any) -> None:
+    world = World(settings(drain_budget_non_urgent="50%"))
+    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.kube.pods.clear()
+    world.kube.add_node("node-0")
+    world.kube.add_pod("web-0", "node-0")
+    operation = world.receive(rebalance("m-0").model_copy(update={"instance_id": "i-0"}))
+    assert operation is not None
+    outcome, _ = await world.run(operation)  # the fake Auto Scaling has no DescribeAutoScalingGroups
+    assert str(outcome) == "done"
+    assert world.kube.evicted == ["web-0"]
     await world.heartbeats.close()
