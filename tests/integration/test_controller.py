@@ -489,15 +489,25 @@ async def test_kubernetes_events_are_recorded_on_the_node_when_asked(sandbox: Sa
         for e in sandbox.kube.objects("events")
         if (e.get("source") or {}).get("component") == "queue-processor"
     ]
-    on_node = {e["reason"]: e for e in ours if e["involvedObject"]["kind"] == "Node"}
+    # Nodes are cluster-scoped and their Events live in "default": on a control plane other tests share, Events
+    # of other runs' nodes are there too (a scale-in's ASGLifecycle): only this node's are this test's.
+    on_node = {
+        e["reason"]: e
+        for e in ours
+        if e["involvedObject"]["kind"] == "Node" and e["involvedObject"]["name"] == node
+    }
     assert sorted(on_node) == ["CordonAndDrain", "PostDrain", "PreDrain", "RebalanceRecommendation"]
     assert on_node["CordonAndDrain"]["message"] == "Node successfully cordoned and drained"
-    assert all(e["involvedObject"]["name"] == node and e["type"] == "Normal" for e in on_node.values())
+    assert all(e["type"] == "Normal" for e in on_node.values())
     annotations = on_node["PreDrain"]["metadata"]["annotations"]
     assert annotations["team"] == "platform"
     assert annotations["instance-id"] == instance_id  # NTH's own annotations win over the extra ones
     assert annotations["local-hostname"] == node
-    evicted = {e["involvedObject"]["name"] for e in ours if e["reason"] == "PodEviction"}
+    evicted = {
+        e["involvedObject"]["name"]
+        for e in ours
+        if e["reason"] == "PodEviction" and e["involvedObject"].get("namespace") == namespace
+    }
     assert evicted == {pod["metadata"]["name"] for pod in sandbox.kube.evictions}
     assert evicted  # the node had pods to evict
     assert "typo-0" in evicted
