@@ -344,16 +344,20 @@ def test_timed_out_action_takes_default_result_and_rejects_calls(
 
 
 def test_heartbeat_restarts_the_timeout(sandbox: AwsSandbox, asc: Any) -> None:
-    timeout_s = 40.0  # 0.4 s real
+    # 1.5 s real: a heartbeat call on a loaded machine takes far less, so the beats below always come in time
+    # (with 0.4 s, a loaded machine made too few calls in the window, or let the action time out between two).
+    timeout_s = 150.0
     instance = sandbox.create_asg("heartbeat", 1, heartbeat_timeout_s=timeout_s)[0]
     (action,) = sandbox.terminate_instance(instance.instance_id)
     original_deadline = time.monotonic() + SandboxClock(SCALE).real(timeout_s)
-    while time.monotonic() < original_deadline + 0.4:  # well past the original timeout
+    beats = 0
+    while time.monotonic() < original_deadline + 1.0 or beats < 6:  # well past the original timeout
         asc.record_lifecycle_action_heartbeat(
             AutoScalingGroupName="heartbeat",
             LifecycleHookName=TERMINATE_HOOK,
             LifecycleActionToken=action.token,
         )
+        beats += 1
         time.sleep(0.1)
     assert sandbox.action(action.token).status == "open"
     assert lifecycle_state(asc, instance.instance_id) == "Terminating:Wait"
@@ -365,7 +369,7 @@ def test_heartbeat_restarts_the_timeout(sandbox: AwsSandbox, asc: Any) -> None:
     )
     final = sandbox.action(action.token)
     assert (final.status, final.result) == ("completed", "CONTINUE")
-    assert final.heartbeats >= 6
+    assert final.heartbeats == beats  # every beat reached the open action
     # Without heartbeats it then times out on its own.
     other = sandbox.create_asg("heartbeat-2", 1, heartbeat_timeout_s=timeout_s)[0]
     (silent,) = sandbox.terminate_instance(other.instance_id)
@@ -375,8 +379,8 @@ def test_heartbeat_restarts_the_timeout(sandbox: AwsSandbox, asc: Any) -> None:
 def test_launch_hook_abandon_terminates_and_continue_goes_in_service(
     sandbox: AwsSandbox, queue: SandboxQueue, asc: Any, ec2: Any, sqs: Any
 ) -> None:
-    sandbox.create_asg(
-        "launch", 1, launch_hook=True, launch_default_result="CONTINUE", launch_heartbeat_timeout_s=30
+    sandbox.create_asg(  # 2 s real: the completions below come first even on a loaded machine
+        "launch", 1, launch_hook=True, launch_default_result="CONTINUE", launch_heartbeat_timeout_s=200
     )
     abandoned, continued, timed_out = sandbox.launch_instances("launch", 3)
     for new in (abandoned, continued, timed_out):
@@ -676,7 +680,7 @@ def test_direct_notification_to_sqs(sandbox: AwsSandbox, queue: SandboxQueue, as
 
 
 async def test_aiobotocore_heartbeat_and_complete(sandbox: AwsSandbox) -> None:
-    instance = sandbox.create_asg("async", 1)[0]
+    instance = sandbox.create_asg("async", 1, heartbeat_timeout_s=3600)[0]  # never the limit here
     (action,) = sandbox.terminate_instance(instance.instance_id)
     async with get_session().create_client("autoscaling", **sandbox.client_kwargs) as client:
         await client.record_lifecycle_action_heartbeat(
@@ -698,7 +702,8 @@ async def test_aiobotocore_heartbeat_and_complete(sandbox: AwsSandbox) -> None:
 
 
 def test_record_of_calls_and_final_states(sandbox: AwsSandbox, asc: Any) -> None:
-    first, second, third = sandbox.create_asg("record", 3, heartbeat_timeout_s=20, default_result="CONTINUE")
+    # 2 s real: the calls below come first even on a loaded machine; the third action then times out.
+    first, second, third = sandbox.create_asg("record", 3, heartbeat_timeout_s=200, default_result="CONTINUE")
     (a1,) = sandbox.terminate_instance(first.instance_id)
     (a2,) = sandbox.terminate_instance(second.instance_id)
     (a3,) = sandbox.terminate_instance(third.instance_id)
