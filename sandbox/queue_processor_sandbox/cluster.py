@@ -291,29 +291,24 @@ def build_kubernetes(
             wait=False,
         )
         waits.append((spec.namespace, {"app": "cache"}, spec.empty_dir_pods))
-    for index in range(spec.unreplicated_pods):
-        kube.add_pod(
-            spec.namespace,
-            f"debug-{index}",
-            node=names[index % len(names)],
-            labels={"app": "debug"},
-            grace_s=spec.grace_s,
-            wait=False,
-        )
-    if spec.unreplicated_pods:
-        waits.append((spec.namespace, {"app": "debug"}, spec.unreplicated_pods))
-    for index in range(spec.last_pods):
-        kube.add_pod(
-            spec.namespace,
-            f"agent-{index}",
-            node=names[index % len(names)],
-            labels={"app": "agent"},
-            grace_s=spec.grace_s,
-            annotations={"queue-processor/drain": "last"},
-            wait=False,
-        )
-    if spec.last_pods:
-        waits.append((spec.namespace, {"app": "agent"}, spec.last_pods))
+    # Pods without a controller: plain ones (``debug-<n>``) and those annotated to go last (``agent-<n>``).
+    loose: tuple[tuple[str, int, dict[str, str]], ...] = (
+        ("debug", spec.unreplicated_pods, {}),
+        ("agent", spec.last_pods, {"queue-processor/drain": "last"}),
+    )
+    for app, count, marks in loose:
+        for index in range(count):
+            kube.add_pod(
+                spec.namespace,
+                f"{app}-{index}",
+                node=names[index % len(names)],
+                labels={"app": app},
+                grace_s=spec.grace_s,
+                annotations=marks,
+                wait=False,
+            )
+        if count:
+            waits.append((spec.namespace, {"app": app}, count))
     for namespace, labels, count in waits:
         kube.wait_for_ready_pods(namespace, labels, count)
     for index in range(spec.apps):
