@@ -372,6 +372,16 @@ class Settings(BaseSettings):
         gt=0,
         le=600,
     )
+    surge_drains: bool = _field(
+        False,
+        "Pods annotated `queue-processor/drain: surge` (a Deployment's, through its pod template) get their "
+        "replacement first: the Deployment is scaled one replica up, the pod is evicted once the Deployment has "
+        "one more available replica, and the count is taken back as the eviction is accepted. Falls back to "
+        "eviction (counted, logged) when a HorizontalPodAutoscaler owns the count or time runs short. Needs "
+        "deployments get/patch and horizontalpodautoscalers list (the chart grants them with this setting). "
+        'See docs/kinds.md, "Replacement before eviction".',
+        nth="none",
+    )
     drain_budget: int = _field(
         1000,
         "Most nodes drained at once. Cordoning is never held back by it.",
@@ -817,9 +827,13 @@ ANNOTATIONS_MARKDOWN = [
     "",
     "| annotation | on | values | what it does |",
     "|---|---|---|---|",
-    "| `queue-processor/drain` | pods | `evict` (default), `last` | `last`: the pod is evicted in the last wave, "
-    "once the node's other pods are gone, whatever its priority and whatever `DRAIN_ORDER` (a log shipper or "
-    "an agent that must outlive the pods it serves, without a cluster-wide PriorityClass). Any other value is "
+    "| `queue-processor/drain` | pods | `evict` (default), `last`, `surge` | `last`: the pod is evicted in the last "
+    "wave, once the node's other pods are gone, whatever its priority and whatever `DRAIN_ORDER` (a log shipper or "
+    "an agent that must outlive the pods it serves, without a cluster-wide PriorityClass). `surge` (a "
+    "Deployment's pods, with `SURGE_DRAINS=true`): the Deployment is scaled one replica up and the pod is evicted "
+    "once the Deployment has one more available replica, then the count is taken back (docs/kinds.md, "
+    '"Replacement before eviction"); without `SURGE_DRAINS`, or on a pod that is not a Deployment\'s (a '
+    "StatefulSet cannot surge), it is reported once per workload as below and the pod is evicted. Any other value is "
     "reported once per workload and value (a warning log line `unknown drain policy: evicted as by default`, and "
     "with `EMIT_KUBERNETES_EVENTS` a Warning Event `UnknownDrainPolicy` on the first pod) and the pod is evicted "
     "as without the annotation; a drain never fails for it. `queue-processor explain NODE` shows each pod's "

@@ -398,6 +398,48 @@ class KubeClient:
         answer = await self.request("GET", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets")
         return list(answer.get("items") or [])
 
+    async def pods_selected(self, namespace: str, label_selector: str) -> list[Obj]:
+        """The pods of ``namespace`` matching ``label_selector`` (a Deployment's, for SURGE_DRAINS: which pods a
+        surge record names are still there)."""
+        answer = await self.request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": label_selector}
+        )
+        return list(answer.get("items") or [])
+
+    # ------------------------------------------------------------------------- workloads (SURGE_DRAINS)
+
+    async def get_deployment(self, namespace: str, name: str) -> Obj | None:
+        """The apps/v1 Deployment, or ``None`` when it does not exist (or the API server serves none)."""
+        try:
+            deployment: Obj = await self.request(
+                "GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return deployment
+
+    async def patch_deployment(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """JSON merge patch (RFC 7386) of an apps/v1 Deployment; the Deployment after it. A
+        ``metadata.resourceVersion`` in ``patch`` is a precondition: :class:`KubeError` 409 when it is
+        stale. Not retried here: the caller reads again."""
+        deployment: Obj = await self.request(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+            body=patch,
+            content_type=PATCH_TYPES["merge"],
+            retry=False,
+        )
+        return deployment
+
+    async def list_hpas(self, namespace: str) -> list[Obj]:
+        """Every autoscaling/v2 HorizontalPodAutoscaler of ``namespace``."""
+        answer = await self.request(
+            "GET", f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
+        )
+        return list(answer.get("items") or [])
+
     async def create_event(self, namespace: str, event: Obj) -> None:
         """Record a core/v1 Event."""
         await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)

@@ -34,6 +34,7 @@ __all__ = [
     "PoisonClass",
     "SkipClass",
     "StartupError",
+    "SurgeResult",
 ]
 
 
@@ -144,6 +145,24 @@ class EvictionOutcome(StrEnum):
     """A PodDisruptionBudget refused it (429) until the deadline."""
     ERROR = "error"
     """Another error (several budgets match the pod: 500; anything else until the deadline)."""
+
+
+class SurgeResult(StrEnum):
+    """How a pod annotated ``queue-processor/drain: surge`` went with SURGE_DRAINS on (the ``result`` label of
+    ``queue_processor_surges_total``): the replacement was Ready first, or why the pod was evicted without
+    one."""
+
+    SURGED = "surged"
+    """Its Deployment was scaled one replica up and had one more available replica before the eviction."""
+    NOT_READY = "not-ready"
+    """The replacement was not available by the time the pod's eviction had to start: evicted (the extra
+    replica stays until the pod is gone)."""
+    NO_TIME = "no-time"
+    """The drain's end left too little time to wait for a replacement: evicted at once."""
+    AUTOSCALED = "autoscaled"
+    """A HorizontalPodAutoscaler owns the Deployment's replica count: evicted, the count left to it."""
+    UNAVAILABLE = "unavailable"
+    """The Deployment could not be read or scaled (gone, not the pod's, refused, an error): evicted."""
 
 
 class NodeAction(StrEnum):

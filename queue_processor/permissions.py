@@ -12,6 +12,10 @@ Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/)
   (``DELETE_AT_DEADLINE``: what is left at the instance's end), ``policy`` ``poddisruptionbudgets`` get (the
   arithmetic of a budget that blocks a drain, for its Event and log line), ``events`` create
   (``EMIT_KUBERNETES_EVENTS``; Events are written into the Node's namespace ``default``);
+- cluster-wide with ``SURGE_DRAINS``: ``apps`` ``deployments`` get/patch (one replica more while a pod's
+  replacement comes up, taken back after; the surge record annotation), ``autoscaling``
+  ``horizontalpodautoscalers`` list (a Deployment whose count an autoscaler owns is not scaled); the pods
+  ``list`` rule also serves the list of a Deployment's pods in its namespace (a stale surge record);
 - in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update (``NODE_LEASES``).
 
 Differences from aws-node-termination-handler's ClusterRole, on purpose: no ``pods`` get (the drain re-lists
@@ -62,6 +66,8 @@ KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
     KubernetesRule("", "pods", ("list",)),
     KubernetesRule("", "pods/eviction", ("create",)),
     KubernetesRule("", "pods", ("delete",), when="DELETE_AT_DEADLINE"),
+    KubernetesRule("apps", "deployments", ("get", "patch"), when="SURGE_DRAINS"),
+    KubernetesRule("autoscaling", "horizontalpodautoscalers", ("list",), when="SURGE_DRAINS"),
     KubernetesRule("policy", "poddisruptionbudgets", ("get",)),
     KubernetesRule("", "events", ("create",), when="EMIT_KUBERNETES_EVENTS"),
     KubernetesRule(

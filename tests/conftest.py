@@ -94,8 +94,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def chart_rbac() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The controller's RBAC as the Helm chart renders it with Helm's own engine (helm-python-sdk), with every
-    feature that needs a rule turned on (node Leases, Kubernetes Events, deletion at the deadline): (ClusterRole
-    rules, Role rules).
+    feature that needs a rule turned on (node Leases, Kubernetes Events, deletion at the deadline, surge
+    drains): (ClusterRole rules, Role rules).
     Skipped when Helm's engine cannot be loaded (failed with QP_REQUIRE_REAL_CLUSTER=1 or CI)."""
     import yaml
 
@@ -114,6 +114,7 @@ def chart_rbac() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             "nodeLeases": True,
             "emitKubernetesEvents": True,
             "deleteAtDeadline": True,
+            "surgeDrains": True,
         }
         files = chart.render(values=values, name="queue-processor", namespace="queue-processor")
     finally:

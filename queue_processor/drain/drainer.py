@@ -38,9 +38,10 @@ from queue_processor.drain.order import (
     workload_of,
 )
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
+from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
+from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, SurgeResult
 
 __all__ = [
     "TAINT_WRITE_ATTEMPTS",
@@ -108,7 +109,9 @@ class DrainTiming:
     - ``grace_margin_s``: GRACE_DEADLINE_MARGIN (seconds), how long before the instance's end every grace
       period must end; negative: grace periods are never cut;
     - ``delete_at_deadline``: DELETE_AT_DEADLINE, delete what is still there ``delete_lead_s`` seconds
-      (DELETE_AT_DEADLINE_LEAD) before the instance's end.
+      (DELETE_AT_DEADLINE_LEAD) before the instance's end;
+    - ``surge``: SURGE_DRAINS, a Deployment's pod annotated ``queue-processor/drain: surge`` is evicted once a
+      replacement is available (:mod:`queue_processor.drain.surge`).
     """
 
     order: DrainOrder = _DEFAULT_ORDER
@@ -116,6 +119,7 @@ class DrainTiming:
     grace_margin_s: float = default("grace_deadline_margin")
     delete_at_deadline: bool = default("delete_at_deadline")
     delete_lead_s: float = default("delete_at_deadline_lead")
+    surge: bool = default("surge_drains")
 
     @classmethod
     def of(cls, settings: Settings) -> DrainTiming:
@@ -127,6 +131,7 @@ class DrainTiming:
             grace_margin_s=settings.grace_deadline_margin,
             delete_at_deadline=settings.delete_at_deadline,
             delete_lead_s=settings.delete_at_deadline_lead,
+            surge=settings.surge_drains,
         )
 
 
@@ -188,8 +193,8 @@ class DrainBounds:
 @dataclass
 class _Pod:
     """One pod of a drain: its key and uid, the grace period it would get without a deadline, whether it is
-    evicted (or only waited for: being deleted already), and the grace it was given and whether that was
-    cut."""
+    evicted (or only waited for: being deleted already), the grace it was given and whether that was cut, and,
+    for a pod whose replacement comes first (SURGE_DRAINS), its Deployment's name and the pod's labels."""
 
     key: tuple[str, str]
     uid: Any
@@ -197,6 +202,8 @@ class _Pod:
     evict: bool
     granted_s: int | None = None
     cut: bool = False
+    surge: str | None = None
+    labels: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -216,13 +223,16 @@ class _Eviction:
 
 @dataclass(frozen=True)
 class PolicyNotice:
-    """A pod to be evicted whose ``queue-processor/drain`` annotation names no policy: its ``workload``
-    (:func:`~queue_processor.drain.order.workload_of`) and the annotation's ``value``."""
+    """A pod to be evicted whose ``queue-processor/drain`` annotation cannot be followed: its ``workload``
+    (:func:`~queue_processor.drain.order.workload_of`), the annotation's ``value``, and ``why``: ``unknown`` (no
+    such policy), ``surge-off`` (``surge`` without SURGE_DRAINS) or ``cannot-surge`` (``surge`` on a pod that
+    is not a Deployment's)."""
 
     namespace: str
     name: str
     workload: str
     value: str
+    why: Literal["unknown", "surge-off", "cannot-surge"] = "unknown"
 
 
 @dataclass(frozen=True)
@@ -262,11 +272,20 @@ def plan_waves(
         pod_of=lambda item: item[1],
     )
     notices = []
-    for pod in decisions.wait_for:
-        unknown = drain_policy(pod)[1]
+    for entry, pod in zip(entries, decisions.wait_for, strict=True):
+        policy, unknown = drain_policy(pod)
+        namespace, name = pod_key(pod)
+        workload = workload_of(pod)
         if unknown is not None:
-            namespace, name = pod_key(pod)
-            notices.append(PolicyNotice(namespace, name, workload_of(pod), unknown))
+            notices.append(PolicyNotice(namespace, name, workload, unknown))
+        elif policy is DrainPolicy.SURGE and entry.evict:
+            kind, _, deployment = workload.split("/", 1)[1].partition("/")
+            if not timing.surge:
+                notices.append(PolicyNotice(namespace, name, workload, policy.value, "surge-off"))
+            elif kind != "Deployment":
+                notices.append(PolicyNotice(namespace, name, workload, policy.value, "cannot-surge"))
+            else:
+                entry.surge, entry.labels = deployment, dict(pod["metadata"].get("labels") or {})
     return WavePlan(
         waves=[[entry for entry, _ in group] for group in groups],
         skipped=[replace(decision, pod={}) for decision in decisions.skipped],
@@ -385,6 +404,7 @@ class Drainer:
         self.blocked: Counter[str] = Counter()
         """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
         self._reported: set[tuple[str, str]] = set()  # (workload, annotation value) reported already
+        self.surges = Surges(kube)
 
     async def cordon(
         self,
@@ -549,21 +569,31 @@ class Drainer:
     async def _report(
         self, notices: list[PolicyNotice], noticed: Callable[[str, str, str], Awaitable[None]] | None
     ) -> None:
-        """Report each workload's unknown drain policy value once (a warning, and ``noticed``)."""
+        """Report once per workload and value a drain policy that cannot be followed (a warning, and
+        ``noticed``)."""
         for notice in notices:
             if (notice.workload, notice.value) in self._reported:
                 continue
             self._reported.add((notice.workload, notice.value))
             known = ", ".join(policy.value for policy in DrainPolicy)
+            problem, line = {
+                "unknown": (
+                    f"is not a drain policy ({known})",
+                    "unknown drain policy: evicted as by default",
+                ),
+                "surge-off": ("needs SURGE_DRAINS=true", "surge drains are off: evicted as by default"),
+                "cannot-surge": (
+                    "is only for a Deployment's pods (a StatefulSet's replacement has the pod's name and "
+                    "cannot run beside it)",
+                    "cannot surge a pod that is not a Deployment's: evicted as by default",
+                ),
+            }[notice.why]
             message = (
-                f"{DRAIN_POLICY_ANNOTATION}: {notice.value!r} is not a drain policy ({known}): "
+                f"{DRAIN_POLICY_ANNOTATION}: {notice.value!r} {problem}: "
                 f"the pods of {notice.workload} are evicted as by default"
             )
             log.warning(
-                "unknown drain policy: evicted as by default",
-                workload=notice.workload,
-                pod=f"{notice.namespace}/{notice.name}",
-                value=notice.value,
+                line, workload=notice.workload, pod=f"{notice.namespace}/{notice.name}", value=notice.value
             )
             if noticed is not None:
                 await noticed(notice.namespace, notice.name, message)
@@ -684,7 +714,10 @@ class Drainer:
         namespace, name = entry.key
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
+        surge: Surge | None = None
         try:
+            if entry.surge is not None:
+                surge = await self._surge(entry, entry.surge, bounds, guard)
             while True:
                 if guard is not None:
                     await guard()
@@ -723,6 +756,68 @@ class Drainer:
                 return outcome
         finally:
             self._blocking(blocking, -1)
+            if surge is not None:
+                await self.surges.end(surge)
+
+    async def _surge(
+        self,
+        entry: _Pod,
+        deployment: str,
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+    ) -> Surge | None:
+        """Replacement before eviction (:mod:`queue_processor.drain.surge`): scale the pod's Deployment one
+        replica up and wait until it has one more available replica, until the moment the eviction must start
+        for the pod's grace period (cut to the instance's end) to end before the drain's last moment
+        (:meth:`DrainBounds.final`, less :data:`WAVE_PAD_S`; read again at each poll). A surge starts only when
+        that moment leaves the Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` more. The surge to take
+        back once the pod's eviction has ended (kept when the replacement is late: the pod is evicted anyway,
+        and the extra replica stays until then), or ``None`` when none was started; the observer is told how
+        it went. Raises what ``guard`` raises."""
+        namespace, name = entry.key
+
+        def evict_by() -> float:
+            final = bounds.final(self.timing)[0]
+            end = bounds.instance_end
+            until_end = None if end is None else end - self.clock()
+            grace = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)[0]
+            return final - grace - WAVE_PAD_S
+
+        def fallback(result: SurgeResult, why: str) -> None:
+            self.observer.surge(result)
+            log.warning(f"surge: {why}: evicted without a replacement first", pod=f"{namespace}/{name}")
+
+        if evict_by() - self.clock() < SURGE_LEAST_S:
+            fallback(SurgeResult.NO_TIME, "too little time before the eviction must start")
+            return None
+        if guard is not None:
+            await guard()
+        started = await self.surges.start(namespace, deployment, name, str(entry.uid), entry.labels or {})
+        if isinstance(started, SurgeResult):
+            fallback(
+                started,
+                "a HorizontalPodAutoscaler owns the replica count"
+                if started is SurgeResult.AUTOSCALED
+                else "the Deployment cannot be scaled",
+            )
+            return None
+        if evict_by() - self.clock() < started.min_ready_s + SURGE_LEAST_S:
+            fallback(SurgeResult.NO_TIME, "too little time for the Deployment's minReadySeconds")
+            return started
+        poll = 0.25
+        try:
+            while self.clock() < evict_by():
+                if await self.surges.ready(started):
+                    self.observer.surge(SurgeResult.SURGED)
+                    log.info("surge: the replacement is available: evicting", pod=f"{namespace}/{name}")
+                    return started
+                await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
+                poll = min(poll * 1.5, 2.0)
+        except BaseException:  # cancelled (the drain stops): the replica added is taken back
+            await self.surges.end(started)
+            raise
+        fallback(SurgeResult.NOT_READY, "the replacement was not available in time")
+        return started
 
     async def evict_last(self, namespace: str, name: str, deadline: float) -> bool:
         """Evict one pod with its own grace period, retrying PodDisruptionBudget refusals (429) with backoff until

@@ -11,9 +11,11 @@ https://kubernetes.io/docs/concepts/scheduling-eviction/pod-priority-preemption/
 
 **Per-workload policy.** The pod annotation ``queue-processor/drain`` (:data:`DRAIN_POLICY_ANNOTATION`, set
 through a workload's pod template) chooses how a drain treats the pod (:class:`DrainPolicy`): ``evict`` (the
-default) or ``last`` (evicted in the last wave, whatever its priority and whatever DRAIN_ORDER: a pod that
-must outlive its node's other pods without a cluster-wide priority). Any other value is reported, once per
-workload, and the pod is evicted as if the annotation were absent (:func:`drain_policy`, :func:`workload_of`).
+default), ``last`` (evicted in the last wave, whatever its priority and whatever DRAIN_ORDER: a pod that
+must outlive its node's other pods without a cluster-wide priority) or ``surge`` (a Deployment's pod, evicted
+once its replacement is available, with SURGE_DRAINS: :mod:`queue_processor.drain.surge`). Any other value is
+reported, once per workload, and the pod is evicted as if the annotation were absent (:func:`drain_policy`,
+:func:`workload_of`).
 
 **Deadline-aware grace.** When the instance has a known end (a Spot or Capacity Reservation notice, an AWS
 Health scheduled change), a pod's grace period (its own ``terminationGracePeriodSeconds``, or
@@ -76,6 +78,10 @@ class DrainPolicy(StrEnum):
     """The default: evicted in its wave (by priority with DRAIN_ORDER=waves)."""
     LAST = "last"
     """Evicted in the last wave, once the node's other pods are gone, whatever its priority or DRAIN_ORDER."""
+    SURGE = "surge"
+    """With SURGE_DRAINS, a Deployment's pod is evicted only once a replacement is available elsewhere
+    (:mod:`queue_processor.drain.surge`); in its wave as ``evict``. Without SURGE_DRAINS, or for a pod of
+    another kind of workload, reported once per workload and evicted as ``evict``."""
 
 
 def drain_policy(pod: Mapping[str, Any]) -> tuple[DrainPolicy, str | None]:

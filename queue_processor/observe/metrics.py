@@ -78,6 +78,7 @@ from queue_processor.outcomes import (
     OperationOutcome,
     PoisonClass,
     SkipClass,
+    SurgeResult,
 )
 
 __all__ = [
@@ -193,6 +194,8 @@ class Metrics(Observer):
       ``pdb`` (``namespace/name``) refuses now, across drains; a series goes when its count is 0, and at
       most :data:`BLOCKED_BUDGETS_MAX` budgets have their own series (the others count under ``other``);
     - :attr:`deleted_at_deadline_pods`: ``pods_deleted_at_deadline_total``, pods deleted by DELETE_AT_DEADLINE;
+    - :attr:`surges`: ``surges_total{result}``, pods annotated ``queue-processor/drain: surge`` by whether
+      their replacement was available first (:class:`~queue_processor.outcomes.SurgeResult`; SURGE_DRAINS);
     - :attr:`drained_pods`: ``drained_pods_total{grace}``, evicted pods by how their grace period went: all
       of their own (``own``: ending before the instance's end when it is known, else gone before the drain
       ended), cut to end before the instance (``cut``), or their own ending after the instance's end
@@ -318,6 +321,13 @@ class Metrics(Observer):
             "Pods still on a node at its instance's end deleted by DELETE_AT_DEADLINE.",
             [],
         )
+        self.surges = counter(
+            "surges",
+            "Pods annotated queue-processor/drain: surge, by whether their replacement was available first.",
+            ["result"],
+        )
+        for result in SurgeResult:
+            self.surges.labels(result=result)
         self.drained_pods = counter(
             "drained_pods",
             "Evicted pods by how their grace period went: own, cut (to end before the instance), outlasted.",
@@ -443,6 +453,10 @@ class Metrics(Observer):
     def deleted_at_deadline(self) -> None:
         """Count one pod deleted at its instance's end."""
         self.deleted_at_deadline_pods.inc()
+
+    def surge(self, result: SurgeResult) -> None:
+        """Count one surge-annotated pod under ``result``."""
+        self.surges.labels(result=result).inc()
 
     def heartbeat(self, result: HeartbeatResult) -> None:
         """Count a heartbeat; a call made also counts in ``node_actions_total{node_action="heartbeat"}``."""

@@ -31,6 +31,7 @@ from queue_processor.outcomes import (
     OperationOutcome,
     PoisonClass,
     SkipClass,
+    SurgeResult,
 )
 
 __all__ = [
@@ -111,6 +112,11 @@ class Observer(Protocol):
 
     def deleted_at_deadline(self) -> None:
         """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
+        return
+
+    def surge(self, result: SurgeResult) -> None:
+        """A pod annotated ``queue-processor/drain: surge`` got its replacement first, or why not
+        (SURGE_DRAINS)."""
         return
 
     def heartbeat(self, result: HeartbeatResult) -> None:

@@ -89,6 +89,8 @@ class _Informer:
         self.objects: dict[Key, Obj] = {}
         self.gone: dict[Key, Obj] = {}
         self.lock = threading.Lock()
+        self.changed: list[Callable[[dict[Key, Obj]], None]] = []
+        """Called with :attr:`objects`, under :attr:`lock`, after each change the informer applies."""
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._connection: http.client.HTTPSConnection | None = None
@@ -139,6 +141,7 @@ class _Informer:
                 if key not in items:
                     self.gone[key] = old
             self.objects = items
+            self._tell()
         self.synced.set()
         return str(answer["metadata"]["resourceVersion"])
 
@@ -164,9 +167,45 @@ class _Informer:
                         self.gone[key] = obj
                     else:
                         self.objects[key] = obj
+                    self._tell()
         finally:
             response.close()
         return rv
+
+    def _tell(self) -> None:
+        for changed in self.changed:
+            changed(self.objects)
+
+
+class ReadyReplicas:
+    """The Ready pods (Running, Ready, not terminating: what a ReplicaSet counts as ready) of one workload,
+    counted at every change of this run's pods the informer sees, from :meth:`RealKube.track_ready` until
+    :meth:`stop`: ``fewest`` is the lowest count seen, ``now`` the latest."""
+
+    def __init__(self, informer: _Informer, namespace: str, labels: dict[str, str]) -> None:
+        self._informer = informer
+        self.namespace = namespace
+        self.labels = dict(labels)
+        self.now = 0
+        self.fewest: int | None = None
+        with informer.lock:
+            self._count(informer.objects)
+            informer.changed.append(self._count)
+
+    def _count(self, objects: dict[Key, Obj]) -> None:
+        self.now = sum(
+            1
+            for pod in objects.values()
+            if pod["metadata"].get("namespace") == self.namespace
+            and _labels_match(pod, self.labels)
+            and _pod_ready(pod)
+        )
+        self.fewest = self.now if self.fewest is None else min(self.fewest, self.now)
+
+    def stop(self) -> None:
+        """Stop counting."""
+        with self._informer.lock, contextlib.suppress(ValueError):
+            self._informer.changed.remove(self._count)
 
 
 class RealKube:
@@ -544,6 +583,54 @@ class RealKube:
             for p in self.objects("pods")
             if p["metadata"]["namespace"] == namespace and _labels_match(p, labels)
         )
+
+    def add_deployment(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        replicas: int,
+        labels: dict[str, str],
+        grace_s: int = 30,
+        annotations: dict[str, str] | None = None,
+        node_labels: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> list[str]:
+        """An apps/v1 Deployment of ``replicas`` pods (template ``annotations``) placed by the scheduler on this
+        run's nodes (those with ``node_labels`` too, when given); the Deployment and ReplicaSet controllers of
+        kube-controller-manager run it (the emulation serves no Deployments). With ``wait``, returns when its
+        pods are Ready, with their names."""
+        self.ensure_namespace(namespace)
+        spec = self._pod_spec(grace_s, False)
+        spec["nodeSelector"] = {RUN_LABEL: self.run, **(node_labels or {})}
+        pod_labels = {**labels, RUN_LABEL: self.run}
+        template: Obj = {"labels": pod_labels}
+        if annotations:
+            template["annotations"] = dict(annotations)
+        self._create(
+            f"/apis/apps/v1/namespaces/{namespace}/deployments",
+            {
+                "metadata": {"name": name, "labels": pod_labels},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": dict(labels)},
+                    "template": {"metadata": template, "spec": spec},
+                },
+            },
+        )
+        if not wait:
+            return []
+        self.wait_for_ready_pods(namespace, labels, replicas)
+        return sorted(
+            p["metadata"]["name"]
+            for p in self.objects("pods")
+            if p["metadata"]["namespace"] == namespace and _labels_match(p, labels) and _pod_ready(p)
+        )
+
+    def track_ready(self, namespace: str, labels: dict[str, str]) -> ReadyReplicas:
+        """Start counting the Ready pods of ``namespace`` with ``labels`` at every change (:class:`ReadyReplicas`)."""
+        assert self._pods is not None, "start() first"
+        return ReadyReplicas(self._pods, namespace, labels)
 
     def wait_for_ready_pods(self, namespace: str, labels: dict[str, str], count: int) -> None:
         """Block until ``count`` pods of ``namespace`` with ``labels`` are Running and Ready."""

@@ -112,6 +112,7 @@ SAMPLES: dict[str, Any] = {
     "graceDeadlineMargin": 15.5,
     "deleteAtDeadline": True,
     "deleteAtDeadlineLead": 3,
+    "surgeDrains": True,
     "drainBudget": 50,
     "drainBudgetNonUrgent": "10%",
     "drainBudgetGroupLabel": "topology.kubernetes.io/zone",
@@ -608,18 +609,31 @@ def _expected_rules(cluster_wide: bool, enabled: dict[str, bool]) -> list[dict[s
     ]
 
 
-@pytest.mark.parametrize(("events", "delete"), [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize(
+    ("events", "delete", "surge"),
+    [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
+)
 @pytest.mark.parametrize(
     ("replicas", "leases_value", "leases"), [(1, False, False), (1, True, True), (3, False, True)]
 )
 def test_rbac_grants_exactly_the_requests_the_code_makes(
-    chart: Any, events: bool, delete: bool, replicas: int, leases_value: bool, leases: bool
+    chart: Any, events: bool, delete: bool, surge: bool, replicas: int, leases_value: bool, leases: bool
 ) -> None:
     values = with_values(
-        BASE, replicas=replicas, nodeLeases=leases_value, emitKubernetesEvents=events, deleteAtDeadline=delete
+        BASE,
+        replicas=replicas,
+        nodeLeases=leases_value,
+        emitKubernetesEvents=events,
+        deleteAtDeadline=delete,
+        surgeDrains=surge,
     )
     rendered = render(chart, values)
-    enabled = {"EMIT_KUBERNETES_EVENTS": events, "NODE_LEASES": leases, "DELETE_AT_DEADLINE": delete}
+    enabled = {
+        "EMIT_KUBERNETES_EVENTS": events,
+        "NODE_LEASES": leases,
+        "DELETE_AT_DEADLINE": delete,
+        "SURGE_DRAINS": surge,
+    }
     assert {rule.when for rule in KUBERNETES_RULES if rule.when} <= set(enabled)
     assert rendered.one("ClusterRole")["rules"] == _expected_rules(True, enabled)
     roles = rendered.all("Role")

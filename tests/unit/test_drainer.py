@@ -178,6 +178,6 @@ async def test_an_unknown_drain_policy_is_reported_once_per_workload_and_the_pod
     assert sorted(kube.evicted) == ["db-0", "web-0", "web-1", "web-2"]
     assert [(namespace, name) for namespace, name, _ in noticed] == [("apps", "web-0"), ("apps", "db-0")]
     assert noticed[0][2] == (
-        "queue-processor/drain: 'lats' is not a drain policy (evict, last): "
+        "queue-processor/drain: 'lats' is not a drain policy (evict, last, surge): "
         "the pods of apps/ReplicaSet/rs are evicted as by default"
     )

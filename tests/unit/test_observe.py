@@ -146,6 +146,7 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
         "queue_processor_drain_blocked": "gauge",
         "queue_processor_pods_deleted_at_deadline_total": "counter",
         "queue_processor_drained_pods_total": "counter",
+        "queue_processor_surges_total": "counter",
         "queue_processor_kube_requests_total": "counter",
         "queue_processor_aws_requests_total": "counter",
         "queue_processor_last_receive_timestamp_seconds": "gauge",

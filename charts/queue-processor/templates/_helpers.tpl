@@ -86,6 +86,7 @@ DRAIN_CRITICAL_PRIORITY: drainCriticalPriority
 GRACE_DEADLINE_MARGIN: graceDeadlineMargin
 DELETE_AT_DEADLINE: deleteAtDeadline
 DELETE_AT_DEADLINE_LEAD: deleteAtDeadlineLead
+SURGE_DRAINS: surgeDrains
 DRAIN_BUDGET: drainBudget
 DRAIN_BUDGET_NON_URGENT: drainBudgetNonUrgent
 DRAIN_BUDGET_GROUP_LABEL: drainBudgetGroupLabel
@@ -142,6 +143,8 @@ controller use a rule; "clusterWide: false" rules go into a Role in the release 
 - {apiGroup: "", resource: pods, verbs: [list], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods/eviction, verbs: [create], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods, verbs: [delete], clusterWide: true, when: DELETE_AT_DEADLINE}
+- {apiGroup: apps, resource: deployments, verbs: [get, patch], clusterWide: true, when: SURGE_DRAINS}
+- {apiGroup: autoscaling, resource: horizontalpodautoscalers, verbs: [list], clusterWide: true, when: SURGE_DRAINS}
 - {apiGroup: policy, resource: poddisruptionbudgets, verbs: [get], clusterWide: true, when: ""}
 - {apiGroup: "", resource: events, verbs: [create], clusterWide: true, when: EMIT_KUBERNETES_EVENTS}
 - {apiGroup: coordination.k8s.io, resource: leases, verbs: [get, create, update], clusterWide: false, when: NODE_LEASES}
@@ -151,7 +154,7 @@ controller use a rule; "clusterWide: false" rules go into a Role in the release 
 {{- define "queue-processor.rbacRulesInForce" -}}
 {{- $root := index . 0 }}
 {{- $clusterWide := index . 1 }}
-{{- $on := dict "" true "EMIT_KUBERNETES_EVENTS" $root.Values.emitKubernetesEvents "NODE_LEASES" (eq (include "queue-processor.nodeLeases" $root) "true") "DELETE_AT_DEADLINE" $root.Values.deleteAtDeadline }}
+{{- $on := dict "" true "EMIT_KUBERNETES_EVENTS" $root.Values.emitKubernetesEvents "NODE_LEASES" (eq (include "queue-processor.nodeLeases" $root) "true") "DELETE_AT_DEADLINE" $root.Values.deleteAtDeadline "SURGE_DRAINS" $root.Values.surgeDrains }}
 {{- $rules := list }}
 {{- range include "queue-processor.rbacRules" $root | fromYamlArray }}
 {{- if not (hasKey $on .when) }}

@@ -1,0 +1,339 @@
+"""Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``).
+
+Evicting the one pod of a single-replica Deployment, or a pod whose PodDisruptionBudget needs every replica,
+means downtime until the replacement is Ready, or a drain that cannot finish. For a pod that asks for it, the
+drain first scales the pod's Deployment one replica up, waits until the Deployment has one more *available*
+replica than before (``status.availableReplicas``: Ready for ``minReadySeconds``), then evicts the pod through
+the Eviction API as usual (its PodDisruptionBudget still has the last word), and as the eviction is accepted
+scales the Deployment back down by the one replica it added.
+
+Why this mechanism (docs/kinds.md, "Replacement before eviction", says the same to users):
+
+- **A rollout restart** (a template annotation) replaces *every* pod of the Deployment, not the one on the
+  draining node, leaves its annotation in the template (removing it rolls again) and shows a GitOps
+  controller a template drift. Not used.
+- **Scale up, then scale down with ``controller.kubernetes.io/pod-deletion-cost`` on the old pod** lets the
+  ReplicaSet delete the old pod, without the Eviction API (no PodDisruptionBudget check) and with the pod's
+  own grace period (no cut to the instance's end), and needs ``pods patch`` cluster-wide. Not used.
+- **Scale up, evict, scale down** (this module): the pod leaves through the Eviction API like every other
+  pod of the drain (budgets honoured, grace cut to the instance's end), and the rights are the Deployment's
+  alone. When the ReplicaSet sees the evicted pod go before the scale-down reaches it, it may create one
+  more pod, which the scale-down removes at once (the ReplicaSet deletes a pending or unready pod first:
+  "ReplicaSet", https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#scaling-a-replicaset).
+
+What it leaves behind: nothing once the drain ends. While it runs, the Deployment carries ``spec.replicas``
+one higher and the annotation :data:`SURGE_RECORD_ANNOTATION` (JSON: pod uid → pod name, one entry per surge in
+progress), written in the same request (a merge patch with the read ``resourceVersion`` as a precondition, so
+concurrent surges of one Deployment, from two drains or two replicas, count exactly). The record is how a
+surge interrupted by a SIGKILL is taken back: the drain of the redelivered message finds its pod's entry and
+does not scale again, and any later surge of the Deployment removes the entries whose pods are gone, with
+the replicas they added. A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the
+Deployment out of sync while a surge lasts; with self-heal it scales back at once, the replacement never
+becomes available, and the pod is evicted when time runs short (``not-ready``): exclude ``spec.replicas`` from
+its comparison, as for a HorizontalPodAutoscaler.
+
+What it does not do: a Deployment whose replica count a HorizontalPodAutoscaler owns (any autoscaling/v2 HPA
+of the namespace whose ``scaleTargetRef`` names it) is not scaled, since the autoscaler would undo it at its
+next sync: the pod is evicted (``autoscaled``). StatefulSets cannot surge: a StatefulSet's replacement pod has
+the same name and identity as the pod it replaces and cannot run beside it; their pods (and any pod not of a
+Deployment) are evicted and reported once per workload.
+
+Metric: ``queue_processor_surges_total{result}`` (:class:`~queue_processor.outcomes.SurgeResult`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from queue_processor.kube import KubeClient
+from queue_processor.outcomes import KubeError, SurgeResult
+
+__all__ = [
+    "SURGE_LEAST_S",
+    "SURGE_RECORD_ANNOTATION",
+    "SURGE_WRITE_ATTEMPTS",
+    "Surge",
+    "Surges",
+    "autoscaled",
+    "label_selector",
+    "recorded_surges",
+    "selects",
+]
+
+#: The Deployment annotation that records the surges in progress: JSON ``{"<pod uid>": "<pod name>"}``.
+SURGE_RECORD_ANNOTATION = "queue-processor/surge"
+
+#: A surge starts only when the pod's eviction can wait at least this long (seconds) for the replacement, on
+#: top of the Deployment's ``minReadySeconds``: less is not enough to schedule a pod and pass a readiness probe.
+SURGE_LEAST_S = 10.0
+
+#: Attempts of one read-modify-write of a Deployment, each after a 409 Conflict (another writer first).
+SURGE_WRITE_ATTEMPTS = 8
+
+log = structlog.get_logger("queue_processor.drain")
+
+Obj = dict[str, Any]
+
+
+def recorded_surges(deployment: Mapping[str, Any]) -> dict[str, str]:
+    """The surges in progress that ``deployment``'s :data:`SURGE_RECORD_ANNOTATION` records (pod uid → pod
+    name); empty when absent or unreadable (never raises)."""
+    metadata = deployment.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    text = annotations.get(SURGE_RECORD_ANNOTATION) if isinstance(annotations, Mapping) else None
+    try:
+        record = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {str(uid): str(name) for uid, name in record.items()}
+
+
+def label_selector(selector: Mapping[str, Any]) -> str:
+    """A ``metav1.LabelSelector`` (``matchLabels``, ``matchExpressions``) as the ``labelSelector`` query of a
+    list ("Labels and Selectors", https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/)."""
+    terms = [f"{key}={value}" for key, value in sorted((selector.get("matchLabels") or {}).items())]
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression.get("key"), expression.get("operator")
+        values = ",".join(expression.get("values") or [])
+        terms.append(
+            {
+                "In": f"{key} in ({values})",
+                "NotIn": f"{key} notin ({values})",
+                "Exists": f"{key}",
+                "DoesNotExist": f"!{key}",
+            }.get(str(operator), f"{key}")
+        )
+    return ",".join(terms)
+
+
+def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a ``metav1.LabelSelector`` selects a pod with ``labels`` (an empty selector selects nothing,
+    as for a Deployment, whose selector may not be empty)."""
+    match = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match and not expressions:
+        return False
+    if any(labels.get(key) != value for key, value in match.items()):
+        return False
+    for expression in expressions:
+        key, operator, values = (
+            expression.get("key"),
+            expression.get("operator"),
+            expression.get("values") or [],
+        )
+        present = key in labels
+        ok = {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels.get(key) not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }.get(str(operator), False)
+        if not ok:
+            return False
+    return True
+
+
+def autoscaled(hpas: Sequence[Mapping[str, Any]], deployment: str) -> bool:
+    """Whether one of ``hpas`` (a namespace's HorizontalPodAutoscalers) scales the Deployment ``deployment``."""
+    for hpa in hpas:
+        target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+        if target.get("kind") == "Deployment" and target.get("name") == deployment:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Surge:
+    """A surge in progress: Deployment ``namespace/deployment`` carries one replica more for the pod ``uid``
+    (``name``), and is ready for the pod's eviction once ``status.availableReplicas`` reaches ``target`` and its
+    controller has seen the scale-up (``status.observedGeneration`` at least ``generation``)."""
+
+    namespace: str
+    deployment: str
+    uid: str
+    name: str
+    target: int
+    generation: int
+    min_ready_s: float = 0.0
+
+
+class Surges:
+    """The Deployment side of replacement before eviction, through a :class:`KubeClient`: :meth:`start` scales
+    up (and takes back the surges a killed process left behind), :meth:`ready` says whether the replacement is
+    available, :meth:`end` scales back down."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+
+    async def start(
+        self, namespace: str, deployment: str, name: str, uid: str, labels: Mapping[str, str]
+    ) -> Surge | SurgeResult:
+        """Scale ``namespace/deployment`` one replica up for pod ``name`` (``uid``, ``labels``), recording it:
+        the :class:`Surge`, or why not (:attr:`SurgeResult.AUTOSCALED`; :attr:`SurgeResult.UNAVAILABLE` when the
+        Deployment is gone, does not select the pod, or cannot be read or written). A pod recorded already (the
+        drain of a redelivered message after a restart) is not scaled for twice. Never raises
+        :class:`KubeError`."""
+        try:
+            return await self._start(namespace, deployment, name, uid, labels)
+        except KubeError as exc:
+            log.warning(
+                "surge: the Deployment cannot be scaled: evicted without a replacement first",
+                deployment=f"{namespace}/{deployment}",
+                pod=f"{namespace}/{name}",
+                error=str(exc),
+            )
+            return SurgeResult.UNAVAILABLE
+
+    async def _start(
+        self, namespace: str, deployment: str, name: str, uid: str, labels: Mapping[str, str]
+    ) -> Surge | SurgeResult:
+        checked = False
+        for attempt in range(SURGE_WRITE_ATTEMPTS):
+            current = await self.kube.get_deployment(namespace, deployment)
+            spec = (current or {}).get("spec") or {}
+            if current is None or not selects(spec.get("selector") or {}, labels):
+                log.warning(
+                    "surge: the pod's Deployment is not there: evicted without a replacement first",
+                    deployment=f"{namespace}/{deployment}",
+                    pod=f"{namespace}/{name}",
+                )
+                return SurgeResult.UNAVAILABLE
+            if not checked:
+                if autoscaled(await self.kube.list_hpas(namespace), deployment):
+                    return SurgeResult.AUTOSCALED
+                checked = True
+            record = recorded_surges(current)
+            replicas = int(spec.get("replicas", 1))
+            available = int((current.get("status") or {}).get("availableReplicas") or 0)
+            stale = await self._stale(namespace, spec, record, keep=uid)
+            for gone in stale:
+                del record[gone]
+            added = 0 if uid in record else 1
+            record[uid] = name
+            if added == 0 and not stale:
+                # recorded before (a redelivered message's drain): wait for what that surge asked for
+                return self._surge(current, namespace, deployment, uid, name, replicas, replicas)
+            wanted = max(0, replicas - len(stale)) + added
+            patch = {
+                "metadata": {
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                    "annotations": {SURGE_RECORD_ANNOTATION: json.dumps(record, sort_keys=True)},
+                },
+                "spec": {"replicas": wanted},
+            }
+            try:
+                written = await self.kube.patch_deployment(namespace, deployment, patch)
+            except KubeError as exc:
+                if exc.status != 409 or attempt == SURGE_WRITE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                continue
+            if stale:
+                log.info(
+                    "surge: took back the replicas of surges whose pods are gone",
+                    deployment=f"{namespace}/{deployment}",
+                    pods=sorted(stale.values()),
+                )
+            target = available + 1 if added else wanted
+            log.info(
+                "surge: scaled up for a replacement before eviction",
+                deployment=f"{namespace}/{deployment}",
+                pod=f"{namespace}/{name}",
+                replicas=wanted,
+                available_before=available,
+            )
+            return self._surge(written, namespace, deployment, uid, name, wanted, target)
+        return SurgeResult.UNAVAILABLE  # pragma: no cover - the loop returns or raises
+
+    @staticmethod
+    def _surge(
+        deployment: Obj, namespace: str, name: str, uid: str, pod: str, replicas: int, target: int
+    ) -> Surge:
+        spec = deployment.get("spec") or {}
+        return Surge(
+            namespace=namespace,
+            deployment=name,
+            uid=uid,
+            name=pod,
+            target=min(target, replicas),
+            generation=int((deployment.get("metadata") or {}).get("generation") or 0),
+            min_ready_s=float(spec.get("minReadySeconds") or 0),
+        )
+
+    async def _stale(
+        self, namespace: str, spec: Mapping[str, Any], record: Mapping[str, str], *, keep: str
+    ) -> dict[str, str]:
+        """The entries of ``record`` (but ``keep``) whose pods are gone: surges whose take-back never came."""
+        others = {uid: pod for uid, pod in record.items() if uid != keep}
+        if not others:
+            return {}
+        pods = await self.kube.pods_selected(namespace, label_selector(spec.get("selector") or {}))
+        present = {str((pod.get("metadata") or {}).get("uid")) for pod in pods}
+        return {uid: pod for uid, pod in others.items() if uid not in present}
+
+    async def ready(self, surge: Surge) -> bool:
+        """Whether the Deployment has the available replicas ``surge`` waits for, as its controller reports
+        after seeing the scale-up. ``False`` when it cannot be read (never raises :class:`KubeError`)."""
+        try:
+            current = await self.kube.get_deployment(surge.namespace, surge.deployment)
+        except KubeError:
+            return False
+        if current is None:
+            return False
+        status = current.get("status") or {}
+        observed = int(status.get("observedGeneration") or 0)
+        return observed >= surge.generation and int(status.get("availableReplicas") or 0) >= surge.target
+
+    async def end(self, surge: Surge) -> bool:
+        """Take back the replica ``surge`` added, and its record entry, in one write: ``True`` when this call
+        did (``False`` when the entry is gone already: another replica's later surge took it back, or the
+        Deployment is gone). A failure is logged and left to the record (never raises :class:`KubeError`)."""
+        try:
+            for attempt in range(SURGE_WRITE_ATTEMPTS):
+                current = await self.kube.get_deployment(surge.namespace, surge.deployment)
+                record = recorded_surges(current) if current is not None else {}
+                if current is None or surge.uid not in record:
+                    return False
+                del record[surge.uid]
+                replicas = int((current.get("spec") or {}).get("replicas", 1))
+                patch = {
+                    "metadata": {
+                        "resourceVersion": current["metadata"]["resourceVersion"],
+                        "annotations": {
+                            SURGE_RECORD_ANNOTATION: json.dumps(record, sort_keys=True) if record else None
+                        },
+                    },
+                    "spec": {"replicas": max(0, replicas - 1)},
+                }
+                try:
+                    await self.kube.patch_deployment(surge.namespace, surge.deployment, patch)
+                except KubeError as exc:
+                    if exc.status != 409 or attempt == SURGE_WRITE_ATTEMPTS - 1:
+                        raise
+                    await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                    continue
+                log.info(
+                    "surge: scaled back down",
+                    deployment=f"{surge.namespace}/{surge.deployment}",
+                    pod=f"{surge.namespace}/{surge.name}",
+                    replicas=max(0, replicas - 1),
+                )
+                return True
+        except KubeError as exc:
+            log.error(
+                "surge: the Deployment could not be scaled back: the record on it is taken back by its next "
+                "surge",
+                deployment=f"{surge.namespace}/{surge.deployment}",
+                pod=f"{surge.namespace}/{surge.name}",
+                error=str(exc),
+            )
+        return False
