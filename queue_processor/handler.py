@@ -81,7 +81,6 @@ from queue_processor.observe.events import (
     POD_EVICTION,
     PRE_DRAIN,
     RECEIVED_REASONS,
-    UNKNOWN_DRAIN_POLICY,
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -479,9 +478,9 @@ class Handler(Steps):
             reason, text = POD_DELETED_AT_DEADLINE
             await recorder.record_pod(namespace, name, reason, text.format(node=node), warning=True)
 
-        async def noticed(namespace: str, name: str, message: str) -> None:
+        async def noticed(namespace: str, name: str, reason: str, message: str) -> None:
             assert recorder is not None
-            await recorder.record_pod(namespace, name, UNKNOWN_DRAIN_POLICY, message, warning=True)
+            await recorder.record_pod(namespace, name, reason, message, warning=True)
 
         try:
             result = await self.drainer.drain(

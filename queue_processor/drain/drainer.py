@@ -40,6 +40,7 @@ from queue_processor.drain.order import (
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
+from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, SurgeResult
 
@@ -519,7 +520,7 @@ class Drainer:
         guard: Callable[[], Awaitable[None]] | None = None,
         evicted: Callable[[str, str], Awaitable[None]] | None = None,
         deleted: Callable[[str, str], Awaitable[None]] | None = None,
-        noticed: Callable[[str, str, str], Awaitable[None]] | None = None,
+        noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
         """Evict the node's pods and wait until they are gone, or until the deadline (a ``clock`` reading, or
         the :class:`DrainBounds` of an operation whose bounds may tighten while it drains). Waits for a
@@ -530,9 +531,10 @@ class Drainer:
         before it is deleted. ``guard`` is awaited before every eviction request: it raises to stop the drain
         (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`);
         ``evicted(namespace, name)`` after each eviction the API server accepted, ``deleted(namespace, name)``
-        after each deletion at the deadline, ``noticed(namespace, name, message)`` for the first pod of each
-        workload whose ``queue-processor/drain`` annotation names no policy, once per workload and value in
-        this process's life (they must not raise). Raises :class:`KubeError` when the pods
+        after each deletion at the deadline, ``noticed(namespace, name, reason, message)`` for the first pod of each
+        workload whose ``queue-processor/drain`` annotation cannot be followed (``reason``: the Event reason,
+        ``UnknownDrainPolicy`` or ``SurgeNotPossible``), once per workload and value in this process's life
+        (they must not raise). Raises :class:`KubeError` when the pods
         cannot be listed, and whatever ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
         async with self.budget:
@@ -551,7 +553,7 @@ class Drainer:
         guard: Callable[[], Awaitable[None]] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None,
         deleted: Callable[[str, str], Awaitable[None]] | None,
-        noticed: Callable[[str, str, str], Awaitable[None]] | None = None,
+        noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
         """Plan (pure), execute, summarise (pure)."""
         drain_id = uuid.uuid4().hex[:12]
@@ -567,7 +569,7 @@ class Drainer:
         return summarise(planned, done, drain_id)
 
     async def _report(
-        self, notices: list[PolicyNotice], noticed: Callable[[str, str, str], Awaitable[None]] | None
+        self, notices: list[PolicyNotice], noticed: Callable[[str, str, str, str], Awaitable[None]] | None
     ) -> None:
         """Report once per workload and value a drain policy that cannot be followed (a warning, and
         ``noticed``)."""
@@ -596,7 +598,8 @@ class Drainer:
                 line, workload=notice.workload, pod=f"{notice.namespace}/{notice.name}", value=notice.value
             )
             if noticed is not None:
-                await noticed(notice.namespace, notice.name, message)
+                reason = UNKNOWN_DRAIN_POLICY if notice.why == "unknown" else SURGE_NOT_POSSIBLE
+                await noticed(notice.namespace, notice.name, reason, message)
 
     async def _execute(
         self,
@@ -768,20 +771,28 @@ class Drainer:
     ) -> Surge | None:
         """Replacement before eviction (:mod:`queue_processor.drain.surge`): scale the pod's Deployment one
         replica up and wait until it has one more available replica, until the moment the eviction must start
-        for the pod's grace period (cut to the instance's end) to end before the drain's last moment
-        (:meth:`DrainBounds.final`, less :data:`WAVE_PAD_S`; read again at each poll). A surge starts only when
+        for the pod's grace period to end before the drain's last moment (:meth:`DrainBounds.final`, less
+        :data:`WAVE_PAD_S`): the grace it would be given when the surge starts (its own, or cut to end
+        GRACE_DEADLINE_MARGIN before the instance), planned again only when the bounds tighten. A surge starts only when
         that moment leaves the Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` more. The surge to take
         back once the pod's eviction has ended (kept when the replacement is late: the pod is evicted anyway,
         and the extra replica stays until then), or ``None`` when none was started; the observer is told how
         it went. Raises what ``guard`` raises."""
         namespace, name = entry.key
+        graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
 
         def evict_by() -> float:
-            final = bounds.final(self.timing)[0]
-            end = bounds.instance_end
-            until_end = None if end is None else end - self.clock()
-            grace = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)[0]
-            return final - grace - WAVE_PAD_S
+            # The grace the pod would get if evicted now, fixed when the surge starts and again only when the
+            # bounds tighten: read again at every poll, it would shrink as the end nears (cut to it) and let
+            # the wait eat the pod's graceful termination.
+            if bounds.version not in graces:
+                end = bounds.instance_end
+                until_end = None if end is None else end - self.clock()
+                graces.clear()
+                graces[bounds.version] = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)[
+                    0
+                ]
+            return bounds.final(self.timing)[0] - graces[bounds.version] - WAVE_PAD_S
 
         def fallback(result: SurgeResult, why: str) -> None:
             self.observer.surge(result)

@@ -31,6 +31,7 @@ __all__ = [
     "POST_DRAIN",
     "PRE_DRAIN",
     "RECEIVED_REASONS",
+    "SURGE_NOT_POSSIBLE",
     "UNKNOWN_DRAIN_POLICY",
     "NodeEventRecorder",
 ]
@@ -65,6 +66,9 @@ POD_EVICTION = ("PodEviction", "Pod evicted due to node drain (node {node})")
 #: On a pod (Warning), the first of its workload whose ``queue-processor/drain`` annotation names no policy:
 #: ours. The message says which value and what is done instead.
 UNKNOWN_DRAIN_POLICY = "UnknownDrainPolicy"
+#: On a pod (Warning), the first of its workload annotated ``queue-processor/drain: surge`` where a surge cannot
+#: be made (SURGE_DRAINS off, a pod that is not a Deployment's): ours. The message says why.
+SURGE_NOT_POSSIBLE = "SurgeNotPossible"
 #: On a pod (Warning), once DELETE_AT_DEADLINE deleted it: ours, NTH has no such step.
 POD_DELETED_AT_DEADLINE = (
     "PodDeletedAtDeadline",

@@ -123,7 +123,8 @@ async def test_a_pod_annotated_last_outlives_the_nodes_other_pods_and_an_unknown
         if name == "agent":
             left_when_agent_went.append(names_on(await kube.pods_on_node(node), namespace) - {"agent"})
 
-    async def notice(pod_namespace: str, name: str, message: str) -> None:
+    async def notice(pod_namespace: str, name: str, reason: str, message: str) -> None:
+        assert reason == "UnknownDrainPolicy"
         noticed.append((f"{pod_namespace}/{name}", message))
 
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(order=order))

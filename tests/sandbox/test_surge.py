@@ -131,7 +131,8 @@ async def test_without_surge_drains_the_annotation_is_reported_and_the_budget_ho
     assert await drainer.cordon(node)
     notices: list[str] = []
 
-    async def noticed(_: str, name: str, message: str) -> None:
+    async def noticed(_: str, name: str, reason: str, message: str) -> None:
+        assert reason == "SurgeNotPossible"
         notices.append(message)
 
     result = await drainer.drain(node, drainer.clock() + 4, noticed=noticed)

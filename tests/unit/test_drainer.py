@@ -168,7 +168,8 @@ async def test_an_unknown_drain_policy_is_reported_once_per_workload_and_the_pod
     drainer = Drainer(kube, DrainOptions(), budget=2)  # type: ignore[arg-type]
     noticed: list[tuple[str, str, str]] = []
 
-    async def notice(namespace: str, name: str, message: str) -> None:
+    async def notice(namespace: str, name: str, reason: str, message: str) -> None:
+        assert reason == "UnknownDrainPolicy"
         noticed.append((namespace, name, message))
 
     for node in ("node-a", "node-b"):

@@ -1,0 +1,404 @@
+"""Replacement before eviction, the Deployment side (:mod:`queue_processor.drain.surge`) and its place in a drain,
+with a small fake API server whose Deployment keeps a resourceVersion (409 on a stale one) and reports the
+available replicas a test sets. What the real Deployment and ReplicaSet controllers do with the scale-up is
+judged on the real control plane (tests/sandbox/test_surge.py); the emulation, which serves no Deployments, is
+checked here to fall back to eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queue_processor.drain.drainer import Drainer, DrainTiming
+from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.order import DRAIN_POLICY_ANNOTATION
+from queue_processor.drain.surge import (
+    SURGE_RECORD_ANNOTATION,
+    Surge,
+    Surges,
+    autoscaled,
+    label_selector,
+    recorded_surges,
+    selects,
+)
+from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.observe.metrics import Metrics
+from queue_processor.outcomes import KubeError, SurgeResult
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.kube import KubeSandbox
+from tests.unit.test_handler import NODE, FakeKube
+
+LABELS = {"app": "web"}
+
+
+class Cluster(FakeKube):
+    """One Deployment ``apps/web`` (``replicas``; ``available`` set by the test) and HorizontalPodAutoscalers;
+    ``conflicts`` answers that many writes 409 first, as another writer would."""
+
+    def __init__(self, replicas: int = 1) -> None:
+        super().__init__()
+        self.deployment: dict[str, Any] | None = {
+            "metadata": {"name": "web", "namespace": "apps", "generation": 1, "annotations": {}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": dict(LABELS)}},
+            "status": {"observedGeneration": 1, "availableReplicas": replicas},
+        }
+        self._bump(self.deployment)
+        self.hpas: list[dict[str, Any]] = []
+        self.conflicts = 0
+        self.writes = 0
+        self.refuse: int | None = None  # an HTTP status every Deployment request gets
+        self.written = asyncio.Event()
+
+    def add_surge_pod(self, name: str, node: str = NODE, uid: str | None = None) -> None:
+        self.add_pod(name, node)
+        pod = self.pods[-1]
+        pod["metadata"]["uid"] = uid or f"uid-{name}"
+        pod["metadata"]["labels"] = {**LABELS, "pod-template-hash": "abc12"}
+        pod["metadata"]["annotations"] = {DRAIN_POLICY_ANNOTATION: "surge"}
+        pod["metadata"]["ownerReferences"][0]["name"] = "web-abc12"
+
+    async def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.refuse:
+            raise KubeError(self.refuse, "Forbidden", "deployments is forbidden")
+        if self.deployment is None or (namespace, name) != ("apps", "web"):
+            return None
+        return copy.deepcopy(self.deployment)
+
+    async def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        assert self.deployment is not None
+        if patch["metadata"]["resourceVersion"] != self.deployment["metadata"]["resourceVersion"]:
+            raise KubeError(409, "Conflict", "the object has been modified")
+        if self.conflicts:
+            self.conflicts -= 1
+            self._bump(self.deployment)  # another writer came first
+            raise KubeError(409, "Conflict", "the object has been modified")
+        self.writes += 1
+        self.written.set()
+        for key, value in patch["metadata"].get("annotations", {}).items():
+            if value is None:
+                self.deployment["metadata"]["annotations"].pop(key, None)
+            else:
+                self.deployment["metadata"]["annotations"][key] = value
+        if patch["spec"]["replicas"] != self.deployment["spec"]["replicas"]:
+            self.deployment["metadata"]["generation"] += 1
+        self.deployment["spec"]["replicas"] = patch["spec"]["replicas"]
+        self._bump(self.deployment)
+        return copy.deepcopy(self.deployment)
+
+    async def list_hpas(self, namespace: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.hpas)
+
+    async def pods_selected(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        assert label_selector == "app=web"
+        return [
+            copy.deepcopy(p) for p in self.pods if (p["metadata"].get("labels") or {}).get("app") == "web"
+        ]
+
+    def becomes_available(self) -> None:
+        """The controllers caught up: observed the newest generation, every replica available."""
+        assert self.deployment is not None
+        status = self.deployment["status"]
+        status["observedGeneration"] = self.deployment["metadata"]["generation"]
+        status["availableReplicas"] = self.deployment["spec"]["replicas"]
+
+    @property
+    def replicas(self) -> int:
+        assert self.deployment is not None
+        return int(self.deployment["spec"]["replicas"])
+
+    @property
+    def record(self) -> dict[str, str]:
+        assert self.deployment is not None
+        return recorded_surges(self.deployment)
+
+
+# --- pure ---------------------------------------------------------------------------------------------------
+
+
+def test_a_label_selector_becomes_the_query_a_list_takes() -> None:
+    selector = {
+        "matchLabels": {"tier": "web", "app": "shop"},
+        "matchExpressions": [
+            {"key": "env", "operator": "In", "values": ["prod", "staging"]},
+            {"key": "canary", "operator": "DoesNotExist"},
+            {"key": "team", "operator": "Exists"},
+            {"key": "zone", "operator": "NotIn", "values": ["a"]},
+        ],
+    }
+    assert label_selector(selector) == "app=shop,tier=web,env in (prod,staging),!canary,team,zone notin (a)"
+
+
+def test_selects_matches_labels_and_expressions_and_an_empty_selector_selects_nothing() -> None:
+    selector = {
+        "matchLabels": {"app": "web"},
+        "matchExpressions": [{"key": "env", "operator": "In", "values": ["p"]}],
+    }
+    assert selects(selector, {"app": "web", "env": "p", "x": "y"})
+    assert not selects(selector, {"app": "web", "env": "q"})
+    assert not selects(selector, {"env": "p"})
+    assert not selects({}, {"app": "web"})
+    assert selects({"matchExpressions": [{"key": "canary", "operator": "DoesNotExist"}]}, {"app": "web"})
+    assert not selects({"matchExpressions": [{"key": "a", "operator": "Bogus"}]}, {"a": "b"})
+
+
+def test_an_autoscaler_counts_only_when_it_targets_the_deployment() -> None:
+    hpa = {"spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}}}
+    assert autoscaled([hpa], "web")
+    assert not autoscaled([hpa], "api")
+    assert not autoscaled([{"spec": {"scaleTargetRef": {"kind": "StatefulSet", "name": "web"}}}], "web")
+    assert not autoscaled([{}], "web")
+
+
+@pytest.mark.parametrize("text", [None, "", "not json", "[1, 2]", "7"])
+def test_an_unreadable_record_reads_as_none(text: str | None) -> None:
+    annotations = {} if text is None else {SURGE_RECORD_ANNOTATION: text}
+    assert recorded_surges({"metadata": {"annotations": annotations}}) == {}
+
+
+# --- the Deployment side -----------------------------------------------------------------------------------
+
+
+async def test_a_surge_scales_up_records_the_pod_and_is_taken_back() -> None:
+    kube = Cluster()
+    surges = Surges(kube)  # type: ignore[arg-type]
+    surge = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    assert isinstance(surge, Surge)
+    assert (kube.replicas, kube.record) == (2, {"uid-0": "web-0"})
+    assert not await surges.ready(surge)  # the controller has not seen the new generation yet
+    kube.becomes_available()
+    assert await surges.ready(surge)
+    assert await surges.end(surge)
+    assert kube.replicas == 1
+    assert kube.deployment is not None
+    assert SURGE_RECORD_ANNOTATION not in kube.deployment["metadata"]["annotations"]  # nothing left behind
+    assert not await surges.end(surge)  # taken back once
+
+
+async def test_a_conflict_is_read_again_and_two_surges_of_one_deployment_count_exactly() -> None:
+    kube = Cluster(replicas=3)
+    kube.add_surge_pod("web-0", uid="uid-0")
+    kube.add_surge_pod("web-1", uid="uid-1")
+    surges = Surges(kube)  # type: ignore[arg-type]
+    kube.conflicts = 2
+    first = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    second = await surges.start("apps", "web", "web-1", "uid-1", LABELS)
+    assert isinstance(first, Surge)
+    assert isinstance(second, Surge)
+    assert kube.replicas == 5
+    kube.conflicts = 1
+    assert await surges.end(second)
+    assert await surges.end(first)
+    assert (kube.replicas, kube.record) == (3, {})
+
+
+async def test_a_pod_recorded_before_is_not_scaled_for_again() -> None:
+    """The drain of a message redelivered after a SIGKILL mid-surge: the record names the pod already."""
+    kube = Cluster()
+    surges = Surges(kube)  # type: ignore[arg-type]
+    await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    writes = kube.writes
+    again = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    assert isinstance(again, Surge)
+    assert (kube.replicas, kube.writes, again.target) == (2, writes, 2)
+
+
+async def test_surges_whose_pods_are_gone_are_taken_back_with_the_next() -> None:
+    kube = Cluster(replicas=3)  # 1 wanted, 2 added by surges whose take-back never came
+    kube.add_surge_pod("web-live", uid="uid-live")
+    assert kube.deployment is not None
+    kube.deployment["metadata"]["annotations"][SURGE_RECORD_ANNOTATION] = json.dumps(
+        {"uid-gone-1": "web-gone-1", "uid-gone-2": "web-gone-2"}
+    )
+    surge = await Surges(kube).start("apps", "web", "web-live", "uid-live", LABELS)  # type: ignore[arg-type]
+    assert isinstance(surge, Surge)
+    assert (kube.replicas, kube.record) == (2, {"uid-live": "web-live"})
+
+
+@pytest.mark.parametrize(
+    ("setup", "result"),
+    [
+        ("gone", SurgeResult.UNAVAILABLE),
+        ("other-selector", SurgeResult.UNAVAILABLE),
+        ("forbidden", SurgeResult.UNAVAILABLE),
+        ("autoscaled", SurgeResult.AUTOSCALED),
+    ],
+)
+async def test_a_deployment_that_cannot_surge_is_left_as_it_is(setup: str, result: SurgeResult) -> None:
+    kube = Cluster()
+    if setup == "gone":
+        kube.deployment = None
+    elif setup == "other-selector":
+        assert kube.deployment is not None
+        kube.deployment["spec"]["selector"] = {"matchLabels": {"app": "api"}}
+    elif setup == "forbidden":
+        kube.refuse = 403
+    else:
+        kube.hpas = [{"spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}}}]
+    assert await Surges(kube).start("apps", "web", "web-0", "uid-0", LABELS) == result  # type: ignore[arg-type]
+    assert kube.writes == 0
+
+
+@given(st.lists(st.sampled_from(["start", "end", "conflict"]), max_size=30), st.integers(0, 4))
+async def test_any_interleaving_of_surges_ends_with_the_count_it_began_with(
+    steps: list[str], replicas: int
+) -> None:
+    """Surges of several pods of one Deployment, started and ended in any order, some writes losing to another
+    writer: once every one has ended, the Deployment has the replicas it began with and no record."""
+    kube = Cluster(replicas=replicas)
+    surges = Surges(kube)  # type: ignore[arg-type]
+    live: list[Surge] = []
+    for index, step in enumerate(steps):
+        if step == "conflict":
+            kube.conflicts += 1
+        elif step == "start":
+            kube.add_surge_pod(f"web-{index}", uid=f"uid-{index}")
+            started = await surges.start("apps", "web", f"web-{index}", f"uid-{index}", LABELS)
+            assert isinstance(started, Surge)
+            live.append(started)
+        elif live:
+            await surges.end(live.pop(0))
+        assert kube.replicas == replicas + len(live)
+    kube.conflicts = 0
+    await asyncio.gather(*(surges.end(surge) for surge in live))
+    assert (kube.replicas, kube.record) == (replicas, {})
+
+
+# --- in a drain ---------------------------------------------------------------------------------------------
+
+
+def a_drain(replicas: int = 1) -> tuple[Cluster, Drainer, Metrics, list[float]]:
+    kube = Cluster(replicas)
+    kube.add_node()
+    kube.add_surge_pod("web-0")
+    metrics = Metrics(process_metrics=False)
+    now = [100.0]
+    drainer = Drainer(
+        kube,  # type: ignore[arg-type]
+        DrainOptions(),
+        budget=1,
+        timing=DrainTiming(surge=True),
+        observer=metrics,
+        clock=lambda: now[0],
+    )
+    return kube, drainer, metrics, now
+
+
+def surges_counted(metrics: Metrics) -> dict[str, float]:
+    return {
+        result.value: value
+        for result in SurgeResult
+        if (value := metrics.registry.get_sample_value("queue_processor_surges_total", {"result": result}))
+    }
+
+
+async def test_the_pod_is_evicted_only_once_the_replacement_is_available() -> None:
+    kube, drainer, metrics, now = a_drain()
+    replicas_at_eviction: list[int] = []
+    checks = 0
+
+    async def on_evict(_: str) -> None:
+        replicas_at_eviction.append(kube.replicas)
+
+    kube.on_evict = on_evict
+    original = kube.get_deployment
+
+    async def get_deployment(namespace: str, name: str) -> dict[str, Any] | None:
+        nonlocal checks
+        checks += 1
+        if checks == 4:  # the third readiness check finds the replacement available
+            kube.becomes_available()
+        return await original(namespace, name)
+
+    kube.get_deployment = get_deployment  # type: ignore[method-assign]
+    result = await drainer.drain(NODE, now[0] + 120, instance_end=now[0] + 120)
+    assert result.completed
+    assert kube.evicted == ["web-0"]
+    assert replicas_at_eviction == [2]
+    assert (kube.replicas, kube.record) == (1, {})
+    assert surges_counted(metrics) == {"surged": 1}
+
+
+async def test_a_replacement_that_is_not_available_in_time_does_not_keep_the_pod() -> None:
+    """The surge waits until the pod's eviction must start for its grace period to end before the drain's end,
+    then evicts anyway (the extra replica stays until the pod's eviction is accepted)."""
+    kube, drainer, metrics, now = a_drain()
+
+    async def sleep_advances(seconds: float) -> bool:
+        now[0] += max(seconds, 0.25)
+        await asyncio.sleep(0)
+        return False
+
+    replicas_at_eviction: list[int] = []
+    evicted_at: list[float] = []
+
+    async def on_evict(_: str) -> None:
+        replicas_at_eviction.append(kube.replicas)
+        evicted_at.append(now[0])
+
+    kube.on_evict = on_evict
+    from queue_processor.drain import drainer as drainer_module
+
+    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
+    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    result = await drainer.drain(NODE, bounds)
+    assert result.completed
+    assert replicas_at_eviction == [2]
+    # it waited until the pod's 30 s grace and the 2 s pad were all that was left before the drain's end
+    assert 100 + 60 - 30 - 2 <= evicted_at[0] <= 100 + 60 - 30, evicted_at
+    assert (kube.replicas, kube.record) == (1, {})
+    assert surges_counted(metrics) == {"not-ready": 1}
+
+
+async def test_a_short_notice_evicts_without_a_surge() -> None:
+    kube, drainer, metrics, now = a_drain()
+    result = await drainer.drain(NODE, now[0] + 20, instance_end=now[0] + 20)  # 20 s: grace 10 s + pad + 10 s
+    assert result.completed
+    assert (kube.writes, kube.evicted) == (0, ["web-0"])
+    assert surges_counted(metrics) == {"no-time": 1}
+
+
+async def test_a_drain_cancelled_while_it_waits_takes_the_replica_back() -> None:
+    kube, drainer, _, now = a_drain()
+    drain = asyncio.create_task(drainer.drain(NODE, now[0] + 120, instance_end=now[0] + 120))
+    await kube.written.wait()  # scaled up; waiting for the replacement
+    drain.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drain
+    assert (kube.replicas, kube.record, kube.evicted) == (1, {}, [])
+
+
+async def test_on_the_emulation_which_serves_no_deployments_the_pod_is_evicted(tmp_path: Path) -> None:
+    """A Deployment's pod as its ReplicaSet names and labels it; the Deployment answers 404 (``unavailable``)."""
+    with KubeSandbox(SandboxClock(1.0)) as sandbox:
+        sandbox.add_node("node-a")
+        labels = {"app": "web", "pod-template-hash": "abc12"}
+        (pod,) = sandbox.add_replicaset(
+            "apps", "web-abc12", nodes=["node-a"], replicas=1, labels=labels, grace_s=1
+        )
+        kube = KubeClient(load_api_client(str(sandbox.kubeconfig(tmp_path / "kubeconfig"))))
+        try:
+            annotate = {"metadata": {"annotations": {DRAIN_POLICY_ANNOTATION: "surge"}}}
+            await kube.request(
+                "PATCH",
+                f"/api/v1/namespaces/apps/pods/{pod}",
+                body=annotate,
+                content_type="application/merge-patch+json",
+            )
+            metrics = Metrics(process_metrics=False)
+            drainer = Drainer(
+                kube, DrainOptions(), budget=1, timing=DrainTiming(surge=True), observer=metrics
+            )
+            end = drainer.clock() + 60
+            result = await drainer.drain("node-a", end, instance_end=end)
+        finally:
+            kube.close()
+    assert result.completed
+    assert result.evicted == 1
+    assert surges_counted(metrics) == {"unavailable": 1}
