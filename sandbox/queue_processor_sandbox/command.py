@@ -25,7 +25,7 @@ from rich.table import Table
 
 from queue_processor.parse import parse
 from queue_processor_sandbox.control_plane import ControlPlaneError
-from queue_processor_sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
+from queue_processor_sandbox.environment import REAL_ONLY, SCENARIOS, Sandbox, SandboxOptions
 from queue_processor_sandbox.run import Progress, as_expected, judge, run_scenario
 
 __all__ = ["default_timeout_s", "sandbox"]
@@ -121,6 +121,10 @@ def sandbox(
     nodes_drained_twice, evictions_repeated, evictions_denied, last_pods_evicted_early and
     most_draining_at_once (see queue_processor_sandbox.run.judge).
     """
+    if scenario in REAL_ONLY and kubernetes != "real":
+        raise click.UsageError(
+            f"--scenario {scenario} needs --kubernetes real: the emulation serves no Deployments"
+        )
     started = time.monotonic()
     console = Console(stderr=True)
     options = SandboxOptions(nodes=nodes, asgs=asgs, scale=scale)

@@ -43,7 +43,7 @@ CONTROLLER_SERVICE_ACCOUNT = "queue-processor"
 
 KubernetesKind = Literal["emulated", "real"]
 
-__all__ = ["SCENARIOS", "SCENARIO_SETTINGS", "Neighbour", "Sandbox", "SandboxOptions"]
+__all__ = ["REAL_ONLY", "SCENARIOS", "SCENARIO_SETTINGS", "Neighbour", "Sandbox", "SandboxOptions"]
 
 POISON_BODIES = (
     "this is not JSON",
@@ -122,6 +122,10 @@ class Sandbox:
         self._timers: list[threading.Timer] = []
         self._never_ready = 0  # launches whose node never turns Ready (launches_never_ready)
         self._kubelets: list[threading.Event] = []  # kubelet_for watchers, ended by stop()
+        self.ready_replicas: Any = None
+        """The Ready-pod count of the workload a scenario watches (the real backend's
+        :class:`~queue_processor_sandbox.real_kube.ReadyReplicas`), when it watches one: the judge's
+        ``fewest_ready_replicas``."""
 
     def start(self) -> Sandbox:
         """Start both sides, build the cluster, write the kubeconfig and env file."""
@@ -537,6 +541,34 @@ def _drain_policy(sandbox: Sandbox) -> dict[str, Any]:
     return {"interrupted": instance.instance_id, "node": node, "last": ["agent"], "unknown_policy": ["cache"]}
 
 
+def _surge(sandbox: Sandbox) -> dict[str, Any]:
+    """A single-replica Deployment ``checkout`` whose pod template asks for ``queue-processor/drain: surge``,
+    under a PodDisruptionBudget of ``minAvailable: 1``; its node's instance gets a Spot interruption warning.
+    The controller runs with SURGE_DRAINS (``SCENARIO_SETTINGS``). Judged by ``fewest_ready_replicas`` (never
+    under the one it began with) and ``surge_left`` (the Deployment ends as it began). Needs the real control
+    plane: the emulation serves no Deployments (raises ``ValueError`` there)."""
+    kube = sandbox.kube
+    add_deployment = getattr(kube, "add_deployment", None)
+    if add_deployment is None or not hasattr(kube, "track_ready"):
+        raise ValueError("the surge scenario needs --kubernetes real: the emulation serves no Deployments")
+    namespace = sandbox.cluster.namespace
+    labels = {"app": "checkout"}
+    (pod,) = add_deployment(
+        namespace, "checkout", replicas=1, labels=labels, grace_s=10, annotations={_DRAIN: "surge"}
+    )
+    kube.add_pdb(namespace, "checkout", match_labels=labels, min_available=1)
+    (node,) = {p["spec"]["nodeName"] for p in kube.objects("pods") if p["metadata"]["name"] == pod}
+    (instance,) = [i for i in sandbox.instances if i.private_dns_name == node]
+    sandbox.ready_replicas = kube.track_ready(namespace, labels)
+    sandbox.aws.spot_interruption(instance.instance_id)
+    return {
+        "interrupted": instance.instance_id,
+        "node": node,
+        "deployment": f"{namespace}/checkout",
+        "replicas": 1,
+    }
+
+
 def _rebalance_fleet(sandbox: Sandbox) -> dict[str, Any]:
     """A rebalance recommendation for two thirds of the fleet at once (at least two instances). The controller
     runs with DRAIN_BUDGET_NON_URGENT=1 (``SCENARIO_SETTINGS``): they drain one at a time per Auto Scaling
@@ -574,12 +606,18 @@ SCENARIOS: dict[str, Callable[[Sandbox], dict[str, Any]]] = {
     "spot-critical": _spot_critical,
     "drain-policy": _drain_policy,
     "rebalance-fleet": _rebalance_fleet,
+    "surge": _surge,
 }
+
+#: Scenarios that need the real control plane (``--kubernetes real``): the emulation lacks a controller they
+#: need (Deployments, for surge).
+REAL_ONLY = frozenset({"surge"})
 
 #: Settings a scenario runs the controller with, under any the caller gives (field name → value).
 SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {
     "spot-critical": {"delete_at_deadline": True},
     "rebalance-fleet": {"drain_budget_non_urgent": "1"},
+    "surge": {"surge_drains": True},
 }
 
 #: The settings whose RBAC rules (:data:`queue_processor.permissions.KUBERNETES_RULES`) the sandbox's

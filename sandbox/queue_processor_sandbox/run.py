@@ -25,6 +25,7 @@ from queue_processor_sandbox.environment import SCENARIO_SETTINGS, Sandbox
 __all__ = [
     "Progress",
     "as_expected",
+    "deployment_after",
     "drain_figures",
     "judge",
     "last_pods_evicted_early",
@@ -99,7 +100,10 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
       overlapped in time (from each node's first to its last eviction, the API server's times);
     - ``last_pods_evicted_early``: pods annotated ``queue-processor/drain: last`` whose first eviction came
       before the first eviction of an ordinary pod of the same node (no such annotation, no system priority
-      class, ``spec.priority`` under 2,000,000,000): the annotation promises they go last.
+      class, ``spec.priority`` under 2,000,000,000): the annotation promises they go last;
+    - ``fewest_ready_replicas`` (when the scenario watches a workload: surge): the lowest count of its Ready
+      pods (Running, Ready, not terminating) at any change of its pods the API server published, from the
+      scenario's start to now; ``None`` otherwise.
     """
     state = progress_of(sandbox, nodes, started)
     wanted = set(nodes)
@@ -160,6 +164,7 @@ def judge(sandbox: Sandbox, nodes: list[str], started: float) -> dict[str, Any]:
         "evictions_denied": denied,
         "last_pods_evicted_early": last_pods_evicted_early(evictions),
         "most_draining_at_once": most_draining_at_once(sandbox, nodes),
+        "fewest_ready_replicas": None if sandbox.ready_replicas is None else sandbox.ready_replicas.fewest,
         "seconds": state.seconds,
         "progress": asdict(state),
     }
@@ -233,9 +238,26 @@ async def run_scenario(
         "nodes": len(nodes),
         "published": published,
         **judge(sandbox, nodes, started),
+        **(
+            {"deployment_after": deployment_after(sandbox, published["deployment"])}
+            if "deployment" in published
+            else {}
+        ),
         **drain_figures(controllers[0]),
         "heartbeat_tasks_left": heartbeat_tasks,
         "operation_tasks_left": controllers[0].consumer.tasks,
+    }
+
+
+def deployment_after(sandbox: Sandbox, deployment: str) -> dict[str, Any]:
+    """The Deployment ``namespace/name`` a scenario watched, as it ends: ``replicas`` (``spec.replicas``) and
+    whether it still carries a surge record (``surge_record``, the annotation ``queue-processor/surge``)."""
+    namespace, name = deployment.split("/")
+    found = sandbox.kube.get_raw(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")  # type: ignore[attr-defined]
+    assert found is not None, deployment
+    return {
+        "replicas": found["spec"]["replicas"],
+        "surge_record": _SURGE_RECORD in (found["metadata"].get("annotations") or {}),
     }
 
 
@@ -243,7 +265,8 @@ def drain_figures(controller: Controller) -> dict[str, Any]:
     """What the controller's drains did, from its metrics (``queue_processor_drained_pods_total``):
     ``pods_finished_grace`` (evicted pods that had all of their own grace period), ``pods_cut_short`` (given a
     grace period cut to end before the instance), ``pods_killed_mid_grace`` (their own grace period ended after
-    the instance did), ``pods_deleted_at_deadline`` (DELETE_AT_DEADLINE), ``drains`` (ended, any result) and
+    the instance did), ``pods_deleted_at_deadline`` (DELETE_AT_DEADLINE), ``pods_surged`` (SURGE_DRAINS: evicted
+    once their replacement was available), ``drains`` (ended, any result) and
     ``drain_seconds_mean``."""
     registry = controller.metrics.registry
 
@@ -265,6 +288,7 @@ def drain_figures(controller: Controller) -> dict[str, Any]:
         "pods_cut_short": int(sample("queue_processor_drained_pods_total", {"grace": "cut"})),
         "pods_killed_mid_grace": int(sample("queue_processor_drained_pods_total", {"grace": "outlasted"})),
         "pods_deleted_at_deadline": int(sample("queue_processor_pods_deleted_at_deadline_total")),
+        "pods_surged": int(sample("queue_processor_surges_total", {"result": "surged"})),
         "drains": int(drains),
         "drain_seconds_mean": round(seconds / drains, 2) if drains else 0.0,
     }
@@ -272,6 +296,7 @@ def drain_figures(controller: Controller) -> dict[str, Any]:
 
 #: The annotation whose ``last`` value the judge checks (the sandbox's own spelling of it, not the controller's).
 _DRAIN_ANNOTATION = "queue-processor/drain"
+_SURGE_RECORD = "queue-processor/surge"
 _SYSTEM_CLASSES = ("system-cluster-critical", "system-node-critical")
 
 
@@ -331,7 +356,8 @@ def as_expected(summary: dict[str, Any]) -> bool:
     """Whether a scenario ended as it should: nothing left behind anywhere, no DaemonSet pod evicted, no pod
     annotated ``last`` evicted before an ordinary pod of its node, no lifecycle action left to time out,
     poison (only) in the dead-letter queue, and for ``rebalance-fleet`` no more drains of a group at once
-    than its budget."""
+    than its budget, for ``surge`` never fewer Ready replicas of the Deployment than it began with, and the Deployment
+    ending as it began (its replica count, no surge record)."""
     scenario = summary["scenario"]
     clean = bool(
         summary["messages_left"] == 0
@@ -345,4 +371,12 @@ def as_expected(summary: dict[str, Any]) -> bool:
         return clean and bool(summary["dlq"] == summary["published"]["poison"])
     if scenario == "rebalance-fleet":  # its budget held: no two nodes of a group drained at once
         clean = clean and summary["most_draining_at_once"] <= int(summary["published"]["budget"])
+    if scenario == "surge":  # never fewer Ready replicas than it began with, and the node drained
+        fewest = summary["fewest_ready_replicas"]
+        clean = clean and fewest is not None and fewest >= summary["published"]["replicas"]
+        clean = clean and summary["drained"] >= 1
+        clean = clean and summary["deployment_after"] == {
+            "replicas": summary["published"]["replicas"],
+            "surge_record": False,
+        }
     return clean and bool(summary["dlq"] == 0)
