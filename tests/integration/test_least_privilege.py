@@ -1,7 +1,9 @@
 """Least privilege, proven on the real control plane: the controller runs as a ServiceAccount whose only rights are
-the ClusterRole and Role that the Helm chart renders (Helm's own engine), with node Leases and Kubernetes Events
-on. With every rule, an ASG terminate action is drained and completed with zero HTTP 403; without any one rule,
-the API server refuses (403) the requests that rule grants, and a drain that needs them does not complete."""
+the ClusterRole and Role that the Helm chart renders (Helm's own engine), with node Leases, Kubernetes Events and
+surge drains on. With every rule, an ASG terminate action is drained and completed with zero HTTP 403 (its node
+running a Deployment's pod annotated ``queue-processor/drain: surge``, so the surge's rules are used too);
+without any one rule, the API server refuses (403) the requests that rule grants, and a drain that needs them
+does not complete (a surge without its rules falls back to eviction: the drain completes)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,20 @@ async def drain_one(
     sandbox = Sandbox(options, workdir=tmp_path / "sandbox", kubernetes="real", plane=plane, rbac=rbac)
     sandbox.start()
     try:
+        (pod,) = sandbox.kube.add_deployment(  # type: ignore[attr-defined]
+            sandbox.cluster.namespace,
+            "surge",
+            replicas=1,
+            labels={"app": "surge"},
+            grace_s=1,
+            annotations={"queue-processor/drain": "surge"},
+        )
+        (node,) = {
+            p["spec"]["nodeName"] for p in sandbox.kube.objects("pods") if p["metadata"]["name"] == pod
+        }
+        (instance,) = [
+            i for i in sandbox.instances if i.private_dns_name == node
+        ]  # its replacement: the other
         for key, value in sandbox.env().items():
             monkeypatch.setenv(key, value)
         settings = load_settings(
@@ -49,6 +65,7 @@ async def drain_one(
             probes_server_port=0,
             node_leases=True,
             emit_kubernetes_events=True,
+            surge_drains=True,
             pod_name="queue-processor-0",
             pod_namespace=sandbox.controller_namespace,
             requeue_backoff_base_sec=0.5,
@@ -62,7 +79,7 @@ async def drain_one(
             )
         )
         await until(lambda: bool(started) or task.done(), 30, "controller start")
-        (action,) = sandbox.aws.terminate_instance(sandbox.instances[0].instance_id)
+        (action,) = sandbox.aws.terminate_instance(instance.instance_id)
         completed = lambda: sandbox.aws.action(action.token).status == "completed"  # noqa: E731
         try:
             if wait_for == "completion":
@@ -90,7 +107,8 @@ async def test_the_charts_rules_are_enough(
     assert completed
     assert not sandbox.kube.denied()  # type: ignore[attr-defined]
     used = {what.split()[1] for what in sandbox.kube.requests}
-    assert used >= {"nodes", "pods", "pods/eviction", "events", "leases"}  # every rule was exercised
+    every = {"nodes", "pods", "pods/eviction", "events", "leases", "deployments", "horizontalpodautoscalers"}
+    assert used >= every  # every rule was exercised
 
 
 def _without(rbac: tuple[Rules, Rules], resource: str) -> tuple[Rules, Rules]:
@@ -105,7 +123,10 @@ def _without(rbac: tuple[Rules, Rules], resource: str) -> tuple[Rules, Rules]:
     return keep
 
 
-@pytest.mark.parametrize("resource", ["nodes", "pods", "pods/eviction", "events", "leases"])
+@pytest.mark.parametrize(
+    "resource",
+    ["nodes", "pods", "pods/eviction", "events", "leases", "deployments", "horizontalpodautoscalers"],
+)
 async def test_without_any_one_rule_something_is_refused(
     resource: str,
     plane: Any,
