@@ -518,7 +518,7 @@ async def test_kubernetes_events_are_recorded_on_the_node_when_asked(sandbox: Sa
         "Warning",
     )
     assert policy["message"] == (
-        "queue-processor/drain: 'lsat' is not a drain policy (evict, last): "
+        "queue-processor/drain: 'lsat' is not a drain policy (evict, last, surge): "
         f"the pods of {namespace}/Pod/typo-0 are evicted as by default"
     )
 

@@ -135,7 +135,7 @@ async def test_a_pod_annotated_last_outlives_the_nodes_other_pods_and_an_unknown
     assert noticed == [
         (
             f"{namespace}/cache-0",
-            f"queue-processor/drain: 'lsat' is not a drain policy (evict, last): the pods of "
+            f"queue-processor/drain: 'lsat' is not a drain policy (evict, last, surge): the pods of "
             f"{namespace}/Pod/cache-0 are evicted as by default",
         )
     ]

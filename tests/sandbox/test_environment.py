@@ -165,6 +165,7 @@ def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
         "spot-critical",
         "drain-policy",
         "rebalance-fleet",
+        "surge",
     }
     assert set(SCENARIOS) == tested
     assert set(offered.type.choices) == tested
