@@ -124,6 +124,10 @@ def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
     return found
 
 
+#: Times :meth:`ControlPlane.start` starts again on new ports when a port it chose was taken meanwhile.
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
@@ -597,12 +601,24 @@ class ControlPlane:
             base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # etcd on tmpfs when there is one
             self.workdir = Path(tempfile.mkdtemp(prefix="qp-control-plane-", dir=base))
             self._owned_dir = True
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._start()
+                return self
+            except ControlPlaneError as exc:
+                # A port free_port() found free was taken by another process before the component bound it
+                # (another test worker's plane, moto, a controller): start again on new ports.
+                if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                    self.stop()
+                    raise
+                for process in reversed(self._processes):
+                    process.stop(10.0)
+                self._processes.clear()
+                shutil.rmtree(self.directory / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _start(self) -> None:
         d = self.directory

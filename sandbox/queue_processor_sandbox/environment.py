@@ -122,6 +122,9 @@ class Sandbox:
         self._timers: list[threading.Timer] = []
         self._never_ready = 0  # launches whose node never turns Ready (launches_never_ready)
         self._kubelets: list[threading.Event] = []  # kubelet_for watchers, ended by stop()
+        self.neighbours: list[Neighbour] = []
+        """Other clusters a scenario started in this account (two-clusters): stopped with the sandbox; the
+        scenario runner runs a controller for each."""
         self.ready_replicas: Any = None
         """The Ready-pod count of the workload a scenario watches (the real backend's
         :class:`~queue_processor_sandbox.real_kube.ReadyReplicas`), when it watches one: the judge's
@@ -188,6 +191,8 @@ class Sandbox:
             timer.cancel()
         for kubelet in self._kubelets:
             kubelet.set()
+        for neighbour in self.neighbours:
+            neighbour.stop()
         self.kube.stop()
         self.aws.stop()
 
@@ -569,6 +574,46 @@ def _surge(sandbox: Sandbox) -> dict[str, Any]:
     }
 
 
+#: The instance tag that tells the clusters of the two-clusters scenario apart (EKS managed node groups tag their
+#: instances with it), and the sandbox's own cluster's value of it.
+CLUSTER_TAG = "eks:cluster-name"
+CLUSTER_NAME = "blue"
+
+
+def _two_clusters(sandbox: Sandbox) -> dict[str, Any]:
+    """Two clusters in one account and region (issue 29, part 4): the sandbox's instances are tagged
+    ``eks:cluster-name: blue`` and a second cluster, ``green`` (a :class:`Neighbour`: its own emulated API
+    server, queue, dead-letter queue, EventBridge rules on the same bus, and Auto Scaling group of as many
+    instances, tagged ``green``), is started. In each cluster one instance gets a Spot interruption warning and
+    another is scaled in (its terminate hook): EC2's events reach both queues. The runner runs a controller for
+    each cluster, told its own by MANAGED_TAG / MANAGED_TAG_VALUE (``SCENARIO_SETTINGS``); judged per cluster
+    (``clusters``): its leaving nodes drained, nothing evicted elsewhere, its queue and dead-letter queue empty.
+    Needs at least two instances."""
+    chosen = _in_service(sandbox)
+    if len(chosen) < 2:
+        raise ValueError("the two-clusters scenario needs at least two instances in service (--nodes 2)")
+    sandbox.aws.client("ec2").create_tags(
+        Resources=[i.instance_id for i in sandbox.instances],
+        Tags=[{"Key": CLUSTER_TAG, "Value": CLUSTER_NAME}],
+    )
+    green = Neighbour(
+        sandbox,
+        "green",
+        nodes=max(2, len(sandbox.instances)),
+        tags={CLUSTER_TAG: "green"},
+        workdir=sandbox.workdir / "green",
+        cluster=sandbox.options.cluster,
+    )
+    green.start()
+    sandbox.neighbours.append(green)
+    leaving: dict[str, list[str]] = {}
+    for name, instances in ((CLUSTER_NAME, chosen[:2]), ("green", green.instances[:2])):
+        sandbox.aws.spot_interruption(instances[0].instance_id)
+        sandbox.aws.terminate_instance(instances[1].instance_id)
+        leaving[name] = [i.private_dns_name for i in instances]
+    return {"leaving": leaving, "managed_tag": CLUSTER_TAG}
+
+
 def _rebalance_fleet(sandbox: Sandbox) -> dict[str, Any]:
     """A rebalance recommendation for two thirds of the fleet at once (at least two instances). The controller
     runs with DRAIN_BUDGET_NON_URGENT=1 (``SCENARIO_SETTINGS``): they drain one at a time per Auto Scaling
@@ -607,6 +652,7 @@ SCENARIOS: dict[str, Callable[[Sandbox], dict[str, Any]]] = {
     "drain-policy": _drain_policy,
     "rebalance-fleet": _rebalance_fleet,
     "surge": _surge,
+    "two-clusters": _two_clusters,
 }
 
 #: Scenarios that need the real control plane (``--kubernetes real``): the emulation lacks a controller they
@@ -618,6 +664,7 @@ SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {
     "spot-critical": {"delete_at_deadline": True},
     "rebalance-fleet": {"drain_budget_non_urgent": "1"},
     "surge": {"surge_drains": True},
+    "two-clusters": {"managed_tag": CLUSTER_TAG, "managed_tag_value": CLUSTER_NAME},
 }
 
 #: The settings whose RBAC rules (:data:`queue_processor.permissions.KUBERNETES_RULES`) the sandbox's

@@ -4,7 +4,8 @@ watch it, and judge the end.
 :func:`run_scenario` starts the controller in the current event loop (settings from the sandbox's env, plus
 overrides), publishes the scenario's events, calls ``progress`` about every 0.2 s with a
 :class:`Progress`, and stops when every message is settled (queue empty, dead-letter moves done) or at
-``timeout_s``. The summary it returns is the one ``queue-processor sandbox`` prints as its last line, and
+``timeout_s`` (a scenario with a Spot or Capacity Reservation notice runs at least until the notice ends). The
+summary it returns is the one ``queue-processor sandbox`` prints as its last line, and
 :func:`as_expected` says whether the scenario ended as it should (DESIGN.md's rules as checks: no DaemonSet
 pod evicted, no message left, no task left, every lifecycle action completed rather than timed out).
 """
@@ -25,6 +26,7 @@ from queue_processor_sandbox.environment import SCENARIO_SETTINGS, Sandbox
 __all__ = [
     "Progress",
     "as_expected",
+    "cluster_figures",
     "deployment_after",
     "drain_figures",
     "judge",
@@ -52,7 +54,7 @@ class Progress:
 
 
 def progress_of(sandbox: Sandbox, nodes: list[str], started: float) -> Progress:
-    """A :class:`Progress` snapshot of the sandbox."""
+    """A :class:`Progress` snapshot of the sandbox (messages: its queue's and its neighbours')."""
     wanted = set(nodes)
     # one pass over the nodes (the real backend serves it from its informer): nodes still schedulable
     schedulable = sandbox.kube.count(
@@ -62,6 +64,9 @@ def progress_of(sandbox: Sandbox, nodes: list[str], started: float) -> Progress:
     cordoned = len(wanted) - schedulable
     actions = sandbox.aws.actions()
     visible, in_flight, dlq = sandbox.queue_counts()
+    for neighbour in sandbox.neighbours:  # another cluster's queue (two-clusters): settled alike
+        counts = neighbour.queue_counts()
+        visible, in_flight, dlq = visible + counts.visible, in_flight + counts.in_flight, dlq + counts.dlq
     return Progress(
         cordoned=cordoned,
         evicted=len(sandbox.kube.evictions),
@@ -188,15 +193,14 @@ async def run_scenario(
         "grace_deadline_margin": sandbox.clock.real(10),
         "delete_at_deadline_lead": max(0.1, sandbox.clock.real(5)),
     }
-    settings = load_settings(
-        **{
-            "prometheus_server_port": 0,
-            "probes_server_port": 0,
-            **scaled,
-            **SCENARIO_SETTINGS.get(scenario, {}),
-            **(overrides or {}),
-        }
-    )
+    chosen: dict[str, Any] = {
+        "prometheus_server_port": 0,
+        "probes_server_port": 0,
+        **scaled,
+        **SCENARIO_SETTINGS.get(scenario, {}),
+        **(overrides or {}),
+    }
+    settings = load_settings(**chosen)
     stop, ready = asyncio.Event(), asyncio.Event()
     controllers: list[Controller] = []
 
@@ -217,6 +221,27 @@ async def run_scenario(
     started = time.monotonic()
     nodes = [i.private_dns_name for i in sandbox.instances]
     published = sandbox.publish(scenario)
+    stop_others = asyncio.Event()
+    others = [  # a controller for each other cluster the scenario started, on its own queue and API server
+        asyncio.create_task(
+            run_controller(
+                load_settings(
+                    **{
+                        **chosen,
+                        "queue_url": neighbour.env()["QUEUE_URL"],
+                        "managed_tag_value": neighbour.name,
+                        "pod_namespace": "kube-system",
+                    }
+                ),
+                stop_others,
+                kubeconfig=str(neighbour.kubeconfig_path),
+                serve=False,
+                started=controllers.append,
+            ),
+            name=f"controller-{neighbour.name}",
+        )
+        for neighbour in sandbox.neighbours
+    ]
     state = Progress()
     settled_since: float | None = None
     while time.monotonic() - started < timeout_s:
@@ -224,10 +249,20 @@ async def run_scenario(
         state = await asyncio.get_running_loop().run_in_executor(None, progress_of, sandbox, nodes, started)
         if progress is not None:
             progress(state)
-        settled = state.visible == 0 and state.in_flight == 0 and state.open == 0
+        # Settled: nothing in any queue, no lifecycle action open, and no notice still to end (its instance's
+        # termination publishes state changes that must be handled too).
+        settled = (
+            state.visible == 0
+            and state.in_flight == 0
+            and state.open == 0
+            and sandbox.aws.notices_pending() == 0
+        )
         settled_since = (settled_since or time.monotonic()) if settled else None
         if settled_since is not None and time.monotonic() - settled_since > 1.0:  # quiet for a second
             break
+    stop_others.set()  # first: the sandbox's controller counts the tasks left in the loop when it stops
+    for other in others:
+        await other
     stop.set()
     await task
     heartbeat_tasks = sum(
@@ -243,10 +278,50 @@ async def run_scenario(
             if "deployment" in published
             else {}
         ),
+        **({"clusters": cluster_figures(sandbox, published["leaving"])} if "leaving" in published else {}),
         **drain_figures(controllers[0]),
         "heartbeat_tasks_left": heartbeat_tasks,
-        "operation_tasks_left": controllers[0].consumer.tasks,
+        "operation_tasks_left": sum(controller.consumer.tasks for controller in controllers),
     }
+
+
+def cluster_figures(sandbox: Sandbox, leaving: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """Per cluster of a scenario with several (two-clusters; the sandbox's own is the first key of ``leaving``,
+    each other one a neighbour of that name): ``leaving`` (its nodes whose instances were interrupted),
+    ``drained`` (of those: cordoned or gone, no pod left but DaemonSet and mirror pods), ``cordoned_elsewhere``
+    and ``evicted_elsewhere`` (nodes cordoned, pods evicted, on its nodes that were not leaving: another
+    cluster's controller, or a mistake), ``messages_left`` (visible and in flight in its queue) and ``dlq``."""
+    figures: dict[str, dict[str, int]] = {}
+    neighbours = {neighbour.name: neighbour for neighbour in sandbox.neighbours}
+    for name, nodes in leaving.items():
+        neighbour = neighbours.get(name)
+        kube = neighbour.kube if neighbour is not None else sandbox.kube
+        counts = neighbour.queue_counts() if neighbour is not None else sandbox.queue_counts()
+        present = {node["metadata"]["name"]: node for node in kube.objects("nodes")}
+        busy = {
+            pod["spec"].get("nodeName")
+            for pod in kube.objects("pods")
+            if not any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
+            and "kubernetes.io/config.mirror" not in (pod["metadata"].get("annotations") or {})
+        }
+        figures[name] = {
+            "leaving": len(nodes),
+            "drained": sum(
+                1
+                for node in nodes
+                if node not in busy
+                and (node not in present or (present[node].get("spec") or {}).get("unschedulable"))
+            ),
+            "cordoned_elsewhere": sum(
+                1
+                for node_name, node in present.items()
+                if node_name not in nodes and (node.get("spec") or {}).get("unschedulable")
+            ),
+            "evicted_elsewhere": sum(1 for pod in kube.evictions if pod["spec"].get("nodeName") not in nodes),
+            "messages_left": counts.visible + counts.in_flight,
+            "dlq": counts.dlq,
+        }
+    return figures
 
 
 def deployment_after(sandbox: Sandbox, deployment: str) -> dict[str, Any]:
@@ -371,6 +446,13 @@ def as_expected(summary: dict[str, Any]) -> bool:
         return clean and bool(summary["dlq"] == summary["published"]["poison"])
     if scenario == "rebalance-fleet":  # its budget held: no two nodes of a group drained at once
         clean = clean and summary["most_draining_at_once"] <= int(summary["published"]["budget"])
+    if scenario == "two-clusters":  # each cluster drained its own leaving nodes, and nothing else
+        clean = clean and all(
+            figures["drained"] == figures["leaving"]
+            and figures["cordoned_elsewhere"] == figures["evicted_elsewhere"] == 0
+            and figures["messages_left"] == figures["dlq"] == 0
+            for figures in summary["clusters"].values()
+        )
     if scenario == "surge":  # never fewer Ready replicas than it began with, and the node drained
         fewest = summary["fewest_ready_replicas"]
         clean = clean and fewest is not None and fewest >= summary["published"]["replicas"]

@@ -53,6 +53,7 @@ async def test_the_scenario_ends_as_expected(
         summary = await run_scenario(sandbox, scenario, timeout_s=120)
         if kubernetes == "real":
             assert not sandbox.kube.denied()  # type: ignore[attr-defined]
+    print("SUMMARY", json.dumps(summary))
     assert as_expected(summary), summary
     if scenario in ("spot-storm", "asg-scale-in", "mixed-duplicates", "pdb-blocked"):
         assert summary["evicted"] >= 1
@@ -64,6 +65,11 @@ async def test_the_scenario_ends_as_expected(
         assert summary["pods_deleted_at_deadline"] >= 1, summary
         assert summary["pods_killed_mid_grace"] == 0, summary
         assert summary["pods_finished_grace"] + summary["pods_cut_short"] >= 4, summary
+    if scenario == "two-clusters":
+        # as_expected checks that each cluster drained its two leaving nodes and touched nothing else, and
+        # that both queues and dead-letter queues are empty: here, that both clusters were judged
+        assert set(summary["clusters"]) == {"blue", "green"}, summary
+        assert all(figures["drained"] == 2 for figures in summary["clusters"].values()), summary
     if scenario == "surge":
         # the replacement was Ready before the pod went (as_expected checks fewest_ready_replicas >= 1 and
         # that the Deployment ends with 1 replica and no record), and the controller counted it so

@@ -166,6 +166,7 @@ def test_every_scenario_is_tested_and_offered_by_the_command() -> None:
         "drain-policy",
         "rebalance-fleet",
         "surge",
+        "two-clusters",
     }
     assert set(SCENARIOS) == tested
     assert set(offered.type.choices) == tested

@@ -92,6 +92,7 @@ class AwsSandbox:
         self._timer_errors: list[BaseException] = []
         self._listeners: list[Callable[[SandboxInstance, str], None]] = []
         self._schedule = Schedule(self._timer_errors)
+        self._notices_pending: set[str] = set()  # instances whose notice has not ended yet
         self._faults = Faults(self._lock)
         self._delivery = Delivery(self._lock, region)
         self._lifecycle = LifecycleActions(
@@ -647,6 +648,12 @@ class AwsSandbox:
         ``TimeoutError``."""
         return self._lifecycle.wait_for_action(token, timeout_s)
 
+    def notices_pending(self) -> int:
+        """How many instances have a Spot or Capacity Reservation notice that has not ended yet (their
+        termination, and the state changes it publishes, are still to come)."""
+        with self._lock:
+            return len(self._notices_pending)
+
     def published(self) -> list[PublishedMessage]:
         """Every body published, in order."""
         return self._delivery.published()
@@ -905,9 +912,12 @@ class AwsSandbox:
         )
         generation = self._schedule.generation
         delay = max(0.0, (end - utcnow()).total_seconds())
+        with self._lock:
+            self._notices_pending.add(instance_id)
 
         def act() -> None:
             with self._lock:
+                self._notices_pending.discard(instance_id)
                 if generation != self._schedule.generation:
                     return
                 if stop:
