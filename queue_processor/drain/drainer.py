@@ -42,7 +42,7 @@ from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, SurgeResult
+from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError, SurgeResult
 
 __all__ = [
     "TAINT_WRITE_ATTEMPTS",
@@ -617,11 +617,12 @@ class Drainer:
         evictions: list[asyncio.Task[_Eviction]] = []
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
+        held: list[Surge] = []  # surges of this drain: taken back when it ends, if not before
         recut = tasks.spawn(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
         try:
             for index, wave in enumerate(planned.waves):
                 evictions += [
-                    asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted, drain_id))
+                    asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted, drain_id, held))
                     for entry in wave
                     if entry.evict
                 ]
@@ -643,9 +644,12 @@ class Drainer:
             await asyncio.gather(*evictions)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             left = dict(await self._wait_gone(node, waiting, lambda: bounds.final(timing)[0], bounds))
-        except BaseException:
-            # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction.
+        except BaseException as exc:
+            # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction. The surges are
+            # taken back, but not when the Lease is lost: the replica that owns the node now takes them over.
             await tasks.stop(*evictions)
+            if not isinstance(exc, ClaimLost):
+                await self._take_back(held)
             raise
         finally:
             await tasks.stop(recut)
@@ -659,11 +663,17 @@ class Drainer:
         refused: list[str] = []  # deletions at the deadline the API server refused
         if left and bounds.final(timing)[1]:
             left, removed, refused = await self._delete_at_deadline(left, deleted)
+        await self._take_back(held)  # those whose pod was not evicted: kept until the deadline step
         blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
         failed = any(o.result is EvictionOutcome.ERROR for o in outcomes)
         stuck = [by_key[key] for key in left]
         causes = await self._causes(blocked, outcomes, stuck) + refused if blocked or failed or left else []
         return _Done(outcomes, graces, len(left), removed, causes)
+
+    async def _take_back(self, held: list[Surge]) -> None:
+        """End every surge of ``held`` not ended yet (one read each for those that were)."""
+        for surge in held:
+            await self.surges.end(surge)
 
     async def _recut(
         self,
@@ -707,6 +717,27 @@ class Drainer:
         evicted: Callable[[str, str], Awaitable[None]] | None,
         accepted: dict[tuple[str, str], _Eviction],
         drain_id: str,
+        held: list[Surge],
+    ) -> _Eviction:
+        """Evict one pod, with its replacement first when it asks for a surge (:meth:`_surge`): the surge is
+        put in ``held`` (the drain takes it back when it ends, and on a cancellation) and taken back at once when
+        the eviction was accepted or the pod is gone. How the eviction ended (:meth:`_evict_until`)."""
+        surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard)
+        if surge is not None:
+            held.append(surge)
+        outcome = await self._evict_until(entry, bounds, guard, evicted, accepted, drain_id)
+        if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
+            await self.surges.end(surge)  # at once: a ReplicaSet that sees the pod go adds a pod of its own
+        return outcome
+
+    async def _evict_until(
+        self,
+        entry: _Pod,
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
+        accepted: dict[tuple[str, str], _Eviction],
+        drain_id: str,
     ) -> _Eviction:
         """Evict one pod, retrying 429s (and other errors) with backoff until the drain's last moment
         (:meth:`DrainBounds.final`, read again at each attempt): how it ended. Each attempt asks for the pod's
@@ -717,10 +748,7 @@ class Drainer:
         namespace, name = entry.key
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
-        surge: Surge | None = None
         try:
-            if entry.surge is not None:
-                surge = await self._surge(entry, entry.surge, bounds, guard)
             while True:
                 if guard is not None:
                     await guard()
@@ -759,8 +787,6 @@ class Drainer:
                 return outcome
         finally:
             self._blocking(blocking, -1)
-            if surge is not None:
-                await self.surges.end(surge)
 
     async def _surge(
         self,
@@ -776,8 +802,10 @@ class Drainer:
         GRACE_DEADLINE_MARGIN before the instance), planned again only when the bounds tighten. A surge starts only when
         that moment leaves the Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` more. The surge to take
         back once the pod's eviction has ended (kept when the replacement is late: the pod is evicted anyway,
-        and the extra replica stays until then), or ``None`` when none was started; the observer is told how
-        it went. Raises what ``guard`` raises."""
+        and the extra replica stays until then), or ``None`` when none was started or it is over; the observer
+        is told how it went. ``guard`` is awaited at every poll; what it raises (a Lease lost) leaves the
+        surge recorded for the replica that owns the node now, whose drain of the same pod takes it over.
+        Raises what ``guard`` raises."""
         namespace, name = entry.key
         graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
 
@@ -803,7 +831,11 @@ class Drainer:
             return None
         if guard is not None:
             await guard()
-        started = await self.surges.start(namespace, deployment, name, str(entry.uid), entry.labels or {})
+        try:
+            started = await self.surges.start(namespace, deployment, name, str(entry.uid), entry.labels or {})
+        except BaseException:  # cancelled while scaling: the write may have been applied
+            await self.surges.end(Surge(namespace, deployment, str(entry.uid), name))
+            raise
         if isinstance(started, SurgeResult):
             fallback(
                 started,
@@ -818,12 +850,20 @@ class Drainer:
         poll = 0.25
         try:
             while self.clock() < evict_by():
-                if await self.surges.ready(started):
+                if guard is not None:
+                    await guard()
+                ready = await self.surges.ready(started)
+                if ready is None:
+                    fallback(SurgeResult.UNAVAILABLE, "the Deployment is gone or no longer records the surge")
+                    return None
+                if ready:
                     self.observer.surge(SurgeResult.SURGED)
                     log.info("surge: the replacement is available: evicting", pod=f"{namespace}/{name}")
                     return started
                 await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
                 poll = min(poll * 1.5, 2.0)
+        except ClaimLost:  # another replica owns the node now: its drain takes the recorded surge over
+            raise
         except BaseException:  # cancelled (the drain stops): the replica added is taken back
             await self.surges.end(started)
             raise

@@ -5,7 +5,8 @@ means downtime until the replacement is Ready, or a drain that cannot finish. Fo
 drain first scales the pod's Deployment one replica up, waits until the Deployment has one more *available*
 replica than before (``status.availableReplicas``: Ready for ``minReadySeconds``), then evicts the pod through
 the Eviction API as usual (its PodDisruptionBudget still has the last word), and as the eviction is accepted
-scales the Deployment back down by the one replica it added.
+scales the Deployment back down by the one replica it added (an eviction refused until the drain's end keeps
+the replica until then).
 
 Why this mechanism (docs/kinds.md, "Replacement before eviction", says the same to users):
 
@@ -22,12 +23,14 @@ Why this mechanism (docs/kinds.md, "Replacement before eviction", says the same 
   "ReplicaSet", https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#scaling-a-replicaset).
 
 What it leaves behind: nothing once the drain ends. While it runs, the Deployment carries ``spec.replicas``
-one higher and the annotation :data:`SURGE_RECORD_ANNOTATION` (JSON: pod uid → pod name, one entry per surge in
-progress), written in the same request (a merge patch with the read ``resourceVersion`` as a precondition, so
-concurrent surges of one Deployment, from two drains or two replicas, count exactly). The record is how a
-surge interrupted by a SIGKILL is taken back: the drain of the redelivered message finds its pod's entry and
-does not scale again, and any later surge of the Deployment removes the entries whose pods are gone, with
-the replicas they added. A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the
+one higher and the annotation :data:`SURGE_RECORD_ANNOTATION` (:class:`SurgeRecord`, JSON: ``base``, the count
+before the surges in progress, and ``pods``, pod uid → pod name, one entry per surge), written in the same
+request (a merge patch with the read ``resourceVersion`` as a precondition, so concurrent surges of one
+Deployment, from two drains or two replicas, count exactly; each waits until every replica the surges added
+is available). A replica is taken back only while the count is above ``base``: one someone else scaled back
+is not taken again. The record is how a surge interrupted by a SIGKILL, or by a Lease that changed hands, is
+taken over or back: the drain of the redelivered message finds its pod's entry and does not scale again, and
+any later surge of the Deployment removes the entries whose pods are gone, with the replicas they added. A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the
 Deployment out of sync while a surge lasts; with self-heal it scales back at once, the replacement never
 becomes available, and the pod is evicted when time runs short (``not-ready``): exclude ``spec.replicas`` from
 its comparison, as for a HorizontalPodAutoscaler.
@@ -60,6 +63,7 @@ __all__ = [
     "SURGE_RECORD_ANNOTATION",
     "SURGE_WRITE_ATTEMPTS",
     "Surge",
+    "SurgeRecord",
     "Surges",
     "autoscaled",
     "label_selector",
@@ -82,19 +86,52 @@ log = structlog.get_logger("queue_processor.drain")
 Obj = dict[str, Any]
 
 
+@dataclass
+class SurgeRecord:
+    """What :data:`SURGE_RECORD_ANNOTATION` on a Deployment holds: ``base``, its ``spec.replicas`` before the first
+    of the surges in progress, and ``pods``, those surges (pod uid → pod name). A replica is taken back only
+    while ``spec.replicas`` is above ``base``: when someone else scaled the Deployment back meanwhile (a GitOps
+    controller's self-heal, a manual scale), our replica is gone already and the count is theirs."""
+
+    base: int
+    pods: dict[str, str]
+
+    @classmethod
+    def of(cls, deployment: Mapping[str, Any]) -> SurgeRecord:
+        """The record ``deployment`` carries; one with ``base`` its ``spec.replicas`` and no pods when it has
+        none, or an unreadable one (never raises)."""
+        spec = deployment.get("spec")
+        replicas = int(spec.get("replicas", 1)) if isinstance(spec, Mapping) else 1
+        metadata = deployment.get("metadata")
+        annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+        text = annotations.get(SURGE_RECORD_ANNOTATION) if isinstance(annotations, Mapping) else None
+        try:
+            found = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            found = None
+        if not isinstance(found, dict) or not isinstance(found.get("pods"), dict) or not found["pods"]:
+            return cls(replicas, {})
+        base = found.get("base")
+        return cls(
+            base if isinstance(base, int) and not isinstance(base, bool) and base >= 0 else replicas,
+            {str(uid): str(name) for uid, name in found["pods"].items()},
+        )
+
+    def annotation(self) -> str | None:
+        """The annotation's value (``None``: remove it, no surge is in progress)."""
+        if not self.pods:
+            return None
+        return json.dumps({"base": self.base, "pods": self.pods}, sort_keys=True)
+
+    def take_back(self, replicas: int) -> int:
+        """``replicas`` less the one replica a surge added, unless it is gone already (not above ``base``)."""
+        return replicas - 1 if replicas > self.base else replicas
+
+
 def recorded_surges(deployment: Mapping[str, Any]) -> dict[str, str]:
     """The surges in progress that ``deployment``'s :data:`SURGE_RECORD_ANNOTATION` records (pod uid → pod
     name); empty when absent or unreadable (never raises)."""
-    metadata = deployment.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    text = annotations.get(SURGE_RECORD_ANNOTATION) if isinstance(annotations, Mapping) else None
-    try:
-        record = json.loads(text) if isinstance(text, str) else {}
-    except ValueError:
-        return {}
-    if not isinstance(record, dict):
-        return {}
-    return {str(uid): str(name) for uid, name in record.items()}
+    return SurgeRecord.of(deployment).pods
 
 
 def label_selector(selector: Mapping[str, Any]) -> str:
@@ -153,16 +190,18 @@ def autoscaled(hpas: Sequence[Mapping[str, Any]], deployment: str) -> bool:
 
 @dataclass(frozen=True)
 class Surge:
-    """A surge in progress: Deployment ``namespace/deployment`` carries one replica more for the pod ``uid``
-    (``name``), and is ready for the pod's eviction once ``status.availableReplicas`` reaches ``target`` and its
-    controller has seen the scale-up (``status.observedGeneration`` at least ``generation``)."""
+    """A surge of Deployment ``namespace/deployment`` for the pod ``uid`` (``name``). It is ready for the pod's
+    eviction once the Deployment's controller has seen the scale-up (``status.observedGeneration`` at least
+    ``generation``) and ``status.availableReplicas`` is at least ``spec.replicas`` less ``missing``, the
+    replicas of the Deployment's base count that were not available when the surge started: every replica the
+    surges in progress added must be available, so two surges of one Deployment each wait for their own."""
 
     namespace: str
     deployment: str
     uid: str
     name: str
-    target: int
-    generation: int
+    missing: int = 0
+    generation: int = 0
     min_ready_s: float = 0.0
 
 
@@ -180,7 +219,8 @@ class Surges:
         """Scale ``namespace/deployment`` one replica up for pod ``name`` (``uid``, ``labels``), recording it:
         the :class:`Surge`, or why not (:attr:`SurgeResult.AUTOSCALED`; :attr:`SurgeResult.UNAVAILABLE` when the
         Deployment is gone, does not select the pod, or cannot be read or written). A pod recorded already (the
-        drain of a redelivered message after a restart) is not scaled for twice. Never raises
+        drain of a redelivered message after a restart, or after a Lease changed hands) is not scaled for twice.
+        A write that failed after the API server may have applied it is taken back. Never raises
         :class:`KubeError`."""
         try:
             return await self._start(namespace, deployment, name, uid, labels)
@@ -191,6 +231,7 @@ class Surges:
                 pod=f"{namespace}/{name}",
                 error=str(exc),
             )
+            await self.end(Surge(namespace, deployment, uid, name))  # in case the write was applied
             return SurgeResult.UNAVAILABLE
 
     async def _start(
@@ -211,22 +252,23 @@ class Surges:
                 if autoscaled(await self.kube.list_hpas(namespace), deployment):
                     return SurgeResult.AUTOSCALED
                 checked = True
-            record = recorded_surges(current)
+            record = SurgeRecord.of(current)
             replicas = int(spec.get("replicas", 1))
             available = int((current.get("status") or {}).get("availableReplicas") or 0)
-            stale = await self._stale(namespace, spec, record, keep=uid)
+            stale = await self._stale(namespace, spec, record.pods, keep=uid)
             for gone in stale:
-                del record[gone]
-            added = 0 if uid in record else 1
-            record[uid] = name
-            if added == 0 and not stale:
-                # recorded before (a redelivered message's drain): wait for what that surge asked for
-                return self._surge(current, namespace, deployment, uid, name, replicas, replicas)
-            wanted = max(0, replicas - len(stale)) + added
+                del record.pods[gone]
+                replicas = record.take_back(replicas)
+            added = uid not in record.pods
+            record.pods[uid] = name
+            missing = max(0, record.base - available)
+            if not added and not stale:  # recorded before: wait for that surge's replica
+                return self._surge(current, namespace, deployment, uid, name, missing)
+            wanted = replicas + 1 if added else replicas
             patch = {
                 "metadata": {
                     "resourceVersion": current["metadata"]["resourceVersion"],
-                    "annotations": {SURGE_RECORD_ANNOTATION: json.dumps(record, sort_keys=True)},
+                    "annotations": {SURGE_RECORD_ANNOTATION: record.annotation()},
                 },
                 "spec": {"replicas": wanted},
             }
@@ -243,7 +285,6 @@ class Surges:
                     deployment=f"{namespace}/{deployment}",
                     pods=sorted(stale.values()),
                 )
-            target = available + 1 if added else wanted
             log.info(
                 "surge: scaled up for a replacement before eviction",
                 deployment=f"{namespace}/{deployment}",
@@ -251,20 +292,18 @@ class Surges:
                 replicas=wanted,
                 available_before=available,
             )
-            return self._surge(written, namespace, deployment, uid, name, wanted, target)
+            return self._surge(written, namespace, deployment, uid, name, missing)
         return SurgeResult.UNAVAILABLE  # pragma: no cover - the loop returns or raises
 
     @staticmethod
-    def _surge(
-        deployment: Obj, namespace: str, name: str, uid: str, pod: str, replicas: int, target: int
-    ) -> Surge:
+    def _surge(deployment: Obj, namespace: str, name: str, uid: str, pod: str, missing: int) -> Surge:
         spec = deployment.get("spec") or {}
         return Surge(
             namespace=namespace,
             deployment=name,
             uid=uid,
             name=pod,
-            target=min(target, replicas),
+            missing=missing,
             generation=int((deployment.get("metadata") or {}).get("generation") or 0),
             min_ready_s=float(spec.get("minReadySeconds") or 0),
         )
@@ -280,39 +319,42 @@ class Surges:
         present = {str((pod.get("metadata") or {}).get("uid")) for pod in pods}
         return {uid: pod for uid, pod in others.items() if uid not in present}
 
-    async def ready(self, surge: Surge) -> bool:
+    async def ready(self, surge: Surge) -> bool | None:
         """Whether the Deployment has the available replicas ``surge`` waits for, as its controller reports
-        after seeing the scale-up. ``False`` when it cannot be read (never raises :class:`KubeError`)."""
+        after seeing the scale-up; ``None`` when the surge is over: the Deployment is gone, or no longer
+        records it (taken back by another). ``False`` when it cannot be read (never raises
+        :class:`KubeError`)."""
         try:
             current = await self.kube.get_deployment(surge.namespace, surge.deployment)
         except KubeError:
             return False
-        if current is None:
-            return False
+        if current is None or surge.uid not in recorded_surges(current):
+            return None
         status = current.get("status") or {}
+        wanted = int((current.get("spec") or {}).get("replicas", 1)) - surge.missing
         observed = int(status.get("observedGeneration") or 0)
-        return observed >= surge.generation and int(status.get("availableReplicas") or 0) >= surge.target
+        return observed >= surge.generation and int(status.get("availableReplicas") or 0) >= wanted
 
     async def end(self, surge: Surge) -> bool:
-        """Take back the replica ``surge`` added, and its record entry, in one write: ``True`` when this call
-        did (``False`` when the entry is gone already: another replica's later surge took it back, or the
-        Deployment is gone). A failure is logged and left to the record (never raises :class:`KubeError`)."""
+        """Take back the replica ``surge`` added (unless someone else scaled the Deployment back to its base
+        meanwhile: :meth:`SurgeRecord.take_back`), and its record entry, in one write: ``True`` when this call
+        removed the entry (``False`` when it is gone already: taken back before, or by another replica's later
+        surge, or the Deployment is gone). A failure is logged and left to the record (never raises
+        :class:`KubeError`)."""
         try:
             for attempt in range(SURGE_WRITE_ATTEMPTS):
                 current = await self.kube.get_deployment(surge.namespace, surge.deployment)
-                record = recorded_surges(current) if current is not None else {}
-                if current is None or surge.uid not in record:
+                record = SurgeRecord.of(current) if current is not None else None
+                if current is None or record is None or surge.uid not in record.pods:
                     return False
-                del record[surge.uid]
-                replicas = int((current.get("spec") or {}).get("replicas", 1))
+                del record.pods[surge.uid]
+                replicas = record.take_back(int((current.get("spec") or {}).get("replicas", 1)))
                 patch = {
                     "metadata": {
                         "resourceVersion": current["metadata"]["resourceVersion"],
-                        "annotations": {
-                            SURGE_RECORD_ANNOTATION: json.dumps(record, sort_keys=True) if record else None
-                        },
+                        "annotations": {SURGE_RECORD_ANNOTATION: record.annotation()},
                     },
-                    "spec": {"replicas": max(0, replicas - 1)},
+                    "spec": {"replicas": replicas},
                 }
                 try:
                     await self.kube.patch_deployment(surge.namespace, surge.deployment, patch)
@@ -325,7 +367,7 @@ class Surges:
                     "surge: scaled back down",
                     deployment=f"{surge.namespace}/{surge.deployment}",
                     pod=f"{surge.namespace}/{surge.name}",
-                    replicas=max(0, replicas - 1),
+                    replicas=replicas,
                 )
                 return True
         except KubeError as exc:

@@ -550,7 +550,7 @@ def _surge(sandbox: Sandbox) -> dict[str, Any]:
     """A single-replica Deployment ``checkout`` whose pod template asks for ``queue-processor/drain: surge``,
     under a PodDisruptionBudget of ``minAvailable: 1``; its node's instance gets a Spot interruption warning.
     The controller runs with SURGE_DRAINS (``SCENARIO_SETTINGS``). Judged by ``fewest_ready_replicas`` (never
-    under the one it began with) and ``surge_left`` (the Deployment ends as it began). Needs the real control
+    under the one it began with) and ``deployment_after`` (the Deployment ends as it began). Needs the real control
     plane: the emulation serves no Deployments (raises ``ValueError`` there)."""
     kube = sandbox.kube
     add_deployment = getattr(kube, "add_deployment", None)
@@ -559,7 +559,7 @@ def _surge(sandbox: Sandbox) -> dict[str, Any]:
     namespace = sandbox.cluster.namespace
     labels = {"app": "checkout"}
     (pod,) = add_deployment(
-        namespace, "checkout", replicas=1, labels=labels, grace_s=10, annotations={_DRAIN: "surge"}
+        namespace, "checkout", replicas=1, labels=labels, grace_s=2, annotations={_DRAIN: "surge"}
     )
     kube.add_pdb(namespace, "checkout", match_labels=labels, min_available=1)
     (node,) = {p["spec"]["nodeName"] for p in kube.objects("pods") if p["metadata"]["name"] == pod}

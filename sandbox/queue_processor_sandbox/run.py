@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from queue_processor import tasks
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
 from queue_processor_sandbox.cluster import drain_of
@@ -260,11 +261,14 @@ async def run_scenario(
         settled_since = (settled_since or time.monotonic()) if settled else None
         if settled_since is not None and time.monotonic() - settled_since > 1.0:  # quiet for a second
             break
-    stop_others.set()  # first: the sandbox's controller counts the tasks left in the loop when it stops
-    for other in others:
-        await other
-    stop.set()
-    await task
+    try:
+        stop_others.set()  # first: the sandbox's controller counts the tasks left in the loop when it stops
+        await asyncio.gather(*others)  # a neighbour's controller that failed raises here
+    finally:
+        stop_others.set()
+        await tasks.stop(*others)
+        stop.set()
+        await task
     heartbeat_tasks = sum(
         1 for t in asyncio.all_tasks() if t.get_name().startswith("heartbeat-") and not t.done()
     )

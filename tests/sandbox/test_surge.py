@@ -189,7 +189,7 @@ async def test_a_surge_a_killed_process_left_is_taken_back_by_the_next(
     """A controller SIGKILLed mid-surge leaves the Deployment a replica up, with its record naming a pod that
     is gone by now. The next surge of that Deployment takes it back in the same write as its own."""
     node, namespace, labels = a_deployment(cluster)
-    record = {"0b1d0b1d-dead-4bad-8bad-000000000000": "web-gone"}
+    record = {"base": 1, "pods": {"0b1d0b1d-dead-4bad-8bad-000000000000": "web-gone"}}
     await kube.patch_deployment(
         namespace,
         "web",

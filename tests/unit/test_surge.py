@@ -11,11 +11,13 @@ import copy
 import json
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from queue_processor.drain import surge as surge_module
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DRAIN_POLICY_ANNOTATION
@@ -65,6 +67,7 @@ class Cluster(FakeKube):
         pod["metadata"]["ownerReferences"][0]["name"] = "web-abc12"
 
     async def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        await asyncio.sleep(0)  # an answer takes a turn of the loop: concurrent surges interleave
         if self.refuse:
             raise KubeError(self.refuse, "Forbidden", "deployments is forbidden")
         if self.deployment is None or (namespace, name) != ("apps", "web"):
@@ -72,6 +75,7 @@ class Cluster(FakeKube):
         return copy.deepcopy(self.deployment)
 
     async def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)
         assert self.deployment is not None
         if patch["metadata"]["resourceVersion"] != self.deployment["metadata"]["resourceVersion"]:
             raise KubeError(409, "Conflict", "the object has been modified")
@@ -206,7 +210,7 @@ async def test_a_pod_recorded_before_is_not_scaled_for_again() -> None:
     writes = kube.writes
     again = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
     assert isinstance(again, Surge)
-    assert (kube.replicas, kube.writes, again.target) == (2, writes, 2)
+    assert (kube.replicas, kube.writes, again.missing) == (2, writes, 0)
 
 
 async def test_surges_whose_pods_are_gone_are_taken_back_with_the_next() -> None:
@@ -214,11 +218,54 @@ async def test_surges_whose_pods_are_gone_are_taken_back_with_the_next() -> None
     kube.add_surge_pod("web-live", uid="uid-live")
     assert kube.deployment is not None
     kube.deployment["metadata"]["annotations"][SURGE_RECORD_ANNOTATION] = json.dumps(
-        {"uid-gone-1": "web-gone-1", "uid-gone-2": "web-gone-2"}
+        {"base": 1, "pods": {"uid-gone-1": "web-gone-1", "uid-gone-2": "web-gone-2"}}
     )
     surge = await Surges(kube).start("apps", "web", "web-live", "uid-live", LABELS)  # type: ignore[arg-type]
     assert isinstance(surge, Surge)
     assert (kube.replicas, kube.record) == (2, {"uid-live": "web-live"})
+
+
+async def test_a_count_someone_else_scaled_back_is_not_taken_down_again() -> None:
+    """A GitOps controller's self-heal (or a manual scale) sets the count back to its own during a surge: our
+    replica is gone already, and taking one more would leave a single-replica Deployment with none."""
+    kube = Cluster()
+    surges = Surges(kube)  # type: ignore[arg-type]
+    surge = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    assert isinstance(surge, Surge)
+    assert kube.deployment is not None
+    kube.deployment["spec"]["replicas"] = 1  # self-heal
+    assert await surges.end(surge)
+    assert (kube.replicas, kube.record) == (1, {})
+
+
+async def test_two_surges_of_one_deployment_each_wait_for_their_own_replacement() -> None:
+    kube = Cluster(replicas=2)
+    kube.add_surge_pod("web-0", uid="uid-0")
+    kube.add_surge_pod("web-1", uid="uid-1")
+    surges = Surges(kube)  # type: ignore[arg-type]
+    first, second = await asyncio.gather(
+        surges.start("apps", "web", "web-0", "uid-0", LABELS),
+        surges.start("apps", "web", "web-1", "uid-1", LABELS),
+    )
+    assert isinstance(first, Surge)
+    assert isinstance(second, Surge)
+    assert kube.replicas == 4
+    kube.becomes_available()
+    assert kube.deployment is not None
+    kube.deployment["status"]["availableReplicas"] = 3  # one replacement up: one more to come
+    assert (await surges.ready(first), await surges.ready(second)) == (False, False)
+    kube.deployment["status"]["availableReplicas"] = 4
+    assert (await surges.ready(first), await surges.ready(second)) == (True, True)
+
+
+async def test_a_surge_whose_deployment_went_is_over() -> None:
+    kube = Cluster()
+    surges = Surges(kube)  # type: ignore[arg-type]
+    surge = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    assert isinstance(surge, Surge)
+    kube.deployment = None
+    assert await surges.ready(surge) is None
+    assert not await surges.end(surge)
 
 
 @pytest.mark.parametrize(
@@ -245,28 +292,40 @@ async def test_a_deployment_that_cannot_surge_is_left_as_it_is(setup: str, resul
     assert kube.writes == 0
 
 
-@given(st.lists(st.sampled_from(["start", "end", "conflict"]), max_size=30), st.integers(0, 4))
+@given(
+    st.lists(st.lists(st.sampled_from(["start", "end", "conflict"]), min_size=1, max_size=3), max_size=12),
+    st.integers(0, 4),
+)
 async def test_any_interleaving_of_surges_ends_with_the_count_it_began_with(
-    steps: list[str], replicas: int
+    batches: list[list[str]], replicas: int
 ) -> None:
-    """Surges of several pods of one Deployment, started and ended in any order, some writes losing to another
-    writer: once every one has ended, the Deployment has the replicas it began with and no record."""
+    """Surges of several pods of one Deployment, started and ended in any order, those of a batch at once (their
+    reads and writes interleaved), some writes losing to another writer: while they last the Deployment has
+    one replica more per surge, and once every one has ended, the replicas it began with and no record."""
     kube = Cluster(replicas=replicas)
     surges = Surges(kube)  # type: ignore[arg-type]
     live: list[Surge] = []
-    for index, step in enumerate(steps):
-        if step == "conflict":
-            kube.conflicts += 1
-        elif step == "start":
-            kube.add_surge_pod(f"web-{index}", uid=f"uid-{index}")
-            started = await surges.start("apps", "web", f"web-{index}", f"uid-{index}", LABELS)
-            assert isinstance(started, Surge)
-            live.append(started)
-        elif live:
-            await surges.end(live.pop(0))
-        assert kube.replicas == replicas + len(live)
-    kube.conflicts = 0
-    await asyncio.gather(*(surges.end(surge) for surge in live))
+
+    async def start(index: int) -> None:
+        kube.add_surge_pod(f"web-{index}", uid=f"uid-{index}")
+        started = await surges.start("apps", "web", f"web-{index}", f"uid-{index}", LABELS)
+        assert isinstance(started, Surge)
+        live.append(started)
+
+    with patch.object(surge_module.random, "uniform", lambda _a, _b: 0.0):  # a retry after a 409: at once
+        for number, batch in enumerate(batches):
+            steps: list[Any] = []
+            for index, step in enumerate(batch):
+                if step == "conflict":  # at most two writes lost to another writer in a row
+                    kube.conflicts = min(kube.conflicts + 1, 2)
+                elif step == "start":
+                    steps.append(start(number * 10 + index))
+                elif live:
+                    steps.append(surges.end(live.pop(0)))
+            await asyncio.gather(*steps)
+            assert kube.replicas == replicas + len(live)
+        kube.conflicts = 0
+        await asyncio.gather(*(surges.end(surge) for surge in live))
     assert (kube.replicas, kube.record) == (replicas, {})
 
 
@@ -300,29 +359,84 @@ def surges_counted(metrics: Metrics) -> dict[str, float]:
 
 async def test_the_pod_is_evicted_only_once_the_replacement_is_available() -> None:
     kube, drainer, metrics, now = a_drain()
-    replicas_at_eviction: list[int] = []
-    checks = 0
+    at_eviction: list[tuple[int, int]] = []  # (spec.replicas, available replicas) when the eviction was sent
 
     async def on_evict(_: str) -> None:
-        replicas_at_eviction.append(kube.replicas)
+        assert kube.deployment is not None
+        at_eviction.append((kube.replicas, kube.deployment["status"]["availableReplicas"]))
+
+    async def replacement_comes_up() -> None:
+        await kube.written.wait()
+        for _ in range(20):  # a few polls later
+            await asyncio.sleep(0)
+        kube.becomes_available()
 
     kube.on_evict = on_evict
-    original = kube.get_deployment
-
-    async def get_deployment(namespace: str, name: str) -> dict[str, Any] | None:
-        nonlocal checks
-        checks += 1
-        if checks == 4:  # the third readiness check finds the replacement available
-            kube.becomes_available()
-        return await original(namespace, name)
-
-    kube.get_deployment = get_deployment  # type: ignore[method-assign]
+    up = asyncio.create_task(replacement_comes_up())
     result = await drainer.drain(NODE, now[0] + 120, instance_end=now[0] + 120)
+    await up
     assert result.completed
     assert kube.evicted == ["web-0"]
-    assert replicas_at_eviction == [2]
+    assert at_eviction == [(2, 2)]
     assert (kube.replicas, kube.record) == (1, {})
     assert surges_counted(metrics) == {"surged": 1}
+
+
+async def test_a_pod_its_budget_holds_keeps_its_replacement_until_the_drain_ends() -> None:
+    """The eviction is refused until the drain's end (a PodDisruptionBudget that counts more than the surge):
+    the replica stays while the drain lasts, and the drain takes it back as it ends."""
+    kube, drainer, _, now = a_drain()
+    kube.refuse_evictions = True
+    replicas_at_attempts: list[int] = []
+
+    async def on_evict(_: str) -> None:
+        replicas_at_attempts.append(kube.replicas)
+        kube.becomes_available()
+
+    kube.on_evict = on_evict
+    drainer.clock = lambda: now[0]
+
+    async def sleep_advances(seconds: float) -> bool:
+        now[0] += max(seconds, 0.25)
+        await asyncio.sleep(0)
+        return False
+
+    from queue_processor.drain import drainer as drainer_module
+
+    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
+    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    result = await drainer.drain(NODE, bounds)
+    assert not result.completed
+    assert replicas_at_attempts
+    assert set(replicas_at_attempts) == {2}
+    assert (kube.replicas, kube.record) == (1, {})
+
+
+async def test_a_lease_lost_while_waiting_leaves_the_surge_to_the_new_owner() -> None:
+    from queue_processor.outcomes import ClaimLost
+
+    kube, drainer, _, now = a_drain()
+    lost = False
+
+    async def guard() -> None:
+        if lost:
+            raise ClaimLost("node Lease held by another replica")
+
+    async def lose_it() -> None:
+        nonlocal lost
+        await kube.written.wait()
+        lost = True
+
+    losing = asyncio.create_task(lose_it())
+    with pytest.raises(ClaimLost):
+        await drainer.drain(NODE, now[0] + 120, instance_end=now[0] + 120, guard=guard)
+    await losing
+    assert (kube.replicas, kube.record, kube.evicted) == (2, {"uid-web-0": "web-0"}, [])
+    # the new owner's drain of the same pod takes the recorded surge over: no second replica
+    kube.becomes_available()
+    result = await drainer.drain(NODE, now[0] + 120, instance_end=now[0] + 120)
+    assert result.completed
+    assert (kube.replicas, kube.record) == (1, {})
 
 
 async def test_a_replacement_that_is_not_available_in_time_does_not_keep_the_pod() -> None:

@@ -15,6 +15,7 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from email.utils import format_datetime
@@ -92,7 +93,7 @@ class AwsSandbox:
         self._timer_errors: list[BaseException] = []
         self._listeners: list[Callable[[SandboxInstance, str], None]] = []
         self._schedule = Schedule(self._timer_errors)
-        self._notices_pending: set[str] = set()  # instances whose notice has not ended yet
+        self._notices_pending: Counter[str] = Counter()  # instance → its notices that have not ended yet
         self._faults = Faults(self._lock)
         self._delivery = Delivery(self._lock, region)
         self._lifecycle = LifecycleActions(
@@ -136,6 +137,7 @@ class AwsSandbox:
         self._clients.clear()
         self._endpoint = None
         self._schedule.stop()
+        self._notices_pending.clear()
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -205,6 +207,7 @@ class AwsSandbox:
         with self._lock:
             self._schedule.generation += 1
             self._schedule.clear()
+            self._notices_pending.clear()
             self._lifecycle.clear()
             self._delivery.clear()
             self._timer_errors.clear()
@@ -913,11 +916,13 @@ class AwsSandbox:
         generation = self._schedule.generation
         delay = max(0.0, (end - utcnow()).total_seconds())
         with self._lock:
-            self._notices_pending.add(instance_id)
+            self._notices_pending[instance_id] += 1
 
         def act() -> None:
             with self._lock:
-                self._notices_pending.discard(instance_id)
+                self._notices_pending[instance_id] -= 1
+                if self._notices_pending[instance_id] <= 0:
+                    del self._notices_pending[instance_id]
                 if generation != self._schedule.generation:
                     return
                 if stop:
