@@ -30,10 +30,12 @@ Deployment, from two drains or two replicas, count exactly; each waits until eve
 is available). A replica is taken back only while the count is above ``base``: one someone else scaled back
 is not taken again. The record is how a surge interrupted by a SIGKILL, or by a Lease that changed hands, is
 taken over or back: the drain of the redelivered message finds its pod's entry and does not scale again, and
-any later surge of the Deployment removes the entries whose pods are gone, with the replicas they added. A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the
-Deployment out of sync while a surge lasts; with self-heal it scales back at once, the replacement never
-becomes available, and the pod is evicted when time runs short (``not-ready``): exclude ``spec.replicas`` from
-its comparison, as for a HorizontalPodAutoscaler.
+any later surge of the Deployment removes the entries whose pods are gone, with the replicas they added.
+
+A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the Deployment out of sync while a surge
+lasts; with self-heal it scales back at once, the replacement never becomes available, and the pod is evicted
+when time runs short (``not-ready``): exclude ``spec.replicas`` from its comparison, as for a
+HorizontalPodAutoscaler.
 
 What it does not do: a Deployment whose replica count a HorizontalPodAutoscaler owns (any autoscaling/v2 HPA
 of the namespace whose ``scaleTargetRef`` names it) is not scaled, since the autoscaler would undo it at its
