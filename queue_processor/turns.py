@@ -50,6 +50,7 @@ class Turns:
         self.running: Counter[str] = Counter()
         """Drains running now, per group."""
         self._lines: dict[str, list[asyncio.Event]] = {}  # per group, each waiter's wake-up, in arrival order
+        self._limits: dict[asyncio.Event, int] = {}  # each waiter's limit
 
     def waiting(self, group: str) -> int:
         """Drains of ``group`` waiting for a turn now."""
@@ -74,10 +75,12 @@ class Turns:
         operation's messages, joined ones too, give their slots back). Yields whether it waited. A
         cancellation while waiting gives its place up."""
         waited = False
+        counted = False
         if limit is not None and not urgent():
             line = self._lines.setdefault(group, [])
             me = asyncio.Event()
             line.append(me)
+            self._limits[me] = limit
             try:
                 while self.running[group] + line.index(me) >= limit and not urgent():
                     if not waited:
@@ -97,14 +100,18 @@ class Turns:
                     finally:
                         await tasks.stop(woken, joining)
                     joined.clear()
+                self.running[group] += 1  # before those behind look again: its turn is taken
+                counted = True
             finally:
                 line.remove(me)
+                del self._limits[me]
                 if not line:
                     del self._lines[group]
                 if waited:
                     self.observer.drains_waiting(group, self.waiting(group))
                 self._wake(group)  # those behind it move up
-        self.running[group] += 1
+        if not counted:
+            self.running[group] += 1
         try:
             yield waited
         finally:
@@ -114,6 +121,10 @@ class Turns:
             self._wake(group)
 
     def _wake(self, group: str) -> None:
-        """Every drain of ``group`` in line looks again (the first ones take the free turns)."""
-        for waiter in self._lines.get(group, []):
-            waiter.set()
+        """The drains of ``group`` in line whose turn may have come look again: those with fewer drains running
+        and in line before them than their limit. The others stay asleep: waking every waiter at every
+        hand-over cost O(n) task wake-ups, each reading its place in line (O(n)), with a thousand waiting."""
+        running = self.running[group]
+        for place, waiter in enumerate(self._lines.get(group, [])):
+            if running + place < self._limits[waiter]:
+                waiter.set()

@@ -4,6 +4,7 @@ turns a group's drains take, slots given back while waiting, and the handler wai
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -245,3 +246,41 @@ async def test_a_group_size_that_cannot_be_read_counts_a_percentage_as_one(env: 
     assert str(outcome) == "done"
     assert world.kube.evicted == ["web-0"]
     await world.heartbeats.close()
+
+
+async def test_a_hand_over_wakes_only_the_drain_whose_turn_it_is() -> None:
+    """With a thousand drains waiting, waking every one at every hand-over cost O(n²): each woke, read its place
+    in line and went back to sleep. Only the drain whose turn came looks again (each sleep is one ``waiting``)."""
+    turns = Turns()
+    sleeps: Counter[int] = Counter()
+    order: list[int] = []
+    release = {index: asyncio.Event() for index in range(-1, 10)}
+    inside = asyncio.Event()
+
+    async def drain(index: int) -> None:
+        async def waiting() -> None:
+            sleeps[index] += 1
+
+        async with turns.turn(
+            "g", 1, urgent=lambda: False, joined=asyncio.Event(), waiting=waiting if index >= 0 else None
+        ):
+            order.append(index)
+            inside.set()
+            await release[index].wait()
+
+    running = [asyncio.create_task(drain(-1))]
+    await inside.wait()
+    for index in range(10):
+        running.append(asyncio.create_task(drain(index)))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert turns.waiting("g") == 10
+    assert sum(sleeps.values()) == 10
+    for index in range(-1, 9):
+        release[index].set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert sum(sleeps.values()) == 10, sleeps  # nobody else went back to sleep: nobody else woke
+    release[9].set()
+    await asyncio.gather(*running)
+    assert order == list(range(-1, 10))
