@@ -11,7 +11,7 @@ the caller at once, which classifies it (DESIGN.md, rule 4).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the stubs are a development dependency
 __all__ = ["AwsClients", "call", "collect", "error_code", "is_no_active_action", "is_retryable"]
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 #: Error codes AWS uses for throttling (botocore's standard retry mode lists the same family).
 THROTTLING = frozenset(
@@ -100,14 +101,15 @@ async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def collect(pages: Callable[[], AsyncIterator[T]], /) -> list[T]:
-    """Every page of a paginated call, retried like :func:`call` as a whole (a retryable error on any page
-    starts the pagination again): ``pages`` returns a fresh iterator, e.g.
-    ``lambda: ec2.get_paginator("describe_instances").paginate(...)``. Meant for reads, which are
-    idempotent."""
+async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Iterable[U]], /) -> list[U]:
+    """What ``pick`` takes from every page of a paginated call, retried like :func:`call` as a whole (a
+    retryable error on any page starts the pagination again): ``pages`` returns a fresh iterator, e.g.
+    ``lambda: ec2.get_paginator("describe_instances").paginate(...)``. Each page is let go once picked, so
+    a long listing holds one page at a time (botocore parses a page's XML into a tree many times its size).
+    Meant for reads, which are idempotent."""
     async for attempt in _retrying():
         with attempt:
-            return [page async for page in pages()]
+            return [item async for page in pages() for item in pick(page)]
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -79,39 +79,50 @@ def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") ->
 Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
 
 
+def _instances(page: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The instances of one DescribeInstances page, flattened out of their reservations."""
+    for reservation in page.get("Reservations") or []:
+        for instance in reservation.get("Instances") or []:
+            yield dict(instance)
+
+
 async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[dict[str, Any]]:
     """EC2 DescribeInstances for ``instance_ids`` through an ``instance-id`` filter (unknown IDs are simply
     absent, never ``InvalidInstanceID.NotFound``), every page by botocore's paginator, retried as a whole
     (:func:`queue_processor.aws.collect`): the instances, flattened out of their reservations. Raises the
     AWS error when retries are exhausted or it is not retryable."""
-    pages = await collect(
+    return await collect(
         lambda: ec2.get_paginator("describe_instances").paginate(
             Filters=[{"Name": "instance-id", "Values": instance_ids}]
-        )
+        ),
+        _instances,
     )
-    return [
-        dict(instance)
-        for page in pages
-        for reservation in page.get("Reservations") or []
-        for instance in reservation.get("Instances") or []
-    ]
+
+
+#: Tags per page of the tagged-instances listing (DescribeTags ``MaxResults``: 5 to 1,000).
+TAGGED_PAGE_SIZE = 1000
 
 
 async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
-    """The IDs of every instance carrying the tag key ``tag``, whatever its state (NTH's
-    ``nth_tagged_instances``: a ``tag-key`` filter, no state filter), every page read. Raises the AWS error
-    when retries are exhausted or it is not retryable."""
-    pages = await collect(
-        lambda: ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "tag-key", "Values": [tag]}]
-        )
+    """The IDs of every instance carrying the tag key ``tag`` (NTH's ``nth_tagged_instances``), from EC2
+    DescribeTags with the filters ``resource-type=instance`` and ``key=<tag>``, :data:`TAGGED_PAGE_SIZE` a page.
+    NTH asks DescribeInstances with a ``tag-key`` filter, whose answer describes every instance in full: 4.2 MB
+    of XML for 1,250 instances in the sandbox, which botocore parsed into a tree that held 35 MiB of the
+    controller's peak memory in a 1,000-node storm (issue 30); DescribeTags answers the same IDs in 186 KB. One
+    difference: AWS documents that DescribeInstances may still show an instance terminated within the hour, and
+    says nothing of its tags in DescribeTags. Raises the AWS error when retries are exhausted or it is not
+    retryable."""
+    ids = await collect(
+        lambda: ec2.get_paginator("describe_tags").paginate(
+            Filters=[
+                {"Name": "resource-type", "Values": ["instance"]},
+                {"Name": "key", "Values": [tag]},
+            ],
+            PaginationConfig={"PageSize": TAGGED_PAGE_SIZE},
+        ),
+        lambda page: (str(item["ResourceId"]) for item in page.get("Tags") or []),
     )
-    return {
-        str(instance["InstanceId"])
-        for page in pages
-        for reservation in page.get("Reservations") or []
-        for instance in reservation.get("Instances") or []
-    }
+    return set(ids)
 
 
 def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:

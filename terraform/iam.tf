@@ -50,11 +50,12 @@ data "aws_iam_policy_document" "controller" {
     resources = [aws_sqs_queue.this.arn]
   }
 
-  # Node resolution. DescribeInstances supports no resource-level permissions: "*" is the only valid resource.
+  # Node resolution, and the tagged-instances gauge. Neither action supports resource-level permissions: "*" is
+  # the only valid resource.
   statement {
     sid       = "ResolveNodes"
     effect    = "Allow"
-    actions   = ["ec2:DescribeInstances"]
+    actions   = ["ec2:DescribeInstances", "ec2:DescribeTags"]
     resources = ["*"]
   }
 

@@ -317,8 +317,9 @@ def test_controller_role_grants_exactly_the_actions_the_code_calls() -> None:
         assert granted[action] == ["${aws_sqs_queue.this.arn}"], action
     for action in ("autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat"):
         assert granted[action] == "${local.asg_arns}", action
-    # No resource-level permissions exist for these two (Service Authorization Reference).
+    # No resource-level permissions exist for these three (Service Authorization Reference).
     assert granted["ec2:DescribeInstances"] == ["*"]
+    assert granted["ec2:DescribeTags"] == ["*"]
     assert granted["autoscaling:DescribeLifecycleHooks"] == ["*"]
     assert "autoScalingGroup:*:autoScalingGroupName/${name}" in _locals()["asg_arns"]
 

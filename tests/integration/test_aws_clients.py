@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
+from queue_processor import nodes
 from queue_processor.aws import AwsClients
 from queue_processor.config import load_settings
 from queue_processor.lifecycle import Lifecycle
@@ -98,6 +100,34 @@ async def test_a_request_that_gets_no_answer_is_counted_as_an_error() -> None:
         with pytest.raises(EndpointConnectionError):
             await aws.sqs.get_queue_attributes(QueueUrl=QUEUE)
     assert requests(metrics, "sqs", "GetQueueAttributes", "error") == 1
+
+
+async def test_tagged_instances_asks_for_tags_a_page_at_a_time(sandbox: AwsSandbox) -> None:
+    """One DescribeTags, not DescribeInstances (whose answer describes each instance in full), filtered to
+    instances and the tag key, with MaxResults TAGGED_PAGE_SIZE (botocore's paginator follows NextToken; moto
+    answers DescribeTags in one page whatever MaxResults says, so only the request is checked)."""
+    sandbox.reset()
+    managed = sandbox.create_asg("workers", 7)
+    settings = load_settings(queue_url=QUEUE, aws_region=sandbox.region, aws_endpoint=sandbox.endpoint_url)
+    metrics = Metrics(process_metrics=False)
+    sent: list[dict[str, Any]] = []
+    async with AwsClients(settings, observer=metrics) as aws:
+        aws.ec2.meta.events.register(
+            "before-parameter-build.ec2.DescribeTags", lambda params, **_: sent.append(dict(params))
+        )
+        found = await tagged_instances(aws.ec2, settings.managed_tag)
+    assert found == {instance.instance_id for instance in managed}
+    assert requests(metrics, "ec2", "DescribeTags", "ok") == 1
+    assert requests(metrics, "ec2", "DescribeInstances", "ok") == 0
+    assert sent == [
+        {
+            "Filters": [
+                {"Name": "resource-type", "Values": ["instance"]},
+                {"Name": "key", "Values": [settings.managed_tag]},
+            ],
+            "MaxResults": nodes.TAGGED_PAGE_SIZE,
+        }
+    ]
 
 
 async def test_tagged_instances_counts_every_instance_with_the_tag_key_as_nth(sandbox: AwsSandbox) -> None:
