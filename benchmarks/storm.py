@@ -15,7 +15,8 @@ Measured in the same run:
   ``histogram_quantile``);
 - ``all_drained_within_notice``: every node's drain completed before its notice ended (the controller only
   counts a drain as a success when it does);
-- ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node;
+- ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node, and
+  ``kube_requests_per_node_by_kind`` the same by ``"<verb> <resource>"`` (a watch counts once, when it opens);
 - ``peak_rss_mib``: the controller process's peak resident memory (VmHWM);
 - ``tasks_left``: operation tasks alive when the queue is empty.
 
@@ -175,6 +176,7 @@ def main() -> None:
             sandbox.aws.spot_interruption(instance.instance_id)
         published = time.perf_counter() - published_at
         kube_before = sum(sandbox.kube.requests.values())
+        kinds_before = dict(sandbox.kube.requests)
         apiserver_before = parse_metrics(plane.metrics()) if plane is not None else {}
         log = open(Path(workdir) / "controller.log", "w")  # noqa: SIM115 - closed below
         started = time.perf_counter()
@@ -215,6 +217,11 @@ def main() -> None:
                 )
                 print("\n".join(timeline[:: max(1, len(timeline) // 40)]))
             kube_requests = sum(sandbox.kube.requests.values()) - kube_before
+            by_kind = {
+                kind: round((count - kinds_before.get(kind, 0)) / args.nodes, 2)
+                for kind, count in sorted(sandbox.kube.requests.items())
+                if count > kinds_before.get(kind, 0)
+            }
             apiserver_after = parse_metrics(plane.metrics()) if plane is not None else {}
             # The messages that followed (state changes of terminated instances) settle too: then count what
             # is left (tasks, messages), up to 60 s.
@@ -241,6 +248,7 @@ def main() -> None:
                 "all_drained_within_notice": drained >= args.nodes,
                 "drained": int(drained),
                 "kube_requests_per_node": round(kube_requests / args.nodes, 1),
+                "kube_requests_per_node_by_kind": by_kind,
                 "peak_rss_mib": peak_rss_mib(process.pid),
                 "tasks_left": int(in_flight),
                 "messages_left": sandbox.queue_counts().left,

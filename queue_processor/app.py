@@ -23,6 +23,7 @@ from queue_processor.aws import AwsClients
 from queue_processor.coalesce import EventStore
 from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
+from queue_processor.drain.departures import Departures
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.handler import Handler
@@ -90,6 +91,7 @@ async def run_controller(
         finder = NodeFinder(kube, use_provider_id=settings.use_provider_id)
         lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
         own_pod = (settings.pod_namespace, settings.pod_name) if settings.pod_name else None
+        departures = Departures(kube)
         drainer = Drainer(
             kube,
             DrainOptions(
@@ -103,6 +105,7 @@ async def run_controller(
             use_cache=settings.use_apiserver_cache,
             timing=DrainTiming.of(settings),
             observer=metrics,
+            departures=departures,
         )
         heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
         handler = Handler(
@@ -162,6 +165,7 @@ async def run_controller(
                     f"PROMETHEUS_SERVER_PORT={settings.prometheus_server_port} / PROBES_SERVER_PORT="
                     f"{settings.probes_server_port}: cannot listen: {exc.strerror or exc}"
                 ) from None
+        departures.start()
         consumer.start()
         gauges = (
             tasks.spawn(_tagged_gauges(aws.ec2, kube, settings.managed_tag, metrics), name="nth-tagged")
@@ -198,6 +202,7 @@ async def run_controller(
             await tasks.stop(gauges, returns)
             await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
             await resolver.close()
+            await departures.close()
             if server is not None:
                 await server.stop()
             kube.close(wait=False)
@@ -223,7 +228,7 @@ TAGGED_GAUGES_PERIOD_S = 30.0
 
 async def _tagged_gauges(ec2: Any, kube: KubeClient, tag: str, metrics: Metrics) -> None:
     """NTH's ``nth_tagged_instances`` and ``nth_tagged_nodes``, refreshed every
-    :data:`TAGGED_GAUGES_PERIOD_S`: one paginated DescribeInstances with a ``tag-key`` filter and the node
+    :data:`TAGGED_GAUGES_PERIOD_S`: the tagged instances (:func:`~queue_processor.nodes.tagged_instances`) and the node
     list from the informer cache. A failed refresh is logged and leaves both gauges as they were, as NTH."""
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)

@@ -18,8 +18,10 @@ coordination.k8s.io/v1 Lease, core/v1 Event) and "API-initiated Eviction".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -40,13 +42,26 @@ from queue_processor.config import default
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import KubeError, StartupError
 
-__all__ = ["RETRY_AFTER_MAX_S", "KubeClient", "KubeError", "RateLimiter", "load_api_client"]
+__all__ = [
+    "METADATA_ONLY",
+    "RETRY_AFTER_MAX_S",
+    "KubeClient",
+    "KubeError",
+    "RateLimiter",
+    "load_api_client",
+]
 
 #: The longest a Retry-After is waited for before a retry (seconds): every wait stays short of what it protects
 #: (a cordon, a heartbeat interval, a shutdown); the server asks for 1 s in API Priority and Fairness.
 RETRY_AFTER_MAX_S = 10.0
 
 Obj = dict[str, Any]
+
+#: The ``Accept`` header of a metadata-only read or watch: each object comes as a ``meta.k8s.io/v1``
+#: ``PartialObjectMetadata`` (its ``metadata`` alone), as client-go's metadata informers ask ("Receiving
+#: resources as Tables or metadata only", API concepts).
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
 
 PATCH_TYPES = {
     "strategic": "application/strategic-merge-patch+json",
@@ -290,6 +305,124 @@ class KubeClient:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
 
+    async def watch_pods(
+        self,
+        resource_version: str,
+        deliver: Callable[[list[Obj]], None],
+        *,
+        timeout_s: float,
+        opened: Callable[[], None] | None = None,
+    ) -> str:
+        """A metadata-only watch of every pod (:meth:`watch`): names, uids and resourceVersions, no specs."""
+        return await self.watch(
+            "/api/v1/pods", resource_version, deliver, timeout_s=timeout_s, opened=opened, metadata_only=True
+        )
+
+    async def watch(
+        self,
+        path: str,
+        resource_version: str,
+        deliver: Callable[[list[Obj]], None],
+        *,
+        timeout_s: float,
+        opened: Callable[[], None] | None = None,
+        query: Mapping[str, str] | None = None,
+        metadata_only: bool = False,
+    ) -> str:
+        """One watch connection to the collection ``path`` from ``resource_version``, with bookmarks: the
+        events come to ``deliver`` (called in the event loop, a list of ``{"type", "object"}`` per chunk the
+        server sent, bookmarks left out) until the server ends the stream after ``timeout_s`` seconds
+        (``timeoutSeconds``). Returns the last resourceVersion seen (an event's or a bookmark's), to watch on
+        from. The stream is read by a thread of its own (a daemon: it never holds the process up); the rate
+        limiter is passed once per connection. ``opened`` is called (in the loop) once the server accepted the
+        watch. Metadata-only objects with ``metadata_only`` (:data:`METADATA_ONLY`).
+
+        Raises :class:`KubeError`: status 410 when the server says the resourceVersion is too old (an ERROR
+        event or an answer: read the current state again and watch from its resourceVersion, "Efficient
+        detection of changes" in API concepts); another error answer's status; 0 when the connection failed or
+        broke (watch on from the last resourceVersion). Cancelling it closes the connection."""
+        await self.limiter.acquire()
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[str] = loop.create_future()
+        stream = _Stream(loop, deliver, ended, opened)
+        params = {
+            **(query or {}),
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(int(timeout_s)),
+        }
+        accept = METADATA_ONLY if metadata_only else "application/json"
+        thread = threading.Thread(
+            target=self._stream,
+            args=(path, params, accept, timeout_s, stream),
+            name="kube-watch",
+            daemon=True,
+        )
+        thread.start()
+        try:
+            return await ended
+        finally:
+            stream.close()
+
+    def _stream(
+        self, path: str, query: Mapping[str, str], accept: str, timeout_s: float, stream: _Stream
+    ) -> None:
+        """The watch thread: connect, read chunks of lines, hand their events to the loop, end ``stream``."""
+        rv = str(query["resourceVersion"])
+        try:
+            params = self.api.param_serialize(
+                "GET",
+                path,
+                query_params=list(query.items()),
+                header_params={"Accept": accept},
+                auth_settings=["BearerToken"],
+            )
+            response = self.api.call_api(*params, _request_timeout=(10.0, timeout_s + 30.0)).response
+            stream.response = response
+            status = int(response.status)
+            stream.call(self.observer.kube_request, "watch", _describe("GET", path, None)[1], status)
+            if status != 200:
+                raise _error(status, bytes(response.data or b""))
+            stream.call(self._answered)
+            if stream.opened is not None:
+                stream.call(stream.opened)
+            rest = b""
+            for chunk in response.stream(1 << 16):
+                if stream.closed:
+                    return
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                events = []
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # a Status: 410 when the resourceVersion is too old
+                        raise _error(int(obj.get("code") or 500), json.dumps(obj).encode())
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if event.get("type") != "BOOKMARK":
+                        events.append(event)
+                if events:
+                    stream.call(stream.deliver, events)
+            stream.end(rv)
+        except KubeError as exc:
+            stream.fail(exc)
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            if not stream.closed:
+                stream.call(self._unanswered)
+            stream.fail(KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
+        finally:
+            if stream.response is not None:
+                stream.response.close()
+
+    def _answered(self) -> None:
+        self.answered_at = time.monotonic()
+
+    def _unanswered(self) -> None:
+        self.unreachable_at = time.monotonic()
+
     # ------------------------------------------------------------------------------------------ nodes
 
     def reachable(self) -> bool:
@@ -333,6 +466,12 @@ class KubeClient:
             query["resourceVersion"] = "0"
         answer = await self.request("GET", "/api/v1/pods", query=query)
         return list(answer.get("items") or [])
+
+    async def pods_version(self) -> str:
+        """The current resourceVersion of the pods (a quorum list of at most one pod, ``limit=1``): where a watch
+        of every pod starts without reading them all."""
+        answer = await self.request("GET", "/api/v1/pods", query={"limit": "1"})
+        return str(answer["metadata"]["resourceVersion"])
 
     async def evict(
         self,
@@ -482,6 +621,58 @@ class KubeClient:
             urgent=True,
         )
         return replaced
+
+
+class _Stream:
+    """What a watch thread shares with the event loop: ``deliver`` and ``ended`` are the loop's, reached only
+    through :meth:`call`; :meth:`close` (from the loop) shuts the connection down, which ends a blocked read."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[list[Obj]], None],
+        ended: asyncio.Future[str],
+        opened: Callable[[], None] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.deliver = deliver
+        self.ended = ended
+        self.opened = opened
+        self.response: Any = None
+        self.closed = False
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` in the loop (dropped once the watch is closed or the loop is gone)."""
+        if not self.closed:
+            with contextlib.suppress(RuntimeError):  # the loop closed
+                self.loop.call_soon_threadsafe(self._call, fn, args)
+
+    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        if not self.closed:
+            fn(*args)
+
+    def end(self, rv: str) -> None:
+        """The stream ended after ``rv``: the watch's answer."""
+        self.call(self._settle, rv, None)
+
+    def fail(self, exc: BaseException) -> None:
+        """The watch raises ``exc``."""
+        self.call(self._settle, "", exc)
+
+    def _settle(self, rv: str, exc: BaseException | None) -> None:
+        if self.ended.done():
+            return
+        if exc is None:
+            self.ended.set_result(rv)
+        else:
+            self.ended.set_exception(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        response = self.response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()  # urllib3: unblocks the thread's read
 
 
 def _describe(method: str, path: str, query: Mapping[str, str] | None) -> tuple[str, str]:

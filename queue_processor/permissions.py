@@ -8,7 +8,8 @@ call is added to the code, it is added here, and the chart and module tests then
 Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/):
 
 - cluster-wide: ``nodes`` get/list/patch (find, cordon, taint, label), ``pods`` list (a node's pods with
-  ``fieldSelector=spec.nodeName``), ``pods/eviction`` create (policy/v1 Eviction API), ``pods`` delete
+  ``fieldSelector=spec.nodeName``) and watch (one metadata-only watch of pod deletions, so that a drain waits
+  for its evicted pods without re-listing them), ``pods/eviction`` create (policy/v1 Eviction API), ``pods`` delete
   (``DELETE_AT_DEADLINE``: what is left at the instance's end), ``policy`` ``poddisruptionbudgets`` get (the
   arithmetic of a budget that blocks a drain, for its Event and log line), ``events`` create
   (``EMIT_KUBERNETES_EVENTS``; Events are written into the Node's namespace ``default``);
@@ -27,7 +28,7 @@ AWS (IAM actions, https://docs.aws.amazon.com/service-authorization/latest/refer
 
 - SQS: ReceiveMessage, DeleteMessage (the batch call is authorised by this action), ChangeMessageVisibility
   (likewise for its batch call);
-- EC2: DescribeInstances (node resolution);
+- EC2: DescribeInstances (node resolution), DescribeTags (NTH's ``nth_tagged_instances`` gauge);
 - Auto Scaling: CompleteLifecycleAction, RecordLifecycleActionHeartbeat, DescribeLifecycleHooks (the hook's
   HeartbeatTimeout, read once per hook), DescribeAutoScalingGroups (a group's size, for a percentage in
   DRAIN_BUDGET_NON_URGENT; read at most once a minute per group).
@@ -63,7 +64,7 @@ class KubernetesRule:
 
 KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
     KubernetesRule("", "nodes", ("get", "list", "patch")),
-    KubernetesRule("", "pods", ("list",)),
+    KubernetesRule("", "pods", ("list", "watch")),
     KubernetesRule("", "pods/eviction", ("create",)),
     KubernetesRule("", "pods", ("delete",), when="DELETE_AT_DEADLINE"),
     KubernetesRule("apps", "deployments", ("get", "patch"), when="SURGE_DRAINS"),
@@ -86,7 +87,7 @@ AWS_API_CALLS: dict[str, tuple[str, ...]] = {
         "ChangeMessageVisibility",
         "ChangeMessageVisibilityBatch",
     ),
-    "ec2": ("DescribeInstances",),
+    "ec2": ("DescribeInstances", "DescribeTags"),
     "autoscaling": (
         "CompleteLifecycleAction",
         "RecordLifecycleActionHeartbeat",

@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ import structlog
 from queue_processor import tasks
 from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
+from queue_processor.drain.departures import Departures, Ticket, Waiting
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
 from queue_processor.drain.order import (
     DRAIN_POLICY_ANNOTATION,
@@ -178,12 +179,21 @@ class DrainBounds:
             return end - timing.delete_lead_s, True
         return self.deadline, False
 
-    async def sleep(self, seconds: float) -> bool:
-        """Wait ``seconds``, or less when the bounds tighten meanwhile: ``True`` when they did."""
+    async def sleep(self, seconds: float, *, wake: asyncio.Event | None = None) -> bool:
+        """Wait ``seconds``, or less when the bounds tighten meanwhile (or ``wake`` is set): ``True`` when the
+        bounds tightened."""
         tightened = self._tightened
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(seconds, 0.0)):
-                await tightened.wait()
+                if wake is None:
+                    await tightened.wait()
+                else:
+                    waits = [asyncio.ensure_future(tightened.wait()), asyncio.ensure_future(wake.wait())]
+                    try:
+                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for task in waits:
+                            task.cancel()
         return tightened.is_set()
 
     async def tightening(self) -> None:
@@ -392,8 +402,12 @@ class Drainer:
         timing: DrainTiming = DrainTiming(),
         observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
+        departures: Departures | None = None,
     ) -> None:
         self.kube = kube
+        self.departures = departures
+        """The watch of pod deletions that lets a drain wait for its pods without re-listing them (``None``:
+        re-list with backoff, at most every 2 s)."""
         self.options = options
         self.budget = asyncio.Semaphore(budget)
         self.grace_s = grace_s
@@ -557,6 +571,8 @@ class Drainer:
     ) -> DrainResult:
         """Plan (pure), execute, summarise (pure)."""
         drain_id = uuid.uuid4().hex[:12]
+        # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
+        ticket = self.departures.ticket() if self.departures is not None and not self.use_cache else None
         pods = await self.kube.pods_on_node(node, cached=self.use_cache)
         planned = plan_waves(pods, self.options, self.timing, self.grace_s)
         del (
@@ -565,8 +581,21 @@ class Drainer:
         if planned.refused:
             return summarise(planned, _Done(), drain_id)
         await self._report(planned.notices, noticed)
-        done = await self._execute(node, planned, bounds, guard, evicted, deleted, drain_id)
+        entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
+        with self._following(entries, ticket) as following:
+            done = await self._execute(node, planned, bounds, guard, evicted, deleted, drain_id, following)
         return summarise(planned, done, drain_id)
+
+    @contextlib.contextmanager
+    def _following(
+        self, entries: set[tuple[tuple[str, str], Any]], ticket: Ticket | None
+    ) -> Iterator[Waiting | None]:
+        """The drain's pods followed by the watch of deletions while it runs (``None`` without one)."""
+        if self.departures is None:
+            yield None
+            return
+        with self.departures.waiting(entries, ticket) as following:
+            yield following
 
     async def _report(
         self, notices: list[PolicyNotice], noticed: Callable[[str, str, str, str], Awaitable[None]] | None
@@ -610,6 +639,7 @@ class Drainer:
         evicted: Callable[[str, str], Awaitable[None]] | None,
         deleted: Callable[[str, str], Awaitable[None]] | None,
         drain_id: str,
+        following: Waiting | None = None,
     ) -> _Done:
         """Evict wave after wave, wait until the pods are gone or the last moment, take the deadline step when
         it comes, and read why a drain did not finish: what happened (:class:`_Done`)."""
@@ -640,10 +670,13 @@ class Drainer:
                             kept[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
                         return kept[bounds.version]
 
-                    await self._wait_gone(node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, evictions)
+                    await self._wait_gone(
+                        node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, evictions, following
+                    )
             await asyncio.gather(*evictions)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
-            left = dict(await self._wait_gone(node, waiting, lambda: bounds.final(timing)[0], bounds))
+            final = lambda: bounds.final(timing)[0]  # noqa: E731
+            left = dict(await self._wait_gone(node, waiting, final, bounds, following=following))
         except BaseException as exc:
             # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction. The surges are
             # taken back, but not when the Lease is lost: the replica that owns the node now takes them over.
@@ -922,21 +955,53 @@ class Drainer:
         deadline: Callable[[], float],
         bounds: DrainBounds,
         evictions: Sequence[asyncio.Task[Any]] = (),
+        following: Waiting | None = None,
     ) -> set[tuple[tuple[str, str], Any]]:
-        """Re-list the node's pods until none of ``waiting`` (key, uid) is left, ``deadline()`` (read again at
-        each poll, and at once when ``bounds`` tighten), or one of ``evictions`` failed; those left."""
+        """Wait until none of ``waiting`` (key, uid) is left, ``deadline()`` (read again at each look, and at once
+        when ``bounds`` tighten), or one of ``evictions`` failed; those left.
+
+        While the watch of deletions covers the drain (``following``, :meth:`Departures.covers`), it looks at
+        what the watch reported and wakes when a pod goes: no request. Otherwise it re-lists the node's pods
+        (a quorum read: the cache may still show them), every 0.05 s at first and at most every 2 s. A wait that
+        ends with pods left while covered lists once more, so a stalled stream never decides the outcome."""
+        departures = self.departures
         poll = 0.05
         while waiting:
-            pods = await self.kube.pods_on_node(node)  # a quorum read: the cache may still show them
-            present = {(pod_key(pod), pod["metadata"].get("uid")) for pod in pods}
-            waiting &= present
-            if not waiting or self.clock() >= deadline():
+            covered = following is not None and departures is not None and departures.covers(following)
+            if following is not None:
+                following.changed.clear()
+            if covered and following is not None:
+                waiting &= following.pending
+            else:
+                waiting &= await self._present(node, following)
+            ended = not waiting or self.clock() >= deadline()
+            if not ended and any(
+                task.done() and not task.cancelled() and task.exception() for task in evictions
+            ):
+                ended = True
+            if ended:
+                if waiting and covered:
+                    waiting &= await self._present(node, following)  # the last word is a list
                 break
-            if any(task.done() and not task.cancelled() and task.exception() for task in evictions):
-                break
-            if not await bounds.sleep(min(poll, max(0.0, deadline() - self.clock()))):
+            remaining = max(0.0, deadline() - self.clock())
+            if following is None:
+                if not await bounds.sleep(min(poll, remaining)):
+                    poll = min(poll * 1.5, 2.0)
+            elif covered:  # until a pod goes, the watch stops, or the bounds tighten
+                await bounds.sleep(remaining, wake=following.changed)
+            elif not await bounds.sleep(min(poll, remaining), wake=following.changed):
                 poll = min(poll * 1.5, 2.0)
         return waiting
+
+    async def _present(self, node: str, following: Waiting | None) -> set[tuple[tuple[str, str], Any]]:
+        """The (key, uid) of every pod on ``node`` now (a quorum list), told to the watch of deletions."""
+        departures = self.departures
+        ticket = departures.ticket() if departures is not None else None
+        pods = await self.kube.pods_on_node(node)  # a quorum read: the cache may still show them
+        present = {(pod_key(pod), pod["metadata"].get("uid")) for pod in pods}
+        if following is not None and departures is not None:
+            departures.listed(following, ticket, present)
+        return present
 
     async def _delete_at_deadline(
         self, left: dict[tuple[str, str], Any], deleted: Callable[[str, str], Awaitable[None]] | None

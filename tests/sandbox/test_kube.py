@@ -309,6 +309,103 @@ def test_a_finished_pod_is_deleted_at_once(kube: KubeCluster, v1: client.CoreV1A
     assert refused(lambda: v1.read_namespaced_pod("done", namespace)).status == 404
 
 
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def watch(
+    api: client.ApiClient,
+    path: str,
+    until: Callable[[list[dict[str, Any]]], bool],
+    *,
+    accept: str = "application/json",
+    **query: str,
+) -> list[dict[str, Any]]:
+    """The events of ``GET path?watch=1&<query>``, read as the API server streams them until ``until(events)``
+    holds or the server ends the stream (``timeoutSeconds``: 30 s)."""
+    params = api.param_serialize(
+        "GET",
+        path,
+        query_params=list({"watch": "1", "timeoutSeconds": "30", **query}.items()),
+        header_params={"Accept": accept},
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*params, _request_timeout=60).response
+    events: list[dict[str, Any]] = []
+    try:
+        assert response.status == 200, response.data
+        for line in response:
+            if line.strip():
+                events.append(json.loads(line))
+                if until(events):
+                    break
+    finally:
+        response.release_conn()
+    return events
+
+
+def _deleted(name: str) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda events: any(
+        e["type"] == "DELETED" and e["object"]["metadata"]["name"] == name for e in events
+    )
+
+
+@pytest.mark.parametrize("metadata_only", [False, True], ids=["objects", "metadata-only"])
+def test_a_watch_streams_every_change_after_its_resource_version(
+    kube: KubeCluster, api: client.ApiClient, v1: client.CoreV1Api, metadata_only: bool
+) -> None:
+    (node,) = nodes(kube, 1)
+    namespace = namespace_of(kube)
+    kube.add_pod(namespace, "before", node=node)
+    since = v1.list_namespaced_pod(namespace).metadata.resource_version
+    kube.add_pod(namespace, "w", node=node)
+    uid = v1.read_namespaced_pod("w", namespace).metadata.uid
+    v1.delete_namespaced_pod("w", namespace, grace_period_seconds=0)
+    events = watch(
+        api,
+        f"/api/v1/namespaces/{namespace}/pods",
+        _deleted("w"),
+        accept=METADATA_ONLY if metadata_only else "application/json",
+        resourceVersion=since,
+    )
+    assert {e["object"]["metadata"]["name"] for e in events} == {"w"}  # nothing from before `since`
+    assert events[0]["type"] == "ADDED"
+    assert events[-1]["type"] == "DELETED"
+    assert {e["object"]["metadata"]["uid"] for e in events} == {uid}
+    versions = [e["object"]["metadata"]["resourceVersion"] for e in events]
+    assert len(set(versions)) == len(versions)  # the deletion has a resourceVersion of its own
+    if metadata_only:
+        assert {(e["object"]["kind"], e["object"]["apiVersion"]) for e in events} == {
+            ("PartialObjectMetadata", "meta.k8s.io/v1")
+        }
+        assert all("spec" not in e["object"] for e in events)
+    else:
+        assert events[-1]["object"]["spec"]["nodeName"] == node
+
+
+def test_a_watch_without_a_resource_version_starts_with_the_selection(
+    kube: KubeCluster, api: client.ApiClient, v1: client.CoreV1Api
+) -> None:
+    one, other = nodes(kube, 2)
+    namespace = namespace_of(kube)
+    kube.add_pod(namespace, "a", node=one)
+    kube.add_pod(namespace, "elsewhere", node=other)
+    seen: list[str] = []
+
+    def until(events: list[dict[str, Any]]) -> bool:
+        if len(events) == 1:  # "a" is there: now a pod elsewhere, then one on the node
+            seen.append(events[0]["object"]["metadata"]["name"])
+            kube.add_pod(namespace, "later-elsewhere", node=other)
+            kube.add_pod(namespace, "b", node=one)
+        return any(e["object"]["metadata"]["name"] == "b" for e in events)
+
+    events = watch(api, f"/api/v1/namespaces/{namespace}/pods", until, fieldSelector=f"spec.nodeName={one}")
+    assert seen == ["a"]
+    assert events[0]["type"] == "ADDED"
+    # Only pods on the node, in the order written: "b" came after "later-elsewhere", which never came.
+    assert {e["object"]["metadata"]["name"] for e in events} == {"a", "b"}
+    assert next(e["type"] for e in events if e["object"]["metadata"]["name"] == "b") == "ADDED"
+
+
 def test_invalid_creates_are_refused_with_a_status(kube: KubeCluster, v1: client.CoreV1Api) -> None:
     pod = {"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "pause"}]}}
     missing = refused(lambda: v1.create_namespaced_pod(unique("absent"), pod))
@@ -787,6 +884,20 @@ def test_injected_faults(emulation: KubeSandbox, emulation_v1: client.CoreV1Api)
     with pytest.raises(Exception, match=r"(?i)timed? ?out"):
         v1.list_pod_for_all_namespaces(_request_timeout=0.2)
     assert hang.count == 0
+
+
+def test_a_watch_from_before_a_compaction_is_told_410_expired(emulation: KubeSandbox, tmp_path: Path) -> None:
+    """Emulation only: the real server forgets old changes when etcd compacts (every 5 minutes), which a test
+    cannot cause; on a fresh real cluster a watch from resourceVersion 1 gets every change since."""
+    emulation.ensure_namespace(unique("before"))
+    emulation.compact()
+    api = config.new_client_from_config(str(emulation.kubeconfig(tmp_path / "kubeconfig")))
+    events = watch(api, "/api/v1/pods", lambda events: True, resourceVersion="1")
+    api.close()
+    assert [e["type"] for e in events] == ["ERROR"]
+    status = events[0]["object"]
+    assert (status["kind"], status["code"], status["reason"]) == ("Status", 410, "Expired")
+    assert status["message"].startswith("too old resource version: 1 (")
 
 
 def test_kubeconfig_points_at_the_server(kube: KubeCluster, tmp_path: Path) -> None:

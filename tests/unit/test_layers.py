@@ -51,6 +51,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.parse",
         "queue_processor.coalesce",
         "queue_processor.drain.budgets",
+        "queue_processor.drain.departures",
         "queue_processor.drain.surge",
         "queue_processor.nodes",
         "queue_processor.observe.events",

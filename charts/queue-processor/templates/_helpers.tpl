@@ -140,7 +140,7 @@ controller use a rule; "clusterWide: false" rules go into a Role in the release 
 */}}
 {{- define "queue-processor.rbacRules" -}}
 - {apiGroup: "", resource: nodes, verbs: [get, list, patch], clusterWide: true, when: ""}
-- {apiGroup: "", resource: pods, verbs: [list], clusterWide: true, when: ""}
+- {apiGroup: "", resource: pods, verbs: [list, watch], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods/eviction, verbs: [create], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods, verbs: [delete], clusterWide: true, when: DELETE_AT_DEADLINE}
 - {apiGroup: apps, resource: deployments, verbs: [get, patch], clusterWide: true, when: SURGE_DRAINS}

@@ -6,8 +6,9 @@ What it holds:
   discovery documents and every ``/api/...`` and ``/apis/...`` resource path of the Kubernetes API reference
   (get, list with selectors, ``resourceVersion=0`` and limit/continue pagination, create, replace with the
   resourceVersion check, strategic merge / JSON merge / JSON patch, delete, the ``pods/eviction``
-  subresource), answering errors with ``v1.Status`` bodies and the API server's status codes; every request
-  counted by ``"<verb> <resource>[/<subresource>]"``;
+  subresource, watches with selectors, bookmarks and metadata-only objects), answering errors with
+  ``v1.Status`` bodies and the API server's status codes; every request counted by
+  ``"<verb> <resource>[/<subresource>]"``;
 - :class:`Fault`: a fault injected at the HTTP layer (an error status or a delay for matching requests);
 - :func:`route`, :func:`verb_of`, :func:`validate_event`, :func:`check_types`: the pure pieces of request
   decoding.
@@ -27,7 +28,7 @@ import socket
 import struct
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.kube.controllers import Controllers
-from queue_processor_sandbox.kube.store import RESOURCES, Key, ObjectStore, details, qualified
+from queue_processor_sandbox.kube.store import RESOURCES, Change, Key, ObjectStore, details, qualified
 from queue_processor_sandbox.kube_logic import (
     ApiError,
     Obj,
@@ -46,7 +47,15 @@ from queue_processor_sandbox.kube_logic import (
     strategic_merge_patch,
 )
 
-__all__ = ["ApiRoutes", "Fault", "check_types", "route", "validate_event", "verb_of"]
+__all__ = ["ApiRoutes", "Fault", "check_types", "route", "validate_event", "verb_of", "watch_event"]
+
+#: The longest a watch stays open when the client gives no ``timeoutSeconds`` (real seconds; the API server
+#: picks a random time between its --min-request-timeout of 1,800 s and twice that).
+WATCH_TIMEOUT_S = 1800.0
+
+#: What a client sends in ``Accept`` to be given metadata-only objects (``PartialObjectMetadata``), as
+#: client-go's metadata informers do.
+METADATA_ONLY = "as=PartialObjectMetadata;"
 
 
 @dataclass
@@ -181,6 +190,12 @@ class ApiRoutes:
         self.forbidden: Counter[str] = Counter()  # requests answered 403, by "<verb> <resource>"
         self.faults: list[Fault] = []
         self.port = 0
+        self.watches = 0
+        """Watches being served now."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._written: asyncio.Future[None] | None = None  # resolved at the next write (see _wake)
+        self._waking = False
+        store.on_write = self._wake
 
     def application(self) -> web.Application:
         """The aiohttp application: ``/version``, the discovery documents, and every resource path."""
@@ -312,6 +327,8 @@ class ApiRoutes:
                     {"Retry-After": str(fault.retry_after_s)} if fault.retry_after_s is not None else None
                 )
                 return web.json_response(error.status(), status=fault.status, headers=headers)
+        if verb == "watch":
+            return await self._watch(request, plural, namespace)
         try:
             try:
                 body = await request.json() if request.can_read_body else None
@@ -358,8 +375,6 @@ class ApiRoutes:
             check_types(plural, body)
         if verb == "list":
             return 200, self._list(plural, namespace, request.query)
-        if verb == "watch":
-            raise ApiError(405, "MethodNotAllowed", "watch is not served by the sandbox; list instead")
         if verb == "create" and name is None:
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "the body must be an object")
@@ -415,6 +430,134 @@ class ApiRoutes:
         if plural == "poddisruptionbudgets":
             obj = {**obj, "status": self.controllers.pdb_status(obj)}
         return obj
+
+    def _wake(self) -> None:
+        """After a write (lock held, any thread): wake the watches, once per turn of the server's loop."""
+        if self.watches and not self._waking and self._loop is not None:
+            self._waking = True
+            self._loop.call_soon_threadsafe(self._woken)
+
+    def _woken(self) -> None:
+        self._waking = False
+        written, self._written = self._written, None
+        if written is not None and not written.done():
+            written.set_result(None)
+
+    async def _watch(self, request: web.Request, plural: str, namespace: str) -> web.StreamResponse:
+        """``GET <collection>?watch=1``: the changes of the selected objects as a stream of JSON lines
+        (``{"type": "ADDED"|"MODIFIED"|"DELETED"|"BOOKMARK"|"ERROR", "object": …}``), as the API server
+        serves a watch ("Efficient detection of changes", API concepts).
+
+        - ``resourceVersion`` unset or ``"0"``: an ``ADDED`` for every object selected now, then the changes;
+          ``N``: every change after ``N``, or one ``ERROR`` with a 410 ``Expired`` Status when ``N`` is older
+          than the changes kept (:data:`~queue_processor_sandbox.kube.store.HISTORY`).
+        - ``labelSelector`` / ``fieldSelector``: an object that enters the selection is ``ADDED``, one that
+          leaves it ``DELETED`` (its new version), as the API server's filtered watch does.
+        - A ``DELETED`` object is its last version with ``metadata.resourceVersion`` set to the deletion's.
+        - ``timeoutSeconds`` (real seconds) ends the stream; with ``allowWatchBookmarks`` a ``BOOKMARK``
+          carrying the latest resourceVersion comes just before that end.
+        - ``Accept: application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1``: each object is a
+          ``PartialObjectMetadata`` (its ``metadata`` only).
+        """
+        query = request.query
+        try:
+            keep = self._selection(plural, namespace, query)
+            timeout_s = float(query.get("timeoutSeconds") or WATCH_TIMEOUT_S)
+            since = query.get("resourceVersion") or ""
+            if since not in ("", "0") and not since.isdigit():
+                raise ApiError(400, "BadRequest", f'invalid resource version "{since}"')
+        except (ApiError, ValueError) as exc:
+            error = exc if isinstance(exc, ApiError) else ApiError(400, "BadRequest", str(exc))
+            return web.json_response(error.status(), status=error.code)
+        metadata_only = METADATA_ONLY in request.headers.get("Accept", "")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        info = RESOURCES[plural]
+
+        def line(kind: str, obj: Obj, rv: int | None = None) -> bytes:
+            shown = self._present(plural, obj)
+            if rv is not None:  # a deletion: the last version, at the deletion's resourceVersion
+                shown = {**shown, "metadata": {**shown["metadata"], "resourceVersion": str(rv)}}
+            return watch_event(kind, shown, metadata_only) + b"\n"
+
+        def lines_of(change: Change) -> bytes:
+            was = change.old is not None and keep(change.old)
+            now = change.new is not None and keep(change.new)
+            if change.new is None:
+                return line("DELETED", change.old, change.rv) if was and change.old is not None else b""
+            if now:
+                return line("MODIFIED" if was else "ADDED", change.new)
+            return line("DELETED", change.new) if was else b""  # it left the selection
+
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        ends_at = loop.time() + timeout_s
+        self.watches += 1
+        try:
+            with self.lock:
+                if since in ("", "0"):
+                    out = b"".join(line("ADDED", o) for o in self.store.objects[plural].values() if keep(o))
+                    position = self.store.rv
+                elif int(since) < self.store.history_from:
+                    expired = ApiError(
+                        410, "Expired", f"too old resource version: {since} ({self.store.history_from})"
+                    )
+                    out, position = (
+                        json.dumps({"type": "ERROR", "object": expired.status()}).encode() + b"\n",
+                        -1,
+                    )
+                else:
+                    out, position = b"", int(since)
+            while True:
+                if out:
+                    await response.write(out)
+                if position < 0:
+                    break
+                remaining = ends_at - loop.time()
+                if remaining <= 0:
+                    if query.get("allowWatchBookmarks") in ("true", "1"):
+                        mark = {
+                            "kind": info.kind,
+                            "apiVersion": info.group_version,
+                            "metadata": {"resourceVersion": str(position)},
+                        }
+                        await response.write(
+                            json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
+                        )
+                    break
+                written = self._written = self._written or loop.create_future()
+                with self.lock:
+                    changes = self.store.changes_after(position)
+                    position = self.store.rv
+                    out = b"".join(lines_of(change) for change in changes if change.plural == plural)
+                if not out:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(written), remaining)
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass  # the client went away, or the server stops
+        finally:
+            self.watches -= 1
+        return response
+
+    @staticmethod
+    def _selection(plural: str, namespace: str, query: Any) -> Callable[[Obj], bool]:
+        """Whether an object is in a request's namespace, ``labelSelector`` and ``fieldSelector`` (raises
+        :class:`ApiError` 400 for a bad selector)."""
+        keep_labels = parse_label_selector(query["labelSelector"]) if query.get("labelSelector") else None
+        keep_fields = (
+            parse_field_selector(plural, query["fieldSelector"])[0] if query.get("fieldSelector") else None
+        )
+
+        def keep(obj: Obj) -> bool:
+            if namespace and obj["metadata"].get("namespace") != namespace:
+                return False
+            if keep_labels is not None and not keep_labels(obj["metadata"].get("labels") or {}):
+                return False
+            return keep_fields is None or bool(keep_fields(obj))
+
+        return keep
 
     def _list(self, plural: str, namespace: str, query: Any) -> Obj:
         store = self.store
@@ -545,3 +688,11 @@ class ApiRoutes:
                 grace = int(body["gracePeriodSeconds"])
             return self.controllers.start_terminating(key, grace)
         return self.store.remove(plural, key) or {}
+
+
+def watch_event(kind: str, obj: Obj, metadata_only: bool = False) -> bytes:
+    """One watch event as the API server writes it: ``{"type": kind, "object": obj}`` in JSON; with
+    ``metadata_only``, the object as a ``meta.k8s.io/v1`` ``PartialObjectMetadata``."""
+    if metadata_only:
+        obj = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+    return json.dumps({"type": kind, "object": obj}).encode()

@@ -172,6 +172,13 @@ class KubeSandbox:
 
     # ---------------------------------------------------------------------------------- client helpers
 
+    def compact(self) -> None:
+        """Forget the changes kept for watches, as the API server's etcd compaction does (every 5 minutes by
+        default): a watch from a resourceVersion before now is then told 410 Expired."""
+        with self.lock:
+            self._store.history.clear()
+            self._store.history_from = self._store.rv
+
     def kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig for this server to ``path`` (context ``sandbox``) and return it."""
         config = {

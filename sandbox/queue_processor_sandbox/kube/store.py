@@ -7,17 +7,20 @@ What it holds:
   ``resourceVersion`` counter (``metadata.resourceVersion`` and ``metadata.generation`` kept as the API server
   keeps them), the pod indexes (by node, by label, by controller, per-label readiness and owner counters) that
   let a PodDisruptionBudget, a ReplicaSet or a ``spec.nodeName`` list cost the size of their selection, and the
-  snapshot that a ``resourceVersion=0`` list is served from (the API server's watch cache, which may lag);
+  snapshot that a ``resourceVersion=0`` list is served from (the API server's watch cache, which may lag), and
+  the recent changes a watch is served from (:attr:`ObjectStore.history`, bounded as the API server's watch
+  cache is: a watch from an older ``resourceVersion`` is told 410 Expired);
 - the helpers that name a resource in a ``Status`` the way the API server does (:func:`qualified`,
   :func:`details`).
 
 No locking here: every method expects the caller to hold the sandbox's lock
-(:attr:`~queue_processor_sandbox.kube.KubeSandbox.lock`). No watches are stored (the sandbox serves none).
+(:attr:`~queue_processor_sandbox.kube.KubeSandbox.lock`).
 """
 
 from __future__ import annotations
 
 import uuid
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +35,21 @@ from queue_processor_sandbox.kube_logic import (
     selector_matches,
 )
 
-__all__ = ["RESOURCES", "Key", "ObjectStore", "ResourceInfo", "details", "now_iso", "qualified"]
+__all__ = [
+    "HISTORY",
+    "RESOURCES",
+    "Change",
+    "Key",
+    "ObjectStore",
+    "ResourceInfo",
+    "details",
+    "now_iso",
+    "qualified",
+]
+
+#: Changes kept for watches (all resources together). The API server's watch cache keeps a window of recent
+#: events per resource too, and answers a watch from before it with 410 Expired ("too old resource version").
+HISTORY = 20_000
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,17 @@ RESOURCES: dict[str, ResourceInfo] = {
 }
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
+
+
+@dataclass(frozen=True)
+class Change:
+    """One write, as a watch replays it: the ``resourceVersion`` it made, the resource, the object before
+    (``None``: created) and after (``None``: removed)."""
+
+    rv: int
+    plural: str
+    old: Obj | None
+    new: Obj | None
 
 
 def qualified(plural: str) -> str:
@@ -99,6 +127,12 @@ class ObjectStore:
         self.snapshot_by_node: dict[str, list[Key]] = {}
         self.snapshot_at = -1e18
         self.on_pod_removed: Callable[[Obj], None] = lambda pod: None
+        self.history: list[Change] = []
+        """The latest writes, oldest first (at most 2 x :data:`HISTORY`; trimmed to :data:`HISTORY`)."""
+        self.history_from = 0
+        """The resourceVersion a watch can start from at the earliest: every write after it is in :attr:`history`."""
+        self.on_write: Callable[[], None] = lambda: None
+        """Called (lock held) after every write: the watches are woken there."""
 
     def ensure_namespace(self, namespace: str) -> None:
         """Create ``namespace`` unless it exists."""
@@ -183,6 +217,16 @@ class ObjectStore:
         self.writes[plural] += 1
         if plural == "pods":
             self.index_pod(key, old, new)
+        self.history.append(Change(self.rv, plural, old, new))
+        if len(self.history) > 2 * HISTORY:
+            self.history_from = self.history[-HISTORY - 1].rv
+            del self.history[:-HISTORY]
+        self.on_write()
+
+    def changes_after(self, rv: int) -> list[Change]:
+        """The writes made after resourceVersion ``rv``, oldest first (``rv`` must not be older than
+        :attr:`history_from`)."""
+        return self.history[bisect_right(self.history, rv, key=lambda change: change.rv) :]
 
     def index_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         """Move a pod's entries in the indexes from its ``old`` version to its ``new`` one (either may be

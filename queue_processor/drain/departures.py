@@ -1,0 +1,224 @@
+"""Pods leaving, seen through one watch: how a drain learns that the pods it evicted are gone without re-listing
+its node every few seconds.
+
+One metadata-only watch of every pod (``GET /api/v1/pods?watch=1``, ``Accept: …;as=PartialObjectMetadata``:
+names, uids and resourceVersions, no specs) runs from start-up on, for the whole process: a thousand
+draining nodes cost one connection, not hundreds of pod LISTs a second competing for the client's QPS with
+cordons, evictions and Lease renewals. Only deletions are kept: the uids of the last :data:`MEMORY` pods
+deleted. A drain asks which of its pods are still there.
+
+Why it is safe to skip a LIST: a drain takes a :class:`Ticket` *before* it lists a node's pods. While the watch
+has run without a break in its stream since the ticket (the same :attr:`Departures.epoch`, no 410 since) and has
+remembered every deletion since (fewer than :data:`MEMORY` since the ticket), every pod of that list that went
+away since is either in the memory already or will come as an event: its deletion is later than the watch's
+position when the ticket was taken (the LIST, a quorum read, came after). Without such a ticket (the watch
+not running yet, broken and not resumed, restarted after a 410, or refused by RBAC) the drain lists as before.
+
+Kubernetes documents: "Efficient detection of changes" (watch, resourceVersion, bookmarks, 410 Gone) and
+"Receiving resources as Tables or metadata only" in API concepts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from queue_processor import tasks
+from queue_processor.kube import KubeClient, KubeError
+
+__all__ = ["MEMORY", "WATCH_TIMEOUT_S", "Departures", "Ticket", "Waiting"]
+
+log = structlog.get_logger(__name__)
+
+#: Deleted pods' uids remembered (about 100 bytes each). A ticket older than this many deletions is not
+#: trusted (its drain lists again).
+MEMORY = 50_000
+
+#: How long one watch connection lasts (seconds; ``timeoutSeconds``, jittered by up to a fifth down so that
+#: replicas do not reconnect together). The server ends it; the next one resumes from the last resourceVersion.
+WATCH_TIMEOUT_S = 300.0
+
+#: After a failed connection: the first wait before the next (seconds), doubled up to :data:`RETRY_MAX_S`.
+RETRY_S = 0.5
+RETRY_MAX_S = 30.0
+
+Entry = tuple[tuple[str, str], Any]  # ((namespace, name), uid): a pod a drain waits for
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """Where the watch was when a drain was about to list a node's pods: its :attr:`Departures.epoch` and how
+    many deletions it had seen."""
+
+    epoch: int
+    seen: int
+
+
+@dataclass(eq=False)
+class Waiting:
+    """The pods of one drain (``pending``: (key, uid), emptied as they go), the ticket taken before the list
+    that found them (renewed by each list after), and ``changed``, set when one went or the watch stopped or
+    started again. :meth:`Departures.covers` says whether ``pending`` can be trusted without a list."""
+
+    pending: set[Entry]
+    ticket: Ticket | None
+    uids: tuple[Any, ...] = ()
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Departures:
+    """The watch of pod deletions (see the module), started by :meth:`start` (or the first :meth:`ticket`)
+    and ended by :meth:`close`. ``kube`` makes the requests: one ``limit=1`` pod list per (re)start and one watch per
+    connection, each through its rate limiter. Raises nothing: a watch that fails is retried with backoff, and
+    meanwhile the drains list."""
+
+    def __init__(self, kube: KubeClient, *, memory: int = MEMORY, timeout_s: float = WATCH_TIMEOUT_S) -> None:
+        self.kube = kube
+        self.memory = memory
+        self.timeout_s = timeout_s
+        self.epoch = 0
+        """Starts of the watch from a fresh resourceVersion: a ticket of an earlier epoch is not trusted."""
+        self.live = False
+        """Whether the watch's stream runs now (or resumes from where it stopped)."""
+        self.seen = 0
+        """Deletions seen since the process started."""
+        self.refused: KubeError | None = None
+        """The API server's refusal of the watch (403 without the ``pods`` ``watch`` right), if it refused."""
+        self.answered = asyncio.Event()
+        """Set once the watch is open or refused (its first answer)."""
+        self._gone: dict[Any, int] = {}  # uid -> its number among the deletions seen, oldest first
+        self._waiting: dict[Any, list[Waiting]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the watch (the controller does at start-up, so that the first drains of a storm are covered);
+        idempotent."""
+        if self._task is None:
+            self._task = tasks.spawn(self._run(), name="pod-departures")
+
+    def ticket(self) -> Ticket | None:
+        """Take one before listing pods; ``None`` while the watch does not run (started by the first call if
+        :meth:`start` was not called)."""
+        self.start()
+        return Ticket(self.epoch, self.seen) if self.live else None
+
+    def covers(self, waiting: Waiting) -> bool:
+        """Whether every deletion of ``waiting``'s pods since its ticket is known or will come as an event."""
+        ticket = waiting.ticket
+        return (
+            ticket is not None
+            and self.live
+            and ticket.epoch == self.epoch
+            and self.seen - ticket.seen < self.memory
+        )
+
+    @contextlib.contextmanager
+    def waiting(self, pending: set[Entry], ticket: Ticket | None) -> Iterator[Waiting]:
+        """Follow the pods of ``pending`` (a copy, emptied as they go) while the ``with`` block runs; ``ticket``
+        was taken before the list that found them."""
+        wait = Waiting(set(pending), ticket, tuple({uid for _, uid in pending}))
+        for uid in wait.uids:
+            self._waiting.setdefault(uid, []).append(wait)
+        self._forget_gone(wait)
+        try:
+            yield wait
+        finally:
+            for uid in wait.uids:
+                waits = self._waiting.get(uid)
+                if waits is not None:
+                    with contextlib.suppress(ValueError):
+                        waits.remove(wait)
+                    if not waits:
+                        del self._waiting[uid]
+
+    def listed(self, wait: Waiting, ticket: Ticket | None, present: set[Entry]) -> None:
+        """A list of the node's pods, taken after ``ticket``, found ``present``: what is not there has gone."""
+        wait.pending &= present
+        wait.ticket = ticket
+        self._forget_gone(wait)
+
+    def _forget_gone(self, wait: Waiting) -> None:
+        """Take out of ``wait.pending`` every pod whose deletion the watch has seen."""
+        for entry in [entry for entry in wait.pending if entry[1] in self._gone]:
+            wait.pending.discard(entry)
+            wait.changed.set()
+
+    async def close(self) -> None:
+        """Stop the watch (its connection is shut)."""
+        await tasks.stop(self._task)
+        self._task = None
+        self.live = False
+
+    # ------------------------------------------------------------------------------------------ the watch
+
+    async def _run(self) -> None:
+        rv = ""
+        delay = RETRY_S
+        while True:
+            try:
+                if not rv:
+                    rv = await self.kube.pods_version()
+                    self._restart()
+                rv = await self.kube.watch_pods(
+                    rv,
+                    self._deliver,
+                    opened=lambda: self._set_live(True),
+                    timeout_s=self.timeout_s * random.uniform(0.8, 1.0),
+                )
+                delay = RETRY_S
+                continue
+            except KubeError as exc:
+                if exc.status == 410:  # too old: start again from now, and every drain lists again
+                    rv = ""
+                    self._set_live(False)
+                    continue
+                if exc.status in (401, 403, 404, 405) and self.refused is None:
+                    self.refused = exc
+                    self.answered.set()
+                    log.warning(
+                        "cannot watch pods: drains list their nodes' pods instead (grant pods watch)",
+                        status=exc.status,
+                        error=exc.message,
+                    )
+                self._set_live(False)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    def _restart(self) -> None:
+        """A fresh start: tickets taken before it are not trusted."""
+        self.epoch += 1
+        self.live = False
+        self._set_live(True)
+
+    def _set_live(self, live: bool) -> None:
+        """The stream runs (``True``) or is broken; either way every drain looks again."""
+        if live:
+            self.answered.set()
+        if live == self.live:
+            return
+        self.live = live
+        for waits in self._waiting.values():
+            for wait in waits:
+                wait.changed.set()
+
+    def _deliver(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if event.get("type") != "DELETED":
+                continue
+            uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
+            if uid is None or uid in self._gone:
+                continue
+            self.seen += 1
+            self._gone[uid] = self.seen
+            if len(self._gone) > self.memory:
+                del self._gone[next(iter(self._gone))]
+            for wait in self._waiting.get(uid, ()):
+                for entry in [entry for entry in wait.pending if entry[1] == uid]:
+                    wait.pending.discard(entry)
+                wait.changed.set()
