@@ -5,12 +5,13 @@ One metadata-only watch of every pod (``GET /api/v1/pods?watch=1``, ``Accept: â€
 names, uids and resourceVersions, no specs) runs from start-up on, for the whole process: a thousand
 draining nodes cost one connection, not hundreds of pod LISTs a second competing for the client's QPS with
 cordons, evictions and Lease renewals. Only deletions are kept: the uids of the last :data:`MEMORY` pods
-deleted. A drain asks which of its pods are still there.
+deleted. A drain registers its pods, and each deletion of one reaches it as it comes.
 
 Why it is safe to skip a LIST: a drain takes a :class:`Ticket` *before* it lists a node's pods. While the watch
-has run without a break in its stream since the ticket (the same :attr:`Departures.epoch`, no 410 since) and has
-remembered every deletion since (fewer than :data:`MEMORY` since the ticket), every pod of that list that went
-away since is either in the memory already or will come as an event: its deletion is later than the watch's
+has run without a break in its stream since the ticket (the same :attr:`Departures.epoch`, no 410 since) and
+still remembers every deletion since when the drain registers the pods it found (fewer than :data:`MEMORY`
+since the ticket), every pod of that list that went away since is either in the memory already or will come as
+an event: its deletion is later than the watch's
 position when the ticket was taken (the LIST, a quorum read, came after). Without such a ticket (the watch
 not running yet, broken and not resumed, restarted after a 410, or refused by RBAC) the drain lists as before.
 
@@ -36,9 +37,10 @@ __all__ = ["MEMORY", "WATCH_TIMEOUT_S", "Departures", "Ticket", "Waiting"]
 
 log = structlog.get_logger(__name__)
 
-#: Deleted pods' uids remembered (about 100 bytes each). A ticket older than this many deletions is not
+#: Deleted pods' uids remembered (about 150 bytes each). They only need to cover the moments between a drain's
+#: ticket and the registration of the pods its list found: a ticket older than this many deletions then is not
 #: trusted (its drain lists again).
-MEMORY = 50_000
+MEMORY = 10_000
 
 #: How long one watch connection lasts (seconds; ``timeoutSeconds``, jittered by up to a fifth down so that
 #: replicas do not reconnect together). The server ends it; the next one resumes from the last resourceVersion.
@@ -70,6 +72,8 @@ class Waiting:
     ticket: Ticket | None
     uids: tuple[Any, ...] = ()
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    current: bool = False
+    """Whether the deletions remembered at its ticket were applied: from then on each one reaches it directly."""
 
 
 class Departures:
@@ -115,7 +119,7 @@ class Departures:
             ticket is not None
             and self.live
             and ticket.epoch == self.epoch
-            and self.seen - ticket.seen < self.memory
+            and (waiting.current or self.seen - ticket.seen < self.memory)
         )
 
     @contextlib.contextmanager
@@ -140,14 +144,17 @@ class Departures:
     def listed(self, wait: Waiting, ticket: Ticket | None, present: set[Entry]) -> None:
         """A list of the node's pods, taken after ``ticket``, found ``present``: what is not there has gone."""
         wait.pending &= present
-        wait.ticket = ticket
+        wait.ticket, wait.current = ticket, False
         self._forget_gone(wait)
 
     def _forget_gone(self, wait: Waiting) -> None:
-        """Take out of ``wait.pending`` every pod whose deletion the watch has seen."""
+        """Take out of ``wait.pending`` every pod whose deletion the watch has seen; when the memory still covers
+        its ticket, ``wait`` is then :attr:`~Waiting.current` (each deletion reaches it as it comes)."""
         for entry in [entry for entry in wait.pending if entry[1] in self._gone]:
             wait.pending.discard(entry)
             wait.changed.set()
+        if self.covers(wait):
+            wait.current = True
 
     async def close(self) -> None:
         """Stop the watch (its connection is shut)."""

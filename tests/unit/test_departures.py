@@ -134,13 +134,26 @@ async def test_a_ticket_older_than_the_memory_is_not_trusted() -> None:
     departures = Departures(kube, memory=3)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()
-    with departures.waiting({(("ns", "a"), "a")}, departures.ticket()) as wait:
-        assert kube.deliver is not None
-        kube.deliver([deleted("x"), deleted("y")])
-        assert departures.covers(wait)
-        kube.deliver([deleted("z")])  # three deletions since the ticket: "x" is forgotten
+    ticket = departures.ticket()
+    assert kube.deliver is not None
+    kube.deliver([deleted("x"), deleted("y"), deleted("z")])  # three deletions between the ticket and the
+    with departures.waiting({(("ns", "a"), "a")}, ticket) as wait:  # registration: "x" may be forgotten
         assert not departures.covers(wait)
     assert len(departures._gone) == 3
+    await departures.close()
+
+
+async def test_once_registered_a_drain_is_covered_however_many_pods_go_elsewhere() -> None:
+    kube = ScriptedKube([])
+    departures = Departures(kube, memory=3)  # type: ignore[arg-type]
+    departures.start()
+    await departures.answered.wait()
+    with departures.waiting({(("ns", "a"), "a")}, departures.ticket()) as wait:
+        assert kube.deliver is not None
+        kube.deliver([deleted(f"other-{index}") for index in range(10)])
+        assert departures.covers(wait)  # each deletion of its pods reaches it directly
+        kube.deliver([deleted("a")])
+        assert not wait.pending
     await departures.close()
 
 
