@@ -195,6 +195,7 @@ class ApiRoutes:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._written: asyncio.Future[None] | None = None  # resolved at the next write (see _wake)
         self._waking = False
+        self._closing = False
         store.on_write = self._wake
 
     def application(self) -> web.Application:
@@ -431,6 +432,11 @@ class ApiRoutes:
             obj = {**obj, "status": self.controllers.pdb_status(obj)}
         return obj
 
+    def close(self) -> None:
+        """End every watch being served (in the server's loop, before it stops): each writes its end."""
+        self._closing = True
+        self._woken()
+
     def _wake(self) -> None:
         """After a write (lock held, any thread): wake the watches, once per turn of the server's loop."""
         if self.watches and not self._waking and self._loop is not None:
@@ -515,7 +521,7 @@ class ApiRoutes:
                 if position < 0:
                     break
                 remaining = ends_at - loop.time()
-                if remaining <= 0:
+                if remaining <= 0 or self._closing:
                     if query.get("allowWatchBookmarks") in ("true", "1"):
                         mark = {
                             "kind": info.kind,

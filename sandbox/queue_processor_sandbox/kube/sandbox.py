@@ -162,6 +162,7 @@ class KubeSandbox:
         finally:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
+            self._routes.close()
             await self._runner.cleanup()
 
     async def _tick_forever(self) -> None:
