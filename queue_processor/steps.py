@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -29,7 +30,7 @@ from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLaunchLifecycleEvent, StateChangeEvent
+from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, StateChangeEvent
 from queue_processor.leases import Claim
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
@@ -58,6 +59,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: How long ago a message may have been sent (seconds) before the cached description of its instance (kept 60 s)
+#: is not trusted to show a start since.
+LATE_S = 60.0
 
 #: EC2 states of an instance that has ended: its node never comes back and its lifecycle actions are over.
 INSTANCE_ENDED = ("shutting-down", "terminated")
@@ -245,28 +250,58 @@ class Steps:
             self.observer.operation_outcome(OperationOutcome.UNMANAGED)
             await self.stop_heartbeats(operation, "unmanaged")
             return Outcome.DONE
+        ctx.info = info
         if await self._started_again(ctx):
             return Outcome.DONE
-        ctx.info = info
         return info
 
     async def _started_again(self, ctx: OperationContext) -> bool:
-        """Whether an operation made only of ``stopping``/``stopped`` state changes comes after the instance
-        started again (EC2 now says ``pending`` or ``running``, read fresh): the stop is over, and the node
-        the restarted instance registers must not be cordoned for it. A warm pool does this: an instance
-        stops into the pool, and its state changes can still be in the queue when it is started into the
-        group ("Warm pools for Amazon EC2 Auto Scaling")."""
-        operation = ctx.operation
-        stops = ("stopping", "stopped")
-        if operation.lifecycle_actions or not all(
-            isinstance(event, StateChangeEvent) and event.state in stops for event in operation.events
-        ):
+        """Whether the instance was started again since everything a drain operation is about, so that there
+        is nothing left to drain, and the node the restarted instance registered must not be cordoned for it:
+
+        - its ``LaunchTime`` (EC2: the most recent launch or start) is later than the moment every message of
+          the operation was sent to the queue (SQS ``SentTimestamp``; the event's time without one). A Spot
+          stop or hibernate, an EC2 stop, a scale-in into a warm pool or an AWS Health retirement is followed
+          by a start; a message requeued by a drain that could not finish (or delivered late) then arrives
+          after it (explorer seed 513: a requeued Spot warning cordoned and drained the node the instance had
+          come back on). The lifecycle actions of such an operation are over: their heartbeats stop and none
+          is completed (CONTINUE on a terminate action ends a running instance);
+        - or the operation is made only of ``stopping``/``stopped`` state changes and EC2 now says ``pending``
+          or ``running``: a warm pool moves a stopped instance into the group this way ("Warm pools for
+          Amazon EC2 Auto Scaling"), its state changes still in the queue.
+
+        The instance is read fresh when the cache cannot be trusted for this: a message delivered before
+        (``ApproximateReceiveCount`` above 1), a message sent more than :data:`LATE_S` ago, or only stops. A
+        new warning delivered on time costs no read (a storm's first deliveries)."""
+        operation, info = ctx.operation, ctx.info
+        if operation.mode is not Mode.DRAIN or info is None:
             return False
-        info = await self.resolver.get(operation.instance_id, fresh=True)
-        if info is None or info.state not in ("pending", "running"):
-            return False
-        ctx.log.info("instance started again since it stopped: nothing to drain", state=info.state)
+        stops_only = not operation.lifecycle_actions and all(
+            isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped")
+            for event in operation.events
+        )
+        newest = max(map(_sent, operation.events))
+        if not _launched_after(info, newest):
+            retried = any(
+                event.message is not None and event.message.receive_count > 1 for event in operation.events
+            )
+            late = datetime.now(UTC) - newest > timedelta(seconds=LATE_S)
+            if not (stops_only or retried or late):
+                return False
+            fresh = await self.resolver.get(operation.instance_id, fresh=True)
+            if fresh is None:
+                return False
+            info = fresh
+            running_again = stops_only and info.state in ("pending", "running")
+            if not (running_again or _launched_after(info, newest)):
+                return False
+        ctx.log.info(
+            "instance started again since the interruption: nothing to drain",
+            state=info.state,
+            launch_time=info.launch_time and info.launch_time.isoformat(),
+        )
         self.observer.operation_outcome(OperationOutcome.STARTED_AGAIN)
+        await self.stop_heartbeats(operation, "started-again")
         return True
 
     async def completion_delay(self) -> None:
@@ -316,6 +351,19 @@ class Steps:
             return True
         info = await self.resolver.get(operation.instance_id, fresh=True)
         return info is None or info.state in INSTANCE_ENDED
+
+
+def _sent(event: Event) -> datetime:
+    """When the event's message was sent to the queue (its SQS ``SentTimestamp``), else the event's time. The
+    send is what a start is compared with: a notice can carry a time earlier than it was sent (the sandbox
+    stamps its compressed notices so, and a notice may be published late)."""
+    sent = event.message.sent_timestamp if event.message is not None else None
+    return sent or event.time
+
+
+def _launched_after(info: InstanceInfo, when: datetime) -> bool:
+    """Whether EC2's ``LaunchTime`` of the instance is later than ``when`` (unknown: no)."""
+    return info.launch_time is not None and info.launch_time > when
 
 
 def settle_all(operation: NodeOperation, how: str) -> None:

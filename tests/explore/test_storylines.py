@@ -24,6 +24,9 @@ PINNED: dict[int, str] = {
     19: "a replica woke from SIGSTOP to a long poll's stale answer and heartbeated actions the other replica "
     "had completed meanwhile (heartbeat-after-end); and its heartbeat tasks beat before its hold of the message "
     "was confirmed again",
+    513: "a Spot warning (stop) requeued by a drain a PodDisruptionBudget held; the instance stopped and was "
+    "started again, its node given back; the requeued warning then cordoned and drained the returned node, and "
+    "recorded the new LaunchTime, so nothing undid it (returned)",
 }
 
 

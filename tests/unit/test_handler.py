@@ -48,16 +48,23 @@ NODE = "ip-10-0-0-1.ec2.internal"
 MANAGED = {"aws-node-termination-handler/managed": ""}
 
 
-def ref(message_id: str) -> SqsMessageRef:
-    return SqsMessageRef(queue_url=QUEUE, message_id=message_id, receipt_handle=f"rh-{message_id}")
+def ref(message_id: str, receive_count: int = 1) -> SqsMessageRef:
+    return SqsMessageRef(
+        queue_url=QUEUE,
+        message_id=message_id,
+        receipt_handle=f"rh-{message_id}",
+        receive_count=receive_count,
+    )
 
 
-def spot(message_id: str = "m-spot", instance: str = INSTANCE, age_s: float = 0.0) -> SpotInterruptionEvent:
+def spot(
+    message_id: str = "m-spot", instance: str = INSTANCE, age_s: float = 0.0, receive_count: int = 1
+) -> SpotInterruptionEvent:
     return SpotInterruptionEvent(
         instance_id=instance,
         time=datetime.now(UTC) - timedelta(seconds=age_s),
         source_id=f"spot-{message_id}",
-        message=ref(message_id),
+        message=ref(message_id, receive_count),
     )
 
 
@@ -71,7 +78,11 @@ def rebalance(message_id: str = "m-rebalance") -> RebalanceRecommendationEvent:
 
 
 def terminate(
-    message_id: str = "m-asg", token: str = "tok-1", age_s: float = 0.0, instance: str = INSTANCE
+    message_id: str = "m-asg",
+    token: str = "tok-1",
+    age_s: float = 0.0,
+    instance: str = INSTANCE,
+    receive_count: int = 1,
 ) -> AsgTerminateLifecycleEvent:
     return AsgTerminateLifecycleEvent(
         instance_id=instance,
@@ -80,7 +91,7 @@ def terminate(
         lifecycle_hook_name="drain",
         lifecycle_action_token=token,
         lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
-        message=ref(message_id),
+        message=ref(message_id, receive_count),
     )
 
 
@@ -254,10 +265,18 @@ class FakeKube:
 
 
 class FakeResolver:
+    """``info`` from the cache; ``fresh_info`` (when set) is what a fresh read finds: EC2 has changed since."""
+
     def __init__(self, info: InstanceInfo | None) -> None:
         self.info = info
+        self.fresh_info: InstanceInfo | None = None
+        self.fresh_reads = 0
 
     async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
+        if fresh:
+            self.fresh_reads += 1
+            if self.fresh_info is not None:
+                return self.fresh_info
         return self.info
 
 
@@ -542,6 +561,86 @@ async def test_a_stop_is_drained_unless_the_instance_has_started_again(
     # a state change has no PreDrain in NTH
     assert world.count("actions_total", node_action="pre-drain", node_status="success") == 0
     assert world.count("actions_total", node_action="cordon-and-drain", node_status="success") == drained
+
+
+def launched(age_s: float) -> InstanceInfo:
+    """The managed instance, running, last launched or started ``age_s`` seconds ago."""
+    when = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=age_s)
+    return InstanceInfo(INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED), launch_time=when)
+
+
+@pytest.mark.parametrize(
+    ("receive_count", "event_age_s", "cached_s", "fresh_s", "drained", "fresh_reads"),
+    [
+        # first delivery of a new warning, the instance launched long before it: drained, nothing read again
+        (1, 0, 3600, None, True, 0),
+        # the cache already shows a start after the warning: over, without a read
+        (1, 120, 30, None, False, 0),
+        # requeued: read fresh, started since the warning (a Spot stop, then a start): over
+        (2, 120, 3600, 30, False, 1),
+        # requeued, still the launch from before the warning: drained
+        (2, 120, 3600, None, True, 1),
+        # first delivered long after its time (the controller was away): read fresh, started since
+        (1, 600, 3600, 30, False, 1),
+    ],
+)
+async def test_an_interruption_older_than_the_instance_s_last_start_is_over(
+    env: Any,
+    receive_count: int,
+    event_age_s: float,
+    cached_s: float,
+    fresh_s: float | None,
+    drained: bool,
+    fresh_reads: int,
+) -> None:
+    """Explorer seed 513: a Spot warning (stop) was requeued by a blocked drain; meanwhile the instance stopped,
+    was started again and its node given back (UNCORDON_ON_RETURN); the requeued warning then cordoned and
+    drained the returned node, recording the new LaunchTime, so nothing ever undid it. Every event of the
+    operation is older than the instance's last start: the interruptions it warned of are over."""
+    world = World(settings())
+    world.resolver.info = launched(cached_s)
+    if fresh_s is not None:
+        world.resolver.fresh_info = launched(fresh_s)
+    operation = world.receive(spot(age_s=event_age_s, receive_count=receive_count))
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-spot": MessageOutcome.DELETE})
+    assert bool(world.node()["spec"].get("unschedulable")) is drained
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == (not drained)
+    assert world.resolver.fresh_reads == fresh_reads
+
+
+async def test_a_notice_stamped_before_the_last_start_but_sent_after_it_is_drained(env: Any) -> None:
+    """A notice's ``time`` can be earlier than its message was sent (the sandbox stamps its compressed notices
+    so; EventBridge may deliver late): what counts is the send (SQS SentTimestamp), not the stamp."""
+    world = World(settings())
+    world.resolver.info = launched(30)
+    event = spot(age_s=300)
+    now = datetime.now(UTC)
+    sent = SqsMessageRef(queue_url=QUEUE, message_id="m-spot", receipt_handle="rh", sent_timestamp=now)
+    operation = world.receive(event.model_copy(update={"message": sent}))
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.node()["spec"]["unschedulable"] is True
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 0
+
+
+async def test_a_terminate_action_older_than_the_instance_s_last_start_is_left_over(env: Any) -> None:
+    """A terminate action into a warm pool requeued past its hook's timeout; the instance went into the pool
+    and came back. Its action is over: no cordon of the returned node, no completion (CONTINUE would end a
+    running instance were it somehow open), no heartbeat."""
+    world = World(settings())
+    world.resolver.info = launched(3600)
+    world.resolver.fresh_info = launched(30)
+    operation = world.receive(terminate(age_s=600, receive_count=3))
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
+    assert not world.node()["spec"].get("unschedulable")
+    assert world.autoscaling.made("CompleteLifecycleAction") == []
+    assert world.heartbeats.running == 0
+    await world.heartbeats.close()
 
 
 async def test_a_stop_beside_a_terminate_action_is_drained_whatever_ec2_says(env: Any) -> None:
