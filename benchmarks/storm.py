@@ -17,8 +17,21 @@ Measured in the same run:
   counts a drain as a success when it does);
 - ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node, and
   ``kube_requests_per_node_by_kind`` the same by ``"<verb> <resource>"`` (a watch counts once, when it opens);
-- ``peak_rss_mib``: the controller process's peak resident memory (VmHWM);
+- ``peak_rss_mib``: the controller process's peak resident memory (VmHWM; the highest of the replicas, each in
+  ``peak_rss_mib_each``);
 - ``tasks_left``: operation tasks alive when the queue is empty.
+
+With ``--replicas N`` (issue 30) N controller processes compete for the queue (NODE_LEASES on when N > 1, each
+with ``--qps``), and the JSON adds ``replicas``; ``nodes_drained_twice`` (nodes one of whose pods two drains
+evicted: the sandbox's figure, :func:`queue_processor_sandbox.run.judge`); ``lease_conflicts`` (Lease writes
+answered 409) and ``lease_held_requeues`` (operations requeued because another replica held the node's Lease);
+``share`` (nodes each replica drained); ``cpu_seconds`` (each controller process's user + system CPU) and
+``sandbox_cpu_seconds`` (this process: moto and the API emulation), against ``cpus``, so that a machine that
+is the limit shows as one; ``cordon_floor_s`` (nodes ÷ the replicas' summed QPS: one cordon write each),
+``cordon_goal_s`` (1.2 x that + 0.5 s) and ``cordon_requests_per_node`` (node GETs and PATCHes); and
+``receive_seconds`` (from the first Spot warning received to the last, over all replicas, read from their
+metrics every 0.25 s). ``--replicas 1,2,3`` runs one storm per count, each on a fresh sandbox, prints each
+one's JSON and ends with a summary: ``time_ratio_to_one_replica`` and ``p99_cordon_ratio_to_one_replica``.
 
 With ``--kubernetes real`` the cluster is on a real control plane (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, KWOK; ``make cluster-bin``) and the controller runs as a ServiceAccount with only its RBAC rules;
@@ -33,7 +46,7 @@ p99 receive→cordon ≤ 1 s, all drained within the notice, ≤ 2 x pods + 10 r
 0 tasks left.
 
 Usage: ``python benchmarks/storm.py [--nodes 1000] [--spare 250] [--scale 1.0] [--qps 200] [--pdb 30%]
-[--kubernetes emulated|real]``
+[--replicas 1|1,2,3] [--kubernetes emulated|real]``
 """
 
 from __future__ import annotations
@@ -43,7 +56,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -52,7 +64,15 @@ from typing import Any
 
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
-from queue_processor_sandbox.processes import parse_metrics, peak_rss_mib, scrape, total
+from queue_processor_sandbox.processes import (
+    QueueProcessor,
+    Samples,
+    parse_metrics,
+    peak_rss_mib,
+    scrape,
+    total,
+)
+from queue_processor_sandbox.run import judge
 
 
 def floor_seconds(sandbox: Sandbox, count: int) -> float:
@@ -77,7 +97,10 @@ def floor_seconds(sandbox: Sandbox, count: int) -> float:
 def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
     """The 99th percentile of a Prometheus histogram, interpolated linearly inside its bucket (what PromQL's
     ``histogram_quantile(0.99, ...)`` returns)."""
-    ordered = sorted(((float(labels["le"]), count) for labels, count in buckets), key=lambda pair: pair[0])
+    by_bound: dict[float, float] = {}
+    for labels, count in buckets:  # one series per replica: summed by bucket
+        by_bound[float(labels["le"])] = by_bound.get(float(labels["le"]), 0.0) + count
+    ordered = sorted(by_bound.items())
     if not ordered or not ordered[-1][1]:
         return float("nan")
     rank = 0.99 * ordered[-1][1]
@@ -91,7 +114,7 @@ def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
     return float("inf")
 
 
-def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
     """Until the controller answers /readyz (it has received from SQS and reached the API server)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -113,16 +136,49 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used, in seconds (``/proc/<pid>/stat`` utime and stime, proc(5)); 0.0
+    when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+
+
+def _merged(scrapes: list[Samples]) -> Samples:
+    """Every replica's samples under one name (sums over replicas with :func:`total`)."""
+    merged: Samples = {}
+    for samples in scrapes:
+        for name, values in samples.items():
+            merged.setdefault(name, []).extend(values)
+    return merged
+
+
+def _spot(samples: Samples, name: str) -> float:
+    """A message counter's Spot warnings only: when a notice ends the instance is terminated and the state
+    changes that follow are more messages, handled too, but not part of the storm being timed."""
+    return total(samples, name, kind="spot-interruption")
+
+
 def main() -> None:
-    """Run the storm and print its figures; the last line is the JSON summary."""
+    """Run the storm once per replica count and print its figures; the last line is the JSON summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000, help="interrupted nodes (default 1000)")
     ap.add_argument("--spare", type=int, default=None, help="nodes not interrupted (default nodes / 4)")
     ap.add_argument(
         "--scale", type=float, default=1.0, help="real seconds per simulated second (default 1.0)"
     )
-    ap.add_argument("--qps", type=float, default=200.0, help="KUBE_API_QPS for the controller (default 200)")
-    ap.add_argument("--log", type=Path, default=None, help="keep the controller's log (info level) here")
+    ap.add_argument(
+        "--qps", type=float, default=200.0, help="KUBE_API_QPS of each controller process (default 200)"
+    )
+    ap.add_argument(
+        "--replicas",
+        default="1",
+        help="controller processes, or a comma list of counts run one after the other on fresh sandboxes "
+        "(1,2,3); with more than one, NODE_LEASES is on (default 1)",
+    )
+    ap.add_argument("--log", type=Path, default=None, help="keep the controllers' logs (info level) here")
     ap.add_argument("--timeline", action="store_true", help="print cordoned/evicted/deleted over time")
     ap.add_argument("--pdb", default="30%", help="maxUnavailable of every PodDisruptionBudget (default 30%%)")
     ap.add_argument(
@@ -132,13 +188,9 @@ def main() -> None:
         help="the sandbox's API emulation (default) or a real control plane (make cluster-bin)",
     )
     args = ap.parse_args()
-    spare = args.spare if args.spare is not None else max(1, args.nodes // 4)
-    options = SandboxOptions(
-        nodes=args.nodes + spare,
-        asgs=max(1, (args.nodes + spare) // 250),
-        scale=args.scale,
-        cluster=ClusterSpec(apps=10, pdb_max_unavailable=args.pdb, empty_dir_pods=0, unreplicated_pods=0),
-    )
+    counts = [int(count) for count in str(args.replicas).split(",")]
+    if not counts or min(counts) < 1:
+        raise SystemExit("--replicas: counts of 1 or more, separated by commas")
     plane = None
     if args.kubernetes == "real":
         from queue_processor_sandbox.control_plane import ControlPlane
@@ -146,6 +198,46 @@ def main() -> None:
         # Thousands of nodes: KWOK renews each node's Lease every 150 s instead of every 10 s; the control
         # plane's own controllers get the API rate they need to create and bind the pods in minutes.
         plane = ControlPlane(node_lease_s=600, client_qps=500, start_timeout_s=180).start()
+    try:
+        runs = [storm(args, count, plane) for count in counts]
+    finally:
+        if plane is not None:
+            plane.stop()
+    if len(runs) == 1:
+        print(json.dumps(runs[0]))
+        return
+    for run in runs:
+        print(json.dumps(run))
+    one = next((run for run in runs if run["replicas"] == 1), None)
+    summary: dict[str, Any] = {
+        "replica_counts": counts,
+        "seconds_total": {run["replicas"]: run["seconds_total"] for run in runs},
+        "p99_receive_to_cordon_s": {run["replicas"]: run["p99_receive_to_cordon_s"] for run in runs},
+        "nodes_drained_twice": {run["replicas"]: run["nodes_drained_twice"] for run in runs},
+        "cpu_seconds": {run["replicas"]: run["cpu_seconds"] for run in runs},
+    }
+    if one is not None:
+        summary["time_ratio_to_one_replica"] = {
+            run["replicas"]: round(run["seconds_total"] / one["seconds_total"], 2) for run in runs
+        }
+        summary["p99_cordon_ratio_to_one_replica"] = {
+            run["replicas"]: round(run["p99_receive_to_cordon_s"] / one["p99_receive_to_cordon_s"], 2)
+            for run in runs
+            if one["p99_receive_to_cordon_s"]
+        }
+    print(json.dumps(summary))
+
+
+def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]:
+    """One storm on a fresh sandbox with ``replicas`` controller processes: its figures (see the module
+    docstring)."""
+    spare = args.spare if args.spare is not None else max(1, args.nodes // 4)
+    options = SandboxOptions(
+        nodes=args.nodes + spare,
+        asgs=max(1, (args.nodes + spare) // 250),
+        scale=args.scale,
+        cluster=ClusterSpec(apps=10, pdb_max_unavailable=args.pdb, empty_dir_pods=0, unreplicated_pods=0),
+    )
     built_at = time.perf_counter()
     with (
         tempfile.TemporaryDirectory() as workdir,
@@ -153,22 +245,19 @@ def main() -> None:
     ):
         print(
             f"sandbox ({args.kubernetes}): {len(sandbox.instances)} nodes, {len(sandbox.kube.objects('pods'))} pods"
-            f", built in {time.perf_counter() - built_at:.0f} s"
+            f", built in {time.perf_counter() - built_at:.0f} s; {replicas} replica(s)"
         )
         floor = floor_seconds(sandbox, args.nodes)
         print(f"floor: receive+delete {args.nodes} messages in {floor:.2f} s")
-        port = _free_port()
-        env = {
-            **os.environ,
-            **sandbox.env(),
-            "PROMETHEUS_SERVER_PORT": str(port),
-            "PROBES_SERVER_PORT": str(port),
+        sandbox.kube.ensure_namespace(sandbox.controller_namespace)
+        settings = {
             "KUBE_API_QPS": str(args.qps),
             "KUBE_API_BURST": str(int(args.qps * 1.5)),
-            "JSON_LOGGING": "true",
             "LOG_LEVEL": "info" if args.log else "warning",
+            "POD_NAMESPACE": sandbox.controller_namespace,
+            **({"NODE_LEASES": "true"} if replicas > 1 else {}),
         }
-        # The storm is in the queue before the controller starts (the issue: "N Spot warnings in the
+        # The storm is in the queue before the controllers start (the issue: "N Spot warnings in the
         # queue"); each notice runs from its publication, so the time they wait counts against the drains.
         published_at = time.perf_counter()
         targets = sandbox.instances[: args.nodes]
@@ -178,30 +267,36 @@ def main() -> None:
         kube_before = sum(sandbox.kube.requests.values())
         kinds_before = dict(sandbox.kube.requests)
         apiserver_before = parse_metrics(plane.metrics()) if plane is not None else {}
-        log = open(Path(workdir) / "controller.log", "w")  # noqa: SIM115 - closed below
+        sandbox_cpu_before = time.process_time()
         started = time.perf_counter()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "queue_processor.cli", "run"], env=env, stdout=log, stderr=log
-        )
+        started_monotonic = time.monotonic()
+        processes = [
+            QueueProcessor(
+                sandbox, Path(workdir) / f"controller-{index}.log", POD_NAME=f"storm-{index}", **settings
+            )
+            for index in range(replicas)
+        ]
         try:
-            _wait_ready(port, process)
+            for process in processes:
+                _wait_ready(process.probes_port, process.process)
             ready = time.perf_counter() - started
             timeline: list[str] = []
+            first_received: float | None = None
+            last_received: float | None = None
             deadline = started + 120 * args.scale * 5 + 60
             while time.perf_counter() < deadline:
                 time.sleep(0.25)
-                scraped = scrape(port)
-                # Spot warnings only: when a notice ends the instance is terminated and the state changes
-                # that follow are more messages, handled too, but not part of the storm being timed.
-                deleted = sum(
-                    value
-                    for labels, value in scraped.get("queue_processor_messages_deleted_total", [])
-                    if labels.get("kind") == "spot-interruption"
-                )
-                received = total(scraped, "queue_processor_messages_received_total")
+                scraped = _merged([scrape(process.metrics_port) for process in processes])
+                now = time.perf_counter() - started
+                deleted = _spot(scraped, "queue_processor_messages_deleted_total")
+                received = _spot(scraped, "queue_processor_messages_received_total")
+                if received and first_received is None:
+                    first_received = now
+                if received >= args.nodes and last_received is None:
+                    last_received = now
                 cordoned = sandbox.kube.count("nodes", lambda node: bool(node["spec"].get("unschedulable")))
                 timeline.append(
-                    f"{time.perf_counter() - started:6.1f}s cordoned={cordoned} "
+                    f"{now:6.1f}s cordoned={cordoned} "
                     f"evictions={len(sandbox.kube.evictions)} deleted={int(deleted)} "
                     f"node_gets={sandbox.kube.requests['get nodes']} received={int(received)}"
                 )
@@ -213,51 +308,80 @@ def main() -> None:
             seconds = time.perf_counter() - started
             if args.timeline:
                 print(
-                    f"published {args.nodes} warnings in {published:.2f} s; controller ready after {ready:.2f} s"
+                    f"published {args.nodes} warnings in {published:.2f} s; controllers ready after {ready:.2f} s"
                 )
                 print("\n".join(timeline[:: max(1, len(timeline) // 40)]))
             kube_requests = sum(sandbox.kube.requests.values()) - kube_before
-            by_kind = {
-                kind: round((count - kinds_before.get(kind, 0)) / args.nodes, 2)
+            grown = {
+                kind: count - kinds_before.get(kind, 0)
                 for kind, count in sorted(sandbox.kube.requests.items())
                 if count > kinds_before.get(kind, 0)
             }
+            by_kind = {kind: round(count / args.nodes, 2) for kind, count in grown.items()}
             apiserver_after = parse_metrics(plane.metrics()) if plane is not None else {}
             # The messages that followed (state changes of terminated instances) settle too: then count what
             # is left (tasks, messages), up to 60 s.
             settle_until = time.perf_counter() + 60
             while time.perf_counter() < settle_until and (
-                sandbox.queue_counts().left or total(scrape(port), "queue_processor_in_flight_operations")
+                sandbox.queue_counts().left
+                or total(
+                    _merged([scrape(process.metrics_port) for process in processes]),
+                    "queue_processor_in_flight_operations",
+                )
             ):
                 time.sleep(1.0)
-            metrics = scrape(port)
-            drained = sum(
-                value
-                for labels, value in metrics.get("actions_total", [])
-                if labels.get("node_action") == "cordon-and-drain" and labels.get("node_status") == "success"
-            )
-            in_flight = sum(value for _, value in metrics.get("queue_processor_in_flight_operations", []))
+            each = [scrape(process.metrics_port) for process in processes]
+            metrics = _merged(each)
+            success = {"node_action": "cordon-and-drain", "node_status": "success"}
+            drained = total(metrics, "actions_total", **success)
+            in_flight = total(metrics, "queue_processor_in_flight_operations")
+            verdict = judge(sandbox, [instance.private_dns_name for instance in targets], started_monotonic)
+            aggregate_qps = args.qps * replicas
+            p99 = _p99(metrics.get("queue_processor_event_to_cordon_seconds_bucket", []))
+            cordon_floor = args.nodes / aggregate_qps
             figures: dict[str, Any] = {
                 "nodes": args.nodes,
+                "replicas": replicas,
                 "seconds_total": round(seconds, 2),
                 "floor_seconds": round(floor, 2),
                 "ratio_to_floor": round(seconds / floor, 2) if floor else None,
-                "p99_receive_to_cordon_s": _p99(
-                    metrics.get("queue_processor_event_to_cordon_seconds_bucket", [])
+                "p99_receive_to_cordon_s": p99,
+                "cordon_floor_s": round(cordon_floor, 2),
+                "cordon_goal_s": round(1.2 * cordon_floor + 0.5, 2),
+                "cordon_requests_per_node": round(
+                    (grown.get("get nodes", 0) + grown.get("patch nodes", 0)) / args.nodes, 2
+                ),
+                "receive_seconds": (
+                    round(last_received - first_received, 2)
+                    if first_received is not None and last_received is not None
+                    else None
                 ),
                 "all_drained_within_notice": drained >= args.nodes,
                 "drained": int(drained),
+                "nodes_drained_twice": verdict["nodes_drained_twice"],
+                "evictions_repeated": verdict["evictions_repeated"],
+                "lease_conflicts": int(
+                    total(metrics, "queue_processor_kube_requests_total", resource="leases", code="409")
+                ),
+                "lease_held_requeues": int(
+                    total(metrics, "queue_processor_operation_outcomes_total", outcome="lease-held")
+                ),
+                "share": [int(total(samples, "actions_total", **success)) for samples in each],
                 "kube_requests_per_node": round(kube_requests / args.nodes, 1),
                 "kube_requests_per_node_by_kind": by_kind,
-                "peak_rss_mib": peak_rss_mib(process.pid),
+                "peak_rss_mib": max(peak_rss_mib(process.process.pid) for process in processes),
+                "peak_rss_mib_each": [peak_rss_mib(process.process.pid) for process in processes],
+                "cpu_seconds": [_cpu_seconds(process.process.pid) for process in processes],
+                "sandbox_cpu_seconds": round(time.process_time() - sandbox_cpu_before, 1),
                 "tasks_left": int(in_flight),
                 "messages_left": sandbox.queue_counts().left,
                 "publish_seconds": round(published, 2),
                 "startup_seconds": round(ready, 2),
-                "qps_floor_seconds": round(kube_requests / args.qps, 2),
+                "qps_floor_seconds": round(kube_requests / aggregate_qps, 2),
                 "evictions": len(sandbox.kube.evictions),
                 "scale": args.scale,
                 "kubernetes": args.kubernetes,
+                "cpus": os.cpu_count(),
             }
             slowest = max(
                 (
@@ -272,7 +396,7 @@ def main() -> None:
                 kind = ((pod["metadata"].get("ownerReferences") or [{}])[0]).get("kind") or "none"
                 by_owner[kind] = by_owner.get(kind, 0) + 1
             figures["evicted_by_owner"] = by_owner
-            figures["goal_seconds"] = round(1.1 * max(kube_requests / args.qps, slowest), 2)
+            figures["goal_seconds"] = round(1.1 * max(kube_requests / aggregate_qps, slowest), 2)
             if plane is not None:
                 figures["apiserver_requests"] = _delta(
                     apiserver_before, apiserver_after, "apiserver_request_total", ("verb", "code")
@@ -290,14 +414,16 @@ def main() -> None:
                     by_code[str(code)] = by_code.get(str(code), 0) + count
                 figures["controller_requests_by_code"] = by_code
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(30)
-            log.close()
+            for process in processes:
+                try:
+                    process.stop(signal.SIGTERM, 30)
+                except AssertionError as error:
+                    print(f"controller: {error}")
             if args.log:
-                args.log.write_text((Path(workdir) / "controller.log").read_text())
-    if plane is not None:
-        plane.stop()
-    print(json.dumps(figures))
+                args.log.mkdir(parents=True, exist_ok=True)
+                for index, process in enumerate(processes):
+                    (args.log / f"controller-{replicas}-{index}.log").write_text(process.log_path.read_text())
+    return figures
 
 
 def _delta(

@@ -7,7 +7,8 @@ again: capacity nothing can be scheduled on. Every write of ours records on the 
 (:mod:`queue_processor.drain.record`); :class:`Returns` takes it back, and only it, when the instance is back:
 
 - every RETURN_CHECK_INTERVAL_SEC it lists the nodes carrying our record (one LIST with a label selector, from
-  the API server's cache) and describes their instances (batched DescribeInstances, fresh);
+  the API server's cache) and describes their instances (batched DescribeInstances, fresh); only a node that
+  looks back as listed is read again, for its undo (the others cost no request);
 - an instance is back when EC2 says it is ``running`` and its ``LaunchTime`` differs from the one recorded
   with our cordon (EC2 reports the most recent launch or start: it was stopped and started since), and its
   node is ``Ready``;
@@ -94,16 +95,19 @@ class Returns:
         """One pass: the names of the nodes whose record was undone. Raises :class:`KubeError` when the nodes
         cannot be listed, and the AWS error when the instances cannot be described."""
         nodes = await self.kube.list_nodes(f"{RECORD_LABEL}=true", cached=True)
-        candidates: list[tuple[str, CordonRecord]] = []
+        candidates: list[tuple[dict[str, Any], CordonRecord]] = []
         for node in nodes:
             record = CordonRecord.from_node(node)
             if record is not None and record.instance_id and not self.busy(record.instance_id):
-                candidates.append((str(node["metadata"]["name"]), record))
+                candidates.append((node, record))
         infos = await asyncio.gather(
             *(self.resolver.get(record.instance_id, fresh=True) for _, record in candidates)
         )
         undone: list[str] = []
-        for (name, record), info in zip(candidates, infos, strict=True):
+        for (node, record), info in zip(candidates, infos, strict=True):
+            if not came_back(record, info, node):
+                continue  # decided on the node as listed: no read (a storm leaves a thousand drained nodes)
+            name = str(node["metadata"]["name"])
             decide = functools.partial(self._decide, record.instance_id, info)
             if await self.drainer.undo(name, decide):
                 self.observer.node_action(NodeAction.UNCORDON, True)

@@ -8,8 +8,6 @@ Time runs unscaled here (1 simulated second = 1 real second): grace periods are 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,41 +16,10 @@ from queue_processor.drain.departures import Departures
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.kube import KubeClient, load_api_client
-from queue_processor.observe.observer import Observer
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox
-from tests.conftest import KUBERNETES
-
-
-class Requests(Observer):
-    """Every request the client made, by ``"<verb> <resource>"``."""
-
-    def __init__(self) -> None:
-        self.made: Counter[str] = Counter()
-
-    def kube_request(self, verb: str, resource: str, status: int | None) -> None:
-        self.made[f"{verb} {resource}"] += 1
-
-
-@pytest.fixture(scope="module", params=KUBERNETES)
-def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
-    if request.param == "emulated":
-        with KubeSandbox(SandboxClock(1.0)) as sandbox:
-            yield sandbox
-        return
-    from queue_processor_sandbox.real_kube import RealKube
-
-    with RealKube(SandboxClock(1.0), plane=request.getfixturevalue("control_plane")) as real:
-        yield real
-
-
-@pytest.fixture
-async def kube(cluster: KubeCluster, tmp_path: Path) -> AsyncIterator[tuple[KubeClient, Requests]]:
-    requests = Requests()
-    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))), observer=requests)
-    yield client, requests
-    client.close()
+from tests.sandbox.conftest import Requests
 
 
 def a_node(cluster: KubeCluster) -> tuple[str, str]:
@@ -74,11 +41,11 @@ async def live(departures: Departures) -> None:
 
 @pytest.mark.parametrize("watched", [True, False], ids=["watch", "no-watch"])
 async def test_a_drain_lists_its_node_once_while_the_watch_runs(
-    cluster: KubeCluster, kube: tuple[KubeClient, Requests], watched: bool
+    cluster: KubeCluster, kube: KubeClient, requests: Requests, watched: bool
 ) -> None:
     """With the watch, one list of the node; without it (the counterpart: the polls the watch saves), the wait
     re-lists at least once per second of the pods' grace periods."""
-    client, requests = kube
+    client = kube
     node, namespace = a_node(cluster)
     for index in range(4):
         cluster.add_pod(namespace, f"web-{index}", node=node, labels={"app": "web"}, grace_s=index % 2 + 1)
@@ -103,9 +70,9 @@ async def test_a_drain_lists_its_node_once_while_the_watch_runs(
 
 
 async def test_a_pod_that_never_goes_is_found_by_a_last_list_at_the_deadline(
-    cluster: KubeCluster, kube: tuple[KubeClient, Requests]
+    cluster: KubeCluster, kube: KubeClient, requests: Requests
 ) -> None:
-    client, requests = kube
+    client = kube
     node, namespace = a_node(cluster)
     cluster.add_pod(namespace, "quick", node=node, grace_s=1)
     # Unready: no kubelet plays it (KWOK disregards it; the emulation leaves it), so once evicted it stays

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,32 +21,10 @@ from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DRAIN_POLICY_ANNOTATION as DRAIN
 from queue_processor.drain.order import DrainOrder
-from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.kube import KubeClient
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome
-from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
-from queue_processor_sandbox.kube import KubeSandbox
-from tests.conftest import KUBERNETES
-
-
-@pytest.fixture(scope="module", params=KUBERNETES)
-def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
-    if request.param == "emulated":
-        with KubeSandbox(SandboxClock(1.0)) as sandbox:
-            yield sandbox
-        return
-    from queue_processor_sandbox.real_kube import RealKube
-
-    with RealKube(SandboxClock(1.0), plane=request.getfixturevalue("control_plane")) as real:
-        yield real
-
-
-@pytest.fixture
-async def kube(cluster: KubeCluster, tmp_path: Path) -> AsyncIterator[KubeClient]:
-    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))))
-    yield client
-    client.close()
 
 
 def a_node(cluster: KubeCluster) -> tuple[str, str]:

@@ -9,41 +9,19 @@ the read resourceVersion, and retries a write that a concurrent change made conf
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord
-from queue_processor.kube import KubeClient, load_api_client
-from queue_processor_sandbox.clock import SandboxClock
+from queue_processor.kube import KubeClient
 from queue_processor_sandbox.cluster import KubeCluster
-from queue_processor_sandbox.kube import KubeSandbox
-from tests.conftest import KUBERNETES
 
 OTHER = {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}
 
 
-@pytest.fixture(scope="module", params=KUBERNETES)
-def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
-    if request.param == "emulated":
-        with KubeSandbox(SandboxClock(0.01)) as sandbox:
-            yield sandbox
-        return
-    from queue_processor_sandbox.real_kube import RealKube
-
-    with RealKube(SandboxClock(0.01), plane=request.getfixturevalue("control_plane")) as real:
-        yield real
-
-
-@pytest.fixture
-async def kube(cluster: KubeCluster, tmp_path: Path) -> AsyncIterator[KubeClient]:
-    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))))
-    yield client
-    client.close()
+#: The sandbox clock's scale for this module's cluster (tests/sandbox/conftest.py).
+CLOCK_SCALE = 0.01
 
 
 async def tainted_node(cluster: KubeCluster, kube: KubeClient) -> str:

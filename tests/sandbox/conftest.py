@@ -1,0 +1,54 @@
+"""Fixtures for tests that drive our Kubernetes code against both API servers (the emulation must agree with
+the real one): ``cluster`` (module-scoped, one per server; its clock runs at the test module's
+``CLOCK_SCALE``, 1.0 unless the module says otherwise), ``requests`` (every request the client made) and
+``kube`` (a :class:`KubeClient` on the cluster, reporting to ``requests``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.observe.observer import Observer
+from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.cluster import KubeCluster
+from queue_processor_sandbox.kube import KubeSandbox
+from tests.conftest import KUBERNETES
+
+
+class Requests(Observer):
+    """Every request the client made, by ``"<verb> <resource>"``."""
+
+    def __init__(self) -> None:
+        self.made: Counter[str] = Counter()
+
+    def kube_request(self, verb: str, resource: str, status: int | None) -> None:
+        self.made[f"{verb} {resource}"] += 1
+
+
+@pytest.fixture(scope="module", params=KUBERNETES)
+def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
+    clock = SandboxClock(getattr(request.module, "CLOCK_SCALE", 1.0))
+    if request.param == "emulated":
+        with KubeSandbox(clock) as sandbox:
+            yield sandbox
+        return
+    from queue_processor_sandbox.real_kube import RealKube
+
+    with RealKube(clock, plane=request.getfixturevalue("control_plane")) as real:
+        yield real
+
+
+@pytest.fixture
+def requests() -> Requests:
+    return Requests()
+
+
+@pytest.fixture
+async def kube(cluster: KubeCluster, tmp_path: Path, requests: Requests) -> AsyncIterator[KubeClient]:
+    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))), observer=requests)
+    yield client
+    client.close()
