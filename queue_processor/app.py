@@ -26,6 +26,7 @@ from queue_processor.consumer import Consumer
 from queue_processor.drain.departures import Departures
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.node_cache import NodeCache
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
@@ -92,6 +93,7 @@ async def run_controller(
         lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
         own_pod = (settings.pod_namespace, settings.pod_name) if settings.pod_name else None
         departures = Departures(kube)
+        nodes = NodeCache(kube)
         drainer = Drainer(
             kube,
             DrainOptions(
@@ -106,6 +108,7 @@ async def run_controller(
             timing=DrainTiming.of(settings),
             observer=metrics,
             departures=departures,
+            nodes=nodes,
         )
         heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
         handler = Handler(
@@ -166,9 +169,12 @@ async def run_controller(
                     f"{settings.probes_server_port}: cannot listen: {exc.strerror or exc}"
                 ) from None
         departures.start()
+        nodes.start()
         consumer.start()
         gauges = (
-            tasks.spawn(_tagged_gauges(aws.ec2, kube, settings.managed_tag, metrics), name="nth-tagged")
+            tasks.spawn(
+                _tagged_gauges(aws.ec2, kube, nodes, settings.managed_tag, metrics), name="nth-tagged"
+            )
             if server is not None and settings.enable_prometheus_server
             else None
         )
@@ -203,6 +209,7 @@ async def run_controller(
             await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
             await resolver.close()
             await departures.close()
+            await nodes.close()
             if server is not None:
                 await server.stop()
             kube.close(wait=False)
@@ -226,15 +233,18 @@ async def run_controller(
 TAGGED_GAUGES_PERIOD_S = 30.0
 
 
-async def _tagged_gauges(ec2: Any, kube: KubeClient, tag: str, metrics: Metrics) -> None:
+async def _tagged_gauges(ec2: Any, kube: KubeClient, watched: NodeCache, tag: str, metrics: Metrics) -> None:
     """NTH's ``nth_tagged_instances`` and ``nth_tagged_nodes``, refreshed every
-    :data:`TAGGED_GAUGES_PERIOD_S`: the tagged instances (:func:`~queue_processor.nodes.tagged_instances`) and the node
-    list from the informer cache. A failed refresh is logged and leaves both gauges as they were, as NTH."""
+    :data:`TAGGED_GAUGES_PERIOD_S`: the tagged instances (:func:`~queue_processor.nodes.tagged_instances`) and the
+    nodes as ``watched`` has them (a node list from the API server's cache while it is not current). A failed
+    refresh is logged and leaves both gauges as they were, as NTH."""
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)
         try:
             instances = await tagged_instances(ec2, tag)
-            nodes = await kube.list_nodes(cached=True)
+            nodes = watched.all()
+            if nodes is None:
+                nodes = await kube.list_nodes(cached=True)
         except Exception as exc:  # a refresh must never take the controller down
             log.warning("nth_tagged gauges not refreshed", error=repr(exc))
             continue

@@ -23,7 +23,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -317,6 +317,35 @@ class KubeClient:
         return await self.watch(
             "/api/v1/pods", resource_version, deliver, timeout_s=timeout_s, opened=opened, metadata_only=True
         )
+
+    async def watch_nodes(
+        self,
+        resource_version: str,
+        deliver: Callable[[list[Obj]], None],
+        *,
+        timeout_s: float,
+        opened: Callable[[], None] | None = None,
+    ) -> str:
+        """A watch of every Node (:meth:`watch`), whole objects."""
+        return await self.watch(
+            "/api/v1/nodes", resource_version, deliver, timeout_s=timeout_s, opened=opened
+        )
+
+    async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[Obj], str]]:
+        """Every Node, ``limit`` at a time: a list from etcd paged with continue tokens (every page at the first
+        one's resourceVersion, "Retrieving large results sets in chunks" in API concepts), so that a cluster of
+        thousands of nodes is never held in memory whole. Yields each page's items and the list's
+        resourceVersion (where a watch of the nodes starts). Raises :class:`KubeError` (410 when a continue
+        token expired mid-list: list again)."""
+        token = ""
+        while True:
+            query = {"limit": str(limit), **({"continue": token} if token else {})}
+            answer = await self.request("GET", "/api/v1/nodes", query=query)
+            metadata = answer.get("metadata") or {}
+            yield list(answer.get("items") or []), str(metadata.get("resourceVersion") or "")
+            token = str(metadata.get("continue") or "")
+            if not token:
+                return
 
     async def watch(
         self,

@@ -7,7 +7,8 @@ call is added to the code, it is added here, and the chart and module tests then
 
 Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/):
 
-- cluster-wide: ``nodes`` get/list/patch (find, cordon, taint, label), ``pods`` list (a node's pods with
+- cluster-wide: ``nodes`` get/list/patch (find, cordon, taint, label) and watch (the watched copy a cordon
+  writes on without reading the node first), ``pods`` list (a node's pods with
   ``fieldSelector=spec.nodeName``) and watch (one metadata-only watch of pod deletions, so that a drain waits
   for its evicted pods without re-listing them), ``pods/eviction`` create (policy/v1 Eviction API), ``pods`` delete
   (``DELETE_AT_DEADLINE``: what is left at the instance's end), ``policy`` ``poddisruptionbudgets`` get (the
@@ -63,7 +64,7 @@ class KubernetesRule:
 
 
 KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
-    KubernetesRule("", "nodes", ("get", "list", "patch")),
+    KubernetesRule("", "nodes", ("get", "list", "patch", "watch")),
     KubernetesRule("", "pods", ("list", "watch")),
     KubernetesRule("", "pods/eviction", ("create",)),
     KubernetesRule("", "pods", ("delete",), when="DELETE_AT_DEADLINE"),

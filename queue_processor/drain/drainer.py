@@ -28,6 +28,7 @@ from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.departures import Departures, Ticket, Waiting
 from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
+from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.order import (
     DRAIN_POLICY_ANNOTATION,
     DrainOrder,
@@ -403,8 +404,11 @@ class Drainer:
         observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
         departures: Departures | None = None,
+        nodes: NodeCache | None = None,
     ) -> None:
         self.kube = kube
+        self.nodes = nodes
+        """The watched nodes a cordon writes on without reading the node first (``None``: a GET per cordon)."""
         self.departures = departures
         """The watch of pod deletions that lets a drain wait for its pods without re-listing them (``None``:
         re-list with backoff, at most every 2 s)."""
@@ -434,7 +438,8 @@ class Drainer:
         already there may be someone else's: it is never overwritten): one write for PreDrain and cordon.
         Idempotent. ``False`` when the node does not exist (404); raises :class:`KubeError` for other failures.
 
-        It is a read-modify-write (one read): ``Node.spec.taints`` has no patch merge key, so a patch that
+        It is a read-modify-write (one read, none when :attr:`nodes` has the node: the write then carries the
+        watched copy's resourceVersion): ``Node.spec.taints`` has no patch merge key, so a patch that
         carries taints replaces the whole list on a real API server; the node is read, every taint but ours
         (same key and effect) is kept as it was, labels already present are left out, and the patch carries the
         read ``resourceVersion``, so a concurrent change answers 409 Conflict and the write is retried on a fresh
@@ -490,7 +495,11 @@ class Drainer:
         ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
         identities = {(taint["key"], taint["effect"]) for taint in ours}
         for attempt in range(TAINT_WRITE_ATTEMPTS):
-            current = await self.kube.get_node(node)
+            # The first attempt writes on the watched copy when there is one (no read; a copy behind the server
+            # answers 409 and the next attempt reads): cordons are bounded by one request each, not two.
+            current = self.nodes.get(node) if attempt == 0 and self.nodes is not None else None
+            if current is None:
+                current = await self.kube.get_node(node)
             if current is None:
                 raise KubeError(404, "NotFound", f'nodes "{node}" not found')
             kept = [

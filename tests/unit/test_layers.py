@@ -59,6 +59,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.deadlines",
         "queue_processor.turns",
     },
+    {"queue_processor.drain.node_cache"},
     {
         "queue_processor.drain.drainer",
         "queue_processor.drain.explain",

@@ -139,7 +139,7 @@ when they differ): exactly the requests the controller makes. "when" names the s
 controller use a rule; "clusterWide: false" rules go into a Role in the release namespace.
 */}}
 {{- define "queue-processor.rbacRules" -}}
-- {apiGroup: "", resource: nodes, verbs: [get, list, patch], clusterWide: true, when: ""}
+- {apiGroup: "", resource: nodes, verbs: [get, list, patch, watch], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods, verbs: [list, watch], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods/eviction, verbs: [create], clusterWide: true, when: ""}
 - {apiGroup: "", resource: pods, verbs: [delete], clusterWide: true, when: DELETE_AT_DEADLINE}

@@ -1,0 +1,164 @@
+"""The nodes as one watch sees them: what a cordon reads, without a GET per node.
+
+A cordon is a read-modify-write (:meth:`queue_processor.drain.drainer.Drainer.cordon`): ``spec.taints`` has no
+patch merge key, and the record of what we changed needs the node as it was. Read with a GET, a storm's 1,000
+cordons cost 2,000 urgent requests, and at 200 requests per second the last node waited 10 s for its cordon.
+Here the nodes are listed once (paged, 500 at a time) and watched from then on, as an informer does, and a
+slim copy of each is kept (:func:`slim`: name, resourceVersion, labels, our record annotation,
+``spec.unschedulable``, ``spec.taints``, ``spec.providerID``; about 1 KB a node). The ``nth_tagged_nodes``
+gauge counts from it too, instead of listing every node every 30 s. A cordon's first attempt reads the copy and its
+PATCH carries the copy's resourceVersion: when the node changed since (a copy behind the server), the API
+server answers 409 Conflict and the write is retried on a GET, so a stale copy costs one request and never a
+wrong write.
+
+Only a copy the watch keeps current is handed out (:attr:`NodeCache.live`); a node the copy does not know
+(registered a moment ago, or named otherwise) is read with a GET. A 410 lists again; a broken stream resumes
+from its last resourceVersion; a refusal (401/403/404/405: no ``nodes`` ``watch`` right) is logged once and
+the cordons read with GETs, as before.
+
+Kubernetes documents: "Efficient detection of changes" and "Retrieving large results sets in chunks" (API
+concepts); "Resource versions" for the optimistic concurrency of the write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import structlog
+
+from queue_processor import tasks
+from queue_processor.drain.departures import RETRY_MAX_S, RETRY_S, WATCH_TIMEOUT_S
+from queue_processor.drain.record import RECORD_ANNOTATION
+from queue_processor.kube import KubeClient, KubeError
+
+__all__ = ["NodeCache", "slim"]
+
+log = structlog.get_logger(__name__)
+
+#: Nodes per page of the start-up list.
+PAGE = 500
+
+
+def slim(node: dict[str, Any]) -> dict[str, Any]:
+    """The part of a Node a cordon reads (pure): ``metadata`` (name, resourceVersion, labels, our record
+    annotation) and ``spec`` (``unschedulable``, ``taints``, and ``providerID`` for the ``nth_tagged_nodes``
+    gauge)."""
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    annotations = metadata.get("annotations") or {}
+    kept: dict[str, Any] = {
+        "name": metadata.get("name"),
+        "resourceVersion": metadata.get("resourceVersion"),
+        "labels": dict(metadata.get("labels") or {}),
+    }
+    if RECORD_ANNOTATION in annotations:
+        kept["annotations"] = {RECORD_ANNOTATION: annotations[RECORD_ANNOTATION]}
+    kept_spec: dict[str, Any] = {}
+    if spec.get("providerID"):
+        kept_spec["providerID"] = spec["providerID"]
+    if spec.get("unschedulable"):
+        kept_spec["unschedulable"] = True
+    if spec.get("taints"):
+        kept_spec["taints"] = [dict(taint) for taint in spec["taints"]]
+    return {"metadata": kept, "spec": kept_spec}
+
+
+class NodeCache:
+    """The watched nodes (see the module), started by :meth:`start` and ended by :meth:`close`. ``kube`` makes
+    the requests: the paged list of the nodes at each (re)start and one watch per connection. Raises nothing:
+    a failed list or watch is retried with backoff, and meanwhile :meth:`get` answers ``None``."""
+
+    def __init__(self, kube: KubeClient, *, timeout_s: float = WATCH_TIMEOUT_S) -> None:
+        self.kube = kube
+        self.timeout_s = timeout_s
+        self.live = False
+        """Whether the copy is current: listed, and the watch's stream runs (or resumes)."""
+        self.refused: KubeError | None = None
+        """The API server's refusal of the list or watch, if it refused."""
+        self.answered = asyncio.Event()
+        """Set once the nodes are listed and watched, or refused (the first answer)."""
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """List and watch the nodes (the controller does at start-up); idempotent."""
+        if self._task is None:
+            self._task = tasks.spawn(self._run(), name="node-cache")
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The slim copy of node ``name`` (:func:`slim`), or ``None`` while the copy is not current or does
+        not know it (read it with a GET then). The caller must write with its ``resourceVersion``."""
+        if not self.live:
+            return None
+        return self._nodes.get(name)
+
+    def all(self) -> list[dict[str, Any]] | None:
+        """Every node's slim copy, or ``None`` while the copy is not current."""
+        return list(self._nodes.values()) if self.live else None
+
+    async def close(self) -> None:
+        """Stop the watch (its connection is shut)."""
+        await tasks.stop(self._task)
+        self._task = None
+        self.live = False
+
+    async def _run(self) -> None:
+        rv = ""
+        delay = RETRY_S
+        while True:
+            try:
+                if not rv:
+                    self.live = False
+                    rv = await self._list()
+                rv = await self.kube.watch_nodes(
+                    rv,
+                    self._deliver,
+                    opened=self._opened,
+                    timeout_s=self.timeout_s * random.uniform(0.8, 1.0),
+                )
+                delay = RETRY_S
+                continue
+            except KubeError as exc:
+                self.live = False
+                if exc.status == 410:  # too old: list again
+                    rv = ""
+                    continue
+                if exc.status in (401, 403, 404, 405) and self.refused is None:
+                    self.refused = exc
+                    self.answered.set()
+                    log.warning(
+                        "cannot list and watch nodes: cordons read each node first (grant nodes watch)",
+                        status=exc.status,
+                        error=exc.message,
+                    )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _list(self) -> str:
+        """Every node, page by page, as slim copies; the list's resourceVersion."""
+        nodes: dict[str, dict[str, Any]] = {}
+        rv = ""
+        async for items, version in self.kube.node_pages(PAGE):
+            rv = rv or version
+            for node in items:
+                kept = slim(node)
+                nodes[str(kept["metadata"]["name"])] = kept
+        self._nodes = nodes
+        return rv
+
+    def _opened(self) -> None:
+        self.live = True
+        self.answered.set()
+
+    def _deliver(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            node = event.get("object") or {}
+            name = (node.get("metadata") or {}).get("name")
+            if name is None:
+                continue
+            if event.get("type") == "DELETED":
+                self._nodes.pop(name, None)
+            elif event.get("type") in ("ADDED", "MODIFIED"):
+                self._nodes[name] = slim(node)

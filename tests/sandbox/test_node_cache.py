@@ -1,0 +1,118 @@
+"""The watched copy of the nodes (:mod:`queue_processor.drain.node_cache`), on both API servers (the emulation
+must agree with the real one): the nodes are listed page by page and followed by a watch; a cordon writes on
+the copy without reading the node (one request, not two); a copy behind the server is answered 409 and the
+cordon writes again on a fresh read, keeping what the other writer set."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.node_cache import NodeCache
+from queue_processor.drain.record import CordonRecord
+from queue_processor.kube import KubeClient
+from queue_processor_sandbox.cluster import KubeCluster
+from tests.sandbox.conftest import Requests
+
+OTHER = {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}
+
+
+def a_node(cluster: KubeCluster) -> str:
+    name = f"ip-10-5-0-{uuid.uuid4().hex[:6]}.ec2.internal"
+    cluster.add_node(name)
+    cluster.wait_for_nodes([name])
+    return name
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Yield to the loop until ``check()`` holds (the watch's events arrive from its thread); a hang guard of
+    a thousand turns of 10 ms, it measures nothing."""
+    for _ in range(1000):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_nodes_are_listed_in_pages_and_followed(cluster: KubeCluster, kube: KubeClient) -> None:
+    names = [a_node(cluster) for _ in range(3)]
+    pages = [page async for page, _ in kube.node_pages(limit=2)]
+    assert len(pages) >= 2
+    assert all(len(page) <= 2 for page in pages)
+    listed = {node["metadata"]["name"] for page in pages for node in page}
+    assert set(names) <= listed
+    cache = NodeCache(kube)
+    cache.start()
+    try:
+        await cache.answered.wait()
+        assert cache.live
+        assert cache.refused is None
+        assert set(names) <= {node["metadata"]["name"] for node in cache.all() or []}
+        later = a_node(cluster)
+        await until(lambda: cache.get(later) is not None, "the new node in the copy")
+        await kube.patch_node(later, {"spec": {"taints": [OTHER]}})
+        await until(lambda: bool((cache.get(later) or {})["spec"].get("taints")), "the taint in the copy")
+        cluster.delete_node(later)
+        await until(lambda: cache.get(later) is None, "the deleted node gone from the copy")
+    finally:
+        await cache.close()
+
+
+async def test_a_cordon_on_the_watched_copy_is_one_request(
+    cluster: KubeCluster, kube: KubeClient, requests: Requests
+) -> None:
+    name = a_node(cluster)
+    cache = NodeCache(kube)
+    cache.start()
+    try:
+        await cache.answered.wait()
+        await until(lambda: cache.get(name) is not None, "the node in the copy")
+        requests.made.clear()
+        drainer = Drainer(kube, DrainOptions(), budget=10, nodes=cache)
+        assert await drainer.cordon(name, about=CordonRecord(instance_id="i-0cache"))
+        assert requests.made == {"patch nodes": 1}
+        node = await kube.get_node(name)
+        assert node is not None
+        assert node["spec"]["unschedulable"] is True
+        record = CordonRecord.from_node(node)
+        assert record is not None
+        assert record.unschedulable
+        assert record.instance_id == "i-0cache"
+    finally:
+        await cache.close()
+
+
+class Stale:
+    """A watched copy that has not seen the latest change of the node."""
+
+    def __init__(self, node: dict[str, Any]) -> None:
+        self.node = node
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.node
+
+
+async def test_a_cordon_on_a_stale_copy_is_refused_and_written_again_on_a_read(
+    cluster: KubeCluster, kube: KubeClient, requests: Requests
+) -> None:
+    name = a_node(cluster)
+    before = await kube.get_node(name)
+    assert before is not None
+    stale = copy.deepcopy(before)
+    await kube.patch_node(name, {"spec": {"taints": [OTHER], "unschedulable": True}})  # someone else, since
+    requests.made.clear()
+    drainer = Drainer(kube, DrainOptions(), budget=10, nodes=Stale(stale))  # type: ignore[arg-type]
+    assert await drainer.cordon(name, taints=[("ours", "x", "NoSchedule")])
+    assert requests.made == {"patch nodes": 2, "get nodes": 1}  # 409 on the copy, then read and written
+    node = await kube.get_node(name)
+    assert node is not None
+    keys = {(taint["key"], taint["effect"]) for taint in node["spec"]["taints"]}
+    assert {(OTHER["key"], OTHER["effect"]), ("ours", "NoSchedule")} <= keys
+    record = CordonRecord.from_node(node)
+    assert record is not None
+    assert not record.unschedulable
