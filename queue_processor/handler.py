@@ -266,16 +266,22 @@ class Handler(Steps):
         """The node to cordon (``ctx.node``) and, with NODE_LEASES, its Lease (``ctx.claim``, entered on the
         EarlyExit stack); ``None`` when claimed, else the operation's outcome. When the node is named after the
         instance's private DNS name (the default on EC2) and there is no Lease to claim, the cordon patch
-        itself finds it; a 404 falls back to the kubernetes.io/hostname lookup."""
+        itself finds it; a 404 falls back to the kubernetes.io/hostname lookup. With a Lease to claim, the name
+        must be right before the claim: the watched copy of the nodes confirms it, else the node is looked up."""
         info = ctx.info
         assert info is not None
-        if self.leases is None and not self.settings.use_provider_id and bool(info.private_dns_name):
+        by_name = not self.settings.use_provider_id and bool(info.private_dns_name)
+        if self.leases is None and by_name:
             ctx.node, ctx.assumed = info.private_dns_name or "", True
             return None
-        node = await self.finder.find(info)
-        if node is None:
-            return await self._no_node(ctx)
-        ctx.node = str(node["metadata"]["name"])
+        watched = self.drainer.nodes
+        if by_name and watched is not None and watched.get(info.private_dns_name) is not None:
+            ctx.node = info.private_dns_name  # the watched copy knows the node: no read to learn its name
+        else:
+            node = await self.finder.find(info)
+            if node is None:
+                return await self._no_node(ctx)
+            ctx.node = str(node["metadata"]["name"])
         if self.leases is not None:
             claim = await self.leases.claim(ctx.node)
             if claim is None:

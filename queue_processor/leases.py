@@ -205,11 +205,15 @@ class NodeLeases:
         """The node's Lease for this replica, or ``None`` when another replica holds it. Raises
         :class:`KubeError` when the API server cannot be reached."""
         name = lease_name(node)
+        try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
+            return Claim(self, await self.kube.create_lease(self.namespace, self._fresh(name)))
+        except KubeError as exc:
+            if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
+                raise
         existing = await self.kube.get_lease(self.namespace, name)
+        if existing is None:  # deleted between the create and the read: the next delivery claims it
+            return None
         try:
-            if existing is None:
-                created = await self.kube.create_lease(self.namespace, self._fresh(name))
-                return Claim(self, created)
             spec = existing.get("spec") or {}
             holder = spec.get("holderIdentity")
             renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))

@@ -5,41 +5,44 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.kube import KubeClient
 from queue_processor.leases import NodeLeases, lease_name
 from queue_processor.outcomes import ClaimLost
-from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
-from queue_processor_sandbox.kube import KubeSandbox
-from tests.conftest import KUBERNETES
+from tests.sandbox.conftest import Requests
 
 OPS = f"ops-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture(scope="module", params=KUBERNETES)
-def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
-    if request.param == "emulated":
-        with KubeSandbox(SandboxClock(0.01)) as sandbox:
-            sandbox.ensure_namespace(OPS)
-            yield sandbox
-        return
-    from queue_processor_sandbox.real_kube import RealKube
-
-    with RealKube(SandboxClock(0.01), plane=request.getfixturevalue("control_plane")) as real:
-        real.ensure_namespace(OPS)
-        yield real
+#: The sandbox clock's scale for this module's cluster (tests/sandbox/conftest.py).
+CLOCK_SCALE = 0.01
 
 
-@pytest.fixture
-def kube(cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeClient]:
-    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))))
-    yield client
-    client.close()
+@pytest.fixture(autouse=True)
+def ops(cluster: KubeCluster) -> None:
+    cluster.ensure_namespace(OPS)
+
+
+async def test_a_first_claim_is_one_request_and_a_later_one_takes_the_released_lease(
+    kube: KubeClient, requests: Requests
+) -> None:
+    """A storm's claims are of nodes never claimed: the Lease is created at once, without a read first. A node
+    claimed before keeps its released Lease: the create is refused (409 AlreadyExists), the Lease read and
+    taken."""
+    node = f"ip-10-6-0-{uuid.uuid4().hex[:6]}.ec2.internal"
+    leases = NodeLeases(kube, namespace=OPS, identity="replica-a", duration_s=60)
+    requests.made.clear()
+    first = await leases.claim(node)
+    assert first is not None
+    assert requests.made == {"create leases": 1}
+    await first.release()
+    again = await NodeLeases(kube, namespace=OPS, identity="replica-b", duration_s=60).claim(node)
+    assert again is not None
+    assert again.lease["spec"]["holderIdentity"] == "replica-b"
+    await again.release()
 
 
 async def test_one_replica_holds_a_node_at_a_time(kube: KubeClient) -> None:
