@@ -209,6 +209,9 @@ class _World:
         """Apply every step (and its follow-ups) at its time; deliver duplicates meanwhile."""
         for step in self.story.steps:
             self.at(step.at_s, step.kind, functools.partial(self.apply, step))
+        compact = getattr(self.sandbox.kube, "compact", None)  # the emulation's (etcd compaction, a restart)
+        if self.story.compaction_at_s is not None and compact is not None:
+            self.at(self.story.compaction_at_s, "compaction", functools.partial(compact, end_watches=True))
         while self._timeline:
             due, _, _, action = self._timeline[0]
             self.duplicate_new_messages()

@@ -18,7 +18,9 @@ real clusters meet:
 - faults of the sandbox's injectors: the Kubernetes API (500, 429 with Retry-After, slow answers, connection
   resets; emulation only) and AWS (throttled heartbeats and completions);
 - delivery: each message is sent again, later, with the storyline's duplicate probability (at least once
-  delivery, and out of order: the copy arrives after what was published since).
+  delivery, and out of order: the copy arrives after what was published since);
+- the API server's watches: for one seed in five, its history compacted and its watches dropped halfway
+  (:attr:`Storyline.compaction_at_s`; emulation only).
 
 A step names its target by slot or group index; the runner (:mod:`queue_processor_sandbox.explore`) skips a
 step whose target is not in a state it applies to (an instance already gone) and records it. The same seed
@@ -127,6 +129,15 @@ class Storyline:
         return "1" if self.seed % 4 == 3 else ""
 
     @property
+    def compaction_at_s(self) -> float | None:
+        """When (simulated seconds) the API server forgets the changes it keeps for watches and drops the
+        watches it serves (etcd compaction, then a restart: every watch of the controllers, pods and nodes, is
+        told 410 and lists again), halfway through the storyline, for one seed in five; ``None`` otherwise.
+        The emulation only (the real control plane's etcd is not compacted here). From the seed, so that the
+        storylines seeds made before it keep their steps."""
+        return round(self.length_s / 2, 1) if self.seed % 5 == 2 else None
+
+    @property
     def length_s(self) -> float:
         """Simulated seconds until the last step."""
         return max((step.at_s for step in self.steps), default=0.0)
@@ -140,6 +151,7 @@ class Storyline:
         return (
             f"nodes={self.nodes} asgs={self.asgs} replicas={self.replicas} apps={self.apps} "
             f"last_pods={self.last_pods} turns={self.non_urgent_budget or 'off'} "
+            f"compaction={'off' if self.compaction_at_s is None else f't={self.compaction_at_s}s'} "
             f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} steps={len(self.steps)}"
         )
 

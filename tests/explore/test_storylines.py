@@ -54,6 +54,7 @@ def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
     assert kinds >= {"rebalance", "spot", "scale-in", "to-warm-pool", "stop", "health", "from-warm-pool"}
     assert kinds >= {"pause-replica", "kill-replica", "pdb-hold", "kube-fault", "aws-fault", "delete-node"}
     assert {generate(seed).replicas for seed in EMULATED} == {1, 2}
+    assert any(generate(seed).compaction_at_s is not None for seed in EMULATED)  # watches dropped, 410s
     assert {generate(seed).faults for seed in EMULATED} == {False, True}
 
 

@@ -900,6 +900,43 @@ def test_a_watch_from_before_a_compaction_is_told_410_expired(emulation: KubeSan
     assert status["message"].startswith("too old resource version: 1 (")
 
 
+def test_a_restart_after_a_compaction_drops_the_watches_and_their_resume_is_told_410(
+    emulation: KubeSandbox, tmp_path: Path
+) -> None:
+    """Emulation only (the storyline explorer's compaction): the watches being served end without a bookmark,
+    as when the API server restarts, and a watch from the resourceVersion they had reached is too old."""
+    api = config.new_client_from_config(str(emulation.kubeconfig(tmp_path / "kubeconfig")))
+    namespace = unique("dropped")
+    emulation.ensure_namespace(namespace)
+    since = str(emulation.get("namespaces", namespace)["metadata"]["resourceVersion"])  # type: ignore[index]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    served: list[list[dict[str, Any]]] = []
+    reader = threading.Thread(
+        target=lambda: served.append(
+            watch(
+                api,
+                pods,
+                lambda events: False,
+                resourceVersion=since,
+                allowWatchBookmarks="true",
+            )
+        )
+    )
+    reader.start()
+    for _ in range(3000):  # until the server serves it (a hang guard, it measures nothing)
+        if emulation._routes.watches:
+            break
+        time.sleep(0.01)
+    emulation.ensure_namespace(unique("later"))  # a change after ``since``, which the compaction forgets
+    emulation.compact(end_watches=True)
+    reader.join(60)
+    assert served
+    assert [event["type"] for event in served[0]] == []  # no change since, and no bookmark: dropped
+    events = watch(api, pods, lambda events: True, resourceVersion=since)
+    api.close()
+    assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 410)]
+
+
 def test_kubeconfig_points_at_the_server(kube: KubeCluster, tmp_path: Path) -> None:
     path = kube.kubeconfig(tmp_path / "config")
     loaded = client.Configuration()

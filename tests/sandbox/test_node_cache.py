@@ -116,3 +116,31 @@ async def test_a_cordon_on_a_stale_copy_is_refused_and_written_again_on_a_read(
     record = CordonRecord.from_node(node)
     assert record is not None
     assert not record.unschedulable
+
+
+async def test_after_a_compaction_and_a_restart_the_nodes_are_listed_again(
+    cluster: KubeCluster, kube: KubeClient, requests: Requests
+) -> None:
+    """Emulation only (the real server's etcd is not compacted by a test): the dropped watch resumes from its
+    resourceVersion, is told 410, and the copy is listed again and followed from there."""
+    from queue_processor_sandbox.kube import KubeSandbox
+
+    if not isinstance(cluster, KubeSandbox):
+        return
+    cache = NodeCache(kube)
+    cache.start()
+    try:
+        await cache.answered.wait()
+        before = a_node(cluster)
+        await until(lambda: cache.get(before) is not None, "the node in the copy")
+        requests.made.clear()
+        cluster.ensure_namespace(
+            f"later-{uuid.uuid4().hex[:6]}"
+        )  # a change past the watch's last resourceVersion
+        cluster.compact(end_watches=True)
+        await until(lambda: requests.made["list nodes"] >= 1 and cache.live, "listed again")
+        later = a_node(cluster)
+        await until(lambda: cache.get(later) is not None, "a node added after, in the copy")
+        assert cache.get(before) is not None
+    finally:
+        await cache.close()

@@ -196,6 +196,7 @@ class ApiRoutes:
         self._written: asyncio.Future[None] | None = None  # resolved at the next write (see _wake)
         self._waking = False
         self._closing = False
+        self._cut = 0  # end_watches() calls: a watch begun before the last one ends
         store.on_write = self._wake
 
     def application(self) -> web.Application:
@@ -437,6 +438,13 @@ class ApiRoutes:
         self._closing = True
         self._woken()
 
+    def end_watches(self) -> None:
+        """Drop every watch being served, without a last bookmark, as an API server that restarts does (any
+        thread): each client watches again from the last resourceVersion it saw."""
+        self._cut += 1
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._woken)
+
     def _wake(self) -> None:
         """After a write (lock held, any thread): wake the watches, once per turn of the server's loop."""
         if self.watches and not self._waking and self._loop is not None:
@@ -499,6 +507,7 @@ class ApiRoutes:
         response.enable_chunked_encoding()
         await response.prepare(request)
         ends_at = loop.time() + timeout_s
+        born = self._cut
         self.watches += 1
         try:
             with self.lock:
@@ -521,6 +530,8 @@ class ApiRoutes:
                 if position < 0:
                     break
                 remaining = ends_at - loop.time()
+                if self._cut != born:
+                    break  # dropped (end_watches): no bookmark
                 if remaining <= 0 or self._closing:
                     if query.get("allowWatchBookmarks") in ("true", "1"):
                         mark = {

@@ -173,12 +173,16 @@ class KubeSandbox:
 
     # ---------------------------------------------------------------------------------- client helpers
 
-    def compact(self) -> None:
+    def compact(self, *, end_watches: bool = False) -> None:
         """Forget the changes kept for watches, as the API server's etcd compaction does (every 5 minutes by
-        default): a watch from a resourceVersion before now is then told 410 Expired."""
+        default): a watch from a resourceVersion before now is then told 410 Expired. ``end_watches`` also drops
+        the watches being served (an API server restarted after the compaction): their clients come back with
+        an old resourceVersion, are told 410, and list again."""
         with self.lock:
             self._store.history.clear()
             self._store.history_from = self._store.rv
+        if end_watches:
+            self._routes.end_watches()
 
     def kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig for this server to ``path`` (context ``sandbox``) and return it."""
