@@ -997,3 +997,18 @@ async def test_the_eviction_record_names_the_drain_that_sent_each_eviction(
         client_.close()
     mine = [pod for pod in kube.evictions if pod["metadata"]["namespace"] == namespace]
     assert [drain_of(pod) for pod in mine] == ["first", "first", "second"]
+
+
+def test_a_generated_name_that_is_taken_is_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Emulation only: five random characters collide within a few thousand names (a storm's replacement pods;
+    a collision once stopped the emulation's pod terminations mid-storm). As the API server retries a
+    ``generateName`` (RetryGenerateName), the emulation draws again."""
+    from queue_processor_sandbox.kube import store as store_module
+
+    store = store_module.ObjectStore()
+    store.insert("pods", {"metadata": {"name": "app-aaaaa", "namespace": "ns"}, "spec": {}})
+    real = uuid.uuid4
+    draws = iter([uuid.UUID(int=0xAAAAA << 108), uuid.UUID(int=0xBBBBB << 108)])
+    monkeypatch.setattr(store_module.uuid, "uuid4", lambda: next(draws, None) or real())
+    created = store.insert("pods", {"metadata": {"generateName": "app-", "namespace": "ns"}, "spec": {}})
+    assert created["metadata"]["name"] == "app-bbbbb"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import heapq
 import itertools
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -269,7 +268,7 @@ class Controllers:
             template = {"labels": rs["spec"]["selector"]["matchLabels"], "spec": spec}
             replacement = new_pod(
                 namespace,
-                f"{rs['metadata']['name']}-{uuid.uuid4().hex[:5]}",
+                self.store.free_name("pods", namespace, f"{rs['metadata']['name']}-"),
                 "",
                 template,
                 rs,

@@ -164,16 +164,25 @@ class ObjectStore:
         self.rv += 1
         return str(self.rv)
 
+    def free_name(self, plural: str, namespace: str, prefix: str) -> str:
+        """``prefix`` and five random characters, a name no object of ``plural`` in ``namespace`` has (lock
+        held). Five hex characters collide within a few thousand names (a storm's replacement pods); the API
+        server retries a ``generateName`` that collides (RetryGenerateName), and so does this."""
+        while True:
+            name = prefix + uuid.uuid4().hex[:5]
+            if (namespace, name) not in self.objects[plural]:
+                return name
+
     def insert(self, plural: str, obj: Obj) -> Obj:
         """Store a new object (lock held); raises 409 AlreadyExists when its name is taken."""
         metadata = obj.setdefault("metadata", {})
-        if not metadata.get("name") and metadata.get("generateName"):
-            metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]
         namespace = metadata.get("namespace", "") if RESOURCES[plural].namespaced else ""
         if RESOURCES[plural].namespaced:
             metadata["namespace"] = namespace or "default"
             namespace = metadata["namespace"]
             self.ensure_namespace(namespace)
+        if not metadata.get("name") and metadata.get("generateName"):
+            metadata["name"] = self.free_name(plural, namespace, metadata["generateName"])
         key = (namespace, metadata["name"])
         if key in self.objects[plural]:
             raise ApiError(
