@@ -27,7 +27,8 @@ evicted: the sandbox's figure, :func:`queue_processor_sandbox.run.judge`); ``lea
 answered 409) and ``lease_held_requeues`` (operations requeued because another replica held the node's Lease);
 ``share`` (nodes each replica drained); ``cpu_seconds`` (each controller process's user + system CPU) and
 ``sandbox_cpu_seconds`` (this process: moto and the API emulation), against ``cpus``, so that a machine that
-is the limit shows as one; ``cordon_floor_s`` (nodes ÷ the replicas' summed QPS: one cordon write each),
+is the limit shows as one; ``aws_requests_by_operation`` (every replica's AWS calls); ``cordon_floor_s``
+(nodes ÷ the replicas' summed QPS: one cordon write each),
 ``cordon_goal_s`` (1.2 x that + 0.5 s) and ``cordon_requests_per_node`` (node GETs and PATCHes); and
 ``receive_seconds`` (from the first Spot warning received to the last, over all replicas, read from their
 metrics every 0.25 s). ``--replicas 1,2,3`` runs one storm per count, each on a fresh sandbox, prints each
@@ -153,6 +154,14 @@ def _merged(scrapes: list[Samples]) -> Samples:
         for name, values in samples.items():
             merged.setdefault(name, []).extend(values)
     return merged
+
+
+def _by_label(samples: Samples, name: str, label: str) -> dict[str, int]:
+    """A counter summed by one label (over every replica)."""
+    sums: dict[str, float] = {}
+    for labels, value in samples.get(name, []):
+        sums[labels.get(label, "")] = sums.get(labels.get(label, ""), 0.0) + value
+    return {key: int(value) for key, value in sorted(sums.items()) if value}
 
 
 def _spot(samples: Samples, name: str) -> float:
@@ -367,6 +376,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                     total(metrics, "queue_processor_operation_outcomes_total", outcome="lease-held")
                 ),
                 "share": [int(total(samples, "actions_total", **success)) for samples in each],
+                "aws_requests_by_operation": _by_label(
+                    metrics, "queue_processor_aws_requests_total", "operation"
+                ),
                 "kube_requests_per_node": round(kube_requests / args.nodes, 1),
                 "kube_requests_per_node_by_kind": by_kind,
                 "peak_rss_mib": max(peak_rss_mib(process.process.pid) for process in processes),
