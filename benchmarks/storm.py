@@ -23,8 +23,10 @@ Measured in the same run:
 
 With ``--replicas N`` (issue 30) N controller processes compete for the queue (NODE_LEASES on when N > 1, each
 with ``--qps``), and the JSON adds ``replicas``; ``nodes_drained_twice`` (nodes one of whose pods two drains
-evicted: the sandbox's figure, :func:`queue_processor_sandbox.run.judge`); ``lease_conflicts`` (Lease writes
-answered 409) and ``lease_held_requeues`` (operations requeued because another replica held the node's Lease);
+evicted: the sandbox's figure, :func:`queue_processor_sandbox.run.judge`); ``lease_conflicts`` (Lease updates
+answered 409: renewals or takeovers another replica's write refused; a create refused because the Lease exists
+is a claim's first step, not counted) and ``lease_held_requeues`` (operations requeued because another replica
+held the node's Lease);
 ``share`` (nodes each replica drained); ``cpu_seconds`` (each controller process's user + system CPU) and
 ``sandbox_cpu_seconds`` (this process: moto and the API emulation), against ``cpus``, so that a machine that
 is the limit shows as one; ``aws_requests_by_operation`` (every replica's AWS calls); ``cordon_floor_s``
@@ -225,14 +227,16 @@ def main() -> None:
         "nodes_drained_twice": {run["replicas"]: run["nodes_drained_twice"] for run in runs},
         "cpu_seconds": {run["replicas"]: run["cpu_seconds"] for run in runs},
     }
-    if one is not None:
+    if one is not None and one["seconds_total"]:
         summary["time_ratio_to_one_replica"] = {
             run["replicas"]: round(run["seconds_total"] / one["seconds_total"], 2) for run in runs
         }
         summary["p99_cordon_ratio_to_one_replica"] = {
             run["replicas"]: round(run["p99_receive_to_cordon_s"] / one["p99_receive_to_cordon_s"], 2)
             for run in runs
-            if one["p99_receive_to_cordon_s"]
+            if one["p99_receive_to_cordon_s"] == one["p99_receive_to_cordon_s"]  # not NaN (no cordon)
+            and one["p99_receive_to_cordon_s"]
+            and run["p99_receive_to_cordon_s"] == run["p99_receive_to_cordon_s"]
         }
     print(json.dumps(summary))
 
@@ -370,7 +374,13 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                 "nodes_drained_twice": verdict["nodes_drained_twice"],
                 "evictions_repeated": verdict["evictions_repeated"],
                 "lease_conflicts": int(
-                    total(metrics, "queue_processor_kube_requests_total", resource="leases", code="409")
+                    total(
+                        metrics,
+                        "queue_processor_kube_requests_total",
+                        verb="update",
+                        resource="leases",
+                        code="409",
+                    )
                 ),
                 "lease_held_requeues": int(
                     total(metrics, "queue_processor_operation_outcomes_total", outcome="lease-held")

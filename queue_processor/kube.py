@@ -629,12 +629,13 @@ class KubeClient:
         return lease
 
     async def create_lease(self, namespace: str, lease: Obj) -> Obj:
-        """Create a Lease; :class:`KubeError` 409 when it exists."""
+        """Create a Lease; :class:`KubeError` 409 when it exists. Retried like any request (a 429, a 5xx, a
+        reset): a create the server had made before the retry answers 409, and the claim then reads the Lease
+        and finds it its own (:meth:`queue_processor.leases.NodeLeases.claim`)."""
         created: Obj = await self.request(
             "POST",
             f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
             body=lease,
-            retry=False,
             urgent=True,
         )
         return created

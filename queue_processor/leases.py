@@ -205,13 +205,17 @@ class NodeLeases:
         """The node's Lease for this replica, or ``None`` when another replica holds it. Raises
         :class:`KubeError` when the API server cannot be reached."""
         name = lease_name(node)
-        try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-            return Claim(self, await self.kube.create_lease(self.namespace, self._fresh(name)))
-        except KubeError as exc:
-            if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
-                raise
-        existing = await self.kube.get_lease(self.namespace, name)
-        if existing is None:  # deleted between the create and the read: the next delivery claims it
+        existing: dict[str, Any] | None = None
+        for _ in range(2):  # a Lease deleted between the refused create and the read is created again
+            try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
+                return Claim(self, await self.kube.create_lease(self.namespace, self._fresh(name)))
+            except KubeError as exc:
+                if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
+                    raise
+            existing = await self.kube.get_lease(self.namespace, name)
+            if existing is not None:
+                break
+        if existing is None:
             return None
         try:
             spec = existing.get("spec") or {}

@@ -30,7 +30,7 @@ from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, StateChangeEvent
+from queue_processor.kinds import AsgLaunchLifecycleEvent, AsgLifecycleEvent, Event, StateChangeEvent
 from queue_processor.leases import Claim
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
@@ -267,8 +267,12 @@ class Steps:
           come back on). The lifecycle actions of such an operation are over: their heartbeats stop and none
           is completed (CONTINUE on a terminate action ends a running instance);
         - or the operation is made only of ``stopping``/``stopped`` state changes and EC2 now says ``pending``
-          or ``running``: a warm pool moves a stopped instance into the group this way ("Warm pools for
-          Amazon EC2 Auto Scaling"), its state changes still in the queue.
+          or ``running`` without a ``LaunchTime`` (a later one is the rule above; an earlier one may be EC2's
+          eventual consistency just after the stop): a warm pool moves a stopped instance into the group this
+          way ("Warm pools for Amazon EC2 Auto Scaling"), its state changes still in the queue.
+
+        An event that joins the operation meanwhile (while EC2 is read) keeps it going: it may be the new run's
+        own interruption.
 
         The instance is read fresh when the cache cannot be trusted for this: a message delivered before
         (``ApproximateReceiveCount`` above 1), a message sent more than :data:`LATE_S` ago, or only stops. A
@@ -276,14 +280,15 @@ class Steps:
         operation, info = ctx.operation, ctx.info
         if operation.mode is not Mode.DRAIN or info is None:
             return False
+        evaluated = list(operation.events)
         stops_only = not operation.lifecycle_actions and all(
             isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped")
-            for event in operation.events
+            for event in evaluated
         )
-        newest = max(map(_sent, operation.events))
+        newest = max(map(_sent, evaluated))
         if not _launched_after(info, newest):
             retried = any(
-                event.message is not None and event.message.receive_count > 1 for event in operation.events
+                event.message is not None and event.message.receive_count > 1 for event in evaluated
             )
             late = datetime.now(UTC) - newest > timedelta(seconds=LATE_S)
             if not (stops_only or retried or late):
@@ -291,17 +296,24 @@ class Steps:
             fresh = await self.resolver.get(operation.instance_id, fresh=True)
             if fresh is None:
                 return False
-            info = fresh
-            running_again = stops_only and info.state in ("pending", "running")
+            info = ctx.info = fresh  # what a cordon records, if there is one: EC2 as it is now
+            # Running again without a later LaunchTime only counts when EC2 cannot say when it started.
+            running_again = stops_only and info.state in ("pending", "running") and info.launch_time is None
             if not (running_again or _launched_after(info, newest)):
                 return False
+        if len(operation.events) != len(evaluated):
+            return False  # an event joined while EC2 was read (the new run's own warning?): drain for it
+        for action in {a.action_key: a for a in evaluated if isinstance(a, AsgLifecycleEvent)}.values():
+            await self.heartbeats.stop(action)
+            operation.settled.setdefault(action.action_key, "started-again")
+        if len(operation.events) != len(evaluated):
+            return False  # joined meanwhile: the drain goes on for it (the actions above are over)
         ctx.log.info(
             "instance started again since the interruption: nothing to drain",
             state=info.state,
             launch_time=info.launch_time and info.launch_time.isoformat(),
         )
         self.observer.operation_outcome(OperationOutcome.STARTED_AGAIN)
-        await self.stop_heartbeats(operation, "started-again")
         return True
 
     async def completion_delay(self) -> None:

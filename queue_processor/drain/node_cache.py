@@ -80,6 +80,7 @@ class NodeCache:
         self.answered = asyncio.Event()
         """Set once the nodes are listed and watched, or refused (the first answer)."""
         self._nodes: dict[str, dict[str, Any]] = {}
+        self._rv = ""  # where the watch resumes: the list's resourceVersion, then each event's
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -105,25 +106,27 @@ class NodeCache:
         self.live = False
 
     async def _run(self) -> None:
-        rv = ""
         delay = RETRY_S
         while True:
             try:
-                if not rv:
+                if not self._rv:
                     self.live = False
-                    rv = await self._list()
-                rv = await self.kube.watch_nodes(
-                    rv,
-                    self._deliver,
-                    opened=self._opened,
-                    timeout_s=self.timeout_s * random.uniform(0.8, 1.0),
+                    self._rv = await self._list()
+                self._rv = (
+                    await self.kube.watch_nodes(
+                        self._rv,
+                        self._deliver,
+                        opened=self._opened,
+                        timeout_s=self.timeout_s * random.uniform(0.8, 1.0),
+                    )
+                    or self._rv
                 )
                 delay = RETRY_S
                 continue
             except KubeError as exc:
                 self.live = False
                 if exc.status == 410:  # too old: list again
-                    rv = ""
+                    self._rv = ""
                     continue
                 if exc.status in (401, 403, 404, 405) and self.refused is None:
                     self.refused = exc
@@ -133,6 +136,7 @@ class NodeCache:
                         status=exc.status,
                         error=exc.message,
                     )
+            # a broken stream resumes from the last resourceVersion delivered (self._rv)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 
@@ -155,9 +159,11 @@ class NodeCache:
     def _deliver(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             node = event.get("object") or {}
-            name = (node.get("metadata") or {}).get("name")
-            if name is None:
+            metadata = node.get("metadata") or {}
+            name, rv = metadata.get("name"), metadata.get("resourceVersion")
+            if name is None or not rv:
                 continue
+            self._rv = str(rv)
             if event.get("type") == "DELETED":
                 self._nodes.pop(name, None)
             elif event.get("type") in ("ADDED", "MODIFIED"):

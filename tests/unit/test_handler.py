@@ -271,10 +271,13 @@ class FakeResolver:
         self.info = info
         self.fresh_info: InstanceInfo | None = None
         self.fresh_reads = 0
+        self.on_fresh: Callable[[], object] | None = None  # what happens meanwhile, while EC2 answers
 
     async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
         if fresh:
             self.fresh_reads += 1
+            if self.on_fresh is not None:
+                self.on_fresh()
             if self.fresh_info is not None:
                 return self.fresh_info
         return self.info
@@ -608,6 +611,22 @@ async def test_an_interruption_older_than_the_instance_s_last_start_is_over(
     assert bool(world.node()["spec"].get("unschedulable")) is drained
     assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == (not drained)
     assert world.resolver.fresh_reads == fresh_reads
+
+
+async def test_a_warning_that_joins_while_ec2_is_read_again_is_drained(env: Any) -> None:
+    """A requeued warning from before the last start is over, but a new warning for the instance's new run
+    joins the operation while EC2 is read again: the operation must drain for it, not end with the old one."""
+    world = World(settings())
+    world.resolver.info = launched(3600)
+    world.resolver.fresh_info = launched(30)
+    operation = world.receive(spot(age_s=120, receive_count=2))
+    assert operation is not None
+    world.resolver.on_fresh = lambda: world.receive(spot("m-new"))
+    outcome, messages = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.node()["spec"]["unschedulable"] is True
+    assert messages == {"m-spot": MessageOutcome.DELETE, "m-new": MessageOutcome.DELETE}
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 0
 
 
 async def test_a_notice_stamped_before_the_last_start_but_sent_after_it_is_drained(env: Any) -> None:

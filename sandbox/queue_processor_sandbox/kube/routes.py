@@ -494,6 +494,13 @@ class ApiRoutes:
                 shown = {**shown, "metadata": {**shown["metadata"], "resourceVersion": str(rv)}}
             return watch_event(kind, shown, metadata_only) + b"\n"
 
+        def expired_line(since: int) -> bytes:
+            """An ERROR event with a 410 Expired Status (lock held)."""
+            expired = ApiError(
+                410, "Expired", f"too old resource version: {since} ({self.store.history_from})"
+            )
+            return json.dumps({"type": "ERROR", "object": expired.status()}).encode() + b"\n"
+
         def lines_of(change: Change) -> bytes:
             was = change.old is not None and keep(change.old)
             now = change.new is not None and keep(change.new)
@@ -515,13 +522,7 @@ class ApiRoutes:
                     out = b"".join(line("ADDED", o) for o in self.store.objects[plural].values() if keep(o))
                     position = self.store.rv
                 elif int(since) < self.store.history_from:
-                    expired = ApiError(
-                        410, "Expired", f"too old resource version: {since} ({self.store.history_from})"
-                    )
-                    out, position = (
-                        json.dumps({"type": "ERROR", "object": expired.status()}).encode() + b"\n",
-                        -1,
-                    )
+                    out, position = expired_line(int(since)), -1
                 else:
                     out, position = b"", int(since)
             while True:
@@ -545,6 +546,9 @@ class ApiRoutes:
                     break
                 written = self._written = self._written or loop.create_future()
                 with self.lock:
+                    if position < self.store.history_from:  # compacted past what this watch had sent
+                        out, position = expired_line(position), -1
+                        continue
                     changes = self.store.changes_after(position)
                     position = self.store.rv
                     out = b"".join(lines_of(change) for change in changes if change.plural == plural)
