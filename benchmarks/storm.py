@@ -12,7 +12,8 @@ Measured in the same run:
 - ``seconds_total``: from publishing the N warnings to every message settled (queue empty);
 - ``p99_receive_to_cordon_s``: 99th percentile of receive → cordon, from the controller's
   ``queue_processor_event_to_cordon_seconds`` histogram (interpolated inside its bucket, as PromQL's
-  ``histogram_quantile``);
+  ``histogram_quantile``), and ``p99_receive_to_cordon_bucket``, the bucket it lies in (``"(2.5, 5]"``): all the
+  histogram can say;
 - ``all_drained_within_notice``: every node's drain completed before its notice ended (the controller only
   counts a drain as a success when it does);
 - ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node, and
@@ -115,6 +116,23 @@ def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
             return round(lower + (bound - lower) * (rank - below) / max(count - below, 1e-9), 3)
         lower, below = bound, count
     return float("inf")
+
+
+def _p99_bucket(buckets: list[tuple[dict[str, str], float]]) -> str:
+    """The histogram bucket the 99th percentile lies in, ``"(2.5, 5]"``: what the interpolated :func:`_p99`
+    can honestly say (the buckets of ``event_to_cordon_seconds`` are 2.5, 5, 10, 20 s… apart)."""
+    by_bound: dict[float, float] = {}
+    for labels, count in buckets:
+        by_bound[float(labels["le"])] = by_bound.get(float(labels["le"]), 0.0) + count
+    ordered = sorted(by_bound.items())
+    if not ordered or not ordered[-1][1]:
+        return ""
+    lower = 0.0
+    for bound, count in ordered:
+        if count >= 0.99 * ordered[-1][1]:
+            return f"({lower:g}, {bound:g}]"
+        lower = bound
+    return ""
 
 
 def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
@@ -359,6 +377,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                 "floor_seconds": round(floor, 2),
                 "ratio_to_floor": round(seconds / floor, 2) if floor else None,
                 "p99_receive_to_cordon_s": p99,
+                "p99_receive_to_cordon_bucket": _p99_bucket(
+                    metrics.get("queue_processor_event_to_cordon_seconds_bucket", [])
+                ),
                 "cordon_floor_s": round(cordon_floor, 2),
                 "cordon_goal_s": round(1.2 * cordon_floor + 0.5, 2),
                 "cordon_requests_per_node": round(
