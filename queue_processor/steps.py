@@ -30,7 +30,7 @@ from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLaunchLifecycleEvent, AsgLifecycleEvent, Event, StateChangeEvent
+from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, StateChangeEvent
 from queue_processor.leases import Claim
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
@@ -264,8 +264,9 @@ class Steps:
           stop or hibernate, an EC2 stop, a scale-in into a warm pool or an AWS Health retirement is followed
           by a start; a message requeued by a drain that could not finish (or delivered late) then arrives
           after it (explorer seed 513: a requeued Spot warning cordoned and drained the node the instance had
-          come back on). The lifecycle actions of such an operation are over: their heartbeats stop and none
-          is completed (CONTINUE on a terminate action ends a running instance);
+          come back on). An operation with a lifecycle action is drained as ever: a terminate action can
+          outlive a stop and a start (Spot hibernates the instance while the action waits; explorer seed 29),
+          and only its completion ends it;
         - or the operation is made only of ``stopping``/``stopped`` state changes and EC2 now says ``pending``
           or ``running`` without a ``LaunchTime`` (a later one is the rule above; an earlier one may be EC2's
           eventual consistency just after the stop): a warm pool moves a stopped instance into the group this
@@ -278,8 +279,8 @@ class Steps:
         (``ApproximateReceiveCount`` above 1), a message sent more than :data:`LATE_S` ago, or only stops. A
         new warning delivered on time costs no read (a storm's first deliveries)."""
         operation, info = ctx.operation, ctx.info
-        if operation.mode is not Mode.DRAIN or info is None:
-            return False
+        if operation.mode is not Mode.DRAIN or info is None or operation.lifecycle_actions:
+            return False  # a terminate action can outlive a stop and start (Spot hibernates it meanwhile)
         evaluated = list(operation.events)
         stops_only = not operation.lifecycle_actions and all(
             isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped")
@@ -303,11 +304,6 @@ class Steps:
                 return False
         if len(operation.events) != len(evaluated):
             return False  # an event joined while EC2 was read (the new run's own warning?): drain for it
-        for action in {a.action_key: a for a in evaluated if isinstance(a, AsgLifecycleEvent)}.values():
-            await self.heartbeats.stop(action)
-            operation.settled.setdefault(action.action_key, "started-again")
-        if len(operation.events) != len(evaluated):
-            return False  # joined meanwhile: the drain goes on for it (the actions above are over)
         ctx.log.info(
             "instance started again since the interruption: nothing to drain",
             state=info.state,
