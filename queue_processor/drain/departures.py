@@ -23,32 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
+from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
+from queue_processor.kube import KubeClient
 
-from queue_processor import tasks
-from queue_processor.kube import KubeClient, KubeError
-
-__all__ = ["MEMORY", "WATCH_TIMEOUT_S", "Departures", "Ticket", "Waiting"]
-
-log = structlog.get_logger(__name__)
+__all__ = ["MEMORY", "Departures", "Ticket", "Waiting"]
 
 #: Deleted pods' uids remembered (about 150 bytes each). They only need to cover the moments between a drain's
 #: ticket and the registration of the pods its list found: a ticket older than this many deletions then is not
 #: trusted (its drain lists again).
 MEMORY = 10_000
-
-#: How long one watch connection lasts (seconds; ``timeoutSeconds``, jittered by up to a fifth down so that
-#: replicas do not reconnect together). The server ends it; the next one resumes from the last resourceVersion.
-WATCH_TIMEOUT_S = 300.0
-
-#: After a failed connection: the first wait before the next (seconds), doubled up to :data:`RETRY_MAX_S`.
-RETRY_S = 0.5
-RETRY_MAX_S = 30.0
 
 Entry = tuple[tuple[str, str], Any]  # ((namespace, name), uid): a pod a drain waits for
 
@@ -76,35 +63,25 @@ class Waiting:
     """Whether the deletions remembered at its ticket were applied: from then on each one reaches it directly."""
 
 
-class Departures:
+class Departures(Watched):
     """The watch of pod deletions (see the module), started by :meth:`start` (or the first :meth:`ticket`)
     and ended by :meth:`close`. ``kube`` makes the requests: one ``limit=1`` pod list per (re)start and one watch per
-    connection, each through its rate limiter. Raises nothing: a watch that fails is retried with backoff, and
-    meanwhile the drains list."""
+    connection, each through its rate limiter. Raises nothing: a watch that fails is retried with backoff
+    (:class:`~queue_processor.drain.watched.Watched`), and meanwhile the drains list."""
+
+    name = "pod-departures"
+    refusal = "cannot watch pods: drains list their nodes' pods instead (grant pods watch)"
 
     def __init__(self, kube: KubeClient, *, memory: int = MEMORY, timeout_s: float = WATCH_TIMEOUT_S) -> None:
+        super().__init__(timeout_s=timeout_s)
         self.kube = kube
         self.memory = memory
-        self.timeout_s = timeout_s
         self.epoch = 0
         """Starts of the watch from a fresh resourceVersion: a ticket of an earlier epoch is not trusted."""
-        self.live = False
-        """Whether the watch's stream runs now (or resumes from where it stopped)."""
         self.seen = 0
         """Deletions seen since the process started."""
-        self.refused: KubeError | None = None
-        """The API server's refusal of the watch (403 without the ``pods`` ``watch`` right), if it refused."""
-        self.answered = asyncio.Event()
-        """Set once the watch is open or refused (its first answer)."""
         self._gone: dict[Any, int] = {}  # uid -> its number among the deletions seen, oldest first
         self._waiting: dict[Any, list[Waiting]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start the watch (the controller does at start-up, so that the first drains of a storm are covered);
-        idempotent."""
-        if self._task is None:
-            self._task = tasks.spawn(self._run(), name="pod-departures")
 
     def ticket(self) -> Ticket | None:
         """Take one before listing pods; ``None`` while the watch does not run (started by the first call if
@@ -156,46 +133,15 @@ class Departures:
         if self.covers(wait):
             wait.current = True
 
-    async def close(self) -> None:
-        """Stop the watch (its connection is shut)."""
-        await tasks.stop(self._task)
-        self._task = None
-        self.live = False
-
     # ------------------------------------------------------------------------------------------ the watch
 
-    async def _run(self) -> None:
-        rv = ""
-        delay = RETRY_S
-        while True:
-            try:
-                if not rv:
-                    rv = await self.kube.pods_version()
-                    self._restart()
-                rv = await self.kube.watch_pods(
-                    rv,
-                    self._deliver,
-                    opened=lambda: self._set_live(True),
-                    timeout_s=self.timeout_s * random.uniform(0.8, 1.0),
-                )
-                delay = RETRY_S
-                continue
-            except KubeError as exc:
-                if exc.status == 410:  # too old: start again from now, and every drain lists again
-                    rv = ""
-                    self._set_live(False)
-                    continue
-                if exc.status in (401, 403, 404, 405) and self.refused is None:
-                    self.refused = exc
-                    self.answered.set()
-                    log.warning(
-                        "cannot watch pods: drains list their nodes' pods instead (grant pods watch)",
-                        status=exc.status,
-                        error=exc.message,
-                    )
-                self._set_live(False)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
+    async def _begin(self) -> str:
+        rv = await self.kube.pods_version()
+        self._restart()
+        return rv
+
+    async def _watch(self, rv: str, timeout_s: float) -> str:
+        return await self.kube.watch_pods(rv, self._receive, opened=self._opened, timeout_s=timeout_s)
 
     def _restart(self) -> None:
         """A fresh start: tickets taken before it are not trusted."""
@@ -214,7 +160,7 @@ class Departures:
             for wait in waits:
                 wait.changed.set()
 
-    def _deliver(self, events: list[dict[str, Any]]) -> None:
+    def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             if event.get("type") != "DELETED":
                 continue

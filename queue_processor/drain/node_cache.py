@@ -14,7 +14,7 @@ wrong write.
 Only a copy the watch keeps current is handed out (:attr:`NodeCache.live`); a node the copy does not know
 (registered a moment ago, or named otherwise) is read with a GET. A 410 lists again; a broken stream resumes
 from its last resourceVersion; a refusal (401/403/404/405: no ``nodes`` ``watch`` right) is logged once and
-the cordons read with GETs, as before.
+the cordons read with GETs, as before (the loop: :class:`~queue_processor.drain.watched.Watched`).
 
 Kubernetes documents: "Efficient detection of changes" and "Retrieving large results sets in chunks" (API
 concepts); "Resource versions" for the optimistic concurrency of the write.
@@ -22,20 +22,13 @@ concepts); "Resource versions" for the optimistic concurrency of the write.
 
 from __future__ import annotations
 
-import asyncio
-import random
 from typing import Any
 
-import structlog
-
-from queue_processor import tasks
-from queue_processor.drain.departures import RETRY_MAX_S, RETRY_S, WATCH_TIMEOUT_S
 from queue_processor.drain.record import RECORD_ANNOTATION
-from queue_processor.kube import KubeClient, KubeError
+from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
+from queue_processor.kube import KubeClient
 
 __all__ = ["NodeCache", "slim"]
-
-log = structlog.get_logger(__name__)
 
 #: Nodes per page of the start-up list.
 PAGE = 500
@@ -65,28 +58,19 @@ def slim(node: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": kept, "spec": kept_spec}
 
 
-class NodeCache:
+class NodeCache(Watched):
     """The watched nodes (see the module), started by :meth:`start` and ended by :meth:`close`. ``kube`` makes
     the requests: the paged list of the nodes at each (re)start and one watch per connection. Raises nothing:
-    a failed list or watch is retried with backoff, and meanwhile :meth:`get` answers ``None``."""
+    a failed list or watch is retried with backoff (:class:`~queue_processor.drain.watched.Watched`), and
+    meanwhile :meth:`get` answers ``None``."""
+
+    name = "node-cache"
+    refusal = "cannot list and watch nodes: cordons read each node first (grant nodes watch)"
 
     def __init__(self, kube: KubeClient, *, timeout_s: float = WATCH_TIMEOUT_S) -> None:
+        super().__init__(timeout_s=timeout_s)
         self.kube = kube
-        self.timeout_s = timeout_s
-        self.live = False
-        """Whether the copy is current: listed, and the watch's stream runs (or resumes)."""
-        self.refused: KubeError | None = None
-        """The API server's refusal of the list or watch, if it refused."""
-        self.answered = asyncio.Event()
-        """Set once the nodes are listed and watched, or refused (the first answer)."""
         self._nodes: dict[str, dict[str, Any]] = {}
-        self._rv = ""  # where the watch resumes: the list's resourceVersion, then each event's
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """List and watch the nodes (the controller does at start-up); idempotent."""
-        if self._task is None:
-            self._task = tasks.spawn(self._run(), name="node-cache")
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The slim copy of node ``name`` (:func:`slim`), or ``None`` while the copy is not current or does
@@ -99,48 +83,7 @@ class NodeCache:
         """Every node's slim copy, or ``None`` while the copy is not current."""
         return list(self._nodes.values()) if self.live else None
 
-    async def close(self) -> None:
-        """Stop the watch (its connection is shut)."""
-        await tasks.stop(self._task)
-        self._task = None
-        self.live = False
-
-    async def _run(self) -> None:
-        delay = RETRY_S
-        while True:
-            try:
-                if not self._rv:
-                    self.live = False
-                    self._rv = await self._list()
-                self._rv = (
-                    await self.kube.watch_nodes(
-                        self._rv,
-                        self._deliver,
-                        opened=self._opened,
-                        timeout_s=self.timeout_s * random.uniform(0.8, 1.0),
-                    )
-                    or self._rv
-                )
-                delay = RETRY_S
-                continue
-            except KubeError as exc:
-                self.live = False
-                if exc.status == 410:  # too old: list again
-                    self._rv = ""
-                    continue
-                if exc.status in (401, 403, 404, 405) and self.refused is None:
-                    self.refused = exc
-                    self.answered.set()
-                    log.warning(
-                        "cannot list and watch nodes: cordons read each node first (grant nodes watch)",
-                        status=exc.status,
-                        error=exc.message,
-                    )
-            # a broken stream resumes from the last resourceVersion delivered (self._rv)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
-
-    async def _list(self) -> str:
+    async def _begin(self) -> str:
         """Every node, page by page, as slim copies; the list's resourceVersion."""
         nodes: dict[str, dict[str, Any]] = {}
         rv = ""
@@ -152,18 +95,15 @@ class NodeCache:
         self._nodes = nodes
         return rv
 
-    def _opened(self) -> None:
-        self.live = True
-        self.answered.set()
+    async def _watch(self, rv: str, timeout_s: float) -> str:
+        return await self.kube.watch_nodes(rv, self._receive, opened=self._opened, timeout_s=timeout_s)
 
-    def _deliver(self, events: list[dict[str, Any]]) -> None:
+    def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             node = event.get("object") or {}
-            metadata = node.get("metadata") or {}
-            name, rv = metadata.get("name"), metadata.get("resourceVersion")
-            if name is None or not rv:
+            name = (node.get("metadata") or {}).get("name")
+            if name is None:
                 continue
-            self._rv = str(rv)
             if event.get("type") == "DELETED":
                 self._nodes.pop(name, None)
             elif event.get("type") in ("ADDED", "MODIFIED"):

@@ -5,50 +5,14 @@ what the watch saw (a ticket of the current epoch, deletions remembered since), 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from queue_processor.drain import departures as departures_module
+from queue_processor.drain import watched
 from queue_processor.drain.departures import Departures
 from queue_processor.kube import KubeError
-
-Deliver = Callable[[list[dict[str, Any]]], None]
-
-
-class ScriptedKube:
-    """``pods_version`` answers "100", "200"…; each ``watch_pods`` takes the next step of ``script``: an
-    exception to raise, or a list of events to deliver before waiting until :meth:`end` is called."""
-
-    def __init__(self, *script: Any) -> None:
-        self.script = list(script)
-        self.versions = 0
-        self.watched_from: list[str] = []
-        self.deliver: Deliver | None = None
-        self._end: asyncio.Future[str] | None = None
-
-    async def pods_version(self) -> str:
-        self.versions += 1
-        return str(self.versions * 100)
-
-    async def watch_pods(
-        self, rv: str, deliver: Deliver, *, timeout_s: float, opened: Callable[[], None] | None = None
-    ) -> str:
-        self.watched_from.append(rv)
-        step = self.script.pop(0) if self.script else []
-        if isinstance(step, BaseException):
-            raise step
-        if opened is not None:
-            opened()
-        self.deliver = deliver
-        deliver(step)
-        self._end = asyncio.get_running_loop().create_future()
-        return await self._end
-
-    def end(self, rv: str) -> None:
-        assert self._end is not None
-        self._end.set_result(rv)
+from tests.unit.scripted_watch import ScriptedWatch
 
 
 def deleted(uid: str) -> dict[str, Any]:
@@ -61,7 +25,7 @@ async def settle() -> None:
 
 
 async def test_a_deletion_empties_the_drains_pending_set_and_wakes_it() -> None:
-    kube = ScriptedKube([])
+    kube = ScriptedWatch([])
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()
@@ -78,7 +42,7 @@ async def test_a_deletion_empties_the_drains_pending_set_and_wakes_it() -> None:
 
 async def test_a_deletion_seen_before_the_drain_followed_its_pods_counts() -> None:
     """The list came after the ticket, the deletion before the registration: the memory covers it."""
-    kube = ScriptedKube([])
+    kube = ScriptedWatch([])
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()
@@ -91,7 +55,7 @@ async def test_a_deletion_seen_before_the_drain_followed_its_pods_counts() -> No
 
 
 async def test_after_a_410_the_watch_starts_again_from_now_and_old_tickets_are_not_trusted() -> None:
-    kube = ScriptedKube([], KubeError(410, "Expired", "too old resource version"), [])
+    kube = ScriptedWatch([], KubeError(410, "Expired", "too old resource version"), [])
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()
@@ -112,8 +76,8 @@ async def test_after_a_410_the_watch_starts_again_from_now_and_old_tickets_are_n
 async def test_a_broken_stream_resumes_where_it_was_and_keeps_the_tickets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(departures_module, "RETRY_S", 0.0)
-    kube = ScriptedKube([], KubeError(0, "ConnectionError", "reset"), [])
+    monkeypatch.setattr(watched, "RETRY_S", 0.0)
+    kube = ScriptedWatch([], KubeError(0, "ConnectionError", "reset"), [])
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()
@@ -129,8 +93,29 @@ async def test_a_broken_stream_resumes_where_it_was_and_keeps_the_tickets(
     await departures.close()
 
 
+async def test_a_stream_that_breaks_after_a_deletion_resumes_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not from the connection's first resourceVersion: the deletion is not delivered twice, and none after it
+    is missed."""
+    monkeypatch.setattr(watched, "RETRY_S", 0.0)
+    gone = deleted("a")
+    gone["object"]["metadata"]["resourceVersion"] = "160"
+    kube = ScriptedWatch(([gone], KubeError(0, "ConnectionError", "reset")), [])
+    departures = Departures(kube)  # type: ignore[arg-type]
+    departures.start()
+    for _ in range(50):
+        if len(kube.watched_from) == 2:
+            break
+        await asyncio.sleep(0)
+    assert kube.watched_from == ["100", "160"]
+    assert departures.seen == 1
+    assert departures.epoch == 1
+    await departures.close()
+
+
 async def test_a_ticket_older_than_the_memory_is_not_trusted() -> None:
-    kube = ScriptedKube([])
+    kube = ScriptedWatch([])
     departures = Departures(kube, memory=3)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()
@@ -144,7 +129,7 @@ async def test_a_ticket_older_than_the_memory_is_not_trusted() -> None:
 
 
 async def test_once_registered_a_drain_is_covered_however_many_pods_go_elsewhere() -> None:
-    kube = ScriptedKube([])
+    kube = ScriptedWatch([])
     departures = Departures(kube, memory=3)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()
@@ -159,7 +144,7 @@ async def test_once_registered_a_drain_is_covered_however_many_pods_go_elsewhere
 
 async def test_a_refused_watch_is_said_once_and_gives_no_tickets() -> None:
     refusal = KubeError(403, "Forbidden", 'pods is forbidden: cannot watch resource "pods"')
-    kube = ScriptedKube(refusal, refusal)
+    kube = ScriptedWatch(refusal, refusal)
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
     await departures.answered.wait()

@@ -47,11 +47,13 @@ LAYERS: list[set[str]] = [
         "queue_processor.aws",
         "queue_processor.observe.metrics",
     },
+    {"queue_processor.drain.watched"},
     {
         "queue_processor.parse",
         "queue_processor.coalesce",
         "queue_processor.drain.budgets",
         "queue_processor.drain.departures",
+        "queue_processor.drain.node_cache",
         "queue_processor.drain.surge",
         "queue_processor.nodes",
         "queue_processor.observe.events",
@@ -59,7 +61,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.deadlines",
         "queue_processor.turns",
     },
-    {"queue_processor.drain.node_cache"},
     {
         "queue_processor.drain.drainer",
         "queue_processor.drain.explain",

@@ -4,14 +4,15 @@ node, when it lists again (a 410), and that a refusal leaves cordons reading the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import pytest
+
+from queue_processor.drain import watched
 from queue_processor.drain.node_cache import NodeCache, slim
 from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.kube import KubeError
-
-Deliver = Callable[[list[dict[str, Any]]], None]
+from tests.unit.scripted_watch import ScriptedWatch
 
 
 def node(name: str, rv: str = "1", **spec: Any) -> dict[str, Any]:
@@ -20,44 +21,6 @@ def node(name: str, rv: str = "1", **spec: Any) -> dict[str, Any]:
         "spec": spec,
         "status": {"capacity": {"cpu": "2"}},
     }
-
-
-class ScriptedKube:
-    """Each list (``node_pages``) answers ``nodes`` at resourceVersion "100", "200"…, or raises ``list_error``;
-    each ``watch_nodes`` takes the next step of ``script``: an exception to raise, events to deliver before
-    waiting for the end of the test, or ``(events, exception)``: events, then the stream breaks."""
-
-    def __init__(
-        self, nodes: list[dict[str, Any]], *script: Any, list_error: KubeError | None = None
-    ) -> None:
-        self.nodes = nodes
-        self.script = list(script)
-        self.lists = 0
-        self.list_error = list_error
-        self.watched_from: list[str] = []
-
-    async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
-        if self.list_error is not None:
-            raise self.list_error
-        self.lists += 1
-        yield self.nodes, str(self.lists * 100)
-
-    async def watch_nodes(
-        self, rv: str, deliver: Deliver, *, timeout_s: float, opened: Callable[[], None] | None = None
-    ) -> str:
-        self.watched_from.append(rv)
-        step = self.script.pop(0) if self.script else []
-        if isinstance(step, BaseException):
-            raise step
-        if opened is not None:
-            opened()
-        if isinstance(step, tuple):  # events, then the stream breaks
-            events, broken = step
-            deliver(events)
-            raise broken
-        deliver(step)
-        await asyncio.get_running_loop().create_future()  # until closed
-        return rv
 
 
 def test_the_copy_keeps_what_a_cordon_reads_and_nothing_else() -> None:
@@ -81,8 +44,8 @@ def test_the_copy_keeps_what_a_cordon_reads_and_nothing_else() -> None:
 
 
 async def test_a_410_lists_the_nodes_again_and_watches_from_the_new_list() -> None:
-    kube = ScriptedKube(
-        [node("a")], KubeError(410, "Expired", "too old"), [{"type": "ADDED", "object": node("b")}]
+    kube = ScriptedWatch(
+        KubeError(410, "Expired", "too old"), [{"type": "ADDED", "object": node("b")}], nodes=[node("a")]
     )
     cache = NodeCache(kube)  # type: ignore[arg-type]
     cache.start()
@@ -91,7 +54,7 @@ async def test_a_410_lists_the_nodes_again_and_watches_from_the_new_list() -> No
         if cache.get("b") is not None:
             break
         await asyncio.sleep(0)
-    assert kube.lists == 2
+    assert kube.reads == 2
     assert kube.watched_from == ["100", "200"]
     assert cache.get("a") is not None
     assert cache.get("b") is not None
@@ -100,7 +63,7 @@ async def test_a_410_lists_the_nodes_again_and_watches_from_the_new_list() -> No
 
 
 async def test_a_refused_list_leaves_the_cordons_reading_nodes() -> None:
-    kube = ScriptedKube([], list_error=KubeError(403, "Forbidden", "nodes is forbidden"))
+    kube = ScriptedWatch(list_error=KubeError(403, "Forbidden", "nodes is forbidden"))
     cache = NodeCache(kube)  # type: ignore[arg-type]
     cache.start()
     await cache.answered.wait()
@@ -111,18 +74,19 @@ async def test_a_refused_list_leaves_the_cordons_reading_nodes() -> None:
     await cache.close()
 
 
-async def test_a_broken_stream_resumes_from_the_last_change_it_delivered() -> None:
+async def test_a_broken_stream_resumes_from_the_last_change_it_delivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(watched, "RETRY_S", 0.0)
     modified = {"type": "MODIFIED", "object": node("a", "150", unschedulable=True)}
-    kube = ScriptedKube([node("a")], ([modified], KubeError(0, "ConnectionError", "reset")), [])
+    kube = ScriptedWatch(([modified], KubeError(0, "ConnectionError", "reset")), [], nodes=[node("a")])
     cache = NodeCache(kube)  # type: ignore[arg-type]
     cache.start()
-    for _ in range(1000):
+    for _ in range(50):
         if len(kube.watched_from) == 2:
             break
-        await asyncio.sleep(
-            0.01
-        )  # the backoff before the resume is 0.5 s (a hang guard, it measures nothing)
+        await asyncio.sleep(0)
     assert kube.watched_from == ["100", "150"]
-    assert kube.lists == 1
+    assert kube.reads == 1
     assert (cache.get("a") or {})["spec"] == {"unschedulable": True}
     await cache.close()

@@ -1,0 +1,72 @@
+"""A scripted Kubernetes client for the unit tests of the watches (queue_processor.drain.watched and its
+subclasses): each watch connection takes the next step of a script."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from queue_processor.kube import KubeError
+
+Deliver = Callable[[list[dict[str, Any]]], None]
+
+
+class ScriptedWatch:
+    """Each watch connection (``watch_pods`` or ``watch_nodes``) takes the next step of ``script``: an
+    exception to raise before it opens; a list of events to deliver once open, after which the connection lasts
+    until :meth:`end`; or ``(events, exception)``: the events, then the stream breaks. The pod watch starts
+    from ``pods_version`` ("100", "200"…); the node watch from ``node_pages`` (``nodes`` at "100", "200"…, or
+    ``list_error`` raised)."""
+
+    def __init__(
+        self, *script: Any, nodes: list[dict[str, Any]] | None = None, list_error: KubeError | None = None
+    ) -> None:
+        self.script = list(script)
+        self.nodes = nodes or []
+        self.list_error = list_error
+        self.reads = 0
+        self.watched_from: list[str] = []
+        self.deliver: Deliver | None = None
+        self._end: asyncio.Future[str] | None = None
+
+    async def pods_version(self) -> str:
+        self.reads += 1
+        return str(self.reads * 100)
+
+    async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        if self.list_error is not None:
+            raise self.list_error
+        self.reads += 1
+        yield self.nodes, str(self.reads * 100)
+
+    async def watch_pods(
+        self, rv: str, deliver: Deliver, *, timeout_s: float, opened: Callable[[], None] | None = None
+    ) -> str:
+        return await self._connection(rv, deliver, opened)
+
+    async def watch_nodes(
+        self, rv: str, deliver: Deliver, *, timeout_s: float, opened: Callable[[], None] | None = None
+    ) -> str:
+        return await self._connection(rv, deliver, opened)
+
+    def end(self, rv: str) -> None:
+        """The server ends the open connection, its last resourceVersion ``rv``."""
+        assert self._end is not None
+        self._end.set_result(rv)
+
+    async def _connection(self, rv: str, deliver: Deliver, opened: Callable[[], None] | None) -> str:
+        self.watched_from.append(rv)
+        step = self.script.pop(0) if self.script else []
+        if isinstance(step, BaseException):
+            raise step
+        if opened is not None:
+            opened()
+        self.deliver = deliver
+        if isinstance(step, tuple):
+            events, broken = step
+            deliver(events)
+            raise broken
+        deliver(step)
+        self._end = asyncio.get_running_loop().create_future()
+        return await self._end
