@@ -418,6 +418,10 @@ def run_workload(
             "mirror_pods_evicted": mirror_evicted,
             "kept_nodes_cordoned": kept_cordoned,
             "kube_requests_per_node": round(requests / max(1, len(published.nodes)), 1),
+            # A system that drained fewer nodes made fewer requests: per node it drained, too.
+            "kube_requests_per_drained_node": (
+                round(requests / verdict["drained"], 1) if verdict["drained"] else None
+            ),
             "peak_rss_mib": rss,
             "exit_status": status,
             "seconds": round(time.monotonic() - started, 1),

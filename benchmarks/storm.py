@@ -42,7 +42,10 @@ kube-scheduler, KWOK; ``make cluster-bin``) and the controller runs as a Service
 the JSON then carries ``kubernetes: "real"`` and the API server's own view of the storm from its ``/metrics``:
 ``apiserver_requests`` (apiserver_request_total by verb and code, every client), ``apf_rejected`` (requests
 API Priority and Fairness rejected with 429, by priority level and reason) and ``controller_requests_by_code``
-(the controller's own requests by HTTP status, from the audit log); ``slowest_pod_termination_s`` is the longest
+(the controller's own requests by HTTP status, from the audit log), ``kube_429s_per_node`` and
+``kube_requests_per_node_without_429s`` (the requests answered 429, PodDisruptionBudgets' refusals retried, apart
+from the rest), and ``apf`` (API Priority and Fairness per priority level and flow schema: requests, mean
+seats in use, mean queue wait, the level's nominal seats); ``slowest_pod_termination_s`` is the longest
 pod grace period (real seconds) and ``goal_seconds`` 1.1 x max(the client QPS floor, that).
 
 Last line: one JSON object with those figures and ``ratio_to_floor``. Goals (issue 6): ratio_to_floor ≤ 1.2,
@@ -450,12 +453,19 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                     "apiserver_flowcontrol_rejected_requests_total",
                     ("priority_level", "reason"),
                 )
+                figures["apf"] = _apf(apiserver_before, apiserver_after, seconds)
                 by_code: dict[str, int] = {}
                 for (_what, code), count in sandbox.kube.requests_by(  # type: ignore[attr-defined]
                     sandbox.controller_username
                 ).items():
                     by_code[str(code)] = by_code.get(str(code), 0) + count
                 figures["controller_requests_by_code"] = by_code
+                # The 429s apart: a PodDisruptionBudget's refusals are retried while the replacements start
+                # (how many depends on how fast they turn Ready), and APF's rejections (apf_rejected) too.
+                figures["kube_429s_per_node"] = round(by_code.get("429", 0) / args.nodes, 2)
+                figures["kube_requests_per_node_without_429s"] = round(
+                    (sum(by_code.values()) - by_code.get("429", 0)) / args.nodes, 2
+                )
         finally:
             for process in processes:
                 try:
@@ -476,12 +486,53 @@ def _delta(
     keys: tuple[str, ...],
 ) -> dict[str, int]:
     """How much a counter grew between two scrapes, summed by the given labels (joined with a space)."""
+    return {key: int(value) for key, value in _grown(before, after, name, keys).items()}
+
+
+def _grown(
+    before: dict[str, list[tuple[dict[str, str], float]]],
+    after: dict[str, list[tuple[dict[str, str], float]]],
+    name: str,
+    keys: tuple[str, ...],
+) -> dict[str, float]:
+    """:func:`_delta` unrounded (seconds of a histogram's ``_sum``)."""
     totals: dict[str, float] = {}
     for sign, samples in ((-1, before.get(name, [])), (1, after.get(name, []))):
         for labels, value in samples:
             key = " ".join(labels.get(k, "") for k in keys)
             totals[key] = totals.get(key, 0.0) + sign * value
-    return {key: int(value) for key, value in sorted(totals.items()) if value}
+    return {key: value for key, value in sorted(totals.items()) if value}
+
+
+def _apf(
+    before: dict[str, list[tuple[dict[str, str], float]]],
+    after: dict[str, list[tuple[dict[str, str], float]]],
+    seconds: float,
+) -> dict[str, dict[str, float]]:
+    """API Priority and Fairness in the storm, per ``"<priority level> <flow schema>"`` that dispatched
+    requests (the exempt level left out): ``requests`` dispatched, ``mean_seats`` (seconds of execution ÷ the
+    storm's seconds: the seats in use on average, Little's law), ``mean_wait_ms`` (time queued before
+    execution) and the level's ``nominal_seats`` (``apiserver_flowcontrol_nominal_limit_seats``)."""
+    keys = ("priority_level", "flow_schema")
+    dispatched = _grown(before, after, "apiserver_flowcontrol_dispatched_requests_total", keys)
+    executing = _grown(before, after, "apiserver_flowcontrol_request_execution_seconds_sum", keys)
+    waited = _grown(before, after, "apiserver_flowcontrol_request_wait_duration_seconds_sum", keys)
+    nominal = {
+        labels.get("priority_level", ""): value
+        for labels, value in after.get("apiserver_flowcontrol_nominal_limit_seats", [])
+    }
+    out: dict[str, dict[str, float]] = {}
+    for key, count in dispatched.items():
+        level = key.split(" ")[0]
+        if level == "exempt" or not count:
+            continue
+        out[key] = {
+            "requests": int(count),
+            "mean_seats": round(executing.get(key, 0.0) / seconds, 2) if seconds else 0.0,
+            "mean_wait_ms": round(1000 * waited.get(key, 0.0) / count, 2),
+            "nominal_seats": nominal.get(level, 0.0),
+        }
+    return out
 
 
 if __name__ == "__main__":

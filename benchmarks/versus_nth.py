@@ -13,7 +13,8 @@ Figures per system: ``p50_cordon_s``/``p99_cordon_s`` (message sent → node uns
 0.25 s), ``all_drained_s``, ``drains_inside_notice_fraction`` (Spot notices), ``lifecycle_completed``,
 ``lifecycle_timed_out``, ``heartbeats_after_end``, ``nodes_drained_twice``, ``daemonset_pods_evicted``,
 ``mirror_pods_evicted``, ``kept_nodes_cordoned``, ``messages_left``, ``dlq``, ``kube_requests_per_node``
-(the API server's audit log, by the system's ServiceAccount), ``peak_rss_mib`` (VmHWM). ``ratio`` is NTH's
+(the API server's audit log, by the system's ServiceAccount; per node of the workload) and
+``kube_requests_per_drained_node`` (the same requests per node it drained), ``peak_rss_mib`` (VmHWM). ``ratio`` is NTH's
 figure divided by queue-processor's, for the numeric figures where both are non-zero.
 
 Prints a table per workload; writes a PNG (``--png``) with nodes cordoned (dashed) and drained (solid) over

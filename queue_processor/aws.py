@@ -19,18 +19,30 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.loaders import JSONFileLoader, Loader
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from queue_processor.config import Settings
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import AwsResult
+from queue_processor.permissions import AWS_API_CALLS
 
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_autoscaling import AutoScalingClient
     from types_aiobotocore_ec2 import EC2Client
     from types_aiobotocore_sqs import SQSClient
 
-__all__ = ["AwsClients", "call", "collect", "error_code", "is_no_active_action", "is_retryable"]
+__all__ = [
+    "AwsClients",
+    "TrimmedModels",
+    "call",
+    "collect",
+    "error_code",
+    "is_no_active_action",
+    "is_retryable",
+    "trim_endpoints",
+    "trim_service_model",
+]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -136,6 +148,93 @@ class _CallCounter:
         self.observer.aws_request(self.service, event_name.rsplit(".", 1)[-1], "error")
 
 
+def _shapes_reached(shapes: Mapping[str, Any], roots: Iterable[str]) -> set[str]:
+    """The names of ``roots`` and of every shape their members, list members and map keys and values reach."""
+    seen: set[str] = set()
+    todo = [name for name in roots if name]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in shapes:
+            continue
+        seen.add(name)
+        shape = shapes[name]
+        refs = [member.get("shape") for member in (shape.get("members") or {}).values()]
+        refs += [(shape.get(part) or {}).get("shape") for part in ("member", "key", "value")]
+        todo += [ref for ref in refs if ref]
+    return seen
+
+
+def _undocumented(value: Any) -> Any:
+    """``value`` (a JSON tree) without its ``documentation`` strings."""
+    if isinstance(value, dict):
+        return {key: _undocumented(item) for key, item in value.items() if key != "documentation"}
+    if isinstance(value, list):
+        return [_undocumented(item) for item in value]
+    return value
+
+
+def trim_service_model(model: Mapping[str, Any], operations: Iterable[str]) -> dict[str, Any]:
+    """A botocore service model (``service-2.json``'s tree) with only ``operations`` (their names, as in
+    :data:`~queue_processor.permissions.AWS_API_CALLS`) and the shapes their input, output and errors reach,
+    without documentation strings (pure; a name the model does not have is left out). A client built on it
+    has only those methods: calling another raises ``AttributeError``."""
+    kept = {name: model["operations"][name] for name in operations if name in model.get("operations", {})}
+    shapes = model.get("shapes") or {}
+    roots = [
+        ref.get("shape")
+        for operation in kept.values()
+        for ref in (operation.get("input") or {}, operation.get("output") or {}, *operation.get("errors", ()))
+    ]
+    reached = _shapes_reached(shapes, roots)
+    trimmed = {
+        key: value for key, value in model.items() if key not in ("operations", "shapes", "documentation")
+    }
+    trimmed["operations"] = _undocumented(kept)
+    trimmed["shapes"] = {name: _undocumented(shapes[name]) for name in sorted(reached)}
+    return trimmed
+
+
+def trim_endpoints(endpoints: Mapping[str, Any], services: Iterable[str]) -> dict[str, Any]:
+    """botocore's ``endpoints.json`` (every partition's endpoints of every service) with only ``services``'
+    entries (their endpoint prefixes) in each partition (pure)."""
+    wanted = set(services)
+    partitions = [
+        {
+            **partition,
+            "services": {
+                name: value for name, value in (partition.get("services") or {}).items() if name in wanted
+            },
+        }
+        for partition in endpoints.get("partitions") or []
+    ]
+    return {**endpoints, "partitions": partitions}
+
+
+class TrimmedModels(JSONFileLoader):
+    """botocore's JSON file loader, trimming what it loads to what the controller calls: each service model of
+    ``calls`` (service name → operation names; :func:`trim_service_model`) and the endpoints data
+    (:func:`trim_endpoints`). Whole, EC2's model is 807 operations and 13.5 MiB of Python objects and the
+    endpoints data of every AWS service 6.6 MiB, both kept for the life of the process; trimmed, a few
+    hundred KiB (docs/benchmarks.md, "Peak RSS"). Given to the session as its ``data_loader``
+    (``botocore.loaders.Loader(file_loader=...)``)."""
+
+    def __init__(self, calls: Mapping[str, Iterable[str]] = AWS_API_CALLS) -> None:
+        self.calls = {service: tuple(operations) for service, operations in calls.items()}
+
+    def load_file(self, file_path: str) -> Any:
+        """The file's data (``file_path`` without its ``.json`` or ``.json.gz``), trimmed when it is one of
+        the service models of :attr:`calls` or the endpoints data; ``None`` when there is no such file."""
+        data = super().load_file(file_path)
+        parts = file_path.replace("\\", "/").split("/")
+        if data is None:
+            return None
+        if parts[-1] == "service-2" and len(parts) >= 3 and parts[-3] in self.calls:
+            return trim_service_model(data, self.calls[parts[-3]])
+        if parts[-1] == "endpoints":
+            return trim_endpoints(data, self.calls)
+        return data
+
+
 class AwsClients:
     """SQS, EC2 and Auto Scaling clients (aiobotocore, typed by the ``types-aiobotocore`` stubs), opened by
     ``async with``. ``observer`` is told every HTTP request each client makes (botocore's ``after-call`` and
@@ -148,6 +247,7 @@ class AwsClients:
 
     async def __aenter__(self) -> AwsClients:
         session = get_session()
+        session.register_component("data_loader", Loader(file_loader=TrimmedModels()))
         # SQS long polls take 20 s: the read timeout must exceed them. One attempt per request: `call`
         # retries (botocore's "max_attempts" counts retries; "total_max_attempts" counts the first too).
         config = AioConfig(

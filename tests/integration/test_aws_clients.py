@@ -16,6 +16,7 @@ from queue_processor.config import load_settings
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.nodes import describe_instances, tagged_instances, tagged_nodes
 from queue_processor.observe.metrics import Metrics
+from queue_processor.permissions import AWS_API_CALLS
 from queue_processor_sandbox.aws import TERMINATE_HOOK, AwsSandbox
 from queue_processor_sandbox.clock import SandboxClock
 
@@ -90,6 +91,18 @@ async def test_a_refused_call_is_an_error_and_is_not_retried(sandbox: AwsSandbox
     assert requests(metrics, "autoscaling", "DescribeLifecycleHooks", "error") == 1
 
 
+async def test_the_clients_have_the_operations_the_controller_calls_and_no_other() -> None:
+    """The service models are trimmed to permissions.AWS_API_CALLS (queue_processor.aws.TrimmedModels): what
+    the IAM policy grants is what the clients can call, and EC2's 807 operations are not kept in memory."""
+    settings = load_settings(queue_url=QUEUE, aws_region="us-east-1")
+    async with AwsClients(settings) as aws:
+        for service, client in (("sqs", aws.sqs), ("ec2", aws.ec2), ("autoscaling", aws.autoscaling)):
+            operations = set(client.meta.service_model.operation_names)
+            assert operations == set(AWS_API_CALLS[service])
+        assert not hasattr(aws.ec2, "terminate_instances")
+        assert hasattr(aws.ec2, "describe_instances")
+
+
 async def test_a_request_that_gets_no_answer_is_counted_as_an_error() -> None:
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
@@ -98,8 +111,8 @@ async def test_a_request_that_gets_no_answer_is_counted_as_an_error() -> None:
     settings = load_settings(queue_url=QUEUE, aws_endpoint=f"http://127.0.0.1:{port}")
     async with AwsClients(settings, observer=metrics) as aws:
         with pytest.raises(EndpointConnectionError):
-            await aws.sqs.get_queue_attributes(QueueUrl=QUEUE)
-    assert requests(metrics, "sqs", "GetQueueAttributes", "error") == 1
+            await aws.sqs.receive_message(QueueUrl=QUEUE, WaitTimeSeconds=0)
+    assert requests(metrics, "sqs", "ReceiveMessage", "error") == 1
 
 
 async def test_tagged_instances_asks_for_tags_a_page_at_a_time(sandbox: AwsSandbox) -> None:
