@@ -268,9 +268,11 @@ class Steps:
           outlive a stop and a start (Spot hibernates the instance while the action waits; explorer seed 29),
           and only its completion ends it;
         - or the operation is made only of ``stopping``/``stopped`` state changes and EC2 now says ``pending``
-          or ``running`` without a ``LaunchTime`` (a later one is the rule above; an earlier one may be EC2's
-          eventual consistency just after the stop): a warm pool moves a stopped instance into the group this
-          way ("Warm pools for Amazon EC2 Auto Scaling"), its state changes still in the queue.
+          or ``running`` without a ``LaunchTime`` or with one no earlier than the second the last of them was
+          sent (EC2 reports ``LaunchTime`` to the second, so a start in that second does not look later; an
+          earlier one may be EC2's eventual consistency just after the stop): a warm pool moves a stopped
+          instance into the group this way ("Warm pools for Amazon EC2 Auto Scaling"), its state changes still
+          in the queue.
 
         An event that joins the operation meanwhile (while EC2 is read) keeps it going: it may be the new run's
         own interruption.
@@ -298,8 +300,14 @@ class Steps:
             if fresh is None:
                 return False
             info = ctx.info = fresh  # what a cordon records, if there is one: EC2 as it is now
-            # Running again without a later LaunchTime only counts when EC2 cannot say when it started.
-            running_again = stops_only and info.state in ("pending", "running") and info.launch_time is None
+            # Running again after stops: EC2 gives no LaunchTime, or one in the second of the last stop's
+            # message or later (LaunchTime is reported to the second). An earlier one is EC2's eventual
+            # consistency just after the stop.
+            running_again = (
+                stops_only
+                and info.state in ("pending", "running")
+                and (info.launch_time is None or info.launch_time >= newest.replace(microsecond=0))
+            )
             if not (running_again or _launched_after(info, newest)):
                 return False
         if len(operation.events) != len(evaluated):
