@@ -45,7 +45,9 @@ API Priority and Fairness rejected with 429, by priority level and reason) and `
 (the controller's own requests by HTTP status, from the audit log), ``kube_429s_per_node`` and
 ``kube_requests_per_node_without_429s`` (the requests answered 429, PodDisruptionBudgets' refusals retried, apart
 from the rest), and ``apf`` (API Priority and Fairness per priority level and flow schema: requests, mean
-seats in use, mean queue wait, the level's nominal seats); ``slowest_pod_termination_s`` is the longest
+seats in use, mean queue wait, the level's nominal seats), ``control_plane_cpu_seconds`` (each component's
+CPU over the storm: with ``cpu_seconds`` and ``sandbox_cpu_seconds``, where the machine's cores went);
+``slowest_pod_termination_s`` is the longest
 pod grace period (real seconds) and ``goal_seconds`` 1.1 x max(the client QPS floor, that).
 
 Last line: one JSON object with those figures and ``ratio_to_floor``. Goals (issue 6): ratio_to_floor ≤ 1.2,
@@ -301,6 +303,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
         kube_before = sum(sandbox.kube.requests.values())
         kinds_before = dict(sandbox.kube.requests)
         apiserver_before = parse_metrics(plane.metrics()) if plane is not None else {}
+        plane_cpu_before = (
+            {name: _cpu_seconds(pid) for name, pid in plane.pids().items()} if plane is not None else {}
+        )
         sandbox_cpu_before = time.process_time()
         started = time.perf_counter()
         started_monotonic = time.monotonic()
@@ -353,6 +358,14 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             }
             by_kind = {kind: round(count / args.nodes, 2) for kind, count in grown.items()}
             apiserver_after = parse_metrics(plane.metrics()) if plane is not None else {}
+            plane_cpu = (
+                {
+                    name: round(_cpu_seconds(pid) - plane_cpu_before.get(name, 0.0), 1)
+                    for name, pid in plane.pids().items()
+                }
+                if plane is not None
+                else {}
+            )
             # The messages that followed (state changes of terminated instances) settle too: then count what
             # is left (tasks, messages), up to 60 s.
             settle_until = time.perf_counter() + 60
@@ -454,6 +467,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                     ("priority_level", "reason"),
                 )
                 figures["apf"] = _apf(apiserver_before, apiserver_after, seconds)
+                figures["control_plane_cpu_seconds"] = plane_cpu
                 by_code: dict[str, int] = {}
                 for (_what, code), count in sandbox.kube.requests_by(  # type: ignore[attr-defined]
                     sandbox.controller_username

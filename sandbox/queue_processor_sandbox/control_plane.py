@@ -759,6 +759,11 @@ class ControlPlane:
         for process in self._processes:
             process.check()
 
+    def pids(self) -> dict[str, int]:
+        """Each running component's process ID (``etcd``, ``kube-apiserver``, ``kube-controller-manager``,
+        ``kube-scheduler``, ``kwok``): what a benchmark reads the CPU time of."""
+        return {process.name: process.popen.pid for process in self._processes if process.popen is not None}
+
     def kill(self, component: str) -> None:
         """SIGKILL one component (``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler``,
         ``kwok``; etcd's data stays): an outage for chaos tests. Raises ``KeyError`` for another name."""
