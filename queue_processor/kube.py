@@ -112,13 +112,18 @@ class RateLimiter:
 #: node Leases (get, create, update: a late renewal loses the node).
 URGENT_THREADS = 16
 
+#: Watch connections the controller keeps open: pod deletions and nodes (queue_processor.drain.departures and
+#: queue_processor.drain.node_cache).
+WATCHES = 2
+
 
 def load_api_client(
-    kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS
+    kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS + WATCHES
 ) -> client.ApiClient:
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
-    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls). Raises
+    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls, and one per
+    watch: with fewer, urllib3 discarded a connection whenever all were busy, "Connection pool is full"). Raises
     :class:`~queue_processor.outcomes.StartupError` (one line naming KUBECONFIG) when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size

@@ -842,3 +842,30 @@ def test_never_deleted_message_lands_in_dead_letter_queue(sandbox: AwsSandbox, s
     else:
         pytest.fail("the message never reached the dead-letter queue")
     assert receives == 2
+
+
+def test_queue_counts_follow_sqs_after_sends_receives_and_delays(sandbox: AwsSandbox, sqs: Any) -> None:
+    """The sandbox counts a queue's messages with one clock reading per count (moto read it twice per message on
+    every SendMessage: publishing a 5,000-warning storm took longer than its notices). The counts are SQS's
+    (GetQueueAttributes, "ApproximateNumberOf…"): visible, received and in flight, delayed."""
+    url = sandbox.create_queue("counted").url
+    for index in range(6):
+        sqs.send_message(QueueUrl=url, MessageBody=f"m-{index}")
+    sqs.send_message(QueueUrl=url, MessageBody="later", DelaySeconds=900)
+    received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=600)["Messages"]
+    assert len(received) == 2
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "4"
+    assert attributes["ApproximateNumberOfMessagesNotVisible"] == "2"
+    assert attributes["ApproximateNumberOfMessagesDelayed"] == "1"
+    sqs.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=received[0]["ReceiptHandle"], VisibilityTimeout=0
+    )
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (
+        attributes["ApproximateNumberOfMessages"],
+        attributes["ApproximateNumberOfMessagesNotVisible"],
+    ) == (
+        "5",
+        "1",
+    )

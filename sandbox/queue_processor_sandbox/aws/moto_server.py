@@ -9,8 +9,8 @@
   ``SetDesiredCapacity`` and ``UpdateAutoScalingGroup`` when they lower the capacity, put each instance
   they remove of a group with a terminate hook in ``Terminating:Wait`` and open its lifecycle actions, as
   :meth:`AwsSandbox.terminate_instance` does (moto would terminate it at once); groups without such a hook
-  keep moto's behaviour. It also makes moto's private IPs unique within the sandbox and
-  its SQS retention check cheap; :func:`uninstall` puts moto back. One sandbox runs per process at a time:
+  keep moto's behaviour. It also makes moto's private IPs unique within the sandbox and its SQS retention
+  check and queue counts cheap; :func:`uninstall` puts moto back. One sandbox runs per process at a time:
   moto's backends are process-wide.
 - :class:`ServedActions`: what the patches ask of the sandbox they are installed for (it hands an object of
   that shape to :func:`install`; this module does not know ``AwsSandbox``).
@@ -43,6 +43,7 @@ from moto.autoscaling.exceptions import AutoscalingClientError
 from moto.autoscaling.models import FakeAutoScalingGroup
 from moto.autoscaling.responses import AutoScalingResponse
 from moto.core.responses import ActionResult, EmptyResult
+from moto.core.utils import unix_time_millis
 from moto.ec2.models import elastic_network_interfaces as eni_models
 from moto.ec2.models import instances as instance_models
 from moto.moto_server.werkzeug_app import (
@@ -51,7 +52,7 @@ from moto.moto_server.werkzeug_app import (
     create_backend_app,
 )
 from moto.server import ThreadedMotoServer
-from moto.sqs.models import SQSBackend
+from moto.sqs.models import Queue, SQSBackend
 from werkzeug.serving import ThreadedWSGIServer
 
 from queue_processor_sandbox.aws.model import LifecycleRequest, Operation
@@ -504,11 +505,41 @@ def _retention_check(backend: SQSBackend, queue_name: str, message: Any) -> bool
     return bool(retention_s + message.sent_timestamp / 1000 > time.time())
 
 
+def _ready(queue: Queue) -> list[Any]:
+    """The queue's messages visible and not delayed (moto's ``Queue.messages``), reading the clock once."""
+    now = unix_time_millis()
+    return [m for m in queue._messages if now > m.visible_at and not now < m.delayed_until]
+
+
+def _delayed(queue: Queue) -> int:
+    """``ApproximateNumberOfMessagesDelayed``, reading the clock once."""
+    now = unix_time_millis()
+    return sum(1 for m in queue._messages if now < m.delayed_until)
+
+
+def _not_visible(queue: Queue) -> int:
+    """``ApproximateNumberOfMessagesNotVisible``, reading the clock once."""
+    now = unix_time_millis()
+    return sum(1 for m in queue._messages if not now > m.visible_at)
+
+
+#: moto 5.2.5 counts a queue's messages with two clock readings per message (``Message.visible`` and
+#: ``delayed`` each convert the time), and every SendMessage computes every queue attribute, these counts
+#: among them: sending N messages cost O(N²) clock conversions (5,000 Spot warnings took minutes to publish,
+#: longer than their notices). Same rules, one reading per count.
+_QUEUE_COUNTS: dict[str, property] = {
+    "messages": property(_ready),
+    "approximate_number_of_messages_delayed": property(_delayed),
+    "approximate_number_of_messages_not_visible": property(_not_visible),
+}
+_ORIGINAL_QUEUE_COUNTS = {name: Queue.__dict__[name] for name in _QUEUE_COUNTS}
+
+
 def install(sandbox: ServedActions) -> None:
     """Patch moto for ``sandbox``: the ``AutoScalingResponse`` methods (served by ``sandbox``), the group's
     ``set_desired_capacity`` (scale-in through terminate hooks during the requests that ask for it), unique private
-    IPs (the record of issued ones restarts), the cheap SQS retention check. Raises ``RuntimeError`` when
-    another sandbox is installed (moto's state is process-wide)."""
+    IPs (the record of issued ones restarts), the cheap SQS retention check and queue counts. Raises
+    ``RuntimeError`` when another sandbox is installed (moto's state is process-wide)."""
     global _ACTIVE, _ORIGINAL_PUT_HOOK
     with _active_lock:
         if _ACTIVE is not None:
@@ -521,6 +552,8 @@ def install(sandbox: ServedActions) -> None:
             setattr(AutoScalingResponse, name, method)
         setattr(FakeAutoScalingGroup, _GROUP_SET_DESIRED, _group_set_desired_capacity)
         setattr(SQSBackend, _RETENTION_CHECK, _retention_check)
+        for name, counted in _QUEUE_COUNTS.items():
+            setattr(Queue, name, counted)
         _ISSUED_IPS.clear()
         for module in _IP_MODULES:
             setattr(module, "random_private_ip", _unique_private_ip)  # noqa: B010 - not re-exported by moto
@@ -540,6 +573,8 @@ def uninstall(sandbox: ServedActions) -> None:
             setattr(AutoScalingResponse, name, method)
         setattr(FakeAutoScalingGroup, _GROUP_SET_DESIRED, _ORIGINAL_GROUP_SET_DESIRED)
         setattr(SQSBackend, _RETENTION_CHECK, _ORIGINAL_RETENTION_CHECK)
+        for name, original in _ORIGINAL_QUEUE_COUNTS.items():
+            setattr(Queue, name, original)
         for module in _IP_MODULES:
             setattr(module, "random_private_ip", _ORIGINAL_RANDOM_IP)  # noqa: B010 - not re-exported by moto
         _ORIGINAL_PUT_HOOK = None
