@@ -523,14 +523,22 @@ def _not_visible(queue: Queue) -> int:
     return sum(1 for m in queue._messages if not now > m.visible_at)
 
 
+def _pending_groups(queue: Queue) -> set[str]:
+    """The message groups with a message in flight (moto's ``Queue.pending_message_groups``), from a copy of the
+    in-flight set taken in one step: SQS requests run unlocked, and moto iterated the set while another
+    receive or delete changed it ("Set changed size during iteration", HTTP 500 to the client)."""
+    return {message.group_id for message in list(queue.pending_messages) if message.group_id is not None}
+
+
 #: moto 5.2.5 counts a queue's messages with two clock readings per message (``Message.visible`` and
 #: ``delayed`` each convert the time), and every SendMessage computes every queue attribute, these counts
 #: among them: sending N messages cost O(N²) clock conversions (5,000 Spot warnings took minutes to publish,
-#: longer than their notices). Same rules, one reading per count.
+#: longer than their notices). Same rules, one reading per count; and the in-flight groups from a copy.
 _QUEUE_COUNTS: dict[str, property] = {
     "messages": property(_ready),
     "approximate_number_of_messages_delayed": property(_delayed),
     "approximate_number_of_messages_not_visible": property(_not_visible),
+    "pending_message_groups": property(_pending_groups),
 }
 _ORIGINAL_QUEUE_COUNTS = {name: Queue.__dict__[name] for name in _QUEUE_COUNTS}
 
