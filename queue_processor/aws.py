@@ -214,8 +214,8 @@ class TrimmedModels(JSONFileLoader):
     """botocore's JSON file loader, trimming what it loads to what the controller calls: each service model of
     ``calls`` (service name → operation names; :func:`trim_service_model`) and the endpoints data
     (:func:`trim_endpoints`). Whole, EC2's model is 807 operations and 13.5 MiB of Python objects and the
-    endpoints data of every AWS service 6.6 MiB, both kept for the life of the process; trimmed, a few
-    hundred KiB (docs/benchmarks.md, "Peak RSS"). Given to the session as its ``data_loader``
+    endpoints data of every AWS service 6.6 MiB, both kept for the life of the process; trimmed, the three
+    clients hold 1.5 MiB in all (docs/benchmarks.md, "Memory, profiled"). Given to the session as its ``data_loader``
     (``botocore.loaders.Loader(file_loader=...)``)."""
 
     def __init__(self, calls: Mapping[str, Iterable[str]] = AWS_API_CALLS) -> None:
