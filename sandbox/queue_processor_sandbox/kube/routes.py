@@ -518,7 +518,9 @@ class ApiRoutes:
         self.watches += 1
         try:
             with self.lock:
-                if since in ("", "0"):
+                if self._cut != born:  # dropped before it began (end_watches): ends without a word
+                    out, position = b"", -1
+                elif since in ("", "0"):
                     out = b"".join(line("ADDED", o) for o in self.store.objects[plural].values() if keep(o))
                     position = self.store.rv
                 elif int(since) < self.store.history_from:
@@ -546,6 +548,9 @@ class ApiRoutes:
                     break
                 written = self._written = self._written or loop.create_future()
                 with self.lock:
+                    if self._cut != born:  # dropped while it waited for the lock: no bookmark, no 410
+                        out, position = b"", -1
+                        continue
                     if position < self.store.history_from:  # compacted past what this watch had sent
                         out, position = expired_line(position), -1
                         continue

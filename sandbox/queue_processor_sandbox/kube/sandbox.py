@@ -178,11 +178,11 @@ class KubeSandbox:
         default): a watch from a resourceVersion before now is then told 410 Expired. ``end_watches`` also drops
         the watches being served (an API server restarted after the compaction): their clients come back with
         an old resourceVersion, are told 410, and list again."""
-        with self.lock:
+        with self.lock:  # one step: no watch sees the compaction without the drop
+            if end_watches:
+                self._routes.end_watches()
             self._store.history.clear()
             self._store.history_from = self._store.rv
-        if end_watches:
-            self._routes.end_watches()
 
     def kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig for this server to ``path`` (context ``sandbox``) and return it."""
