@@ -151,11 +151,10 @@ class Departures(Watched):
 
     def _set_live(self, live: bool) -> None:
         """The stream runs (``True``) or is broken; either way every drain looks again."""
-        if live:
-            self.answered.set()
-        if live == self.live:
+        changed = live != self.live
+        super()._set_live(live)
+        if not changed:
             return
-        self.live = live
         for waits in self._waiting.values():
             for wait in waits:
                 wait.changed.set()

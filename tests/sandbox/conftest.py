@@ -47,8 +47,14 @@ def requests() -> Requests:
     return Requests()
 
 
+def client_of(cluster: KubeCluster, directory: Path, requests: Requests) -> KubeClient:
+    """The controller's Kubernetes client for ``cluster`` (its kubeconfig written in ``directory``), each of
+    its requests told to ``requests``."""
+    return KubeClient(load_api_client(str(cluster.kubeconfig(directory / "kubeconfig"))), observer=requests)
+
+
 @pytest.fixture
 async def kube(cluster: KubeCluster, tmp_path: Path, requests: Requests) -> AsyncIterator[KubeClient]:
-    client = KubeClient(load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))), observer=requests)
+    client = client_of(cluster, tmp_path, requests)
     yield client
     client.close()

@@ -15,11 +15,11 @@ import pytest
 from queue_processor.drain.departures import Departures
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.kube import KubeClient
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox
-from tests.sandbox.conftest import Requests
+from tests.sandbox.conftest import Requests, client_of
 
 
 def a_node(cluster: KubeCluster) -> tuple[str, str]:
@@ -97,9 +97,7 @@ async def test_a_refused_watch_leaves_the_drain_listing(tmp_path: Path) -> None:
         sandbox.add_pod(namespace, "web-0", node=node, grace_s=1)
         sandbox.inject_fault(verb="watch", resource="pods", status=403, count=1000)
         requests = Requests()
-        client = KubeClient(
-            load_api_client(str(sandbox.kubeconfig(tmp_path / "kubeconfig"))), observer=requests
-        )
+        client = client_of(sandbox, tmp_path, requests)
         departures = Departures(client)
         departures.start()
         try:

@@ -16,11 +16,11 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.record import CordonRecord
-from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.kube import KubeClient
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox
-from tests.sandbox.conftest import Requests
+from tests.sandbox.conftest import Requests, client_of
 
 OTHER = {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}
 
@@ -138,9 +138,7 @@ async def test_after_a_compaction_and_a_restart_the_nodes_are_listed_again(tmp_p
     resourceVersion, is told 410, and the copy is listed again and followed from there."""
     requests = Requests()
     with KubeSandbox(SandboxClock(1.0)) as cluster:
-        kube = KubeClient(
-            load_api_client(str(cluster.kubeconfig(tmp_path / "kubeconfig"))), observer=requests
-        )
+        kube = client_of(cluster, tmp_path, requests)
         cache = NodeCache(kube)
         cache.start()
         try:
