@@ -869,3 +869,30 @@ def test_queue_counts_follow_sqs_after_sends_receives_and_delays(sandbox: AwsSan
         "5",
         "1",
     )
+
+
+def test_an_instance_shows_its_own_tags_as_tags_are_created_and_deleted(
+    sandbox: AwsSandbox, ec2: Any
+) -> None:
+    """DescribeInstances gives each instance its own tags, the ones DescribeTags gives for its ID, as they are
+    created and deleted (the sandbox reads them by resource ID: moto scanned every tag of every resource for
+    each instance described)."""
+    first, second = sandbox.build_cluster({"tagged": 2}, heartbeat_timeout_s=120)
+
+    def described(instance_id: str) -> dict[str, str]:
+        reservation = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]
+        return {tag["Key"]: tag["Value"] for tag in reservation["Instances"][0].get("Tags", [])}
+
+    def listed(instance_id: str) -> dict[str, str]:
+        answer = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [instance_id]}])
+        return {tag["Key"]: tag["Value"] for tag in answer["Tags"]}
+
+    ec2.create_tags(Resources=[first.instance_id], Tags=[{"Key": "team", "Value": "a"}])
+    ec2.create_tags(Resources=[second.instance_id], Tags=[{"Key": "team", "Value": "b"}])
+    ec2.delete_tags(Resources=[first.instance_id], Tags=[{"Key": MANAGED_TAG}])
+    assert described(first.instance_id) == listed(first.instance_id)
+    assert described(first.instance_id)["team"] == "a"
+    assert MANAGED_TAG not in described(first.instance_id)
+    assert described(second.instance_id) == listed(second.instance_id)
+    assert described(second.instance_id)["team"] == "b"
+    assert MANAGED_TAG in described(second.instance_id)
