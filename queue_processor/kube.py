@@ -374,7 +374,9 @@ class KubeClient:
         Raises :class:`KubeError`: status 410 when the server says the resourceVersion is too old (an ERROR
         event or an answer: read the current state again and watch from its resourceVersion, "Efficient
         detection of changes" in API concepts); another error answer's status; 0 when the connection failed or
-        broke (watch on from the last resourceVersion). Cancelling it closes the connection."""
+        broke, or sent a line that is not an event (watch on from the last resourceVersion), and 0 with reason
+        ``WatchReceiverError`` when ``deliver`` or ``opened`` raised (the connection is closed: nothing more
+        is delivered). Cancelling it closes the connection."""
         await self.limiter.acquire()
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[str] = loop.create_future()
@@ -432,7 +434,9 @@ class KubeClient:
                     if not line.strip():
                         continue
                     event = json.loads(line)
-                    obj = event.get("object") or {}
+                    obj = event.get("object") if isinstance(event, dict) else None
+                    if not isinstance(obj, dict):
+                        raise ValueError(f"a watch event that is not {{type, object}}: {line[:200]!r}")
                     if event.get("type") == "ERROR":  # a Status: 410 when the resourceVersion is too old
                         raise _error(int(obj.get("code") or 500), json.dumps(obj).encode())
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
@@ -683,8 +687,13 @@ class _Stream:
                 self.loop.call_soon_threadsafe(self._call, fn, args)
 
     def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        if not self.closed:
+        if self.closed:
+            return
+        try:
             fn(*args)
+        except Exception as exc:  # the receiver could not take the events: the watch ends with that
+            self._settle("", KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}"))
+            self.close()
 
     def end(self, rv: str) -> None:
         """The stream ended after ``rv``: the watch's answer."""

@@ -7,7 +7,9 @@ watches from there, and keeps the resourceVersion of the last event delivered: a
 (after ``timeoutSeconds``) or that breaks resumes from it, so that nothing is missed and nothing replayed. A
 410 Gone (the version was compacted away) starts again from a fresh read; a refusal (401/403/404/405: no
 ``watch`` right, or a server without watches) is logged once, and the subclass's callers do without the watch
-meanwhile; every other failure backs off from :data:`RETRY_S` to :data:`RETRY_MAX_S` seconds.
+meanwhile; every other failure backs off from :data:`RETRY_S` to :data:`RETRY_MAX_S` seconds. Events the
+subclass fails to apply (:meth:`Watched._apply` raising) are logged with the error, and the collection is
+read again from scratch: the copy is not live meanwhile.
 
 Kubernetes documents: "Efficient detection of changes" (watch, resourceVersion, bookmarks, 410 Gone) in API
 concepts, and client-go's reflector, which an informer uses to the same end.
@@ -95,11 +97,19 @@ class Watched:
         self._set_live(True)
 
     def _receive(self, events: list[dict[str, Any]]) -> None:
+        try:
+            self._apply(events)
+        except Exception:
+            # Some of the chunk may be applied, the rest is not: the copy is no longer the server's. It is read
+            # again from scratch (the connection ends: the client raises WatchReceiverError).
+            log.exception("watch event not applied; reading again", watch=self.name)
+            self._rv = ""
+            self._set_live(False)
+            raise
         for event in events:
             rv = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
             if rv:
                 self._rv = str(rv)
-        self._apply(events)
 
     async def _run(self) -> None:
         delay = RETRY_S

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.record import CordonRecord
-from queue_processor.kube import KubeClient
+from queue_processor.kube import KubeClient, KubeError
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox
@@ -155,3 +157,25 @@ async def test_after_a_compaction_and_a_restart_the_nodes_are_listed_again(tmp_p
         finally:
             await cache.close()
             kube.close()
+
+
+async def test_a_receiver_that_raises_ends_the_watch_with_its_error(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    """The client hands a watch's events to a receiver in the event loop; when the receiver raises, the watch
+    ends at once with a ``WatchReceiverError`` (status 0) instead of going on with an event lost, so that
+    the watcher can read the collection again."""
+    pages = [version async for _, version in kube.node_pages()]
+    seen: list[dict[str, Any]] = []
+
+    def deliver(events: list[dict[str, Any]]) -> None:
+        seen.extend(events)
+        raise ValueError("cannot apply")
+
+    watch = asyncio.create_task(kube.watch_nodes(pages[-1], deliver, timeout_s=120))
+    a_node(cluster)
+    with pytest.raises(KubeError) as caught:
+        await watch
+    assert (caught.value.status, caught.value.reason) == (0, "WatchReceiverError")
+    assert "cannot apply" in caught.value.message
+    assert seen

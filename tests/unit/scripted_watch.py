@@ -65,8 +65,17 @@ class ScriptedWatch:
         self.deliver = deliver
         if isinstance(step, tuple):
             events, broken = step
-            deliver(events)
+            self._hand(deliver, events)
             raise broken
-        deliver(step)
+        self._hand(deliver, step)
         self._end = asyncio.get_running_loop().create_future()
         return await self._end
+
+    @staticmethod
+    def _hand(deliver: Deliver, events: list[dict[str, Any]]) -> None:
+        """``deliver(events)``; a receiver that raises ends the connection with a ``WatchReceiverError``, as
+        :meth:`queue_processor.kube.KubeClient.watch` does."""
+        try:
+            deliver(events)
+        except Exception as exc:
+            raise KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}") from exc

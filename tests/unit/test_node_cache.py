@@ -90,3 +90,26 @@ async def test_a_broken_stream_resumes_from_the_last_change_it_delivered(
     assert kube.reads == 1
     assert (cache.get("a") or {})["spec"] == {"unschedulable": True}
     await cache.close()
+
+
+async def test_an_event_the_copy_cannot_apply_reads_the_nodes_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node whose labels are not a map cannot be kept: the error is logged, the copy is not live until the
+    nodes are listed again, and the watch goes on from the new list (the copy had missed that event)."""
+    monkeypatch.setattr(watched, "RETRY_S", 0.0)
+    broken = node("a", "150")
+    broken["metadata"]["labels"] = 5
+    kube = ScriptedWatch([{"type": "MODIFIED", "object": broken}], [], nodes=[node("a")])
+    cache = NodeCache(kube)  # type: ignore[arg-type]
+    cache.start()
+    for _ in range(50):
+        if len(kube.watched_from) == 2:
+            break
+        await asyncio.sleep(0)
+    assert kube.reads == 2
+    assert kube.watched_from == ["100", "200"]
+    assert cache.live
+    assert (cache.get("a") or {})["metadata"]["resourceVersion"] == "1"
+    assert "watch event not applied; reading again" in capsys.readouterr().out
+    await cache.close()
