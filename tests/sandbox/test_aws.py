@@ -896,3 +896,46 @@ def test_an_instance_shows_its_own_tags_as_tags_are_created_and_deleted(
     assert described(second.instance_id) == listed(second.instance_id)
     assert described(second.instance_id)["team"] == "b"
     assert MANAGED_TAG in described(second.instance_id)
+
+
+def test_receipt_handles_delete_and_change_visibility_as_moto_answers(sandbox: AwsSandbox, sqs: Any) -> None:
+    """The sandbox finds a message by its receipt handle through an index (moto compared the handle with every
+    handle of every message, for each delete and visibility change). The answers are moto's: a handle of an
+    earlier receive still names the message, a deleted message's handle may be deleted again, and one that
+    names no message is ``ReceiptHandleIsInvalid``."""
+    url = sandbox.create_queue("receipts").url
+    sqs.send_message(QueueUrl=url, MessageBody="kept")
+    sqs.send_message(QueueUrl=url, MessageBody="deleted")
+    first = {
+        m["Body"]: m["ReceiptHandle"]
+        for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)["Messages"]
+    }
+    again = {
+        m["Body"]: m["ReceiptHandle"]
+        for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600)["Messages"]
+    }
+    assert set(first) == set(again) == {"kept", "deleted"}
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=again["kept"], VisibilityTimeout=0)
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=first["deleted"])  # an earlier receive's handle
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=again["deleted"])  # deleted already: accepted
+    assert error_of(lambda: sqs.delete_message(QueueUrl=url, ReceiptHandle="no-such-handle"))[1] == (
+        "ReceiptHandleIsInvalid"
+    )
+    assert (
+        error_of(
+            lambda: sqs.change_message_visibility(
+                QueueUrl=url, ReceiptHandle=again["deleted"], VisibilityTimeout=5
+            )
+        )[1]
+        == "ReceiptHandleIsInvalid"
+    )
+    left = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600)["Messages"]
+    assert [m["Body"] for m in left] == ["kept"]
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (
+        attributes["ApproximateNumberOfMessages"],
+        attributes["ApproximateNumberOfMessagesNotVisible"],
+    ) == (
+        "0",
+        "1",
+    )

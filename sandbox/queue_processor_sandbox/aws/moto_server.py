@@ -54,7 +54,8 @@ from moto.moto_server.werkzeug_app import (
     create_backend_app,
 )
 from moto.server import ThreadedMotoServer
-from moto.sqs.models import Queue, SQSBackend
+from moto.sqs.exceptions import InvalidParameterValue, ReceiptHandleIsInvalid
+from moto.sqs.models import Message, Queue, SQSBackend
 from werkzeug.serving import ThreadedWSGIServer
 
 from queue_processor_sandbox.aws.model import LifecycleRequest, Operation
@@ -544,6 +545,102 @@ _QUEUE_COUNTS: dict[str, property] = {
 }
 _ORIGINAL_QUEUE_COUNTS = {name: Queue.__dict__[name] for name in _QUEUE_COUNTS}
 
+#: Receipt handle (every one a message was given, the old ones too: moto accepts them) → the message: filled as
+#: messages are received, emptied as they are deleted, cleared at :func:`install`.
+_RECEIPTS: dict[str | None, Message] = {}
+_ORIGINAL_MARK_RECEIVED = Message.mark_received
+_ORIGINAL_DELETE_MESSAGE = Queue.delete_message
+_ORIGINAL_CHANGE_VISIBILITY = SQSBackend.change_message_visibility
+_ORIGINAL_SEND_MESSAGE = SQSBackend.send_message
+_ORIGINAL_ATTRIBUTES = Queue.__dict__["attributes"]
+_SENDING = threading.local()
+_MAX_VISIBILITY_S = (
+    43200  # ChangeMessageVisibility's 12-hour limit (moto counts it from the message's sending)
+)
+
+
+def _mark_received(self: Message, visibility_timeout: int | None = None) -> None:
+    """moto's ``Message.mark_received`` (a new receipt handle), and the handle indexed."""
+    _ORIGINAL_MARK_RECEIVED(self, visibility_timeout)
+    _RECEIPTS[self.receipt_handle] = self
+
+
+def _holder(queue: Queue, receipt_handle: str) -> Message | None:
+    """The message of ``queue`` that was given ``receipt_handle``, if it is still in the queue."""
+    message = _RECEIPTS.get(receipt_handle)
+    return message if message is not None and message in queue._messages else None
+
+
+def _delete_message(self: Queue, receipt_handle: str) -> None:
+    """DeleteMessage as moto 5.2.5 answers it (a handle deleted before is accepted again; an unknown one is
+    ``ReceiptHandleIsInvalid``), finding the message through :data:`_RECEIPTS`: moto compared the handle with
+    every handle of every message in the queue, O(messages) Python calls for each delete."""
+    if receipt_handle in self.deleted_messages:
+        return
+    message = _holder(self, receipt_handle)
+    if message is None:
+        raise ReceiptHandleIsInvalid()
+    self.pending_messages.discard(message)
+    handles = message.all_receipt_handles
+    self.deleted_messages.update(handles)  # type: ignore[arg-type]
+    kept = list(self._messages)
+    with contextlib.suppress(ValueError):  # a concurrent delete of the same message took it out first
+        kept.remove(message)
+    self._messages = kept  # a new list, as moto's: a receive iterating the old one is not disturbed
+    for handle in handles:
+        _RECEIPTS.pop(handle, None)
+
+
+def _change_message_visibility(
+    self: SQSBackend, queue_name: str, receipt_handle: str, visibility_timeout: int
+) -> None:
+    """ChangeMessageVisibility as moto 5.2.5 answers it (at most 12 hours from the message's sending, else
+    ``InvalidParameterValue``; a message made visible leaves the in-flight set; an unknown handle is
+    ``ReceiptHandleIsInvalid``), finding the message through :data:`_RECEIPTS` instead of a scan."""
+    queue = self.get_queue(queue_name)
+    message = _holder(queue, receipt_handle)
+    if message is None:
+        raise ReceiptHandleIsInvalid
+    sent_ms = float(message.sent_timestamp or 0)
+    if unix_time_millis() + int(visibility_timeout) * 1000 - sent_ms > _MAX_VISIBILITY_S * 1000:
+        raise InvalidParameterValue(
+            f"Value {visibility_timeout} for parameter VisibilityTimeout is invalid. Reason: Total "
+            f"VisibilityTimeout for the message is beyond the limit [{_MAX_VISIBILITY_S} seconds]"
+        )
+    message.change_visibility(visibility_timeout)
+    if message.visible and message in queue.pending_messages:
+        queue.pending_messages.discard(message)
+
+
+def _send_message(self: SQSBackend, *args: Any, **kwargs: Any) -> Message:
+    """moto's ``send_message``, with the queue's attributes read without the message counts (below)."""
+    _SENDING.active = True
+    try:
+        return _ORIGINAL_SEND_MESSAGE(self, *args, **kwargs)
+    finally:
+        _SENDING.active = False
+
+
+def _attributes(queue: Queue) -> dict[str, Any]:
+    """moto's ``Queue.attributes``; inside SendMessage, which reads only ``ContentBasedDeduplication`` from them,
+    that setting alone: moto computed every attribute for each message sent, three message counts among
+    them (O(messages) each), so that a storm's state changes cost O(N²) to publish."""
+    if not getattr(_SENDING, "active", False):
+        return _ORIGINAL_ATTRIBUTES.fget(queue)  # type: ignore[no-any-return]
+    if not queue.fifo_queue:
+        return {}
+    setting = getattr(queue, "content_based_deduplication", None)
+    return {"ContentBasedDeduplication": str(setting).lower() if isinstance(setting, bool) else setting}
+
+
+_SQS_METHODS: tuple[tuple[type, str, Any, Any], ...] = (
+    (Message, "mark_received", _mark_received, _ORIGINAL_MARK_RECEIVED),
+    (Queue, "delete_message", _delete_message, _ORIGINAL_DELETE_MESSAGE),
+    (SQSBackend, "change_message_visibility", _change_message_visibility, _ORIGINAL_CHANGE_VISIBILITY),
+    (SQSBackend, "send_message", _send_message, _ORIGINAL_SEND_MESSAGE),
+    (Queue, "attributes", property(_attributes), _ORIGINAL_ATTRIBUTES),
+)
+
 _GET_TAGS = "get_tags"
 _ORIGINAL_GET_TAGS = TaggedEC2Resource.get_tags
 
@@ -585,6 +682,9 @@ def install(sandbox: ServedActions) -> None:
         for name, counted in _QUEUE_COUNTS.items():
             setattr(Queue, name, counted)
         setattr(TaggedEC2Resource, _GET_TAGS, _get_tags)
+        _RECEIPTS.clear()
+        for owner, name, patched, _ in _SQS_METHODS:
+            setattr(owner, name, patched)
         _ISSUED_IPS.clear()
         for module in _IP_MODULES:
             setattr(module, "random_private_ip", _unique_private_ip)  # noqa: B010 - not re-exported by moto
@@ -607,6 +707,9 @@ def uninstall(sandbox: ServedActions) -> None:
         for name, original in _ORIGINAL_QUEUE_COUNTS.items():
             setattr(Queue, name, original)
         setattr(TaggedEC2Resource, _GET_TAGS, _ORIGINAL_GET_TAGS)
+        for owner, name, _, original in _SQS_METHODS:
+            setattr(owner, name, original)
+        _RECEIPTS.clear()
         for module in _IP_MODULES:
             setattr(module, "random_private_ip", _ORIGINAL_RANDOM_IP)  # noqa: B010 - not re-exported by moto
         _ORIGINAL_PUT_HOOK = None
