@@ -141,6 +141,8 @@ class Controllers:
         self.timers: list[Timer] = []
         self._seq = itertools.count()
         self._schedulable: tuple[int, list[str]] = (-1, [])
+        self._verdicts: dict[Key, tuple[Obj, bool]] = {}  # node key → (the node object judged, schedulable)
+        self._scheduling_due = False
 
     # ------------------------------------------------------------------------------------------- timers
 
@@ -189,6 +191,7 @@ class Controllers:
                     ]
                     self.store.replace("nodes", timer.key, ready)
             elif timer.action == "schedule-pending":
+                self._scheduling_due = False
                 self.schedule_pending()
 
     # ------------------------------------------------------------------ DaemonSet, kubelet, ReplicaSet
@@ -276,31 +279,52 @@ class Controllers:
             )
             replacement["spec"].pop("nodeName", None)
             self.store.insert("pods", replacement)
-        self.schedule_pending()
+        self.schedule_soon()
 
     # --------------------------------------------------------------------------------------- scheduler
 
+    @staticmethod
+    def _schedulable_node(node: Obj) -> bool:
+        """Whether ``node`` is Ready, not cordoned and without a NoSchedule or NoExecute taint."""
+        spec, status = node.get("spec") or {}, node.get("status") or {}
+        if spec.get("unschedulable"):
+            return False
+        if any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or []):
+            return False
+        return any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+
     def schedulable_nodes(self) -> list[str]:
-        """Names of the Ready, schedulable, untainted nodes (recomputed only after a node changed)."""
+        """Names of the Ready, schedulable, untainted nodes, in the store's order (recomputed only after a node
+        changed, and then judging again only the nodes whose object changed: a storm's cordons write a node
+        at a time)."""
         if self._schedulable[0] == self.store.writes["nodes"]:
             return self._schedulable[1]
         nodes = []
-        for node in self.store.objects["nodes"].values():
-            spec, status = node.get("spec") or {}, node.get("status") or {}
-            if spec.get("unschedulable"):
-                continue
-            if any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or []):
-                continue
-            if any(
-                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-            ):
+        verdicts: dict[Key, tuple[Obj, bool]] = {}
+        for key, node in self.store.objects["nodes"].items():
+            seen = self._verdicts.get(key)
+            if seen is None or seen[0] is not node:  # objects are replaced, never changed in place
+                seen = (node, self._schedulable_node(node))
+            verdicts[key] = seen
+            if seen[1]:
                 nodes.append(node["metadata"]["name"])
+        self._verdicts = verdicts
         self._schedulable = (self.store.writes["nodes"], nodes)
         return nodes
 
+    def schedule_soon(self) -> None:
+        """Run the scheduler at the next turn of the timers (the real scheduler, too, binds a pod a moment after
+        it was created): the pods created meanwhile are bound in one pass."""
+        if not self._scheduling_due:
+            self._scheduling_due = True
+            self.schedule_real(0.0, "schedule-pending", ("", ""))
+
     def schedule_pending(self) -> None:
-        """The scheduler: bind unscheduled pods to the schedulable node with the fewest pods; they turn
-        Ready ``pod_start_s`` later. Pods with nowhere to go are retried every simulated second."""
+        """The scheduler: bind unscheduled pods, one after the other, each to the schedulable node with the
+        fewest pods at that moment (the first in the store's order on a tie); they turn Ready ``pod_start_s``
+        later. Pods with nowhere to go are retried every simulated second."""
         pods_by_node = self.store.pods_by_node
         pending = list(pods_by_node.get("", ()))
         if not pending:
@@ -309,11 +333,14 @@ class Controllers:
         if not nodes:
             self.schedule(1.0, "schedule-pending", ("", ""))
             return
+        fewest = [(len(pods_by_node.get(name, ())), index, name) for index, name in enumerate(nodes)]
+        heapq.heapify(fewest)
         for key in pending:
-            node = min(nodes, key=lambda name: len(pods_by_node.get(name, ())))
+            count, index, node = fewest[0]
             bound = copy.deepcopy(self.store.objects["pods"][key])
             bound["spec"]["nodeName"] = node
             self.store.replace("pods", key, bound)
+            heapq.heapreplace(fewest, (count + 1, index, node))
             self.schedule(self.pod_start_s, "pod-ready", key)
 
     # ------------------------------------------------------------------------------------------- eviction
