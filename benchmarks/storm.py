@@ -15,9 +15,10 @@ Measured in the same run:
   ``histogram_quantile``), and ``p99_receive_to_cordon_bucket``, the bucket it lies in (``"(2.5, 5]"``): all the
   histogram can say;
 - ``all_drained_within_notice``: every node's drain completed before its notice ended (the controller only
-  counts a drain as a success when it does) and none was requeued as incomplete (``drains_incomplete``: a
+  counts a drain as a success when it does), none was requeued as incomplete (``drains_incomplete``: a
   drain whose evicted pods had not gone by its deadline is requeued, and its second, successful drain came
-  after the notice);
+  after the notice) and every application pod of the storm's nodes was evicted (``pods_not_evicted``: the
+  pods that went down with their node instead, which a drain that finds them gone counts as done);
 - ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node, and
   ``kube_requests_per_node_by_kind`` the same by ``"<verb> <resource>"`` (a watch counts once, when it opens);
 - ``peak_rss_mib``: the controller process's peak resident memory (VmHWM; the highest of the replicas, each in
@@ -266,6 +267,18 @@ def main() -> None:
     print(json.dumps(summary))
 
 
+def _application_pods(sandbox: Sandbox, nodes: set[str]) -> set[str]:
+    """UIDs of the pods a drain of ``nodes`` evicts: bound to one of them, neither a DaemonSet's nor a mirror
+    pod."""
+    return {
+        pod["metadata"]["uid"]
+        for pod in sandbox.kube.objects("pods")
+        if pod["spec"].get("nodeName") in nodes
+        and not any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
+        and "kubernetes.io/config.mirror" not in (pod["metadata"].get("annotations") or {})
+    }
+
+
 def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]:
     """One storm on a fresh sandbox with ``replicas`` controller processes: its figures (see the module
     docstring)."""
@@ -299,6 +312,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
         # queue"); each notice runs from its publication, so the time they wait counts against the drains.
         published_at = time.perf_counter()
         targets = sandbox.instances[: args.nodes]
+        storm_pods = _application_pods(sandbox, {instance.private_dns_name for instance in targets})
         for instance in targets:
             sandbox.aws.spot_interruption(instance.instance_id)
         published = time.perf_counter() - published_at
@@ -388,6 +402,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             incomplete = total(metrics, "actions_total", node_action="cordon-and-drain", node_status="error")
             in_flight = total(metrics, "queue_processor_in_flight_operations")
             verdict = judge(sandbox, [instance.private_dns_name for instance in targets], started_monotonic)
+            not_evicted = len(storm_pods - {pod["metadata"].get("uid") for pod in sandbox.kube.evictions})
             aggregate_qps = args.qps * replicas
             p99 = _p99(metrics.get("queue_processor_event_to_cordon_seconds_bucket", []))
             cordon_floor = args.nodes / aggregate_qps
@@ -411,8 +426,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                     if first_received is not None and last_received is not None
                     else None
                 ),
-                "all_drained_within_notice": drained >= args.nodes and not incomplete,
+                "all_drained_within_notice": drained >= args.nodes and not incomplete and not not_evicted,
                 "drains_incomplete": int(incomplete),
+                "pods_not_evicted": not_evicted,
                 "drained": int(drained),
                 "nodes_drained_twice": verdict["nodes_drained_twice"],
                 "evictions_repeated": verdict["evictions_repeated"],
