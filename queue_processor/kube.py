@@ -23,6 +23,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -70,11 +71,18 @@ PATCH_TYPES = {
 }
 
 
+#: A token, less what the sums of a refill lose to floating point (a sleep of 1/qps gives back 0.999…).
+_WHOLE = 1 - 1e-9
+
+
 class RateLimiter:
     """A token bucket: ``qps`` tokens per second, at most ``burst`` saved up (client-go's flowcontrol), with
     two classes of callers: an ``urgent`` one (cordoning a node, renewing a node Lease: DESIGN.md says neither
-    waits behind drains)
-    takes the next token before any ordinary one. ``clock`` returns seconds."""
+    waits behind drains) takes the next token before any ordinary one. ``clock`` returns seconds.
+
+    Callers wait in line, first come first served within a class: only the caller at the head of the line
+    sleeps until the next token; the others wait to be woken when their turn comes, so that a storm's
+    thousands of waiting evictions cost one timer, not a wake-up each per token."""
 
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
@@ -84,28 +92,59 @@ class RateLimiter:
         self.clock = clock
         self._tokens = float(burst)
         self._last = clock()
-        self._urgent_waiting = 0
+        self._urgent: deque[_Waiter] = deque()
+        self._ordinary: deque[_Waiter] = deque()
 
     def _refill(self) -> None:
         now = self.clock()
         self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
         self._last = now
 
+    def _head(self) -> _Waiter | None:
+        return self._urgent[0] if self._urgent else self._ordinary[0] if self._ordinary else None
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """``waiter`` leaves the line (served or cancelled); the caller now at its head is woken."""
+        line = self._urgent if waiter.urgent else self._ordinary
+        with contextlib.suppress(ValueError):
+            line.remove(waiter)  # the head, but for a cancelled caller further back
+        head = self._head()
+        if head is not None and not head.turn.done():
+            head.turn.set_result(None)
+
     async def acquire(self, *, urgent: bool = False) -> None:
-        """Take one token, waiting for it when the bucket is empty (or, for an ordinary caller, while an
-        urgent one is waiting)."""
-        if urgent:
-            self._urgent_waiting += 1
+        """Take one token, waiting for it when the bucket is empty, behind the callers of its class that came
+        first (and, for an ordinary caller, behind every urgent one)."""
+        self._refill()
+        if self._head() is None and self._tokens >= _WHOLE:
+            self._tokens -= 1
+            return
+        waiter = _Waiter(urgent)
+        (self._urgent if urgent else self._ordinary).append(waiter)
         try:
             while True:
+                if self._head() is not waiter:
+                    if waiter.turn.done():
+                        waiter.turn = asyncio.get_running_loop().create_future()
+                    await waiter.turn  # woken when it reaches the head of the line
+                    continue
                 self._refill()
-                if self._tokens >= 1 and (urgent or not self._urgent_waiting):
+                if self._tokens >= _WHOLE:
                     self._tokens -= 1
                     return
                 await asyncio.sleep(max((1 - self._tokens) / self.qps, 0.001))
         finally:
-            if urgent:
-                self._urgent_waiting -= 1
+            self._leave(waiter)
+
+
+class _Waiter:
+    """A caller in :class:`RateLimiter`'s line: ``turn`` is resolved when it reaches the head."""
+
+    __slots__ = ("turn", "urgent")
+
+    def __init__(self, urgent: bool) -> None:
+        self.urgent = urgent
+        self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
 #: Threads (and connections) reserved for urgent calls: nodes (get, list, patch: finding and cordoning them) and

@@ -11,12 +11,14 @@ from queue_processor.kube import RateLimiter
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """A clock that only moves when the limiter sleeps: ``clock[0]`` is now, in seconds."""
-    now = [0.0]
+    """A clock that only moves when the limiter sleeps: ``clock[0]`` is now, in seconds; ``clock[1]`` counts
+    the sleeps (each a wake-up of a waiting caller)."""
+    now = [0.0, 0]
     real_sleep = asyncio.sleep
 
     async def sleep(seconds: float) -> None:
         now[0] += seconds
+        now[1] += 1
         await real_sleep(0)
 
     monkeypatch.setattr("queue_processor.kube.asyncio.sleep", sleep)
@@ -55,3 +57,41 @@ def test_a_rate_limiter_needs_a_rate_and_a_burst() -> None:
         RateLimiter(qps=0, burst=1)
     with pytest.raises(ValueError, match="burst >= 1"):
         RateLimiter(qps=1, burst=0)
+
+
+async def test_waiting_callers_are_served_in_order_and_only_the_first_sleeps(clock: list[float]) -> None:
+    """A storm queues thousands of evictions on the limiter: they are served first come first served, and
+    only the caller at the head of the line sleeps until the next token (the others are woken when their turn
+    comes), so the wake-ups are one per token, not one per waiting caller per token."""
+    limiter = RateLimiter(qps=100, burst=1, clock=lambda: clock[0])
+    await limiter.acquire()  # the bucket is empty now
+    order: list[int] = []
+
+    async def take(index: int) -> None:
+        await limiter.acquire()
+        order.append(index)
+
+    await asyncio.gather(*(take(index) for index in range(300)))
+    assert order == list(range(300))
+    assert clock[0] == pytest.approx(300 / 100, rel=0.01)
+    assert clock[1] <= 300 + 5  # about one sleep per token (each caller polling every token: ~45,000)
+
+
+async def test_a_caller_that_gives_up_waiting_passes_its_turn_on(clock: list[float]) -> None:
+    limiter = RateLimiter(qps=10, burst=1, clock=lambda: clock[0])
+    await limiter.acquire()
+    served: list[str] = []
+
+    async def take(name: str) -> None:
+        await limiter.acquire()
+        served.append(name)
+
+    first = asyncio.create_task(take("first"))
+    second = asyncio.create_task(take("second"))
+    third = asyncio.create_task(take("third"))
+    await asyncio.sleep(0)
+    first.cancel()  # the head of the line, sleeping until the next token
+    second.cancel()  # next in line, waiting for its turn
+    await asyncio.gather(first, second, return_exceptions=True)
+    await third
+    assert served == ["third"]
