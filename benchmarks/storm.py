@@ -17,8 +17,9 @@ Measured in the same run:
 - ``all_drained_within_notice``: every node's drain completed before its notice ended (the controller only
   counts a drain as a success when it does), none was requeued as incomplete (``drains_incomplete``: a
   drain whose evicted pods had not gone by its deadline is requeued, and its second, successful drain came
-  after the notice) and every application pod of the storm's nodes was evicted (``pods_not_evicted``: the
-  pods that went down with their node instead, which a drain that finds them gone counts as done);
+  after the notice) and every application pod on the storm's nodes when it began was evicted
+  (``pods_not_evicted``: those that went down with their node instead, which a drain that finds them gone
+  counts as done; replacements scheduled onto a storm node before its cordon are not counted);
 - ``kube_requests_per_node``: Kubernetes API requests the controller made, per interrupted node, and
   ``kube_requests_per_node_by_kind`` the same by ``"<verb> <resource>"`` (a watch counts once, when it opens);
 - ``peak_rss_mib``: the controller process's peak resident memory (VmHWM; the highest of the replicas, each in
@@ -310,9 +311,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
         }
         # The storm is in the queue before the controllers start (the issue: "N Spot warnings in the
         # queue"); each notice runs from its publication, so the time they wait counts against the drains.
-        published_at = time.perf_counter()
         targets = sandbox.instances[: args.nodes]
         storm_pods = _application_pods(sandbox, {instance.private_dns_name for instance in targets})
+        published_at = time.perf_counter()
         for instance in targets:
             sandbox.aws.spot_interruption(instance.instance_id)
         published = time.perf_counter() - published_at

@@ -104,11 +104,21 @@ class RateLimiter:
         return self._urgent[0] if self._urgent else self._ordinary[0] if self._ordinary else None
 
     def _leave(self, waiter: _Waiter) -> None:
-        """``waiter`` leaves the line (served or cancelled); the caller now at its head is woken."""
+        """``waiter`` leaves the line (served or cancelled); the tokens in the bucket go to the callers at its
+        head at once (a woken caller returns without another turn of the loop: one token per turn would cap
+        the rate on a busy loop), and the caller then at its head is woken to sleep until the next token."""
         line = self._urgent if waiter.urgent else self._ordinary
         with contextlib.suppress(ValueError):
             line.remove(waiter)  # the head, but for a cancelled caller further back
+        self._refill()
         head = self._head()
+        while head is not None and self._tokens >= _WHOLE:
+            (self._urgent if head.urgent else self._ordinary).popleft()
+            self._tokens -= 1
+            head.granted = True
+            if not head.turn.done():
+                head.turn.set_result(None)
+            head = self._head()
         if head is not None and not head.turn.done():
             head.turn.set_result(None)
 
@@ -122,28 +132,35 @@ class RateLimiter:
         waiter = _Waiter(urgent)
         (self._urgent if urgent else self._ordinary).append(waiter)
         try:
-            while True:
+            while not waiter.granted:
                 if self._head() is not waiter:
                     if waiter.turn.done():
                         waiter.turn = asyncio.get_running_loop().create_future()
-                    await waiter.turn  # woken when it reaches the head of the line
+                    await waiter.turn  # woken when it reaches the head of the line, or given a token
                     continue
                 self._refill()
                 if self._tokens >= _WHOLE:
                     self._tokens -= 1
-                    return
+                    waiter.granted = True
+                    break
                 await asyncio.sleep(max((1 - self._tokens) / self.qps, 0.001))
+        except BaseException:
+            if waiter.granted:  # given a token, then cancelled before it could use it: the token goes back
+                self._tokens += 1
+            raise
         finally:
             self._leave(waiter)
 
 
 class _Waiter:
-    """A caller in :class:`RateLimiter`'s line: ``turn`` is resolved when it reaches the head."""
+    """A caller in :class:`RateLimiter`'s line: ``turn`` is resolved when it reaches the head or is ``granted``
+    a token."""
 
-    __slots__ = ("turn", "urgent")
+    __slots__ = ("granted", "turn", "urgent")
 
     def __init__(self, urgent: bool) -> None:
         self.urgent = urgent
+        self.granted = False
         self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 

@@ -95,3 +95,17 @@ async def test_a_caller_that_gives_up_waiting_passes_its_turn_on(clock: list[flo
     await asyncio.gather(first, second, return_exceptions=True)
     await third
     assert served == ["third"]
+
+
+async def test_tokens_saved_up_go_to_every_caller_they_cover_at_once(clock: list[float]) -> None:
+    """On a busy event loop each pass is long: the tokens the bucket holds go to as many callers in line at
+    once, not to one caller per pass of the loop (which would cap the rate at one request per pass)."""
+    limiter = RateLimiter(qps=100, burst=50, clock=lambda: clock[0])
+    for _ in range(50):
+        await limiter.acquire()  # the burst is spent
+    waiting = [asyncio.create_task(limiter.acquire()) for _ in range(20)]
+    await asyncio.sleep(0)  # they queue; the first sleeps until the next token
+    clock[0] += 1.0  # a long pause of the loop: the bucket is full again
+    for _ in range(3):  # a few passes of the loop, not one per caller
+        await asyncio.sleep(0)
+    assert all(task.done() for task in waiting)

@@ -10,7 +10,8 @@
   they remove of a group with a terminate hook in ``Terminating:Wait`` and open its lifecycle actions, as
   :meth:`AwsSandbox.terminate_instance` does (moto would terminate it at once); groups without such a hook
   keep moto's behaviour. It also makes moto's private IPs unique within the sandbox and its SQS retention
-  check, queue counts and EC2 tag reads cheap; :func:`uninstall` puts moto back. One sandbox runs per process at
+  check, queue counts, receipt-handle lookups (an index), SendMessage (no message counts computed) and EC2 tag
+  reads cheap; :func:`uninstall` puts moto back. One sandbox runs per process at
   a time: moto's backends are process-wide.
 - :class:`ServedActions`: what the patches ask of the sandbox they are installed for (it hands an object of
   that shape to :func:`install`; this module does not know ``AwsSandbox``).
@@ -34,6 +35,7 @@ import time
 import urllib.parse
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -546,8 +548,9 @@ _QUEUE_COUNTS: dict[str, property] = {
 _ORIGINAL_QUEUE_COUNTS = {name: Queue.__dict__[name] for name in _QUEUE_COUNTS}
 
 #: Receipt handle (every one a message was given, the old ones too: moto accepts them) → the message: filled as
-#: messages are received, emptied as they are deleted, cleared at :func:`install`.
-_RECEIPTS: dict[str | None, Message] = {}
+#: messages are received, emptied as they are deleted (and as purged or dropped messages are let go: weak
+#: references), cleared at :func:`install`.
+_RECEIPTS: weakref.WeakValueDictionary[str | None, Message] = weakref.WeakValueDictionary()
 _ORIGINAL_MARK_RECEIVED = Message.mark_received
 _ORIGINAL_DELETE_MESSAGE = Queue.delete_message
 _ORIGINAL_CHANGE_VISIBILITY = SQSBackend.change_message_visibility
@@ -583,10 +586,11 @@ def _delete_message(self: Queue, receipt_handle: str) -> None:
     self.pending_messages.discard(message)
     handles = message.all_receipt_handles
     self.deleted_messages.update(handles)  # type: ignore[arg-type]
-    kept = list(self._messages)
-    with contextlib.suppress(ValueError):  # a concurrent delete of the same message took it out first
-        kept.remove(message)
-    self._messages = kept  # a new list, as moto's: a receive iterating the old one is not disturbed
+    with self._messages_lock:  # as SendMessage's append: a send or a delete in between is not lost
+        kept = list(self._messages)
+        with contextlib.suppress(ValueError):  # a concurrent delete of the same message took it out first
+            kept.remove(message)
+        self._messages = kept  # a new list, as moto's: a receive iterating the old one is not disturbed
     for handle in handles:
         _RECEIPTS.pop(handle, None)
 
@@ -665,8 +669,9 @@ def _get_tags(self: Any) -> list[dict[str, str]]:
 def install(sandbox: ServedActions) -> None:
     """Patch moto for ``sandbox``: the ``AutoScalingResponse`` methods (served by ``sandbox``), the group's
     ``set_desired_capacity`` (scale-in through terminate hooks during the requests that ask for it), unique private
-    IPs (the record of issued ones restarts), the cheap SQS retention check and queue counts, and EC2 tag reads
-    by resource ID. Raises ``RuntimeError`` when another sandbox is installed (moto's state is process-wide)."""
+    IPs (the record of issued ones restarts), the cheap SQS retention check, queue counts, receipt-handle index and
+    SendMessage, and EC2 tag reads by resource ID. Raises ``RuntimeError`` when another sandbox is installed
+    (moto's state is process-wide)."""
     global _ACTIVE, _ORIGINAL_PUT_HOOK
     with _active_lock:
         if _ACTIVE is not None:
