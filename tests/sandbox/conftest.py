@@ -20,13 +20,16 @@ from tests.conftest import KUBERNETES
 
 
 class Requests(Observer):
-    """Every request the client made, by ``"<verb> <resource>"``."""
+    """Every request the client made, by ``"<verb> <resource>"`` (:attr:`made`) and by
+    ``"<verb> <resource> <status>"`` (:attr:`answered`; status ``None`` when no answer came)."""
 
     def __init__(self) -> None:
         self.made: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()
 
     def kube_request(self, verb: str, resource: str, status: int | None) -> None:
         self.made[f"{verb} {resource}"] += 1
+        self.answered[f"{verb} {resource} {status}"] += 1
 
 
 @pytest.fixture(scope="module", params=KUBERNETES)
