@@ -27,6 +27,7 @@ from queue_processor.drain.departures import Departures
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.node_cache import NodeCache
+from queue_processor.drain.slots import evictions_in_flight
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
@@ -109,6 +110,7 @@ async def run_controller(
             observer=metrics,
             departures=departures,
             nodes=nodes,
+            evictions_in_flight=evictions_in_flight(settings.kube_api_qps, settings.kube_api_burst),
         )
         heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
         handler = Handler(

@@ -2,22 +2,24 @@
 
 One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1): list the node's pods once
 (``fieldSelector=spec.nodeName``; ``resourceVersion=0`` with the cache option), filter them with
-:func:`queue_processor.drain.filters.plan_drain`, evict the chosen pods in parallel through the policy/v1
-Eviction API — a 429 (a PodDisruptionBudget allows no disruption now) is retried with backoff, a 500 (several
-budgets match) fails that pod, a 404 means it is gone — then wait until the pods are gone by re-listing the
-node's pods (never a GET per pod), until the deadline. Draining is bounded by the drain budget (nodes drained
-at once); cordoning never waits for it ("Safely Drain a Node", "API-initiated Eviction").
+:func:`queue_processor.drain.filters.plan_drain`, evict the chosen pods in parallel (no more than
+:attr:`Drainer.slots` waiting for a first answer across drains) through the policy/v1 Eviction API — a 429
+(a PodDisruptionBudget allows no disruption now) is retried with backoff, a 500 (several budgets match) fails
+that pod, a 404 means it is gone — then wait until the pods are gone by re-listing the node's pods (never a
+GET per pod), until the deadline. Draining is bounded by the drain budget (nodes drained at once); cordoning
+never waits for it ("Safely Drain a Node", "API-initiated Eviction").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -40,6 +42,7 @@ from queue_processor.drain.order import (
     workload_of,
 )
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
+from queue_processor.drain.slots import LEAST_SLOTS, Slot, Slots
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
@@ -405,8 +408,13 @@ class Drainer:
         clock: Callable[[], float] = time.monotonic,
         departures: Departures | None = None,
         nodes: NodeCache | None = None,
+        evictions_in_flight: int = LEAST_SLOTS,
     ) -> None:
         self.kube = kube
+        self.slots = Slots(evictions_in_flight)
+        """Evictions waiting for their first answer at once, across drains
+        (:func:`~queue_processor.drain.slots.evictions_in_flight` of the client's QPS): the others wait as the
+        drain's data, not as tasks."""
         self.nodes = nodes
         """The watched nodes a cordon writes on without reading the node first (``None``: a GET per cordon)."""
         self.departures = departures
@@ -653,18 +661,30 @@ class Drainer:
         """Evict wave after wave, wait until the pods are gone or the last moment, take the deadline step when
         it comes, and read why a drain did not finish: what happened (:class:`_Done`)."""
         timing = self.timing
-        evictions: list[asyncio.Task[_Eviction]] = []
+        evictions: list[asyncio.Task[_Eviction]] = []  # grows as each wave's launcher starts its evictions
+        launchers: list[asyncio.Task[None]] = []
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
         held: list[Surge] = []  # surges of this drain: taken back when it ends, if not before
         recut = tasks.spawn(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
         try:
             for index, wave in enumerate(planned.waves):
-                evictions += [
-                    asyncio.create_task(self._evict(entry, bounds, guard, evicted, accepted, drain_id, held))
-                    for entry in wave
-                    if entry.evict
-                ]
+                start = functools.partial(
+                    self._evict,
+                    bounds=bounds,
+                    guard=guard,
+                    evicted=evicted,
+                    accepted=accepted,
+                    drain_id=drain_id,
+                    held=held,
+                )
+                launchers.append(
+                    tasks.spawn(
+                        self._launch([entry for entry in wave if entry.evict], start, evictions),
+                        name=f"evictions-{node}",
+                        awaited=True,
+                    )
+                )
                 later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
                 if later:
                     # The time kept for the waves still to come is planned when this wave starts, and again
@@ -682,6 +702,7 @@ class Drainer:
                     await self._wait_gone(
                         node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, evictions, following
                     )
+            await asyncio.gather(*launchers)
             await asyncio.gather(*evictions)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             final = lambda: bounds.final(timing)[0]  # noqa: E731
@@ -689,6 +710,7 @@ class Drainer:
         except BaseException as exc:
             # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction. The surges are
             # taken back, but not when the Lease is lost: the replica that owns the node now takes them over.
+            await tasks.stop(*launchers)  # no eviction starts after this
             await tasks.stop(*evictions)
             if not isinstance(exc, ClaimLost):
                 await self._take_back(held)
@@ -751,9 +773,30 @@ class Drainer:
         longest = max(granted_grace(e.grace_s, until_end, self.timing.grace_margin_s)[0] for e in later)
         return min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
 
+    async def _launch(
+        self,
+        entries: list[_Pod],
+        start: Callable[[_Pod, Slot | None], Coroutine[Any, Any, _Eviction]],
+        evictions: list[asyncio.Task[_Eviction]],
+    ) -> None:
+        """Start the eviction of each of ``entries`` as a task put in ``evictions``: those with a surge at once
+        (their wait for a replacement must not hold a slot), the others as :attr:`slots` free up, taken for as
+        many as are left in one turn. Runs until all are started; raises ``CancelledError`` when cancelled."""
+        rest = [entry for entry in entries if entry.surge is None]
+        for entry in entries:
+            if entry.surge is not None:
+                evictions.append(asyncio.create_task(start(entry, None)))
+        while rest:
+            count = await self.slots.take(len(rest))
+            for entry in rest[:count]:
+                evictions.append(asyncio.create_task(start(entry, Slot(self.slots))))
+            del rest[:count]
+
     async def _evict(
         self,
         entry: _Pod,
+        slot: Slot | None,
+        *,
         bounds: DrainBounds,
         guard: Callable[[], Awaitable[None]] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None,
@@ -763,11 +806,17 @@ class Drainer:
     ) -> _Eviction:
         """Evict one pod, with its replacement first when it asks for a surge (:meth:`_surge`): the surge is
         put in ``held`` (the drain takes it back when it ends, and on a cancellation) and taken back at once when
-        the eviction was accepted or the pod is gone. How the eviction ended (:meth:`_evict_until`)."""
-        surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard)
-        if surge is not None:
-            held.append(surge)
-        outcome = await self._evict_until(entry, bounds, guard, evicted, accepted, drain_id)
+        the eviction was accepted or the pod is gone. ``slot`` (of :attr:`slots`) is given back once the first
+        eviction request is answered, or when this ends before that. How the eviction ended
+        (:meth:`_evict_until`)."""
+        try:
+            surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard)
+            if surge is not None:
+                held.append(surge)
+            outcome = await self._evict_until(entry, bounds, guard, evicted, accepted, drain_id, slot)
+        finally:
+            if slot is not None:
+                slot.release()
         if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
             await self.surges.end(surge)  # at once: a ReplicaSet that sees the pod go adds a pod of its own
         return outcome
@@ -780,13 +829,15 @@ class Drainer:
         evicted: Callable[[str, str], Awaitable[None]] | None,
         accepted: dict[tuple[str, str], _Eviction],
         drain_id: str,
+        slot: Slot | None = None,
     ) -> _Eviction:
         """Evict one pod, retrying 429s (and other errors) with backoff until the drain's last moment
         (:meth:`DrainBounds.final`, read again at each attempt): how it ended. Each attempt asks for the pod's
         grace period cut to end GRACE_DEADLINE_MARGIN before the instance's end
         (:func:`~queue_processor.drain.order.granted_grace`); the pod's own is sent as no grace period at all
         when POD_TERMINATION_GRACE_PERIOD is -1 and nothing is cut. A tightening of the bounds ends a wait
-        between attempts at once. An accepted eviction is also put in ``accepted`` (for :meth:`_recut`)."""
+        between attempts at once. An accepted eviction is also put in ``accepted`` (for :meth:`_recut`). ``slot``
+        is released when the first request is answered (a retry waits without it)."""
         namespace, name = entry.key
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
@@ -799,7 +850,11 @@ class Drainer:
                 grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
                 try:
                     granted = grace if cut or self.grace_s >= 0 else None
-                    await self.kube.evict(namespace, name, granted, drain=drain_id)
+                    try:
+                        await self.kube.evict(namespace, name, granted, drain=drain_id)
+                    finally:
+                        if slot is not None:
+                            slot.release()
                 except KubeError as exc:
                     if exc.status == 404:
                         return self._evicted(entry, EvictionOutcome.GONE, "gone")

@@ -3,6 +3,7 @@ PodDisruptionBudget until the deadline, several budgets), what the drain result 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from queue_processor.drain.drainer import Drainer, DrainTiming
@@ -182,3 +183,57 @@ async def test_an_unknown_drain_policy_is_reported_once_per_workload_and_the_pod
         "queue-processor/drain: 'lats' is not a drain policy (evict, last, surge): "
         "the pods of apps/ReplicaSet/rs are evicted as by default"
     )
+
+
+async def test_drains_at_once_keep_no_more_evictions_waiting_than_their_slots_and_the_first_goes_first() -> (
+    None
+):
+    # A storm's drains start together: the pods not started yet wait as data, not as ten thousand suspended
+    # requests; the node whose drain started first has its pods evicted first.
+    kube = FakeKube()
+    nodes = [f"ip-10-0-0-{index}.ec2.internal" for index in range(5)]
+    for node in nodes:
+        kube.add_node(node)
+        for pod in range(4):
+            kube.add_pod(f"{node}-pod-{pod}", node)
+    waiting = [0, 0]  # now, most
+
+    async def answer_later(name: str) -> None:
+        waiting[0] += 1
+        waiting[1] = max(waiting)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        waiting[0] -= 1
+
+    kube.on_evict = answer_later
+    now = [100.0]
+    drainer = Drainer(kube, DrainOptions(), budget=5, clock=lambda: now[0], evictions_in_flight=6)  # type: ignore[arg-type]
+    results = await asyncio.gather(*(drainer.drain(node, deadline=now[0] + 60) for node in nodes))
+    assert [result.evicted for result in results] == [4] * 5
+    assert waiting[1] == 6  # the slots were used, and never more
+    assert [name.rsplit("-pod-", 1)[0] for name in kube.evicted[:4]] == [nodes[0]] * 4
+    assert drainer.slots.free == 6
+
+
+async def test_a_pod_a_budget_refuses_holds_no_slot_while_it_waits_to_retry() -> None:
+    # One slot: the pod refused (429) waits for its retry without it, and the other pod is evicted meanwhile.
+    kube = FakeKube()
+    kube.add_node()
+    kube.add_pod("web-0")
+    kube.add_pod("web-1")
+    refusals = {"web-0": 1}
+
+    async def refuse_once(name: str) -> None:
+        if refusals.get(name):
+            refusals[name] -= 1
+            raise KubeError(
+                429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
+            )
+
+    kube.on_evict = refuse_once
+    now = [100.0]
+    drainer = Drainer(kube, DrainOptions(), budget=1, clock=lambda: now[0], evictions_in_flight=1)  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=now[0] + 60)
+    assert (result.completed, result.evicted) == (True, 2)
+    assert kube.evicted == ["web-1", "web-0"]  # web-1 did not wait behind web-0's retry
+    assert drainer.slots.free == 1
