@@ -702,8 +702,7 @@ class Drainer:
                     await self._wait_gone(
                         node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, evictions, following
                     )
-            await asyncio.gather(*launchers)
-            await asyncio.gather(*evictions)
+            await _settled(launchers, evictions)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             final = lambda: bounds.final(timing)[0]  # noqa: E731
             left = dict(await self._wait_gone(node, waiting, final, bounds, following=following))
@@ -781,15 +780,22 @@ class Drainer:
     ) -> None:
         """Start the eviction of each of ``entries`` as a task put in ``evictions``: those with a surge at once
         (their wait for a replacement must not hold a slot), the others as :attr:`slots` free up, taken for as
-        many as are left in one turn. Runs until all are started; raises ``CancelledError`` when cancelled."""
+        many as are left in one turn, until one of ``evictions`` fails (the drain ends then). Runs until all are
+        started; raises ``CancelledError`` when cancelled."""
         rest = [entry for entry in entries if entry.surge is None]
         for entry in entries:
             if entry.surge is not None:
                 evictions.append(asyncio.create_task(start(entry, None)))
         while rest:
             count = await self.slots.take(len(rest))
+            if any(_failed(task) for task in evictions):  # the drain ends (a guard raised): no more start
+                self.slots.give(count)
+                return
             for entry in rest[:count]:
-                evictions.append(asyncio.create_task(start(entry, Slot(self.slots))))
+                slot = Slot(self.slots)
+                task = asyncio.create_task(start(entry, slot))
+                task.add_done_callback(slot.ended)  # also when it is cancelled before it ever ran
+                evictions.append(task)
             del rest[:count]
 
     async def _evict(
@@ -807,16 +813,12 @@ class Drainer:
         """Evict one pod, with its replacement first when it asks for a surge (:meth:`_surge`): the surge is
         put in ``held`` (the drain takes it back when it ends, and on a cancellation) and taken back at once when
         the eviction was accepted or the pod is gone. ``slot`` (of :attr:`slots`) is given back once the first
-        eviction request is answered, or when this ends before that. How the eviction ended
-        (:meth:`_evict_until`)."""
-        try:
-            surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard)
-            if surge is not None:
-                held.append(surge)
-            outcome = await self._evict_until(entry, bounds, guard, evicted, accepted, drain_id, slot)
-        finally:
-            if slot is not None:
-                slot.release()
+        eviction request is answered (the task's end gives it back otherwise: :meth:`_launch`). How the
+        eviction ended (:meth:`_evict_until`)."""
+        surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard)
+        if surge is not None:
+            held.append(surge)
+        outcome = await self._evict_until(entry, bounds, guard, evicted, accepted, drain_id, slot)
         if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
             await self.surges.end(surge)  # at once: a ReplicaSet that sees the pod go adds a pod of its own
         return outcome
@@ -1140,6 +1142,24 @@ class Drainer:
         except KubeError:
             return None
         return None if pdb is None else budget_arithmetic(pdb)
+
+
+def _failed(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` ended with an exception (not a cancellation)."""
+    return task.done() and not task.cancelled() and task.exception() is not None
+
+
+async def _settled(launchers: list[asyncio.Task[None]], evictions: list[asyncio.Task[_Eviction]]) -> None:
+    """Wait until every launcher has started its evictions and every eviction of ``evictions`` (which grows
+    meanwhile) has ended; raise the exception of the first that fails (a guard's: the Lease is lost) at once,
+    not after the evictions still to start had their turn."""
+    while pending := [task for task in (*launchers, *evictions) if not task.done()]:
+        await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for task in (*launchers, *evictions):
+            if _failed(task):
+                raise task.exception()  # type: ignore[misc]  # not None: _failed
+    for task in (*launchers, *evictions):
+        task.result()  # a cancellation raises here, as gather would
 
 
 def _names(names: Iterable[str], most: int = 5) -> str:

@@ -93,3 +93,7 @@ class Slot:
         if self._slots is not None:
             self._slots.give(1)
             self._slots = None
+
+    def ended(self, _task: object) -> None:
+        """:meth:`release`, as a done callback of the eviction's task (which may be cancelled before it runs)."""
+        self.release()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.observe.metrics import Metrics
@@ -237,3 +239,46 @@ async def test_a_pod_a_budget_refuses_holds_no_slot_while_it_waits_to_retry() ->
     assert (result.completed, result.evicted) == (True, 2)
     assert kube.evicted == ["web-1", "web-0"]  # web-1 did not wait behind web-0's retry
     assert drainer.slots.free == 1
+
+
+async def test_a_drain_stopped_with_evictions_still_to_start_gives_every_slot_back() -> None:
+    # Cancelled (the operation stops) while two evictions wait for their answer and four for a slot; and a
+    # guard that raises (the Lease is lost) while evictions still wait for a slot ends the drain at once.
+    kube = FakeKube()
+    kube.add_node()
+    for pod in range(6):
+        kube.add_pod(f"web-{pod}")
+    answered = asyncio.Event()
+
+    async def never(name: str) -> None:
+        await answered.wait()
+
+    kube.on_evict = never
+    now = [100.0]
+    drainer = Drainer(kube, DrainOptions(), budget=1, clock=lambda: now[0], evictions_in_flight=2)  # type: ignore[arg-type]
+    drain = asyncio.create_task(drainer.drain(NODE, deadline=now[0] + 60))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert drainer.slots.free == 0
+    drain.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drain
+    assert drainer.slots.free == 2
+    assert kube.evicted == []
+
+    class LeaseLostError(Exception):
+        pass
+
+    calls = [0]
+
+    async def guard() -> None:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise LeaseLostError
+
+    kube.on_evict = None
+    with pytest.raises(LeaseLostError):
+        await drainer.drain(NODE, deadline=now[0] + 60, guard=guard)
+    assert kube.evicted == ["web-0"]
+    assert calls[0] < 6  # the evictions still waiting for a slot were never started
+    assert drainer.slots.free == 2
