@@ -59,7 +59,7 @@ p99 receive→cordon ≤ 1 s, all drained within the notice, ≤ 2 x pods + 10 r
 0 tasks left.
 
 Usage: ``python benchmarks/storm.py [--nodes 1000] [--spare 250] [--scale 1.0] [--qps 200] [--pdb 30%]
-[--replicas 1|1,2,3] [--kubernetes emulated|real]``
+[--replicas 1|1,2,3] [--kubernetes emulated|real] [--set NAME=VALUE ...]``
 """
 
 from __future__ import annotations
@@ -216,6 +216,13 @@ def main() -> None:
         help="controller processes, or a comma list of counts run one after the other on fresh sandboxes "
         "(1,2,3); with more than one, NODE_LEASES is on (default 1)",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of every controller process (EVICTIONS_IN_FLIGHT=800); may be repeated",
+    )
     ap.add_argument("--log", type=Path, default=None, help="keep the controllers' logs (info level) here")
     ap.add_argument("--timeline", action="store_true", help="print cordoned/evicted/deleted over time")
     ap.add_argument("--pdb", default="30%", help="maxUnavailable of every PodDisruptionBudget (default 30%%)")
@@ -308,6 +315,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             "LOG_LEVEL": "info" if args.log else "warning",
             "POD_NAMESPACE": sandbox.controller_namespace,
             **({"NODE_LEASES": "true"} if replicas > 1 else {}),
+            **dict(setting.split("=", 1) for setting in args.set),
         }
         # The storm is in the queue before the controllers start (the issue: "N Spot warnings in the
         # queue"); each notice runs from its publication, so the time they wait counts against the drains.

@@ -110,7 +110,8 @@ async def run_controller(
             observer=metrics,
             departures=departures,
             nodes=nodes,
-            evictions_in_flight=evictions_in_flight(settings.kube_api_qps, settings.kube_api_burst),
+            evictions_in_flight=settings.evictions_in_flight
+            or evictions_in_flight(settings.kube_api_qps, settings.kube_api_burst),
         )
         heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
         handler = Handler(

@@ -178,6 +178,8 @@ class _World:
             extra["NODE_LEASES"] = "true"
         if self.story.non_urgent_budget:
             extra.setdefault("DRAIN_BUDGET_NON_URGENT", self.story.non_urgent_budget)
+        if self.story.evictions_in_flight:
+            extra.setdefault("EVICTIONS_IN_FLIGHT", self.story.evictions_in_flight)
         replica.process = QueueProcessor(self.sandbox, self.workdir / f"{replica.name}.log", **extra)
 
     def stop_all(self) -> None:

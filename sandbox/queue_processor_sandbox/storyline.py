@@ -129,6 +129,13 @@ class Storyline:
         return "1" if self.seed % 4 == 3 else ""
 
     @property
+    def evictions_in_flight(self) -> str:
+        """EVICTIONS_IN_FLIGHT for the storyline's controllers: ``"2"`` for odd seeds (drains wait for the
+        slots of their evictions, together with everything else the storyline does to them), else empty (the
+        default, never reached by a storyline's few pods). From the seed, so the older seeds keep their steps."""
+        return "2" if self.seed % 2 == 1 else ""
+
+    @property
     def compaction_at_s(self) -> float | None:
         """When (simulated seconds) the API server forgets the changes it keeps for watches and drops the
         watches it serves (etcd compaction, then a restart: every watch of the controllers, pods and nodes, is
@@ -151,6 +158,7 @@ class Storyline:
         return (
             f"nodes={self.nodes} asgs={self.asgs} replicas={self.replicas} apps={self.apps} "
             f"last_pods={self.last_pods} turns={self.non_urgent_budget or 'off'} "
+            f"evictions_in_flight={self.evictions_in_flight or 'default'} "
             f"compaction={'off' if self.compaction_at_s is None else f't={self.compaction_at_s}s'} "
             f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} steps={len(self.steps)}"
         )

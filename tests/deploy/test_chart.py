@@ -119,6 +119,7 @@ SAMPLES: dict[str, Any] = {
     "useAPIServerCacheToListPods": True,
     "kubeAPIQPS": 37.5,
     "kubeAPIBurst": 75,
+    "evictionsInFlight": 96,
     "nodeLeases": True,
     "nodeLeaseDurationSec": 90,
     "heartbeatInterval": 60,

@@ -56,6 +56,7 @@ def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
     assert {generate(seed).replicas for seed in EMULATED} == {1, 2}
     assert any(generate(seed).compaction_at_s is not None for seed in EMULATED)  # watches dropped, 410s
     assert {generate(seed).faults for seed in EMULATED} == {False, True}
+    assert {bool(generate(seed).evictions_in_flight) for seed in EMULATED} == {False, True}
 
 
 def test_shrinking_keeps_only_the_steps_the_failure_needs() -> None:

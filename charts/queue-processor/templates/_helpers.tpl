@@ -93,6 +93,7 @@ DRAIN_BUDGET_GROUP_LABEL: drainBudgetGroupLabel
 USE_APISERVER_CACHE: useAPIServerCacheToListPods
 KUBE_API_QPS: kubeAPIQPS
 KUBE_API_BURST: kubeAPIBurst
+EVICTIONS_IN_FLIGHT: evictionsInFlight
 NODE_LEASES: nodeLeases
 NODE_LEASE_DURATION_SEC: nodeLeaseDurationSec
 HEARTBEAT_INTERVAL: heartbeatInterval
