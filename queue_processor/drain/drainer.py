@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import random
 import time
 import uuid
@@ -663,6 +664,7 @@ class Drainer:
         timing = self.timing
         evictions: list[asyncio.Task[_Eviction]] = []  # grows as each wave's launcher starts its evictions
         launchers: list[asyncio.Task[None]] = []
+        running = _Running(launchers, evictions)
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
         held: list[Surge] = []  # surges of this drain: taken back when it ends, if not before
@@ -680,7 +682,7 @@ class Drainer:
                 )
                 launchers.append(
                     tasks.spawn(
-                        self._launch([entry for entry in wave if entry.evict], start, evictions),
+                        self._launch([entry for entry in wave if entry.evict], start, evictions, guard),
                         name=f"evictions-{node}",
                         awaited=True,
                     )
@@ -700,7 +702,7 @@ class Drainer:
                         return kept[bounds.version]
 
                     await self._wait_gone(
-                        node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, evictions, following
+                        node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, running, following
                     )
             await _settled(launchers, evictions)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
@@ -777,16 +779,21 @@ class Drainer:
         entries: list[_Pod],
         start: Callable[[_Pod, Slot | None], Coroutine[Any, Any, _Eviction]],
         evictions: list[asyncio.Task[_Eviction]],
+        guard: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Start the eviction of each of ``entries`` as a task put in ``evictions``: those with a surge at once
         (their wait for a replacement must not hold a slot), the others as :attr:`slots` free up, taken for as
-        many as are left in one turn, until one of ``evictions`` fails (the drain ends then). Runs until all are
-        started; raises ``CancelledError`` when cancelled."""
+        many as are left in one turn, until one of ``evictions`` fails (the drain ends then). ``guard`` is
+        awaited before each turn, so that a Lease renewal due then is waited for without slots held (each
+        eviction awaits it again, at no cost when it is fresh). Runs until all are started; raises what
+        ``guard`` raises, and ``CancelledError`` when cancelled."""
         rest = [entry for entry in entries if entry.surge is None]
         for entry in entries:
             if entry.surge is not None:
                 evictions.append(asyncio.create_task(start(entry, None)))
         while rest:
+            if guard is not None:
+                await guard()
             count = await self.slots.take(len(rest))
             if any(_failed(task) for task in evictions):  # the drain ends (a guard raised): no more start
                 self.slots.give(count)
@@ -1020,7 +1027,7 @@ class Drainer:
         waiting: set[tuple[tuple[str, str], Any]],
         deadline: Callable[[], float],
         bounds: DrainBounds,
-        evictions: Sequence[asyncio.Task[Any]] = (),
+        evictions: Iterable[asyncio.Task[Any]] = (),
         following: Waiting | None = None,
     ) -> set[tuple[tuple[str, str], Any]]:
         """Wait until none of ``waiting`` (key, uid) is left, ``deadline()`` (read again at each look, and at once
@@ -1041,9 +1048,7 @@ class Drainer:
             else:
                 waiting &= await self._present(node, following)
             ended = not waiting or self.clock() >= deadline()
-            if not ended and any(
-                task.done() and not task.cancelled() and task.exception() for task in evictions
-            ):
+            if not ended and any(_failed(task) for task in evictions):
                 ended = True
             if ended:
                 if waiting and covered:
@@ -1142,6 +1147,17 @@ class Drainer:
         except KubeError:
             return None
         return None if pdb is None else budget_arithmetic(pdb)
+
+
+class _Running:
+    """A drain's launchers and evictions (both lists grow), iterated afresh each time."""
+
+    def __init__(self, launchers: list[asyncio.Task[None]], evictions: list[asyncio.Task[_Eviction]]) -> None:
+        self.launchers = launchers
+        self.evictions = evictions
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return itertools.chain(self.launchers, self.evictions)
 
 
 def _failed(task: asyncio.Task[Any]) -> bool:

@@ -273,12 +273,42 @@ async def test_a_drain_stopped_with_evictions_still_to_start_gives_every_slot_ba
 
     async def guard() -> None:
         calls[0] += 1
-        if calls[0] > 1:
+        if kube.evicted:  # lost once the first pod is evicted
             raise LeaseLostError
 
     kube.on_evict = None
     with pytest.raises(LeaseLostError):
         await drainer.drain(NODE, deadline=now[0] + 60, guard=guard)
     assert kube.evicted == ["web-0"]
-    assert calls[0] < 6  # the evictions still waiting for a slot were never started
+    assert len(kube.pods) == 5  # the evictions still waiting for a slot were never started
+    assert calls[0] < 6
     assert drainer.slots.free == 2
+
+
+async def test_a_drain_waiting_for_its_lease_renewal_holds_no_slot() -> None:
+    # One slot. The first drain's guard waits (its Lease renewal is due and in flight); the second drain's
+    # pod is evicted meanwhile, and the first drain goes on once the renewal is answered.
+    kube = FakeKube()
+    for node in ("ip-a", "ip-b"):
+        kube.add_node(node)
+        kube.add_pod(f"{node}-web", node)
+    renewed = asyncio.Event()
+    calls = [0]
+
+    async def renewal_due_once() -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            await renewed.wait()
+
+    now = [100.0]
+    drainer = Drainer(kube, DrainOptions(), budget=2, clock=lambda: now[0], evictions_in_flight=1)  # type: ignore[arg-type]
+    first = asyncio.create_task(drainer.drain("ip-a", deadline=now[0] + 60, guard=renewal_due_once))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    second = await drainer.drain("ip-b", deadline=now[0] + 60)
+    assert second.evicted == 1
+    assert not first.done()
+    renewed.set()
+    assert (await first).evicted == 1
+    assert kube.evicted == ["ip-b-web", "ip-a-web"]
+    assert drainer.slots.free == 1
