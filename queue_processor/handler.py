@@ -67,6 +67,7 @@ from queue_processor.kinds import (
     AsgLifecycleEvent,
     Event,
     ScheduledChangeEvent,
+    StateChangeEvent,
 )
 from queue_processor.launch import Launches
 from queue_processor.leases import NodeLeases
@@ -271,10 +272,19 @@ class Handler(Steps):
         info = ctx.info
         assert info is not None
         by_name = not self.settings.use_provider_id and bool(info.private_dns_name)
+        watched = self.drainer.nodes
+        if (
+            by_name
+            and watched is not None
+            and self._ended(ctx)
+            and watched.absent(info.private_dns_name or "")
+        ):
+            # The instance is shutting down or gone and the watched copy of the nodes has none of it: no GET and
+            # LIST to learn what the copy knows (a storm's state changes, one per instance when its notice ends).
+            return await self._no_node(ctx)
         if self.leases is None and by_name:
             ctx.node, ctx.assumed = info.private_dns_name or "", True
             return None
-        watched = self.drainer.nodes
         if by_name and watched is not None and watched.get(info.private_dns_name) is not None:
             ctx.node = info.private_dns_name  # the watched copy knows the node: no read to learn its name
         else:
@@ -290,6 +300,18 @@ class Handler(Steps):
                 return Outcome.RETRY
             ctx.claim = await ctx.early_exit.enter_async_context(claim)
         return None
+
+    @staticmethod
+    def _ended(ctx: OperationContext) -> bool:
+        """Whether EC2 says the operation's instance is shutting down or terminated (its state as resolved, or
+        one of the operation's state changes)."""
+        info = ctx.info
+        if info is not None and info.state in INSTANCE_ENDED:
+            return True
+        return any(
+            isinstance(event, StateChangeEvent) and event.state in INSTANCE_ENDED
+            for event in ctx.operation.events
+        )
 
     async def _cordon(self, ctx: OperationContext) -> bool:
         """PreDrain and cordon in one write; ``False`` when there is no such node (``ctx.node`` is the node

@@ -16,6 +16,11 @@ Only a copy the watch keeps current is handed out (:attr:`NodeCache.live`); a no
 from its last resourceVersion; a refusal (401/403/404/405: no ``nodes`` ``watch`` right) is logged once and
 the cordons read with GETs, as before (the loop: :class:`~queue_processor.drain.watched.Watched`).
 
+The copy also answers, for an instance EC2 says is shutting down or terminated, that no node of it is left
+(:meth:`NodeCache.absent`: none named after its private DNS name, none whose ``kubernetes.io/hostname`` label
+is that name or its first label, the lookups :class:`~queue_processor.nodes.NodeFinder` makes): the state
+changes of a storm's instances, published when each notice ends, then cost no node GET and LIST each.
+
 Kubernetes documents: "Efficient detection of changes" and "Retrieving large results sets in chunks" (API
 concepts); "Resource versions" for the optimistic concurrency of the write.
 """
@@ -32,6 +37,9 @@ __all__ = ["NodeCache", "slim"]
 
 #: Nodes per page of the start-up list.
 PAGE = 500
+
+#: The well-known label the kubelet sets to the node's hostname.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def slim(node: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +79,7 @@ class NodeCache(Watched):
         super().__init__(timeout_s=timeout_s)
         self.kube = kube
         self._nodes: dict[str, dict[str, Any]] = {}
+        self._hostnames: dict[str, set[str]] = {}  # kubernetes.io/hostname label → names of the nodes with it
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The slim copy of node ``name`` (:func:`slim`), or ``None`` while the copy is not current or does
@@ -83,17 +92,45 @@ class NodeCache(Watched):
         """Every node's slim copy, or ``None`` while the copy is not current."""
         return list(self._nodes.values()) if self.live else None
 
+    def absent(self, dns_name: str) -> bool:
+        """Whether the current copy knows no node for an instance of private DNS name ``dns_name``: none of that
+        name, and none whose ``kubernetes.io/hostname`` label is ``dns_name`` or its first label. ``False``
+        while the copy is not current (:attr:`live`): then nothing is known."""
+        if not self.live:
+            return False
+        short = dns_name.split(".")[0]
+        return (
+            dns_name not in self._nodes
+            and not self._hostnames.get(dns_name)
+            and not self._hostnames.get(short)
+        )
+
     async def _begin(self) -> str:
         """Every node, page by page, as slim copies; the list's resourceVersion."""
-        nodes: dict[str, dict[str, Any]] = {}
+        self._nodes, self._hostnames = {}, {}
         rv = ""
         async for items, version in self.kube.node_pages(PAGE):
             rv = rv or version
             for node in items:
-                kept = slim(node)
-                nodes[str(kept["metadata"]["name"])] = kept
-        self._nodes = nodes
+                self._put(slim(node))
         return rv
+
+    def _put(self, kept: dict[str, Any]) -> None:
+        name = str(kept["metadata"]["name"])
+        self._drop(name)
+        self._nodes[name] = kept
+        hostname = kept["metadata"]["labels"].get(HOSTNAME_LABEL)
+        if hostname:
+            self._hostnames.setdefault(hostname, set()).add(name)
+
+    def _drop(self, name: str) -> None:
+        old = self._nodes.pop(name, None)
+        hostname = None if old is None else old["metadata"]["labels"].get(HOSTNAME_LABEL)
+        names = self._hostnames.get(hostname) if hostname else None
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._hostnames[hostname]  # type: ignore[arg-type]  # not None: names came from it
 
     async def _watch(self, rv: str, timeout_s: float) -> str:
         return await self.kube.watch_nodes(rv, self._receive, opened=self._opened, timeout_s=timeout_s)
@@ -105,6 +142,6 @@ class NodeCache(Watched):
             if name is None:
                 continue
             if event.get("type") == "DELETED":
-                self._nodes.pop(name, None)
+                self._drop(name)
             elif event.get("type") in ("ADDED", "MODIFIED"):
-                self._nodes[name] = slim(node)
+                self._put(slim(node))

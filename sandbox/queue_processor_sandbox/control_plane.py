@@ -37,6 +37,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -128,8 +129,33 @@ def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
 PORT_ATTEMPTS = 3
 
 
+#: Random, whatever seed a test gives the ``random`` module (pytest-randomly seeds every worker alike).
+_PICK = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (``net.ipv4.ip_local_port_range``; 32768 when unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port that was free a moment ago on every address, chosen at random below the kernel's ephemeral
+    range: a port of that range may be taken at any moment as the local port of an outgoing connection (the
+    bench opens thousands; a controller once failed to start on a port an outgoing connection took), one below
+    it only by another listener. A port the kernel picks when there is no room below the range."""
+    low = _ephemeral_low()
+    if low >= 12000:
+        for _ in range(100):
+            port = _PICK.randrange(10000, low)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("0.0.0.0", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

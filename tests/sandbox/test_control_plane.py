@@ -4,6 +4,7 @@ again, instead of failing the run."""
 
 from __future__ import annotations
 
+import random
 import socket
 from typing import Any
 
@@ -37,3 +38,17 @@ def test_a_port_taken_before_the_api_server_binds_it_is_chosen_again(
         finally:
             plane.stop()
     assert port in chosen
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_random_whatever_the_seed() -> None:
+    # An outgoing connection's local port comes from the ephemeral range: a port chosen there could be taken
+    # before its listener binds it (a restarted controller once failed so). Test workers seed `random` alike.
+    low = module._ephemeral_low()
+    drawn = []
+    for _ in range(5):
+        random.seed(7)
+        drawn.append(module.free_port())
+    assert all(port < low for port in drawn)
+    assert len(set(drawn)) > 1
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", drawn[-1]))  # still free

@@ -179,3 +179,20 @@ async def test_a_receiver_that_raises_ends_the_watch_with_its_error(
     assert (caught.value.status, caught.value.reason) == (0, "WatchReceiverError")
     assert "cannot apply" in caught.value.message
     assert seen
+
+
+async def test_a_deleted_node_is_absent_from_the_copy_and_a_new_one_present(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    """What lets the state change of a terminated instance end with no node read: the copy says no node is
+    left for its DNS name once the node is deleted, and knows a node as soon as the watch delivers it."""
+    cache = NodeCache(kube)
+    cache.start()
+    try:
+        await cache.answered.wait()
+        name = a_node(cluster)
+        await until(lambda: not cache.absent(name), "the new node in the copy")
+        cluster.delete_node(name)
+        await until(lambda: cache.absent(name), "the deleted node gone from the copy")
+    finally:
+        await cache.close()

@@ -1239,3 +1239,56 @@ async def test_each_interruption_taken_up_gets_its_own_webhook_as_in_nth(env: An
     kinds = [data["Kind"] for data, _, _ in webhook.seen]
     assert kinds == ["SPOT_ITN", "REBALANCE_RECOMMENDATION"]
     assert webhook.seen[1][0]["EventID"] == "rebalance-recommendation-event-" + b"rebalance-m-rebalance".hex()
+
+
+class NodesCopy:
+    """A current watched copy of the fake's nodes (:class:`queue_processor.drain.node_cache.NodeCache`)."""
+
+    live = True
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.kube.nodes.get(name))
+
+    def absent(self, dns_name: str) -> bool:
+        return dns_name not in self.kube.nodes
+
+
+@pytest.mark.parametrize("leases", [False, True])
+@pytest.mark.parametrize(
+    ("state", "read"), [("terminated", False), ("shutting-down", False), ("stopping", True)]
+)
+async def test_an_ended_instance_whose_node_the_watched_copy_has_not_is_done_without_a_node_read(
+    env: Any, leases: bool, state: str, read: bool
+) -> None:
+    """A storm's instances publish a state change each when their notice ends: with the node already gone
+    from the watched copy, the message is done with no node GET or LIST (no cordon, no Lease); an instance that
+    may come back (stopping) is still looked up."""
+    world = World(settings(), leases=leases)
+    world.drainer.nodes = NodesCopy(world.kube)  # type: ignore[assignment]
+    del world.kube.nodes[NODE]
+    world.resolver.info = InstanceInfo(INSTANCE, NODE, "us-east-1a", state, dict(MANAGED))
+    calls: list[str] = []
+    get_node, patch_node = world.kube.get_node, world.kube.patch_node
+
+    async def counted_get(name: str) -> dict[str, Any] | None:
+        calls.append("get")
+        return await get_node(name)
+
+    async def counted_patch(name: str, patch: Any, patch_type: str = "strategic") -> dict[str, Any]:
+        calls.append("patch")
+        return await patch_node(name, patch, patch_type)
+
+    world.kube.get_node = counted_get  # type: ignore[method-assign]
+    world.kube.patch_node = counted_patch  # type: ignore[method-assign]
+    operation = world.receive(stopped(state=state))
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert bool(calls) is read
+    assert world.kube.leases == {}
+    if not read:
+        assert (outcome, messages) == (Outcome.DONE, {"m-stop": MessageOutcome.DELETE})
+        assert world.count("queue_processor_operation_outcomes_total", outcome="instance-gone") == 1
+    await world.heartbeats.close()

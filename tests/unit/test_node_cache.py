@@ -113,3 +113,28 @@ async def test_an_event_the_copy_cannot_apply_reads_the_nodes_again(
     assert (cache.get("a") or {})["metadata"]["resourceVersion"] == "1"
     assert "watch event not applied; reading again" in capsys.readouterr().out
     await cache.close()
+
+
+def test_a_node_is_absent_only_when_the_current_copy_has_none_by_name_or_hostname_label() -> None:
+    cache = NodeCache(ScriptedWatch())  # type: ignore[arg-type]
+    dns = "ip-10-0-0-1.ec2.internal"
+
+    def named(name: str, hostname: str | None, rv: str) -> dict[str, Any]:
+        labeled = node(name, rv)
+        labeled["metadata"]["labels"] = {"kubernetes.io/hostname": hostname} if hostname else {}
+        return labeled
+
+    cache._apply([{"type": "ADDED", "object": named("worker-1", "ip-10-0-0-1", "1")}])
+    assert cache.absent(dns) is False  # not current: nothing is known
+    cache.live = True
+    assert cache.absent(dns) is False  # its hostname label is the name's first label
+    cache._apply([{"type": "MODIFIED", "object": named("worker-1", "other", "2")}])
+    assert cache.absent(dns) is True  # the label changed: the old one no longer names it
+    cache._apply([{"type": "ADDED", "object": named(dns, None, "3")}])
+    assert cache.absent(dns) is False  # named after the DNS name
+    cache._apply([{"type": "DELETED", "object": named(dns, None, "4")}])
+    cache._apply([{"type": "ADDED", "object": named("worker-2", dns, "5")}])
+    assert cache.absent(dns) is False  # labeled with the whole DNS name
+    cache._apply([{"type": "DELETED", "object": named("worker-2", dns, "6")}])
+    assert cache.absent(dns) is True
+    assert cache.absent("ip-10-0-0-2.ec2.internal") is True
