@@ -680,9 +680,13 @@ class Drainer:
                     drain_id=drain_id,
                     held=held,
                 )
+                _raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
+                before = launchers[-1] if launchers else None
                 launchers.append(
                     tasks.spawn(
-                        self._launch([entry for entry in wave if entry.evict], start, evictions, guard),
+                        self._launch(
+                            [entry for entry in wave if entry.evict], start, evictions, guard, before
+                        ),
                         name=f"evictions-{node}",
                         awaited=True,
                     )
@@ -711,8 +715,9 @@ class Drainer:
         except BaseException as exc:
             # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction. The surges are
             # taken back, but not when the Lease is lost: the replica that owns the node now takes them over.
-            await tasks.stop(*launchers)  # no eviction starts after this
-            await tasks.stop(*evictions)
+            # One stop: a second cancellation while the launchers stop must not leave the evictions running. A
+            # launcher cancelled starts nothing more, so the list is complete here.
+            await tasks.stop(*launchers, *evictions)
             if not isinstance(exc, ClaimLost):
                 await self._take_back(held)
             raise
@@ -780,13 +785,18 @@ class Drainer:
         start: Callable[[_Pod, Slot | None], Coroutine[Any, Any, _Eviction]],
         evictions: list[asyncio.Task[_Eviction]],
         guard: Callable[[], Awaitable[None]] | None = None,
+        before: asyncio.Task[None] | None = None,
     ) -> None:
         """Start the eviction of each of ``entries`` as a task put in ``evictions``: those with a surge at once
         (their wait for a replacement must not hold a slot), the others as :attr:`slots` free up, taken for as
         many as are left in one turn, until one of ``evictions`` fails (the drain ends then). ``guard`` is
         awaited before each turn, so that a Lease renewal due then is waited for without slots held (each
         eviction awaits it again, at no cost when it is fresh). Runs until all are started; raises what
-        ``guard`` raises, and ``CancelledError`` when cancelled."""
+        ``guard`` raises, and ``CancelledError`` when cancelled. ``before`` (the launcher of the wave before) is
+        awaited first: when a wave's wait ends while its pods still wait for slots, they keep their place ahead of
+        the next wave's (critical pods after ordinary ones), whatever the line of slots."""
+        if before is not None:
+            await before
         rest = [entry for entry in entries if entry.surge is None]
         for entry in entries:
             if entry.surge is not None:
@@ -1165,15 +1175,22 @@ def _failed(task: asyncio.Task[Any]) -> bool:
     return task.done() and not task.cancelled() and task.exception() is not None
 
 
+def _raise_failed(running: Iterable[asyncio.Task[Any]]) -> None:
+    """Raise the exception of the first of ``running`` that failed, if one did."""
+    for task in running:
+        if _failed(task):
+            raise task.exception()  # type: ignore[misc]  # not None: _failed
+
+
 async def _settled(launchers: list[asyncio.Task[None]], evictions: list[asyncio.Task[_Eviction]]) -> None:
     """Wait until every launcher has started its evictions and every eviction of ``evictions`` (which grows
     meanwhile) has ended; raise the exception of the first that fails (a guard's: the Lease is lost) at once,
     not after the evictions still to start had their turn."""
+    _raise_failed(_Running(launchers, evictions))  # one may have failed already
     while pending := [task for task in (*launchers, *evictions) if not task.done()]:
-        await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        for task in (*launchers, *evictions):
-            if _failed(task):
-                raise task.exception()  # type: ignore[misc]  # not None: _failed
+        # Each end is looked at: a launcher's adds evictions the wait did not cover, and any may have failed.
+        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        _raise_failed(_Running(launchers, evictions))
     for task in (*launchers, *evictions):
         task.result()  # a cancellation raises here, as gather would
 

@@ -44,6 +44,8 @@ def test_free_ports_are_below_the_ephemeral_range_and_random_whatever_the_seed()
     # An outgoing connection's local port comes from the ephemeral range: a port chosen there could be taken
     # before its listener binds it (a restarted controller once failed so). Test workers seed `random` alike.
     low = module._ephemeral_low()
+    if low < 12000:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it, the kernel picks")
     drawn = []
     for _ in range(5):
         random.seed(7)

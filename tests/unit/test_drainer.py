@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain.drainer import Drainer, DrainTiming
+from queue_processor.drain.drainer import Drainer, DrainTiming, _settled
 from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.order import DrainOrder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, KubeError
 from tests.unit.test_handler import NODE, FakeKube
@@ -312,3 +313,73 @@ async def test_a_drain_waiting_for_its_lease_renewal_holds_no_slot() -> None:
     assert (await first).evicted == 1
     assert kube.evicted == ["ip-b-web", "ip-a-web"]
     assert drainer.slots.free == 1
+
+
+async def test_a_wave_whose_wait_ended_keeps_its_place_ahead_of_the_next_in_the_line_of_slots() -> None:
+    # Waves: the critical pod goes after the ordinary ones. The first wave's time runs out while its pods wait
+    # for the one slot (another drain holds it): the critical pod still goes after them, not before.
+    kube = FakeKube()
+    kube.add_node("a")
+    kube.add_node("b")
+    for name in ("a-0", "a-1", "a-crit"):
+        kube.add_pod(name, "a")
+    kube.pods[-1]["spec"]["priorityClassName"] = "system-node-critical"
+    kube.add_pod("b-0", "b")
+    answered = asyncio.Event()
+
+    async def hold_b(name: str) -> None:
+        if name == "b-0":
+            await answered.wait()
+
+    kube.on_evict = hold_b
+    lists: list[str] = []
+    pods_on_node = kube.pods_on_node
+
+    async def listed(node: str, *, cached: bool = False) -> list[dict[str, Any]]:
+        lists.append(node)
+        return await pods_on_node(node, cached=cached)
+
+    kube.pods_on_node = listed  # type: ignore[method-assign]
+    now = [100.0]
+    timing = DrainTiming(order=DrainOrder("waves"), grace_margin_s=-1)
+    drainer = Drainer(
+        kube, DrainOptions(), budget=2, clock=lambda: now[0], timing=timing, evictions_in_flight=1
+    )  # type: ignore[arg-type]
+    second = asyncio.create_task(drainer.drain("b", deadline=now[0] + 600))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    first = asyncio.create_task(drainer.drain("a", deadline=now[0] + 600))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    now[0] += 590  # the first wave's bound passes
+    looked = lists.count("a")
+    for _ in range(1000):  # a hang guard: until the first wave's wait looked again (it polls, no watch here)
+        if lists.count("a") > looked:
+            break
+        await asyncio.sleep(0.01)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    answered.set()
+    await asyncio.gather(first, second)
+    assert kube.evicted == ["b-0", "a-0", "a-1", "a-crit"]
+
+
+async def test_a_drain_that_settles_raises_an_eviction_that_failed_before_without_waiting_for_the_others() -> (
+    None
+):
+    class LeaseLostError(Exception):
+        pass
+
+    async def lost() -> Any:
+        raise LeaseLostError
+
+    failed = asyncio.create_task(lost())
+    await asyncio.sleep(0)
+    never = asyncio.create_task(asyncio.Event().wait())
+    settling = asyncio.create_task(_settled([], [failed, never]))  # type: ignore[list-item]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert settling.done()
+    with pytest.raises(LeaseLostError):
+        settling.result()
+    never.cancel()
