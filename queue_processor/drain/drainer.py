@@ -669,17 +669,17 @@ class Drainer:
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
         held: list[Surge] = []  # surges of this drain: taken back when it ends, if not before
         recut = tasks.spawn(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
+        start = functools.partial(
+            self._evict,
+            bounds=bounds,
+            guard=guard,
+            evicted=evicted,
+            accepted=accepted,
+            drain_id=drain_id,
+            held=held,
+        )
         try:
             for index, wave in enumerate(planned.waves):
-                start = functools.partial(
-                    self._evict,
-                    bounds=bounds,
-                    guard=guard,
-                    evicted=evicted,
-                    accepted=accepted,
-                    drain_id=drain_id,
-                    held=held,
-                )
                 _raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
                 before = launchers[-1] if launchers else None
                 launchers.append(
@@ -708,7 +708,7 @@ class Drainer:
                     await self._wait_gone(
                         node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, running, following
                     )
-            await _settled(launchers, evictions)
+            await _settled(running)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             final = lambda: bounds.final(timing)[0]  # noqa: E731
             left = dict(await self._wait_gone(node, waiting, final, bounds, following=following))
@@ -1182,16 +1182,16 @@ def _raise_failed(running: Iterable[asyncio.Task[Any]]) -> None:
             raise task.exception()  # type: ignore[misc]  # not None: _failed
 
 
-async def _settled(launchers: list[asyncio.Task[None]], evictions: list[asyncio.Task[_Eviction]]) -> None:
-    """Wait until every launcher has started its evictions and every eviction of ``evictions`` (which grows
+async def _settled(running: _Running) -> None:
+    """Wait until every launcher of ``running`` has started its evictions and every eviction (the list grows
     meanwhile) has ended; raise the exception of the first that fails (a guard's: the Lease is lost) at once,
     not after the evictions still to start had their turn."""
-    _raise_failed(_Running(launchers, evictions))  # one may have failed already
-    while pending := [task for task in (*launchers, *evictions) if not task.done()]:
+    _raise_failed(running)  # one may have failed already
+    while pending := [task for task in running if not task.done()]:
         # Each end is looked at: a launcher's adds evictions the wait did not cover, and any may have failed.
         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        _raise_failed(_Running(launchers, evictions))
-    for task in (*launchers, *evictions):
+        _raise_failed(running)
+    for task in running:
         task.result()  # a cancellation raises here, as gather would
 
 

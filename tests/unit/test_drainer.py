@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain.drainer import Drainer, DrainTiming, _settled
+from queue_processor.drain.drainer import Drainer, DrainTiming, _Running, _settled
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
 from queue_processor.observe.metrics import Metrics
@@ -376,7 +376,7 @@ async def test_a_drain_that_settles_raises_an_eviction_that_failed_before_withou
     failed = asyncio.create_task(lost())
     await asyncio.sleep(0)
     never = asyncio.create_task(asyncio.Event().wait())
-    settling = asyncio.create_task(_settled([], [failed, never]))  # type: ignore[list-item]
+    settling = asyncio.create_task(_settled(_Running([], [failed, never])))  # type: ignore[list-item]
     for _ in range(5):
         await asyncio.sleep(0)
     assert settling.done()
