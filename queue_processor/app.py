@@ -114,6 +114,16 @@ async def run_controller(
             or evictions_in_flight(settings.kube_api_qps, settings.kube_api_burst),
         )
         heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
+        leases = (
+            NodeLeases(
+                kube,
+                namespace=settings.pod_namespace or "default",
+                identity=settings.pod_name or f"{socket.gethostname()}-{os.getpid()}",
+                duration_s=settings.node_lease_duration_sec,
+            )
+            if settings.node_leases
+            else None
+        )
         handler = Handler(
             settings,
             resolver=resolver,
@@ -125,14 +135,7 @@ async def run_controller(
                 enabled=settings.emit_kubernetes_events,
                 annotations=parse_annotations(settings.kubernetes_events_extra_annotations),
             ),
-            leases=NodeLeases(
-                kube,
-                namespace=settings.pod_namespace or "default",
-                identity=settings.pod_name or f"{socket.gethostname()}-{os.getpid()}",
-                duration_s=settings.node_lease_duration_sec,
-            )
-            if settings.node_leases
-            else None,
+            leases=leases,
             webhook=Webhook(
                 settings.webhook_url.get_secret_value(),
                 headers=settings.webhook_headers,
@@ -210,6 +213,8 @@ async def run_controller(
             # for the rest; a request stuck in a worker thread is abandoned, not waited for.
             await tasks.stop(gauges, returns)
             await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
+            if leases is not None:  # the operations have ended: what the replica Lease held is free at once
+                await leases.close()
             await resolver.close()
             await departures.close()
             await nodes.close()

@@ -457,8 +457,8 @@ class Settings(BaseSettings):
     )
     node_lease_duration_sec: int = _field(
         60,
-        "How long a node Lease lasts without renewal (it is renewed every third of this while the node is "
-        "handled); a replica that dies loses its Leases after this.",
+        "How long a replica's own Lease lasts without renewal (it is renewed every third of this while the "
+        "replica holds any node Lease); a replica that dies loses the node Leases it held after this.",
         nth="none",
         unit="seconds",
         ge=15,

@@ -165,7 +165,7 @@ class _Waiter:
 
 
 #: Threads (and connections) reserved for urgent calls: nodes (get, list, patch: finding and cordoning them) and
-#: node Leases (get, create, update: a late renewal loses the node).
+#: Leases (get, create, update, delete: a late renewal loses the nodes held).
 URGENT_THREADS = 16
 
 #: Watch connections the controller keeps open: pod deletions and nodes (queue_processor.drain.departures and
@@ -716,6 +716,16 @@ class KubeClient:
             urgent=True,
         )
         return replaced
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        """Delete a Lease; one already gone is not an error."""
+        try:
+            await self.request(
+                "DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", urgent=True
+            )
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
 
 
 class _Stream:

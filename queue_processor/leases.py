@@ -1,14 +1,33 @@
 """Per-node coordination.k8s.io/v1 Leases: with several replicas consuming one queue, the drain of a node is
 exclusive (DESIGN.md rule 6).
 
-A replica :meth:`NodeLeases.claim`\\ s ``queue-processor-<node>`` in its namespace before PreDrain: it creates
-the Lease, or renews its own, or takes over one whose holder stopped renewing (``renewTime`` +
-``leaseDurationSeconds`` in the past) — always through the API server's optimistic concurrency (create → 409
-AlreadyExists, replace with a stale resourceVersion → 409 Conflict: another replica won). While it handles the
-node, a renewal task keeps the Lease (every third of its duration; one renewal in flight at a time, shared
-with every :meth:`Claim.confirm`; a 409 that leaves the Lease ours is not a loss); :meth:`Claim.release`
-cancels and awaits that task and gives the Lease up. A replica that finds the Lease held by another lets its
-message be requeued: whatever the holder does, a later retry finds the node drained and finishes at once.
+Two kinds of Lease live in the replica's namespace:
+
+- the replica's own, ``queue-processor.replica.<identity>`` (:class:`ReplicaLease`), renewed every third of
+  its duration (NODE_LEASE_DURATION_SEC) while the replica holds any node; its ``holderIdentity`` is
+  :attr:`NodeLeases.holder`, ``<identity>/<incarnation>``, the incarnation a token drawn when the process
+  starts (a container restarted in the same pod is another incarnation, and what its predecessor held is free);
+- a node's, ``queue-processor-<node>``, which a replica :meth:`NodeLeases.claim`\\ s before PreDrain and
+  writes twice in all: created (or taken) with the same ``holderIdentity`` and the annotation
+  :data:`REPLICA_ANNOTATION` naming the replica's Lease, and released (holder cleared) when the node's
+  handling ends. It is held for as long as that replica Lease still names the same holder and is renewed: one
+  renewal per replica every third of the duration, not one per node being handled (a storm's drains, each
+  lasting a minute or more, cost a node Lease write every 20 s each before).
+
+Another replica takes a node Lease over when it is released, or when the replica Lease it names is gone,
+names another holder, or was not renewed for its ``leaseDurationSeconds``; a node Lease without the
+annotation (an earlier version's, which renews it) when its own ``renewTime`` + ``leaseDurationSeconds`` is
+past. Every write goes through the API server's optimistic concurrency (create → 409 AlreadyExists, replace
+with a stale resourceVersion → 409 Conflict: another replica won). A node Lease this version writes says
+``leaseDurationSeconds`` :data:`HELD_BY_REPLICA_S`: a replica of an earlier version (a rolling upgrade), which
+judges a node Lease by its own renewal, takes none of ours that is still being handled.
+
+When the replica Lease is not renewed for a whole duration (the API server did not answer, or the process was
+paused), or is found deleted or rewritten by someone else, every node Lease held until then may have been
+taken: each such :class:`Claim` is lost (``lost`` set, :class:`ClaimLost` from :meth:`Claim.confirm`) and its
+operation requeued (EarlyExit); a replica that finds a node Lease held by another lets its message be
+requeued: whatever the holder does, a later retry finds the node drained and finishes at once.
+:meth:`NodeLeases.close` (at shutdown, after the operations ended) deletes the replica Lease.
 
 "Leases" (Kubernetes concepts, coordination.k8s.io/v1).
 """
@@ -16,12 +35,13 @@ message be requeued: whatever the holder does, a later retry finds the node drai
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import math
 import re
+import secrets
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 import structlog
 
@@ -30,16 +50,50 @@ from queue_processor.config import default
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import ClaimLost, KubeError
 
-__all__ = ["RENEW_ATTEMPTS", "Claim", "ClaimLost", "NodeLeases", "lease_name"]
+__all__ = [
+    "HELD_BY_REPLICA_S",
+    "RENEW_ATTEMPTS",
+    "RENEW_RETRY_S",
+    "REPLICA_ANNOTATION",
+    "Claim",
+    "ClaimLost",
+    "NodeLeases",
+    "ReplicaLease",
+    "lease_name",
+    "replica_lease_name",
+]
 
 log = structlog.get_logger("queue_processor.leases")
 
 _MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"
 
+#: How many times one write re-reads the Lease and writes again after a 409 that left it ours.
+RENEW_ATTEMPTS = 3
+
+#: Seconds before a failed renewal of the replica Lease is tried again (or a renewal period, when shorter).
+RENEW_RETRY_S = 2.0
+
+#: The annotation of a node Lease naming the replica Lease it is held by.
+REPLICA_ANNOTATION = "queue-processor/replica-lease"
+
+#: ``leaseDurationSeconds`` of a node Lease held by a replica Lease: what an earlier version, which judges a
+#: node Lease by its own ``renewTime``, reads as its duration (an hour: longer than any drain).
+HELD_BY_REPLICA_S = 3600
+
+
+def _object_name(name: str) -> str:
+    return re.sub(r"[^a-z0-9.-]", "-", name.lower())[:253].rstrip(".-")
+
 
 def lease_name(node: str) -> str:
     """``queue-processor-<node>``, made a valid object name (lower case, at most 253 characters)."""
-    return ("queue-processor-" + re.sub(r"[^a-z0-9.-]", "-", node.lower()))[:253].rstrip(".-")
+    return _object_name("queue-processor-" + node)
+
+
+def replica_lease_name(identity: str) -> str:
+    """``queue-processor.replica.<identity>``, made a valid object name: never a node Lease's name (those have
+    a hyphen where this has its first dot)."""
+    return _object_name("queue-processor.replica." + identity)
 
 
 def _now() -> datetime:
@@ -55,109 +109,215 @@ def _parse(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-#: How many times one renewal re-reads the Lease and writes again after a 409 that left it ours.
-RENEW_ATTEMPTS = 3
+def _holder(lease: dict[str, Any] | None) -> str | None:
+    holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+    return str(holder) if holder else None
 
 
-class Claim:
-    """A held Lease; :meth:`release` it when the node's handling ends (cancels and awaits the renewal).
+def _expired(lease: dict[str, Any], default_s: int) -> bool:
+    """Whether the Lease's last renewal (or acquisition) + its ``leaseDurationSeconds`` is past."""
+    spec = lease.get("spec") or {}
+    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+    duration = int(spec.get("leaseDurationSeconds") or default_s)
+    return renewed is None or renewed + timedelta(seconds=duration) < _now()
 
-    ``lost`` is set when the Lease is someone else's: a renewal's 409 Conflict re-reads the Lease, and only a
-    ``holderIdentity`` that is no longer ours (or a Lease that cannot be written for a whole lease duration)
-    is a loss; a 409 that left it ours (our own earlier write, or another writer that did not take it) is
-    written again on the fresh ``resourceVersion``. The operation stops when ``lost`` is set (EarlyExit).
-    :meth:`confirm` is called before anything that must not be done twice (an eviction, a lifecycle
-    completion): when the last renewal is older than a renewal period (a paused process wakes up), it renews
-    first and raises :class:`ClaimLost` on failure. At most one renewal is in flight per claim: the background
-    renewal and every concurrent :meth:`confirm` share it and read its result (DESIGN.md rule 10).
-    ``clock`` returns monotonic seconds."""
 
-    def __init__(
-        self, leases: NodeLeases, lease: dict[str, Any], clock: Callable[[], float] = time.monotonic
-    ) -> None:
+class ReplicaLease:
+    """This replica's own Lease (see the module): written before the first claim, renewed every
+    ``renew_every_s`` while claims are held (one write in flight at a time, shared with every
+    :meth:`Claim.confirm` and claim), deleted by :meth:`close`. ``renewed_at`` is the monotonic time the last
+    write that succeeded was sent; ``epoch`` counts the lapses: a claim made in an earlier epoch is lost."""
+
+    def __init__(self, leases: NodeLeases) -> None:
         self._leases = leases
-        self.lease = lease
-        self.clock = clock
-        self.renewed_at = clock()
-        self.lost = asyncio.Event()
-        self._renewal: asyncio.Task[None] | None = None
-        self._renewer = tasks.spawn(self._renew_forever(), name=f"lease-{lease['metadata']['name']}")
+        self.name = replica_lease_name(leases.identity)
+        self.lease: dict[str, Any] | None = None
+        self.renewed_at = -math.inf
+        self.epoch = 0
+        self.claims: set[Claim] = set()
+        self._claiming = 0  # claims in progress, which may be waiting for the renewal in flight
+        self._renewal: asyncio.Task[KubeError | None] | None = None
+        self._renewer: asyncio.Task[None] | None = None
 
-    @property
-    def name(self) -> str:
-        """The Lease's name."""
-        return str(self.lease["metadata"]["name"])
+    def age(self) -> float:
+        """Seconds since the last renewal that succeeded was sent (infinite before the first)."""
+        return self._leases.clock() - self.renewed_at
 
-    async def renew(self) -> None:
-        """Renew the Lease now, or wait for the renewal already in flight and take its result. Raises
-        :class:`ClaimLost` when the Lease is lost; a renewal that failed otherwise (the API server did not
-        answer) is logged and raises nothing while the Lease has not lapsed."""
-        if self.lost.is_set():
-            raise ClaimLost(f"Lease {self.name} was lost")
+    async def renew(self) -> KubeError | None:
+        """Write the Lease now, or wait for the write in flight and take its result: ``None`` when it was
+        written, else the error (logged). A lapse found on the way ends the epoch first."""
         if self._renewal is None or self._renewal.done():
             self._renewal = asyncio.create_task(self._renew_once(), name=f"renew-{self.name}")
         # Shielded: a caller cancelled mid-renewal (its eviction stopped) leaves the write to the others.
-        await asyncio.shield(self._renewal)
+        return await asyncio.shield(self._renewal)
 
-    async def _renew_once(self) -> None:
+    async def fresh(self) -> None:
+        """Renew the Lease unless it was renewed within a renewal period. Raises the :class:`KubeError` that
+        kept it from being written."""
+        if self.age() >= self._leases.renew_every_s:
+            error = await self.renew()
+            if error is not None and self.age() >= self._leases.renew_every_s:
+                raise error
+
+    def check(self) -> None:
+        """End the epoch when the Lease was not renewed for a whole duration."""
+        if self.age() >= self._leases.duration_s:
+            self._end_epoch(
+                f"the replica's Lease {self.name} was not renewed for {self._leases.duration_s} s"
+            )
+
+    def _end_epoch(self, why: str) -> None:
+        self.epoch += 1
+        for claim in list(self.claims):
+            claim._mark_lost(why)
+
+    async def _renew_once(self) -> KubeError | None:
         leases = self._leases
+        self.check()
+        sent = leases.clock()
         try:
             for _ in range(RENEW_ATTEMPTS):
                 try:
-                    self.lease = await leases._write(self.lease, renew=True)
+                    if self.lease is None:
+                        self.lease = await leases.kube.create_lease(leases.namespace, self._fresh())
+                    else:
+                        self.lease = await leases.kube.replace_lease(
+                            leases.namespace, self._written(self.lease)
+                        )
                 except KubeError as exc:
-                    if exc.status != 409:
+                    if exc.status not in (404, 409) or (exc.status == 404 and self.lease is None):
                         raise
                     current = await leases.kube.get_lease(leases.namespace, self.name)
-                    holder = ((current or {}).get("spec") or {}).get("holderIdentity")
-                    if current is None or holder != leases.identity:
-                        self._lose(f"held by {holder!r} now" if current is not None else "deleted")
-                    self.lease = current  # ours still: write again on its resourceVersion
+                    if _holder(current) != leases.holder and _holder(self.lease) == leases.holder:
+                        # Ours, and no longer: whatever it named may have been taken.
+                        self._end_epoch(
+                            f"the replica's Lease {self.name} was "
+                            + (f"rewritten by {_holder(current)!r}" if current is not None else "deleted")
+                        )
+                    self.lease = current  # written again on its resourceVersion (or created again)
                     continue
-                self.renewed_at = self.clock()
-                return
-            raise KubeError(
-                409, "Conflict", f"Lease {self.name} kept changing under {RENEW_ATTEMPTS} renewals"
-            )
+                self.renewed_at = sent
+                return None
+            raise KubeError(409, "Conflict", f"Lease {self.name} kept changing under {RENEW_ATTEMPTS} writes")
         except KubeError as exc:
-            if self.clock() - self.renewed_at >= leases.duration_s:
-                self._lose(f"not renewed for {leases.duration_s} s: {exc}")
-            log.warning("lease renewal failed", lease=self.name, error=str(exc))
+            log.warning("replica lease renewal failed", lease=self.name, error=str(exc))
+            return exc
 
-    def _lose(self, why: str) -> NoReturn:
-        log.warning("lease lost", lease=self.name, why=why)
-        self.lost.set()
-        raise ClaimLost(f"Lease {self.name}: {why}")
+    def _fresh(self) -> dict[str, Any]:
+        now = _now().strftime(_MICRO)
+        leases = self._leases
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": leases.namespace},
+            "spec": {
+                "holderIdentity": leases.holder,
+                "leaseDurationSeconds": leases.duration_s,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+
+    def _written(self, lease: dict[str, Any]) -> dict[str, Any]:
+        leases = self._leases
+        now = _now().strftime(_MICRO)
+        spec = dict(lease.get("spec") or {})
+        if spec.get("holderIdentity") != leases.holder:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec.update(holderIdentity=leases.holder, leaseDurationSeconds=leases.duration_s, renewTime=now)
+        return {**lease, "spec": spec}
 
     async def _renew_forever(self) -> None:
-        while not self.lost.is_set():
-            await asyncio.sleep(self._leases.renew_every_s)
-            with contextlib.suppress(ClaimLost):
-                await self.renew()
+        leases = self._leases
+        while True:
+            due = leases.renew_every_s - self.age()
+            if due > 0:
+                await asyncio.sleep(due)
+            elif await self.renew() is not None:
+                await asyncio.sleep(min(leases.renew_every_s, RENEW_RETRY_S))
 
-    async def confirm(self) -> None:
-        """Make sure the Lease is still ours: renew it now (or wait for the renewal in flight) when the last
-        renewal is older than a renewal period. Raises :class:`ClaimLost` when it is not (or no longer)
-        ours."""
-        if self.lost.is_set():
-            raise ClaimLost(f"Lease {self.name} was lost")
-        if self.clock() - self.renewed_at >= self._leases.renew_every_s:
-            await self.renew()
-            if self.clock() - self.renewed_at >= self._leases.duration_s:
-                self.lost.set()
-                raise ClaimLost(f"Lease {self.name} lapsed and could not be renewed")
+    def hold(self, claim: Claim) -> None:
+        """Count ``claim`` among those the renewal keeps (it starts with the first)."""
+        self.claims.add(claim)
+        if self._renewer is None or self._renewer.done():
+            self._renewer = tasks.spawn(self._renew_forever(), name=f"lease-{self.name}")
 
-    async def release(self) -> None:
-        """Stop renewing (the renewal task and a renewal in flight are cancelled and awaited) and give the
-        Lease up (its holder cleared) unless it was lost; a 409 re-reads it and clears it when it is still
-        ours. Errors are logged, not raised."""
-        await tasks.stop(self._renewer, self._renewal)
-        if self.lost.is_set():
+    async def drop(self, claim: Claim) -> None:
+        """Stop counting ``claim``; the last one stops the renewal (and a write in flight that no claim in
+        progress waits for)."""
+        self.claims.discard(claim)
+        if not self.claims:
+            renewer, self._renewer = self._renewer, None
+            await tasks.stop(renewer, self._renewal if self._claiming == 0 else None)
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """Stop renewing and delete the Lease if it is ours, so that what it still held is free at once; the
+        deletion is waited for at most ``timeout_s`` seconds (the shutdown's budget). Errors are logged, not
+        raised."""
+        renewer, self._renewer = self._renewer, None
+        await tasks.stop(renewer, self._renewal)
+        if _holder(self.lease) != self._leases.holder:
             return
         leases = self._leases
-        lease: dict[str, Any] | None = self.lease
+        try:
+            await asyncio.wait_for(leases.kube.delete_lease(leases.namespace, self.name), timeout_s)
+        except (KubeError, TimeoutError) as exc:
+            log.warning("replica lease deletion failed", lease=self.name, error=str(exc) or "timed out")
+        self.lease = None
+
+
+class Claim:
+    """A held node Lease; :meth:`release` it when the node's handling ends.
+
+    ``lost`` is set when the replica Lease lapses (or is found deleted or rewritten) while the claim is held:
+    another replica may have taken the node. The operation stops when ``lost`` is set (EarlyExit).
+    :meth:`confirm` is called before anything that must not be done twice (an eviction, a lifecycle
+    completion): when the replica Lease's last renewal is older than a renewal period (a paused process wakes
+    up), it is renewed first, and :class:`ClaimLost` raised when this claim did not outlive it."""
+
+    def __init__(self, leases: NodeLeases, lease: dict[str, Any], epoch: int) -> None:
+        self._leases = leases
+        self.lease = lease
+        self.epoch = epoch
+        self.lost = asyncio.Event()
+        leases.replica.hold(self)
+        if epoch != leases.replica.epoch:
+            self._mark_lost(f"the replica's Lease {leases.replica.name} lapsed while the node's was claimed")
+
+    @property
+    def name(self) -> str:
+        """The node Lease's name."""
+        return str(self.lease["metadata"]["name"])
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            log.warning("lease lost", lease=self.name, why=why)
+            self.lost.set()
+
+    async def confirm(self) -> None:
+        """Make sure the node Lease is still ours: the replica Lease is renewed first (or the renewal in
+        flight waited for) when its last renewal is older than a renewal period. Raises :class:`ClaimLost`
+        when the claim is lost."""
+        replica = self._leases.replica
+        if not self.lost.is_set() and replica.age() >= self._leases.renew_every_s:
+            await replica.renew()
+            replica.check()
+        if self.epoch != replica.epoch:
+            self._mark_lost(f"the replica's Lease {replica.name} lapsed")
+        if self.lost.is_set():
+            raise ClaimLost(f"Lease {self.name} was lost")
+
+    async def release(self) -> None:
+        """Give the node Lease up (its holder cleared); a 409 re-reads it and clears it while it is still ours
+        (a lost claim's Lease another replica took is left to it). The last claim released stops the replica
+        Lease's renewal. Errors are logged, not raised."""
+        leases = self._leases
+        await leases.replica.drop(self)
+        lease: dict[str, Any] | None = self.lease  # lost: cleared only if nobody wrote it since (its version)
         for _ in range(RENEW_ATTEMPTS):
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != leases.identity:
+            if _holder(lease) != leases.holder or lease is None:
                 return
             try:
                 await leases.kube.replace_lease(
@@ -182,9 +342,11 @@ class Claim:
 
 
 class NodeLeases:
-    """Lease claims for ``identity`` (this replica: its pod name) in ``namespace``; a Lease lasts
-    ``duration_s`` whole seconds (``leaseDurationSeconds`` is an int32) unless renewed, every ``renew_every_s``
-    seconds (default: a third of the duration)."""
+    """Node Lease claims for ``identity`` (this replica: its pod name) in ``namespace``, held while the replica
+    Lease is renewed: it lapses ``duration_s`` whole seconds (``leaseDurationSeconds`` is an int32) after its
+    last renewal, renewed every ``renew_every_s`` seconds (default: a third of the duration). ``incarnation``
+    (default: random) tells this process from an earlier one of the same pod; ``clock`` returns monotonic
+    seconds."""
 
     def __init__(
         self,
@@ -194,64 +356,97 @@ class NodeLeases:
         identity: str,
         duration_s: int = default("node_lease_duration_sec"),
         renew_every_s: float | None = None,
+        incarnation: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.namespace = namespace or "default"
         self.identity = identity
+        self.holder = f"{identity}/{incarnation or secrets.token_hex(4)}"
         self.duration_s = int(duration_s)
         self.renew_every_s = renew_every_s if renew_every_s is not None else self.duration_s / 3
+        self.clock = clock
+        self.replica = ReplicaLease(self)
 
     async def claim(self, node: str) -> Claim | None:
-        """The node's Lease for this replica, or ``None`` when another replica holds it. Raises
-        :class:`KubeError` when the API server cannot be reached."""
+        """The node's Lease for this replica, or ``None`` when another replica holds it. The replica Lease is
+        written first when its last renewal is older than a renewal period (a storm's first claim: one more
+        request per replica). Raises :class:`KubeError` when the API server cannot be reached."""
         name = lease_name(node)
-        existing: dict[str, Any] | None = None
-        for _ in range(2):  # a Lease deleted between the refused create and the read is created again
-            try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-                return Claim(self, await self.kube.create_lease(self.namespace, self._fresh(name)))
-            except KubeError as exc:
-                if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
-                    raise
-            existing = await self.kube.get_lease(self.namespace, name)
-            if existing is not None:
-                break
-        if existing is None:
-            return None
+        replica = self.replica
+        replica._claiming += 1
         try:
-            spec = existing.get("spec") or {}
-            holder = spec.get("holderIdentity")
-            renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
-            duration = int(spec.get("leaseDurationSeconds") or self.duration_s)
-            expired = renewed is None or renewed + timedelta(seconds=duration) < _now()
-            if holder and holder != self.identity and not expired:
+            await replica.fresh()
+            epoch = replica.epoch
+            existing: dict[str, Any] | None = None
+            for _ in range(2):  # a Lease deleted between the refused create and the read is created again
+                try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
+                    return Claim(self, await self.kube.create_lease(self.namespace, self._fresh(name)), epoch)
+                except KubeError as exc:
+                    if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
+                        raise
+                existing = await self.kube.get_lease(self.namespace, name)
+                if existing is not None:
+                    break
+            if existing is None or await self._held_by_another(existing):
                 return None
-            return Claim(self, await self._write(existing, renew=holder == self.identity))
-        except KubeError as exc:
-            if exc.status == 409:  # another replica created or took it first
-                return None
-            raise
+            try:
+                return Claim(
+                    self, await self.kube.replace_lease(self.namespace, self._taken(existing)), epoch
+                )
+            except KubeError as exc:
+                if exc.status == 409:  # another replica created or took it first
+                    return None
+                raise
+        finally:
+            replica._claiming -= 1
+
+    async def _held_by_another(self, lease: dict[str, Any]) -> bool:
+        holder = _holder(lease)
+        if holder is None or holder == self.holder:
+            return False
+        named = ((lease.get("metadata") or {}).get("annotations") or {}).get(REPLICA_ANNOTATION)
+        if not named:  # an earlier version's Lease, renewed by its holder
+            return not _expired(lease, self.duration_s)
+        if named == self.replica.name:  # our pod's earlier process: what it held is ours to take
+            return False
+        replica = await self.kube.get_lease(self.namespace, named)
+        return replica is not None and _holder(replica) == holder and not _expired(replica, self.duration_s)
 
     def _fresh(self, name: str) -> dict[str, Any]:
         now = _now().strftime(_MICRO)
         return {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": name, "namespace": self.namespace},
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "annotations": {REPLICA_ANNOTATION: self.replica.name},
+            },
             "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": self.duration_s,
+                "holderIdentity": self.holder,
+                "leaseDurationSeconds": HELD_BY_REPLICA_S,
                 "acquireTime": now,
                 "renewTime": now,
                 "leaseTransitions": 0,
             },
         }
 
-    async def _write(self, lease: dict[str, Any], *, renew: bool) -> dict[str, Any]:
+    def _taken(self, lease: dict[str, Any]) -> dict[str, Any]:
         now = _now().strftime(_MICRO)
+        metadata = dict(lease.get("metadata") or {})
+        metadata["annotations"] = {
+            **(metadata.get("annotations") or {}),
+            REPLICA_ANNOTATION: self.replica.name,
+        }
         spec = dict(lease.get("spec") or {})
-        if not renew:
+        if spec.get("holderIdentity") != self.holder:
             spec["acquireTime"] = now
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        spec.update(holderIdentity=self.identity, leaseDurationSeconds=self.duration_s, renewTime=now)
-        replaced: dict[str, Any] = await self.kube.replace_lease(self.namespace, {**lease, "spec": spec})
-        return replaced
+        spec.update(holderIdentity=self.holder, leaseDurationSeconds=HELD_BY_REPLICA_S, renewTime=now)
+        return {**lease, "metadata": metadata, "spec": spec}
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """At shutdown, after the operations ended: stop the replica Lease's renewal and delete it (waiting at
+        most ``timeout_s`` seconds for the API server)."""
+        await self.replica.close(timeout_s)

@@ -18,7 +18,7 @@ Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/)
   replacement comes up, taken back after; the surge record annotation), ``autoscaling``
   ``horizontalpodautoscalers`` list (a Deployment whose count an autoscaler owns is not scaled); the pods
   ``list`` rule also serves the list of a Deployment's pods in its namespace (a stale surge record);
-- in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update (``NODE_LEASES``).
+- in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update/delete (``NODE_LEASES``).
 
 Differences from aws-node-termination-handler's ClusterRole, on purpose: no ``pods`` get (the drain re-lists
 the node's pods instead of a GET per pod), no ``daemonsets`` get (DaemonSet pods are recognised by their
@@ -73,7 +73,11 @@ KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
     KubernetesRule("policy", "poddisruptionbudgets", ("get",)),
     KubernetesRule("", "events", ("create",), when="EMIT_KUBERNETES_EVENTS"),
     KubernetesRule(
-        "coordination.k8s.io", "leases", ("get", "create", "update"), cluster_wide=False, when="NODE_LEASES"
+        "coordination.k8s.io",
+        "leases",
+        ("get", "create", "update", "delete"),
+        cluster_wide=False,
+        when="NODE_LEASES",
     ),
 )
 

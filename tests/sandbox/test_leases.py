@@ -1,24 +1,27 @@
 """Node Leases through the controller's client, on the emulation and the real control plane: one holder at a
-time, takeover after expiry, renewal, release."""
+time, held while the holder's replica Lease is renewed (no node Lease renewal), takeover when it lapses or is
+gone, an earlier version's Leases judged by their own renewal, release."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
 from queue_processor.kube import KubeClient
-from queue_processor.leases import NodeLeases, lease_name
+from queue_processor.leases import HELD_BY_REPLICA_S, REPLICA_ANNOTATION, NodeLeases, lease_name
 from queue_processor.outcomes import ClaimLost
 from queue_processor_sandbox.cluster import KubeCluster
 from tests.sandbox.conftest import Requests
 
 OPS = f"ops-{uuid.uuid4().hex[:6]}"
 
-
 #: The sandbox clock's scale for this module's cluster (tests/sandbox/conftest.py).
 CLOCK_SCALE = 0.01
+
+LONG_AGO = "2020-01-01T00:00:00.000000Z"
 
 
 @pytest.fixture(autouse=True)
@@ -26,70 +29,132 @@ def ops(cluster: KubeCluster) -> None:
     cluster.ensure_namespace(OPS)
 
 
-async def test_a_first_claim_is_one_request_and_a_later_one_takes_the_released_lease(
+def unique(prefix: str) -> str:
+    """A name no other test of the module (sharing the cluster) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+async def backdate(kube: KubeClient, name: str) -> None:
+    """Make the Lease's last renewal long past (its holder stopped renewing it long ago)."""
+    lease = await kube.get_lease(OPS, name)
+    assert lease is not None
+    lease["spec"]["renewTime"] = LONG_AGO
+    lease["spec"]["acquireTime"] = LONG_AGO
+    await kube.replace_lease(OPS, lease)
+
+
+async def stop_renewing(leases: NodeLeases) -> None:
+    """The replica died or was paused (SIGKILL, SIGSTOP): nothing of it renews its Lease any more."""
+    renewer = leases.replica._renewer
+    assert renewer is not None
+    renewer.cancel()
+    await asyncio.gather(renewer, return_exceptions=True)
+
+
+async def test_a_first_claim_writes_the_replica_lease_and_later_ones_are_one_request(
     kube: KubeClient, requests: Requests
 ) -> None:
-    """A storm's claims are of nodes never claimed: the Lease is created at once, without a read first. A node
-    claimed before keeps its released Lease: the create is refused (409 AlreadyExists), the Lease read and
-    taken."""
-    node = f"ip-10-6-0-{uuid.uuid4().hex[:6]}.ec2.internal"
-    leases = NodeLeases(kube, namespace=OPS, identity="replica-a", duration_s=60)
+    """A storm's claims are of nodes never claimed: the node Lease is created at once, without a read first;
+    the replica's own Lease is written before its first claim only. A node claimed before keeps its released
+    Lease: the create is refused (409 AlreadyExists), the Lease read and taken."""
+    a = NodeLeases(kube, namespace=OPS, identity=unique("replica-a"), duration_s=60)
+    nodes = [unique("ip-10-6-0") for _ in range(3)]
     requests.made.clear()
-    first = await leases.claim(node)
+    first = await a.claim(nodes[0])
     assert first is not None
-    assert requests.made == {"create leases": 1}
-    await first.release()
-    again = await NodeLeases(kube, namespace=OPS, identity="replica-b", duration_s=60).claim(node)
+    assert requests.made == {"create leases": 2}  # the replica's, the node's
+    others = [await a.claim(node) for node in nodes[1:]]
+    assert requests.made == {"create leases": 4}  # one request per node while the replica Lease is fresh
+    node_lease = await kube.get_lease(OPS, lease_name(nodes[0]))
+    assert node_lease is not None
+    assert node_lease["spec"]["holderIdentity"] == a.holder
+    assert node_lease["metadata"]["annotations"][REPLICA_ANNOTATION] == a.replica.name
+    assert node_lease["spec"]["leaseDurationSeconds"] == HELD_BY_REPLICA_S  # an earlier version keeps off
+    replica = await kube.get_lease(OPS, a.replica.name)
+    assert replica is not None
+    assert replica["spec"]["holderIdentity"] == a.holder
+    for claim in [first, *others]:
+        assert claim is not None
+        await claim.release()
+    b = NodeLeases(kube, namespace=OPS, identity=unique("replica-b"), duration_s=60)
+    again = await b.claim(nodes[0])
     assert again is not None
-    assert again.lease["spec"]["holderIdentity"] == "replica-b"
+    assert again.lease["spec"]["holderIdentity"] == b.holder
     await again.release()
+    await a.close()
+    await b.close()
 
 
 async def test_one_replica_holds_a_node_at_a_time(kube: KubeClient) -> None:
-    a = NodeLeases(kube, namespace=OPS, identity="replica-a", duration_s=60)
-    b = NodeLeases(kube, namespace=OPS, identity="replica-b", duration_s=60)
-    claims = await asyncio.gather(a.claim("ip-10-0-0-1.ec2.internal"), b.claim("ip-10-0-0-1.ec2.internal"))
+    a = NodeLeases(kube, namespace=OPS, identity=unique("replica-a"), duration_s=60)
+    b = NodeLeases(kube, namespace=OPS, identity=unique("replica-b"), duration_s=60)
+    node = unique("ip-10-0-0-1")
+    claims = await asyncio.gather(a.claim(node), b.claim(node))
     assert sum(claim is not None for claim in claims) == 1  # exactly one wins the race
     winner = next(claim for claim in claims if claim is not None)
-    loser = b if winner.lease["spec"]["holderIdentity"] == "replica-a" else a
-    assert await loser.claim("ip-10-0-0-1.ec2.internal") is None
+    loser = b if winner.lease["spec"]["holderIdentity"] == a.holder else a
+    assert await loser.claim(node) is None
     await winner.release()
-    again = await loser.claim("ip-10-0-0-1.ec2.internal")  # released: the other may take it
+    again = await loser.claim(node)  # released: the other may take it
     assert again is not None
     assert again.lease["spec"]["leaseTransitions"] >= 1
     await again.release()
+    await a.close()
+    await b.close()
 
 
-async def test_a_lease_whose_holder_stopped_renewing_is_taken_over(kube: KubeClient) -> None:
-    gone = NodeLeases(kube, namespace=OPS, identity="crashed", duration_s=15)
-    claim = await gone.claim(f"n2-{id(kube)}")
+async def test_a_node_lease_is_held_while_its_replica_lease_is_renewed_and_taken_when_that_lapses(
+    kube: KubeClient,
+) -> None:
+    """The node Lease itself is never renewed: what keeps it is its holder's replica Lease. Long after the
+    node Lease's own renewal, another replica cannot take it while the holder renews its replica Lease; once
+    the holder stops (it died) and that Lease lapses, it can."""
+    node = unique("n2")
+    holder = NodeLeases(kube, namespace=OPS, identity=unique("crashed"), duration_s=15)
+    claim = await holder.claim(node)
     assert claim is not None
-    claim._renewer.cancel()  # the replica died: nobody renews
-    lease = await kube.get_lease(OPS, lease_name(f"n2-{id(kube)}"))
-    assert lease is not None
-    lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"  # long expired
-    await kube.replace_lease(OPS, lease)
-    taker = NodeLeases(kube, namespace=OPS, identity="alive", duration_s=15)
-    taken = await taker.claim(f"n2-{id(kube)}")
+    await backdate(kube, lease_name(node))  # the node Lease's own renewal: long past
+    taker = NodeLeases(kube, namespace=OPS, identity=unique("alive"), duration_s=15)
+    assert await taker.claim(node) is None  # the replica Lease is fresh: held
+    await stop_renewing(holder)
+    await backdate(kube, holder.replica.name)  # the replica Lease lapsed
+    taken = await taker.claim(node)
     assert taken is not None
-    assert taken.lease["spec"]["holderIdentity"] == "alive"
+    assert taken.lease["spec"]["holderIdentity"] == taker.holder
     await taken.release()
+    await taker.close()
 
 
-async def test_the_holder_renews_and_release_stops_the_renewal(kube: KubeClient) -> None:
-    leases = NodeLeases(kube, namespace=OPS, identity="me", duration_s=15, renew_every_s=0.05)
-    claim = await leases.claim("n3")
-    assert claim is not None
-    first = claim.lease["spec"]["renewTime"]
+async def test_the_replica_lease_is_renewed_not_the_node_leases_and_release_stops_the_renewal(
+    kube: KubeClient,
+) -> None:
+    leases = NodeLeases(kube, namespace=OPS, identity=unique("me"), duration_s=15, renew_every_s=0.05)
+    nodes = [unique("n3"), unique("n3")]
+    claims = [await leases.claim(node) for node in nodes]
+    written = [await kube.get_lease(OPS, lease_name(node)) for node in nodes]
+    replica = await kube.get_lease(OPS, leases.replica.name)
+    assert replica is not None
+    first = replica["spec"]["renewTime"]
     deadline = asyncio.get_running_loop().time() + 30  # a hang guard: renewals come every 50 ms
-    while claim.lease["spec"]["renewTime"] == first:
-        assert asyncio.get_running_loop().time() < deadline, "the Lease was never renewed"
+    while (current := await kube.get_lease(OPS, leases.replica.name)) and current["spec"][
+        "renewTime"
+    ] == first:
+        assert asyncio.get_running_loop().time() < deadline, "the replica Lease was never renewed"
         await asyncio.sleep(0.05)
-    await claim.release()
-    assert claim._renewer.done()
-    lease = await kube.get_lease(OPS, lease_name("n3"))
-    assert lease is not None
-    assert not lease["spec"].get("holderIdentity")
+    for node, before in zip(nodes, written, strict=True):
+        after = await kube.get_lease(OPS, lease_name(node))
+        assert after is not None
+        assert before is not None
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # not written
+    for claim in claims:
+        assert claim is not None
+        await claim.release()
+    assert leases.replica._renewer is None  # the last release stopped it
+    for node in nodes:
+        lease = await kube.get_lease(OPS, lease_name(node))
+        assert lease is not None
+        assert not lease["spec"].get("holderIdentity")
+    await leases.close()
 
 
 def test_lease_names_are_valid_object_names() -> None:
@@ -110,7 +175,7 @@ class SlowLeaseWrites:
     def __getattr__(self, name: str) -> object:
         return getattr(self.kube, name)
 
-    async def replace_lease(self, namespace: str, lease: dict[str, object]) -> dict[str, object]:
+    async def replace_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
         self.writes += 1
         answer = await self.kube.replace_lease(namespace, lease)
         await asyncio.sleep(self.delay_s)
@@ -118,13 +183,12 @@ class SlowLeaseWrites:
 
 
 async def test_concurrent_confirms_and_the_renewal_never_lose_our_own_lease(kube: KubeClient) -> None:
-    """Every eviction and completion confirms the Lease first. Once a renewal period has passed, they all
-    want it renewed at the same moment as the background renewal, each with the same resourceVersion: one
-    renewal goes out and the others wait for its answer, and the Lease is never lost to our own writes (a 409
-    whose holder is still us is not a loss)."""
+    """Every eviction and completion confirms the claim first. Once a renewal period has passed, they all
+    want the replica Lease renewed at the same moment as the background renewal: one renewal goes out and the
+    others wait for its answer, and the claims are never lost to our own writes."""
     slow = SlowLeaseWrites(kube, delay_s=0.2)
-    leases = NodeLeases(slow, namespace=OPS, identity="me", duration_s=15, renew_every_s=0.05)  # type: ignore[arg-type]
-    node = f"n4-{id(kube)}"
+    leases = NodeLeases(slow, namespace=OPS, identity=unique("me"), duration_s=15, renew_every_s=0.05)  # type: ignore[arg-type]
+    node = unique("n4")
     claim = await leases.claim(node)
     assert claim is not None
 
@@ -140,27 +204,85 @@ async def test_concurrent_confirms_and_the_renewal_never_lose_our_own_lease(kube
     lease = await kube.get_lease(OPS, lease_name(node))
     assert lease is not None
     assert not lease["spec"].get("holderIdentity")  # released: the next replica takes it at once
+    await leases.close()
 
 
-async def test_a_lease_another_replica_really_took_is_lost_and_left_to_it(kube: KubeClient) -> None:
-    node = f"n5-{id(kube)}"
-    paused = NodeLeases(kube, namespace=OPS, identity="paused", duration_s=15, renew_every_s=0.05)
+async def test_a_paused_replica_whose_lease_lapsed_loses_its_claims_and_leaves_them_to_the_taker(
+    kube: KubeClient,
+) -> None:
+    node = unique("n5")
+    paused = NodeLeases(kube, namespace=OPS, identity=unique("paused"), duration_s=15, renew_every_s=0.05)
     claim = await paused.claim(node)
     assert claim is not None
-    claim._renewer.cancel()  # SIGSTOP: nothing renews
-    lease = await kube.get_lease(OPS, lease_name(node))
-    assert lease is not None
-    lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"  # lapsed while the process was paused
-    await kube.replace_lease(OPS, lease)
-    other = NodeLeases(kube, namespace=OPS, identity="other", duration_s=15)
+    await stop_renewing(paused)  # SIGSTOP: nothing renews
+    await backdate(kube, paused.replica.name)  # its replica Lease lapsed while the process was paused
+    other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=15)
     taken = await other.claim(node)
     assert taken is not None
-    claim.renewed_at -= 1.0  # the paused replica wakes up: its last renewal is a renewal period old
+    paused.replica.renewed_at -= 15  # the paused replica wakes up: its last renewal is a lease duration old
     with pytest.raises(ClaimLost):
         await claim.confirm()
     assert claim.lost.is_set()
-    await claim.release()  # a lost Lease is not released: it is the other replica's
+    await claim.release()  # a lost Lease another replica took is left to it
     held = await kube.get_lease(OPS, lease_name(node))
     assert held is not None
-    assert held["spec"]["holderIdentity"] == "other"
+    assert held["spec"]["holderIdentity"] == other.holder
     await taken.release()
+    await other.close()
+    await paused.close()
+
+
+async def test_an_earlier_versions_lease_is_judged_by_its_own_renewal(kube: KubeClient) -> None:
+    """A rolling upgrade: a replica of an earlier version renews the node Lease itself and names no replica
+    Lease. It is held while that renewal is fresh, and taken once it lapsed."""
+    node = unique("n6")
+    await kube.create_lease(
+        OPS,
+        {
+            "metadata": {"name": lease_name(node), "namespace": OPS},
+            "spec": {
+                "holderIdentity": "earlier-version",
+                "leaseDurationSeconds": 60,
+                "renewTime": "2099-01-01T00:00:00.000000Z",  # renewed: fresh
+            },
+        },
+    )
+    leases = NodeLeases(kube, namespace=OPS, identity=unique("new"), duration_s=15)
+    assert await leases.claim(node) is None
+    await backdate(kube, lease_name(node))
+    taken = await leases.claim(node)
+    assert taken is not None
+    await taken.release()
+    await leases.close()
+
+
+async def test_a_restarted_process_frees_what_its_predecessor_held_and_a_closed_one_what_it_held(
+    kube: KubeClient,
+) -> None:
+    """A container restarted in the same pod (same identity, another process) rewrites the replica Lease:
+    what its predecessor held is free at once, for it and for any other replica. At shutdown the replica Lease
+    is deleted: a node Lease still naming it is free at once."""
+    identity = unique("replica-c")
+    first, second, third = unique("n7"), unique("n7"), unique("n7")
+    before = NodeLeases(kube, namespace=OPS, identity=identity, duration_s=60)
+    held = [await before.claim(first), await before.claim(second)]
+    assert all(claim is not None for claim in held)
+    await stop_renewing(before)  # the process is killed, its Lease fresh
+    restarted = NodeLeases(kube, namespace=OPS, identity=identity, duration_s=60)
+    again = await restarted.claim(first)
+    assert again is not None
+    assert again.lease["spec"]["holderIdentity"] == restarted.holder != before.holder
+    other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=60)
+    taken = await other.claim(second)  # the predecessor's: free
+    assert taken is not None
+    await taken.release()
+    kept = await restarted.claim(third)
+    assert kept is not None
+    assert await other.claim(third) is None  # the restarted process's replica Lease is fresh: held
+    await restarted.close()  # shutdown (with a claim still held: its shutdown timed out)
+    assert await kube.get_lease(OPS, restarted.replica.name) is None
+    taken = await other.claim(third)  # the replica Lease is gone: the node's is free
+    assert taken is not None
+    await taken.release()
+    await again.release()
+    await other.close()

@@ -34,7 +34,7 @@ from queue_processor.kinds import (
     SpotInterruptionEvent,
     StateChangeEvent,
 )
-from queue_processor.leases import NodeLeases
+from queue_processor.leases import NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.gotemplate import Struct, parse
@@ -262,6 +262,9 @@ class FakeKube:
         self._bump(lease)
         self.leases[name] = lease
         return copy.deepcopy(lease)
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        self.leases.pop(name, None)
 
 
 class FakeResolver:
@@ -734,13 +737,12 @@ async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_compl
     assert operation is not None
 
     async def taken_over(name: str) -> None:
-        if name == "web-1":  # another replica takes the Lease (ours lapsed while we were paused)
-            lease = next(iter(world.kube.leases.values()))
+        if name == "web-1":  # the process was paused for longer than its replica Lease lasts
+            assert world.handler.leases is not None
+            world.handler.leases.replica.renewed_at -= 61
+            lease = world.kube.leases[lease_name(NODE)]  # and another replica took the node's Lease
             lease["spec"]["holderIdentity"] = "replica-b"
             world.kube._bump(lease)
-            assert world.handler.leases is not None
-            # the process was paused: the last renewal is older than a renewal period
-            world.handler.leases.renew_every_s = 0.0
 
     world.kube.on_evict = taken_over
     outcome, messages = await world.run(operation)
@@ -748,7 +750,7 @@ async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_compl
     assert world.kube.evicted == ["web-0", "web-1"]  # none after the Lease was taken (during web-1's)
     assert world.autoscaling.made("CompleteLifecycleAction") == []
     assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 1
-    assert next(iter(world.kube.leases.values()))["spec"]["holderIdentity"] == "replica-b"  # not released
+    assert world.kube.leases[lease_name(NODE)]["spec"]["holderIdentity"] == "replica-b"  # not released
     await world.heartbeats.close()
     assert our_tasks() == set()
 
@@ -785,7 +787,7 @@ async def test_a_long_budget_blocked_drain_keeps_its_own_lease_through_concurren
     assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 0
     assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2"]
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
-    assert next(iter(world.kube.leases.values()))["spec"]["holderIdentity"] is None  # released
+    assert world.kube.leases[lease_name(NODE)]["spec"]["holderIdentity"] is None  # released
     assert our_tasks() == set()
 
 
@@ -798,7 +800,7 @@ async def test_heartbeat_access_denied_never_blocks_the_cordon_or_the_drain(env:
     assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
     assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2"]
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
-    assert next(iter(world.kube.leases.values()))["spec"]["holderIdentity"] is None  # released
+    assert world.kube.leases[lease_name(NODE)]["spec"]["holderIdentity"] is None  # released
     assert our_tasks() == set()
 
 
