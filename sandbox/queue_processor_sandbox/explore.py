@@ -315,7 +315,7 @@ class _World:
                 self.held.discard(step.target)
                 self.released_at = now
             return True
-        if kind in ("pause-replica", "resume-replica", "kill-replica", "restart-replica"):
+        if kind in ("pause-replica", "resume-replica", "kill-replica", "stop-replica", "restart-replica"):
             return self._replica_step(step)
         if kind == "kube-fault":
             return self._kube_fault(step)
@@ -391,10 +391,20 @@ class _World:
             replica.paused = False
             self._disturbance_over()
             return True
-        if step.kind == "kill-replica" and process is not None:
-            process.process.kill()
-            process.process.wait()
-            process.log.close()
+        if step.kind in ("kill-replica", "stop-replica") and process is not None:
+            if step.kind == "kill-replica":
+                process.process.kill()
+                process.process.wait()
+                process.log.close()
+            else:  # a graceful stop mid-storyline (a rolling update): it must exit 0, as at the end
+                try:
+                    code = process.stop(signal.SIGTERM, 30)
+                except AssertionError as error:
+                    self.fail("process", f"{replica.name}: {error}")
+                else:
+                    verdict = exit_verdict(code, process.lines())
+                    if verdict is not None and verdict != "stopped-while-starting":
+                        self.fail("process", f"{replica.name} stopped mid-storyline: {verdict}")
             replica.earlier.append(process)
             replica.process, replica.paused, replica.disturbed = None, False, True
             self.disturbances.append([time.monotonic(), float("inf")])

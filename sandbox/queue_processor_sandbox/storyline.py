@@ -13,8 +13,8 @@ real clusters meet:
   warm-pool instance moved back into the group;
 - the cluster's side: a PodDisruptionBudget that blocks evictions for a while then relaxes, the Node of an
   instance deleted mid-drain;
-- the controllers' side: the second replica paused (SIGSTOP, then SIGCONT) or killed (SIGKILL, then started
-  again);
+- the controllers' side: the second replica paused (SIGSTOP, then SIGCONT), killed (SIGKILL) or stopped
+  (SIGTERM: its operations end, its claims are released and its own Lease deleted), then started again;
 - faults of the sandbox's injectors: the Kubernetes API (500, 429 with Retry-After, slow answers, connection
   resets; emulation only) and AWS (throttled heartbeats and completions);
 - delivery: each message is sent again, later, with the storyline's duplicate probability (at least once
@@ -55,6 +55,7 @@ StepKind = Literal[
     "pause-replica",
     "resume-replica",
     "kill-replica",
+    "stop-replica",
     "restart-replica",
     "kube-fault",
     "aws-fault",
@@ -207,7 +208,8 @@ def generate(seed: int) -> Storyline:
             steps.append(Step(round(start, 1), "pause-replica", 1, f"{pause:.0f}"))
             steps.append(Step(round(start + pause, 1), "resume-replica", 1))
         else:
-            steps.append(Step(round(start, 1), "kill-replica", 1))
+            # SIGTERM rather than SIGKILL for half the seeds, from the seed (the older seeds keep their steps).
+            steps.append(Step(round(start, 1), "stop-replica" if (seed // 2) % 2 else "kill-replica", 1))
             steps.append(Step(round(start + rng.uniform(20, 200), 1), "restart-replica", 1))
     if faults:
         for _ in range(rng.randint(1, 4)):

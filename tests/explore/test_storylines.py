@@ -17,7 +17,7 @@ from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, ge
 #: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
 #: replicas, with and without faults (their descriptions are checked below, so a generator change that
 #: drops a kind from them fails loudly).
-EMULATED = [0, 1, 3, 12, 29]
+EMULATED = [0, 1, 3, 12, 29, 38]
 REAL = [5, 20]
 #: Storylines that failed once, with the defect they found (each fixed since).
 PINNED: dict[int, str] = {
@@ -43,7 +43,13 @@ def test_storylines_stay_within_their_bounds(seed: int) -> None:
     assert [step.at_s for step in story.steps] == sorted(step.at_s for step in story.steps)
     assert any(step.kind in INTERRUPTIONS for step in story.steps)
     for step in story.steps:
-        if step.kind in ("pause-replica", "kill-replica", "resume-replica", "restart-replica"):
+        if step.kind in (
+            "pause-replica",
+            "kill-replica",
+            "stop-replica",
+            "resume-replica",
+            "restart-replica",
+        ):
             assert story.replicas == 2  # the second replica is the one disturbed
         if step.kind in ("kube-fault", "aws-fault"):
             assert story.faults
@@ -52,7 +58,8 @@ def test_storylines_stay_within_their_bounds(seed: int) -> None:
 def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
     kinds = {step.kind for seed in EMULATED + REAL for step in generate(seed).steps}
     assert kinds >= {"rebalance", "spot", "scale-in", "to-warm-pool", "stop", "health", "from-warm-pool"}
-    assert kinds >= {"pause-replica", "kill-replica", "pdb-hold", "kube-fault", "aws-fault", "delete-node"}
+    assert kinds >= {"pause-replica", "kill-replica", "stop-replica", "pdb-hold", "kube-fault", "aws-fault"}
+    assert "delete-node" in kinds
     assert {generate(seed).replicas for seed in EMULATED} == {1, 2}
     assert any(generate(seed).compaction_at_s is not None for seed in EMULATED)  # watches dropped, 410s
     assert {generate(seed).faults for seed in EMULATED} == {False, True}
