@@ -6,7 +6,8 @@ Two kinds of Lease live in the replica's namespace:
 - the replica's own, ``queue-processor.replica.<identity>`` (:class:`ReplicaLease`), renewed every third of
   its duration (NODE_LEASE_DURATION_SEC) while the replica holds any node; its ``holderIdentity`` is
   :attr:`NodeLeases.holder`, ``<identity>/<incarnation>``, the incarnation a token drawn when the process
-  starts (a container restarted in the same pod is another incarnation, and what its predecessor held is free);
+  starts (a container restarted in the same pod is another incarnation: what its predecessor held is free once
+  this process writes the Lease, at its first claim);
 - a node's, ``queue-processor-<node>``, which a replica :meth:`NodeLeases.claim`\\ s before PreDrain and
   writes twice in all: created (or taken) with the same ``holderIdentity`` and the annotation
   :data:`REPLICA_ANNOTATION` naming the replica's Lease, and released (holder cleared) when the node's
@@ -16,14 +17,17 @@ Two kinds of Lease live in the replica's namespace:
 
 Another replica takes a node Lease over when it is released, or when the replica Lease it names is gone,
 names another holder, or was not renewed for its ``leaseDurationSeconds``; a node Lease without the
-annotation (an earlier version's, which renews it) when its own ``renewTime`` + ``leaseDurationSeconds`` is
-past. Every write goes through the API server's optimistic concurrency (create → 409 AlreadyExists, replace
-with a stale resourceVersion → 409 Conflict: another replica won). A node Lease this version writes says
+annotation, or whose holder is not the replica it names (an earlier version's, which renews it and may keep an
+annotation it found), when its own ``renewTime`` + ``leaseDurationSeconds`` is past. A release clears the
+holder and the annotation; one the API server did not answer is made again at each renewal. Every write goes
+through the API server's optimistic concurrency (create → 409 AlreadyExists, replace with a stale
+resourceVersion → 409 Conflict: another replica won). A node Lease this version writes says
 ``leaseDurationSeconds`` :data:`HELD_BY_REPLICA_S`: a replica of an earlier version (a rolling upgrade), which
 judges a node Lease by its own renewal, takes none of ours that is still being handled.
 
 When the replica Lease is not renewed for a whole duration (the API server did not answer, or the process was
-paused), or is found deleted or rewritten by someone else, every node Lease held until then may have been
+paused: a timer ends the claims at the lapse even while a renewal hangs), is renewed only by a write answered
+after that, or is found deleted or rewritten by someone else, every node Lease held until then may have been
 taken: each such :class:`Claim` is lost (``lost`` set, :class:`ClaimLost` from :meth:`Claim.confirm`) and its
 operation requeued (EarlyExit); a replica that finds a node Lease held by another lets its message be
 requeued: whatever the holder does, a later retry finds the node drained and finishes at once.
@@ -138,6 +142,10 @@ class ReplicaLease:
         self._claiming = 0  # claims in progress, which may be waiting for the renewal in flight
         self._renewal: asyncio.Task[KubeError | None] | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._lapse: asyncio.TimerHandle | None = None
+        self.unreleased: dict[str, dict[str, Any]] = {}
+        """Node Leases whose release failed (name → the Lease as last written): released again at each
+        renewal, so that a Lease still naming us is not held for as long as we hold other nodes."""
 
     def age(self) -> float:
         """Seconds since the last renewal that succeeded was sent (infinite before the first)."""
@@ -196,7 +204,12 @@ class ReplicaLease:
                         )
                     self.lease = current  # written again on its resourceVersion (or created again)
                     continue
+                if leases.clock() - self.renewed_at >= leases.duration_s:
+                    # Landed after the last renewal had lapsed: another replica may have read the Lease
+                    # expired before this write and taken what it named.
+                    self._end_epoch(f"the replica's Lease {self.name} was renewed only after it had lapsed")
                 self.renewed_at = sent
+                self._watch_lapse()
                 return None
             raise KubeError(409, "Conflict", f"Lease {self.name} kept changing under {RENEW_ATTEMPTS} writes")
         except KubeError as exc:
@@ -237,35 +250,62 @@ class ReplicaLease:
                 await asyncio.sleep(due)
             elif await self.renew() is not None:
                 await asyncio.sleep(min(leases.renew_every_s, RENEW_RETRY_S))
+            else:
+                for name, lease in list(self.unreleased.items()):
+                    if await leases.clear(lease):
+                        self.unreleased.pop(name, None)
+
+    def _watch_lapse(self) -> None:
+        """End the epoch when the Lease lapses while claims are held, even while a renewal hangs (a claim is
+        then lost at once, not at its next confirmation)."""
+        if self._lapse is not None:
+            self._lapse.cancel()
+            self._lapse = None
+        if self.claims:
+            wait = max(0.0, self._leases.duration_s - self.age())
+            self._lapse = asyncio.get_running_loop().call_later(wait, self.check)
 
     def hold(self, claim: Claim) -> None:
         """Count ``claim`` among those the renewal keeps (it starts with the first)."""
         self.claims.add(claim)
         if self._renewer is None or self._renewer.done():
             self._renewer = tasks.spawn(self._renew_forever(), name=f"lease-{self.name}")
+        if self._lapse is None:
+            self._watch_lapse()
 
     async def drop(self, claim: Claim) -> None:
         """Stop counting ``claim``; the last one stops the renewal (and a write in flight that no claim in
         progress waits for)."""
         self.claims.discard(claim)
         if not self.claims:
+            if self._lapse is not None:
+                self._lapse.cancel()
+                self._lapse = None
             renewer, self._renewer = self._renewer, None
-            await tasks.stop(renewer, self._renewal if self._claiming == 0 else None)
+            renewal = None
+            if self._claiming == 0:  # a claim that comes meanwhile starts a write of its own
+                renewal, self._renewal = self._renewal, None
+            await tasks.stop(renewer, renewal)
 
     async def close(self, timeout_s: float = 1.0) -> None:
         """Stop renewing and delete the Lease if it is ours, so that what it still held is free at once; the
         deletion is waited for at most ``timeout_s`` seconds (the shutdown's budget). Errors are logged, not
         raised."""
+        self._end_epoch(f"the replica's Lease {self.name} was given up (shutdown)")
+        if self._lapse is not None:
+            self._lapse.cancel()
+            self._lapse = None
         renewer, self._renewer = self._renewer, None
-        await tasks.stop(renewer, self._renewal)
-        if _holder(self.lease) != self._leases.holder:
-            return
+        renewal, self._renewal = self._renewal, None
         leases = self._leases
         try:
-            await asyncio.wait_for(leases.kube.delete_lease(leases.namespace, self.name), timeout_s)
+            async with asyncio.timeout(timeout_s):  # a cancelled write waits for its answer: bounded here
+                await tasks.stop(renewer, renewal)
+                if _holder(self.lease) == leases.holder:
+                    await leases.kube.delete_lease(leases.namespace, self.name)
+                    self.lease = None
         except (KubeError, TimeoutError) as exc:
             log.warning("replica lease deletion failed", lease=self.name, error=str(exc) or "timed out")
-        self.lease = None
 
 
 class Claim:
@@ -310,29 +350,14 @@ class Claim:
             raise ClaimLost(f"Lease {self.name} was lost")
 
     async def release(self) -> None:
-        """Give the node Lease up (its holder cleared); a 409 re-reads it and clears it while it is still ours
-        (a lost claim's Lease another replica took is left to it). The last claim released stops the replica
-        Lease's renewal. Errors are logged, not raised."""
+        """Give the node Lease up (:meth:`NodeLeases.clear`: a lost claim's Lease another replica took is left
+        to it); one the API server did not answer is released again at each renewal while this replica holds
+        other nodes (holding none, its own Lease lapses and frees it). The last claim released stops the
+        replica Lease's renewal. Errors are logged, not raised."""
         leases = self._leases
         await leases.replica.drop(self)
-        lease: dict[str, Any] | None = self.lease  # lost: cleared only if nobody wrote it since (its version)
-        for _ in range(RENEW_ATTEMPTS):
-            if _holder(lease) != leases.holder or lease is None:
-                return
-            try:
-                await leases.kube.replace_lease(
-                    leases.namespace, {**lease, "spec": {**lease.get("spec", {}), "holderIdentity": None}}
-                )
-                return
-            except KubeError as exc:
-                if exc.status != 409:
-                    log.warning("lease release failed", lease=self.name, error=str(exc))
-                    return
-            try:
-                lease = await leases.kube.get_lease(leases.namespace, self.name)
-            except KubeError as exc:
-                log.warning("lease release failed", lease=self.name, error=str(exc))
-                return
+        if not await leases.clear(self.lease):  # retried at each renewal while we hold other nodes
+            leases.replica.unreleased[self.name] = self.lease
 
     async def __aenter__(self) -> Claim:
         return self
@@ -401,12 +426,49 @@ class NodeLeases:
         finally:
             replica._claiming -= 1
 
+    async def clear(self, lease: dict[str, Any] | None) -> bool:
+        """Release a node Lease as we last wrote it: its holder and annotation cleared on its
+        resourceVersion; a 409 re-reads it and clears it while it is still ours. ``True`` when it is released
+        or no longer ours (another replica took it: left to it), ``False`` when the API server did not
+        answer (logged)."""
+        for _ in range(RENEW_ATTEMPTS):
+            if lease is None or _holder(lease) != self.holder:
+                return True
+            metadata = dict(lease.get("metadata") or {})
+            annotations = {
+                k: v for k, v in (metadata.get("annotations") or {}).items() if k != REPLICA_ANNOTATION
+            }
+            metadata["annotations"] = annotations
+            try:
+                await self.kube.replace_lease(
+                    self.namespace,
+                    {
+                        **lease,
+                        "metadata": metadata,
+                        "spec": {**lease.get("spec", {}), "holderIdentity": None},
+                    },
+                )
+                return True
+            except KubeError as exc:
+                if exc.status != 409:
+                    log.warning("lease release failed", lease=metadata.get("name"), error=str(exc))
+                    return False
+            try:
+                lease = await self.kube.get_lease(self.namespace, str(metadata.get("name")))
+            except KubeError as exc:
+                log.warning("lease release failed", lease=metadata.get("name"), error=str(exc))
+                return False
+        return False
+
     async def _held_by_another(self, lease: dict[str, Any]) -> bool:
         holder = _holder(lease)
         if holder is None or holder == self.holder:
             return False
         named = ((lease.get("metadata") or {}).get("annotations") or {}).get(REPLICA_ANNOTATION)
-        if not named:  # an earlier version's Lease, renewed by its holder
+        identity, slash, _ = holder.rpartition("/")
+        if not named or not slash or replica_lease_name(identity) != named:
+            # An earlier version's Lease (renewed by its holder; it may have kept an annotation of ours it
+            # found on the Lease): judged by its own renewal.
             return not _expired(lease, self.duration_s)
         if named == self.replica.name:  # our pod's earlier process: what it held is ours to take
             return False

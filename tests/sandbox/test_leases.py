@@ -12,7 +12,7 @@ import pytest
 
 from queue_processor.kube import KubeClient
 from queue_processor.leases import HELD_BY_REPLICA_S, REPLICA_ANNOTATION, NodeLeases, lease_name
-from queue_processor.outcomes import ClaimLost
+from queue_processor.outcomes import ClaimLost, KubeError
 from queue_processor_sandbox.cluster import KubeCluster
 from tests.sandbox.conftest import Requests
 
@@ -285,4 +285,122 @@ async def test_a_restarted_process_frees_what_its_predecessor_held_and_a_closed_
     assert taken is not None
     await taken.release()
     await again.release()
+    await other.close()
+
+
+class ScriptedLeaseWrites:
+    """The controller's client with Lease writes scripted: ``during`` runs while a write is on its way (before
+    it is sent), ``fail`` answers the next writes that clear a holder with a 500, ``hang`` makes every write
+    wait for an answer that never comes, as the client does for a write it cannot take back (a cancellation
+    waits for the answer; a second one ends the wait)."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self.during: Any = None
+        self.fail = 0
+        self.hang = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.kube, name)
+
+    async def replace_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        if self.hang:
+            never = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.shield(never)
+            except asyncio.CancelledError:
+                await never  # the answer is waited for; a second cancellation ends this
+        if self.fail and not lease["spec"].get("holderIdentity"):
+            self.fail -= 1
+            raise KubeError(500, "InternalError", "etcdserver: request timed out")
+        if self.during is not None:
+            self.during()
+        answer: dict[str, Any] = await self.kube.replace_lease(namespace, lease)
+        return answer
+
+
+async def test_a_renewal_that_lands_after_the_lease_lapsed_loses_the_claims(kube: KubeClient) -> None:
+    """A renewal sent in time but answered after the replica Lease lapsed: another replica may have read it
+    expired meanwhile and taken a node. The claims are lost, not revived by the late write."""
+    now = [1000.0]
+    scripted = ScriptedLeaseWrites(kube)
+    leases = NodeLeases(scripted, namespace=OPS, identity=unique("slow"), duration_s=15, clock=lambda: now[0])  # type: ignore[arg-type]
+    claim = await leases.claim(unique("n8"))
+    assert claim is not None
+    now[0] += 10  # a renewal period and more: the next confirmation renews
+
+    def slow() -> None:
+        now[0] += 10  # the write is answered 10 s later: 20 s after the last renewal, which lasted 15
+
+    scripted.during = slow
+    with pytest.raises(ClaimLost):
+        await claim.confirm()
+    assert claim.lost.is_set()
+    scripted.during = None
+    await claim.release()
+    await leases.close()
+
+
+async def test_a_claim_is_lost_when_the_lease_lapses_while_its_renewal_hangs(kube: KubeClient) -> None:
+    scripted = ScriptedLeaseWrites(kube)
+    leases = NodeLeases(scripted, namespace=OPS, identity=unique("hung"), duration_s=1, renew_every_s=0.05)  # type: ignore[arg-type]
+    claim = await leases.claim(unique("n9"))
+    assert claim is not None
+    scripted.hang = True  # the API server stops answering: every renewal hangs
+    await asyncio.wait_for(claim.lost.wait(), timeout=30)  # a hang guard; lost at the lapse (1 s)
+    await leases.close(timeout_s=0.2)  # bounded though the renewal in flight is never answered
+    scripted.hang = False
+    await claim.release()
+
+
+async def test_a_node_lease_an_earlier_version_took_is_judged_by_its_renewal_whatever_it_kept(
+    kube: KubeClient,
+) -> None:
+    """A rolling upgrade: an earlier version's replica took a node Lease we had released and kept the
+    annotation it found (it copies metadata). The annotation names our replica Lease, but the holder is not
+    ours: the Lease is judged by its own renewal, held while the earlier version renews it."""
+    node = unique("n10")
+    new = NodeLeases(kube, namespace=OPS, identity=unique("new"), duration_s=60)
+    first = await new.claim(node)
+    assert first is not None
+    held_elsewhere = await new.claim(unique("n10"))  # keeps our replica Lease renewed
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None
+    lease["metadata"].setdefault("annotations", {})[REPLICA_ANNOTATION] = new.replica.name
+    lease["spec"].update(holderIdentity="earlier-version", leaseDurationSeconds=60)
+    lease["spec"]["renewTime"] = "2099-01-01T00:00:00.000000Z"
+    await kube.replace_lease(OPS, lease)  # the earlier version's takeover, our annotation kept
+    other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=60)
+    assert await other.claim(node) is None
+    assert held_elsewhere is not None
+    await held_elsewhere.release()
+    await new.close()
+    await other.close()
+
+
+async def test_a_release_the_api_server_did_not_answer_is_made_again_at_the_next_renewal(
+    kube: KubeClient,
+) -> None:
+    """Otherwise the node Lease, still naming a replica Lease that is renewed while the replica holds other
+    nodes, stays held for all of a storm."""
+    scripted = ScriptedLeaseWrites(kube)
+    leases = NodeLeases(scripted, namespace=OPS, identity=unique("busy"), duration_s=15, renew_every_s=0.05)  # type: ignore[arg-type]
+    node = unique("n11")
+    claim = await leases.claim(node)
+    other_node = await leases.claim(unique("n11"))  # the replica keeps renewing its Lease for this one
+    assert claim is not None
+    assert other_node is not None
+    scripted.fail = 1
+    await claim.release()  # answered 500
+    assert lease_name(node) in leases.replica.unreleased
+    other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=15)
+    deadline = asyncio.get_running_loop().time() + 30  # a hang guard: renewals come every 50 ms
+    taken = await other.claim(node)
+    while taken is None:
+        assert asyncio.get_running_loop().time() < deadline, "the node Lease was never released"
+        await asyncio.sleep(0.05)
+        taken = await other.claim(node)
+    await taken.release()
+    await other_node.release()
+    await leases.close()
     await other.close()
