@@ -717,11 +717,18 @@ class KubeClient:
         )
         return replaced
 
-    async def delete_lease(self, namespace: str, name: str) -> None:
-        """Delete a Lease; one already gone is not an error."""
+    async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
+        """Delete a Lease, only if it is still at ``resource_version`` when given (a precondition: 409
+        Conflict otherwise, :class:`KubeError`); one already gone is not an error."""
+        body = None
+        if resource_version is not None:
+            body = {"preconditions": {"resourceVersion": resource_version}}
         try:
             await self.request(
-                "DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", urgent=True
+                "DELETE",
+                f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+                body=body,
+                urgent=True,
             )
         except KubeError as exc:
             if exc.status != 404:

@@ -10,8 +10,8 @@ Two kinds of Lease live in the replica's namespace:
   this process writes the Lease, at its first claim);
 - a node's, ``queue-processor-<node>``, which a replica :meth:`NodeLeases.claim`\\ s before PreDrain and
   writes twice in all: created (or taken) with the same ``holderIdentity`` and the annotation
-  :data:`REPLICA_ANNOTATION` naming the replica's Lease, and released (holder cleared) when the node's
-  handling ends. It is held for as long as that replica Lease still names the same holder and is renewed: one
+  :data:`REPLICA_ANNOTATION` naming the replica's Lease, and released (deleted) when the node's handling
+  ends. It is held for as long as that replica Lease still names the same holder and is renewed: one
   renewal per replica every third of the duration, not one per node being handled (a storm's drains, each
   lasting a minute or more, cost a node Lease write every 20 s each before).
 
@@ -427,36 +427,29 @@ class NodeLeases:
             replica._claiming -= 1
 
     async def clear(self, lease: dict[str, Any] | None) -> bool:
-        """Release a node Lease as we last wrote it: its holder and annotation cleared on its
-        resourceVersion; a 409 re-reads it and clears it while it is still ours. ``True`` when it is released
-        or no longer ours (another replica took it: left to it), ``False`` when the API server did not
-        answer (logged)."""
+        """Release a node Lease as we last wrote it: deleted, on the precondition that it is still at that
+        resourceVersion (nothing is left behind for a node that is gone, and the node's next claim is one
+        create); a 409 re-reads it and deletes it while it is still ours. ``True`` when it is released, gone,
+        or no longer ours (another replica took it: left to it), ``False`` when the API server did not answer
+        (logged)."""
         for _ in range(RENEW_ATTEMPTS):
             if lease is None or _holder(lease) != self.holder:
                 return True
-            metadata = dict(lease.get("metadata") or {})
-            annotations = {
-                k: v for k, v in (metadata.get("annotations") or {}).items() if k != REPLICA_ANNOTATION
-            }
-            metadata["annotations"] = annotations
+            metadata = lease.get("metadata") or {}
+            name = str(metadata.get("name"))
             try:
-                await self.kube.replace_lease(
-                    self.namespace,
-                    {
-                        **lease,
-                        "metadata": metadata,
-                        "spec": {**lease.get("spec", {}), "holderIdentity": None},
-                    },
+                await self.kube.delete_lease(
+                    self.namespace, name, resource_version=metadata.get("resourceVersion")
                 )
                 return True
             except KubeError as exc:
                 if exc.status != 409:
-                    log.warning("lease release failed", lease=metadata.get("name"), error=str(exc))
+                    log.warning("lease release failed", lease=name, error=str(exc))
                     return False
             try:
-                lease = await self.kube.get_lease(self.namespace, str(metadata.get("name")))
+                lease = await self.kube.get_lease(self.namespace, name)
             except KubeError as exc:
-                log.warning("lease release failed", lease=metadata.get("name"), error=str(exc))
+                log.warning("lease release failed", lease=name, error=str(exc))
                 return False
         return False
 

@@ -1012,3 +1012,44 @@ def test_a_generated_name_that_is_taken_is_drawn_again(monkeypatch: pytest.Monke
     monkeypatch.setattr(store_module.uuid, "uuid4", lambda: next(draws, None) or real())
     created = store.insert("pods", {"metadata": {"generateName": "app-", "namespace": "ns"}, "spec": {}})
     assert created["metadata"]["name"] == "app-bbbbb"
+
+
+def test_a_delete_on_a_stale_resource_version_is_refused_with_409(
+    kube: KubeCluster, api: client.ApiClient
+) -> None:
+    """A release deletes a node Lease only if it is still at the version its holder wrote (DeleteOptions
+    preconditions): the emulation refuses a stale one as the API server does, and deletes a current one."""
+    leases = client.CoordinationV1Api(api)
+    namespace, name = namespace_of(kube), unique("release")
+    created = leases.create_namespaced_lease(
+        namespace, {"metadata": {"name": name}, "spec": {"holderIdentity": "a"}}
+    )
+    stale = created.metadata.resource_version
+    leases.patch_namespaced_lease(name, namespace, {"spec": {"holderIdentity": "b"}})
+    current = leases.read_namespaced_lease(name, namespace).metadata.resource_version
+    refusal = refused(
+        lambda: leases.delete_namespaced_lease(
+            name,
+            namespace,
+            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=stale)),
+        )
+    )
+    assert refusal.status == 409
+    assert status_body(refusal) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f'Operation cannot be fulfilled on Lease.coordination.k8s.io "{name}": the ResourceVersion in '
+        f"the precondition ({stale}) does not match the ResourceVersion in record ({current}). The object might "
+        "have been modified",
+        "reason": "Conflict",
+        "details": {"name": name, "group": "coordination.k8s.io", "kind": "Lease"},
+        "code": 409,
+    }
+    leases.delete_namespaced_lease(
+        name,
+        namespace,
+        body=client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=current)),
+    )
+    assert refused(lambda: leases.read_namespaced_lease(name, namespace)).status == 404

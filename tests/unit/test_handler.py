@@ -263,8 +263,13 @@ class FakeKube:
         self.leases[name] = lease
         return copy.deepcopy(lease)
 
-    async def delete_lease(self, namespace: str, name: str) -> None:
-        self.leases.pop(name, None)
+    async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
+        current = self.leases.get(name)
+        if current is None:
+            return
+        if resource_version is not None and current["metadata"]["resourceVersion"] != resource_version:
+            raise KubeError(409, "Conflict", "Precondition failed: ResourceVersion in precondition")
+        del self.leases[name]
 
 
 class FakeResolver:
@@ -787,7 +792,7 @@ async def test_a_long_budget_blocked_drain_keeps_its_own_lease_through_concurren
     assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 0
     assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2"]
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
-    assert world.kube.leases[lease_name(NODE)]["spec"]["holderIdentity"] is None  # released
+    assert lease_name(NODE) not in world.kube.leases  # released
     assert our_tasks() == set()
 
 
@@ -800,7 +805,7 @@ async def test_heartbeat_access_denied_never_blocks_the_cordon_or_the_drain(env:
     assert (outcome, messages) == (Outcome.DONE, {"m-asg": MessageOutcome.DELETE})
     assert sorted(world.kube.evicted) == ["web-0", "web-1", "web-2"]
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
-    assert world.kube.leases[lease_name(NODE)]["spec"]["holderIdentity"] is None  # released
+    assert lease_name(NODE) not in world.kube.leases  # released
     assert our_tasks() == set()
 
 
@@ -885,14 +890,14 @@ async def test_an_action_that_joins_after_the_last_completion_keeps_its_message(
     operation = world.receive(spot())
     assert operation is not None
     assert world.leases is not None
-    original = world.kube.replace_lease
+    original = world.kube.delete_lease
 
-    async def join_on_release(namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
-        if lease["spec"].get("holderIdentity") is None:  # the Lease is being released: the last await
+    async def join_on_release(namespace: str, name: str, *, resource_version: str | None = None) -> None:
+        if name == lease_name(NODE):  # the Lease is being released: the last await
             world.receive(terminate())
-        return await original(namespace, lease)
+        await original(namespace, name, resource_version=resource_version)
 
-    world.kube.replace_lease = join_on_release  # type: ignore[method-assign]
+    world.kube.delete_lease = join_on_release  # type: ignore[method-assign]
     outcome, messages = await world.run(operation)
     assert outcome is Outcome.DONE
     assert messages == {"m-spot": MessageOutcome.DELETE, "m-asg": MessageOutcome.REQUEUE}

@@ -696,7 +696,8 @@ class ApiRoutes:
         return self._present(plural, self.store.replace(plural, key, new))
 
     def _delete(self, plural: str, key: Key, query: Any, body: Any) -> Obj:
-        wanted = ((body.get("preconditions") or {}) if isinstance(body, dict) else {}).get("uid")
+        preconditions = (body.get("preconditions") or {}) if isinstance(body, dict) else {}
+        wanted = preconditions.get("uid")
         current = self.store.objects[plural][key]
         if wanted and wanted != current["metadata"].get("uid"):
             raise ApiError(
@@ -705,6 +706,19 @@ class ApiRoutes:
                 f'Operation cannot be fulfilled on {qualified(plural)} "{key[1]}": Precondition failed: UID in '
                 f"precondition: {wanted}, UID in object meta: {current['metadata'].get('uid')}",
                 {"name": key[1], **details(plural)},
+            )
+        version = preconditions.get("resourceVersion")
+        if version and str(version) != str(current["metadata"].get("resourceVersion")):
+            # The storage layer's wording: the resource named by kind, and kind in the details.
+            info = RESOURCES[plural]
+            group = info.group_version.rpartition("/")[0]
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {info.kind}{"." + group if group else ""} "{key[1]}": the '
+                f"ResourceVersion in the precondition ({version}) does not match the ResourceVersion in record "
+                f"({current['metadata'].get('resourceVersion')}). The object might have been modified",
+                {"name": key[1], **({"group": group} if group else {}), "kind": info.kind},
             )
         if plural == "pods":
             grace: int | None = None
