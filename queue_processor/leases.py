@@ -126,6 +126,45 @@ def _expired(lease: dict[str, Any], default_s: int) -> bool:
     return renewed is None or renewed + timedelta(seconds=duration) < _now()
 
 
+def _new_lease(
+    name: str, namespace: str, holder: str, duration_s: int, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A Lease to create, held by ``holder`` from now for ``duration_s`` seconds."""
+    now = _now().strftime(_MICRO)
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration_s,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": 0,
+        },
+    }
+
+
+def _held(
+    lease: dict[str, Any], holder: str, duration_s: int, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``lease`` as ``holder`` writes it (on its resourceVersion): renewed now, acquired now (one transition
+    more) when it was someone else's, ``annotations`` added."""
+    now = _now().strftime(_MICRO)
+    metadata = dict(lease.get("metadata") or {})
+    if annotations:
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    spec = dict(lease.get("spec") or {})
+    if spec.get("holderIdentity") != holder:
+        spec["acquireTime"] = now
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+    spec.update(holderIdentity=holder, leaseDurationSeconds=duration_s, renewTime=now)
+    return {**lease, "metadata": metadata, "spec": spec}
+
+
 class ReplicaLease:
     """This replica's own Lease (see the module): written before the first claim, renewed every
     ``renew_every_s`` while claims are held (one write in flight at a time, shared with every
@@ -187,10 +226,13 @@ class ReplicaLease:
             for _ in range(RENEW_ATTEMPTS):
                 try:
                     if self.lease is None:
-                        self.lease = await leases.kube.create_lease(leases.namespace, self._fresh())
+                        self.lease = await leases.kube.create_lease(
+                            leases.namespace,
+                            _new_lease(self.name, leases.namespace, leases.holder, leases.duration_s),
+                        )
                     else:
                         self.lease = await leases.kube.replace_lease(
-                            leases.namespace, self._written(self.lease)
+                            leases.namespace, _held(self.lease, leases.holder, leases.duration_s)
                         )
                 except KubeError as exc:
                     if exc.status not in (404, 409) or (exc.status == 404 and self.lease is None):
@@ -216,32 +258,6 @@ class ReplicaLease:
             log.warning("replica lease renewal failed", lease=self.name, error=str(exc))
             return exc
 
-    def _fresh(self) -> dict[str, Any]:
-        now = _now().strftime(_MICRO)
-        leases = self._leases
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": leases.namespace},
-            "spec": {
-                "holderIdentity": leases.holder,
-                "leaseDurationSeconds": leases.duration_s,
-                "acquireTime": now,
-                "renewTime": now,
-                "leaseTransitions": 0,
-            },
-        }
-
-    def _written(self, lease: dict[str, Any]) -> dict[str, Any]:
-        leases = self._leases
-        now = _now().strftime(_MICRO)
-        spec = dict(lease.get("spec") or {})
-        if spec.get("holderIdentity") != leases.holder:
-            spec["acquireTime"] = now
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        spec.update(holderIdentity=leases.holder, leaseDurationSeconds=leases.duration_s, renewTime=now)
-        return {**lease, "spec": spec}
-
     async def _renew_forever(self) -> None:
         leases = self._leases
         while True:
@@ -255,12 +271,15 @@ class ReplicaLease:
                     if await leases.clear(lease):
                         self.unreleased.pop(name, None)
 
-    def _watch_lapse(self) -> None:
-        """End the epoch when the Lease lapses while claims are held, even while a renewal hangs (a claim is
-        then lost at once, not at its next confirmation)."""
+    def _unwatch_lapse(self) -> None:
         if self._lapse is not None:
             self._lapse.cancel()
             self._lapse = None
+
+    def _watch_lapse(self) -> None:
+        """End the epoch when the Lease lapses while claims are held, even while a renewal hangs (a claim is
+        then lost at once, not at its next confirmation)."""
+        self._unwatch_lapse()
         if self.claims:
             wait = max(0.0, self._leases.duration_s - self.age())
             self._lapse = asyncio.get_running_loop().call_later(wait, self.check)
@@ -278,9 +297,7 @@ class ReplicaLease:
         progress waits for)."""
         self.claims.discard(claim)
         if not self.claims:
-            if self._lapse is not None:
-                self._lapse.cancel()
-                self._lapse = None
+            self._unwatch_lapse()
             renewer, self._renewer = self._renewer, None
             renewal = None
             if self._claiming == 0:  # a claim that comes meanwhile starts a write of its own
@@ -292,9 +309,7 @@ class ReplicaLease:
         deletion is waited for at most ``timeout_s`` seconds (the shutdown's budget). Errors are logged, not
         raised."""
         self._end_epoch(f"the replica's Lease {self.name} was given up (shutdown)")
-        if self._lapse is not None:
-            self._lapse.cancel()
-            self._lapse = None
+        self._unwatch_lapse()
         renewer, self._renewer = self._renewer, None
         renewal, self._renewal = self._renewal, None
         leases = self._leases
@@ -406,7 +421,16 @@ class NodeLeases:
             existing: dict[str, Any] | None = None
             for _ in range(2):  # a Lease deleted between the refused create and the read is created again
                 try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-                    return Claim(self, await self.kube.create_lease(self.namespace, self._fresh(name)), epoch)
+                    return Claim(
+                        self,
+                        await self.kube.create_lease(
+                            self.namespace,
+                            _new_lease(
+                                name, self.namespace, self.holder, HELD_BY_REPLICA_S, self._annotations()
+                            ),
+                        ),
+                        epoch,
+                    )
                 except KubeError as exc:
                     if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
                         raise
@@ -417,7 +441,11 @@ class NodeLeases:
                 return None
             try:
                 return Claim(
-                    self, await self.kube.replace_lease(self.namespace, self._taken(existing)), epoch
+                    self,
+                    await self.kube.replace_lease(
+                        self.namespace, _held(existing, self.holder, HELD_BY_REPLICA_S, self._annotations())
+                    ),
+                    epoch,
                 )
             except KubeError as exc:
                 if exc.status == 409:  # another replica created or took it first
@@ -468,38 +496,8 @@ class NodeLeases:
         replica = await self.kube.get_lease(self.namespace, named)
         return replica is not None and _holder(replica) == holder and not _expired(replica, self.duration_s)
 
-    def _fresh(self, name: str) -> dict[str, Any]:
-        now = _now().strftime(_MICRO)
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": name,
-                "namespace": self.namespace,
-                "annotations": {REPLICA_ANNOTATION: self.replica.name},
-            },
-            "spec": {
-                "holderIdentity": self.holder,
-                "leaseDurationSeconds": HELD_BY_REPLICA_S,
-                "acquireTime": now,
-                "renewTime": now,
-                "leaseTransitions": 0,
-            },
-        }
-
-    def _taken(self, lease: dict[str, Any]) -> dict[str, Any]:
-        now = _now().strftime(_MICRO)
-        metadata = dict(lease.get("metadata") or {})
-        metadata["annotations"] = {
-            **(metadata.get("annotations") or {}),
-            REPLICA_ANNOTATION: self.replica.name,
-        }
-        spec = dict(lease.get("spec") or {})
-        if spec.get("holderIdentity") != self.holder:
-            spec["acquireTime"] = now
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        spec.update(holderIdentity=self.holder, leaseDurationSeconds=HELD_BY_REPLICA_S, renewTime=now)
-        return {**lease, "metadata": metadata, "spec": spec}
+    def _annotations(self) -> dict[str, str]:
+        return {REPLICA_ANNOTATION: self.replica.name}
 
     async def close(self, timeout_s: float = 1.0) -> None:
         """At shutdown, after the operations ended: stop the replica Lease's renewal and delete it (waiting at
