@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from nth import Nth
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
-from queue_processor_sandbox.processes import Process, QueueProcessor, peak_rss_mib, scrape
+from queue_processor_sandbox.processes import Process, QueueProcessor, Samples, peak_rss_mib, scrape
 from queue_processor_sandbox.run import judge
 
 if TYPE_CHECKING:
@@ -388,10 +388,9 @@ def run_workload(
                 if "kubernetes.io/config.mirror" in (pod["metadata"].get("annotations") or {})
             )
             rss = peak_rss_mib(process.process.pid)
-            try:
-                samples = scrape(process.metrics_port)
-            except OSError:  # exited: no metrics to read
-                samples = {}
+            # NTH counts a message's post-drain after it deleted the message, which ended the run: with a
+            # receiver (the runs that compare actions) its counts are read once every node's is in, or at the bound
+            samples = _scrape_settled(process, len(published.nodes) if receiver is not None else 0)
             reasons = _event_reasons(sandbox, set(published.nodes)) if receiver is not None else {}
         finally:
             try:
@@ -435,6 +434,30 @@ def run_workload(
             }
             values["event_reasons"] = reasons
         return Figures(values, watch.samples)
+
+
+#: How long (seconds) a run that compares actions waits for the last post-drain to be counted.
+SETTLE_BOUND_S = 15.0
+
+
+def _scrape_settled(process: Process, post_drains: int) -> Samples:
+    """The process's metrics samples (``scrape``'s shape; ``{}`` once it has exited), read again every 0.2 s
+    until its ``actions_total`` samples for ``node_action="post-drain"`` add up to ``post_drains`` or
+    ``SETTLE_BOUND_S`` seconds have passed; a run judges whatever the last read holds."""
+    deadline = time.monotonic() + SETTLE_BOUND_S
+    while True:
+        try:
+            samples = scrape(process.metrics_port)
+        except OSError:  # exited: no metrics to read
+            return {}
+        counted = sum(
+            value
+            for labels, value in samples.get("actions_total", [])
+            if labels.get("node_action") == "post-drain"
+        )
+        if counted >= post_drains or time.monotonic() >= deadline:
+            return samples
+        time.sleep(0.2)
 
 
 _JUDGED = (
