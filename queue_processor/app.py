@@ -193,6 +193,7 @@ async def run_controller(
                     busy=handler.draining,
                     interval_s=settings.return_check_interval_sec,
                     observer=metrics,
+                    nodes=nodes,
                 ).run(),
                 name="returns",
             )

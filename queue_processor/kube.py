@@ -46,6 +46,7 @@ from queue_processor.outcomes import KubeError, StartupError
 __all__ = [
     "METADATA_ONLY",
     "RETRY_AFTER_MAX_S",
+    "Keep",
     "KubeClient",
     "KubeError",
     "RateLimiter",
@@ -57,6 +58,10 @@ __all__ = [
 RETRY_AFTER_MAX_S = 10.0
 
 Obj = dict[str, Any]
+
+#: What a watch keeps of each event, run in its thread (:meth:`KubeClient.watch`): the event to deliver in its
+#: place, or ``None`` to drop it.
+Keep = Callable[[Obj], Obj | None]
 
 #: The ``Accept`` header of a metadata-only read or watch: each object comes as a ``meta.k8s.io/v1``
 #: ``PartialObjectMetadata`` (its ``metadata`` alone), as client-go's metadata informers ask ("Receiving
@@ -373,10 +378,18 @@ class KubeClient:
         *,
         timeout_s: float,
         opened: Callable[[], None] | None = None,
+        keep: Keep | None = None,
     ) -> str:
-        """A metadata-only watch of every pod (:meth:`watch`): names, uids and resourceVersions, no specs."""
+        """A metadata-only watch of every pod (:meth:`watch`): names, uids and resourceVersions, no specs;
+        ``keep`` as :meth:`watch` takes it."""
         return await self.watch(
-            "/api/v1/pods", resource_version, deliver, timeout_s=timeout_s, opened=opened, metadata_only=True
+            "/api/v1/pods",
+            resource_version,
+            deliver,
+            timeout_s=timeout_s,
+            opened=opened,
+            metadata_only=True,
+            keep=keep,
         )
 
     async def watch_nodes(
@@ -386,10 +399,11 @@ class KubeClient:
         *,
         timeout_s: float,
         opened: Callable[[], None] | None = None,
+        keep: Keep | None = None,
     ) -> str:
-        """A watch of every Node (:meth:`watch`), whole objects."""
+        """A watch of every Node (:meth:`watch`), whole objects; ``keep`` as :meth:`watch` takes it."""
         return await self.watch(
-            "/api/v1/nodes", resource_version, deliver, timeout_s=timeout_s, opened=opened
+            "/api/v1/nodes", resource_version, deliver, timeout_s=timeout_s, opened=opened, keep=keep
         )
 
     async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[Obj], str]]:
@@ -418,14 +432,21 @@ class KubeClient:
         opened: Callable[[], None] | None = None,
         query: Mapping[str, str] | None = None,
         metadata_only: bool = False,
+        keep: Keep | None = None,
     ) -> str:
         """One watch connection to the collection ``path`` from ``resource_version``, with bookmarks: the
         events come to ``deliver`` (called in the event loop, a list of ``{"type", "object"}`` per chunk the
-        server sent, bookmarks left out) until the server ends the stream after ``timeout_s`` seconds
-        (``timeoutSeconds``). Returns the last resourceVersion seen (an event's or a bookmark's), to watch on
-        from. The stream is read by a thread of its own (a daemon: it never holds the process up); the rate
-        limiter is passed once per connection. ``opened`` is called (in the loop) once the server accepted the
-        watch. Metadata-only objects with ``metadata_only`` (:data:`METADATA_ONLY`).
+        server sent; the server's bookmarks are left out, and a chunk whose last line is not delivered ends with
+        one ``BOOKMARK`` event whose object carries only the resourceVersion reached) until the server ends the
+        stream after ``timeout_s`` seconds (``timeoutSeconds``). Returns the last resourceVersion seen (an
+        event's or a bookmark's), to watch on from. The stream is read by a thread of its own (a daemon: it
+        never holds the process up); the rate limiter is passed once per connection. ``opened`` is called (in
+        the loop) once the server accepted the watch. Metadata-only objects with ``metadata_only``
+        (:data:`METADATA_ONLY`). ``keep``, when given, is called in the watch thread with each event and returns
+        what is delivered in its place, or ``None`` to drop it: a receiver that reads little of a busy
+        collection (a storm's pods: several events for each deletion) then holds and queues to the loop only
+        that (it must not raise; if it does, the watch ends as
+        with ``WatchReceiverError``).
 
         Raises :class:`KubeError`: status 410 when the server says the resourceVersion is too old (an ERROR
         event or an answer: read the current state again and watch from its resourceVersion, "Efficient
@@ -447,7 +468,7 @@ class KubeClient:
         accept = METADATA_ONLY if metadata_only else "application/json"
         thread = threading.Thread(
             target=self._stream,
-            args=(path, params, accept, timeout_s, stream),
+            args=(path, params, accept, timeout_s, stream, keep),
             name="kube-watch",
             daemon=True,
         )
@@ -458,7 +479,13 @@ class KubeClient:
             stream.close()
 
     def _stream(
-        self, path: str, query: Mapping[str, str], accept: str, timeout_s: float, stream: _Stream
+        self,
+        path: str,
+        query: Mapping[str, str],
+        accept: str,
+        timeout_s: float,
+        stream: _Stream,
+        keep: Keep | None,
     ) -> None:
         """The watch thread: connect, read chunks of lines, hand their events to the loop, end ``stream``."""
         rv = str(query["resourceVersion"])
@@ -486,6 +513,7 @@ class KubeClient:
                 lines = (rest + chunk).split(b"\n")
                 rest = lines.pop()
                 events = []
+                passed = False  # the chunk's last line was not delivered (a bookmark, or dropped by keep)
                 for line in lines:
                     if not line.strip():
                         continue
@@ -496,13 +524,25 @@ class KubeClient:
                     if event.get("type") == "ERROR":  # a Status: 410 when the resourceVersion is too old
                         raise _error(int(obj.get("code") or 500), json.dumps(obj).encode())
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    if event.get("type") != "BOOKMARK":
-                        events.append(event)
+                    if event.get("type") == "BOOKMARK":
+                        passed = True
+                        continue
+                    try:
+                        kept = event if keep is None else keep(event)
+                    except Exception as exc:  # ours, not the server's: the watch ends as a receiver's failure
+                        raise _KeepError(f"{type(exc).__name__}: {exc}") from exc
+                    passed = kept is None
+                    if kept is not None:
+                        events.append(kept)
+                if passed:  # where the stream is, for a receiver that resumes a broken one
+                    events.append({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rv}}})
                 if events:
                     stream.call(stream.deliver, events)
             stream.end(rv)
         except KubeError as exc:
             stream.fail(exc)
+        except _KeepError as exc:
+            stream.fail(KubeError(0, "WatchReceiverError", str(exc)))
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             if not stream.closed:
                 stream.call(self._unanswered)
@@ -733,6 +773,10 @@ class KubeClient:
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+
+class _KeepError(Exception):
+    """A watch's ``keep`` raised (in the watch thread)."""
 
 
 class _Stream:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -172,11 +172,37 @@ class InstanceResolver:
         cached = self._cache.get(instance_id)
         if not fresh and cached is not None and cached[0] > time.monotonic():
             return cached[1]
+        future = self._ask(instance_id)
+        self._start_batch()
+        return await future
+
+    async def get_many(
+        self, instance_ids: Sequence[str], *, fresh: bool = False
+    ) -> list[InstanceInfo | None]:
+        """:meth:`get` of each of ``instance_ids``, in their order, in the same batches, with a future each and
+        no task (the check of instances back in service asks for thousands after a storm). Raises the first
+        error a describe call raises."""
+        now = time.monotonic()
+        futures: list[asyncio.Future[InstanceInfo | None]] = []
+        for instance_id in instance_ids:
+            cached = self._cache.get(instance_id)
+            if not fresh and cached is not None and cached[0] > now:
+                known: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
+                known.set_result(cached[1])
+                futures.append(known)
+            else:
+                futures.append(self._ask(instance_id))
+        self._start_batch()
+        return list(await asyncio.gather(*futures))
+
+    def _ask(self, instance_id: str) -> asyncio.Future[InstanceInfo | None]:
         future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(instance_id, []).append(future)
-        if self._flush is None or self._flush.done():
+        return future
+
+    def _start_batch(self) -> None:
+        if self._waiting and (self._flush is None or self._flush.done()):
             self._flush = tasks.spawn(self._run_batch(), name="describe-instances")
-        return await future
 
     async def close(self) -> None:
         """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""

@@ -6,9 +6,12 @@ exclude-from-load-balancers label when the instance comes back and its kubelet r
 again: capacity nothing can be scheduled on. Every write of ours records on the Node what it changed
 (:mod:`queue_processor.drain.record`); :class:`Returns` takes it back, and only it, when the instance is back:
 
-- every RETURN_CHECK_INTERVAL_SEC it lists the nodes carrying our record (one LIST with a label selector, from
-  the API server's cache) and describes their instances (batched DescribeInstances, fresh); only a node that
-  looks back as listed is read again, for its undo (the others cost no request);
+- every RETURN_CHECK_INTERVAL_SEC it reads the nodes carrying our record from the watched copy of the nodes
+  (:class:`~queue_processor.drain.node_cache.NodeCache`; while that is not current, one LIST with a label
+  selector, from the API server's cache) and describes the instances of those that are Ready (batched
+  DescribeInstances, fresh); only a node that looks back as read is read again, for its undo (the others cost
+  no request). After a storm thousands of nodes carry our record until their instances are gone: the LIST
+  would hold them all whole at once, every interval, and a task per instance would wait for the describes;
 - an instance is back when EC2 says it is ``running`` and its ``LaunchTime`` differs from the one recorded
   with our cordon (EC2 reports the most recent launch or start: it was stopped and started since), and its
   node is ``Ready``;
@@ -31,6 +34,7 @@ from typing import Any
 import structlog
 
 from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
@@ -54,7 +58,8 @@ def came_back(record: CordonRecord, info: InstanceInfo | None, node: dict[str, A
 class Returns:
     """The periodic check of :mod:`this module <queue_processor.returns>`. ``busy(instance_id)`` says whether
     an operation for that instance is in flight here; ``interval_s`` is RETURN_CHECK_INTERVAL_SEC;
-    ``observer`` counts each undo (``node_action="uncordon"``)."""
+    ``observer`` counts each undo (``node_action="uncordon"``); ``nodes``, the watched copy of the nodes, is
+    read instead of a LIST while it is current."""
 
     def __init__(
         self,
@@ -65,6 +70,7 @@ class Returns:
         busy: Callable[[str], bool],
         interval_s: float,
         observer: Observer = NULL_OBSERVER,
+        nodes: NodeCache | None = None,
     ) -> None:
         self.kube = kube
         self.drainer = drainer
@@ -72,6 +78,7 @@ class Returns:
         self.busy = busy
         self.interval_s = interval_s
         self.observer = observer
+        self.nodes = nodes
 
     def _decide(
         self, instance_id: str, info: InstanceInfo | None, node: dict[str, Any], now: CordonRecord
@@ -94,15 +101,20 @@ class Returns:
     async def check(self) -> list[str]:
         """One pass: the names of the nodes whose record was undone. Raises :class:`KubeError` when the nodes
         cannot be listed, and the AWS error when the instances cannot be described."""
-        nodes = await self.kube.list_nodes(f"{RECORD_LABEL}=true", cached=True)
+        watched = self.nodes.all() if self.nodes is not None else None
+        if watched is None:
+            nodes = await self.kube.list_nodes(f"{RECORD_LABEL}=true", cached=True)
+        else:
+            nodes = [node for node in watched if node["metadata"]["labels"].get(RECORD_LABEL) == "true"]
         candidates: list[tuple[dict[str, Any], CordonRecord]] = []
         for node in nodes:
+            if not node_ready(node):
+                continue  # not back, whatever EC2 says (came_back): no describe
             record = CordonRecord.from_node(node)
             if record is not None and record.instance_id and not self.busy(record.instance_id):
                 candidates.append((node, record))
-        infos = await asyncio.gather(
-            *(self.resolver.get(record.instance_id, fresh=True) for _, record in candidates)
-        )
+        del nodes, watched  # a LIST's nodes whole: only the candidates are kept while the describes run
+        infos = await self.resolver.get_many([record.instance_id for _, record in candidates], fresh=True)
         undone: list[str] = []
         for (node, record), info in zip(candidates, infos, strict=True):
             if not came_back(record, info, node):

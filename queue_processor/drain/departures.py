@@ -30,7 +30,7 @@ from typing import Any
 from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
 from queue_processor.kube import KubeClient
 
-__all__ = ["MEMORY", "Departures", "Ticket", "Waiting"]
+__all__ = ["MEMORY", "Departures", "Ticket", "Waiting", "deletion"]
 
 #: Deleted pods' uids remembered (about 150 bytes each). They only need to cover the moments between a drain's
 #: ticket and the registration of the pods its list found: a ticket older than this many deletions then is not
@@ -61,6 +61,22 @@ class Waiting:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     current: bool = False
     """Whether the deletions remembered at its ticket were applied: from then on each one reaches it directly."""
+
+
+def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
+    """What the watch keeps of a pod event (pure; run in the watch thread, :data:`~queue_processor.kube.Keep`):
+    a deletion as ``{"type": "DELETED", "object": {"metadata": {"uid", "resourceVersion"}}}``, nothing of any
+    other event. In a
+    storm a pod deleted comes with several other events (its termination begun, its replacement created,
+    bound, started), and events the loop has not taken yet would be held whole until it does."""
+    if event.get("type") != "DELETED":
+        return None
+    obj = event.get("object")
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(metadata, dict) or metadata.get("uid") is None:
+        return None
+    kept = {"uid": metadata["uid"], "resourceVersion": metadata.get("resourceVersion")}
+    return {"type": "DELETED", "object": {"metadata": kept}}
 
 
 class Departures(Watched):
@@ -141,7 +157,9 @@ class Departures(Watched):
         return rv
 
     async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_pods(rv, self._receive, opened=self._opened, timeout_s=timeout_s)
+        return await self.kube.watch_pods(
+            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=deletion
+        )
 
     def _restart(self) -> None:
         """A fresh start: tickets taken before it are not trusted."""

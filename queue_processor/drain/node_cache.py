@@ -5,11 +5,13 @@ patch merge key, and the record of what we changed needs the node as it was. Rea
 cordons cost 2,000 urgent requests, and at 200 requests per second the last node waited 10 s for its cordon.
 Here the nodes are listed once (paged, 500 at a time) and watched from then on, as an informer does, and a
 slim copy of each is kept (:func:`slim`: name, resourceVersion, labels, our record annotation,
-``spec.unschedulable``, ``spec.taints``, ``spec.providerID``; about 1 KB a node). The ``nth_tagged_nodes``
-gauge counts from it too, instead of listing every node every 30 s. A cordon's first attempt reads the copy and its
-PATCH carries the copy's resourceVersion: when the node changed since (a copy behind the server), the API
-server answers 409 Conflict and the write is retried on a GET, so a stale copy costs one request and never a
-wrong write.
+``spec.unschedulable``, ``spec.taints``, ``spec.providerID``, the ``Ready`` condition; about 1 KB a node; the
+watch thread slims each event before it reaches the loop, :func:`slim_event`). The ``nth_tagged_nodes`` gauge
+counts from it too, instead of listing every node every 30 s, and so does the check for instances back in
+service (:mod:`queue_processor.returns`), instead of listing the nodes we cordoned. A cordon's first attempt
+reads the copy and its PATCH carries the copy's resourceVersion: when the node changed since (a copy behind
+the server), the API server answers 409 Conflict and the write is retried on a GET, so a stale copy costs one
+request and never a wrong write.
 
 Only a copy the watch keeps current is handed out (:attr:`NodeCache.live`); a node the copy does not know
 (registered a moment ago, or named otherwise) is read with a GET. A 410 lists again; a broken stream resumes
@@ -33,7 +35,7 @@ from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
 from queue_processor.kube import KubeClient
 
-__all__ = ["NodeCache", "slim"]
+__all__ = ["NodeCache", "slim", "slim_event"]
 
 #: Nodes per page of the start-up list.
 PAGE = 500
@@ -45,7 +47,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 def slim(node: dict[str, Any]) -> dict[str, Any]:
     """The part of a Node a cordon reads (pure): ``metadata`` (name, resourceVersion, labels, our record
     annotation) and ``spec`` (``unschedulable``, ``taints``, and ``providerID`` for the ``nth_tagged_nodes``
-    gauge)."""
+    gauge), and ``status.conditions`` with the ``Ready`` condition's type and status alone (for the check of
+    instances back in service). A slim copy slims to itself."""
     metadata = node.get("metadata") or {}
     spec = node.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -63,7 +66,33 @@ def slim(node: dict[str, Any]) -> dict[str, Any]:
         kept_spec["unschedulable"] = True
     if spec.get("taints"):
         kept_spec["taints"] = [dict(taint) for taint in spec["taints"]]
-    return {"metadata": kept, "spec": kept_spec}
+    slimmed: dict[str, Any] = {"metadata": kept, "spec": kept_spec}
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = [{"type": "Ready", "status": c.get("status")} for c in conditions if c.get("type") == "Ready"]
+    if ready:
+        slimmed["status"] = {"conditions": ready}
+    return slimmed
+
+
+def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
+    """What the watch keeps of a node event (pure; run in the watch thread, :data:`~queue_processor.kube.Keep`):
+    an added or modified node as its :func:`slim` copy (whole when it cannot be slimmed: the copy then fails
+    to apply it, and reads the nodes again), a deleted one as its name and resourceVersion, nothing of another
+    event."""
+    kind = event.get("type")
+    node = event.get("object")
+    if not isinstance(node, dict):
+        return None
+    if kind == "DELETED":
+        metadata = node.get("metadata") or {}
+        kept = {"name": metadata.get("name"), "resourceVersion": metadata.get("resourceVersion")}
+        return {"type": kind, "object": {"metadata": kept}}
+    if kind in ("ADDED", "MODIFIED"):
+        try:
+            return {"type": kind, "object": slim(node)}
+        except (AttributeError, TypeError, ValueError):
+            return event  # whole: the copy then fails to apply it in the loop and reads the nodes again
+    return None
 
 
 class NodeCache(Watched):
@@ -133,7 +162,9 @@ class NodeCache(Watched):
                 del self._hostnames[hostname]  # type: ignore[arg-type]  # not None: names came from it
 
     async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_nodes(rv, self._receive, opened=self._opened, timeout_s=timeout_s)
+        return await self.kube.watch_nodes(
+            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=slim_event
+        )
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:

@@ -6,6 +6,7 @@ cordon writes again on a fresh read, keeping what the other writer set."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import uuid
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import pytest
 
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.node_cache import NodeCache
+from queue_processor.drain.node_cache import NodeCache, slim, slim_event
 from queue_processor.drain.record import CordonRecord
 from queue_processor.kube import KubeClient, KubeError
 from queue_processor_sandbox.clock import SandboxClock
@@ -196,3 +197,48 @@ async def test_a_deleted_node_is_absent_from_the_copy_and_a_new_one_present(
         await until(lambda: cache.absent(name), "the deleted node gone from the copy")
     finally:
         await cache.close()
+
+
+async def test_a_watch_delivers_what_its_keep_keeps_and_marks_where_the_stream_is(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    """The node watch slims each event in its thread (:func:`slim_event`): the loop receives the copy's part of
+    an added node and the name of a deleted one, never the whole object; an event the thread drops still moves
+    the receiver's resourceVersion on, with a ``BOOKMARK`` carrying only it (where a broken stream resumes)."""
+    pages = [version async for _, version in kube.node_pages()]
+    seen: list[dict[str, Any]] = []
+    ours = f"ip-10-5-1-{uuid.uuid4().hex[:6]}.ec2.internal"
+
+    def keep(event: dict[str, Any]) -> dict[str, Any] | None:
+        named = ((event.get("object") or {}).get("metadata") or {}).get("name")
+        return slim_event(event) if named == ours else None
+
+    watch = asyncio.create_task(kube.watch_nodes(pages[-1], seen.extend, timeout_s=120, keep=keep))
+    try:
+        cluster.add_node(ours)
+        cluster.wait_for_nodes([ours])
+        cluster.delete_node(ours)
+        await until(lambda: any(event["type"] == "DELETED" for event in seen), "the deletion delivered")
+        other = a_node(cluster)  # dropped by keep: only a bookmark reaches the loop
+        before = len(seen)
+        await until(lambda: any(e["type"] == "BOOKMARK" for e in seen[before:]), "a bookmark after the drop")
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    for event in seen:
+        metadata = event["object"]["metadata"]
+        assert metadata["resourceVersion"]
+        if event["type"] == "BOOKMARK":
+            assert event["object"] == {"metadata": {"resourceVersion": metadata["resourceVersion"]}}
+        elif event["type"] == "DELETED":
+            assert event["object"] == {
+                "metadata": {"name": ours, "resourceVersion": metadata["resourceVersion"]}
+            }
+        else:
+            assert event["type"] in ("ADDED", "MODIFIED")
+            assert metadata["name"] == ours
+            assert event["object"] == slim(event["object"])  # no managedFields, images, capacity…
+    assert other not in str(seen)
+    ready = [e["object"].get("status") for e in seen if e["type"] in ("ADDED", "MODIFIED")]
+    assert {"conditions": [{"type": "Ready", "status": "True"}]} in ready  # the check of returns reads it

@@ -1,21 +1,25 @@
 """The periodic check for instances back in service (:class:`queue_processor.returns.Returns`), on both API
 servers: a node whose instance is not back is decided from the node LIST alone, with no read of its own (at
 1,000 drained nodes, the storm read every one of them again every RETURN_CHECK_INTERVAL_SEC); a node whose
-instance came back is read once and given back as it was."""
+instance came back is read once and given back as it was. With the watched copy of the nodes current, the
+check lists nothing, and the instances of nodes that are not Ready are not described."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.record import CordonRecord
+from queue_processor.drain.node_cache import NodeCache
+from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.returns import Returns
 from queue_processor_sandbox.cluster import KubeCluster
 from tests.sandbox.conftest import Requests
+from tests.sandbox.test_node_cache import until
 
 CORDONED_AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -25,16 +29,25 @@ class Resolver:
 
     def __init__(self) -> None:
         self.infos: dict[str, InstanceInfo] = {}
+        self.asked: list[str] = []
 
-    async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
-        return self.infos.get(instance_id)
+    async def get_many(self, instance_ids: list[str], *, fresh: bool = False) -> list[InstanceInfo | None]:
+        self.asked.extend(instance_ids)
+        return [self.infos.get(instance_id) for instance_id in instance_ids]
 
 
-async def cordoned(cluster: KubeCluster, drainer: Drainer, instance_id: str) -> str:
-    """A fresh Ready node, cordoned by us for ``instance_id`` launched at :data:`CORDONED_AT`."""
+async def cordoned(cluster: KubeCluster, drainer: Drainer, instance_id: str, *, ready: bool = True) -> str:
+    """A fresh node (Ready unless ``ready`` is false: registered, never Ready), cordoned by us for
+    ``instance_id`` launched at :data:`CORDONED_AT`."""
     name = f"ip-10-4-0-{uuid.uuid4().hex[:6]}.ec2.internal"
-    cluster.add_node(name)
-    cluster.wait_for_nodes([name])
+    cluster.add_node(name, ready_after_s=0.0 if ready else None)
+    if ready:
+        cluster.wait_for_nodes([name])
+    else:
+        for _ in range(1000):  # a hang guard of turns, it measures nothing
+            if await drainer.kube.get_node(name) is not None:
+                break
+            await asyncio.sleep(0.01)
     about = CordonRecord(instance_id=instance_id, launch_time=CORDONED_AT.isoformat())
     assert await drainer.cordon(name, about=about)
     return name
@@ -68,3 +81,51 @@ async def test_only_the_nodes_whose_instance_came_back_are_read(
     assert not (await kube.get_node(nodes[back]) or {})["spec"].get("unschedulable")
     for instance in (away, stopped):
         assert (await kube.get_node(nodes[instance]) or {})["spec"]["unschedulable"] is True
+
+
+async def test_with_the_watched_copy_nothing_is_listed_and_nodes_not_ready_are_not_described(
+    cluster: KubeCluster, kube: KubeClient, requests: Requests
+) -> None:
+    """After a storm thousands of nodes carry our record: the check reads them from the watched copy (no LIST
+    of whole nodes every interval), describes only the instances of Ready nodes (a node not Ready is not back,
+    whatever EC2 says), and still gives back the node whose instance returned."""
+    drainer = Drainer(kube, DrainOptions(), budget=10)
+    resolver = Resolver()
+    suffix = uuid.uuid4().hex[:8]
+    away, back, unready = (f"i-{kind}{suffix}" for kind in ("away", "back", "unready"))
+    nodes = {instance: await cordoned(cluster, drainer, instance) for instance in (away, back)}
+    nodes[unready] = await cordoned(cluster, drainer, unready, ready=False)
+    relaunched = CORDONED_AT + timedelta(hours=1)
+    resolver.infos = {
+        away: info(away, nodes[away], "terminated", CORDONED_AT),
+        back: info(back, nodes[back], "running", relaunched),
+        unready: info(unready, nodes[unready], "running", relaunched),
+    }
+    copy = NodeCache(kube)
+    copy.start()
+    try:
+        await copy.answered.wait()
+        await until(
+            lambda: all(
+                ((copy.get(name) or {}).get("metadata") or {}).get("labels", {}).get(RECORD_LABEL) == "true"
+                for name in nodes.values()
+            ),
+            "our record on the three nodes in the copy",
+        )
+        returns = Returns(
+            kube,
+            drainer,
+            resolver,  # type: ignore[arg-type]
+            busy=lambda _: False,
+            interval_s=30,
+            nodes=copy,
+        )
+        requests.made.clear()
+        assert await returns.check() == [nodes[back]]
+        assert requests.made["list nodes"] == 0
+        ours = [instance for instance in resolver.asked if instance.endswith(suffix)]  # the plane is shared
+        assert sorted(ours) == sorted([away, back])
+        assert not (await kube.get_node(nodes[back]) or {})["spec"].get("unschedulable")
+        assert (await kube.get_node(nodes[unready]) or {})["spec"]["unschedulable"] is True
+    finally:
+        await copy.close()

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from queue_processor.kube import KubeError
+from queue_processor.kube import Keep, KubeError
 
 Deliver = Callable[[list[dict[str, Any]]], None]
 
@@ -41,14 +41,26 @@ class ScriptedWatch:
         yield self.nodes, str(self.reads * 100)
 
     async def watch_pods(
-        self, rv: str, deliver: Deliver, *, timeout_s: float, opened: Callable[[], None] | None = None
+        self,
+        rv: str,
+        deliver: Deliver,
+        *,
+        timeout_s: float,
+        opened: Callable[[], None] | None = None,
+        keep: Keep | None = None,
     ) -> str:
-        return await self._connection(rv, deliver, opened)
+        return await self._connection(rv, _kept(deliver, keep), opened)
 
     async def watch_nodes(
-        self, rv: str, deliver: Deliver, *, timeout_s: float, opened: Callable[[], None] | None = None
+        self,
+        rv: str,
+        deliver: Deliver,
+        *,
+        timeout_s: float,
+        opened: Callable[[], None] | None = None,
+        keep: Keep | None = None,
     ) -> str:
-        return await self._connection(rv, deliver, opened)
+        return await self._connection(rv, _kept(deliver, keep), opened)
 
     def end(self, rv: str) -> None:
         """The server ends the open connection, its last resourceVersion ``rv``."""
@@ -79,3 +91,15 @@ class ScriptedWatch:
             deliver(events)
         except Exception as exc:
             raise KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _kept(deliver: Deliver, keep: Keep | None) -> Deliver:
+    """``deliver`` of what ``keep`` keeps of each event, as the watch thread of
+    :meth:`queue_processor.kube.KubeClient.watch` hands them over."""
+    if keep is None:
+        return deliver
+
+    def kept(events: list[dict[str, Any]]) -> None:
+        deliver([k for k in map(keep, events) if k is not None])
+
+    return kept

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from queue_processor.drain import watched
-from queue_processor.drain.departures import Departures
+from queue_processor.drain.departures import Departures, deletion
 from queue_processor.kube import KubeError
 from tests.unit.scripted_watch import ScriptedWatch
 
@@ -151,3 +151,15 @@ async def test_a_refused_watch_is_said_once_and_gives_no_tickets() -> None:
     assert departures.refused is refusal
     assert departures.ticket() is None
     await departures.close()
+
+
+def test_the_watch_keeps_a_deletion_s_uid_and_nothing_of_other_events() -> None:
+    gone = deleted("a")
+    gone["object"]["metadata"].update(resourceVersion="160", name="web-1", labels={"app": "web"})
+    assert deletion(gone) == {
+        "type": "DELETED",
+        "object": {"metadata": {"uid": "a", "resourceVersion": "160"}},
+    }
+    assert deletion({"type": "MODIFIED", "object": {"metadata": {"uid": "b"}}}) is None
+    assert deletion({"type": "DELETED", "object": {"metadata": {}}}) is None
+    assert deletion({"type": "DELETED", "object": None}) is None

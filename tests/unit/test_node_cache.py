@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from queue_processor.drain import watched
-from queue_processor.drain.node_cache import NodeCache, slim
+from queue_processor.drain.node_cache import NodeCache, slim, slim_event
 from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.kube import KubeError
 from tests.unit.scripted_watch import ScriptedWatch
@@ -138,3 +138,37 @@ def test_a_node_is_absent_only_when_the_current_copy_has_none_by_name_or_hostnam
     cache._apply([{"type": "DELETED", "object": named("worker-2", dns, "6")}])
     assert cache.absent(dns) is True
     assert cache.absent("ip-10-0-0-2.ec2.internal") is True
+
+
+def test_the_slim_copy_keeps_the_ready_condition_alone_and_slims_to_itself() -> None:
+    whole = node("a", "7")
+    whole["status"] = {
+        "conditions": [
+            {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "KubeletNotReady",
+                "message": "PLEG is not healthy",
+            },
+        ],
+        "images": [{"names": ["registry.example/app:1"], "sizeBytes": 1}],
+    }
+    kept = slim(whole)
+    assert kept["status"] == {"conditions": [{"type": "Ready", "status": "False"}]}
+    assert slim(kept) == kept
+    assert "status" not in slim(node("b", "8"))  # no Ready condition reported: none kept (not Ready)
+
+
+def test_the_watch_keeps_a_slim_copy_of_a_node_event_and_the_name_of_a_deletion() -> None:
+    whole = node("a", "7")
+    assert slim_event({"type": "MODIFIED", "object": whole}) == {"type": "MODIFIED", "object": slim(whole)}
+    assert slim_event({"type": "DELETED", "object": whole}) == {
+        "type": "DELETED",
+        "object": {"metadata": {"name": "a", "resourceVersion": "7"}},
+    }
+    assert slim_event({"type": "ERROR", "object": {"code": 410}}) is None
+    broken = node("b", "9")
+    broken["metadata"]["labels"] = 5
+    event = {"type": "ADDED", "object": broken}
+    assert slim_event(event) is event  # whole: the copy fails to apply it and reads the nodes again

@@ -74,3 +74,24 @@ async def test_a_batch_does_not_wait_for_the_call_before_it() -> None:
     assert (await slow) is not None
     assert calls == [["i-slow"], ["i-quick"]]
     await resolver.close()
+
+
+async def test_many_instances_are_described_in_batches_in_their_order_without_a_task_each() -> None:
+    calls: list[list[str]] = []
+
+    async def describe(ids: list[str]) -> list[dict[str, Any]]:
+        calls.append(list(ids))
+        return [{"InstanceId": i, "State": {"Name": "running"}} for i in ids if i != "i-unknown"]
+
+    resolver = InstanceResolver(describe, window_s=0.0, max_batch=2)
+    await resolver.get("i-0")  # cached
+    before = len(asyncio.all_tasks())
+    asked = asyncio.ensure_future(resolver.get_many(["i-3", "i-unknown", "i-0", "i-1", "i-2"]))
+    await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) <= before + 2  # itself and the batch, not one per instance
+    found = await asked
+    assert [info.instance_id if info else None for info in found] == ["i-3", None, "i-0", "i-1", "i-2"]
+    assert calls[1:] == [["i-3", "i-unknown"], ["i-1", "i-2"]]  # i-0 from the cache, then 2 at a time
+    again = await resolver.get_many(["i-0", "i-1"], fresh=True)
+    assert calls[-1] == ["i-0", "i-1"]
+    assert all(again)
