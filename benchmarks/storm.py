@@ -36,7 +36,10 @@ held the node's Lease);
 ``sandbox_cpu_seconds`` (this process: moto and the API emulation), against ``cpus``, so that a machine that
 is the limit shows as one; ``aws_requests_by_operation`` (every replica's AWS calls); ``cordon_floor_s``
 (nodes ÷ the replicas' summed QPS: one cordon write each),
-``cordon_goal_s`` (1.2 x that + 0.5 s) and ``cordon_requests_per_node`` (node GETs and PATCHes); and
+``cordon_goal_s`` (1.2 x that + 0.5 s) and ``cordon_requests_per_node`` (node GETs and PATCHes);
+``cordon_path_floor_s`` (the cordon requests and the node Lease creates ÷ the replicas' summed QPS: with
+replicas each cordon waits for its node's Lease, an urgent request too) and ``cordon_path_goal_s`` (1.2 x that
++ 0.5 s); and
 ``receive_seconds`` (from the first Spot warning received to the last, over all replicas, read from their
 metrics every 0.25 s). ``--replicas 1,2,3`` runs one storm per count, each on a fresh sandbox, prints each
 one's JSON and ends with a summary: ``time_ratio_to_one_replica`` and ``p99_cordon_ratio_to_one_replica``.
@@ -416,6 +419,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             aggregate_qps = args.qps * replicas
             p99 = _p99(metrics.get("queue_processor_event_to_cordon_seconds_bucket", []))
             cordon_floor = args.nodes / aggregate_qps
+            cordon_path = sum(grown.get(kind, 0) for kind in ("get nodes", "patch nodes", "create leases"))
             figures: dict[str, Any] = {
                 "nodes": args.nodes,
                 "replicas": replicas,
@@ -431,6 +435,8 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                 "cordon_requests_per_node": round(
                     (grown.get("get nodes", 0) + grown.get("patch nodes", 0)) / args.nodes, 2
                 ),
+                "cordon_path_floor_s": round(cordon_path / aggregate_qps, 2),
+                "cordon_path_goal_s": round(1.2 * cordon_path / aggregate_qps + 0.5, 2),
                 "receive_seconds": (
                     round(last_received - first_received, 2)
                     if first_received is not None and last_received is not None
