@@ -662,9 +662,8 @@ class Drainer:
         """Evict wave after wave, wait until the pods are gone or the last moment, take the deadline step when
         it comes, and read why a drain did not finish: what happened (:class:`_Done`)."""
         timing = self.timing
-        evictions: list[asyncio.Task[_Eviction]] = []  # grows as each wave's launcher starts its evictions
         launchers: list[asyncio.Task[None]] = []
-        running = _Running(launchers, evictions)
+        running = _Running(launchers)  # its evictions grow as each wave's launcher starts them
         accepted: dict[tuple[str, str], _Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
         held: list[Surge] = []  # surges of this drain: taken back when it ends, if not before
@@ -684,9 +683,7 @@ class Drainer:
                 before = launchers[-1] if launchers else None
                 launchers.append(
                     tasks.spawn(
-                        self._launch(
-                            [entry for entry in wave if entry.evict], start, evictions, guard, before
-                        ),
+                        self._launch([entry for entry in wave if entry.evict], start, running, guard, before),
                         name=f"evictions-{node}",
                         awaited=True,
                     )
@@ -717,13 +714,13 @@ class Drainer:
             # taken back, but not when the Lease is lost: the replica that owns the node now takes them over.
             # One stop: a second cancellation while the launchers stop must not leave the evictions running. A
             # launcher cancelled starts nothing more, so the list is complete here.
-            await tasks.stop(*launchers, *evictions)
+            await tasks.stop(*running)
             if not isinstance(exc, ClaimLost):
                 await self._take_back(held)
             raise
         finally:
             await tasks.stop(recut)
-        outcomes = [accepted.get(task.result().key, task.result()) for task in evictions]  # re-cuts included
+        outcomes = [accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
         for outcome in outcomes:
             by_key[outcome.key].granted_s, by_key[outcome.key].cut = outcome.grace_s, outcome.cut
         graces = grace_verdicts(outcomes, left, bounds.instance_end)
@@ -783,13 +780,13 @@ class Drainer:
         self,
         entries: list[_Pod],
         start: Callable[[_Pod, Slot | None], Coroutine[Any, Any, _Eviction]],
-        evictions: list[asyncio.Task[_Eviction]],
+        running: _Running,
         guard: Callable[[], Awaitable[None]] | None = None,
         before: asyncio.Task[None] | None = None,
     ) -> None:
-        """Start the eviction of each of ``entries`` as a task put in ``evictions``: those with a surge at once
+        """Start the eviction of each of ``entries`` as a task added to ``running``: those with a surge at once
         (their wait for a replacement must not hold a slot), the others as :attr:`slots` free up, taken for as
-        many as are left in one turn, until one of ``evictions`` fails (the drain ends then). ``guard`` is
+        many as are left in one turn, until one of the drain's evictions fails (the drain ends then). ``guard`` is
         awaited before each turn, so that a Lease renewal due then is waited for without slots held (each
         eviction awaits it again, at no cost when it is fresh). Runs until all are started; raises what
         ``guard`` raises, and ``CancelledError`` when cancelled. ``before`` (the launcher of the wave before) is
@@ -800,19 +797,19 @@ class Drainer:
         rest = [entry for entry in entries if entry.surge is None]
         for entry in entries:
             if entry.surge is not None:
-                evictions.append(asyncio.create_task(start(entry, None)))
+                running.add(asyncio.create_task(start(entry, None)))
         while rest:
             if guard is not None:
                 await guard()
             count = await self.slots.take(len(rest))
-            if any(_failed(task) for task in evictions):  # the drain ends (a guard raised): no more start
+            if any(_failed(task) for task in running):  # the drain ends (a guard raised): no more start
                 self.slots.give(count)
                 return
             for entry in rest[:count]:
                 slot = Slot(self.slots)
                 task = asyncio.create_task(start(entry, slot))
                 task.add_done_callback(slot.ended)  # also when it is cancelled before it ever ran
-                evictions.append(task)
+                running.add(task)
             del rest[:count]
 
     async def _evict(
@@ -1160,14 +1157,31 @@ class Drainer:
 
 
 class _Running:
-    """A drain's launchers and evictions (both lists grow), iterated afresh each time."""
+    """A drain's launchers and evictions (both grow), iterated afresh each time: the tasks still running, and
+    those that failed or were cancelled. An eviction that ended with its outcome is kept as that outcome alone,
+    its task let go: a storm's drains hold thousands of ended evictions until the drain ends."""
 
-    def __init__(self, launchers: list[asyncio.Task[None]], evictions: list[asyncio.Task[_Eviction]]) -> None:
+    def __init__(self, launchers: list[asyncio.Task[None]]) -> None:
         self.launchers = launchers
-        self.evictions = evictions
+        self._evictions: list[asyncio.Task[_Eviction] | _Eviction] = []  # in the order they started
+
+    def add(self, task: asyncio.Task[_Eviction]) -> None:
+        """Follow the eviction ``task``."""
+        task.add_done_callback(functools.partial(self._ended, len(self._evictions)))
+        self._evictions.append(task)
+
+    def _ended(self, index: int, task: asyncio.Task[_Eviction]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._evictions[index] = task.result()
+
+    def outcomes(self) -> list[_Eviction]:
+        """Every eviction's outcome, in the order they started. Raises what an eviction raised (a
+        cancellation included), as ``task.result()`` does."""
+        return [item if isinstance(item, _Eviction) else item.result() for item in self._evictions]
 
     def __iter__(self) -> Iterator[asyncio.Task[Any]]:
-        return itertools.chain(self.launchers, self.evictions)
+        held = (item for item in self._evictions if isinstance(item, asyncio.Task))
+        return itertools.chain(self.launchers, held)
 
 
 def _failed(task: asyncio.Task[Any]) -> bool:

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain.drainer import Drainer, DrainTiming, _Running, _settled
+from queue_processor.drain.drainer import Drainer, DrainTiming, _Eviction, _Running, _settled
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
 from queue_processor.observe.metrics import Metrics
-from queue_processor.outcomes import DrainOutcome, KubeError
+from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
 from tests.unit.test_handler import NODE, FakeKube
 
 
@@ -376,10 +376,39 @@ async def test_a_drain_that_settles_raises_an_eviction_that_failed_before_withou
     failed = asyncio.create_task(lost())
     await asyncio.sleep(0)
     never = asyncio.create_task(asyncio.Event().wait())
-    settling = asyncio.create_task(_settled(_Running([], [failed, never])))  # type: ignore[list-item]
+    running = _Running([])
+    running.add(failed)
+    running.add(never)  # type: ignore[arg-type]
+    settling = asyncio.create_task(_settled(running))
     for _ in range(5):
         await asyncio.sleep(0)
     assert settling.done()
     with pytest.raises(LeaseLostError):
         settling.result()
     never.cancel()
+
+
+async def test_an_eviction_that_ended_is_kept_as_its_outcome_and_its_task_let_go() -> None:
+    """A storm's drains hold thousands of ended evictions until each drain ends: what is kept of one is its
+    outcome, in the order the evictions started, not its task."""
+
+    async def ended(name: str) -> Any:
+        return _Eviction(("ns", name), EvictionOutcome.EVICTED, "")
+
+    release = asyncio.Event()
+
+    async def later(name: str) -> Any:
+        await release.wait()
+        return _Eviction(("ns", name), EvictionOutcome.EVICTED, "")
+
+    running = _Running([])
+    first, second = asyncio.create_task(later("a")), asyncio.create_task(ended("b"))
+    running.add(first)
+    running.add(second)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert list(running) == [first]  # the ended one is no longer held as a task
+    release.set()
+    await _settled(running)
+    assert list(running) == []
+    assert [outcome.key for outcome in running.outcomes()] == [("ns", "a"), ("ns", "b")]
