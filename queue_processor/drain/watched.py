@@ -126,6 +126,11 @@ class Watched:
                 if exc.status == 410:  # too old: read again and watch from there
                     self._rv = ""
                     continue
+                if exc.reason == "WatchReceiverError" and self._rv:
+                    # An event the watch thread could not keep (one the loop could not apply reset this
+                    # already, and logged it): the collection is read again, as for an event not applied.
+                    log.warning("watch event not kept; reading again", watch=self.name, error=exc.message)
+                    self._rv = ""
                 if exc.status in REFUSED and self.refused is None:
                     self.refused = exc
                     self.answered.set()

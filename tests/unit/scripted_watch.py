@@ -100,6 +100,10 @@ def _kept(deliver: Deliver, keep: Keep | None) -> Deliver:
         return deliver
 
     def kept(events: list[dict[str, Any]]) -> None:
-        deliver([k for k in map(keep, events) if k is not None])
+        delivered = [k for k in map(keep, events) if k is not None]
+        if events and keep(events[-1]) is None:  # where the stream is, as the thread marks it
+            rv = ((events[-1].get("object") or {}).get("metadata") or {}).get("resourceVersion")
+            delivered.append({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rv}}})
+        deliver(delivered)
 
     return kept

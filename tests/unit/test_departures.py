@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from queue_processor.drain import departures as departures_module
 from queue_processor.drain import watched
 from queue_processor.drain.departures import Departures, deletion
 from queue_processor.kube import KubeError
@@ -163,3 +164,49 @@ def test_the_watch_keeps_a_deletion_s_uid_and_nothing_of_other_events() -> None:
     assert deletion({"type": "MODIFIED", "object": {"metadata": {"uid": "b"}}}) is None
     assert deletion({"type": "DELETED", "object": {"metadata": {}}}) is None
     assert deletion({"type": "DELETED", "object": None}) is None
+
+
+async def test_an_event_the_watch_thread_cannot_keep_reads_the_pods_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A keep that raises ends the connection as a receiver's error: the watch starts again from a fresh read
+    (a new epoch: tickets taken before are not trusted), not from where it was, which would fail again."""
+    monkeypatch.setattr(watched, "RETRY_S", 0.0)
+
+    def cannot(event: dict[str, Any]) -> dict[str, Any] | None:
+        raise ValueError("cannot keep")
+
+    monkeypatch.setattr(departures_module, "deletion", cannot)
+    kube = ScriptedWatch([deleted("a")], [])
+    departures = Departures(kube)  # type: ignore[arg-type]
+    departures.start()
+    for _ in range(50):
+        if len(kube.watched_from) == 2:
+            break
+        await asyncio.sleep(0)
+    assert kube.reads == 2
+    assert kube.watched_from == ["100", "200"]
+    assert departures.epoch == 2
+    assert "watch event not kept; reading again" in capsys.readouterr().out
+    await departures.close()
+
+
+async def test_a_stream_that_breaks_after_events_the_watch_dropped_resumes_after_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only deletions reach the loop, but the resourceVersion of the events dropped still does (a bookmark):
+    a broken stream resumes after them, not from the last deletion."""
+    monkeypatch.setattr(watched, "RETRY_S", 0.0)
+    gone = deleted("a")
+    gone["object"]["metadata"]["resourceVersion"] = "160"
+    changed = {"type": "MODIFIED", "object": {"metadata": {"uid": "b", "resourceVersion": "170"}}}
+    kube = ScriptedWatch(([gone, changed], KubeError(0, "ConnectionError", "reset")), [])
+    departures = Departures(kube)  # type: ignore[arg-type]
+    departures.start()
+    for _ in range(50):
+        if len(kube.watched_from) == 2:
+            break
+        await asyncio.sleep(0)
+    assert kube.watched_from == ["100", "170"]
+    assert departures.seen == 1
+    await departures.close()
