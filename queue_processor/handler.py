@@ -400,8 +400,13 @@ class Handler(Steps):
         ctx.tainted.update(new)
 
     async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult:
-        """:meth:`_drain`, once the node's group has a turn for it (:meth:`_turn`)."""
+        """:meth:`_drain`, once the node's group has a turn for it (:meth:`_turn`). A node Lease claimed again
+        for the turn guards the drain as the first did (:meth:`guarded`: its loss cancels the drain at once);
+        the caller's guard watches the first claim, given up while the drain waited."""
+        first = ctx.claim
         async with self._turn(ctx):
+            if ctx.claim is not None and ctx.claim is not first:
+                return await self.guarded(ctx, self._drain(ctx))
             return await self._drain(ctx)
 
     @asynccontextmanager

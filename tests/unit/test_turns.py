@@ -14,6 +14,7 @@ import pytest
 from queue_processor.deadlines import leaves_time
 from queue_processor.events import SqsMessageRef
 from queue_processor.kinds import RebalanceRecommendationEvent, ScheduledChangeEvent
+from queue_processor.leases import lease_name
 from queue_processor.ledger import InFlightSlots
 from queue_processor.nodes import InstanceInfo
 from queue_processor.turns import Turns, turn_limit
@@ -227,6 +228,43 @@ async def test_a_waiting_drain_gives_its_node_lease_up_and_claims_it_again_for_i
     outcomes = [str(outcome) for outcome, _ in await asyncio.gather(*runs)]
     assert outcomes == ["done", "done"]
     assert sorted(world.kube.evicted) == ["web-0", "web-1"]
+    await world.heartbeats.close()
+
+
+async def test_a_lease_claimed_again_for_a_turn_and_lost_stops_the_drain_at_once(env: Any) -> None:
+    """After its turn wait the drain holds a new claim: losing that one cancels the drain at once (the eviction
+    in flight too), as losing the first would, instead of being noticed at the drain's next confirm."""
+    world = World(settings(drain_budget_non_urgent="1", node_leases=True), leases=True)
+    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.kube.pods.clear()
+    for index in range(2):
+        world.kube.add_node(f"node-{index}")
+        world.kube.add_pod(f"web-{index}", f"node-{index}")
+    gates = {f"web-{index}": asyncio.Event() for index in range(2)}
+    evicting: set[str] = set()
+
+    async def held(name: str) -> None:
+        evicting.add(name)
+        await gates[name].wait()
+
+    world.kube.on_evict = held
+    runs = []
+    for index in range(2):
+        operation = world.receive(rebalance(f"m-{index}").model_copy(update={"instance_id": f"i-{index}"}))
+        assert operation is not None
+        runs.append(asyncio.create_task(world.run(operation)))
+    await until(lambda: world.handler.turns.waiting("workers") == 1)
+    gates["web-0"].set()  # the first drain ends; the second gets its turn, claims node-1 again, evicts web-1
+    assert world.leases is not None
+    replica = world.leases.replica
+    await until(lambda: any(claim.name == lease_name("node-1") for claim in replica.claims))
+    await until(lambda: "web-1" in evicting)
+    for claim in [claim for claim in replica.claims if claim.name == lease_name("node-1")]:
+        claim._mark_lost("another replica took the node")  # as the replica Lease's lapse does
+    await until(runs[1].done)  # web-1's eviction is still held: only the guard can end the drain
+    assert str(runs[1].result()[0]) == "retry"
+    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 1
+    assert str((await runs[0])[0]) == "done"
     await world.heartbeats.close()
 
 
