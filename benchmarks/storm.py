@@ -419,7 +419,8 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             aggregate_qps = args.qps * replicas
             p99 = _p99(metrics.get("queue_processor_event_to_cordon_seconds_bucket", []))
             cordon_floor = args.nodes / aggregate_qps
-            cordon_path = sum(grown.get(kind, 0) for kind in ("get nodes", "patch nodes", "create leases"))
+            cordon_requests = grown.get("get nodes", 0) + grown.get("patch nodes", 0)
+            cordon_path = cordon_requests + grown.get("create leases", 0)  # each cordon waits for its claim
             figures: dict[str, Any] = {
                 "nodes": args.nodes,
                 "replicas": replicas,
@@ -432,9 +433,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                 ),
                 "cordon_floor_s": round(cordon_floor, 2),
                 "cordon_goal_s": round(1.2 * cordon_floor + 0.5, 2),
-                "cordon_requests_per_node": round(
-                    (grown.get("get nodes", 0) + grown.get("patch nodes", 0)) / args.nodes, 2
-                ),
+                "cordon_requests_per_node": round(cordon_requests / args.nodes, 2),
                 "cordon_path_floor_s": round(cordon_path / aggregate_qps, 2),
                 "cordon_path_goal_s": round(1.2 * cordon_path / aggregate_qps + 0.5, 2),
                 "receive_seconds": (

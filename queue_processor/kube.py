@@ -445,8 +445,7 @@ class KubeClient:
         (:data:`METADATA_ONLY`). ``keep``, when given, is called in the watch thread with each event and returns
         what is delivered in its place, or ``None`` to drop it: a receiver that reads little of a busy
         collection (a storm's pods: several events for each deletion) then holds and queues to the loop only
-        that (it must not raise; if it does, the watch ends as
-        with ``WatchReceiverError``).
+        that; a ``keep`` that raises ends the watch as a receiver that raises does (``WatchReceiverError``).
 
         Raises :class:`KubeError`: status 410 when the server says the resourceVersion is too old (an ERROR
         event or an answer: read the current state again and watch from its resourceVersion, "Efficient

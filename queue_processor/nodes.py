@@ -169,10 +169,7 @@ class InstanceResolver:
     async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
         """The instance, or ``None`` when EC2 does not know it (terminated long ago, another account…);
         ``fresh`` skips the cache (the instance's state matters). Raises what the describe call raises."""
-        cached = self._cache.get(instance_id)
-        if not fresh and cached is not None and cached[0] > time.monotonic():
-            return cached[1]
-        future = self._ask(instance_id)
+        future = self._future(instance_id, fresh=fresh, now=time.monotonic())
         self._start_batch()
         return await future
 
@@ -183,21 +180,18 @@ class InstanceResolver:
         no task (the check of instances back in service asks for thousands after a storm). Raises the first
         error a describe call raises."""
         now = time.monotonic()
-        futures: list[asyncio.Future[InstanceInfo | None]] = []
-        for instance_id in instance_ids:
-            cached = self._cache.get(instance_id)
-            if not fresh and cached is not None and cached[0] > now:
-                known: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
-                known.set_result(cached[1])
-                futures.append(known)
-            else:
-                futures.append(self._ask(instance_id))
+        futures = [self._future(instance_id, fresh=fresh, now=now) for instance_id in instance_ids]
         self._start_batch()
         return list(await asyncio.gather(*futures))
 
-    def _ask(self, instance_id: str) -> asyncio.Future[InstanceInfo | None]:
+    def _future(self, instance_id: str, *, fresh: bool, now: float) -> asyncio.Future[InstanceInfo | None]:
+        """The instance's future: answered from the cache (unless ``fresh``), else waiting for the next batch."""
         future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(instance_id, []).append(future)
+        cached = self._cache.get(instance_id)
+        if not fresh and cached is not None and cached[0] > now:
+            future.set_result(cached[1])
+        else:
+            self._waiting.setdefault(instance_id, []).append(future)
         return future
 
     def _start_batch(self) -> None:

@@ -66,9 +66,9 @@ class Waiting:
 def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
     """What the watch keeps of a pod event (pure; run in the watch thread, :data:`~queue_processor.kube.Keep`):
     a deletion as ``{"type": "DELETED", "object": {"metadata": {"uid", "resourceVersion"}}}``, nothing of any
-    other event. In a
-    storm a pod deleted comes with several other events (its termination begun, its replacement created,
-    bound, started), and events the loop has not taken yet would be held whole until it does."""
+    other event. In a storm a pod deleted comes with several other events (its termination begun, its
+    replacement created, bound, started), and events the loop has not taken yet would be held whole until it
+    does."""
     if event.get("type") != "DELETED":
         return None
     obj = event.get("object")

@@ -76,9 +76,9 @@ def slim(node: dict[str, Any]) -> dict[str, Any]:
 
 def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
     """What the watch keeps of a node event (pure; run in the watch thread, :data:`~queue_processor.kube.Keep`):
-    an added or modified node as its :func:`slim` copy (whole when it cannot be slimmed: the copy then fails
-    to apply it, and reads the nodes again), a deleted one as its name and resourceVersion, nothing of another
-    event."""
+    an added or modified node as its :func:`slim` copy, a deleted one as its name and resourceVersion, nothing
+    of another event. Raises what :func:`slim` raises on a node it cannot read (the watch then ends, and the
+    nodes are read again)."""
     kind = event.get("type")
     node = event.get("object")
     if not isinstance(node, dict):
@@ -88,10 +88,7 @@ def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
         kept = {"name": metadata.get("name"), "resourceVersion": metadata.get("resourceVersion")}
         return {"type": kind, "object": {"metadata": kept}}
     if kind in ("ADDED", "MODIFIED"):
-        try:
-            return {"type": kind, "object": slim(node)}
-        except (AttributeError, TypeError, ValueError):
-            return event  # whole: the copy then fails to apply it in the loop and reads the nodes again
+        return {"type": kind, "object": slim(node)}
     return None
 
 
@@ -175,4 +172,4 @@ class NodeCache(Watched):
             if event.get("type") == "DELETED":
                 self._drop(name)
             elif event.get("type") in ("ADDED", "MODIFIED"):
-                self._put(slim(node))
+                self._put(node)  # slimmed by the watch thread (slim_event)

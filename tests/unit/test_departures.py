@@ -105,10 +105,7 @@ async def test_a_stream_that_breaks_after_a_deletion_resumes_after_it(
     kube = ScriptedWatch(([gone], KubeError(0, "ConnectionError", "reset")), [])
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
-    for _ in range(50):
-        if len(kube.watched_from) == 2:
-            break
-        await asyncio.sleep(0)
+    await kube.connections(2)
     assert kube.watched_from == ["100", "160"]
     assert departures.seen == 1
     assert departures.epoch == 1
@@ -180,10 +177,7 @@ async def test_an_event_the_watch_thread_cannot_keep_reads_the_pods_again(
     kube = ScriptedWatch([deleted("a")], [])
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
-    for _ in range(50):
-        if len(kube.watched_from) == 2:
-            break
-        await asyncio.sleep(0)
+    await kube.connections(2)
     assert kube.reads == 2
     assert kube.watched_from == ["100", "200"]
     assert departures.epoch == 2
@@ -203,10 +197,7 @@ async def test_a_stream_that_breaks_after_events_the_watch_dropped_resumes_after
     kube = ScriptedWatch(([gone, changed], KubeError(0, "ConnectionError", "reset")), [])
     departures = Departures(kube)  # type: ignore[arg-type]
     departures.start()
-    for _ in range(50):
-        if len(kube.watched_from) == 2:
-            break
-        await asyncio.sleep(0)
+    await kube.connections(2)
     assert kube.watched_from == ["100", "170"]
     assert departures.seen == 1
     await departures.close()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain import watched
+from queue_processor.drain import node_cache, watched
 from queue_processor.drain.node_cache import NodeCache, slim, slim_event
 from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.kube import KubeError
@@ -82,36 +82,35 @@ async def test_a_broken_stream_resumes_from_the_last_change_it_delivered(
     kube = ScriptedWatch(([modified], KubeError(0, "ConnectionError", "reset")), [], nodes=[node("a")])
     cache = NodeCache(kube)  # type: ignore[arg-type]
     cache.start()
-    for _ in range(50):
-        if len(kube.watched_from) == 2:
-            break
-        await asyncio.sleep(0)
+    await kube.connections(2)
     assert kube.watched_from == ["100", "150"]
     assert kube.reads == 1
     assert (cache.get("a") or {})["spec"] == {"unschedulable": True}
     await cache.close()
 
 
-async def test_an_event_the_copy_cannot_apply_reads_the_nodes_again(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("where", ["kept", "applied"])
+async def test_an_event_the_copy_cannot_read_reads_the_nodes_again(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A node whose labels are not a map cannot be kept: the error is logged, the copy is not live until the
-    nodes are listed again, and the watch goes on from the new list (the copy had missed that event)."""
+    """A node whose labels are not a map cannot be kept, whether the watch thread fails on it (``kept``: it
+    slims each event) or the loop does (``applied``: an event that reaches it whole): the error is logged, the
+    copy is not live until the nodes are listed again, and the watch goes on from the new list (the copy had
+    missed that event)."""
     monkeypatch.setattr(watched, "RETRY_S", 0.0)
+    if where == "applied":
+        monkeypatch.setattr(node_cache, "slim_event", lambda event: event)
     broken = node("a", "150")
     broken["metadata"]["labels"] = 5
     kube = ScriptedWatch([{"type": "MODIFIED", "object": broken}], [], nodes=[node("a")])
     cache = NodeCache(kube)  # type: ignore[arg-type]
     cache.start()
-    for _ in range(50):
-        if len(kube.watched_from) == 2:
-            break
-        await asyncio.sleep(0)
+    await kube.connections(2)
     assert kube.reads == 2
     assert kube.watched_from == ["100", "200"]
     assert cache.live
     assert (cache.get("a") or {})["metadata"]["resourceVersion"] == "1"
-    assert "watch event not applied; reading again" in capsys.readouterr().out
+    assert f"watch event not {where}; reading again" in capsys.readouterr().out
     await cache.close()
 
 
@@ -170,5 +169,5 @@ def test_the_watch_keeps_a_slim_copy_of_a_node_event_and_the_name_of_a_deletion(
     assert slim_event({"type": "ERROR", "object": {"code": 410}}) is None
     broken = node("b", "9")
     broken["metadata"]["labels"] = 5
-    event = {"type": "ADDED", "object": broken}
-    assert slim_event(event) is event  # whole: the copy fails to apply it and reads the nodes again
+    with pytest.raises(TypeError):  # the watch ends, and the nodes are read again (above)
+        slim_event({"type": "ADDED", "object": broken})

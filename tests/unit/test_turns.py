@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -201,18 +201,18 @@ async def test_a_scheduled_change_becoming_due_ends_the_wait() -> None:
     await asyncio.gather(first, second)
 
 
-async def test_a_waiting_drain_gives_its_node_lease_up_and_claims_it_again_for_its_turn(env: Any) -> None:
+async def _two_rebalance_drains_one_waiting(
+    held: Callable[[str], Awaitable[None]],
+) -> tuple[World, list[Any]]:
+    """A group with a turn for one drain (NODE_LEASES on), two nodes of one pod each (``web-0``, ``web-1``),
+    a rebalance recommendation for each, run until the second waits its turn; each eviction awaits
+    ``held(pod)`` first. The world and the two runs (tasks)."""
     world = World(settings(drain_budget_non_urgent="1", node_leases=True), leases=True)
     world.handler.resolver = Instances()  # type: ignore[assignment]
     world.kube.pods.clear()
     for index in range(2):
         world.kube.add_node(f"node-{index}")
         world.kube.add_pod(f"web-{index}", f"node-{index}")
-    gate = asyncio.Event()
-
-    async def held(name: str) -> None:
-        await gate.wait()
-
     world.kube.on_evict = held
     runs = []
     for index in range(2):
@@ -220,6 +220,16 @@ async def test_a_waiting_drain_gives_its_node_lease_up_and_claims_it_again_for_i
         assert operation is not None
         runs.append(asyncio.create_task(world.run(operation)))
     await until(lambda: world.handler.turns.waiting("workers") == 1)
+    return world, runs
+
+
+async def test_a_waiting_drain_gives_its_node_lease_up_and_claims_it_again_for_its_turn(env: Any) -> None:
+    gate = asyncio.Event()
+
+    async def held(name: str) -> None:
+        await gate.wait()
+
+    world, runs = await _two_rebalance_drains_one_waiting(held)
     # The waiting one gave its Lease up (another replica may drain that node at once); the other keeps its own.
     assert world.leases is not None
     holder = world.leases.holder
@@ -234,12 +244,6 @@ async def test_a_waiting_drain_gives_its_node_lease_up_and_claims_it_again_for_i
 async def test_a_lease_claimed_again_for_a_turn_and_lost_stops_the_drain_at_once(env: Any) -> None:
     """After its turn wait the drain holds a new claim: losing that one cancels the drain at once (the eviction
     in flight too), as losing the first would, instead of being noticed at the drain's next confirm."""
-    world = World(settings(drain_budget_non_urgent="1", node_leases=True), leases=True)
-    world.handler.resolver = Instances()  # type: ignore[assignment]
-    world.kube.pods.clear()
-    for index in range(2):
-        world.kube.add_node(f"node-{index}")
-        world.kube.add_pod(f"web-{index}", f"node-{index}")
     gates = {f"web-{index}": asyncio.Event() for index in range(2)}
     evicting: set[str] = set()
 
@@ -247,13 +251,7 @@ async def test_a_lease_claimed_again_for_a_turn_and_lost_stops_the_drain_at_once
         evicting.add(name)
         await gates[name].wait()
 
-    world.kube.on_evict = held
-    runs = []
-    for index in range(2):
-        operation = world.receive(rebalance(f"m-{index}").model_copy(update={"instance_id": f"i-{index}"}))
-        assert operation is not None
-        runs.append(asyncio.create_task(world.run(operation)))
-    await until(lambda: world.handler.turns.waiting("workers") == 1)
+    world, runs = await _two_rebalance_drains_one_waiting(held)
     gates["web-0"].set()  # the first drain ends; the second gets its turn, claims node-1 again, evicts web-1
     assert world.leases is not None
     replica = world.leases.replica
