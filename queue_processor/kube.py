@@ -49,6 +49,7 @@ __all__ = [
     "Keep",
     "KubeClient",
     "KubeError",
+    "NotSentError",
     "RateLimiter",
     "load_api_client",
 ]
@@ -155,6 +156,19 @@ class RateLimiter:
             raise
         finally:
             self._leave(waiter)
+
+    def give_back(self) -> None:
+        """Return a token :meth:`acquire` gave and no request used (:class:`NotSentError`): the caller at the head of
+        the line is woken to take it."""
+        self._tokens += 1
+        head = self._head()
+        if head is not None and not head.turn.done():
+            head.turn.set_result(None)
+
+
+class NotSentError(Exception):
+    """A request whose ``sending`` check (:meth:`KubeClient.request`) said no once its token came: it was not
+    sent, and the token went back to the rate limiter."""
 
 
 class _Waiter:
@@ -287,13 +301,16 @@ class KubeClient:
         retry: bool = True,
         urgent: bool = False,
         agent: str | None = None,
+        sending: Callable[[], bool] | None = None,
     ) -> Any:
         """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller;
         ``urgent`` requests (node reads and patches: cordoning; Lease calls) pass the rate limiter before drain
         traffic and run on threads of their own; ``agent`` is appended to the User-Agent (``drain/<id>``: the
-        API server's audit log then tells which drain sent it)."""
+        API server's audit log then tells which drain sent it). ``sending``, when given, is asked once the rate
+        limiter gave the request its token, which may be seconds after the call in a storm: ``False`` gives the
+        token back and raises :class:`NotSentError` (with ``retry=False`` only)."""
         if not retry:
-            return await self._once(method, path, query, body, content_type, urgent, agent)
+            return await self._once(method, path, query, body, content_type, urgent, agent, sending)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             wait=_wait,
@@ -313,8 +330,12 @@ class KubeClient:
         content_type: str | None,
         urgent: bool = False,
         agent: str | None = None,
+        sending: Callable[[], bool] | None = None,
     ) -> Any:
         await self.limiter.acquire(urgent=urgent)
+        if sending is not None and not sending():
+            self.limiter.give_back()
+            raise NotSentError(f"{method} {path}")
         loop = asyncio.get_running_loop()
         pool = self._urgent_pool if urgent else self._pool
         sent = loop.run_in_executor(pool, self._call, method, path, query, body, content_type, agent)
@@ -614,13 +635,15 @@ class KubeClient:
         *,
         dry_run: bool = False,
         drain: str | None = None,
+        sending: Callable[[], bool] | None = None,
     ) -> None:
         """POST a policy/v1 Eviction (``grace_s``: ``deleteOptions.gracePeriodSeconds``, seconds; ``dry_run``:
         ``dryRun=All``, every check and nothing deleted, as ``kubectl drain --dry-run=server``; ``drain``: the
-        ID of the drain that sends it, in the User-Agent as ``drain/<id>``). Raises
-        :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption now (its name in
-        :attr:`KubeError.causes`), 500 when several budgets match the pod, 404 when it is gone. Not retried
-        here: each answer means something to the drain."""
+        ID of the drain that sends it, in the User-Agent as ``drain/<id>``; ``sending``: asked when the rate
+        limiter's token comes, ``False`` sends nothing: :meth:`request`). Raises :class:`KubeError`: 429 when a
+        PodDisruptionBudget allows no disruption now (its name in :attr:`KubeError.causes`), 500 when several
+        budgets match the pod, 404 when it is gone; :class:`NotSentError`. Not retried here: each answer means
+        something to the drain."""
         body: Obj = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -639,6 +662,7 @@ class KubeClient:
             body=body,
             retry=False,
             agent=f"drain/{drain}" if drain else None,
+            sending=sending,
         )
 
     async def delete_pod(

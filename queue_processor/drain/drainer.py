@@ -17,6 +17,7 @@ import contextlib
 import functools
 import itertools
 import random
+import sys
 import time
 import uuid
 from collections import Counter
@@ -30,7 +31,8 @@ from queue_processor import tasks
 from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.departures import Departures, Ticket, Waiting
-from queue_processor.drain.filters import DrainOptions, PodDecision, plan_drain, pod_key
+from queue_processor.drain.filters import DrainOptions, PodDecision, controller_of, plan_drain, pod_key
+from queue_processor.drain.gates import BudgetGates
 from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.order import (
     DRAIN_POLICY_ANNOTATION,
@@ -45,7 +47,7 @@ from queue_processor.drain.order import (
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
 from queue_processor.drain.slots import LEAST_SLOTS, Slot, Slots
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
-from queue_processor.kube import KubeClient
+from queue_processor.kube import KubeClient, NotSentError
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError, SurgeResult
@@ -209,13 +211,15 @@ class DrainBounds:
 @dataclass
 class _Pod:
     """One pod of a drain: its key and uid, the grace period it would get without a deadline, whether it is
-    evicted (or only waited for: being deleted already), the grace it was given and whether that was cut, and,
-    for a pod whose replacement comes first (SURGE_DRAINS), its Deployment's name and the pod's labels."""
+    evicted (or only waited for: being deleted already), its controller owner's uid (``None`` without one: the
+    key of :class:`~queue_processor.drain.gates.BudgetGates`), the grace it was given and whether that was cut,
+    and, for a pod whose replacement comes first (SURGE_DRAINS), its Deployment's name and the pod's labels."""
 
     key: tuple[str, str]
     uid: Any
     grace_s: int
     evict: bool
+    owner: str | None = None
     granted_s: int | None = None
     cut: bool = False
     surge: str | None = None
@@ -278,6 +282,7 @@ def plan_waves(
             uid=pod["metadata"].get("uid"),
             grace_s=own_grace(pod, grace_s),
             evict=id(pod) in evicting,
+            owner=_owner_uid(pod),
         )
         for pod in decisions.wait_for
     ]
@@ -308,6 +313,13 @@ def plan_waves(
         refused=[replace(decision, pod={}) for decision in decisions.errors],
         notices=notices,
     )
+
+
+def _owner_uid(pod: Mapping[str, Any]) -> str | None:
+    """The uid of the pod's controller owner, interned (the pods of one workload share it), or ``None``."""
+    owner = controller_of(pod)
+    uid = None if owner is None else owner.get("uid")
+    return sys.intern(uid) if isinstance(uid, str) and uid else None
 
 
 Grace = Literal["own", "cut", "outlasted"]
@@ -431,6 +443,9 @@ class Drainer:
         self.draining = 0
         self.blocked: Counter[str] = Counter()
         """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
+        self.gates = BudgetGates()
+        """The budgets that refused an eviction a moment ago: the pods of the workloads they refused wait for them
+        to reopen instead of asking (:mod:`queue_processor.drain.gates`)."""
         self._reported: set[tuple[str, str]] = set()  # (workload, annotation value) reported already
         self.surges = Surges(kube)
 
@@ -848,7 +863,10 @@ class Drainer:
         slot: Slot | None = None,
     ) -> _Eviction:
         """Evict one pod, retrying 429s (and other errors) with backoff until the drain's last moment
-        (:meth:`DrainBounds.final`, read again at each attempt): how it ended. Each attempt asks for the pod's
+        (:meth:`DrainBounds.final`, read again at each attempt): how it ended. A pod of a workload whose
+        PodDisruptionBudget refused an eviction a moment ago waits, without its slot, until the budget reopens
+        (:attr:`gates`) and counts as refused by it meanwhile; other refusals (a 429 that names no budget, a pod
+        without a controller) and other errors are retried after a backoff. Each attempt asks for the pod's
         grace period cut to end GRACE_DEADLINE_MARGIN before the instance's end
         (:func:`~queue_processor.drain.order.granted_grace`); the pod's own is sent as no grace period at all
         when POD_TERMINATION_GRACE_PERIOD is -1 and nothing is cut. A tightening of the bounds ends a wait
@@ -857,20 +875,38 @@ class Drainer:
         namespace, name = entry.key
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
+
+        def open_now() -> bool:
+            return self.gates.closed(entry.owner, self.clock()) is None
+
         try:
             while True:
                 if guard is not None:
                     await guard()
+                closed = self.gates.closed(entry.owner, self.clock())
+                if closed is not None:
+                    if slot is not None:
+                        slot.release()
+                    if closed.budget != blocking:
+                        self._blocking(blocking, -1)
+                        blocking = closed.budget
+                        self._blocking(blocking, +1)
+                    if closed.until >= bounds.final(self.timing)[0]:
+                        return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, closed.message, blocking)
+                    await bounds.sleep(closed.until - self.clock())
+                    continue
                 instance_end = bounds.instance_end
                 until_end = None if instance_end is None else instance_end - self.clock()
                 grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
                 try:
                     granted = grace if cut or self.grace_s >= 0 else None
                     try:
-                        await self.kube.evict(namespace, name, granted, drain=drain_id)
+                        await self.kube.evict(namespace, name, granted, drain=drain_id, sending=open_now)
                     finally:
                         if slot is not None:
                             slot.release()
+                except NotSentError:  # its budget refused another pod of the workload while it waited for QPS
+                    continue
                 except KubeError as exc:
                     if exc.status == 404:
                         return self._evicted(entry, EvictionOutcome.GONE, "gone")
@@ -883,6 +919,9 @@ class Drainer:
                             self._blocking(blocking, -1)
                             blocking = budget
                             self._blocking(blocking, +1)
+                        if budget is not None and entry.owner is not None:
+                            self.gates.refused(entry.owner, budget, exc.message, self.clock())
+                            continue  # the gate says when to try again
                     if self.clock() + delay >= bounds.final(self.timing)[0]:
                         if exc.status == 429:
                             return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
@@ -893,6 +932,7 @@ class Drainer:
                     else:
                         delay = min(delay * 2, EVICTION_RETRY_S[1])
                     continue
+                self.gates.accepted(entry.owner)
                 if evicted is not None:
                     await evicted(namespace, name)
                 outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace, cut=cut)

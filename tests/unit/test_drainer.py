@@ -4,6 +4,7 @@ PodDisruptionBudget until the deadline, several budgets), what the drain result 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from queue_processor.drain.drainer import Drainer, DrainTiming, _Eviction, _Running, _settled
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
+from queue_processor.kube import NotSentError
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
 from tests.unit.test_handler import NODE, FakeKube
@@ -33,8 +35,16 @@ class Answers(FakeKube):
         self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
 
     async def evict(
-        self, namespace: str, name: str, grace_s: int | None = None, *, drain: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        grace_s: int | None = None,
+        *,
+        drain: str | None = None,
+        sending: Callable[[], bool] | None = None,
     ) -> None:
+        if sending is not None and not sending():
+            raise NotSentError(name)
         status = self.statuses.get(name)
         if status == 404:
             self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
@@ -412,3 +422,86 @@ async def test_an_eviction_that_ended_is_kept_as_its_outcome_and_its_task_let_go
     await _settled(running)
     assert list(running) == []
     assert [outcome.key for outcome in running.outcomes()] == [("ns", "a"), ("ns", "b")]
+
+
+class Budget(FakeKube):
+    """Four pods of one ReplicaSet under a PodDisruptionBudget ``apps/web`` that allows no disruption: each
+    eviction sent is recorded and refused with the budget named in its ``DisruptionBudget`` cause, as the API
+    server answers. With ``hold``, each eviction waits there, as behind the client's rate limiter, until the
+    test lets web-0 go (:attr:`first`), then the others (:attr:`rest`); each asks ``sending`` then."""
+
+    def __init__(self, hold: bool = False) -> None:
+        super().__init__()
+        self.hold = hold
+        self.first, self.rest, self.all_in = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.refused = asyncio.Event()  # an eviction was sent (and refused)
+        self.waiting = 0
+        self.sent: list[str] = []
+        self.add_node()
+        for name in ("web-0", "web-1", "web-2", "web-3"):
+            self.add_pod(name)
+            self.pods[-1]["metadata"]["ownerReferences"][0]["uid"] = "rs-web-uid"
+
+    async def evict(
+        self,
+        namespace: str,
+        name: str,
+        grace_s: int | None = None,
+        *,
+        drain: str | None = None,
+        sending: Callable[[], bool] | None = None,
+    ) -> None:
+        if self.hold:
+            self.waiting += 1
+            if self.waiting == 4:
+                self.all_in.set()
+            await (self.first if name == "web-0" else self.rest).wait()
+        if sending is not None and not sending():
+            raise NotSentError(name)
+        self.sent.append(name)
+        self.refused.set()
+        cause = {
+            "reason": "DisruptionBudget",
+            "message": "The disruption budget web needs 4 healthy pods and has 4 currently",
+        }
+        raise KubeError(
+            429,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+            causes=[cause],
+        )
+
+    async def get_pdb(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+
+async def test_a_budget_that_refused_a_pod_is_not_asked_for_the_other_pods_of_its_workload() -> None:
+    # The first refusal closes the budget for the ReplicaSet's pods: the other three are not sent, and each
+    # counts as held by the budget when the drain ends (the deadline is now: no reopening comes before it).
+    kube = Budget()
+    metrics = Metrics(process_metrics=False)
+    drainer = Drainer(kube, DrainOptions(), budget=2, observer=metrics, clock=lambda: 100.0)  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=100.0)
+    assert kube.sent == ["web-0"]
+    assert (result.completed, result.outcome, result.blocked) == (False, DrainOutcome.TIMEOUT, 4)
+    assert result.causes == [
+        "PodDisruptionBudget apps/web refuses the eviction of apps/web-0, apps/web-1, apps/web-2, apps/web-3: "
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    ]
+    assert evictions(metrics, "pdb-blocked") == 4
+
+
+async def test_an_eviction_waiting_for_its_turn_is_not_sent_once_its_budget_refused_another() -> None:
+    # In a storm an eviction waits seconds for its token: the budget refused a pod of the same workload
+    # meanwhile, and the eviction, asked again when its token comes, sends nothing.
+    kube = Budget(hold=True)
+    drainer = Drainer(kube, DrainOptions(), budget=2, clock=lambda: 100.0)  # type: ignore[arg-type]
+    drain = asyncio.create_task(drainer.drain(NODE, deadline=100.0))
+    await kube.all_in.wait()  # all four wait for their turn, none sent
+    kube.first.set()
+    await kube.refused.wait()
+    await asyncio.sleep(0)  # the drain sees the refusal
+    kube.rest.set()
+    result = await drain
+    assert kube.sent == ["web-0"]
+    assert result.blocked == 4

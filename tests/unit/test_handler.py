@@ -34,6 +34,7 @@ from queue_processor.kinds import (
     SpotInterruptionEvent,
     StateChangeEvent,
 )
+from queue_processor.kube import NotSentError
 from queue_processor.leases import NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
@@ -219,8 +220,16 @@ class FakeKube:
         return [copy.deepcopy(p) for p in self.pods if p["spec"]["nodeName"] == node]
 
     async def evict(
-        self, namespace: str, name: str, grace_s: int | None = None, *, drain: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        grace_s: int | None = None,
+        *,
+        drain: str | None = None,
+        sending: Callable[[], bool] | None = None,
     ) -> None:
+        if sending is not None and not sending():
+            raise NotSentError(name)
         if self.on_evict is not None:
             await self.on_evict(name)
         if self.refuse_evictions:

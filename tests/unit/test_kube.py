@@ -109,3 +109,20 @@ async def test_tokens_saved_up_go_to_every_caller_they_cover_at_once(clock: list
     for _ in range(3):  # a few passes of the loop, not one per caller
         await asyncio.sleep(0)
     assert all(task.done() for task in waiting)
+
+
+async def test_a_token_given_back_goes_to_the_next_caller_without_a_wait(clock: list[float]) -> None:
+    """An eviction whose budget closed while it waited for its token sends nothing (NotSentError): the token
+    it gives back serves the caller behind it, as if it had never been taken."""
+    limiter = RateLimiter(qps=10, burst=1, clock=lambda: clock[0])
+    await limiter.acquire()  # the bucket is empty now
+    first = asyncio.create_task(limiter.acquire())
+    second = asyncio.create_task(limiter.acquire())
+    await first
+    taken_at = clock[0]
+    limiter.give_back()
+    await second
+    assert clock[0] == taken_at  # no wait for the next token
+    third = asyncio.create_task(limiter.acquire())
+    await third
+    assert clock[0] == pytest.approx(taken_at + 0.1, rel=0.01)  # then the rate again

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.drain.order",
         "queue_processor.drain.record",
         "queue_processor.drain.slots",
+        "queue_processor.drain.gates",
         "queue_processor.observe",
         "queue_processor.observe.gotemplate",
         "queue_processor.observe.logs",
