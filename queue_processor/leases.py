@@ -407,6 +407,7 @@ class NodeLeases:
         self.renew_every_s = renew_every_s if renew_every_s is not None else self.duration_s / 3
         self.clock = clock
         self.replica = ReplicaLease(self)
+        self._claiming: set[str] = set()  # node Lease names a claim is writing
 
     async def claim(self, node: str) -> Claim | None:
         """The node's Lease for this replica, or ``None`` when another replica holds it. The replica Lease is
@@ -415,6 +416,8 @@ class NodeLeases:
         name = lease_name(node)
         replica = self.replica
         replica._claiming += 1
+        replica.unreleased.pop(name, None)  # an earlier release not answered: this claim takes the Lease over
+        self._claiming.add(name)
         try:
             await replica.fresh()
             epoch = replica.epoch
@@ -453,15 +456,19 @@ class NodeLeases:
                 raise
         finally:
             replica._claiming -= 1
+            self._claiming.discard(name)
 
     async def clear(self, lease: dict[str, Any] | None) -> bool:
         """Release a node Lease as we last wrote it: deleted, on the precondition that it is still at that
         resourceVersion (nothing is left behind for a node that is gone, and the node's next claim is one
-        create); a 409 re-reads it and deletes it while it is still ours. ``True`` when it is released, gone,
-        or no longer ours (another replica took it: left to it), ``False`` when the API server did not answer
-        (logged)."""
-        for _ in range(RENEW_ATTEMPTS):
+        create); a 409 re-reads it and deletes it while it is still ours and no claim of this replica holds it
+        or is being made (a release made again at a renewal, after the node was claimed again). ``True`` when it
+        is released, gone, or no longer ours (another replica took it: left to it; or claimed again here),
+        ``False`` when the API server did not answer (logged)."""
+        for attempt in range(RENEW_ATTEMPTS):
             if lease is None or _holder(lease) != self.holder:
+                return True
+            if attempt and self._claimed(str((lease.get("metadata") or {}).get("name"))):
                 return True
             metadata = lease.get("metadata") or {}
             name = str(metadata.get("name"))
@@ -480,6 +487,10 @@ class NodeLeases:
                 log.warning("lease release failed", lease=name, error=str(exc))
                 return False
         return False
+
+    def _claimed(self, name: str) -> bool:
+        """Whether a claim of this replica holds node Lease ``name`` or is being made."""
+        return name in self._claiming or any(claim.name == name for claim in self.replica.claims)
 
     async def _held_by_another(self, lease: dict[str, Any]) -> bool:
         holder = _holder(lease)

@@ -406,3 +406,34 @@ async def test_a_release_the_api_server_did_not_answer_is_made_again_at_the_next
     await other_node.release()
     await leases.close()
     await other.close()
+
+
+async def test_a_release_made_again_leaves_alone_the_lease_the_replica_claimed_again_meanwhile(
+    kube: KubeClient,
+) -> None:
+    """A release the API server did not answer waits for the next renewal; the replica claims the node again
+    before it (a Spot warning after the rebalance drain it ended). The renewal's release must not delete the
+    new claim's Lease: another replica would then take the node while this one drains it."""
+    scripted = ScriptedLeaseWrites(kube)
+    leases = NodeLeases(scripted, namespace=OPS, identity=unique("again"), duration_s=15, renew_every_s=0.05)  # type: ignore[arg-type]
+    node = unique("n12")
+    claim = await leases.claim(node)
+    assert claim is not None
+    scripted.fail = 1
+    await claim.release()  # answered 500: made again at the next renewal
+    again = await leases.claim(node)  # the same replica, before that renewal
+    assert again is not None
+    renewed = leases.replica.lease
+    deadline = asyncio.get_running_loop().time() + 30  # a hang guard: renewals come every 50 ms
+    while leases.replica.lease is renewed or lease_name(node) in leases.replica.unreleased:
+        assert asyncio.get_running_loop().time() < deadline, "the replica Lease was not renewed"
+        await asyncio.sleep(0.05)
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None, "the Lease of the claim made again was deleted"
+    assert lease["spec"]["holderIdentity"] == leases.holder
+    other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=15)
+    assert await other.claim(node) is None  # held
+    await again.release()
+    assert await kube.get_lease(OPS, lease_name(node)) is None
+    await leases.close()
+    await other.close()
