@@ -59,6 +59,7 @@ from random import Random
 from typing import Any, Literal
 
 from queue_processor.drain.drainer import EVICTION_RETRY_S
+from queue_processor.drain.gates import GATE_MOST_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
@@ -475,8 +476,10 @@ class _World:
                     and "kubernetes.io/config.mirror" not in (pod["metadata"].get("annotations") or {})
                 ]
                 # A budget held now, or relaxed too recently for a blocked eviction's next retry (it backs off
-                # to EVICTION_RETRY_S apart): not a drain its budgets allowed.
-                if left and (self.held or time.monotonic() - self.released_at < EVICTION_RETRY_S[1]):
+                # to EVICTION_RETRY_S apart, or waits for its budget's gate, closed up to GATE_MOST_S): not a
+                # drain its budgets allowed.
+                retry_s = max(EVICTION_RETRY_S[1], GATE_MOST_S)
+                if left and (self.held or time.monotonic() - self.released_at < retry_s):
                     self.held_ever.add(name)
                 elif left:
                     at = round((time.monotonic() - self.t0) / SCALE, 1)
