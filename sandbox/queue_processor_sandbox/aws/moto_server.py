@@ -671,7 +671,7 @@ def _get_tags(self: Any) -> list[dict[str, str]]:
 
 
 _STRUCTURE = "_serialize_type_structure"
-_ORIGINAL_STRUCTURE = EC2Serializer._serialize_type_structure
+_ORIGINAL_STRUCTURE = getattr(EC2Serializer, _STRUCTURE)  # moto has no public hook for it
 
 #: Instance ID → (what its serialized form was made from, the form): :func:`_serialize_structure`'s cache.
 _INSTANCES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
@@ -680,7 +680,7 @@ _INSTANCES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 _ELEMENTS: dict[int, str] = {}
 
 _BODY = "_serialize_body"
-_ORIGINAL_BODY = EC2Serializer._serialize_body
+_ORIGINAL_BODY = getattr(EC2Serializer, _BODY)
 
 _PLAIN = (str, int, float, bool, type(None), datetime.datetime)
 
