@@ -159,7 +159,8 @@ class RateLimiter:
 
     def give_back(self) -> None:
         """Return a token :meth:`acquire` gave and no request used (:class:`NotSentError`): the caller at the head of
-        the line is woken to take it."""
+        the line takes it when it is woken (at once when it waits for its turn; at its next wake-up, within
+        1/``qps`` seconds, when it sleeps until the next token)."""
         self._tokens += 1
         head = self._head()
         if head is not None and not head.turn.done():
@@ -307,8 +308,8 @@ class KubeClient:
         ``urgent`` requests (node reads and patches: cordoning; Lease calls) pass the rate limiter before drain
         traffic and run on threads of their own; ``agent`` is appended to the User-Agent (``drain/<id>``: the
         API server's audit log then tells which drain sent it). ``sending``, when given, is asked once the rate
-        limiter gave the request its token, which may be seconds after the call in a storm: ``False`` gives the
-        token back and raises :class:`NotSentError` (with ``retry=False`` only)."""
+        limiter gave the request its token (at each attempt), which may be seconds after the call in a storm:
+        ``False`` gives the token back and raises :class:`NotSentError`."""
         if not retry:
             return await self._once(method, path, query, body, content_type, urgent, agent, sending)
         async for attempt in AsyncRetrying(
@@ -318,7 +319,7 @@ class KubeClient:
             reraise=True,
         ):
             with attempt:
-                return await self._once(method, path, query, body, content_type, urgent, agent)
+                return await self._once(method, path, query, body, content_type, urgent, agent, sending)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(

@@ -43,6 +43,7 @@ import math
 import re
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -268,8 +269,8 @@ class ReplicaLease:
                 await asyncio.sleep(min(leases.renew_every_s, RENEW_RETRY_S))
             else:
                 for name, lease in list(self.unreleased.items()):
-                    if await leases.clear(lease):
-                        self.unreleased.pop(name, None)
+                    if await leases.clear(lease) and self.unreleased.get(name) is lease:
+                        del self.unreleased[name]  # not one released again meanwhile
 
     def _unwatch_lapse(self) -> None:
         if self._lapse is not None:
@@ -407,7 +408,7 @@ class NodeLeases:
         self.renew_every_s = renew_every_s if renew_every_s is not None else self.duration_s / 3
         self.clock = clock
         self.replica = ReplicaLease(self)
-        self._claiming: set[str] = set()  # node Lease names a claim is writing
+        self._claiming: Counter[str] = Counter()  # node Lease name → claims of it being made
 
     async def claim(self, node: str) -> Claim | None:
         """The node's Lease for this replica, or ``None`` when another replica holds it. The replica Lease is
@@ -416,15 +417,17 @@ class NodeLeases:
         name = lease_name(node)
         replica = self.replica
         replica._claiming += 1
-        replica.unreleased.pop(name, None)  # an earlier release not answered: this claim takes the Lease over
-        self._claiming.add(name)
+        # An earlier release not answered: this claim takes the Lease over (the release goes back if it fails).
+        unreleased = replica.unreleased.pop(name, None)
+        self._claiming[name] += 1
+        claimed: Claim | None = None
         try:
             await replica.fresh()
             epoch = replica.epoch
             existing: dict[str, Any] | None = None
             for _ in range(2):  # a Lease deleted between the refused create and the read is created again
                 try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-                    return Claim(
+                    claimed = Claim(
                         self,
                         await self.kube.create_lease(
                             self.namespace,
@@ -434,6 +437,7 @@ class NodeLeases:
                         ),
                         epoch,
                     )
+                    return claimed
                 except KubeError as exc:
                     if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
                         raise
@@ -443,32 +447,37 @@ class NodeLeases:
             if existing is None or await self._held_by_another(existing):
                 return None
             try:
-                return Claim(
+                claimed = Claim(
                     self,
                     await self.kube.replace_lease(
                         self.namespace, _held(existing, self.holder, HELD_BY_REPLICA_S, self._annotations())
                     ),
                     epoch,
                 )
+                return claimed
             except KubeError as exc:
                 if exc.status == 409:  # another replica created or took it first
                     return None
                 raise
         finally:
             replica._claiming -= 1
-            self._claiming.discard(name)
+            self._claiming[name] -= 1
+            if self._claiming[name] <= 0:
+                del self._claiming[name]
+            if claimed is None and unreleased is not None:
+                replica.unreleased.setdefault(name, unreleased)
 
     async def clear(self, lease: dict[str, Any] | None) -> bool:
         """Release a node Lease as we last wrote it: deleted, on the precondition that it is still at that
         resourceVersion (nothing is left behind for a node that is gone, and the node's next claim is one
-        create); a 409 re-reads it and deletes it while it is still ours and no claim of this replica holds it
-        or is being made (a release made again at a renewal, after the node was claimed again). ``True`` when it
-        is released, gone, or no longer ours (another replica took it: left to it; or claimed again here),
-        ``False`` when the API server did not answer (logged)."""
-        for attempt in range(RENEW_ATTEMPTS):
+        create); a 409 re-reads it and deletes it while it is still ours. A Lease a claim of this replica holds
+        or is making is left to that claim (a release made again at a renewal, after the node was claimed again).
+        ``True`` when it is released, gone, or no longer ours (another replica took it: left to it; or claimed
+        again here), ``False`` when the API server did not answer (logged)."""
+        for _ in range(RENEW_ATTEMPTS):
             if lease is None or _holder(lease) != self.holder:
                 return True
-            if attempt and self._claimed(str((lease.get("metadata") or {}).get("name"))):
+            if self._claimed(str((lease.get("metadata") or {}).get("name"))):
                 return True
             metadata = lease.get("metadata") or {}
             name = str(metadata.get("name"))

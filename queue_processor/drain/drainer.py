@@ -847,7 +847,9 @@ class Drainer:
         surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard)
         if surge is not None:
             held.append(surge)
-        outcome = await self._evict_until(entry, bounds, guard, evicted, accepted, drain_id, slot)
+        outcome = await self._evict_until(
+            entry, bounds, guard, evicted, accepted, drain_id, slot, past_gate=surge is not None
+        )
         if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
             await self.surges.end(surge)  # at once: a ReplicaSet that sees the pod go adds a pod of its own
         return outcome
@@ -861,13 +863,17 @@ class Drainer:
         accepted: dict[tuple[str, str], _Eviction],
         drain_id: str,
         slot: Slot | None = None,
+        *,
+        past_gate: bool = False,
     ) -> _Eviction:
         """Evict one pod, retrying 429s (and other errors) with backoff until the drain's last moment
         (:meth:`DrainBounds.final`, read again at each attempt): how it ended. A pod of a workload whose
         PodDisruptionBudget refused an eviction a moment ago waits, without its slot, until the budget reopens
-        (:attr:`gates`) and counts as refused by it meanwhile; other refusals (a 429 that names no budget, a pod
-        without a controller) and other errors are retried after a backoff. Each attempt asks for the pod's
-        grace period cut to end GRACE_DEADLINE_MARGIN before the instance's end
+        (:attr:`gates`; a fifth of the closing more at most, at random, so that the pods held do not all ask
+        at once), and counts as refused by it meanwhile; ``past_gate``: the first attempt does not wait (a pod
+        whose replacement was started first: the budget has room for it now). Other refusals (a 429 that names
+        no budget, a pod without a controller) and other errors are retried after a backoff. Each attempt asks
+        for the pod's grace period cut to end GRACE_DEADLINE_MARGIN before the instance's end
         (:func:`~queue_processor.drain.order.granted_grace`); the pod's own is sent as no grace period at all
         when POD_TERMINATION_GRACE_PERIOD is -1 and nothing is cut. A tightening of the bounds ends a wait
         between attempts at once. An accepted eviction is also put in ``accepted`` (for :meth:`_recut`). ``slot``
@@ -879,11 +885,12 @@ class Drainer:
         def open_now() -> bool:
             return self.gates.closed(entry.owner, self.clock()) is None
 
+        first = past_gate
         try:
             while True:
                 if guard is not None:
                     await guard()
-                closed = self.gates.closed(entry.owner, self.clock())
+                closed = None if first else self.gates.closed(entry.owner, self.clock())
                 if closed is not None:
                     if slot is not None:
                         slot.release()
@@ -893,7 +900,10 @@ class Drainer:
                         self._blocking(blocking, +1)
                     if closed.until >= bounds.final(self.timing)[0]:
                         return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, closed.message, blocking)
-                    await bounds.sleep(closed.until - self.clock())
+                    spread = random.uniform(0.0, 0.2) * closed.length_s
+                    await bounds.sleep(
+                        min(closed.until + spread, bounds.final(self.timing)[0]) - self.clock()
+                    )
                     continue
                 instance_end = bounds.instance_end
                 until_end = None if instance_end is None else instance_end - self.clock()
@@ -901,7 +911,9 @@ class Drainer:
                 try:
                     granted = grace if cut or self.grace_s >= 0 else None
                     try:
-                        await self.kube.evict(namespace, name, granted, drain=drain_id, sending=open_now)
+                        sending = None if first else open_now
+                        first = False
+                        await self.kube.evict(namespace, name, granted, drain=drain_id, sending=sending)
                     finally:
                         if slot is not None:
                             slot.release()

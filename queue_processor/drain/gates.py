@@ -8,14 +8,16 @@ refusal is a request taken from the client's QPS (KUBE_API_QPS) that the evictio
 cordons and the Lease writes wait for. Measured at 1,000 nodes with three replicas, the refusals were about one
 request in eight, nearly all of them a pod's first attempt.
 
-So a refusal closes its budget for a short while (one second, doubled while the refusals go on, at most
-:data:`GATE_MOST_S`): a pod whose workload (its controller owner, ``metadata.ownerReferences`` with
-``controller: true``) a budget refused waits until the budget reopens and is then tried, as a pod refused itself
-would be retried after its backoff. An accepted eviction of a pod the budget covers starts its backoff over. The
-owner stands for the budget because the 429 names the budget (its ``DisruptionBudget`` cause) and not the pods it
-selects; a pod whose owner no budget refused yet goes at once, and one whose owner's pods were relabelled out of
-the budget waits at most one closing before it is tried and the gate learns again. Pure bookkeeping, no I/O and
-no timers: the drainer asks :meth:`BudgetGates.closed` before each attempt and sleeps itself.
+So a refusal closes its budget for a short while (one second; doubled when it refuses again right after it
+reopened, at most :data:`GATE_MOST_S`): a pod whose workload (its controller owner, ``metadata.ownerReferences``
+with ``controller: true``) the budget refused waits until the budget reopens and is then tried, as a pod refused
+itself would be retried after its backoff. The owner stands for the budget because the 429 names the budget (its
+``DisruptionBudget`` cause) and not the pods it selects. An accepted eviction of a pod of the workload starts
+the budget's backoff over and unlinks the workload, which the next refusal links again: a workload whose pods
+were relabelled out of the budget, or a not-Ready pod the budget lets go (``unhealthyPodEvictionPolicy``), waits
+at most one closing (up to :data:`GATE_MOST_S`). A pod whose owner no budget refused goes at once. Pure
+bookkeeping, no I/O and no timers: the drainer asks :meth:`BudgetGates.closed` before each attempt and sleeps
+itself.
 """
 
 from __future__ import annotations
@@ -38,18 +40,20 @@ GATE_FORGET_S = 300.0
 
 @dataclass
 class Closed:
-    """A closed budget: its name (``namespace/name``), when it reopens (a ``clock`` reading, seconds) and the
-    message of the refusal that closed it (the 429's, for the drain's causes)."""
+    """A closed budget: its name (``namespace/name``), when it reopens (a ``clock`` reading, seconds), how long
+    this closing lasts (seconds) and the message of the refusal that closed it (the 429's, for the drain's
+    causes)."""
 
     budget: str
     until: float
+    length_s: float
     message: str
 
 
 @dataclass
 class _Budget:
     until: float  # when it reopens
-    closing_s: float  # the length of its next closing
+    length_s: float  # how long its last closing lasted; 0 after an accepted eviction
     message: str
     last: float  # when it last refused
 
@@ -69,32 +73,33 @@ class BudgetGates:
         budget = None if name is None else self._budgets.get(name)
         if name is None or budget is None or budget.until <= now:
             return None
-        return Closed(name, budget.until, budget.message)
+        return Closed(name, budget.until, budget.length_s, budget.message)
 
     def refused(self, owner: str | None, budget: str, message: str, now: float) -> None:
         """A 429 of ``budget`` (``namespace/name``, named by its ``DisruptionBudget`` cause) for a pod of
-        ``owner``: the owner's pods wait for it from now, and the budget closes unless it is closed already
-        (each closing that follows one without an accepted eviction in between lasts twice the last, up to
-        :data:`GATE_MOST_S`)."""
+        ``owner``: the owner's pods wait for it from now, and the budget closes unless it is closed already. A
+        closing lasts :data:`GATE_FIRST_S`, or twice the last (up to :data:`GATE_MOST_S`) when the budget
+        refuses again within the last closing's length of its reopening with no eviction accepted since."""
         if owner is not None:
             self._owners[sys.intern(owner)] = budget
         state = self._budgets.get(budget)
         if state is None:
             self._forget(now)
-            state = self._budgets[budget] = _Budget(now, GATE_FIRST_S, message, now)
+            state = self._budgets[budget] = _Budget(now, 0.0, message, now)
         state.last = now
         if state.until <= now:
-            state.until = now + state.closing_s
-            state.closing_s = min(state.closing_s * 2, GATE_MOST_S)
+            again = state.length_s > 0 and now - state.until <= state.length_s
+            state.length_s = min(state.length_s * 2, GATE_MOST_S) if again else GATE_FIRST_S
+            state.until = now + state.length_s
             state.message = message
 
     def accepted(self, owner: str | None) -> None:
-        """An eviction of a pod of ``owner`` was accepted: the budget that refused its pods allowed one, and its
-        next closing is the first's again."""
-        name = None if owner is None else self._owners.get(owner)
+        """An eviction of a pod of ``owner`` was accepted: the budget that refused its pods allowed one (its next
+        closing is the first's again), and the owner is unlinked from it until it refuses one again."""
+        name = None if owner is None else self._owners.pop(owner, None)
         state = None if name is None else self._budgets.get(name)
         if state is not None:
-            state.closing_s = GATE_FIRST_S
+            state.length_s = 0.0
 
     def _forget(self, now: float) -> None:
         stale = {name for name, state in self._budgets.items() if now - state.last > GATE_FORGET_S}

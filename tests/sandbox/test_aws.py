@@ -946,7 +946,8 @@ def test_describe_instances_answers_as_moto_does_while_instances_change(
 ) -> None:
     """The sandbox keeps each instance's serialized form and XML while nothing it is made from changes (moto's
     serializer took 1.3 ms per instance): every answer must be moto's own, byte for byte (but the request ID),
-    cold, warm, and after each change an instance goes through."""
+    cold, warm, and after each change an instance goes through, the sandbox's own (stop, start) and EC2
+    requests (tags, an address, a termination)."""
     from moto.core.serialize import EC2Serializer
 
     from queue_processor_sandbox.aws import moto_server
@@ -975,6 +976,9 @@ def test_describe_instances_answers_as_moto_does_while_instances_change(
         lambda: None,
         lambda: ec2.create_tags(Resources=[first.instance_id], Tags=[{"Key": "team", "Value": "a"}]),
         lambda: ec2.delete_tags(Resources=[first.instance_id], Tags=[{"Key": MANAGED_TAG}]),
+        lambda: ec2.associate_address(  # changes the instance's network interface, in place
+            InstanceId=first.instance_id, AllocationId=ec2.allocate_address(Domain="vpc")["AllocationId"]
+        ),
         lambda: sandbox.stop_instance(second.instance_id),
         lambda: sandbox.start_instance(second.instance_id),
         lambda: ec2.terminate_instances(InstanceIds=[third.instance_id]),

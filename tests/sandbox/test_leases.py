@@ -437,3 +437,45 @@ async def test_a_release_made_again_leaves_alone_the_lease_the_replica_claimed_a
     assert await kube.get_lease(OPS, lease_name(node)) is None
     await leases.close()
     await other.close()
+
+
+async def test_a_release_never_deletes_the_lease_a_claim_of_the_replica_holds(kube: KubeClient) -> None:
+    """Whatever Lease a release is handed (one made again at a renewal, or read back after a 409), a Lease a
+    claim of this replica holds now stays: deleting it would let another replica take a node being drained."""
+    leases = NodeLeases(kube, namespace=OPS, identity=unique("holds"), duration_s=15)
+    node = unique("n13")
+    claim = await leases.claim(node)
+    assert claim is not None
+    assert await leases.clear(claim.lease) is True  # left to the claim that holds it
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == leases.holder
+    await claim.release()
+    assert await kube.get_lease(OPS, lease_name(node)) is None
+    await leases.close()
+
+
+async def test_a_claim_that_fails_gives_back_the_release_it_took_over(kube: KubeClient) -> None:
+    """A claim takes an unanswered release over; when the claim itself fails (the API server still
+    failing), the release is made again at the next renewal as before, not dropped."""
+    scripted = ScriptedLeaseWrites(kube)
+    leases = NodeLeases(scripted, namespace=OPS, identity=unique("fails"), duration_s=15)  # type: ignore[arg-type]
+    node = unique("n14")
+    claim = await leases.claim(node)
+    keep = await leases.claim(unique("n14"))  # another node held: the replica Lease stays renewed
+    assert claim is not None
+    assert keep is not None
+    scripted.fail = 1
+    await claim.release()  # answered 500
+    assert lease_name(node) in leases.replica.unreleased
+
+    def unavailable() -> None:
+        raise KubeError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+
+    scripted.during = unavailable
+    with pytest.raises(KubeError):
+        await leases.claim(node)  # created already: read, then taken over by a replace that fails
+    scripted.during = None
+    assert lease_name(node) in leases.replica.unreleased
+    await keep.release()
+    await leases.close()

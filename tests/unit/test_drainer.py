@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain.drainer import Drainer, DrainTiming, _Eviction, _Running, _settled
+from queue_processor.drain.drainer import (
+    DrainBounds,
+    Drainer,
+    DrainTiming,
+    _Eviction,
+    _Pod,
+    _Running,
+    _settled,
+)
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
 from queue_processor.kube import NotSentError
@@ -505,3 +513,19 @@ async def test_an_eviction_waiting_for_its_turn_is_not_sent_once_its_budget_refu
     result = await drain
     assert kube.sent == ["web-0"]
     assert result.blocked == 4
+
+
+async def test_a_pod_whose_replacement_came_first_is_tried_once_whatever_its_budgets_gate_says() -> None:
+    # A surge made room in the budget: its first attempt is sent even though the gate closed on its workload
+    # (then refused here, it waits for the gate as any pod would).
+    kube = Budget()
+    drainer = Drainer(kube, DrainOptions(), budget=2, clock=lambda: 100.0)  # type: ignore[arg-type]
+    drainer.gates.refused("rs-web-uid", "apps/web", "refused", 100.0)
+    entry = _Pod(key=("apps", "web-1"), uid="web-1", grace_s=30, evict=True, owner="rs-web-uid")
+    bounds = DrainBounds(deadline=100.0)
+    held = await drainer._evict_until(entry, bounds, None, None, {}, "d", past_gate=True)
+    assert kube.sent == ["web-1"]
+    assert held.result is EvictionOutcome.PDB_BLOCKED
+    gated = await drainer._evict_until(entry, bounds, None, None, {}, "d")
+    assert kube.sent == ["web-1"]  # not sent again: the gate is closed
+    assert gated.result is EvictionOutcome.PDB_BLOCKED

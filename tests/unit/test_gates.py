@@ -34,10 +34,27 @@ def test_refusals_at_each_reopening_double_the_closing_and_an_accepted_eviction_
         now = closed.until
     assert closings == [1.0, 2.0, 4.0, 8.0, GATE_MOST_S, GATE_MOST_S]
     gates.accepted("rs-web")
+    assert gates.closed("rs-web", now) is None  # unlinked until the next refusal
     gates.refused("rs-web", "apps/web", MESSAGE, now)
     closed = gates.closed("rs-web", now)
     assert closed is not None
-    assert closed.until - now == GATE_FIRST_S
+    assert closed.until - now == closed.length_s == GATE_FIRST_S
+
+
+def test_a_refusal_long_after_the_last_closing_closes_for_the_first_length_again() -> None:
+    # The doubling is for a budget that refuses again as soon as it reopens; quiet for longer than its last
+    # closing (another replica's evictions accepted meanwhile, which this one never sees), it starts over.
+    gates = BudgetGates()
+    gates.refused("rs-web", "apps/web", MESSAGE, 0.0)
+    gates.refused("rs-web", "apps/web", MESSAGE, 1.0)  # at the reopening: 2 s
+    gates.refused("rs-web", "apps/web", MESSAGE, 3.5)  # 0.5 s after it: 4 s
+    closed = gates.closed("rs-web", 3.5)
+    assert closed is not None
+    assert closed.length_s == 4.0
+    gates.refused("rs-web", "apps/web", MESSAGE, 7.5 + 4.1)  # 4.1 s after the reopening: quiet
+    closed = gates.closed("rs-web", 11.6)
+    assert closed is not None
+    assert closed.length_s == GATE_FIRST_S
 
 
 def test_a_workload_refused_by_another_budget_follows_it() -> None:
@@ -68,22 +85,24 @@ def test_a_budget_quiet_for_long_is_forgotten_with_its_workloads() -> None:
         max_size=40,
     )
 )
-def test_a_closing_never_outlasts_the_longest_and_never_holds_a_pod_without_a_refusal(
+def test_a_closing_never_outlasts_the_longest_and_holds_only_a_workload_refused_since_it_was_accepted(
     steps: list[tuple[str | None, bool, float]],
 ) -> None:
     gates = BudgetGates()
     now = 0.0
-    refused_ever: set[str] = set()
+    linked: set[str] = set()  # refused since their last accepted eviction
     for owner, refusal, elapsed in steps:
         now += elapsed
         if refusal:
             gates.refused(owner, f"apps/{owner}", MESSAGE, now)
             if owner is not None:
-                refused_ever.add(owner)
+                linked.add(owner)
         else:
             gates.accepted(owner)
+            linked.discard(owner or "")
         for who in ("rs-a", "rs-b", None):
             closed = gates.closed(who, now)
             if closed is not None:
-                assert who in refused_ever
+                assert who in linked
                 assert now < closed.until <= now + GATE_MOST_S
+                assert GATE_FIRST_S <= closed.length_s <= GATE_MOST_S

@@ -202,6 +202,17 @@ class _QuietHandler(MotoRequestHandler):
         pass
 
 
+def _action(environ: WSGIEnvironment) -> str:
+    """The ``Action`` of a Query-protocol request (Auto Scaling, EC2: in the form body, or the query string);
+    the body is read and put back for the application."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    form = urllib.parse.parse_qs(body.decode(errors="replace"))
+    query = urllib.parse.parse_qs(str(environ.get("QUERY_STRING") or ""))
+    return (form.get("Action") or query.get("Action") or [""])[0]
+
+
 class _SerializedApp:
     """WSGI middleware: Auto Scaling, EC2 and EventBridge requests run under the sandbox lock (moto's
     backends are not thread-safe, and the sandbox changes them from its own threads)."""
@@ -219,18 +230,20 @@ class _SerializedApp:
             answered = self._server_error(environ, start_response)
             if answered is not None:
                 return answered
+        changes = scope.group(1) == "ec2" and not _action(environ).startswith("Describe")
         with self._lock:
-            return list(self._app(environ, start_response))
+            try:
+                return list(self._app(environ, start_response))
+            finally:
+                if changes:  # it may change an instance where the fingerprint does not look: forms made again
+                    forget_instances()
 
     def _server_error(self, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes] | None:
         """Answer an Auto Scaling call (Query protocol: ``Action=`` in the form body) with the 5xx set up for
         its operation, as the service does when it fails internally; ``None`` to let moto serve it (the body
         put back for it)."""
         assert self._faults is not None
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-        body = environ["wsgi.input"].read(length) if length else b""
-        environ["wsgi.input"] = io.BytesIO(body)
-        action = urllib.parse.parse_qs(body.decode(errors="replace")).get("Action", [""])[0]
+        action = _action(environ)
         fault = self._faults.server_error(action)
         if fault is None:
             return None
@@ -685,10 +698,20 @@ _ORIGINAL_BODY = getattr(EC2Serializer, _BODY)
 _PLAIN = (str, int, float, bool, type(None), datetime.datetime)
 
 
+def forget_instances() -> None:
+    """Drop every kept instance form (:func:`_serialize_structure`): after an EC2 request that may change
+    instances (any but ``Describe*``), and when the sandbox is reset."""
+    _INSTANCES.clear()
+    _ELEMENTS.clear()
+
+
 def _instance_fingerprint(instance: Any) -> tuple[Any, ...]:
-    """What an EC2 instance's serialized form is made from, cheaply: each attribute's value when it is plain
-    (a string, a number, a time), the fields of its state and state reason (moto changes those in place), the
-    identity and length of a collection, the identity of any other object, and the instance's tags."""
+    """What an EC2 instance's serialized form is made from, as the sandbox changes it (it stops, starts and
+    terminates instances, and tags them), cheaply: each attribute's value when it is plain (a string, a number,
+    a time), the fields of its state and state reason (moto changes those in place), the identity and length of a
+    collection, the identity of any other object, and the instance's tags. What an EC2 request changes elsewhere
+    (an address associated, an interface or a block device modified) is not looked at: every EC2 request but
+    ``Describe*`` drops the kept forms (:func:`forget_instances`)."""
     parts: list[Any] = []
     for value in vars(instance).values():
         if isinstance(value, _PLAIN):

@@ -59,7 +59,14 @@ from queue_processor_sandbox.aws.model import (
     utcnow,
     whole_seconds,
 )
-from queue_processor_sandbox.aws.moto_server import Faults, MotoServer, active, install, uninstall
+from queue_processor_sandbox.aws.moto_server import (
+    Faults,
+    MotoServer,
+    active,
+    forget_instances,
+    install,
+    uninstall,
+)
 from queue_processor_sandbox.clock import SandboxClock
 
 __all__ = ["AwsSandbox"]
@@ -212,6 +219,7 @@ class AwsSandbox:
             self._delivery.clear()
             self._timer_errors.clear()
             moto_api_backend.reset()
+            forget_instances()
 
     @property
     def endpoint_url(self) -> str:
