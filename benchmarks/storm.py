@@ -54,6 +54,7 @@ API Priority and Fairness rejected with 429, by priority level and reason) and `
 from the rest), and ``apf`` (API Priority and Fairness per priority level and flow schema: requests, mean
 seats in use, mean queue wait, the level's nominal seats), ``control_plane_cpu_seconds`` (each component's
 CPU over the storm: with ``cpu_seconds`` and ``sandbox_cpu_seconds``, where the machine's cores went);
+``kube_429s_per_node`` and ``kube_requests_per_node_without_429s`` come from the emulation's own count too;
 ``slowest_pod_termination_s`` is the longest
 pod grace period (real seconds) and ``goal_seconds`` 1.1 x max(the client QPS floor, that).
 
@@ -291,6 +292,13 @@ def _application_pods(sandbox: Sandbox, nodes: set[str]) -> set[str]:
     }
 
 
+def _refused(sandbox: Any) -> int:
+    """The requests the emulated API server answered 429 so far (0 on a real control plane, which counts them
+    in its audit log instead)."""
+    counted = getattr(sandbox.kube, "too_many_requests", None)
+    return sum(counted().values()) if counted is not None else 0
+
+
 def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]:
     """One storm on a fresh sandbox with ``replicas`` controller processes: its figures (see the module
     docstring)."""
@@ -331,6 +339,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
         published = time.perf_counter() - published_at
         kube_before = sum(sandbox.kube.requests.values())
         kinds_before = dict(sandbox.kube.requests)
+        refused_before = _refused(sandbox)
         apiserver_before = parse_metrics(plane.metrics()) if plane is not None else {}
         plane_cpu_before = (
             {name: _cpu_seconds(pid) for name, pid in plane.pids().items()} if plane is not None else {}
@@ -493,6 +502,14 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                 by_owner[kind] = by_owner.get(kind, 0) + 1
             figures["evicted_by_owner"] = by_owner
             figures["goal_seconds"] = round(1.1 * max(kube_requests / aggregate_qps, slowest), 2)
+            if plane is None:
+                # The emulation's count of its 429s (it has no other clients and no APF): the evictions the
+                # PodDisruptionBudgets refused.
+                refused = _refused(sandbox) - refused_before
+                figures["kube_429s_per_node"] = round(refused / args.nodes, 2)
+                figures["kube_requests_per_node_without_429s"] = round(
+                    (kube_requests - refused) / args.nodes, 2
+                )
             if plane is not None:
                 figures["apiserver_requests"] = _delta(
                     apiserver_before, apiserver_after, "apiserver_request_total", ("verb", "code")

@@ -188,6 +188,7 @@ class ApiRoutes:
         self.cache_lag_s = cache_lag_s
         self.requests = requests
         self.forbidden: Counter[str] = Counter()  # requests answered 403, by "<verb> <resource>"
+        self.too_many: Counter[str] = Counter()  # requests answered 429, by "<verb> <resource>"
         self.faults: list[Fault] = []
         self.port = 0
         self.watches = 0
@@ -322,9 +323,9 @@ class ApiRoutes:
             else:
                 reasons = {403: "Forbidden", 429: "TooManyRequests"}
                 error = ApiError(fault.status, reasons.get(fault.status, "InternalError"), "injected fault")
-                if fault.status == 403:
+                if fault.status in (403, 429):
                     with self.lock:
-                        self.forbidden[f"{verb} {resource}"] += 1
+                        (self.forbidden if fault.status == 403 else self.too_many)[f"{verb} {resource}"] += 1
                 headers = (
                     {"Retry-After": str(fault.retry_after_s)} if fault.retry_after_s is not None else None
                 )
@@ -339,6 +340,9 @@ class ApiRoutes:
             with self.lock:
                 status, payload = self._dispatch(verb, plural, namespace, name, sub, request, body)
         except ApiError as exc:
+            if exc.code == 429:  # a PodDisruptionBudget's refusal of an eviction
+                with self.lock:
+                    self.too_many[f"{verb} {resource}"] += 1
             return web.json_response(exc.status(), status=exc.code)
         except json.JSONDecodeError as exc:
             error = ApiError(400, "BadRequest", f"invalid JSON body: {exc}")

@@ -222,6 +222,12 @@ class KubeSandbox:
         with self.lock:
             return Counter({("emulated", what): n for what, n in self._routes.forbidden.items()})
 
+    def too_many_requests(self) -> Counter[str]:
+        """Requests answered 429 Too Many Requests, by ``"<verb> <resource>"``: the evictions a
+        PodDisruptionBudget refused, and those :meth:`inject_fault` answered so."""
+        with self.lock:
+            return Counter(self._routes.too_many)
+
     def objects(self, plural: str) -> list[Obj]:
         """Copies of every stored object of a resource (the current state, never the cache)."""
         with self.lock:
