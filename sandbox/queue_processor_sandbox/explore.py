@@ -655,12 +655,15 @@ def violations(world: _World) -> None:
 def exit_verdict(code: int, lines: list[dict[str, Any]]) -> str | None:
     """How a controller stopped with SIGTERM ended: ``None`` for exit 0; ``"stopped-while-starting"`` for the
     signal's default action on a process that had not written a line (still importing, before its handler
-    was installed: it held nothing); otherwise ``"exited <code>"`` (a failure)."""
+    was installed: it held nothing); otherwise ``"exited <code>"`` (a failure), followed by the last line it
+    wrote that is not a JSON log line (its own words on stderr: ``queue-processor: cannot start: …``), if any,
+    so that a failure in CI says why."""
     if code == 0:
         return None
     if code == -signal.SIGTERM and not lines:
         return "stopped-while-starting"
-    return f"exited {code}"
+    said = [str(line["event"]) for line in lines if line.get("raw") and str(line.get("event")).strip()]
+    return f"exited {code}" + (f" ({said[-1]})" if said else "")
 
 
 def shrink(story: Storyline, invariant: str, runner: Callable[[Storyline], Outcome] = run) -> Storyline:

@@ -84,7 +84,7 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 class Process:
     """A started controller process whose output (stdout and stderr) is appended to ``log``, with a metrics
     port and a probes port. :meth:`lines` parses the log as JSON lines (any other line becomes
-    ``{"event": line}``)."""
+    ``{"event": line, "raw": True}``)."""
 
     #: The Kubernetes user it acts as on the real control plane (``system:serviceaccount:<ns>:<name>``).
     username: str = ""
@@ -99,7 +99,7 @@ class Process:
         self.process = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def lines(self) -> list[dict[str, Any]]:
-        """This process's log lines (JSON objects; any other line as ``{"event": line}``)."""
+        """This process's log lines (JSON objects; any other line as ``{"event": line, "raw": True}``)."""
         with self.log_path.open(errors="replace") as text:
             text.seek(self._offset)
             out = []
@@ -107,8 +107,8 @@ class Process:
                 try:
                     parsed = json.loads(line)
                 except ValueError:
-                    parsed = {"event": line.rstrip("\n")}
-                out.append(parsed if isinstance(parsed, dict) else {"event": line})
+                    parsed = {"event": line.rstrip("\n"), "raw": True}
+                out.append(parsed if isinstance(parsed, dict) else {"event": line, "raw": True})
             return out
 
     def get(self, path: str, port: int | None = None) -> tuple[int, str]:

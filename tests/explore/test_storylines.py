@@ -145,3 +145,6 @@ def test_a_replica_ended_by_sigterm_fails_unless_it_had_not_started() -> None:
     assert exit_verdict(-signal.SIGTERM, []) == "stopped-while-starting"
     assert exit_verdict(-signal.SIGTERM, started) == f"exited {-signal.SIGTERM}"
     assert exit_verdict(1, []) == "exited 1"
+    # CI once saw "replica-0 exited 2" and nothing more: the controller's own words come with the code now.
+    cannot = "queue-processor: cannot start: PROBES_SERVER_PORT=12345: cannot listen: Address already in use"
+    assert exit_verdict(2, [*started, {"event": cannot, "raw": True}]) == f"exited 2 ({cannot})"
