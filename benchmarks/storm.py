@@ -72,16 +72,15 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.processes import (
+    Process,
     QueueProcessor,
     Samples,
     parse_metrics,
@@ -149,26 +148,17 @@ def _p99_bucket(buckets: list[tuple[dict[str, str], float]]) -> str:
     return ""
 
 
-def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
-    """Until the controller answers /readyz (it has received from SQS and reached the API server)."""
+def _wait_ready(controller: Process, timeout_s: float = 120.0) -> None:
+    """Until the controller answers /readyz (it has received from SQS and reached the API server) on the
+    probes port it logged. Raises ``SystemExit`` when it exits first or is not ready within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"controller exited with {process.returncode}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).read()
+        if controller.process.poll() is not None:
+            raise SystemExit(f"controller exited with {controller.process.returncode}")
+        if controller.get("/readyz")[0] == 200:
             return
-        except OSError:
-            time.sleep(0.2)
+        time.sleep(0.2)
     raise SystemExit("controller not ready in time")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -355,7 +345,7 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
         ]
         try:
             for process in processes:
-                _wait_ready(process.probes_port, process.process)
+                _wait_ready(process)
             ready = time.perf_counter() - started
             timeline: list[str] = []
             first_received: float | None = None

@@ -19,13 +19,13 @@ from typing import IO, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from queue_processor_sandbox.control_plane import free_port
 from queue_processor_sandbox.environment import Sandbox
 
 __all__ = [
     "Process",
     "QueueProcessor",
     "Samples",
+    "listening_ports",
     "parse_metrics",
     "peak_rss_mib",
     "proc_status",
@@ -75,6 +75,35 @@ def peak_rss_mib(pid: int) -> float:
     return round(proc_status(pid).get("VmHWM", 0) / 1024, 1)
 
 
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on: the LISTEN rows (state ``0A``) of ``/proc/<pid>/net/tcp`` and
+    ``tcp6`` whose socket inode is one of its open descriptors (``/proc/<pid>/fd``, proc(5)); empty when it is
+    gone or listens on none."""
+    inodes = set()
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{descriptor}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of the samples called ``name`` whose labels include ``labels`` (0 when there are none)."""
     wanted = labels.items()
@@ -90,13 +119,40 @@ class Process:
     username: str = ""
 
     def __init__(
-        self, argv: list[str], env: dict[str, str], log: Path, *, metrics_port: int, probes_port: int
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log: Path,
+        *,
+        metrics_port: int | None = None,
+        probes_port: int | None = None,
     ) -> None:
-        self.metrics_port, self.probes_port = metrics_port, probes_port
+        # None: the port the process chose (it was started with port 0): the one it listens on, once it does
+        self._ports = {"metrics": metrics_port, "probes": probes_port}
         self.log_path = log
         self._offset = log.stat().st_size if log.exists() else 0
         self.log: IO[str] = log.open("a")
         self.process = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    @property
+    def metrics_port(self) -> int:
+        """The port of its metrics server: the one it was given, else the one TCP port it listens on (see
+        :func:`listening_ports`); 0 while it listens on none yet (or on several: then say which)."""
+        return self._port("metrics")
+
+    @property
+    def probes_port(self) -> int:
+        """The port of its probes server, found as :attr:`metrics_port` is."""
+        return self._port("probes")
+
+    def _port(self, which: str) -> int:
+        port = self._ports[which]
+        if port is None:
+            listening = listening_ports(self.process.pid)
+            if len(listening) != 1:
+                return 0
+            port = self._ports[which] = listening.pop()
+        return port
 
     def lines(self) -> list[dict[str, Any]]:
         """This process's log lines (JSON objects; any other line as ``{"event": line, "raw": True}``)."""
@@ -146,22 +202,28 @@ class Process:
             self.log.close()
 
 
+#: The settings that name its ports, by the :class:`Process` keyword that takes them.
+_PORTS = {"metrics_port": "PROMETHEUS_SERVER_PORT", "probes_port": "PROBES_SERVER_PORT"}
+
+
 class QueueProcessor(Process):
     """``queue-processor run`` (the console script beside this interpreter) against ``sandbox``: the sandbox's
-    env file settings, JSON logs, metrics and probes on free ports; ``extra`` adds or overrides settings."""
+    env file settings, JSON logs, metrics and probes on one listener whose port the controller picks (port 0:
+    no other process can take it between a choice and the bind; a port picked beforehand could be, and CI once
+    saw a controller exit 2 so); ``extra`` adds or overrides settings (ports given there are used as given)."""
 
     def __init__(self, sandbox: Sandbox, log: Path, **extra: str) -> None:
-        metrics_port, probes_port = free_port(), free_port()
         env = {
             "PATH": os.environ["PATH"],
             "HOME": os.environ.get("HOME", "/tmp"),
             **sandbox.env(),
             "ENABLE_PROMETHEUS_SERVER": "true",
-            "PROMETHEUS_SERVER_PORT": str(metrics_port),
-            "PROBES_SERVER_PORT": str(probes_port),
+            "PROMETHEUS_SERVER_PORT": "0",
+            "PROBES_SERVER_PORT": "0",
             "JSON_LOGGING": "true",
             **extra,
         }
         self.username = sandbox.controller_username
         script = str(Path(sys.executable).parent / "queue-processor")
-        super().__init__([script, "run"], env, log, metrics_port=metrics_port, probes_port=probes_port)
+        given = {name: int(env[setting]) or None for name, setting in _PORTS.items()}
+        super().__init__([script, "run"], env, log, **given)

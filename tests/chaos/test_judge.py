@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,12 +43,9 @@ def test_the_sandbox_judges_a_controller_in_another_process(tmp_path: Path) -> N
         wait(lambda: (workdir / "sandbox.env").exists() or judge.poll() is not None, 120, "the sandbox up")
         assert judge.poll() is None, "the sandbox ended before it was judged"
         env = read_env(workdir / "sandbox.env")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = str(probe.getsockname()[1])
         controller = subprocess.Popen(
             [SCRIPT, "run"],
-            env={**base, **env, "ENABLE_PROMETHEUS_SERVER": "false", "PROBES_SERVER_PORT": port,
+            env={**base, **env, "ENABLE_PROMETHEUS_SERVER": "false", "PROBES_SERVER_PORT": "0",
                  "RECEIVE_WAIT_TIME_SEC": "2"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

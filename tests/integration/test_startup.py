@@ -56,14 +56,8 @@ def settings(sandbox: AwsSandbox, tmp_path: Path, queue: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": "testing",
         "KUBECONFIG": str(kubeconfig),
         "ENABLE_PROMETHEUS_SERVER": "false",
-        "PROBES_SERVER_PORT": str(free_port()),
+        "PROBES_SERVER_PORT": "0",  # any free port: a port chosen beforehand can be taken before the bind
     }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:

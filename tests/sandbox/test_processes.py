@@ -1,0 +1,68 @@
+"""A controller process started with port 0 is found on the port it chose: a port picked beforehand and bound
+later could be taken by another test worker in between (CI once saw a replica exit 2 that way)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from queue_processor_sandbox.processes import Process, listening_ports
+
+#: A stand-in controller: once the file named by its argument exists it serves /readyz on a port of its
+#: choosing (port 0) and prints that port as a JSON line.
+SERVER = """
+import http.server, os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+server = http.server.HTTPServer(("127.0.0.1", 0), Ready)
+print('{"event": "listening", "port": %d}' % server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def until(predicate: Callable[[], object], what: str) -> None:
+    """Until ``predicate()`` holds (bounded: 30 s, a wait and not a timing)."""
+    for _ in range(600):
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(what)
+
+
+def test_a_process_started_with_port_zero_is_reached_on_the_port_it_chose(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    process = Process([sys.executable, "-c", SERVER, str(go)], {}, tmp_path / "server.log")
+    try:
+        until(lambda: process.process.pid and Path(f"/proc/{process.process.pid}/fd").exists(), "started")
+        assert (process.metrics_port, process.probes_port) == (0, 0)  # not listening yet: no port
+        assert process.get("/readyz")[0] == 0  # unreachable, not someone else's answer
+        assert process.metric("queue_processor_actions_total") == 0.0
+        go.touch()
+        until(lambda: process.lines(), "the port printed")
+        chosen = process.lines()[0]["port"]
+        assert listening_ports(process.process.pid) == {chosen}
+        assert process.metrics_port == process.probes_port == chosen
+        assert process.get("/readyz") == (200, "ok")
+    finally:
+        process.stop(signal.SIGTERM, 10)
+    assert listening_ports(process.process.pid) == set()  # gone: no port
+
+
+def test_ports_given_are_used_as_given(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    go.touch()
+    process = Process([sys.executable, "-c", SERVER, str(go)], {}, tmp_path / "server.log", metrics_port=5)
+    try:
+        until(lambda: process.lines(), "the port printed")
+        assert process.metrics_port == 5
+        assert process.probes_port == process.lines()[0]["port"]
+    finally:
+        process.stop(signal.SIGTERM, 10)
