@@ -3,13 +3,15 @@ later could be taken by another test worker in between (CI once saw a replica ex
 
 from __future__ import annotations
 
+import http.server
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from queue_processor_sandbox.processes import Process, listening_ports
+from queue_processor_sandbox.processes import Process, listening_ports, scrape, total
 
 #: A stand-in controller: once the file named by its argument exists it serves /readyz on a port of its
 #: choosing (port 0) and prints that port as a JSON line.
@@ -66,3 +68,50 @@ def test_ports_given_are_used_as_given(tmp_path: Path) -> None:
         assert process.probes_port == process.lines()[0]["port"]
     finally:
         process.stop(signal.SIGTERM, 10)
+
+
+EXPOSITION = """# HELP queue_processor_messages_received_total Messages received.
+# TYPE queue_processor_messages_received_total counter
+queue_processor_messages_received_total{kind="spot-interruption"} 7.0
+queue_processor_messages_received_total{kind="rebalance-recommendation"} 2.0
+# HELP queue_processor_messages_received_created Messages received.
+# TYPE queue_processor_messages_received_created gauge
+queue_processor_messages_received_created{kind="spot-interruption"} 1.7e+09
+# HELP queue_processor_in_flight_operations Operations in flight.
+# TYPE queue_processor_in_flight_operations gauge
+queue_processor_in_flight_operations 3.0
+# HELP queue_processor_event_to_cordon_seconds Seconds from receipt to cordon.
+# TYPE queue_processor_event_to_cordon_seconds histogram
+queue_processor_event_to_cordon_seconds_bucket{le="1.0"} 4.0
+queue_processor_event_to_cordon_seconds_bucket{le="+Inf"} 5.0
+queue_processor_event_to_cordon_seconds_count 5.0
+queue_processor_event_to_cordon_seconds_sum 4.5
+"""
+
+
+def test_a_scrape_of_some_families_reads_what_a_whole_scrape_reads_of_them() -> None:
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(EXPOSITION.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        whole = scrape(port)
+        some = scrape(
+            port, names=("queue_processor_messages_received", "queue_processor_in_flight_operations")
+        )
+        assert set(whole) > set(some)
+        assert some == {name: whole[name] for name in some}
+        assert total(some, "queue_processor_messages_received_total", kind="spot-interruption") == 7.0
+        assert total(some, "queue_processor_in_flight_operations") == 3.0
+        assert "queue_processor_event_to_cordon_seconds_bucket" not in some
+    finally:
+        server.shutdown()
+        server.server_close()
