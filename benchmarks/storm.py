@@ -32,7 +32,10 @@ evicted: the sandbox's figure, :func:`queue_processor_sandbox.run.judge`); ``lea
 answered 409: renewals or takeovers another replica's write refused; a create refused because the Lease exists
 is a claim's first step, not counted) and ``lease_held_requeues`` (operations requeued because another replica
 held the node's Lease);
-``share`` (nodes each replica drained); ``cpu_seconds`` (each controller process's user + system CPU) and
+``share`` (nodes each replica drained), ``kube_requests_each`` (each replica's Kubernetes requests, as its
+client counts them: the setup's watches and lists included) and ``slowest_replica_floor_s`` (the most of those
+÷ one replica's QPS: competing consumers split the queue unevenly, and the busiest replica's floor bounds the
+storm as ``qps_floor_seconds`` does); ``cpu_seconds`` (each controller process's user + system CPU) and
 ``sandbox_cpu_seconds`` (this process: moto and the API emulation), against ``cpus``, so that a machine that
 is the limit shows as one; ``aws_requests_by_operation`` (every replica's AWS calls); ``cordon_floor_s``
 (nodes ÷ the replicas' summed QPS: one cordon write each),
@@ -424,6 +427,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             verdict = judge(sandbox, [instance.private_dns_name for instance in targets], started_monotonic)
             not_evicted = len(storm_pods - {pod["metadata"].get("uid") for pod in sandbox.kube.evictions})
             aggregate_qps = args.qps * replicas
+            # Each replica's own requests (its client's count): the busiest one's ÷ its QPS bounds the storm as
+            # the summed floor does, and shows what an uneven split of the queue among replicas costs.
+            requests_each = [int(total(samples, "queue_processor_kube_requests_total")) for samples in each]
             p99 = _p99(metrics.get("queue_processor_event_to_cordon_seconds_bucket", []))
             cordon_floor = args.nodes / aggregate_qps
             cordon_requests = grown.get("get nodes", 0) + grown.get("patch nodes", 0)
@@ -467,6 +473,8 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                     total(metrics, "queue_processor_operation_outcomes_total", outcome="lease-held")
                 ),
                 "share": [int(total(samples, "actions_total", **success)) for samples in each],
+                "kube_requests_each": requests_each,
+                "slowest_replica_floor_s": round(max(requests_each) / args.qps, 2),
                 "aws_requests_by_operation": _by_label(
                     metrics, "queue_processor_aws_requests_total", "operation"
                 ),
