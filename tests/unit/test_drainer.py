@@ -4,6 +4,7 @@ PodDisruptionBudget until the deadline, several budgets), what the drain result 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -512,6 +513,68 @@ async def test_an_eviction_waiting_for_its_turn_is_not_sent_once_its_budget_refu
     kube.rest.set()
     result = await drain
     assert kube.sent == ["web-0"]
+    assert result.blocked == 4
+
+
+async def test_a_pod_held_back_by_its_budgets_gate_gives_its_eviction_slot_up_while_it_waits() -> None:
+    # One eviction slot: web-0's refusal closes the budget for web-1..3, which wait for its reopening without
+    # their slot, so zz-0 (another workload, no budget) is evicted meanwhile rather than after their wait. On
+    # the real clock (the gate's reopening is a second away); the order is asserted, not the time it takes.
+    class WithAnother(Budget):
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_pod("zz-0")
+            self.pods[-1]["metadata"]["ownerReferences"][0]["uid"] = "rs-zz-uid"
+
+        async def evict(
+            self,
+            namespace: str,
+            name: str,
+            grace_s: int | None = None,
+            *,
+            drain: str | None = None,
+            sending: Callable[[], bool] | None = None,
+        ) -> None:
+            if name == "zz-0":
+                self.sent.append(name)
+                await FakeKube.evict(self, namespace, name, grace_s, drain=drain, sending=sending)
+                return
+            await super().evict(namespace, name, grace_s, drain=drain, sending=sending)
+
+    kube = WithAnother()
+    drainer = Drainer(kube, DrainOptions(), budget=2, evictions_in_flight=1)  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=time.monotonic() + 1.5)
+    assert kube.sent[:2] == ["web-0", "zz-0"]  # web-1..3 held back by the gate hold no slot
+    assert "zz-0" in kube.evicted
+    assert (result.completed, result.blocked) == (False, 4)
+    assert drainer.slots.free == 1
+
+
+async def test_the_pods_a_budget_holds_back_wake_spread_over_a_fifth_of_its_closing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # web-0's refusal at 100 s closes the budget until 101 s (the first closing: 1 s). The pods it holds back
+    # wake at the reopening plus up to a fifth of the closing, each at its own moment, so that they do not all
+    # ask the budget at once. The clock moves only when a wait ends (a simulated clock: no real time passes).
+    now = [100.0]
+    wakes: list[float] = []
+
+    async def sleep(self: DrainBounds, seconds: float, *, wake: asyncio.Event | None = None) -> bool:
+        if now[0] == 100.0:
+            wakes.append(now[0] + seconds)
+        until = now[0] + max(seconds, 0.0)
+        await asyncio.sleep(0)  # the others held at the same moment take their turn first
+        now[0] = max(now[0], until)
+        return False
+
+    monkeypatch.setattr(DrainBounds, "sleep", sleep)
+    kube = Budget()
+    drainer = Drainer(kube, DrainOptions(), budget=2, clock=lambda: now[0])  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=103.0)
+    assert len(wakes) >= 3, wakes  # web-1..3 (and web-0, for its retry)
+    assert all(101.0 <= moment <= 101.2 for moment in wakes), wakes
+    assert len(set(wakes)) == len(wakes)  # spread, not one instant
+    assert kube.sent[0] == "web-0"
     assert result.blocked == 4
 
 
