@@ -142,6 +142,7 @@ class Process:
     ) -> None:
         # None: the port the process chose (it was started with port 0): the one it listens on, once it does
         self._ports = {"metrics": metrics_port, "probes": probes_port}
+        self._given = {port for port in (metrics_port, probes_port) if port}
         self.log_path = log
         self._offset = log.stat().st_size if log.exists() else 0
         self.log: IO[str] = log.open("a")
@@ -149,8 +150,9 @@ class Process:
 
     @property
     def metrics_port(self) -> int:
-        """The port of its metrics server: the one it was given, else the one TCP port it listens on (see
-        :func:`listening_ports`); 0 while it listens on none yet (or on several: then say which)."""
+        """The port of its metrics server: the one it was given, else the one TCP port it listens on besides
+        the ports it was given (see :func:`listening_ports`); 0 while it listens on none yet (or on several:
+        then say which)."""
         return self._port("metrics")
 
     @property
@@ -161,7 +163,7 @@ class Process:
     def _port(self, which: str) -> int:
         port = self._ports[which]
         if port is None:
-            listening = listening_ports(self.process.pid)
+            listening = listening_ports(self.process.pid) - self._given
             if len(listening) != 1:
                 return 0
             port = self._ports[which] = listening.pop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import signal
+import socket
 import sys
 import threading
 import time
@@ -13,8 +14,8 @@ from pathlib import Path
 
 from queue_processor_sandbox.processes import Process, listening_ports, scrape, total
 
-#: A stand-in controller: once the file named by its argument exists it serves /readyz on a port of its
-#: choosing (port 0) and prints that port as a JSON line.
+#: A stand-in controller: once the file named by its first argument exists it serves /readyz on a port of its
+#: choosing (port 0) and prints that port as a JSON line; it also listens on each port its other arguments name.
 SERVER = """
 import http.server, os, sys, time
 while not os.path.exists(sys.argv[1]):
@@ -25,6 +26,7 @@ class Ready(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(b"ok")
 server = http.server.HTTPServer(("127.0.0.1", 0), Ready)
+also = [http.server.HTTPServer(("127.0.0.1", int(port)), Ready) for port in sys.argv[2:]]
 print('{"event": "listening", "port": %d}' % server.server_address[1], flush=True)
 server.serve_forever()
 """
@@ -58,13 +60,21 @@ def test_a_process_started_with_port_zero_is_reached_on_the_port_it_chose(tmp_pa
     assert listening_ports(process.process.pid) == set()  # gone: no port
 
 
-def test_ports_given_are_used_as_given(tmp_path: Path) -> None:
+def test_ports_given_are_used_as_given_and_the_other_is_the_one_left(tmp_path: Path) -> None:
+    # The stand-in listens on a port of its own and on the one given for metrics: the probes port it chose is
+    # the other one.
+    given = socket.socket()
+    given.bind(("127.0.0.1", 0))
+    metrics_port = given.getsockname()[1]
+    given.close()
     go = tmp_path / "go"
     go.touch()
-    process = Process([sys.executable, "-c", SERVER, str(go)], {}, tmp_path / "server.log", metrics_port=5)
+    argv = [sys.executable, "-c", SERVER, str(go), str(metrics_port)]
+    process = Process(argv, {}, tmp_path / "server.log", metrics_port=metrics_port)
     try:
         until(lambda: process.lines(), "the port printed")
-        assert process.metrics_port == 5
+        assert listening_ports(process.process.pid) == {metrics_port, process.lines()[0]["port"]}
+        assert process.metrics_port == metrics_port
         assert process.probes_port == process.lines()[0]["port"]
     finally:
         process.stop(signal.SIGTERM, 10)

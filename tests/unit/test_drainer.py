@@ -437,19 +437,23 @@ class Budget(FakeKube):
     """Four pods of one ReplicaSet under a PodDisruptionBudget ``apps/web`` that allows no disruption: each
     eviction sent is recorded and refused with the budget named in its ``DisruptionBudget`` cause, as the API
     server answers. With ``hold``, each eviction waits there, as behind the client's rate limiter, until the
-    test lets web-0 go (:attr:`first`), then the others (:attr:`rest`); each asks ``sending`` then."""
+    test lets web-0 go (:attr:`first`), then the others (:attr:`rest`); each asks ``sending`` then. ``others``
+    are pods of another ReplicaSet that no budget covers: their evictions are recorded and accepted."""
 
-    def __init__(self, hold: bool = False) -> None:
+    def __init__(self, hold: bool = False, others: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.hold = hold
+        self.others = others
         self.first, self.rest, self.all_in = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self.refused = asyncio.Event()  # an eviction was sent (and refused)
         self.waiting = 0
         self.sent: list[str] = []
         self.add_node()
-        for name in ("web-0", "web-1", "web-2", "web-3"):
+        for name in ("web-0", "web-1", "web-2", "web-3", *others):
             self.add_pod(name)
-            self.pods[-1]["metadata"]["ownerReferences"][0]["uid"] = "rs-web-uid"
+            self.pods[-1]["metadata"]["ownerReferences"][0]["uid"] = (
+                "rs-other-uid" if name in others else "rs-web-uid"
+            )
 
     async def evict(
         self,
@@ -468,6 +472,9 @@ class Budget(FakeKube):
         if sending is not None and not sending():
             raise NotSentError(name)
         self.sent.append(name)
+        if name in self.others:
+            await super().evict(namespace, name, grace_s, drain=drain)
+            return
         self.refused.set()
         cause = {
             "reason": "DisruptionBudget",
@@ -520,28 +527,7 @@ async def test_a_pod_held_back_by_its_budgets_gate_gives_its_eviction_slot_up_wh
     # One eviction slot: web-0's refusal closes the budget for web-1..3, which wait for its reopening without
     # their slot, so zz-0 (another workload, no budget) is evicted meanwhile rather than after their wait. On
     # the real clock (the gate's reopening is a second away); the order is asserted, not the time it takes.
-    class WithAnother(Budget):
-        def __init__(self) -> None:
-            super().__init__()
-            self.add_pod("zz-0")
-            self.pods[-1]["metadata"]["ownerReferences"][0]["uid"] = "rs-zz-uid"
-
-        async def evict(
-            self,
-            namespace: str,
-            name: str,
-            grace_s: int | None = None,
-            *,
-            drain: str | None = None,
-            sending: Callable[[], bool] | None = None,
-        ) -> None:
-            if name == "zz-0":
-                self.sent.append(name)
-                await FakeKube.evict(self, namespace, name, grace_s, drain=drain, sending=sending)
-                return
-            await super().evict(namespace, name, grace_s, drain=drain, sending=sending)
-
-    kube = WithAnother()
+    kube = Budget(others=("zz-0",))
     drainer = Drainer(kube, DrainOptions(), budget=2, evictions_in_flight=1)  # type: ignore[arg-type]
     result = await drainer.drain(NODE, deadline=time.monotonic() + 1.5)
     assert kube.sent[:2] == ["web-0", "zz-0"]  # web-1..3 held back by the gate hold no slot
