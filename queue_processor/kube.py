@@ -185,7 +185,7 @@ class _Waiter:
 
 
 #: Threads (and connections) reserved for urgent calls: nodes (get, list, patch: finding and cordoning them) and
-#: Leases (get, create, update, delete: a late renewal loses the nodes held).
+#: Leases (get, create, update, delete, deletecollection: a late renewal loses the nodes held).
 URGENT_THREADS = 16
 
 #: Watch connections the controller keeps open: pod deletions and nodes (queue_processor.drain.departures and
@@ -798,6 +798,19 @@ class KubeClient:
             if exc.status != 404:
                 raise
 
+    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+        """Delete every Lease of ``namespace`` that ``label_selector`` selects, in one request (the
+        ``deletecollection`` verb; no precondition: the selector is the condition) and return the names of
+        those deleted (the API server answers with the list of the objects it deleted: "Delete Collection",
+        Kubernetes API reference, Lease v1). Raises :class:`KubeError`."""
+        deleted: Obj = await self.request(
+            "DELETE",
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            query={"labelSelector": label_selector},
+            urgent=True,
+        )
+        return [str(item["metadata"]["name"]) for item in deleted.get("items") or ()]
+
 
 class _KeepError(Exception):
     """A watch's ``keep`` raised (in the watch thread)."""
@@ -868,7 +881,13 @@ def _describe(method: str, path: str, query: Mapping[str, str] | None) -> tuple[
     resource = rest[0] if rest else ""
     if len(rest) >= 3:
         resource += "/" + rest[2]
-    verbs = {"GET": "get" if len(rest) >= 2 else "list", "POST": "create", "PUT": "update", "PATCH": "patch"}
+    verbs = {
+        "GET": "get" if len(rest) >= 2 else "list",
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if len(rest) >= 2 else "deletecollection",
+    }
     return verbs.get(method, method.lower()), resource
 
 

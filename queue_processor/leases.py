@@ -9,17 +9,21 @@ Two kinds of Lease live in the replica's namespace:
   starts (a container restarted in the same pod is another incarnation: what its predecessor held is free once
   this process writes the Lease, at its first claim);
 - a node's, ``queue-processor-<node>``, which a replica :meth:`NodeLeases.claim`\\ s before PreDrain and
-  writes twice in all: created (or taken) with the same ``holderIdentity`` and the annotation
-  :data:`REPLICA_ANNOTATION` naming the replica's Lease, and released (deleted) when the node's handling
-  ends. It is held for as long as that replica Lease still names the same holder and is renewed: one
-  renewal per replica every third of the duration, not one per node being handled (a storm's drains, each
-  lasting a minute or more, cost a node Lease write every 20 s each before).
+  writes twice in all: created (or taken) with the same ``holderIdentity``, the annotation
+  :data:`REPLICA_ANNOTATION` naming the replica's Lease and the labels :data:`HOLDER_LABEL` and
+  :data:`LEASE_LABEL`, and released (deleted) when the node's handling ends: with the other node Leases the
+  replica released within :data:`RELEASE_BATCH_S`, in one ``deletecollection`` request whose label selector
+  names the holder and each Lease (a storm's releases cost a request per batch, not per node). It is held
+  for as long as that replica Lease still names the same holder and is renewed: one renewal per replica
+  every third of the duration, not one per node being handled (a storm's drains, each lasting a minute or
+  more, cost a node Lease write every 20 s each before).
 
 Another replica takes a node Lease over when it is released, or when the replica Lease it names is gone,
 names another holder, or was not renewed for its ``leaseDurationSeconds``; a node Lease without the
 annotation, or whose holder is not the replica it names (an earlier version's, which renews it and may keep an
-annotation it found), when its own ``renewTime`` + ``leaseDurationSeconds`` is past. A release clears the
-holder and the annotation; one the API server did not answer is made again at each renewal. Every write goes
+annotation it found), when its own ``renewTime`` + ``leaseDurationSeconds`` is past. A taker writes its own
+holder label, so that no batch of the replica it took the Lease from selects it. A release the API server did
+not answer is made again, alone, at each renewal. Every write goes
 through the API server's optimistic concurrency (create → 409 AlreadyExists, replace with a stale
 resourceVersion → 409 Conflict: another replica won). A node Lease this version writes says
 ``leaseDurationSeconds`` :data:`HELD_BY_REPLICA_S`: a replica of an earlier version (a rolling upgrade), which
@@ -39,6 +43,8 @@ requeued: whatever the holder does, a later retry finds the node drained and fin
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import math
 import re
 import secrets
@@ -57,6 +63,10 @@ from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = [
     "HELD_BY_REPLICA_S",
+    "HOLDER_LABEL",
+    "LEASE_LABEL",
+    "RELEASE_BATCH_MAX",
+    "RELEASE_BATCH_S",
     "RENEW_ATTEMPTS",
     "RENEW_RETRY_S",
     "REPLICA_ANNOTATION",
@@ -85,6 +95,20 @@ REPLICA_ANNOTATION = "queue-processor/replica-lease"
 #: node Lease by its own ``renewTime``, reads as its duration (an hour: longer than any drain).
 HELD_BY_REPLICA_S = 3600
 
+#: The label of a node Lease naming its holder (:func:`label_value` of ``holderIdentity``, which a label value
+#: cannot hold as it is): what a batch of releases selects the replica's own Leases by.
+HOLDER_LABEL = "queue-processor/holder"
+
+#: The label of a node Lease naming the Lease itself (:func:`label_value` of its name, which may be longer than
+#: a label value): what a batch of releases selects each Lease by (``in (…)``).
+LEASE_LABEL = "queue-processor/lease"
+
+#: Seconds a released node Lease waits for others to be released with it (one request for all).
+RELEASE_BATCH_S = 0.5
+
+#: The most node Leases one request deletes (the selector names each in 21 characters of the URL).
+RELEASE_BATCH_MAX = 50
+
 
 def _object_name(name: str) -> str:
     return re.sub(r"[^a-z0-9.-]", "-", name.lower())[:253].rstrip(".-")
@@ -99,6 +123,12 @@ def replica_lease_name(identity: str) -> str:
     """``queue-processor.replica.<identity>``, made a valid object name: never a node Lease's name (those have
     a hyphen where this has its first dot)."""
     return _object_name("queue-processor.replica." + identity)
+
+
+def label_value(text: str) -> str:
+    """A label value standing for ``text`` (a holder identity or a Lease name, which may not fit one): the 20
+    hexadecimal digits of its BLAKE2b digest."""
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
 def _now() -> datetime:
@@ -128,13 +158,20 @@ def _expired(lease: dict[str, Any], default_s: int) -> bool:
 
 
 def _new_lease(
-    name: str, namespace: str, holder: str, duration_s: int, annotations: dict[str, str] | None = None
+    name: str,
+    namespace: str,
+    holder: str,
+    duration_s: int,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Lease to create, held by ``holder`` from now for ``duration_s`` seconds."""
     now = _now().strftime(_MICRO)
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if annotations:
         metadata["annotations"] = annotations
+    if labels:
+        metadata["labels"] = labels
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -150,14 +187,20 @@ def _new_lease(
 
 
 def _held(
-    lease: dict[str, Any], holder: str, duration_s: int, annotations: dict[str, str] | None = None
+    lease: dict[str, Any],
+    holder: str,
+    duration_s: int,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``lease`` as ``holder`` writes it (on its resourceVersion): renewed now, acquired now (one transition
-    more) when it was someone else's, ``annotations`` added."""
+    more) when it was someone else's, ``annotations`` and ``labels`` added."""
     now = _now().strftime(_MICRO)
     metadata = dict(lease.get("metadata") or {})
     if annotations:
         metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    if labels:
+        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
     spec = dict(lease.get("spec") or {})
     if spec.get("holderIdentity") != holder:
         spec["acquireTime"] = now
@@ -366,13 +409,17 @@ class Claim:
             raise ClaimLost(f"Lease {self.name} was lost")
 
     async def release(self) -> None:
-        """Give the node Lease up (:meth:`NodeLeases.clear`: a lost claim's Lease another replica took is left
-        to it); one the API server did not answer is released again at each renewal while this replica holds
-        other nodes (holding none, its own Lease lapses and frees it). The last claim released stops the
-        replica Lease's renewal. Errors are logged, not raised."""
+        """Give the node Lease up. A claim still held is deleted with the others this replica releases within
+        :data:`RELEASE_BATCH_S` (:meth:`NodeLeases.flush` sends them at once and waits): the node is free
+        within that. A lost claim's Lease is released alone (:meth:`NodeLeases.clear`: one another replica
+        took is left to it). One the API server did not answer is released again at each renewal while this
+        replica holds other nodes (holding none, its own Lease lapses and frees it). The last claim released
+        stops the replica Lease's renewal. Errors are logged, not raised."""
         leases = self._leases
         await leases.replica.drop(self)
-        if not await leases.clear(self.lease):  # retried at each renewal while we hold other nodes
+        if not self.lost.is_set() and self.epoch == leases.replica.epoch and leases._batchable(self.lease):
+            leases._release_later(self.lease, self.epoch)
+        elif not await leases.clear(self.lease):  # retried at each renewal while we hold other nodes
             leases.replica.unreleased[self.name] = self.lease
 
     async def __aenter__(self) -> Claim:
@@ -409,6 +456,13 @@ class NodeLeases:
         self.clock = clock
         self.replica = ReplicaLease(self)
         self._claiming: Counter[str] = Counter()  # node Lease name → claims of it being made
+        self._pending: dict[
+            str, tuple[dict[str, Any], int]
+        ] = {}  # released, not yet sent: name → (Lease, epoch)
+        self._sending: dict[str, asyncio.Future[None]] = {}  # in a batch being sent: name → its answer
+        self._hurry = asyncio.Event()  # send the pending releases without waiting (a full batch, a flush)
+        self._flushing = 0  # flush() calls waiting
+        self._releaser: asyncio.Task[None] | None = None
 
     async def claim(self, node: str) -> Claim | None:
         """The node's Lease for this replica, or ``None`` when another replica holds it. The replica Lease is
@@ -417,11 +471,16 @@ class NodeLeases:
         name = lease_name(node)
         replica = self.replica
         replica._claiming += 1
-        # An earlier release not answered: this claim takes the Lease over (the release goes back if it fails).
-        unreleased = replica.unreleased.pop(name, None)
+        # An earlier release not answered, or not yet sent: this claim takes the Lease over (the release goes
+        # back if it fails); one being sent is waited for (it deletes the Lease: this claim creates it again).
+        pending = self._pending.pop(name, None)
+        unreleased = replica.unreleased.pop(name, None) or (pending[0] if pending else None)
         self._claiming[name] += 1
         claimed: Claim | None = None
         try:
+            sending = self._sending.get(name)
+            if sending is not None:
+                await asyncio.shield(sending)
             await replica.fresh()
             epoch = replica.epoch
             existing: dict[str, Any] | None = None
@@ -432,7 +491,12 @@ class NodeLeases:
                         await self.kube.create_lease(
                             self.namespace,
                             _new_lease(
-                                name, self.namespace, self.holder, HELD_BY_REPLICA_S, self._annotations()
+                                name,
+                                self.namespace,
+                                self.holder,
+                                HELD_BY_REPLICA_S,
+                                self._annotations(),
+                                self._labels(name),
                             ),
                         ),
                         epoch,
@@ -450,7 +514,10 @@ class NodeLeases:
                 claimed = Claim(
                     self,
                     await self.kube.replace_lease(
-                        self.namespace, _held(existing, self.holder, HELD_BY_REPLICA_S, self._annotations())
+                        self.namespace,
+                        _held(
+                            existing, self.holder, HELD_BY_REPLICA_S, self._annotations(), self._labels(name)
+                        ),
                     ),
                     epoch,
                 )
@@ -497,6 +564,88 @@ class NodeLeases:
                 return False
         return False
 
+    def _batchable(self, lease: dict[str, Any]) -> bool:
+        """Whether ``lease`` carries this replica's labels as written here (a batch's selector finds it)."""
+        metadata = lease.get("metadata") or {}
+        return (metadata.get("labels") or {}) == {
+            **(metadata.get("labels") or {}),
+            **self._labels(metadata["name"]),
+        }
+
+    def _release_later(self, lease: dict[str, Any], epoch: int) -> None:
+        """Queue ``lease`` (held by a claim of ``epoch`` just given up) for the next batch of releases."""
+        self._pending[str(lease["metadata"]["name"])] = (lease, epoch)
+        if len(self._pending) >= RELEASE_BATCH_MAX:
+            self._hurry.set()
+        if self._releaser is None or self._releaser.done():
+            self._releaser = tasks.spawn(self._release_batches(), name="lease-releases")
+
+    async def _release_batches(self) -> None:
+        """Send the pending releases, a batch at most every :data:`RELEASE_BATCH_S` (at once when a batch is
+        full or a flush waits), until none is left."""
+        while self._pending:
+            if not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RELEASE_BATCH_S):
+                        await self._hurry.wait()
+            names = list(self._pending)[:RELEASE_BATCH_MAX]
+            batch = {name: self._pending.pop(name) for name in names}
+            if not self._flushing and len(self._pending) < RELEASE_BATCH_MAX:
+                self._hurry.clear()
+            await self._send(batch)
+
+    async def _send(self, batch: dict[str, tuple[dict[str, Any], int]]) -> None:
+        """Delete ``batch``'s Leases in one request: selected by this replica's holder label and each Lease's
+        own (a Lease another replica took carries its holder label: not selected). A Lease released in an
+        epoch that has ended since (the replica Lease lapsed: it may have been taken), or whose label another
+        Lease this replica holds shares, is released alone (:meth:`clear`); a batch the API server did not
+        answer goes to the releases made again at each renewal."""
+        self.replica.check()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        held = {label_value(claim.name) for claim in self.replica.claims} | {
+            label_value(name) for name in self._claiming
+        }
+        alone = {
+            name: lease
+            for name, (lease, epoch) in batch.items()
+            if epoch != self.replica.epoch or label_value(name) in held
+        }
+        together = {name: lease for name, (lease, _) in batch.items() if name not in alone}
+        for name in batch:
+            self._sending[name] = done
+        try:
+            if together:
+                selector = (
+                    f"{HOLDER_LABEL}={label_value(self.holder)},"
+                    f"{LEASE_LABEL} in ({','.join(sorted(label_value(name) for name in together))})"
+                )
+                try:
+                    await self.kube.delete_leases(self.namespace, selector)
+                except KubeError as exc:
+                    log.warning("lease releases failed", leases=len(together), error=str(exc))
+                    self.replica.unreleased.update(together)
+            for name, lease in alone.items():
+                if not await self.clear(lease):
+                    self.replica.unreleased[name] = lease
+        finally:
+            for name in batch:
+                if self._sending.get(name) is done:
+                    del self._sending[name]
+            done.set_result(None)
+
+    async def flush(self) -> None:
+        """Send the node Lease releases not yet sent now, and wait until every release made so far is
+        answered."""
+        self._flushing += 1
+        self._hurry.set()
+        try:
+            while self._releaser is not None and not self._releaser.done():
+                await asyncio.shield(self._releaser)
+        finally:
+            self._flushing -= 1
+            if not self._flushing:
+                self._hurry.clear()
+
     def _claimed(self, name: str) -> bool:
         """Whether a claim of this replica holds node Lease ``name`` or is being made."""
         return name in self._claiming or any(claim.name == name for claim in self.replica.claims)
@@ -519,7 +668,17 @@ class NodeLeases:
     def _annotations(self) -> dict[str, str]:
         return {REPLICA_ANNOTATION: self.replica.name}
 
+    def _labels(self, name: str) -> dict[str, str]:
+        return {HOLDER_LABEL: label_value(self.holder), LEASE_LABEL: label_value(name)}
+
     async def close(self, timeout_s: float = 1.0) -> None:
-        """At shutdown, after the operations ended: stop the replica Lease's renewal and delete it (waiting at
-        most ``timeout_s`` seconds for the API server)."""
-        await self.replica.close(timeout_s)
+        """At shutdown, after the operations ended: send the node Lease releases not yet sent, stop the replica
+        Lease's renewal and delete it (waiting at most ``timeout_s`` seconds in all for the API server; a
+        release not sent by then names a replica Lease that is gone: free to any replica)."""
+        started = asyncio.get_running_loop().time()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s / 2):  # the rest is the replica Lease's
+                await self.flush()
+        await tasks.stop(self._releaser)
+        self._pending.clear()
+        await self.replica.close(timeout_s - (asyncio.get_running_loop().time() - started))

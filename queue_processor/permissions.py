@@ -18,7 +18,8 @@ Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/)
   replacement comes up, taken back after; the surge record annotation), ``autoscaling``
   ``horizontalpodautoscalers`` list (a Deployment whose count an autoscaler owns is not scaled); the pods
   ``list`` rule also serves the list of a Deployment's pods in its namespace (a stale surge record);
-- in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update/delete (``NODE_LEASES``).
+- in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update/delete and
+  deletecollection (``NODE_LEASES``; node Leases are released in batches, selected by their labels).
 
 Differences from aws-node-termination-handler's ClusterRole, on purpose: no ``pods`` get (the drain re-lists
 the node's pods instead of a GET per pod), no ``daemonsets`` get (DaemonSet pods are recognised by their
@@ -75,7 +76,7 @@ KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
     KubernetesRule(
         "coordination.k8s.io",
         "leases",
-        ("get", "create", "update", "delete"),
+        ("get", "create", "update", "delete", "deletecollection"),
         cluster_wide=False,
         when="NODE_LEASES",
     ),

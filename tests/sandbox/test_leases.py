@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from queue_processor.kube import KubeClient
-from queue_processor.leases import HELD_BY_REPLICA_S, REPLICA_ANNOTATION, NodeLeases, lease_name
+from queue_processor.leases import (
+    HELD_BY_REPLICA_S,
+    HOLDER_LABEL,
+    LEASE_LABEL,
+    REPLICA_ANNOTATION,
+    NodeLeases,
+    lease_name,
+)
 from queue_processor.outcomes import ClaimLost, KubeError
 from queue_processor_sandbox.cluster import KubeCluster
 from tests.sandbox.conftest import Requests
@@ -55,8 +62,9 @@ async def test_a_first_claim_writes_the_replica_lease_and_later_ones_are_one_req
     kube: KubeClient, requests: Requests
 ) -> None:
     """A storm's claims are of nodes never claimed: the node Lease is created at once, without a read first;
-    the replica's own Lease is written before its first claim only. A release deletes the node Lease: nothing
-    is left for a node that is gone, and a node claimed again is one create again."""
+    the replica's own Lease is written before its first claim only. Releases delete the node Leases, those made
+    together in one request: nothing is left for a node that is gone, and a node claimed again is one create
+    again."""
     a = NodeLeases(kube, namespace=OPS, identity=unique("replica-a"), duration_s=60)
     nodes = [unique("ip-10-6-0") for _ in range(3)]
     requests.made.clear()
@@ -73,10 +81,14 @@ async def test_a_first_claim_writes_the_replica_lease_and_later_ones_are_one_req
     replica = await kube.get_lease(OPS, a.replica.name)
     assert replica is not None
     assert replica["spec"]["holderIdentity"] == a.holder
+    requests.made.clear()
     for claim in [first, *others]:
         assert claim is not None
         await claim.release()
-    assert await kube.get_lease(OPS, lease_name(nodes[0])) is None
+    await a.flush()
+    assert requests.made == {"deletecollection leases": 1}
+    for node in nodes:
+        assert await kube.get_lease(OPS, lease_name(node)) is None
     b = NodeLeases(kube, namespace=OPS, identity=unique("replica-b"), duration_s=60)
     requests.made.clear()
     again = await b.claim(nodes[0])
@@ -98,6 +110,8 @@ async def test_one_replica_holds_a_node_at_a_time(kube: KubeClient) -> None:
     loser = b if winner.lease["spec"]["holderIdentity"] == a.holder else a
     assert await loser.claim(node) is None
     await winner.release()
+    await a.flush()  # the release sent (it waits for others' at most RELEASE_BATCH_S)
+    await b.flush()
     again = await loser.claim(node)  # released: the other may take it
     assert again is not None
     assert again.lease["spec"]["holderIdentity"] == loser.holder
@@ -153,6 +167,7 @@ async def test_the_replica_lease_is_renewed_not_the_node_leases_and_release_stop
         assert claim is not None
         await claim.release()
     assert leases.replica._renewer is None  # the last release stopped it
+    await leases.flush()
     for node in nodes:
         assert await kube.get_lease(OPS, lease_name(node)) is None  # released
     await leases.close()
@@ -202,6 +217,7 @@ async def test_concurrent_confirms_and_the_renewal_never_lose_our_own_lease(kube
     assert not claim.lost.is_set()
     assert slow.writes < 12 * 6  # the callers shared renewals
     await claim.release()
+    await leases.flush()
     assert await kube.get_lease(OPS, lease_name(node)) is None  # released: the next replica takes it at once
     await leases.close()
 
@@ -289,9 +305,9 @@ async def test_a_restarted_process_frees_what_its_predecessor_held_and_a_closed_
 
 class ScriptedLeaseWrites:
     """The controller's client with Lease writes scripted: ``during`` runs while a write is on its way (before
-    it is sent), ``fail`` answers the next releases (deletions) with a 500, ``hang`` makes every write
-    wait for an answer that never comes, as the client does for a write it cannot take back (a cancellation
-    waits for the answer; a second one ends the wait)."""
+    it is sent), ``fail`` answers the next releases (deletions, alone or in a batch) with a 500, ``hang``
+    makes every write wait for an answer that never comes, as the client does for a write it cannot take back
+    (a cancellation waits for the answer; a second one ends the wait)."""
 
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
@@ -319,6 +335,12 @@ class ScriptedLeaseWrites:
             self.fail -= 1
             raise KubeError(500, "InternalError", "etcdserver: request timed out")
         await self.kube.delete_lease(namespace, name, resource_version=resource_version)
+
+    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+        if self.fail:
+            self.fail -= 1
+            raise KubeError(500, "InternalError", "etcdserver: request timed out")
+        return await self.kube.delete_leases(namespace, label_selector)
 
 
 async def test_a_renewal_that_lands_after_the_lease_lapsed_loses_the_claims(kube: KubeClient) -> None:
@@ -393,7 +415,8 @@ async def test_a_release_the_api_server_did_not_answer_is_made_again_at_the_next
     assert claim is not None
     assert other_node is not None
     scripted.fail = 1
-    await claim.release()  # answered 500
+    await claim.release()
+    await leases.flush()  # answered 500
     assert lease_name(node) in leases.replica.unreleased
     other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=15)
     deadline = asyncio.get_running_loop().time() + 30  # a hang guard: renewals come every 50 ms
@@ -420,7 +443,8 @@ async def test_a_release_made_again_leaves_alone_the_lease_the_replica_claimed_a
     claim = await leases.claim(node)
     assert claim is not None
     scripted.fail = 1
-    await claim.release()  # answered 500: made again at the next renewal
+    await claim.release()
+    await leases.flush()  # answered 500: made again at the next renewal
     again = await leases.claim(node)  # the same replica, before that renewal
     assert again is not None
     renewed = leases.replica.lease
@@ -434,6 +458,7 @@ async def test_a_release_made_again_leaves_alone_the_lease_the_replica_claimed_a
     other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=15)
     assert await other.claim(node) is None  # held
     await again.release()
+    await leases.flush()
     assert await kube.get_lease(OPS, lease_name(node)) is None
     await leases.close()
     await other.close()
@@ -451,6 +476,7 @@ async def test_a_release_never_deletes_the_lease_a_claim_of_the_replica_holds(ku
     assert lease is not None
     assert lease["spec"]["holderIdentity"] == leases.holder
     await claim.release()
+    await leases.flush()
     assert await kube.get_lease(OPS, lease_name(node)) is None
     await leases.close()
 
@@ -466,7 +492,8 @@ async def test_a_claim_that_fails_gives_back_the_release_it_took_over(kube: Kube
     assert claim is not None
     assert keep is not None
     scripted.fail = 1
-    await claim.release()  # answered 500
+    await claim.release()
+    await leases.flush()  # answered 500
     assert lease_name(node) in leases.replica.unreleased
 
     def unavailable() -> None:
@@ -479,3 +506,131 @@ async def test_a_claim_that_fails_gives_back_the_release_it_took_over(kube: Kube
     assert lease_name(node) in leases.replica.unreleased
     await keep.release()
     await leases.close()
+
+
+async def test_a_batch_of_releases_deletes_what_its_selector_names_and_answers_with_their_names(
+    kube: KubeClient, requests: Requests
+) -> None:
+    """``deletecollection`` with a set-based label selector: the Leases named go, in one request, and the
+    answer lists them; a Lease of another holder, or not named, stays."""
+    names = [unique("batch") for _ in range(4)]
+    for name, holder, lease_label in zip(names, ["a", "a", "a", "b"], ["x", "y", "z", "x"], strict=True):
+        await kube.create_lease(
+            OPS,
+            {
+                "metadata": {"name": name, "labels": {HOLDER_LABEL: holder, LEASE_LABEL: lease_label}},
+                "spec": {"holderIdentity": holder},
+            },
+        )
+    requests.made.clear()
+    deleted = await kube.delete_leases(OPS, f"{HOLDER_LABEL}=a,{LEASE_LABEL} in (x,y)")
+    assert requests.made == {"deletecollection leases": 1}
+    assert sorted(deleted) == sorted(names[:2])
+    assert [await kube.get_lease(OPS, name) is None for name in names] == [True, True, False, False]
+    assert await kube.delete_leases(OPS, f"{HOLDER_LABEL}=a,{LEASE_LABEL} in (x,y)") == []
+    for name in names[2:]:
+        await kube.delete_lease(OPS, name)
+
+
+async def test_a_batch_of_releases_leaves_the_lease_another_replica_took(kube: KubeClient) -> None:
+    """A replica paused past its Lease's lapse has not noticed it yet when it releases: the node Lease was
+    taken meanwhile, and the taker's holder label keeps it out of the batch's selector."""
+    node = unique("n15")
+    paused = NodeLeases(kube, namespace=OPS, identity=unique("paused"), duration_s=15)
+    claim = await paused.claim(node)
+    assert claim is not None
+    await stop_renewing(paused)
+    await backdate(kube, paused.replica.name)  # lapsed, as another replica reads it
+    taker = NodeLeases(kube, namespace=OPS, identity=unique("taker"), duration_s=15)
+    taken = await taker.claim(node)
+    assert taken is not None
+    assert not claim.lost.is_set()  # the paused replica has not looked at its clock yet
+    await claim.release()
+    await paused.flush()
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None, "the batch deleted the Lease the taker holds"
+    assert lease["spec"]["holderIdentity"] == taker.holder
+    await taken.release()
+    await taker.close()
+    await paused.close()
+
+
+async def test_a_node_claimed_again_before_its_release_is_sent_keeps_its_lease(kube: KubeClient) -> None:
+    """A release waits for others before it is sent; a claim of the same node meanwhile (a Spot warning
+    after the rebalance drain it ended) takes the Lease over, and the batch no longer names it."""
+    leases = NodeLeases(kube, namespace=OPS, identity=unique("again"), duration_s=15)
+    node = unique("n16")
+    claim = await leases.claim(node)
+    assert claim is not None
+    await claim.release()  # not sent yet
+    again = await leases.claim(node)
+    assert again is not None
+    await leases.flush()
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None, "the batch deleted the Lease of the claim made again"
+    other = NodeLeases(kube, namespace=OPS, identity=unique("other"), duration_s=15)
+    assert await other.claim(node) is None  # held
+    await again.release()
+    await leases.close()  # sends the release
+    assert await kube.get_lease(OPS, lease_name(node)) is None
+    await other.close()
+
+
+class GatedBatches(ScriptedLeaseWrites):
+    """Batches of releases held on their way until :attr:`gate` opens (:attr:`waiting` set meanwhile); the
+    Lease requests made while a batch is held are kept in :attr:`early`."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        super().__init__(kube)
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self.early: list[str] = []
+
+    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+        self.waiting.set()
+        await self.gate.wait()
+        return await super().delete_leases(namespace, label_selector)
+
+    def _note(self, what: str) -> None:
+        if self.waiting.is_set() and not self.gate.is_set():
+            self.early.append(what)
+
+    async def create_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        self._note("create")
+        created: dict[str, Any] = await self.kube.create_lease(namespace, lease)
+        return created
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._note("get")
+        return await self.kube.get_lease(namespace, name)
+
+    async def replace_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        self._note("replace")
+        return await super().replace_lease(namespace, lease)
+
+
+async def test_a_claim_waits_for_the_batch_being_sent_that_names_its_lease(kube: KubeClient) -> None:
+    """A batch on its way selects the Lease by labels a claim made again would keep: the claim waits for the
+    batch's answer, then creates the Lease again, rather than take over one the batch then deletes."""
+    gated = GatedBatches(kube)
+    leases = NodeLeases(gated, namespace=OPS, identity=unique("sending"), duration_s=15)  # type: ignore[arg-type]
+    node = unique("n17")
+    claim = await leases.claim(node)
+    assert claim is not None
+    await claim.release()
+    flushing = asyncio.create_task(leases.flush())
+    await gated.waiting.wait()  # the batch is on its way
+    claiming = asyncio.create_task(leases.claim(node))
+    for _ in range(20):  # the claim's first request, were it not waiting, is made in the first of these
+        await asyncio.sleep(0)
+    assert gated.early == []  # waiting for the batch
+    gated.gate.set()
+    await flushing
+    again = await claiming
+    assert again is not None
+    lease = await kube.get_lease(OPS, lease_name(node))
+    assert lease is not None, "the batch deleted the Lease of the claim made again"
+    assert lease["spec"]["holderIdentity"] == leases.holder
+    await again.release()
+    await leases.close()
+    assert await kube.get_lease(OPS, lease_name(node)) is None

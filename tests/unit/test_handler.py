@@ -35,13 +35,14 @@ from queue_processor.kinds import (
     StateChangeEvent,
 )
 from queue_processor.kube import NotSentError
-from queue_processor.leases import NodeLeases, lease_name
+from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.gotemplate import Struct, parse
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import KubeError
+from queue_processor_sandbox.kube_logic import parse_label_selector
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/q"
 INSTANCE = "i-0abc"
@@ -280,6 +281,15 @@ class FakeKube:
             raise KubeError(409, "Conflict", "Precondition failed: ResourceVersion in precondition")
         del self.leases[name]
 
+    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+        selects = parse_label_selector(label_selector)
+        deleted = [
+            name for name, lease in self.leases.items() if selects(lease["metadata"].get("labels") or {})
+        ]
+        for name in deleted:
+            del self.leases[name]
+        return deleted
+
 
 class FakeResolver:
     """``info`` from the cache; ``fresh_info`` (when set) is what a fresh read finds: EC2 has changed since."""
@@ -358,7 +368,11 @@ class World:
         return admission.operation if admission.kind is AdmissionKind.NEW else None
 
     async def run(self, operation: NodeOperation) -> tuple[Outcome, dict[str, MessageOutcome]]:
+        """Handle ``operation`` and settle its messages; the node Lease released is sent at once (it waits for
+        others' otherwise: tests/sandbox/test_leases.py)."""
         outcome = await self.handler.handle(operation)
+        if self.leases is not None:
+            await self.leases.flush()
         settlement = self.store.finish(operation, succeeded=outcome is Outcome.DONE)
         return outcome, dict(settlement.messages)
 
@@ -869,6 +883,8 @@ async def test_shutdown_cancels_the_operation_and_stops_every_heartbeat(env: Any
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await world.heartbeats.close()
+    if world.leases is not None:
+        await world.leases.close()  # the shutdown's: the node Lease's release sent
     assert our_tasks() == set()
 
 
@@ -899,14 +915,14 @@ async def test_an_action_that_joins_after_the_last_completion_keeps_its_message(
     operation = world.receive(spot())
     assert operation is not None
     assert world.leases is not None
-    original = world.kube.delete_lease
+    original = world.leases.replica.drop
 
-    async def join_on_release(namespace: str, name: str, *, resource_version: str | None = None) -> None:
-        if name == lease_name(NODE):  # the Lease is being released: the last await
+    async def join_on_release(claim: Claim) -> None:
+        if claim.name == lease_name(NODE):  # the Lease is being released: the last await
             world.receive(terminate())
-        await original(namespace, name, resource_version=resource_version)
+        await original(claim)
 
-    world.kube.delete_lease = join_on_release  # type: ignore[method-assign]
+    world.leases.replica.drop = join_on_release  # type: ignore[method-assign]
     outcome, messages = await world.run(operation)
     assert outcome is Outcome.DONE
     assert messages == {"m-spot": MessageOutcome.DELETE, "m-asg": MessageOutcome.REQUEUE}

@@ -8,8 +8,8 @@ What it serves (JSON over HTTP, the paths and shapes of the Kubernetes API refer
 - get, list (label selectors; field selectors ``metadata.name``, ``metadata.namespace``, ``spec.nodeName``,
   ``status.phase`` for pods; ``resourceVersion=0`` served from a cache that lags by ``cache_lag_s``, as the
   API server's watch cache may), create, replace (``metadata.resourceVersion`` must match, else 409 Conflict),
-  patch (strategic merge, JSON merge, JSON patch), delete; watch (selectors, bookmarks, metadata-only
-  objects, 410 Expired from before the changes kept);
+  patch (strategic merge, JSON merge, JSON patch), delete, deletecollection (``leases`` only); watch
+  (selectors, bookmarks, metadata-only objects, 410 Expired from before the changes kept);
 - graceful pod deletion: a pod gets a ``deletionTimestamp`` and disappears when its grace period has passed
   (a simulated kubelet); a ReplicaSet replaces its terminating pods on a schedulable node, and a DaemonSet
   recreates a deleted pod on its node, as their controllers do;
@@ -20,7 +20,7 @@ What it serves (JSON over HTTP, the paths and shapes of the Kubernetes API refer
 - every request counted by verb and resource (:attr:`KubeSandbox.requests`), and fault injection
   (:meth:`KubeSandbox.inject_fault`).
 
-Not served: deletecollection, admission, validation beyond what these behaviours need. Every duration
+Not served: deletecollection of other resources, admission, validation beyond what these behaviours need. Every duration
 is simulated seconds turned into real ones by the :class:`~queue_processor_sandbox.clock.SandboxClock`.
 
 The server runs an asyncio loop in a thread of its own, so synchronous clients (tests, the controller's thread

@@ -87,13 +87,22 @@ def _reset(request: web.Request) -> None:
     transport.abort()
 
 
+#: Resources whose collection can be deleted in one request (``deletecollection``): those the controller
+#: deletes so (its node Leases, released in batches). Pods are not among them: their graceful deletion is
+#: not emulated for a collection.
+COLLECTION_DELETES = frozenset({"leases"})
+
+
 def verb_of(method: str, name: str | None, query: Any) -> str:
     """The Kubernetes verb of an HTTP request: ``get``, ``list``, ``watch`` (a GET of a collection with
-    ``watch=true``), ``create``, ``update``, ``patch``, ``delete`` (other methods: their name in lower case)."""
+    ``watch=true``), ``create``, ``update``, ``patch``, ``delete``, ``deletecollection`` (a DELETE of a
+    collection; other methods: their name in lower case)."""
     if method == "GET":
         if name is None:
             return "watch" if query.get("watch") in ("true", "1") else "list"
         return "get"
+    if method == "DELETE" and name is None:
+        return "deletecollection"
     return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
         method, method.lower()
     )
@@ -259,6 +268,8 @@ class ApiRoutes:
             if info.group_version != group_version:
                 continue
             verbs = ["create", "delete", "get", "list", "patch", "update"]
+            if plural in COLLECTION_DELETES:
+                verbs.insert(2, "deletecollection")
             resources.append(
                 {
                     "name": plural,
@@ -381,6 +392,10 @@ class ApiRoutes:
             check_types(plural, body)
         if verb == "list":
             return 200, self._list(plural, namespace, request.query)
+        if verb == "deletecollection":
+            if plural not in COLLECTION_DELETES:
+                raise ApiError(405, "MethodNotAllowed", f"deletecollection is not served for {plural}")
+            return 200, self._delete_collection(plural, namespace, request.query)
         if verb == "create" and name is None:
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "the body must be an object")
@@ -698,6 +713,21 @@ class ApiRoutes:
             if immutable in current["metadata"]:
                 new.setdefault("metadata", {})[immutable] = current["metadata"][immutable]
         return self._present(plural, self.store.replace(plural, key, new))
+
+    def _delete_collection(self, plural: str, namespace: str, query: Any) -> Obj:
+        """``DELETE <collection>``: remove every object of the request's namespace and selectors (lock held)
+        and answer with them as a list (as the API server's generic registry does), each removal a write of
+        its own that watches see as ``DELETED``."""
+        keep = self._selection(plural, namespace, query)
+        objects = self.store.objects[plural]
+        removed = [self.store.remove(plural, key) for key, obj in list(objects.items()) if keep(obj)]
+        info = RESOURCES[plural]
+        return {
+            "apiVersion": info.group_version,
+            "kind": f"{info.kind}List",
+            "metadata": {"resourceVersion": str(self.store.rv)},
+            "items": [obj for obj in removed if obj is not None],
+        }
 
     def _delete(self, plural: str, key: Key, query: Any, body: Any) -> Obj:
         preconditions = (body.get("preconditions") or {}) if isinstance(body, dict) else {}
