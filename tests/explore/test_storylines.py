@@ -17,7 +17,7 @@ from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, ge
 #: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
 #: replicas, with and without faults (their descriptions are checked below, so a generator change that
 #: drops a kind from them fails loudly).
-EMULATED = [0, 1, 3, 12, 29, 38]
+EMULATED = [0, 1, 3, 12, 29, 38, 1729]  # 1729: two replicas, a batch of node Lease releases answered 500
 REAL = [5, 20]
 #: Storylines that failed once, with the defect they found (each fixed since).
 PINNED: dict[int, str] = {
@@ -64,6 +64,11 @@ def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
     assert any(generate(seed).compaction_at_s is not None for seed in EMULATED)  # watches dropped, 410s
     assert {generate(seed).faults for seed in EMULATED} == {False, True}
     assert {bool(generate(seed).evictions_in_flight) for seed in EMULATED} == {False, True}
+    assert any(  # a batch of node Lease releases refused, with two replicas
+        generate(seed).replicas > 1
+        and any("deletecollection leases" in step.detail for step in generate(seed).steps)
+        for seed in EMULATED
+    )
 
 
 def test_shrinking_keeps_only_the_steps_the_failure_needs() -> None:
