@@ -414,8 +414,9 @@ class Handler(Steps):
         """With DRAIN_BUDGET_NON_URGENT: the drain is counted in its node's group, and when every event of the
         operation leaves time (:func:`~queue_processor.deadlines.leaves_time`) it first waits, cordoned, while
         the group's limit of drains run (:class:`~queue_processor.turns.Turns`). Meanwhile its messages, joined
-        ones too, stay held but give their in-flight slots back (:attr:`park`), and its node Lease is given up,
-        so that another replica that receives an urgent event for the node can drain it at once; the Lease is
+        ones too, stay held but give their in-flight slots back (:attr:`park`), and its node Lease is given up
+        (with the replica's other releases, within :data:`~queue_processor.leases.RELEASE_BATCH_S`), so that
+        another replica that receives an urgent event for the node can drain it; the Lease is
         claimed again when the turn comes (held by another replica by then: :class:`ClaimLost`, requeued). An
         event that joins and does not leave time, or a scheduled change becoming due, ends the wait at once;
         kinds that joined get their taints when it ends. Reading the group never fails a drain: a node

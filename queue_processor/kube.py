@@ -798,16 +798,20 @@ class KubeClient:
             if exc.status != 404:
                 raise
 
-    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+    async def delete_leases(
+        self, namespace: str, label_selector: str, *, sending: Callable[[], bool] | None = None
+    ) -> list[str]:
         """Delete every Lease of ``namespace`` that ``label_selector`` selects, in one request (the
         ``deletecollection`` verb; no precondition: the selector is the condition) and return the names of
         those deleted (the API server answers with the list of the objects it deleted: "Delete Collection",
-        Kubernetes API reference, Lease v1). Raises :class:`KubeError`."""
+        Kubernetes API reference, Lease v1). ``sending`` is asked before each attempt (:meth:`request`).
+        Raises :class:`KubeError`, :class:`NotSentError`."""
         deleted: Obj = await self.request(
             "DELETE",
             f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
             query={"labelSelector": label_selector},
             urgent=True,
+            sending=sending,
         )
         return [str(item["metadata"]["name"]) for item in deleted.get("items") or ()]
 

@@ -58,7 +58,7 @@ import structlog
 
 from queue_processor import tasks
 from queue_processor.config import default
-from queue_processor.kube import KubeClient
+from queue_processor.kube import KubeClient, NotSentError
 from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = [
@@ -417,7 +417,12 @@ class Claim:
         stops the replica Lease's renewal. Errors are logged, not raised."""
         leases = self._leases
         await leases.replica.drop(self)
-        if not self.lost.is_set() and self.epoch == leases.replica.epoch and leases._batchable(self.lease):
+        if (
+            leases.batches
+            and not self.lost.is_set()
+            and self.epoch == leases.replica.epoch
+            and leases._batchable(self.lease)
+        ):
             leases._release_later(self.lease, self.epoch)
         elif not await leases.clear(self.lease):  # retried at each renewal while we hold other nodes
             leases.replica.unreleased[self.name] = self.lease
@@ -463,6 +468,9 @@ class NodeLeases:
         self._hurry = asyncio.Event()  # send the pending releases without waiting (a full batch, a flush)
         self._flushing = 0  # flush() calls waiting
         self._releaser: asyncio.Task[None] | None = None
+        self.batches = True
+        """Whether releases go in batches: set false when the API server refuses ``deletecollection`` (a Role
+        without the verb: the releases then go one by one, logged once)."""
 
     async def claim(self, node: str) -> Claim | None:
         """The node's Lease for this replica, or ``None`` when another replica holds it. The replica Lease is
@@ -596,23 +604,30 @@ class NodeLeases:
 
     async def _send(self, batch: dict[str, tuple[dict[str, Any], int]]) -> None:
         """Delete ``batch``'s Leases in one request: selected by this replica's holder label and each Lease's
-        own (a Lease another replica took carries its holder label: not selected). A Lease released in an
-        epoch that has ended since (the replica Lease lapsed: it may have been taken), or whose label another
-        Lease this replica holds shares, is released alone (:meth:`clear`); a batch the API server did not
-        answer goes to the releases made again at each renewal."""
+        own (a Lease another replica of this version took carries its holder label: not selected). The request
+        is sent only while the replica Lease was renewed within two thirds of its duration, in the epoch the
+        batch was made in: before another replica can read it lapsed and take a Lease over (one of an earlier
+        version keeps the labels it found). A Lease released in an epoch that has ended since, or whose label
+        another Lease this replica holds shares, is released alone (:meth:`clear`: on the resourceVersion we
+        wrote), and so is every Lease of a batch not sent or not answered; one that fails alone too is released
+        again at each renewal. A claim waiting for a Lease of the batch (:meth:`claim`) waits for its own
+        answer only."""
         self.replica.check()
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        epoch = self.replica.epoch
         held = {label_value(claim.name) for claim in self.replica.claims} | {
             label_value(name) for name in self._claiming
         }
         alone = {
             name: lease
-            for name, (lease, epoch) in batch.items()
-            if epoch != self.replica.epoch or label_value(name) in held
+            for name, (lease, released_in) in batch.items()
+            if released_in != epoch or label_value(name) in held
         }
         together = {name: lease for name, (lease, _) in batch.items() if name not in alone}
-        for name in batch:
-            self._sending[name] = done
+        answers: dict[str, asyncio.Future[None]] = {name: loop.create_future() for name in alone}
+        batch_answer: asyncio.Future[None] = loop.create_future()
+        answers.update(dict.fromkeys(together, batch_answer))
+        self._sending.update(answers)
         try:
             if together:
                 selector = (
@@ -620,27 +635,59 @@ class NodeLeases:
                     f"{LEASE_LABEL} in ({','.join(sorted(label_value(name) for name in together))})"
                 )
                 try:
-                    await self.kube.delete_leases(self.namespace, selector)
+                    await self.kube.delete_leases(
+                        self.namespace,
+                        selector,
+                        sending=lambda: (
+                            self.replica.epoch == epoch and self.replica.age() < self.duration_s * 2 / 3
+                        ),
+                    )
+                except NotSentError:
+                    await self._clear_each(together)
                 except KubeError as exc:
-                    log.warning("lease releases failed", leases=len(together), error=str(exc))
-                    self.replica.unreleased.update(together)
+                    if exc.status in (403, 404, 405) and self.batches:
+                        self.batches = False
+                        log.warning(
+                            "node Lease releases go one by one: deletecollection leases refused",
+                            error=str(exc),
+                            rbac="coordination.k8s.io leases deletecollection",
+                        )
+                    else:
+                        log.warning("lease releases failed", leases=len(together), error=str(exc))
+                    await self._clear_each(together)
+                self._answer(together, batch_answer)
             for name, lease in alone.items():
-                if not await self.clear(lease):
-                    self.replica.unreleased[name] = lease
+                try:
+                    await self._clear_each({name: lease})
+                finally:
+                    self._answer([name], answers[name])
         finally:
-            for name in batch:
-                if self._sending.get(name) is done:
-                    del self._sending[name]
-            done.set_result(None)
+            for name, answer in answers.items():
+                self._answer([name], answer)
+
+    async def _clear_each(self, leases: dict[str, dict[str, Any]]) -> None:
+        """Release each of ``leases`` alone (:meth:`clear`); one the API server did not answer is released again
+        at each renewal."""
+        for name, lease in leases.items():
+            if not await self.clear(lease):
+                self.replica.unreleased[name] = lease
+
+    def _answer(self, names: Any, answer: asyncio.Future[None]) -> None:
+        """The releases of ``names`` are answered: a claim waiting for one goes on."""
+        for name in names:
+            if self._sending.get(name) is answer:
+                del self._sending[name]
+        if not answer.done():
+            answer.set_result(None)
 
     async def flush(self) -> None:
         """Send the node Lease releases not yet sent now, and wait until every release made so far is
-        answered."""
+        answered (what the sending ended with is logged, not raised)."""
         self._flushing += 1
         self._hurry.set()
         try:
             while self._releaser is not None and not self._releaser.done():
-                await asyncio.shield(self._releaser)
+                await asyncio.wait({self._releaser})
         finally:
             self._flushing -= 1
             if not self._flushing:
@@ -675,10 +722,16 @@ class NodeLeases:
         """At shutdown, after the operations ended: send the node Lease releases not yet sent, stop the replica
         Lease's renewal and delete it (waiting at most ``timeout_s`` seconds in all for the API server; a
         release not sent by then names a replica Lease that is gone: free to any replica)."""
-        started = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s / 2  # the rest is the replica Lease's
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s / 2):  # the rest is the replica Lease's
+            async with asyncio.timeout_at(deadline):
                 await self.flush()
-        await tasks.stop(self._releaser)
+        try:
+            # A release cancelled mid-request waits for its answer: the timeout's cancellation ends that.
+            async with asyncio.timeout_at(max(deadline, loop.time() + timeout_s / 20)):
+                await tasks.stop(self._releaser)
+        except TimeoutError:
+            log.warning("node lease releases abandoned at shutdown", leases=len(self._sending))
         self._pending.clear()
-        await self.replica.close(timeout_s - (asyncio.get_running_loop().time() - started))
+        await self.replica.close(max(timeout_s / 20, deadline + timeout_s / 2 - loop.time()))

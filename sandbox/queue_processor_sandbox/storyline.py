@@ -217,11 +217,12 @@ def generate(seed: int) -> Storyline:
             if rng.random() < 0.6:
                 how = rng.choice(FAULT_KINDS["kube"])
                 target = rng.choice(FAULT_KINDS["kube-target"])
+                times = rng.randint(1, 3)
+                steps.append(Step(when, "kube-fault", 0, f"{how} {target} x{times}"))
                 if target == "update leases" and seed % 2:
-                    # Node Lease releases go in batches (deletecollection): from the seed, so that the older
-                    # seeds keep their other steps.
-                    target = "deletecollection leases"
-                steps.append(Step(when, "kube-fault", 0, f"{how} {target} x{rng.randint(1, 3)}"))
+                    # Node Lease releases go in batches (deletecollection), faulted too for odd seeds: from the
+                    # seed, so that every seed keeps the steps it had.
+                    steps.append(Step(when, "kube-fault", 0, f"{how} deletecollection leases x{times}"))
             else:
                 operation = rng.choice(FAULT_KINDS["aws"])
                 steps.append(Step(when, "aws-fault", 0, f"Throttling {operation} x{rng.randint(1, 2)}"))

@@ -17,7 +17,7 @@ from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, ge
 #: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
 #: replicas, with and without faults (their descriptions are checked below, so a generator change that
 #: drops a kind from them fails loudly).
-EMULATED = [0, 1, 3, 12, 29, 38, 1729]  # 1729: two replicas, a batch of node Lease releases answered 500
+EMULATED = [0, 1, 3, 12, 29, 38, 1729]  # 1729: two replicas, batches of node Lease releases slowed
 REAL = [5, 20]
 #: Storylines that failed once, with the defect they found (each fixed since).
 PINNED: dict[int, str] = {

@@ -336,11 +336,11 @@ class ScriptedLeaseWrites:
             raise KubeError(500, "InternalError", "etcdserver: request timed out")
         await self.kube.delete_lease(namespace, name, resource_version=resource_version)
 
-    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+    async def delete_leases(self, namespace: str, label_selector: str, **kwargs: Any) -> list[str]:
         if self.fail:
             self.fail -= 1
             raise KubeError(500, "InternalError", "etcdserver: request timed out")
-        return await self.kube.delete_leases(namespace, label_selector)
+        return await self.kube.delete_leases(namespace, label_selector, **kwargs)
 
 
 async def test_a_renewal_that_lands_after_the_lease_lapsed_loses_the_claims(kube: KubeClient) -> None:
@@ -414,7 +414,7 @@ async def test_a_release_the_api_server_did_not_answer_is_made_again_at_the_next
     other_node = await leases.claim(unique("n11"))  # the replica keeps renewing its Lease for this one
     assert claim is not None
     assert other_node is not None
-    scripted.fail = 1
+    scripted.fail = 2  # the batch, then the release alone
     await claim.release()
     await leases.flush()  # answered 500
     assert lease_name(node) in leases.replica.unreleased
@@ -442,7 +442,7 @@ async def test_a_release_made_again_leaves_alone_the_lease_the_replica_claimed_a
     node = unique("n12")
     claim = await leases.claim(node)
     assert claim is not None
-    scripted.fail = 1
+    scripted.fail = 2  # the batch, then the release alone
     await claim.release()
     await leases.flush()  # answered 500: made again at the next renewal
     again = await leases.claim(node)  # the same replica, before that renewal
@@ -491,7 +491,7 @@ async def test_a_claim_that_fails_gives_back_the_release_it_took_over(kube: Kube
     keep = await leases.claim(unique("n14"))  # another node held: the replica Lease stays renewed
     assert claim is not None
     assert keep is not None
-    scripted.fail = 1
+    scripted.fail = 2  # the batch, then the release alone
     await claim.release()
     await leases.flush()  # answered 500
     assert lease_name(node) in leases.replica.unreleased
@@ -586,10 +586,10 @@ class GatedBatches(ScriptedLeaseWrites):
         self.waiting = asyncio.Event()
         self.early: list[str] = []
 
-    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+    async def delete_leases(self, namespace: str, label_selector: str, **kwargs: Any) -> list[str]:
         self.waiting.set()
         await self.gate.wait()
-        return await super().delete_leases(namespace, label_selector)
+        return await super().delete_leases(namespace, label_selector, **kwargs)
 
     def _note(self, what: str) -> None:
         if self.waiting.is_set() and not self.gate.is_set():
@@ -634,3 +634,81 @@ async def test_a_claim_waits_for_the_batch_being_sent_that_names_its_lease(kube:
     await again.release()
     await leases.close()
     assert await kube.get_lease(OPS, lease_name(node)) is None
+
+
+class HangingBatches(ScriptedLeaseWrites):
+    """Batches of releases never answered, as the client waits for a request it cannot take back (a
+    cancellation waits for the answer; a second one ends the wait); ``refuse`` answers them with that error
+    instead."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        super().__init__(kube)
+        self.refuse: KubeError | None = None
+
+    async def delete_leases(self, namespace: str, label_selector: str, **kwargs: Any) -> list[str]:
+        if self.refuse is not None:
+            raise self.refuse
+        never = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.shield(never)
+        except asyncio.CancelledError:
+            await never
+        return []
+
+
+async def test_a_shutdown_is_bounded_when_the_batch_of_releases_hangs(kube: KubeClient) -> None:
+    """The API server stops answering the batch: the shutdown gives it half its time, then abandons it and
+    still deletes the replica's own Lease (what it named is then free to any replica)."""
+    hanging = HangingBatches(kube)
+    leases = NodeLeases(hanging, namespace=OPS, identity=unique("hangs"), duration_s=15)  # type: ignore[arg-type]
+    claim = await leases.claim(unique("n18"))
+    assert claim is not None
+    await claim.release()
+    async with asyncio.timeout(30):  # a hang guard: the shutdown's own bound is 1 s
+        await leases.close(timeout_s=1.0)
+    assert await kube.get_lease(OPS, leases.replica.name) is None
+
+
+async def test_a_refused_batch_releases_each_lease_alone_and_batches_stop(
+    kube: KubeClient, requests: Requests
+) -> None:
+    """A Role without ``deletecollection`` (an operator's own RBAC, from before the verb): the release is
+    made alone at once, logged once, and the next ones go alone from the start."""
+    refusing = HangingBatches(kube)
+    refusing.refuse = KubeError(403, "Forbidden", 'cannot deletecollection resource "leases"')
+    leases = NodeLeases(refusing, namespace=OPS, identity=unique("no-verb"), duration_s=15)  # type: ignore[arg-type]
+    nodes = [unique("n19"), unique("n19")]
+    first = await leases.claim(nodes[0])
+    assert first is not None
+    await first.release()
+    await leases.flush()
+    assert leases.batches is False
+    assert await kube.get_lease(OPS, lease_name(nodes[0])) is None
+    second = await leases.claim(nodes[1])
+    assert second is not None
+    requests.made.clear()
+    await second.release()
+    assert requests.made == {"delete leases": 1}  # alone, at once
+    assert await kube.get_lease(OPS, lease_name(nodes[1])) is None
+    await leases.close()
+
+
+async def test_a_batch_is_not_sent_once_the_replica_lease_may_be_read_lapsed_soon(
+    kube: KubeClient, requests: Requests
+) -> None:
+    """A replica of an earlier version that takes a Lease over keeps the labels it found, so a batch is sent
+    only while no replica can read this one's Lease lapsed: past two thirds of its duration without a
+    renewal, the releases go alone, each on the resourceVersion we wrote."""
+    now = [1000.0]
+    leases = NodeLeases(kube, namespace=OPS, identity=unique("late"), duration_s=15, clock=lambda: now[0])
+    node = unique("n20")
+    claim = await leases.claim(node)
+    assert claim is not None
+    await claim.release()  # the last claim: the renewal stops
+    now[0] += 11  # 11 of 15 s without a renewal (a paused process, a renewal failing)
+    requests.made.clear()
+    await leases.flush()
+    assert "deletecollection leases" not in requests.made
+    assert requests.made["delete leases"] == 1
+    assert await kube.get_lease(OPS, lease_name(node)) is None
+    await leases.close()

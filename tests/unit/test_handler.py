@@ -281,7 +281,7 @@ class FakeKube:
             raise KubeError(409, "Conflict", "Precondition failed: ResourceVersion in precondition")
         del self.leases[name]
 
-    async def delete_leases(self, namespace: str, label_selector: str) -> list[str]:
+    async def delete_leases(self, namespace: str, label_selector: str, **kwargs: Any) -> list[str]:
         selects = parse_label_selector(label_selector)
         deleted = [
             name for name, lease in self.leases.items() if selects(lease["metadata"].get("labels") or {})
