@@ -25,6 +25,7 @@ short pause.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from datetime import UTC, datetime
@@ -76,6 +77,11 @@ def _refusal(queue_url: str, exc: BaseException) -> str | None:
         return "no AWS credentials found (environment, web identity token, or instance profile)"
     why = _REFUSALS.get(error_code(exc))
     return f"QUEUE_URL={queue_url}: {why} ({error_code(exc)})" if why is not None else None
+
+
+#: Seconds a shutdown waits for the node Lease releases of the operations it ended, before it makes their
+#: messages visible again.
+RELEASES_AT_SHUTDOWN_S = 1.0
 
 
 class Consumer:
@@ -197,6 +203,13 @@ class Consumer:
                 task.cancel()
         held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
         await tasks.stop(*self._operations.values())
+        leases = self.handler.leases
+        if leases is not None:
+            # The node Leases the operations gave up are free before their messages are visible to another
+            # replica (a release waits for others' otherwise); bounded: a batch that hangs is left to close().
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASES_AT_SHUTDOWN_S):
+                    await leases.flush()
         await self.heartbeats.close()  # nothing beats once this replica lets its messages go
         await self.ledger.stop_renewing()
         await self.ledger.deletes_sent()  # deletes already decided

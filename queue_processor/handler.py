@@ -87,6 +87,7 @@ from queue_processor.observe.events import (
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import ASG_TAG, Webhook, node_facts
 from queue_processor.outcomes import (
+    ClaimHeld,
     ClaimLost,
     ErrorWhere,
     KubeError,
@@ -198,6 +199,10 @@ class Handler(Steps):
                 return await self._pipeline(ctx)
         except asyncio.CancelledError:
             raise
+        except ClaimHeld as exc:
+            bound.info("another replica holds the node's Lease: requeued", reason=str(exc))
+            self.observer.operation_outcome(OperationOutcome.LEASE_HELD)
+            return Outcome.RETRY
         except ClaimLost as exc:
             bound.warning("the node's Lease was lost: requeued", error=str(exc))
             self.observer.operation_outcome(OperationOutcome.LEASE_LOST)
@@ -417,7 +422,8 @@ class Handler(Steps):
         ones too, stay held but give their in-flight slots back (:attr:`park`), and its node Lease is given up
         (with the replica's other releases, within :data:`~queue_processor.leases.RELEASE_BATCH_S`), so that
         another replica that receives an urgent event for the node can drain it; the Lease is
-        claimed again when the turn comes (held by another replica by then: :class:`ClaimLost`, requeued). An
+        claimed again when the turn comes (held by another replica by then: :class:`ClaimHeld`, requeued as
+        ``lease-held``). An
         event that joins and does not leave time, or a scheduled change becoming due, ends the wait at once;
         kinds that joined get their taints when it ends. Reading the group never fails a drain: a node
         without the label, or an instance without an Auto Scaling group, is in the group ``""``, and a size
@@ -462,7 +468,7 @@ class Handler(Steps):
                 if released and self.leases is not None:
                     claim = await self.leases.claim(ctx.node)
                     if claim is None:
-                        raise ClaimLost(f"another replica took the node {ctx.node} while its drain waited")
+                        raise ClaimHeld(f"another replica took the node {ctx.node} while its drain waited")
                     ctx.claim = await ctx.early_exit.enter_async_context(claim)
                 await self._taint_joined(ctx)
             yield

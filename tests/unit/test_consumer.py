@@ -40,7 +40,7 @@ async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None
 
     consumer = Consumer(
         NeverAnswers(),
-        SimpleNamespace(),  # type: ignore[arg-type]  # no message ever arrives
+        SimpleNamespace(leases=None),  # type: ignore[arg-type]  # no message ever arrives
         EventStore(),
         heartbeats=Heartbeats(None),
         queue_urls=["q"],
@@ -83,7 +83,7 @@ async def test_an_empty_receive_counts_as_an_answer() -> None:
     metrics = Metrics(process_metrics=False)
     consumer = Consumer(
         Empty(),
-        SimpleNamespace(),  # type: ignore[arg-type]  # no message arrives
+        SimpleNamespace(leases=None),  # type: ignore[arg-type]  # no message arrives
         EventStore(),
         heartbeats=Heartbeats(None),
         queue_urls=["q"],
@@ -118,7 +118,7 @@ async def test_readiness_follows_the_latest_receive() -> None:
     sqs = Scripted()
     consumer = Consumer(
         sqs,
-        SimpleNamespace(),  # type: ignore[arg-type]  # no message arrives
+        SimpleNamespace(leases=None),  # type: ignore[arg-type]  # no message arrives
         EventStore(),
         heartbeats=Heartbeats(None),
         queue_urls=["q"],
@@ -284,6 +284,7 @@ class FakeHandler:
         self.handled: list[NodeOperation] = []
         self.gate: asyncio.Event | None = None
         self.cancelled = 0
+        self.leases: Any = None
 
     def received(self, event: Any) -> None:
         if isinstance(event, AsgLifecycleEvent):
@@ -498,6 +499,28 @@ async def test_shutdown_cancels_operations_lets_open_polls_end_and_leaves_every_
         0,
         4,
     )  # its slot returned
+
+
+async def test_shutdown_sends_the_node_lease_releases_before_it_lets_the_messages_go() -> None:
+    # With NODE_LEASES an operation the shutdown cancels gives its node Lease up, and a release waits up to
+    # RELEASE_BATCH_S for others': it must be sent before the message is visible, or the replica that receives
+    # the message at once finds the node held and requeues it with a backoff.
+    running = Running(FakeHandler())
+    visible_at_flush: list[int] = []
+
+    class Releases:
+        async def flush(self) -> None:
+            visible_at_flush.append(len(running.sqs.visibility))
+
+    running.handler.leases = Releases()
+    running.handler.gate = asyncio.Event()  # the operation never ends by itself
+    running.consumer.start()
+    running.sqs.deliver(terminate_body())
+    await running.until(lambda: running.handler.handled)
+    await asyncio.wait_for(running.consumer.shutdown(timeout_s=10), 30)
+    assert visible_at_flush == [0]  # sent before any message was let go
+    assert running.sqs.visibility
+    assert all(seconds == 0 for _, seconds in running.sqs.visibility)
 
 
 async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> None:

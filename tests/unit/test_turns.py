@@ -14,7 +14,7 @@ import pytest
 from queue_processor.deadlines import leaves_time
 from queue_processor.events import SqsMessageRef
 from queue_processor.kinds import RebalanceRecommendationEvent, ScheduledChangeEvent
-from queue_processor.leases import lease_name
+from queue_processor.leases import NodeLeases, lease_name
 from queue_processor.ledger import InFlightSlots
 from queue_processor.nodes import InstanceInfo
 from queue_processor.turns import Turns, turn_limit
@@ -263,6 +263,33 @@ async def test_a_lease_claimed_again_for_a_turn_and_lost_stops_the_drain_at_once
     assert str(runs[1].result()[0]) == "retry"
     assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 1
     assert str((await runs[0])[0]) == "done"
+    await world.heartbeats.close()
+
+
+async def test_a_node_another_replica_took_while_the_drain_waited_is_held_not_lost(env: Any) -> None:
+    """The waiting drain gave its Lease up so that another replica could drain the node; one did. When the
+    turn comes the node is held by another replica, as when a first claim finds it so: requeued as
+    ``lease-held``. Nothing of this replica's was lost (the explorer's judge fails a replica that loses a
+    Lease undisturbed)."""
+    gate = asyncio.Event()
+
+    async def held(name: str) -> None:
+        await gate.wait()
+
+    world, runs = await _two_rebalance_drains_one_waiting(held)
+    assert world.leases is not None
+    await world.leases.flush()
+    (waiting,) = [node for node in ("node-0", "node-1") if lease_name(node) not in _holders(world)]
+    other = NodeLeases(world.kube, namespace=world.leases.namespace, identity="replica-b")  # type: ignore[arg-type]
+    taken = await other.claim(waiting)
+    assert taken is not None
+    gate.set()
+    outcomes = sorted(str(outcome) for outcome, _ in await asyncio.gather(*runs))
+    assert outcomes == ["done", "retry"]
+    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-held") == 1
+    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 0
+    await taken.release()
+    await other.close()
     await world.heartbeats.close()
 
 
