@@ -319,6 +319,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             f"sandbox ({args.kubernetes}): {len(sandbox.instances)} nodes, {len(sandbox.kube.objects('pods'))} pods"
             f", built in {time.perf_counter() - built_at:.0f} s; {replicas} replica(s)"
         )
+        # moto's first description of an instance costs the sandbox's one core about 1.5 ms, a cost EC2 has
+        # not: described once now, the storm's first second is not spent on it (docs/benchmarks.md).
+        sandbox.aws.warm_descriptions([instance.instance_id for instance in sandbox.instances])
         floor = floor_seconds(sandbox, args.nodes)
         print(f"floor: receive+delete {args.nodes} messages in {floor:.2f} s")
         sandbox.kube.ensure_namespace(sandbox.controller_namespace)

@@ -991,3 +991,23 @@ def test_describe_instances_answers_as_moto_does_while_instances_change(
         assert cold_or_changed == warm == moto
         assert parsed == parsed_again == parsed_by_moto
     assert len(moto_server._INSTANCES) >= 3  # the forms were kept
+
+
+def test_warm_descriptions_keep_each_instance_before_the_first_question(
+    sandbox: AwsSandbox, ec2: Any
+) -> None:
+    """``warm_descriptions`` (storm.py calls it before its clock starts) describes every instance it is given,
+    in batches, so that each one's serialized form is kept: a controller's first question finds it, and the
+    answer is the one it would have been."""
+    from queue_processor_sandbox.aws import moto_server
+
+    instances = sandbox.build_cluster({"warm": 5}, heartbeat_timeout_s=120)
+    ids = [instance.instance_id for instance in instances]
+    moto_server.forget_instances()
+    sandbox.warm_descriptions(ids, batch=2)
+    assert set(ids) <= set(moto_server._INSTANCES)
+    kept = {instance_id: moto_server._INSTANCES[instance_id] for instance_id in ids}
+    reservations = ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": ids}])["Reservations"]
+    described = [instance["InstanceId"] for r in reservations for instance in r["Instances"]]
+    assert sorted(described) == sorted(ids)
+    assert all(moto_server._INSTANCES[instance_id] is kept[instance_id] for instance_id in ids)  # no new form
