@@ -904,6 +904,33 @@ def test_a_watch_from_before_a_compaction_is_told_410_expired(emulation: KubeSan
     assert status["message"].startswith("too old resource version: 1 (")
 
 
+def test_the_changes_kept_for_watches_are_a_window_per_resource(
+    emulation: KubeSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Emulation only (the real server's windows are one watch cache per resource, sized for minutes of writes,
+    which a test cannot fill): writes of one resource past its window expire a watch of that resource, not a
+    watch of another from the same resourceVersion. One window for all once let a storm's pod writes expire
+    every watch of the nodes."""
+    from queue_processor_sandbox.kube import store
+
+    monkeypatch.setattr(store, "HISTORY", 3)
+    node = unique("ip-10-9-0-1")
+    emulation.add_node(node)
+    emulation.wait_for_nodes([node])
+    since = str(emulation.get("nodes", node)["metadata"]["resourceVersion"])  # type: ignore[index]
+    for _ in range(10):  # past the namespaces' window (2 x HISTORY), nothing written to the nodes
+        emulation.ensure_namespace(unique("churn"))
+    api = config.new_client_from_config(str(emulation.kubeconfig(tmp_path / "kubeconfig")))
+    try:
+        namespaces = watch(api, "/api/v1/namespaces", lambda events: True, resourceVersion=since)
+        assert [(e["type"], e["object"].get("code")) for e in namespaces] == [("ERROR", 410)]
+        client.CoreV1Api(api).patch_node(node, {"spec": {"unschedulable": True}})
+        nodes = watch(api, "/api/v1/nodes", lambda events: True, resourceVersion=since)
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in nodes] == [("MODIFIED", node)]
+    finally:
+        api.close()
+
+
 def test_a_restart_after_a_compaction_drops_the_watches_and_their_resume_is_told_410(
     emulation: KubeSandbox, tmp_path: Path
 ) -> None:
@@ -915,6 +942,7 @@ def test_a_restart_after_a_compaction_drops_the_watches_and_their_resume_is_told
     since = str(emulation.get("namespaces", namespace)["metadata"]["resourceVersion"])  # type: ignore[index]
     pods = f"/api/v1/namespaces/{namespace}/pods"
     served: list[list[dict[str, Any]]] = []
+    begun = emulation._routes.watches_begun
     reader = threading.Thread(
         target=lambda: served.append(
             watch(
@@ -928,7 +956,7 @@ def test_a_restart_after_a_compaction_drops_the_watches_and_their_resume_is_told
     )
     reader.start()
     for _ in range(3000):  # until the server serves it (a hang guard, it measures nothing)
-        if emulation._routes.watches:
+        if emulation._routes.watches_begun > begun:  # past its start: what comes next is a change or a drop
             break
         time.sleep(0.01)
     emulation.ensure_namespace(unique("later"))  # a change after ``since``, which the compaction forgets

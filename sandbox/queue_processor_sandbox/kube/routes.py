@@ -202,6 +202,8 @@ class ApiRoutes:
         self.port = 0
         self.watches = 0
         """Watches being served now."""
+        self.watches_begun = 0
+        """Watches whose start was judged (from now, a resourceVersion too old, or dropped): tests wait on it."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._written: asyncio.Future[None] | None = None  # resolved at the next write (see _wake)
         self._waking = False
@@ -516,7 +518,7 @@ class ApiRoutes:
         def expired_line(since: int) -> bytes:
             """An ERROR event with a 410 Expired Status (lock held)."""
             expired = ApiError(
-                410, "Expired", f"too old resource version: {since} ({self.store.history_from})"
+                410, "Expired", f"too old resource version: {since} ({self.store.history_from(plural)})"
             )
             return json.dumps({"type": "ERROR", "object": expired.status()}).encode() + b"\n"
 
@@ -542,10 +544,11 @@ class ApiRoutes:
                 elif since in ("", "0"):
                     out = b"".join(line("ADDED", o) for o in self.store.objects[plural].values() if keep(o))
                     position = self.store.rv
-                elif int(since) < self.store.history_from:
+                elif int(since) < self.store.history_from(plural):
                     out, position = expired_line(int(since)), -1
                 else:
                     out, position = b"", int(since)
+                self.watches_begun += 1
             while True:
                 if out:
                     await response.write(out)
@@ -570,12 +573,12 @@ class ApiRoutes:
                     if self._cut != born:  # dropped while it waited for the lock: no bookmark, no 410
                         out, position = b"", -1
                         continue
-                    if position < self.store.history_from:  # compacted past what this watch had sent
+                    if position < self.store.history_from(plural):  # trimmed past what this watch had sent
                         out, position = expired_line(position), -1
                         continue
-                    changes = self.store.changes_after(position)
+                    changes = self.store.changes_after(plural, position)
                     position = self.store.rv
-                    out = b"".join(lines_of(change) for change in changes if change.plural == plural)
+                    out = b"".join(lines_of(change) for change in changes)
                 if not out:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(asyncio.shield(written), remaining)

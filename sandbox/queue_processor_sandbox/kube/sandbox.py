@@ -181,8 +181,7 @@ class KubeSandbox:
         with self.lock:  # one step: no watch sees the compaction without the drop
             if end_watches:
                 self._routes.end_watches()
-            self._store.history.clear()
-            self._store.history_from = self._store.rv
+            self._store.compact()
 
     def kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig for this server to ``path`` (context ``sandbox``) and return it."""
