@@ -60,6 +60,7 @@ from queue_processor.config import Settings
 from queue_processor.deadlines import drain_deadline, instance_end, leaves_time
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
+from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S
 from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import (
@@ -278,6 +279,8 @@ class Handler(Steps):
         assert info is not None
         by_name = not self.settings.use_provider_id and bool(info.private_dns_name)
         watched = self.drainer.nodes
+        if watched is not None:
+            await watched.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
         if (
             by_name
             and watched is not None

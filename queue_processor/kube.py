@@ -433,11 +433,15 @@ class KubeClient:
         one's resourceVersion, "Retrieving large results sets in chunks" in API concepts), so that a cluster of
         thousands of nodes is never held in memory whole. Yields each page's items and the list's
         resourceVersion (where a watch of the nodes starts). Raises :class:`KubeError` (410 when a continue
-        token expired mid-list: list again)."""
+        token expired mid-list: list again).
+
+        The pages are urgent, as the node reads they spare are: claims and cordons wait for them at start-up
+        (:data:`~queue_processor.drain.node_cache.FIRST_COPY_WAIT_S`), and in the drain lane they would wait
+        behind every eviction queued."""
         token = ""
         while True:
             query = {"limit": str(limit), **({"continue": token} if token else {})}
-            answer = await self.request("GET", "/api/v1/nodes", query=query)
+            answer = await self.request("GET", "/api/v1/nodes", query=query, urgent=True)
             metadata = answer.get("metadata") or {}
             yield list(answer.get("items") or []), str(metadata.get("resourceVersion") or "")
             token = str(metadata.get("continue") or "")

@@ -33,7 +33,7 @@ from queue_processor.drain.budgets import budget_arithmetic, budget_of
 from queue_processor.drain.departures import Departures, Ticket, Waiting
 from queue_processor.drain.filters import DrainOptions, PodDecision, controller_of, plan_drain, pod_key
 from queue_processor.drain.gates import BudgetGates
-from queue_processor.drain.node_cache import NodeCache
+from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S, NodeCache
 from queue_processor.drain.order import (
     DRAIN_POLICY_ANNOTATION,
     DrainOrder,
@@ -521,6 +521,8 @@ class Drainer:
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             # The first attempt writes on the watched copy when there is one (no read; a copy behind the server
             # answers 409 and the next attempt reads): cordons are bounded by one request each, not two.
+            if attempt == 0 and self.nodes is not None:
+                await self.nodes.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
             current = self.nodes.get(node) if attempt == 0 and self.nodes is not None else None
             if current is None:
                 current = await self.kube.get_node(node)

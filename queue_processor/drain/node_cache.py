@@ -14,9 +14,11 @@ the server), the API server answers 409 Conflict and the write is retried on a G
 request and never a wrong write.
 
 Only a copy the watch keeps current is handed out (:attr:`NodeCache.live`); a node the copy does not know
-(registered a moment ago, or named otherwise) is read with a GET. A 410 lists again; a broken stream resumes
-from its last resourceVersion; a refusal (401/403/404/405: no ``nodes`` ``watch`` right) is logged once and
-the cordons read with GETs, as before (the loop: :class:`~queue_processor.drain.watched.Watched`).
+(registered a moment ago, or named otherwise) is read with a GET. At start-up a claim or a cordon waits for the
+copy's first answer, :data:`FIRST_COPY_WAIT_S` at most, rather than reading its node meanwhile. A 410 lists
+again; a broken stream resumes from its last resourceVersion; a refusal (401/403/404/405: no ``nodes``
+``watch`` right) is logged once and the cordons read with GETs, as before (the loop:
+:class:`~queue_processor.drain.watched.Watched`).
 
 The copy also answers, for an instance EC2 says is shutting down or terminated, that no node of it is left
 (:meth:`NodeCache.absent`: none named after its private DNS name, none whose ``kubernetes.io/hostname`` label
@@ -35,10 +37,17 @@ from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
 from queue_processor.kube import KubeClient
 
-__all__ = ["NodeCache", "slim", "slim_event"]
+__all__ = ["FIRST_COPY_WAIT_S", "NodeCache", "slim", "slim_event"]
 
 #: Nodes per page of the start-up list.
 PAGE = 500
+
+#: How long a claim or a cordon waits for the copy's first answer (seconds; :meth:`Watched.first_answer`)
+#: before it reads its node with a GET instead. At start-up the storm is already in the queue: without the wait,
+#: each of its first nodes cost a GET for its claim and one for its cordon, urgent requests that the copy's own
+#: pages then waited behind (5,000 Spot warnings at three replicas: the copy of 6,250 nodes was in after 26-38 s
+#: and 2.03 node GETs were sent per node, docs/benchmarks.md).
+FIRST_COPY_WAIT_S = 5.0
 
 #: The well-known label the kubelet sets to the node's hostname.
 HOSTNAME_LABEL = "kubernetes.io/hostname"

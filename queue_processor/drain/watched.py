@@ -68,6 +68,20 @@ class Watched:
         if self._task is None:
             self._task = tasks.spawn(self._run(), name=self.name)
 
+    async def first_answer(self, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s`` seconds, until the watch has answered for the first time (its copy read
+        and its stream open, or refused); ``True`` when it has. A watch not started is not waited for
+        (``False`` at once). Raises nothing but ``CancelledError``."""
+        if self.answered.is_set():
+            return True
+        if self._task is None or timeout_s <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self.answered.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
     async def close(self) -> None:
         """Stop the watch (its connection is shut)."""
         await tasks.stop(self._task)

@@ -14,12 +14,12 @@ from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.kube import KubeSandbox
 
 
-@pytest.mark.parametrize("call", ["node", "lease"])
+@pytest.mark.parametrize("call", ["node", "lease", "node pages"])
 async def test_node_and_lease_calls_are_answered_while_every_drain_thread_waits_on_a_slow_api_server(
     tmp_path: Path, call: str
 ) -> None:
-    """Cordons and Lease renewals (a late renewal loses the node to another replica) have a lane of their
-    own."""
+    """Cordons, Lease renewals (a late renewal loses the node to another replica) and the pages of the nodes'
+    watched copy (each cordon's GET until they are in) have a lane of their own."""
     with KubeSandbox(SandboxClock(1.0)) as sandbox:
         sandbox.ensure_namespace("ops")
         sandbox.add_node("ip-10-0-0-1.ec2.internal")
@@ -34,6 +34,11 @@ async def test_node_and_lease_calls_are_answered_while_every_drain_thread_waits_
             await asyncio.sleep(0.2)  # every drain thread now waits for a slow answer
             if call == "node":
                 assert await client.get_node("ip-10-0-0-1.ec2.internal") is not None
+            elif call == "node pages":  # the watched copy of the nodes, which spares each cordon its GET
+                pages = [items async for items, _ in client.node_pages()]
+                assert [node["metadata"]["name"] for items in pages for node in items] == [
+                    "ip-10-0-0-1.ec2.internal"
+                ]
             else:
                 lease = {"metadata": {"name": "l", "namespace": "ops"}, "spec": {"holderIdentity": "me"}}
                 created = await client.create_lease("ops", lease)

@@ -1287,6 +1287,49 @@ class NodesCopy:
     def absent(self, dns_name: str) -> bool:
         return dns_name not in self.kube.nodes
 
+    async def first_answer(self, timeout_s: float) -> bool:
+        return True
+
+
+class CopyComing(NodesCopy):
+    """A watched copy not in yet: it is once its first answer was waited for."""
+
+    live = False
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return super().get(name) if self.live else None
+
+    async def first_answer(self, timeout_s: float) -> bool:
+        await asyncio.sleep(0)
+        self.live = True
+        return True
+
+
+@pytest.mark.parametrize("leases", [False, True])
+async def test_a_claim_and_a_cordon_at_start_up_wait_for_the_watched_copy_rather_than_reading_the_node(
+    env: Any, leases: bool
+) -> None:
+    """The storm is in the queue when the controller starts: a claim (which must know the node's name before
+    its Lease) and a cordon wait for the copy's first answer, bounded, rather than reading the node with a GET
+    each, urgent requests the copy's own pages would wait behind."""
+    world = World(settings(), leases=leases)
+    world.drainer.nodes = CopyComing(world.kube)  # type: ignore[assignment]
+    reads: list[str] = []
+    get_node = world.kube.get_node
+
+    async def counted_get(name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return await get_node(name)
+
+    world.kube.get_node = counted_get  # type: ignore[method-assign]
+    operation = world.receive(spot())
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.kube.nodes[NODE]["spec"]["unschedulable"] is True
+    assert reads == []
+    await world.heartbeats.close()
+
 
 @pytest.mark.parametrize("leases", [False, True])
 @pytest.mark.parametrize(

@@ -1,0 +1,60 @@
+"""The wait for a watch's first answer (:meth:`queue_processor.drain.watched.Watched.first_answer`): a claim or a
+cordon at start-up waits for the watched copy of the nodes, bounded, and never for a watch that was not
+started."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from queue_processor.drain.watched import Watched
+
+
+class Scripted(Watched):
+    """A watch whose first read waits for ``read`` and whose connection opens at once and then idles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = asyncio.Event()
+
+    async def _begin(self) -> str:
+        await self.read.wait()
+        return "1"
+
+    async def _watch(self, rv: str, timeout_s: float) -> str:
+        self._opened()
+        await asyncio.Event().wait()  # until closed
+        return rv
+
+    def _apply(self, events: list[dict[str, Any]]) -> None:
+        pass
+
+
+async def test_a_watch_not_started_is_not_waited_for() -> None:
+    watch = Scripted()
+    assert await watch.first_answer(3600.0) is False
+
+
+async def test_the_wait_ends_at_its_bound_when_the_copy_is_not_in() -> None:
+    watch = Scripted()
+    watch.start()
+    try:
+        assert await watch.first_answer(0.05) is False
+        assert not watch.live
+    finally:
+        await watch.close()
+
+
+async def test_the_wait_ends_when_the_watch_first_answers_and_not_again() -> None:
+    watch = Scripted()
+    watch.start()
+    try:
+        waiting = asyncio.create_task(watch.first_answer(3600.0))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        watch.read.set()
+        assert await waiting is True
+        assert watch.live
+        assert await watch.first_answer(3600.0) is True  # answered once: at once from then on
+    finally:
+        await watch.close()
