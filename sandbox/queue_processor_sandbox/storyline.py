@@ -16,8 +16,8 @@ real clusters meet:
 - the controllers' side: the second replica paused (SIGSTOP, then SIGCONT), killed (SIGKILL) or stopped
   (SIGTERM: its operations end, its claims are released and its own Lease deleted), then started again;
 - faults of the sandbox's injectors: the Kubernetes API (500, 429 with Retry-After, slow answers, connection
-  resets; emulation only; for one seed in three with a restarted replica, its node list slowed as it restarts)
-  and AWS (throttled heartbeats and completions);
+  resets; emulation only; for one seed in three with faults and a restarted replica, its node list slowed as it
+  restarts) and AWS (throttled heartbeats and completions);
 - delivery: each message is sent again, later, with the storyline's duplicate probability (at least once
   delivery, and out of order: the copy arrives after what was published since);
 - the API server's watches: for one seed in five, its history compacted and its watches dropped halfway
@@ -213,7 +213,7 @@ def generate(seed: int) -> Storyline:
             steps.append(Step(round(start, 1), "stop-replica" if (seed // 2) % 2 else "kill-replica", 1))
             restart = round(start + rng.uniform(20, 200), 1)
             steps.append(Step(restart, "restart-replica", 1))
-            if seed % 3 == 0:
+            if faults and seed % 3 == 0:
                 # The restarted replica's watched copy of the nodes comes in slowly: its claims and cordons wait
                 # for it, FIRST_COPY_WAIT_S at most (from the seed: the rng's stream, and so every other step, is
                 # unchanged).
