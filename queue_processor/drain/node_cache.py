@@ -15,7 +15,7 @@ request and never a wrong write.
 
 Only a copy the watch keeps current is handed out (:attr:`NodeCache.live`); a node the copy does not know
 (registered a moment ago, or named otherwise) is read with a GET. At start-up a claim or a cordon waits for the
-copy's first answer, :data:`FIRST_COPY_WAIT_S` at most, rather than reading its node meanwhile. A 410 lists
+copy's first answer, until :data:`FIRST_COPY_WAIT_S` after its start at most, rather than reading its node. A 410 lists
 again; a broken stream resumes from its last resourceVersion; a refusal (401/403/404/405: no ``nodes``
 ``watch`` right) is logged once and the cordons read with GETs, as before (the loop:
 :class:`~queue_processor.drain.watched.Watched`).
@@ -42,11 +42,11 @@ __all__ = ["FIRST_COPY_WAIT_S", "NodeCache", "slim", "slim_event"]
 #: Nodes per page of the start-up list.
 PAGE = 500
 
-#: How long a claim or a cordon waits for the copy's first answer (seconds; :meth:`Watched.first_answer`)
-#: before it reads its node with a GET instead. At start-up the storm is already in the queue: without the wait,
-#: each of its first nodes cost a GET for its claim and one for its cordon, urgent requests that the copy's own
-#: pages then waited behind (5,000 Spot warnings at three replicas: the copy of 6,250 nodes was in after 26-38 s
-#: and 2.03 node GETs were sent per node, docs/benchmarks.md).
+#: How long after the copy's start a claim or a cordon still waits for its first answer (seconds;
+#: :meth:`Watched.first_answer`) before it reads its node with a GET instead. At start-up the storm is already
+#: in the queue: without the wait, each of its first nodes cost a GET for its claim and one for its cordon,
+#: urgent requests that the copy's own pages then waited behind (5,000 Spot warnings at three replicas: the copy
+#: of 6,250 nodes was in after 26-38 s and 2.03 node GETs were sent per node, docs/benchmarks.md).
 FIRST_COPY_WAIT_S = 5.0
 
 #: The well-known label the kubelet sets to the node's hostname.

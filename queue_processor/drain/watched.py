@@ -62,22 +62,29 @@ class Watched:
         """Set once the watch is open or refused (its first answer)."""
         self._rv = ""  # where the watch resumes: the first read's resourceVersion, then each event's
         self._task: asyncio.Task[None] | None = None
+        self._started_at = 0.0  # the event loop's time at start()
 
     def start(self) -> None:
         """Start the watch (the controller does at start-up); idempotent."""
         if self._task is None:
+            self._started_at = asyncio.get_running_loop().time()
             self._task = tasks.spawn(self._run(), name=self.name)
 
-    async def first_answer(self, timeout_s: float) -> bool:
-        """Wait, at most ``timeout_s`` seconds, until the watch has answered for the first time (its copy read
-        and its stream open, or refused); ``True`` when it has. A watch not started is not waited for
-        (``False`` at once). Raises nothing but ``CancelledError``."""
+    async def first_answer(self, within_s: float) -> bool:
+        """Wait until the watch has answered for the first time (its copy read and its stream open, or
+        refused), but not past ``within_s`` seconds after it was started: ``True`` when it has answered. Every
+        caller shares that one bound, so a watch that never answers delays each caller once at start-up, not
+        each operation by ``within_s``. A watch not started is not waited for (``False`` at once). Raises
+        nothing but ``CancelledError``."""
         if self.answered.is_set():
             return True
-        if self._task is None or timeout_s <= 0:
+        if self._task is None:
+            return False
+        left = self._started_at + within_s - asyncio.get_running_loop().time()
+        if left <= 0:
             return False
         try:
-            await asyncio.wait_for(self.answered.wait(), timeout_s)
+            await asyncio.wait_for(self.answered.wait(), left)
         except TimeoutError:
             return False
         return True

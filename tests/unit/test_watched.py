@@ -35,12 +35,18 @@ async def test_a_watch_not_started_is_not_waited_for() -> None:
     assert await watch.first_answer(3600.0) is False
 
 
-async def test_the_wait_ends_at_its_bound_when_the_copy_is_not_in() -> None:
+async def test_the_wait_ends_at_its_bound_when_the_copy_is_not_in_and_is_not_made_again() -> None:
+    """The bound counts from the watch's start, for every caller: once it passed, a claim or a cordon reads its
+    node at once rather than waiting again."""
     watch = Scripted()
     watch.start()
     try:
         assert await watch.first_answer(0.05) is False
         assert not watch.live
+        later = asyncio.create_task(watch.first_answer(0.05))
+        await asyncio.sleep(0)
+        assert later.done()
+        assert later.result() is False
     finally:
         await watch.close()
 
