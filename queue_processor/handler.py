@@ -279,7 +279,7 @@ class Handler(Steps):
         assert info is not None
         by_name = not self.settings.use_provider_id and bool(info.private_dns_name)
         watched = self.drainer.nodes
-        if watched is not None:
+        if watched is not None and by_name:  # the provider-ID lookup reads no copy: it does not wait for one
             await watched.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
         if (
             by_name

@@ -84,7 +84,10 @@ class Watched:
         if left <= 0:
             return False
         try:
-            await asyncio.wait_for(self.answered.wait(), left)
+            async with asyncio.timeout(
+                left
+            ):  # not wait_for: it may swallow a cancellation that meets the answer
+                await self.answered.wait()
         except TimeoutError:
             return False
         return True

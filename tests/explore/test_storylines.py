@@ -17,7 +17,9 @@ from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, ge
 #: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
 #: replicas, with and without faults (their descriptions are checked below, so a generator change that
 #: drops a kind from them fails loudly).
-EMULATED = [0, 1, 3, 12, 29, 38, 1729]  # 1729: two replicas, batches of node Lease releases slowed
+#: 1729: two replicas, batches of node Lease releases slowed; 216: a restarted replica's node list slowed (its
+#: claims and cordons wait for the watched copy of the nodes).
+EMULATED = [0, 1, 3, 12, 29, 38, 1729, 216]
 REAL = [5, 20]
 #: Storylines that failed once, with the defect they found (each fixed since).
 PINNED: dict[int, str] = {
@@ -58,6 +60,8 @@ def test_storylines_stay_within_their_bounds(seed: int) -> None:
 def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
     kinds = {step.kind for seed in EMULATED + REAL for step in generate(seed).steps}
     assert kinds >= {"rebalance", "spot", "scale-in", "to-warm-pool", "stop", "health", "from-warm-pool"}
+    details = {step.detail for seed in EMULATED for step in generate(seed).steps}
+    assert "slow list nodes x3" in details  # a restarted replica waits for its copy of the nodes
     assert kinds >= {"pause-replica", "kill-replica", "stop-replica", "pdb-hold", "kube-fault", "aws-fault"}
     assert "delete-node" in kinds
     assert {generate(seed).replicas for seed in EMULATED} == {1, 2}

@@ -1331,6 +1331,34 @@ async def test_a_claim_and_a_cordon_at_start_up_wait_for_the_watched_copy_rather
     await world.heartbeats.close()
 
 
+async def test_the_provider_id_lookup_does_not_wait_for_the_watched_copy(env: Any) -> None:
+    """With USE_PROVIDER_ID the claim's lookup reads no copy (the finder lists and reads the node itself), so it
+    starts at once; only the cordon, which writes on the copy, waits for it."""
+    world = World(settings(use_provider_id=True), leases=True)
+    order: list[str] = []
+
+    class Recorded(CopyComing):
+        async def first_answer(self, timeout_s: float) -> bool:
+            order.append("wait")
+            return await super().first_answer(timeout_s)
+
+    world.drainer.nodes = Recorded(world.kube)  # type: ignore[assignment]
+    finder = world.handler.finder
+    find = finder.find
+
+    async def recorded_find(info: InstanceInfo) -> dict[str, Any] | None:
+        order.append("find")
+        return await find(info)
+
+    finder.find = recorded_find  # type: ignore[method-assign]
+    operation = world.receive(spot())
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert order[:2] == ["find", "wait"]
+    await world.heartbeats.close()
+
+
 @pytest.mark.parametrize("leases", [False, True])
 @pytest.mark.parametrize(
     ("state", "read"), [("terminated", False), ("shutting-down", False), ("stopping", True)]
