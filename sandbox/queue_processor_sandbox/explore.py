@@ -21,7 +21,8 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   interrupted since) has a schedulable node without our taints, label or record;
 - ``gone-undrained``: no instance went (its node deleted with it) with pods on it a drain would have evicted
   and that were not even terminating, unless its node was deleted on purpose, a budget was held (or relaxed
-  less than an eviction retry before), or a replica was paused or killed while it was interrupted (the message
+  less than an eviction retry before), one of those pods' own eviction was refused by its budget that recently
+  (the drain honoured it), or a replica was paused or killed while it was interrupted (the message
   it held comes back to another only after its visibility timeout, which may outlast a notice);
 - ``last-early``: no pod annotated ``queue-processor/drain: last`` evicted before an ordinary pod of its node
   (``last_pods_evicted_early`` of the judge), in storylines without faults or budget holds: a refused or
@@ -479,7 +480,16 @@ class _World:
                 # to EVICTION_RETRY_S apart, or waits for its budget's gate, closed up to GATE_MOST_S): not a
                 # drain its budgets allowed.
                 retry_s = max(EVICTION_RETRY_S[1], GATE_MOST_S)
-                if left and (self.held or time.monotonic() - self.released_at < retry_s):
+                # So is a pod whose own eviction its budget refused within that window: the drain honoured a
+                # budget the workload's replacements had not let go yet (at SCALE a loaded machine's second is
+                # 20 simulated ones, and a gate closes for real seconds). One refused long before is not.
+                refused: dict[tuple[str, str], float] = getattr(kube, "budget_refused_at", dict)()
+                honoured = any(
+                    now - refused.get((pod["metadata"]["namespace"], pod["metadata"]["name"]), -1e18)
+                    < retry_s
+                    for pod in left
+                )
+                if left and (self.held or now - self.released_at < retry_s or honoured):
                     self.held_ever.add(name)
                 elif left:
                     at = round((time.monotonic() - self.t0) / SCALE, 1)

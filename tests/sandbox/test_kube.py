@@ -445,6 +445,9 @@ def test_eviction_honours_a_pod_disruption_budget(
     assert blocked.status == 429
     if isinstance(kube, KubeSandbox):
         assert kube.too_many_requests()["create pods/eviction"] == before + 1
+        # ... and which pod's eviction its budget refused, last when (the explorer's judge reads it).
+        assert (namespace, second) in kube.budget_refused_at()
+        assert (namespace, first) not in kube.budget_refused_at()
     assert "Retry-After" not in (blocked.headers or {})
     assert status_body(blocked) == {
         "kind": "Status",

@@ -27,6 +27,7 @@ import json
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -198,6 +199,8 @@ class ApiRoutes:
         self.requests = requests
         self.forbidden: Counter[str] = Counter()  # requests answered 403, by "<verb> <resource>"
         self.too_many: Counter[str] = Counter()  # requests answered 429, by "<verb> <resource>"
+        self.budget_refused_at: dict[tuple[str, str], float] = {}
+        """(namespace, name) of each pod whose eviction a PodDisruptionBudget refused → when, last (monotonic)."""
         self.faults: list[Fault] = []
         self.port = 0
         self.watches = 0
@@ -356,6 +359,8 @@ class ApiRoutes:
             if exc.code == 429:  # a PodDisruptionBudget's refusal of an eviction
                 with self.lock:
                     self.too_many[f"{verb} {resource}"] += 1
+                    if sub == "eviction" and name:
+                        self.budget_refused_at[(namespace, name)] = time.monotonic()
             return web.json_response(exc.status(), status=exc.code)
         except json.JSONDecodeError as exc:
             error = ApiError(400, "BadRequest", f"invalid JSON body: {exc}")

@@ -227,6 +227,12 @@ class KubeSandbox:
         with self.lock:
             return Counter(self._routes.too_many)
 
+    def budget_refused_at(self) -> dict[tuple[str, str], float]:
+        """(namespace, name) of each pod whose eviction a PodDisruptionBudget refused (429) → when the last
+        refusal was (``time.monotonic()``, real seconds)."""
+        with self.lock:
+            return dict(self._routes.budget_refused_at)
+
     def objects(self, plural: str) -> list[Obj]:
         """Copies of every stored object of a resource (the current state, never the cache)."""
         with self.lock:
