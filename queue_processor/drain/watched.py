@@ -84,9 +84,8 @@ class Watched:
         if left <= 0:
             return False
         try:
-            async with asyncio.timeout(
-                left
-            ):  # not wait_for: it may swallow a cancellation that meets the answer
+            # Not wait_for: it may swallow a cancellation that comes in the same turn as the answer.
+            async with asyncio.timeout(left):
                 await self.answered.wait()
         except TimeoutError:
             return False
