@@ -135,7 +135,7 @@ def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
 
 def _p99_bucket(buckets: list[tuple[dict[str, str], float]]) -> str:
     """The histogram bucket the 99th percentile lies in, ``"(2.5, 5]"``: what the interpolated :func:`_p99`
-    can honestly say (the buckets of ``event_to_cordon_seconds`` are 0.5 s apart from 1 to 2.5 s, then 3, 4, 5,
+    can honestly say (the buckets of ``event_to_cordon_seconds`` are 0.5 s apart from 1 to 4 s, then 5,
     7.5, 10, 15, 20 s…)."""
     by_bound: dict[float, float] = {}
     for labels, count in buckets:

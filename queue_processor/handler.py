@@ -70,6 +70,7 @@ from queue_processor.kinds import (
     ScheduledChangeEvent,
     StateChangeEvent,
 )
+from queue_processor.kube import URGENT_RANK
 from queue_processor.launch import Launches
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats
@@ -185,6 +186,9 @@ class Handler(Steps):
 
     async def handle(self, operation: NodeOperation) -> Outcome:
         """Run one operation to its end (see the module docstring)."""
+        URGENT_RANK.set(
+            operation.started_at
+        )  # its claim and cordon go before those of operations started later
         bound = log.bind(
             instance_id=operation.instance_id,
             kind=str(operation.first.kind),

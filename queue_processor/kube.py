@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import json
+import math
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import Any
 
 import urllib3
@@ -46,12 +50,14 @@ from queue_processor.outcomes import KubeError, StartupError
 __all__ = [
     "METADATA_ONLY",
     "RETRY_AFTER_MAX_S",
+    "URGENT_RANK",
     "Keep",
     "KubeClient",
     "KubeError",
     "NotSentError",
     "RateLimiter",
     "load_api_client",
+    "rank_as_replica",
 ]
 
 #: The longest a Retry-After is waited for before a retry (seconds): every wait stays short of what it protects
@@ -77,6 +83,22 @@ PATCH_TYPES = {
 }
 
 
+#: Orders the urgent requests waiting for a token of the :class:`RateLimiter`, lowest first (seconds, any
+#: clock that every setter shares). An operation sets it to when it started (``Handler.handle``): in a storm the
+#: node received first is claimed and cordoned first, its cordon ahead of the claims of nodes received after
+#: it, instead of behind every claim queued while its own was answered. Work of the replica as a whole (its
+#: Lease's renewal, node Lease releases, the watched copies) sets it back to the default, ahead of every
+#: operation: a late renewal loses every node held.
+URGENT_RANK: ContextVar[float] = ContextVar("queue_processor_urgent_rank", default=-math.inf)
+
+
+def rank_as_replica() -> None:
+    """Rank the urgent requests of the running task, and of the tasks it starts from now on, as the
+    replica's own (:data:`URGENT_RANK`'s default, ahead of every operation's): called first by a task that an
+    operation may start but that serves the whole replica."""
+    URGENT_RANK.set(-math.inf)
+
+
 #: A token, less what the sums of a refill lose to floating point (a sleep of 1/qps gives back 0.999…).
 _WHOLE = 1 - 1e-9
 
@@ -86,9 +108,11 @@ class RateLimiter:
     two classes of callers: an ``urgent`` one (cordoning a node, renewing a node Lease: DESIGN.md says neither
     waits behind drains) takes the next token before any ordinary one. ``clock`` returns seconds.
 
-    Callers wait in line, first come first served within a class: only the caller at the head of the line
-    sleeps until the next token; the others wait to be woken when their turn comes, so that a storm's
-    thousands of waiting evictions cost one timer, not a wake-up each per token."""
+    Ordinary callers wait in line, first come first served. Urgent callers wait in order of their rank
+    (:data:`URGENT_RANK` when they call: an operation's start), first come first served within a rank. Only
+    the caller at the head of the lines sleeps until the next token; the others wait to be woken when their
+    turn comes, so that a storm's thousands of waiting evictions cost one timer, not a wake-up each per
+    token."""
 
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
@@ -98,7 +122,8 @@ class RateLimiter:
         self.clock = clock
         self._tokens = float(burst)
         self._last = clock()
-        self._urgent: deque[_Waiter] = deque()
+        self._urgent: list[tuple[float, int, _Waiter]] = []  # a heap: (rank, arrival, waiter)
+        self._arrivals = itertools.count()
         self._ordinary: deque[_Waiter] = deque()
 
     def _refill(self) -> None:
@@ -107,19 +132,36 @@ class RateLimiter:
         self._last = now
 
     def _head(self) -> _Waiter | None:
-        return self._urgent[0] if self._urgent else self._ordinary[0] if self._ordinary else None
+        return self._urgent[0][2] if self._urgent else self._ordinary[0] if self._ordinary else None
+
+    def _pop_head(self) -> _Waiter:
+        return heapq.heappop(self._urgent)[2] if self._urgent else self._ordinary.popleft()
+
+    def _remove(self, waiter: _Waiter) -> None:
+        """Take ``waiter`` out of its line if it is still in it (the head, but for a cancelled caller further
+        back)."""
+        if not waiter.urgent:
+            with contextlib.suppress(ValueError):
+                self._ordinary.remove(waiter)
+        elif self._urgent and self._urgent[0][2] is waiter:
+            heapq.heappop(self._urgent)
+        else:
+            for index, entry in enumerate(self._urgent):
+                if entry[2] is waiter:
+                    self._urgent[index] = self._urgent[-1]
+                    self._urgent.pop()
+                    heapq.heapify(self._urgent)
+                    break
 
     def _leave(self, waiter: _Waiter) -> None:
         """``waiter`` leaves the line (served or cancelled); the tokens in the bucket go to the callers at its
         head at once (a woken caller returns without another turn of the loop: one token per turn would cap
         the rate on a busy loop), and the caller then at its head is woken to sleep until the next token."""
-        line = self._urgent if waiter.urgent else self._ordinary
-        with contextlib.suppress(ValueError):
-            line.remove(waiter)  # the head, but for a cancelled caller further back
+        self._remove(waiter)
         self._refill()
         head = self._head()
         while head is not None and self._tokens >= _WHOLE:
-            (self._urgent if head.urgent else self._ordinary).popleft()
+            self._pop_head()
             self._tokens -= 1
             head.granted = True
             if not head.turn.done():
@@ -129,14 +171,18 @@ class RateLimiter:
             head.turn.set_result(None)
 
     async def acquire(self, *, urgent: bool = False) -> None:
-        """Take one token, waiting for it when the bucket is empty, behind the callers of its class that came
-        first (and, for an ordinary caller, behind every urgent one)."""
+        """Take one token, waiting for it when the bucket is empty: an ordinary caller behind every urgent
+        one and the ordinary ones that came first, an urgent one behind the urgent callers of a lower
+        :data:`URGENT_RANK` and those of its own that came first."""
         self._refill()
         if self._head() is None and self._tokens >= _WHOLE:
             self._tokens -= 1
             return
         waiter = _Waiter(urgent)
-        (self._urgent if urgent else self._ordinary).append(waiter)
+        if urgent:
+            heapq.heappush(self._urgent, (URGENT_RANK.get(), next(self._arrivals), waiter))
+        else:
+            self._ordinary.append(waiter)
         try:
             while not waiter.granted:
                 if self._head() is not waiter:

@@ -58,7 +58,7 @@ import structlog
 
 from queue_processor import tasks
 from queue_processor.config import default
-from queue_processor.kube import KubeClient, NotSentError
+from queue_processor.kube import KubeClient, NotSentError, rank_as_replica
 from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = [
@@ -263,6 +263,7 @@ class ReplicaLease:
             claim._mark_lost(why)
 
     async def _renew_once(self) -> KubeError | None:
+        rank_as_replica()  # a renewal asked for by a late operation is still the replica's, not its turn
         leases = self._leases
         self.check()
         sent = leases.clock()
@@ -303,6 +304,7 @@ class ReplicaLease:
             return exc
 
     async def _renew_forever(self) -> None:
+        rank_as_replica()
         leases = self._leases
         while True:
             due = leases.renew_every_s - self.age()
@@ -591,6 +593,7 @@ class NodeLeases:
     async def _release_batches(self) -> None:
         """Send the pending releases, a batch at most every :data:`RELEASE_BATCH_S` (at once when a batch is
         full or a flush waits), until none is left."""
+        rank_as_replica()
         while self._pending:
             if not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):

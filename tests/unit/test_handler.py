@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +35,7 @@ from queue_processor.kinds import (
     SpotInterruptionEvent,
     StateChangeEvent,
 )
-from queue_processor.kube import NotSentError
+from queue_processor.kube import URGENT_RANK, NotSentError
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
@@ -757,6 +758,44 @@ async def test_a_lease_held_by_another_replica_requeues(env: Any) -> None:
     assert "unschedulable" not in world.node()["spec"]
     assert world.count("queue_processor_operation_outcomes_total", outcome="lease-held") == 1
     await held.release()
+
+
+async def test_an_operation_s_claim_and_cordon_rank_by_its_start_and_the_replica_lease_first(
+    env: Any,
+) -> None:
+    """In a storm the urgent requests wait for tokens in order of rank (queue_processor.kube.URGENT_RANK):
+    an operation's claim and cordon carry its start, so the node received first is cordoned first; the
+    replica Lease's write, though a claim asked for it, carries the replica's rank, ahead of every
+    operation's (a late renewal loses every node held)."""
+    world = World(settings(node_leases=True), leases=True)
+    ranks: list[tuple[str, float]] = []
+    create, replace, patch = world.kube.create_lease, world.kube.replace_lease, world.kube.patch_node
+
+    async def ranked_create(namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        ranks.append((lease["metadata"]["name"], URGENT_RANK.get()))
+        return await create(namespace, lease)
+
+    async def ranked_replace(namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        ranks.append((lease["metadata"]["name"], URGENT_RANK.get()))
+        return await replace(namespace, lease)
+
+    async def ranked_patch(name: str, body: Any, patch_type: str = "strategic") -> dict[str, Any]:
+        ranks.append((name, URGENT_RANK.get()))
+        return await patch(name, body, patch_type)
+
+    world.kube.create_lease = ranked_create  # type: ignore[method-assign]
+    world.kube.replace_lease = ranked_replace  # type: ignore[method-assign]
+    world.kube.patch_node = ranked_patch  # type: ignore[method-assign]
+    operation = world.receive(spot())
+    assert operation is not None
+    outcome, _ = await asyncio.create_task(world.run(operation))  # its own task, as the consumer runs it
+    assert outcome is Outcome.DONE
+    assert world.leases is not None
+    replica = world.leases.replica.name
+    assert (lease_name(NODE), operation.started_at) in ranks  # the claim
+    assert (NODE, operation.started_at) in ranks  # the cordon
+    assert {rank for name, rank in ranks if name == replica} == {-math.inf}
+    assert {name for name, _ in ranks} == {lease_name(NODE), NODE, replica}
 
 
 async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_completed(env: Any) -> None:

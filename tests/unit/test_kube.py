@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
-from queue_processor.kube import RateLimiter
+from queue_processor.kube import URGENT_RANK, RateLimiter
 
 
 @pytest.fixture
@@ -50,6 +51,48 @@ async def test_urgent_callers_pass_the_rate_limiter_first() -> None:
     cordon = asyncio.create_task(take("cordon", True))
     await asyncio.gather(*ordinary, cordon)
     assert order[0] == "cordon"
+
+
+async def test_urgent_callers_are_served_by_rank_then_first_come_first_served(clock: list[float]) -> None:
+    """In a storm each operation's claim and cordon are urgent: the operation started first (the lower
+    :data:`URGENT_RANK`) is served first, its cordon before the claims of operations started after it that
+    queued earlier; work of the replica itself (the default rank) before any operation's; ordinary callers
+    after every urgent one; a caller cancelled in the middle of the line leaves the others' order alone."""
+    queuing = [True]  # no token comes while the callers get in line
+    limiter = RateLimiter(qps=10, burst=1, clock=lambda: 0.0 if queuing[0] else clock[0])
+    await limiter.acquire()  # the bucket is empty now
+    order: list[str] = []
+
+    async def take(name: str, rank: float | None, urgent: bool = True) -> None:
+        if rank is not None:
+            URGENT_RANK.set(rank)  # in this task's own context, as an operation's task sets it
+        await limiter.acquire(urgent=urgent)
+        order.append(name)
+
+    callers = [
+        asyncio.create_task(take("evict", None, urgent=False)),
+        asyncio.create_task(take("claim-of-op-3", 3.0)),
+        asyncio.create_task(take("claim-of-op-2", 2.0)),
+        asyncio.create_task(take("gone-op-1", 1.0)),
+        asyncio.create_task(take("cordon-of-op-1", 1.0)),
+        asyncio.create_task(take("second-claim-of-op-2", 2.0)),
+        asyncio.create_task(take("replica-lease-renewal", None)),
+    ]
+    for _ in range(3):
+        await asyncio.sleep(0)  # every caller is in line
+    assert order == []
+    callers[3].cancel()
+    queuing[0] = False
+    await asyncio.gather(*callers, return_exceptions=True)
+    assert URGENT_RANK.get() == -math.inf  # the callers' ranks stayed in their own tasks
+    assert order == [
+        "replica-lease-renewal",
+        "cordon-of-op-1",
+        "claim-of-op-2",
+        "second-claim-of-op-2",
+        "claim-of-op-3",
+        "evict",
+    ]
 
 
 def test_a_rate_limiter_needs_a_rate_and_a_burst() -> None:
