@@ -12,7 +12,7 @@ Measured in the same run:
 - ``seconds_total``: from publishing the N warnings to every message settled (queue empty);
 - ``p99_receive_to_cordon_s``: 99th percentile of receive → cordon, from the controller's
   ``queue_processor_event_to_cordon_seconds`` histogram (interpolated inside its bucket, as PromQL's
-  ``histogram_quantile``), and ``p99_receive_to_cordon_bucket``, the bucket it lies in (``"(2.5, 5]"``): all the
+  ``histogram_quantile``), and ``p99_receive_to_cordon_bucket``, the bucket it lies in (``"(3, 3.5]"``): all the
   histogram can say;
 - ``all_drained_within_notice``: every node's drain completed before its notice ended (the controller only
   counts a drain as a success when it does), none was requeued as incomplete (``drains_incomplete``: a
@@ -134,7 +134,7 @@ def _p99(buckets: list[tuple[dict[str, str], float]]) -> float:
 
 
 def _p99_bucket(buckets: list[tuple[dict[str, str], float]]) -> str:
-    """The histogram bucket the 99th percentile lies in, ``"(2.5, 5]"``: what the interpolated :func:`_p99`
+    """The histogram bucket the 99th percentile lies in, ``"(3, 3.5]"``: what the interpolated :func:`_p99`
     can honestly say (the buckets of ``event_to_cordon_seconds`` are 0.5 s apart from 1 to 4 s, then 5,
     7.5, 10, 15, 20 s…)."""
     by_bound: dict[float, float] = {}

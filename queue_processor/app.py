@@ -29,7 +29,7 @@ from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.slots import evictions_in_flight
 from queue_processor.handler import Handler
-from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.kube import AFTER_CORDONS, KubeClient, load_api_client, rank_urgent
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import (
@@ -247,6 +247,7 @@ async def _tagged_gauges(ec2: Any, kube: KubeClient, watched: NodeCache, tag: st
     :data:`TAGGED_GAUGES_PERIOD_S`: the tagged instances (:func:`~queue_processor.nodes.tagged_instances`) and the
     nodes as ``watched`` has them (a node list from the API server's cache while it is not current). A failed
     refresh is logged and leaves both gauges as they were, as NTH."""
+    rank_urgent(AFTER_CORDONS)
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)
         try:

@@ -70,7 +70,7 @@ from queue_processor.kinds import (
     ScheduledChangeEvent,
     StateChangeEvent,
 )
-from queue_processor.kube import URGENT_RANK
+from queue_processor.kube import AFTER_CORDONS, rank_urgent
 from queue_processor.launch import Launches
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats
@@ -186,9 +186,8 @@ class Handler(Steps):
 
     async def handle(self, operation: NodeOperation) -> Outcome:
         """Run one operation to its end (see the module docstring)."""
-        URGENT_RANK.set(
-            operation.started_at
-        )  # its claim and cordon go before those of operations started later
+        # A drain's claim and cordon go before those of operations started later; a launch waits for them.
+        rank_urgent(AFTER_CORDONS if operation.mode is Mode.LAUNCH else operation.started_at)
         bound = log.bind(
             instance_id=operation.instance_id,
             kind=str(operation.first.kind),
@@ -235,6 +234,7 @@ class Handler(Steps):
         ctx.bind(node=ctx.node)
         if not await self.step(ctx, Step.CORDON, self._cordon(ctx)):
             return await self._no_node(ctx)
+        rank_urgent(AFTER_CORDONS)  # the rest of the operation waits for others' claims and cordons
         ctx.bind(node=ctx.node)
         if self.webhook is not None:
             ctx.facts = await node_facts(self.drainer.kube, ctx.node)

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Final
 
 import urllib3
 from kubernetes import client, config
@@ -48,7 +48,9 @@ from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import KubeError, StartupError
 
 __all__ = [
+    "AFTER_CORDONS",
     "METADATA_ONLY",
+    "REPLICA_RANK",
     "RETRY_AFTER_MAX_S",
     "URGENT_RANK",
     "Keep",
@@ -57,7 +59,7 @@ __all__ = [
     "NotSentError",
     "RateLimiter",
     "load_api_client",
-    "rank_as_replica",
+    "rank_urgent",
 ]
 
 #: The longest a Retry-After is waited for before a retry (seconds): every wait stays short of what it protects
@@ -83,20 +85,29 @@ PATCH_TYPES = {
 }
 
 
-#: Orders the urgent requests waiting for a token of the :class:`RateLimiter`, lowest first (seconds, any
-#: clock that every setter shares). An operation sets it to when it started (``Handler.handle``): in a storm the
-#: node received first is claimed and cordoned first, its cordon ahead of the claims of nodes received after
-#: it, instead of behind every claim queued while its own was answered. Work of the replica as a whole (its
-#: Lease's renewal, node Lease releases, the watched copies) sets it back to the default, ahead of every
-#: operation: a late renewal loses every node held.
-URGENT_RANK: ContextVar[float] = ContextVar("queue_processor_urgent_rank", default=-math.inf)
+#: The rank of the replica's own upkeep, ahead of every operation's: its Lease's renewal (a late renewal
+#: loses every node held) and the pages of the watched copies (claims and cordons wait for them at start-up).
+#: Work started outside any operation has it unless it says otherwise.
+REPLICA_RANK: Final = -math.inf
+
+#: Orders the urgent requests waiting for a token of the :class:`RateLimiter`, lowest first (seconds on the
+#: event store's clock, or one of the two bounds below), first come first served within a rank. A draining
+#: operation's claim and cordon carry its start (``Handler.handle`` sets it; the tasks it starts inherit it):
+#: in a storm the node received first is claimed and cordoned first, its cordon ahead of the claims of nodes
+#: received after it, instead of behind every claim queued while its own was answered.
+URGENT_RANK: ContextVar[float] = ContextVar("queue_processor_urgent_rank", default=REPLICA_RANK)
+
+#: The rank of urgent work that may wait for every operation's claim and cordon: what an operation does after
+#: its cordon, launch operations (polling for their node for up to LAUNCH_READY_TIMEOUT_SEC), node Lease
+#: releases and their retries, and the periodic checks (returns, NTH's tagged gauges). Strict order would let
+#: such work, ranked by a start long past, hold a storm's cordons back for as long as it lasts.
+AFTER_CORDONS: Final = math.inf
 
 
-def rank_as_replica() -> None:
-    """Rank the urgent requests of the running task, and of the tasks it starts from now on, as the
-    replica's own (:data:`URGENT_RANK`'s default, ahead of every operation's): called first by a task that an
-    operation may start but that serves the whole replica."""
-    URGENT_RANK.set(-math.inf)
+def rank_urgent(rank: float) -> None:
+    """Rank the urgent requests of the running task, and of the tasks it starts from now on, at ``rank``
+    (:data:`URGENT_RANK`; :data:`REPLICA_RANK`, an operation's start, or :data:`AFTER_CORDONS`)."""
+    URGENT_RANK.set(rank)
 
 
 #: A token, less what the sums of a refill lose to floating point (a sleep of 1/qps gives back 0.999…).
@@ -105,14 +116,16 @@ _WHOLE = 1 - 1e-9
 
 class RateLimiter:
     """A token bucket: ``qps`` tokens per second, at most ``burst`` saved up (client-go's flowcontrol), with
-    two classes of callers: an ``urgent`` one (cordoning a node, renewing a node Lease: DESIGN.md says neither
-    waits behind drains) takes the next token before any ordinary one. ``clock`` returns seconds.
+    two classes of callers: an ``urgent`` one (cordoning a node, claiming a node Lease, renewing the replica
+    Lease: DESIGN.md says none waits behind drains) takes the next token before any ordinary one. ``clock``
+    returns seconds.
 
     Ordinary callers wait in line, first come first served. Urgent callers wait in order of their rank
-    (:data:`URGENT_RANK` when they call: an operation's start), first come first served within a rank. Only
-    the caller at the head of the lines sleeps until the next token; the others wait to be woken when their
-    turn comes, so that a storm's thousands of waiting evictions cost one timer, not a wake-up each per
-    token."""
+    (:data:`URGENT_RANK` when they call), first come first served within a rank. The caller at the head of
+    the lines sleeps until the next token; the others wait to be woken when their turn comes, so that a
+    storm's thousands of waiting evictions cost one timer, not a wake-up each per token. (An urgent caller of
+    a lower rank that arrives takes the head: the one it passed finishes its sleep, at most 1/``qps``
+    seconds, and then waits for its turn.)"""
 
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
@@ -132,26 +145,28 @@ class RateLimiter:
         self._last = now
 
     def _head(self) -> _Waiter | None:
-        return self._urgent[0][2] if self._urgent else self._ordinary[0] if self._ordinary else None
+        urgent = self._urgent
+        while urgent and urgent[0][2].gone:  # cancelled callers leave the heap when they reach its top
+            heapq.heappop(urgent)
+        return urgent[0][2] if urgent else self._ordinary[0] if self._ordinary else None
 
-    def _pop_head(self) -> _Waiter:
-        return heapq.heappop(self._urgent)[2] if self._urgent else self._ordinary.popleft()
+    def _pop_head(self) -> None:
+        """Take the head (as :meth:`_head` found it) out of its line."""
+        if self._urgent:
+            heapq.heappop(self._urgent)
+        else:
+            self._ordinary.popleft()
 
     def _remove(self, waiter: _Waiter) -> None:
         """Take ``waiter`` out of its line if it is still in it (the head, but for a cancelled caller further
-        back)."""
-        if not waiter.urgent:
+        back): an urgent one is marked and leaves the heap when it reaches the top (a storm's shutdown cancels
+        thousands, each removal from the middle of a heap a walk of it)."""
+        if waiter.urgent:
+            waiter.gone = True
+            self._head()
+        else:
             with contextlib.suppress(ValueError):
                 self._ordinary.remove(waiter)
-        elif self._urgent and self._urgent[0][2] is waiter:
-            heapq.heappop(self._urgent)
-        else:
-            for index, entry in enumerate(self._urgent):
-                if entry[2] is waiter:
-                    self._urgent[index] = self._urgent[-1]
-                    self._urgent.pop()
-                    heapq.heapify(self._urgent)
-                    break
 
     def _leave(self, waiter: _Waiter) -> None:
         """``waiter`` leaves the line (served or cancelled); the tokens in the bucket go to the callers at its
@@ -222,11 +237,12 @@ class _Waiter:
     """A caller in :class:`RateLimiter`'s line: ``turn`` is resolved when it reaches the head or is ``granted``
     a token."""
 
-    __slots__ = ("granted", "turn", "urgent")
+    __slots__ = ("gone", "granted", "turn", "urgent")
 
     def __init__(self, urgent: bool) -> None:
         self.urgent = urgent
         self.granted = False
+        self.gone = False  # it left the line: an urgent waiter still in the heap is skipped
         self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 

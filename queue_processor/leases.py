@@ -58,7 +58,7 @@ import structlog
 
 from queue_processor import tasks
 from queue_processor.config import default
-from queue_processor.kube import KubeClient, NotSentError, rank_as_replica
+from queue_processor.kube import AFTER_CORDONS, REPLICA_RANK, KubeClient, NotSentError, rank_urgent
 from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = [
@@ -263,7 +263,7 @@ class ReplicaLease:
             claim._mark_lost(why)
 
     async def _renew_once(self) -> KubeError | None:
-        rank_as_replica()  # a renewal asked for by a late operation is still the replica's, not its turn
+        rank_urgent(REPLICA_RANK)  # a renewal asked for by an operation is still the replica's
         leases = self._leases
         self.check()
         sent = leases.clock()
@@ -304,7 +304,7 @@ class ReplicaLease:
             return exc
 
     async def _renew_forever(self) -> None:
-        rank_as_replica()
+        rank_urgent(AFTER_CORDONS)  # its releases sent again; each renewal ranks itself (_renew_once)
         leases = self._leases
         while True:
             due = leases.renew_every_s - self.age()
@@ -593,7 +593,7 @@ class NodeLeases:
     async def _release_batches(self) -> None:
         """Send the pending releases, a batch at most every :data:`RELEASE_BATCH_S` (at once when a batch is
         full or a flush waits), until none is left."""
-        rank_as_replica()
+        rank_urgent(AFTER_CORDONS)
         while self._pending:
             if not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):

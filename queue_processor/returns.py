@@ -36,7 +36,7 @@ import structlog
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
-from queue_processor.kube import KubeClient
+from queue_processor.kube import AFTER_CORDONS, KubeClient, rank_urgent
 from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import NodeAction
@@ -89,6 +89,7 @@ class Returns:
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled; a failed check is logged and the next one comes."""
+        rank_urgent(AFTER_CORDONS)
         while True:
             await asyncio.sleep(self.interval_s)
             try:

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from queue_processor import tasks
-from queue_processor.kube import KubeError, rank_as_replica
+from queue_processor.kube import REPLICA_RANK, KubeError, rank_urgent
 
 __all__ = ["REFUSED", "RETRY_MAX_S", "RETRY_S", "WATCH_TIMEOUT_S", "Watched"]
 
@@ -135,7 +135,7 @@ class Watched:
                 self._rv = str(rv)
 
     async def _run(self) -> None:
-        rank_as_replica()
+        rank_urgent(REPLICA_RANK)
         delay = RETRY_S
         while True:
             try:

@@ -116,8 +116,7 @@ MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
 
 #: Buckets of ``queue_processor_event_to_cordon_seconds``: 10 ms to 120 s (a Spot notice), 0.5 s apart from 1
 #: to 4 s, 1 s apart to 5 s and 2.5 s apart to 10 s, where a storm's p99 lies (1,000 cordons at 200 requests a
-#: second take 5 s; at two replicas the goal is 3.5 s): a p99 judged against such a bound needs buckets that
-#: can tell 3.5 s from 4 s.
+#: second take 5 s): a p99 judged against a bound of a few seconds needs buckets that can tell 3.5 s from 4 s.
 EVENT_TO_CORDON_BUCKETS: Final = (
     0.01,
     0.025,

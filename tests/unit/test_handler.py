@@ -35,7 +35,7 @@ from queue_processor.kinds import (
     SpotInterruptionEvent,
     StateChangeEvent,
 )
-from queue_processor.kube import URGENT_RANK, NotSentError
+from queue_processor.kube import URGENT_RANK, NotSentError, rank_urgent
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
@@ -760,16 +760,13 @@ async def test_a_lease_held_by_another_replica_requeues(env: Any) -> None:
     await held.release()
 
 
-async def test_an_operation_s_claim_and_cordon_rank_by_its_start_and_the_replica_lease_first(
-    env: Any,
-) -> None:
-    """In a storm the urgent requests wait for tokens in order of rank (queue_processor.kube.URGENT_RANK):
-    an operation's claim and cordon carry its start, so the node received first is cordoned first; the
-    replica Lease's write, though a claim asked for it, carries the replica's rank, ahead of every
-    operation's (a late renewal loses every node held)."""
-    world = World(settings(node_leases=True), leases=True)
+def rank_requests(world: World) -> list[tuple[str, float]]:
+    """Record the name each urgent call of ``world``'s API server is about (a node, a Lease, a label selector
+    of Leases) and the rank it was made at (queue_processor.kube.URGENT_RANK)."""
     ranks: list[tuple[str, float]] = []
-    create, replace, patch = world.kube.create_lease, world.kube.replace_lease, world.kube.patch_node
+    kube = world.kube
+    create, replace, patch = kube.create_lease, kube.replace_lease, kube.patch_node
+    get_node, delete_leases = kube.get_node, kube.delete_leases
 
     async def ranked_create(namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
         ranks.append((lease["metadata"]["name"], URGENT_RANK.get()))
@@ -783,19 +780,85 @@ async def test_an_operation_s_claim_and_cordon_rank_by_its_start_and_the_replica
         ranks.append((name, URGENT_RANK.get()))
         return await patch(name, body, patch_type)
 
-    world.kube.create_lease = ranked_create  # type: ignore[method-assign]
-    world.kube.replace_lease = ranked_replace  # type: ignore[method-assign]
-    world.kube.patch_node = ranked_patch  # type: ignore[method-assign]
+    async def ranked_get_node(name: str) -> dict[str, Any] | None:
+        ranks.append((name, URGENT_RANK.get()))
+        return await get_node(name)
+
+    async def ranked_delete_leases(namespace: str, label_selector: str, **kwargs: Any) -> list[str]:
+        ranks.append(("released", URGENT_RANK.get()))
+        return await delete_leases(namespace, label_selector, **kwargs)
+
+    kube.create_lease = ranked_create  # type: ignore[method-assign]
+    kube.replace_lease = ranked_replace  # type: ignore[method-assign]
+    kube.patch_node = ranked_patch  # type: ignore[method-assign]
+    kube.get_node = ranked_get_node  # type: ignore[method-assign]
+    kube.delete_leases = ranked_delete_leases  # type: ignore[method-assign]
+    return ranks
+
+
+async def test_an_operation_s_claim_and_cordon_rank_by_its_start_and_the_replica_lease_first(
+    env: Any,
+) -> None:
+    """In a storm the urgent requests wait for tokens in order of rank (queue_processor.kube.URGENT_RANK):
+    an operation's claim and cordon carry its start, so the node received first is cordoned first; what it
+    does after its cordon (a kind that joins: its taint) and its Lease's release wait for every other
+    operation's claim and cordon; the replica Lease's write, though a claim asked for it, ranks ahead of
+    every operation's (a late renewal loses every node held)."""
+    world = World(settings(node_leases=True, taint_node=True), leases=True)
+    ranks = rank_requests(world)
     operation = world.receive(spot())
     assert operation is not None
+
+    async def join(name: str) -> None:  # a rebalance recommendation joins during the drain
+        world.kube.on_evict = None
+        world.receive(rebalance())
+
+    world.kube.on_evict = join
     outcome, _ = await asyncio.create_task(world.run(operation))  # its own task, as the consumer runs it
     assert outcome is Outcome.DONE
     assert world.leases is not None
     replica = world.leases.replica.name
-    assert (lease_name(NODE), operation.started_at) in ranks  # the claim
-    assert (NODE, operation.started_at) in ranks  # the cordon
+    start = operation.started_at
+    # its node found, claimed, read and cordoned; then read and tainted for the kind that joined, and released
+    assert [name for name, rank in ranks if rank == start] == [NODE, lease_name(NODE), NODE, NODE]
+    assert [name for name, rank in ranks if rank == math.inf] == [NODE, NODE, "released"]
     assert {rank for name, rank in ranks if name == replica} == {-math.inf}
-    assert {name for name, _ in ranks} == {lease_name(NODE), NODE, replica}
+    assert {name for name, _ in ranks} == {lease_name(NODE), NODE, replica, "released"}
+
+
+async def test_node_lease_releases_wait_for_every_drain_s_claim_and_cordon_whoever_sends_them(
+    env: Any,
+) -> None:
+    """A claim given up before its cordon (no node, another holder) leaves its release to the batch: the batch
+    waits behind every operation's claim and cordon, not at the rank of the operation that began it."""
+    world = World(settings(node_leases=True), leases=True)
+    assert world.leases is not None
+    ranks = rank_requests(world)
+
+    async def claim_and_give_up() -> None:
+        rank_urgent(1234.5)  # an operation's task, before its cordon
+        claim = await world.leases.claim(NODE)  # type: ignore[union-attr]
+        assert claim is not None
+        await claim.release()
+        await world.leases.flush()  # type: ignore[union-attr]
+
+    await asyncio.create_task(claim_and_give_up())
+    assert ("released", math.inf) in ranks
+    assert (lease_name(NODE), 1234.5) in ranks
+
+
+async def test_a_launch_s_node_lookups_wait_for_every_drain_s_claim_and_cordon(env: Any) -> None:
+    """A launch polls for its node for up to LAUNCH_READY_TIMEOUT_SEC: ranked by its start, a launch begun
+    before a storm would hold the storm's cordons back for as long as it polls."""
+    world = World(settings(launch_ready_timeout_sec=900))
+    world.kube.nodes[NODE]["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    ranks = rank_requests(world)
+    operation = world.receive(launch())
+    assert operation is not None
+    outcome, _ = await asyncio.create_task(world.run(operation))
+    assert outcome is Outcome.DONE
+    assert ranks  # it looked its node up
+    assert {rank for _, rank in ranks} == {math.inf}
 
 
 async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_completed(env: Any) -> None:

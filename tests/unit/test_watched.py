@@ -8,16 +8,20 @@ import asyncio
 from typing import Any
 
 from queue_processor.drain.watched import Watched
+from queue_processor.kube import REPLICA_RANK, URGENT_RANK, rank_urgent
 
 
 class Scripted(Watched):
-    """A watch whose first read waits for ``read`` and whose connection opens at once and then idles."""
+    """A watch whose first read waits for ``read`` and whose connection opens at once and then idles;
+    ``ranks`` records the rank its reads were made at (queue_processor.kube.URGENT_RANK)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.read = asyncio.Event()
+        self.ranks: list[float] = []
 
     async def _begin(self) -> str:
+        self.ranks.append(URGENT_RANK.get())
         await self.read.wait()
         return "1"
 
@@ -62,5 +66,19 @@ async def test_the_wait_ends_when_the_watch_first_answers_and_not_again() -> Non
         assert await waiting is True
         assert watch.live
         assert await watch.first_answer(3600.0) is True  # answered once: at once from then on
+    finally:
+        await watch.close()
+
+
+async def test_the_copy_s_pages_rank_ahead_of_every_operation_whoever_starts_the_watch() -> None:
+    """Claims and cordons wait for the copy's first answer at start-up: its pages go before them, even when
+    the watch is (re)started from within an operation."""
+    rank_urgent(1234.5)  # this test's task is an operation's
+    watch = Scripted()
+    watch.start()
+    try:
+        watch.read.set()
+        assert await watch.first_answer(3600.0) is True
+        assert watch.ranks == [REPLICA_RANK]
     finally:
         await watch.close()
