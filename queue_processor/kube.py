@@ -51,6 +51,7 @@ __all__ = [
     "AFTER_CORDONS",
     "METADATA_ONLY",
     "REPLICA_RANK",
+    "REPLICA_THREADS",
     "RETRY_AFTER_MAX_S",
     "URGENT_RANK",
     "Keep",
@@ -250,18 +251,25 @@ class _Waiter:
 #: Leases (get, create, update, delete, deletecollection: a late renewal loses the nodes held).
 URGENT_THREADS = 16
 
+#: Threads (and connections) for the urgent calls of the replica's own upkeep (:data:`REPLICA_RANK`: its
+#: Lease's renewal, the watched copies' pages). Ranks order tokens, not threads: on a slow API server a storm's
+#: claims and cordons fill the urgent threads and queue for them, and a renewal queued behind them would let
+#: every claim the replica holds lapse.
+REPLICA_THREADS = 2
+
 #: Watch connections the controller keeps open: pod deletions and nodes (queue_processor.drain.departures and
 #: queue_processor.drain.node_cache).
 WATCHES = 2
 
 
 def load_api_client(
-    kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS + WATCHES
+    kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS + REPLICA_THREADS + WATCHES
 ) -> client.ApiClient:
     """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
     ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
-    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls, and one per
-    watch: with fewer, urllib3 discarded a connection whenever all were busy, "Connection pool is full"). Raises
+    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls,
+    :data:`REPLICA_THREADS` for the replica's own, and one per watch: with fewer, urllib3 discarded a
+    connection whenever all were busy, "Connection pool is full"). Raises
     :class:`~queue_processor.outcomes.StartupError` (one line naming KUBECONFIG) when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
@@ -339,6 +347,10 @@ class KubeClient:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         # Cordons and Lease renewals must not queue behind a storm's evictions and pod lists: threads of their own.
         self._urgent_pool = ThreadPoolExecutor(max_workers=URGENT_THREADS, thread_name_prefix="kube-urgent")
+        # ...and the replica's own upkeep (its Lease's renewal) must not queue behind a storm's claims and cordons.
+        self._replica_pool = ThreadPoolExecutor(
+            max_workers=REPLICA_THREADS, thread_name_prefix="kube-replica"
+        )
         self.answered_at = 0.0
         """``time.monotonic()`` of the last answer from the API server (for readiness)."""
         self.unreachable_at = 0.0
@@ -350,6 +362,7 @@ class KubeClient:
         abandoned (shutdown must not wait on a slow API server)."""
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
         self._urgent_pool.shutdown(wait=wait, cancel_futures=not wait)
+        self._replica_pool.shutdown(wait=wait, cancel_futures=not wait)
         if wait:
             self.api.close()  # type: ignore[no-untyped-call]
 
@@ -368,10 +381,11 @@ class KubeClient:
     ) -> Any:
         """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller;
         ``urgent`` requests (node reads and patches: cordoning; Lease calls) pass the rate limiter before drain
-        traffic and run on threads of their own; ``agent`` is appended to the User-Agent (``drain/<id>``: the
-        API server's audit log then tells which drain sent it). ``sending``, when given, is asked once the rate
-        limiter gave the request its token (at each attempt), which may be seconds after the call in a storm:
-        ``False`` gives the token back and raises :class:`NotSentError`."""
+        traffic, in order of :data:`URGENT_RANK`, and run on threads of their own (those of
+        :data:`REPLICA_RANK` on :data:`REPLICA_THREADS` apart); ``agent`` is appended to the User-Agent
+        (``drain/<id>``: the API server's audit log then tells which drain sent it). ``sending``, when given,
+        is asked once the rate limiter gave the request its token (at each attempt), which may be seconds after
+        the call in a storm: ``False`` gives the token back and raises :class:`NotSentError`."""
         if not retry:
             return await self._once(method, path, query, body, content_type, urgent, agent, sending)
         async for attempt in AsyncRetrying(
@@ -400,7 +414,10 @@ class KubeClient:
             self.limiter.give_back()
             raise NotSentError(f"{method} {path}")
         loop = asyncio.get_running_loop()
-        pool = self._urgent_pool if urgent else self._pool
+        if not urgent:
+            pool = self._pool
+        else:
+            pool = self._replica_pool if URGENT_RANK.get() == REPLICA_RANK else self._urgent_pool
         sent = loop.run_in_executor(pool, self._call, method, path, query, body, content_type, agent)
         try:
             status, data, retry_after = await asyncio.shield(sent)

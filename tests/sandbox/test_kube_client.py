@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_processor.kube import KubeClient, load_api_client
+from queue_processor.kube import URGENT_THREADS, KubeClient, load_api_client, rank_urgent
 from queue_processor.outcomes import KubeError
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.kube import KubeSandbox
@@ -45,6 +45,36 @@ async def test_node_and_lease_calls_are_answered_while_every_drain_thread_waits_
                 await client.replace_lease("ops", created)
                 assert await client.get_lease("ops", "l") is not None
             assert not any(task.done() for task in slow), f"the {call} call waited behind the pod lists"
+            await asyncio.gather(*slow)
+        finally:
+            client.close()
+
+
+async def test_the_replica_lease_is_renewed_while_every_urgent_thread_waits_on_a_slow_api_server(
+    tmp_path: Path,
+) -> None:
+    """A storm on a slow API server: its claims and cordons fill the urgent threads and more queue for them.
+    The replica Lease's renewal (queue_processor.kube.REPLICA_RANK) has threads of its own: queued behind
+    them, it would let every claim the replica holds lapse."""
+    name = "ip-10-0-0-1.ec2.internal"
+    with KubeSandbox(SandboxClock(1.0)) as sandbox:
+        sandbox.ensure_namespace("ops")
+        sandbox.add_node(name)
+        sandbox.wait_for_nodes([name])
+        client = KubeClient(load_api_client(str(sandbox.kubeconfig(tmp_path / "kubeconfig"))))
+        try:
+            lease = {"metadata": {"name": "replica", "namespace": "ops"}, "spec": {"holderIdentity": "me"}}
+            created = await client.create_lease("ops", lease)
+            sandbox.inject_fault("get", "nodes", delay_s=3.0, count=URGENT_THREADS + 4)
+
+            async def operation_s_read() -> None:
+                rank_urgent(100.0)  # an operation's, as the handler ranks it
+                assert await client.get_node(name) is not None
+
+            slow = [asyncio.create_task(operation_s_read()) for _ in range(URGENT_THREADS + 4)]
+            await asyncio.sleep(0.2)  # every urgent thread now waits for a slow answer, and four reads queue
+            await client.replace_lease("ops", created)  # this task's rank: the replica's own
+            assert not any(task.done() for task in slow), "the renewal waited behind the operations' reads"
             await asyncio.gather(*slow)
         finally:
             client.close()
