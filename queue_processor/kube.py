@@ -163,8 +163,7 @@ class RateLimiter:
         back): an urgent one is marked and leaves the heap when it reaches the top (a storm's shutdown cancels
         thousands, each removal from the middle of a heap a walk of it)."""
         if waiter.urgent:
-            waiter.gone = True
-            self._head()
+            waiter.gone = True  # the caller's _leave finds the head next, which drops it if it is on top
         else:
             with contextlib.suppress(ValueError):
                 self._ordinary.remove(waiter)
