@@ -65,14 +65,20 @@ async def test_the_replica_lease_is_renewed_while_every_urgent_thread_waits_on_a
         try:
             lease = {"metadata": {"name": "replica", "namespace": "ops"}, "spec": {"holderIdentity": "me"}}
             created = await client.create_lease("ops", lease)
-            sandbox.inject_fault("get", "nodes", delay_s=3.0, count=URGENT_THREADS + 4)
+            fault = sandbox.inject_fault("get", "nodes", delay_s=8.0, count=URGENT_THREADS + 4)
 
             async def operation_s_read() -> None:
                 rank_urgent(100.0)  # an operation's, as the handler ranks it
                 assert await client.get_node(name) is not None
 
             slow = [asyncio.create_task(operation_s_read()) for _ in range(URGENT_THREADS + 4)]
-            await asyncio.sleep(0.2)  # every urgent thread now waits for a slow answer, and four reads queue
+            for _ in range(
+                3000
+            ):  # until every urgent thread waits for a slow answer (four reads queue behind)
+                if fault.count <= 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert fault.count == 4, "the operations' reads never filled the urgent threads"
             await client.replace_lease("ops", created)  # this task's rank: the replica's own
             assert not any(task.done() for task in slow), "the renewal waited behind the operations' reads"
             await asyncio.gather(*slow)
