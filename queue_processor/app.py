@@ -176,6 +176,8 @@ async def run_controller(
                 ) from None
         departures.start()
         nodes.start()
+        if leases is not None:
+            leases.watch.start()
         consumer.start()
         gauges = (
             tasks.spawn(

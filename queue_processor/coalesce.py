@@ -96,6 +96,16 @@ class NodeOperation:
         """The kinds of its events, without repeats, in arrival order."""
         return list(dict.fromkeys(event.kind for event in self.events))
 
+    def add(self, event: Event) -> bool:
+        """Add ``event`` unless it has one of that ID already; ``True`` when added. Sets :attr:`joined` for an
+        operation that had events: the handler then picks up what the event brings."""
+        if any(existing.event_id == event.event_id for existing in self.events):
+            return False
+        if self.events:
+            self.joined.set()
+        self.events.append(event)
+        return True
+
     def event_of(self, kind: EventKind) -> Event:
         """The first of its events of ``kind``; raises ``StopIteration`` when it has none."""
         return next(event for event in self.events if event.kind is kind)
@@ -219,10 +229,7 @@ class EventStore:
             operation = NodeOperation(event.instance_id, key[1], self.clock())
             self._operations[key] = operation
             kind = AdmissionKind.NEW
-        if all(existing.event_id != event.event_id for existing in operation.events):
-            operation.events.append(event)
-            if kind is AdmissionKind.JOINED:
-                operation.joined.set()
+        operation.add(event)
         message = event.message
         if message is not None:
             state = self._messages.setdefault(message.message_id, _MessageState())

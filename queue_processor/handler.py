@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 
@@ -63,6 +63,7 @@ from queue_processor.drain.filters import OWN_POD
 from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S
 from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
+from queue_processor.handover import events_in, missing
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
@@ -72,7 +73,7 @@ from queue_processor.kinds import (
 )
 from queue_processor.kube import AFTER_CORDONS, rank_urgent
 from queue_processor.launch import Launches
-from queue_processor.leases import NodeLeases
+from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder
 from queue_processor.observe.events import (
@@ -161,6 +162,9 @@ class Handler(Steps):
         self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
         self.turns = Turns(observer)
         """Drains per group, and those that wait for a turn (DRAIN_BUDGET_NON_URGENT)."""
+        self._holding: dict[str, OperationContext] = {}  # node Lease name → the operation holding it here
+        if leases is not None:
+            leases.watch.on_handed = self._handed
         self.park: Callable[[list[str]], None] = lambda message_ids: None
         """Called with the message IDs of an operation that starts waiting for a turn: they keep being held,
         but give their in-flight slots back (the consumer sets it: :meth:`Ledger.park
@@ -305,13 +309,75 @@ class Handler(Steps):
                 return await self._no_node(ctx)
             ctx.node = str(node["metadata"]["name"])
         if self.leases is not None:
-            claim = await self.leases.claim(ctx.node)
+            claim = await self._claim_lease(ctx)
             if claim is None:
                 ctx.log.info("another replica holds the node's Lease: requeued", node=ctx.node)
                 self.observer.operation_outcome(OperationOutcome.LEASE_HELD)
                 return Outcome.RETRY
-            ctx.claim = await ctx.early_exit.enter_async_context(claim)
+            await self._hold(ctx, claim)
         return None
+
+    async def _claim_lease(self, ctx: OperationContext) -> Claim | None:
+        """The node's Lease (NODE_LEASES). While another replica holds it, the operation's events that bring
+        the end nearer are handed to the holder (:mod:`queue_processor.handover`: its drain takes them at once),
+        its messages are parked (held, their in-flight slots given back) and the Lease is waited for
+        (:meth:`~queue_processor.lease_watch.LeaseWatch.released`, and claimed again at least every
+        NODE_LEASE_DURATION_SEC, when the holder may have lapsed) until the operation's drain deadline;
+        ``None`` when it is still held then. Raises :class:`KubeError` when the API server cannot be reached."""
+        leases = self.leases
+        assert leases is not None
+        name, until = lease_name(ctx.node), self._deadline(ctx.operation)
+        handed: set[str] = set()
+        while (claim := await leases.claim(ctx.node)) is None:
+            left = until - self.clock()
+            if left <= 0:
+                return None
+            holder = leases.watch.holder(name)
+            new = missing(ctx.operation.events, {**leases.watch.handed(name), **dict.fromkeys(handed, "")})
+            if new:
+                try:
+                    await self.drainer.kube.patch_lease(
+                        leases.namespace, name, {"metadata": {"annotations": new}}
+                    )
+                    handed.update(new)
+                    ctx.log.info("events handed to the replica holding the node's Lease", events=sorted(new))
+                except KubeError as exc:  # gone: claimed again below; else tried again at the next wake
+                    ctx.log.info("events not handed over", error=str(exc))
+            if not handed and not new:
+                ctx.log.info("another replica holds the node's Lease: waiting for it", holder=holder)
+            self.park(list(ctx.operation.messages))
+            await leases.watch.released(name, holder, min(left, leases.duration_s))
+        return claim
+
+    async def _hold(self, ctx: OperationContext, claim: Claim) -> None:
+        """``claim`` is the operation's Lease from now on (on its EarlyExit stack): the events handed over on it
+        join the operation, now and whenever more are (:meth:`_handed`)."""
+        ctx.claim = await ctx.early_exit.enter_async_context(claim)
+        self._holding[claim.name] = ctx
+        ctx.early_exit.callback(self._let_go, claim.name, ctx)
+        annotations = (claim.lease.get("metadata") or {}).get("annotations") or {}
+        self._join_handed(ctx, {**annotations, **self.leases.watch.handed(claim.name)} if self.leases else {})
+
+    def _let_go(self, name: str, ctx: OperationContext) -> None:
+        if self._holding.get(name) is ctx:
+            del self._holding[name]
+
+    def _handed(self, name: str, annotations: Mapping[str, str]) -> None:
+        """The events handed over on node Lease ``name`` changed (the Lease watch tells): those for the
+        operation that holds it here join it."""
+        ctx = self._holding.get(name)
+        if ctx is not None:
+            self._join_handed(ctx, annotations)
+
+    @staticmethod
+    def _join_handed(ctx: OperationContext, annotations: Mapping[str, str]) -> None:
+        for event in events_in(annotations, ctx.operation.instance_id):
+            if ctx.operation.add(event):
+                ctx.log.info(
+                    "an event handed over by another replica joins the operation",
+                    joined_kind=str(event.kind),
+                    joined_event_id=event.event_id,
+                )
 
     @staticmethod
     def _ended(ctx: OperationContext) -> bool:
@@ -476,7 +542,7 @@ class Handler(Steps):
                     claim = await self.leases.claim(ctx.node)
                     if claim is None:
                         raise ClaimHeld(f"another replica took the node {ctx.node} while its drain waited")
-                    ctx.claim = await ctx.early_exit.enter_async_context(claim)
+                    await self._hold(ctx, claim)
                 await self._taint_joined(ctx)
             yield
 

@@ -863,6 +863,50 @@ class KubeClient:
         )
         return replaced
 
+    async def patch_lease(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """Merge-patch a Lease (RFC 7386: an annotation added leaves the others, and needs no resourceVersion);
+        the Lease after it. :class:`KubeError` 404 when it is gone."""
+        patched: Obj = await self.request(
+            "PATCH",
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+            body=patch,
+            content_type=PATCH_TYPES["merge"],
+            urgent=True,
+        )
+        return patched
+
+    async def list_leases(self, namespace: str, label_selector: str) -> tuple[list[Obj], str]:
+        """The Leases of ``namespace`` that ``label_selector`` selects, and the list's resourceVersion (where a
+        watch of them starts)."""
+        answer: Obj = await self.request(
+            "GET",
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            query={"labelSelector": label_selector},
+            urgent=True,
+        )
+        version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+        return list(answer.get("items") or []), version
+
+    async def watch_leases(
+        self,
+        namespace: str,
+        label_selector: str,
+        resource_version: str,
+        deliver: Callable[[list[Obj]], None],
+        *,
+        timeout_s: float,
+        opened: Callable[[], None] | None = None,
+    ) -> str:
+        """A watch of the Leases of ``namespace`` that ``label_selector`` selects (:meth:`watch`)."""
+        return await self.watch(
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            resource_version,
+            deliver,
+            timeout_s=timeout_s,
+            opened=opened,
+            query={"labelSelector": label_selector},
+        )
+
     async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
         """Delete a Lease, only if it is still at ``resource_version`` when given (a precondition: 409
         Conflict otherwise, :class:`KubeError`); one already gone is not an error."""

@@ -59,6 +59,7 @@ import structlog
 from queue_processor import tasks
 from queue_processor.config import default
 from queue_processor.kube import AFTER_CORDONS, REPLICA_RANK, KubeClient, NotSentError, rank_urgent
+from queue_processor.lease_watch import LeaseWatch
 from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = [
@@ -470,6 +471,9 @@ class NodeLeases:
         self._hurry = asyncio.Event()  # send the pending releases without waiting (a full batch, a flush)
         self._flushing = 0  # flush() calls waiting
         self._releaser: asyncio.Task[None] | None = None
+        self.watch = LeaseWatch(kube, self.namespace, LEASE_LABEL)
+        """The watched node Leases of the namespace (:mod:`queue_processor.lease_watch`), started by the
+        controller (:meth:`LeaseWatch.start`) and stopped by :meth:`close`."""
         self.batches = True
         """Whether releases go in batches: set false when the API server refuses ``deletecollection`` (a Role
         without the verb: the releases then go one by one, logged once)."""
@@ -737,4 +741,5 @@ class NodeLeases:
         except TimeoutError:
             log.warning("node lease releases abandoned at shutdown", leases=len(self._sending))
         self._pending.clear()
+        await self.watch.close()
         await self.replica.close(max(timeout_s / 20, deadline + timeout_s / 2 - loop.time()))

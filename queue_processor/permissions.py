@@ -19,7 +19,9 @@ Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/)
   ``horizontalpodautoscalers`` list (a Deployment whose count an autoscaler owns is not scaled); the pods
   ``list`` rule also serves the list of a Deployment's pods in its namespace (a stale surge record);
 - in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update/delete and
-  deletecollection (``NODE_LEASES``; node Leases are released in batches, selected by their labels).
+  deletecollection (``NODE_LEASES``; node Leases are released in batches, selected by their labels), list and
+  watch (who holds each node Lease: a replica waits for one another holds), patch (events handed to the
+  holder of a node's Lease, :mod:`queue_processor.handover`).
 
 Differences from aws-node-termination-handler's ClusterRole, on purpose: no ``pods`` get (the drain re-lists
 the node's pods instead of a GET per pod), no ``daemonsets`` get (DaemonSet pods are recognised by their
@@ -76,7 +78,7 @@ KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
     KubernetesRule(
         "coordination.k8s.io",
         "leases",
-        ("get", "create", "update", "delete", "deletecollection"),
+        ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"),
         cluster_wide=False,
         when="NODE_LEASES",
     ),

@@ -712,3 +712,57 @@ async def test_a_batch_is_not_sent_once_the_replica_lease_may_be_read_lapsed_soo
     assert requests.made["delete leases"] == 1
     assert await kube.get_lease(OPS, lease_name(node)) is None
     await leases.close()
+
+
+async def test_the_lease_watch_sees_who_holds_a_node_and_the_events_handed_over(kube: KubeClient) -> None:
+    """Issue 47.1: replica B waits for the node Lease replica A holds (no claim tried again meanwhile) and hands
+    a Spot warning over on it; A's watch tells A of the warning as soon as it is written, and B's watch tells B
+    when A releases the Lease."""
+    from datetime import UTC, datetime
+
+    from queue_processor.handover import annotation, events_in
+    from queue_processor.kinds import SpotInterruptionEvent
+
+    a = NodeLeases(kube, namespace=OPS, identity=unique("replica-a"), duration_s=60)
+    b = NodeLeases(kube, namespace=OPS, identity=unique("replica-b"), duration_s=60)
+    told: list[list[str]] = []
+    a.watch.on_handed = lambda name, handed: told.append(sorted(handed))
+    node = unique("ip-10-6-9")
+    name = lease_name(node)
+    try:
+        a.watch.start()
+        b.watch.start()
+        assert await a.watch.first_answer(30)
+        assert await b.watch.first_answer(30)
+        held = await a.claim(node)
+        assert held is not None
+        assert await b.claim(node) is None
+        waiting = asyncio.create_task(b.watch.released(name, a.holder, 60))
+        for _ in range(200):  # until B's copy has A's Lease (the watch delivers it)
+            if b.watch.holder(name) == a.holder:
+                break
+            await asyncio.sleep(0.05)
+        assert b.watch.holder(name) == a.holder
+        warning = SpotInterruptionEvent(instance_id="i-0handed", time=datetime.now(UTC), source_id="spot-1")
+        key, value = annotation(warning)
+        await kube.patch_lease(OPS, name, {"metadata": {"annotations": {key: value}}})
+        for _ in range(200):
+            if told:
+                break
+            await asyncio.sleep(0.05)
+        assert told == [[key]]
+        assert [event.event_id for event in events_in(a.watch.handed(name), "i-0handed")] == [
+            warning.event_id
+        ]
+        assert not waiting.done()  # an annotation is not a release
+        await held.release()
+        await a.flush()
+        await asyncio.wait_for(waiting, 30)
+        assert b.watch.holder(name) is None
+        again = await b.claim(node)
+        assert again is not None
+        assert b.watch.handed(name) == {}  # the events went with the released Lease
+        await again.release()
+    finally:
+        await a.close()
+        await b.close()

@@ -274,6 +274,15 @@ class FakeKube:
         self.leases[name] = lease
         return copy.deepcopy(lease)
 
+    async def patch_lease(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        lease = self.leases.get(name)
+        if lease is None:
+            raise KubeError(404, "NotFound", f'leases "{name}" not found')
+        annotations = lease["metadata"].setdefault("annotations", {})
+        annotations.update(patch["metadata"]["annotations"])
+        self._bump(lease)
+        return copy.deepcopy(lease)
+
     async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
         current = self.leases.get(name)
         if current is None:
@@ -746,12 +755,45 @@ async def test_a_blocked_drain_requeues_and_the_action_keeps_its_heartbeat(env: 
     await world.heartbeats.close()
 
 
-async def test_a_lease_held_by_another_replica_requeues(env: Any) -> None:
+async def test_a_lease_held_by_another_replica_is_waited_for_and_the_spot_warning_handed_over(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47.1: the replica that receives a Spot warning for a node another replica drains hands the warning
+    over on the node's Lease (the holder's drain takes it) and waits for the Lease, its message held, instead of
+    requeuing it; once the holder releases the Lease it finishes the operation (the Lease watch is not running
+    here: it tries its claim again every UNWATCHED_POLL_S)."""
+    monkeypatch.setattr("queue_processor.lease_watch.UNWATCHED_POLL_S", 0.01)
     world = World(settings(node_leases=True), leases=True)
     other = NodeLeases(world.kube, namespace="ops", identity="replica-b")  # type: ignore[arg-type]
     held = await other.claim(NODE)
     assert held is not None
-    operation = world.receive(spot())
+    warning = spot()
+    operation = world.receive(warning)
+    assert operation is not None
+    running = asyncio.create_task(world.run(operation))
+
+    def handed() -> list[str]:
+        annotations = world.kube.leases[held.name]["metadata"].get("annotations") or {}
+        return [key for key in annotations if key.startswith("queue-processor/event.")]
+
+    await until(lambda: bool(handed()))
+    assert handed() == [f"queue-processor/event.{warning.event_id}"]
+    assert "unschedulable" not in world.node()["spec"]  # not ours while the other holds it
+    assert not running.done()
+    await held.release()
+    await other.flush()
+    outcome, messages = await running
+    assert (outcome, messages) == (Outcome.DONE, {"m-spot": MessageOutcome.DELETE})
+    assert world.node()["spec"]["unschedulable"] is True
+    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-held") == 0
+
+
+async def test_a_lease_held_until_the_deadline_requeues(env: Any) -> None:
+    world = World(settings(node_leases=True), leases=True)
+    other = NodeLeases(world.kube, namespace="ops", identity="replica-b")  # type: ignore[arg-type]
+    held = await other.claim(NODE)
+    assert held is not None
+    operation = world.receive(spot(age_s=119.9))  # its notice ends as it is received
     assert operation is not None
     outcome, _ = await world.run(operation)
     assert outcome is Outcome.RETRY

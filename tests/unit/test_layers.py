@@ -49,7 +49,8 @@ LAYERS: list[set[str]] = [
         "queue_processor.aws",
         "queue_processor.observe.metrics",
     },
-    {"queue_processor.drain.watched"},
+    {"queue_processor.drain.watched", "queue_processor.handover"},
+    {"queue_processor.lease_watch"},
     {
         "queue_processor.parse",
         "queue_processor.coalesce",

@@ -71,22 +71,22 @@ def _kube_requests() -> set[str]:
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
-        if node.func.attr == "watch" and node.args and isinstance(node.args[0], ast.Constant):
-            found.add(f"watch {kube._describe('GET', str(node.args[0].value), None)[1]}")
+        if node.func.attr == "watch" and node.args:
+            found.add(f"watch {kube._describe('GET', _path(node.args[0]), None)[1]}")
             continue
         if node.func.attr != "request" or len(node.args) < 2 or not isinstance(node.args[0], ast.Constant):
             continue
-        target = node.args[1]
-        if isinstance(target, ast.JoinedStr):
-            path = "".join(
-                str(part.value) if isinstance(part, ast.Constant) else "x" for part in target.values
-            )
-        else:
-            assert isinstance(target, ast.Constant)
-            path = str(target.value)
-        verb, resource = kube._describe(str(node.args[0].value), path, None)
+        verb, resource = kube._describe(str(node.args[0].value), _path(node.args[1]), None)
         found.add(f"{verb} {resource}")
     return found
+
+
+def _path(target: ast.expr) -> str:
+    """A request's path as the code writes it: a constant, or an f-string whose fields read ``x``."""
+    if isinstance(target, ast.JoinedStr):
+        return "".join(str(part.value) if isinstance(part, ast.Constant) else "x" for part in target.values)
+    assert isinstance(target, ast.Constant)
+    return str(target.value)
 
 
 def test_every_kubernetes_request_the_client_makes_is_granted_and_nothing_else() -> None:

@@ -148,7 +148,7 @@ controller use a rule; "clusterWide: false" rules go into a Role in the release 
 - {apiGroup: autoscaling, resource: horizontalpodautoscalers, verbs: [list], clusterWide: true, when: SURGE_DRAINS}
 - {apiGroup: policy, resource: poddisruptionbudgets, verbs: [get], clusterWide: true, when: ""}
 - {apiGroup: "", resource: events, verbs: [create], clusterWide: true, when: EMIT_KUBERNETES_EVENTS}
-- {apiGroup: coordination.k8s.io, resource: leases, verbs: [get, create, update, delete, deletecollection], clusterWide: false, when: NODE_LEASES}
+- {apiGroup: coordination.k8s.io, resource: leases, verbs: [get, list, watch, create, update, patch, delete, deletecollection], clusterWide: false, when: NODE_LEASES}
 {{- end }}
 
 {{/* The RBAC rules in force, as a YAML list: those of the given scope whose setting is on. */}}

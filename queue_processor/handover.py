@@ -1,0 +1,84 @@
+"""Events handed to the replica that holds a node's Lease (pure, no I/O).
+
+With NODE_LEASES, one instance's events may reach different replicas: a rebalance recommendation starts a drain
+on one, and the Spot warning that follows is received by another, which finds the node's Lease held. The drain
+must still take the warning's end at once (DESIGN.md rule 13: whichever replica received it). The replica that
+received it writes each event that brings the end nearer (:func:`handed`) onto the node's Lease as an annotation
+(:func:`annotation`: key ``queue-processor/event.<event ID>``, value the event's fields as JSON); the holder
+watches its node Leases (:class:`~queue_processor.lease_watch.LeaseWatch`) and joins those events to the
+operation it runs (:func:`events_in`), as if it had received them. The annotations go with the Lease when it is
+released. The message stays with the replica that received it, which waits for the Lease to be free and then
+finishes the operation (the node is drained by then).
+
+Events a holder must not take over are not handed: lifecycle actions (their heartbeats belong to the replica
+holding their message), and kinds that never bring an end nearer (rebalance, state change).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from functools import cache
+from typing import Any
+
+import structlog
+from pydantic import TypeAdapter, ValidationError
+
+from queue_processor.kinds import Event, ScheduledChangeEvent
+
+__all__ = ["HANDOVER_PREFIX", "annotation", "events_in", "handed", "missing"]
+
+log = structlog.get_logger("queue_processor.handover")
+
+#: The annotation keys of events handed over: ``queue-processor/event.<event ID>`` (an event ID is at most 54
+#: characters of ``[a-z0-9-]``, so the name part stays within the 63 an annotation key allows).
+HANDOVER_PREFIX = "queue-processor/event."
+
+
+@cache
+def _events() -> TypeAdapter[Any]:
+    return TypeAdapter(Event)
+
+
+def handed(event: Event) -> bool:
+    """Whether a replica that cannot claim the node hands ``event`` to the holder: a notice (Spot, Capacity
+    Reservation: the instance ends at its start time) or an AWS Health scheduled change (its start may be near).
+    """
+    return event.notice or isinstance(event, ScheduledChangeEvent)
+
+
+def annotation(event: Event) -> tuple[str, str]:
+    """The annotation that hands ``event`` over: its key and its value (the event's fields as compact JSON,
+    without its SQS message, which stays with the replica that received it)."""
+    fields = event.model_dump(mode="json", exclude={"message", "event_id", "start_time"})
+    fields["detail-type"] = event.detail_type  # part of the identity of an event without a source ID
+    return HANDOVER_PREFIX + event.event_id, json.dumps(fields, separators=(",", ":"), sort_keys=True)
+
+
+def events_in(annotations: Mapping[str, str] | None, instance_id: str) -> list[Event]:
+    """The events handed over in ``annotations`` (a Lease's) for ``instance_id``, in key order. A value that is
+    not an event, or one whose ID is not its key's, is logged and left out: it was not written by us."""
+    found: list[Event] = []
+    for key in sorted(annotations or {}):
+        if not key.startswith(HANDOVER_PREFIX):
+            continue
+        try:
+            event = _events().validate_json((annotations or {})[key])
+        except ValidationError as exc:
+            log.warning("an event handed over cannot be read: left out", key=key, error=str(exc))
+            continue
+        if HANDOVER_PREFIX + event.event_id != key:
+            log.warning("an event handed over does not match its key: left out", key=key)
+            continue
+        if event.instance_id == instance_id:
+            found.append(event)
+    return found
+
+
+def missing(events: Iterable[Event], annotations: Mapping[str, str] | None) -> dict[str, str]:
+    """The annotations that hand over those of ``events`` that :func:`handed` names and ``annotations`` do
+    not carry yet."""
+    present = annotations or {}
+    return dict(
+        pair for pair in (annotation(event) for event in events if handed(event)) if pair[0] not in present
+    )
