@@ -600,6 +600,7 @@ class Handler(Steps):
                 node,
                 bounds,
                 guard=ctx.claim.confirm if ctx.claim is not None else None,
+                lost=ctx.claim.lost.is_set if ctx.claim is not None else None,
                 evicted=evicted if recorder is not None else None,
                 deleted=deleted if recorder is not None else None,
                 noticed=noticed if recorder is not None else None,

@@ -567,6 +567,7 @@ class Drainer:
         *,
         instance_end: float | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
+        lost: Callable[[], bool] | None = None,
         evicted: Callable[[str, str], Awaitable[None]] | None = None,
         deleted: Callable[[str, str], Awaitable[None]] | None = None,
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
@@ -578,7 +579,9 @@ class Drainer:
         deadline) is when the instance goes, when a notice says so: grace periods are cut to end
         ``grace_margin_s`` before it, and with ``delete_at_deadline`` what is still there ``delete_lead_s``
         before it is deleted. ``guard`` is awaited before every eviction request: it raises to stop the drain
-        (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`);
+        (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`); ``lost()`` says whether
+        that Lease is lost: a drain stopped then (cancelled by the Lease's guard) leaves its surges recorded for
+        the replica that owns the node now, whose drain of the same pods takes them over;
         ``evicted(namespace, name)`` after each eviction the API server accepted, ``deleted(namespace, name)``
         after each deletion at the deadline, ``noticed(namespace, name, reason, message)`` for the first pod of each
         workload whose ``queue-processor/drain`` annotation cannot be followed (``reason``: the Event reason,
@@ -590,7 +593,7 @@ class Drainer:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, bounds, guard, evicted, deleted, noticed)
+                return await self._drain(node, bounds, guard, lost, evicted, deleted, noticed)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
@@ -600,6 +603,7 @@ class Drainer:
         node: str,
         bounds: DrainBounds,
         guard: Callable[[], Awaitable[None]] | None,
+        lost: Callable[[], bool] | None,
         evicted: Callable[[str, str], Awaitable[None]] | None,
         deleted: Callable[[str, str], Awaitable[None]] | None,
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
@@ -618,7 +622,9 @@ class Drainer:
         await self._report(planned.notices, noticed)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
         with self._following(entries, ticket) as following:
-            done = await self._execute(node, planned, bounds, guard, evicted, deleted, drain_id, following)
+            done = await self._execute(
+                node, planned, bounds, guard, evicted, deleted, drain_id, following, lost=lost
+            )
         return summarise(planned, done, drain_id)
 
     @contextlib.contextmanager
@@ -675,9 +681,12 @@ class Drainer:
         deleted: Callable[[str, str], Awaitable[None]] | None,
         drain_id: str,
         following: Waiting | None = None,
+        *,
+        lost: Callable[[], bool] | None = None,
     ) -> _Done:
         """Evict wave after wave, wait until the pods are gone or the last moment, take the deadline step when
-        it comes, and read why a drain did not finish: what happened (:class:`_Done`)."""
+        it comes, and read why a drain did not finish: what happened (:class:`_Done`). Stopped (a guard raised,
+        or cancelled), it takes its surges back unless the Lease is lost (``lost``)."""
         timing = self.timing
         launchers: list[asyncio.Task[None]] = []
         running = _Running(launchers)  # its evictions grow as each wave's launcher starts them
@@ -732,7 +741,7 @@ class Drainer:
             # One stop: a second cancellation while the launchers stop must not leave the evictions running. A
             # launcher cancelled starts nothing more, so the list is complete here.
             await tasks.stop(*running)
-            if not isinstance(exc, ClaimLost):
+            if not isinstance(exc, ClaimLost) and not (lost is not None and lost()):
                 await self._take_back(held)
             raise
         finally:
@@ -846,9 +855,7 @@ class Drainer:
         the eviction was accepted or the pod is gone. ``slot`` (of :attr:`slots`) is given back once the first
         eviction request is answered (the task's end gives it back otherwise: :meth:`_launch`). How the
         eviction ended (:meth:`_evict_until`)."""
-        surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard)
-        if surge is not None:
-            held.append(surge)
+        surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard, held)
         outcome = await self._evict_until(
             entry, bounds, guard, evicted, accepted, drain_id, slot, past_gate=surge is not None
         )
@@ -961,6 +968,7 @@ class Drainer:
         deployment: str,
         bounds: DrainBounds,
         guard: Callable[[], Awaitable[None]] | None,
+        held: list[Surge],
     ) -> Surge | None:
         """Replacement before eviction (:mod:`queue_processor.drain.surge`): scale the pod's Deployment one
         replica up and wait until it has one more available replica, until the moment the eviction must start
@@ -970,9 +978,10 @@ class Drainer:
         that moment leaves the Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` more. The surge to take
         back once the pod's eviction has ended (kept when the replacement is late: the pod is evicted anyway,
         and the extra replica stays until then), or ``None`` when none was started or it is over; the observer
-        is told how it went. ``guard`` is awaited at every poll; what it raises (a Lease lost) leaves the
-        surge recorded for the replica that owns the node now, whose drain of the same pod takes it over.
-        Raises what ``guard`` raises."""
+        is told how it went. ``guard`` is awaited at every poll. The surge is in ``held`` from before its
+        write on (a write cancelled may have been applied): the drain takes it back when it ends or is stopped,
+        unless the Lease is lost (the replica that owns the node now takes the recorded surge over). Raises what
+        ``guard`` raises."""
         namespace, name = entry.key
         graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
 
@@ -998,11 +1007,10 @@ class Drainer:
             return None
         if guard is not None:
             await guard()
-        try:
-            started = await self.surges.start(namespace, deployment, name, str(entry.uid), entry.labels or {})
-        except BaseException:  # cancelled while scaling: the write may have been applied
-            await self.surges.end(Surge(namespace, deployment, str(entry.uid), name))
-            raise
+        provisional = Surge(namespace, deployment, str(entry.uid), name)
+        held.append(provisional)
+        started = await self.surges.start(namespace, deployment, name, str(entry.uid), entry.labels or {})
+        held.remove(provisional)
         if isinstance(started, SurgeResult):
             fallback(
                 started,
@@ -1011,29 +1019,25 @@ class Drainer:
                 else "the Deployment cannot be scaled",
             )
             return None
+        held.append(started)
         if evict_by() - self.clock() < started.min_ready_s + SURGE_LEAST_S:
             fallback(SurgeResult.NO_TIME, "too little time for the Deployment's minReadySeconds")
             return started
         poll = 0.25
-        try:
-            while self.clock() < evict_by():
-                if guard is not None:
-                    await guard()
-                ready = await self.surges.ready(started)
-                if ready is None:
-                    fallback(SurgeResult.UNAVAILABLE, "the Deployment is gone or no longer records the surge")
-                    return None
-                if ready:
-                    self.observer.surge(SurgeResult.SURGED)
-                    log.info("surge: the replacement is available: evicting", pod=f"{namespace}/{name}")
-                    return started
-                await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
-                poll = min(poll * 1.5, 2.0)
-        except ClaimLost:  # another replica owns the node now: its drain takes the recorded surge over
-            raise
-        except BaseException:  # cancelled (the drain stops): the replica added is taken back
-            await self.surges.end(started)
-            raise
+        while self.clock() < evict_by():
+            if guard is not None:
+                await guard()
+            ready = await self.surges.ready(started)
+            if ready is None:
+                held.remove(started)
+                fallback(SurgeResult.UNAVAILABLE, "the Deployment is gone or no longer records the surge")
+                return None
+            if ready:
+                self.observer.surge(SurgeResult.SURGED)
+                log.info("surge: the replacement is available: evicting", pod=f"{namespace}/{name}")
+                return started
+            await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
+            poll = min(poll * 1.5, 2.0)
         fallback(SurgeResult.NOT_READY, "the replacement was not available in time")
         return started
 

@@ -332,10 +332,17 @@ class World:
     """A Handler wired to the fakes, and the event store the consumer would use."""
 
     def __init__(
-        self, settings: Settings, *, autoscaling: FakeAutoscaling | None = None, leases: bool = False
+        self,
+        settings: Settings,
+        *,
+        autoscaling: FakeAutoscaling | None = None,
+        leases: bool = False,
+        kube: FakeKube | None = None,
+        identity: str = "replica-a",
     ):
         self.settings = settings
-        self.kube = FakeKube()
+        fresh = kube is None
+        self.kube = kube if kube is not None else FakeKube()
         self.autoscaling = autoscaling or FakeAutoscaling()
         self.info: InstanceInfo | None = InstanceInfo(INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED))
         self.resolver = FakeResolver(self.info)
@@ -350,7 +357,7 @@ class World:
             observer=self.metrics,
         )
         self.leases = (
-            NodeLeases(self.kube, namespace="ops", identity="replica-a", duration_s=60)  # type: ignore[arg-type]
+            NodeLeases(self.kube, namespace="ops", identity=identity, duration_s=60)  # type: ignore[arg-type]
             if leases
             else None
         )
@@ -364,9 +371,10 @@ class World:
             observer=self.metrics,
         )
         self.store = EventStore()
-        self.kube.add_node()
-        for index in range(3):
-            self.kube.add_pod(f"web-{index}")
+        if fresh:  # a kube given is another replica's cluster, or one the test built
+            self.kube.add_node()
+            for index in range(3):
+                self.kube.add_pod(f"web-{index}")
 
     def receive(self, event: Event) -> NodeOperation | None:
         """What the consumer does on receipt: admit, start heartbeats; the new operation, if any."""

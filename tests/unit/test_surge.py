@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from queue_processor.config import load_settings
 from queue_processor.drain import surge as surge_module
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
@@ -516,3 +517,39 @@ async def test_on_the_emulation_which_serves_no_deployments_the_pod_is_evicted(t
     assert result.completed
     assert result.evicted == 1
     assert surges_counted(metrics) == {"unavailable": 1}
+
+
+async def test_a_lease_lost_under_the_handler_leaves_the_surge_to_the_new_owner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 47.3, through the wiring the controller runs: the handler guards the drain with the node Lease
+    (``Steps.guarded``), which cancels the drain when the Lease is lost. The surge is left recorded for the
+    replica that owns the node now (before: the cancellation took the replica back, and the new owner evicted
+    the Deployment's only pod with no replacement), and that replica's drain takes it over."""
+    from tests.unit.test_handler import QUEUE, World, spot
+
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    kube = Cluster(1)
+    kube.add_node()
+    kube.add_surge_pod("web-0")
+    settings = load_settings(node_leases=True, surge_drains=True)
+    first = World(settings, leases=True, kube=kube)
+    assert first.leases is not None
+    operation = first.receive(spot())
+    assert operation is not None
+    running = asyncio.create_task(first.run(operation))
+    await kube.written.wait()  # scaled up: the surge waits for the replacement
+    first.leases.replica._end_epoch("the replica Lease lapsed (a paused process)")
+    outcome, _ = await running
+    assert outcome.value == "retry"
+    assert first.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 1
+    assert (kube.replicas, kube.record, kube.evicted) == (2, {"uid-web-0": "web-0"}, [])
+
+    second = World(settings, leases=True, kube=kube, identity="replica-b")
+    redelivered = second.receive(spot(receive_count=2))
+    assert redelivered is not None
+    kube.becomes_available()
+    outcome, _ = await second.run(redelivered)
+    assert outcome.value == "done"
+    assert (kube.replicas, kube.record, kube.evicted) == (1, {}, ["web-0"])
+    assert surges_counted(second.metrics) == {"surged": 1}
