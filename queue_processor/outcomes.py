@@ -165,8 +165,13 @@ class SurgeResult(StrEnum):
     NOT_READY = "not-ready"
     """The replacement was not available by the time the pod's eviction had to start: evicted (the extra
     replica stays until the pod is gone)."""
+    UNDONE = "undone"
+    """The Deployment's owner set its replica count again during the surge (a GitOps self-heal, a ``kubectl
+    scale``): its count is kept, and the pod was evicted when its eviction had to start, without a
+    replacement."""
     NO_TIME = "no-time"
-    """The drain's end left too little time to wait for a replacement: evicted at once."""
+    """The drain's end left too little time to wait for a replacement: evicted at once (decided before any
+    scale-up)."""
     AUTOSCALED = "autoscaled"
     """A HorizontalPodAutoscaler owns the Deployment's replica count: evicted, the count left to it."""
     UNAVAILABLE = "unavailable"

@@ -1009,14 +1009,17 @@ class Drainer:
             await guard()
         provisional = Surge(namespace, deployment, str(entry.uid), name)
         held.append(provisional)
-        started = await self.surges.start(namespace, deployment, name, str(entry.uid), entry.labels or {})
+        started = await self.surges.start(
+            namespace, deployment, name, str(entry.uid), entry.labels or {}, room_s=evict_by() - self.clock()
+        )
         held.remove(provisional)
         if isinstance(started, SurgeResult):
             fallback(
                 started,
-                "a HorizontalPodAutoscaler owns the replica count"
-                if started is SurgeResult.AUTOSCALED
-                else "the Deployment cannot be scaled",
+                {
+                    SurgeResult.AUTOSCALED: "a HorizontalPodAutoscaler owns the replica count",
+                    SurgeResult.NO_TIME: "too little time for the Deployment's minReadySeconds",
+                }.get(started, "the Deployment cannot be scaled"),
             )
             return None
         held.append(started)
@@ -1038,7 +1041,10 @@ class Drainer:
                 return started
             await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
             poll = min(poll * 1.5, 2.0)
-        fallback(SurgeResult.NOT_READY, "the replacement was not available in time")
+        if self.surges.undone(started):
+            fallback(SurgeResult.UNDONE, "the owner set the Deployment's replica count back")
+        else:
+            fallback(SurgeResult.NOT_READY, "the replacement was not available in time")
         return started
 
     async def evict_last(self, namespace: str, name: str, deadline: float) -> bool:

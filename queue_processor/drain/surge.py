@@ -24,18 +24,19 @@ Why this mechanism (docs/kinds.md, "Replacement before eviction", says the same 
 
 What it leaves behind: nothing once the drain ends. While it runs, the Deployment carries ``spec.replicas``
 one higher and the annotation :data:`SURGE_RECORD_ANNOTATION` (:class:`SurgeRecord`, JSON: ``base``, the count
-before the surges in progress, and ``pods``, pod uid → pod name, one entry per surge), written in the same
+before the surges in progress, ``pods``, pod uid → pod name, one entry per surge, ``replicas``, the count our
+last write set, and ``undone``), written in the same
 request (a merge patch with the read ``resourceVersion`` as a precondition, so concurrent surges of one
 Deployment, from two drains or two replicas, count exactly; each waits until every replica the surges added
-is available). A replica is taken back only while the count is above ``base``: one someone else scaled back
-is not taken again. The record is how a surge interrupted by a SIGKILL, or by a Lease that changed hands, is
-taken over or back: the drain of the redelivered message finds its pod's entry and does not scale again, and
+is available). A replica is taken back only while the count is the one our last write set and above ``base``:
+a count someone else set meanwhile is theirs, never lowered. The record is how a surge interrupted by a
+SIGKILL, or by a Lease that changed hands, is taken over or back: the drain of the redelivered message finds its pod's entry and does not scale again, and
 any later surge of the Deployment removes the entries whose pods are gone, with the replicas they added.
 
 A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the Deployment out of sync while a surge
-lasts; with self-heal it scales back at once, the replacement never becomes available, and the pod is evicted
-when time runs short (``not-ready``): exclude ``spec.replicas`` from its comparison, as for a
-HorizontalPodAutoscaler.
+lasts; with self-heal it scales back at once. A count other than the one our last write set is the owner's
+(:meth:`SurgeRecord.rebase`): kept, and the surges in progress are undone (their pods wait until their eviction
+must start, ``undone``): exclude ``spec.replicas`` from its comparison, as for a HorizontalPodAutoscaler.
 
 What it does not do: a Deployment whose replica count a HorizontalPodAutoscaler owns (any autoscaling/v2 HPA
 of the namespace whose ``scaleTargetRef`` names it) is not scaled, since the autoscaler would undo it at its
@@ -50,9 +51,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -91,16 +93,21 @@ Obj = dict[str, Any]
 @dataclass
 class SurgeRecord:
     """What :data:`SURGE_RECORD_ANNOTATION` on a Deployment holds: ``base``, its ``spec.replicas`` before the first
-    of the surges in progress, and ``pods``, those surges (pod uid → pod name). A replica is taken back only
-    while ``spec.replicas`` is above ``base``: when someone else scaled the Deployment back meanwhile (a GitOps
-    controller's self-heal, a manual scale), our replica is gone already and the count is theirs."""
+    of the surges in progress; ``pods``, those surges whose replica is in the count (pod uid → pod name);
+    ``replicas``, the ``spec.replicas`` our last write set; and ``undone``, surges whose replica the owner took
+    out. A ``spec.replicas`` other than ``replicas`` was set by the Deployment's owner since (a GitOps
+    controller's self-heal, ``kubectl scale``): that count is the owner's, taken as the new ``base``
+    (:meth:`rebase`), every surge in progress is undone, and no take-back ever lowers it."""
 
     base: int
     pods: dict[str, str]
+    replicas: int = 0
+    undone: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, deployment: Mapping[str, Any]) -> SurgeRecord:
-        """The record ``deployment`` carries; one with ``base`` its ``spec.replicas`` and no pods when it has
+        """The record ``deployment`` carries (one without ``replicas``, from an earlier version, wrote ``base``
+        plus one per surge); one with ``base`` and ``replicas`` its ``spec.replicas`` and no pods when it has
         none, or an unreadable one (never raises)."""
         spec = deployment.get("spec")
         replicas = int(spec.get("replicas", 1)) if isinstance(spec, Mapping) else 1
@@ -111,29 +118,60 @@ class SurgeRecord:
             found = json.loads(text) if isinstance(text, str) else None
         except ValueError:
             found = None
-        if not isinstance(found, dict) or not isinstance(found.get("pods"), dict) or not found["pods"]:
-            return cls(replicas, {})
-        base = found.get("base")
-        return cls(
-            base if isinstance(base, int) and not isinstance(base, bool) and base >= 0 else replicas,
-            {str(uid): str(name) for uid, name in found["pods"].items()},
-        )
+        if not isinstance(found, dict):
+            return cls(replicas, {}, replicas)
+        pods, undone = _entries(found.get("pods")), _entries(found.get("undone"))
+        if not pods and not undone:
+            return cls(replicas, {}, replicas)
+        base = _count(found.get("base"), replicas)
+        return cls(base, pods, _count(found.get("replicas"), base + len(pods)), undone)
 
     def annotation(self) -> str | None:
         """The annotation's value (``None``: remove it, no surge is in progress)."""
-        if not self.pods:
+        if not self.pods and not self.undone:
             return None
-        return json.dumps({"base": self.base, "pods": self.pods}, sort_keys=True)
+        text: dict[str, Any] = {"base": self.base, "pods": self.pods, "replicas": self.replicas}
+        if self.undone:
+            text["undone"] = self.undone
+        return json.dumps(text, sort_keys=True)
+
+    def rebase(self, replicas: int) -> bool:
+        """Take ``replicas`` (the Deployment's ``spec.replicas`` now) as the owner's count when it is not the
+        one our last write set: the new ``base``, every surge in progress undone. ``True`` when it was."""
+        if replicas == self.replicas:
+            return False
+        self.undone.update(self.pods)
+        self.pods, self.base, self.replicas = {}, replicas, replicas
+        return True
 
     def take_back(self, replicas: int) -> int:
         """``replicas`` less the one replica a surge added, unless it is gone already (not above ``base``)."""
         return replicas - 1 if replicas > self.base else replicas
 
+    def drop(self, uid: str, replicas: int) -> int:
+        """Remove the surge ``uid``: the count it leaves (one less for a surge whose replica is in it)."""
+        if self.pods.pop(uid, None) is not None:
+            replicas = self.take_back(replicas)
+        self.undone.pop(uid, None)
+        return replicas
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self.pods or uid in self.undone
+
+
+def _entries(found: object) -> dict[str, str]:
+    return {str(uid): str(name) for uid, name in found.items()} if isinstance(found, dict) else {}
+
+
+def _count(found: object, default: int) -> int:
+    return found if isinstance(found, int) and not isinstance(found, bool) and found >= 0 else default
+
 
 def recorded_surges(deployment: Mapping[str, Any]) -> dict[str, str]:
-    """The surges in progress that ``deployment``'s :data:`SURGE_RECORD_ANNOTATION` records (pod uid → pod
-    name); empty when absent or unreadable (never raises)."""
-    return SurgeRecord.of(deployment).pods
+    """The surges in progress that ``deployment``'s :data:`SURGE_RECORD_ANNOTATION` records, undone ones too
+    (pod uid → pod name); empty when absent or unreadable (never raises)."""
+    record = SurgeRecord.of(deployment)
+    return {**record.pods, **record.undone}
 
 
 def label_selector(selector: Mapping[str, Any]) -> str:
@@ -214,18 +252,27 @@ class Surges:
 
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
+        self._told_undone: set[str] = set()  # uids of the surges whose undo was logged
 
     async def start(
-        self, namespace: str, deployment: str, name: str, uid: str, labels: Mapping[str, str]
+        self,
+        namespace: str,
+        deployment: str,
+        name: str,
+        uid: str,
+        labels: Mapping[str, str],
+        *,
+        room_s: float = math.inf,
     ) -> Surge | SurgeResult:
         """Scale ``namespace/deployment`` one replica up for pod ``name`` (``uid``, ``labels``), recording it:
-        the :class:`Surge`, or why not (:attr:`SurgeResult.AUTOSCALED`; :attr:`SurgeResult.UNAVAILABLE` when the
-        Deployment is gone, does not select the pod, or cannot be read or written). A pod recorded already (the
-        drain of a redelivered message after a restart, or after a Lease changed hands) is not scaled for twice.
-        A write that failed after the API server may have applied it is taken back. Never raises
-        :class:`KubeError`."""
+        the :class:`Surge`, or why not (:attr:`SurgeResult.AUTOSCALED`; :attr:`SurgeResult.NO_TIME` when the
+        Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` do not fit in ``room_s`` seconds, decided
+        before any write; :attr:`SurgeResult.UNAVAILABLE` when the Deployment is gone, does not select the pod,
+        or cannot be read or written). A pod recorded already (the drain of a redelivered message after a
+        restart, or after a Lease changed hands) is not scaled for twice. A write that failed after the API
+        server may have applied it is taken back. Never raises :class:`KubeError`."""
         try:
-            return await self._start(namespace, deployment, name, uid, labels)
+            return await self._start(namespace, deployment, name, uid, labels, room_s)
         except KubeError as exc:
             log.warning(
                 "surge: the Deployment cannot be scaled: evicted without a replacement first",
@@ -237,7 +284,13 @@ class Surges:
             return SurgeResult.UNAVAILABLE
 
     async def _start(
-        self, namespace: str, deployment: str, name: str, uid: str, labels: Mapping[str, str]
+        self,
+        namespace: str,
+        deployment: str,
+        name: str,
+        uid: str,
+        labels: Mapping[str, str],
+        room_s: float,
     ) -> Surge | SurgeResult:
         checked = False
         for attempt in range(SURGE_WRITE_ATTEMPTS):
@@ -250,29 +303,33 @@ class Surges:
                     pod=f"{namespace}/{name}",
                 )
                 return SurgeResult.UNAVAILABLE
+            record = SurgeRecord.of(current)
+            added = uid not in record
+            if added and float(spec.get("minReadySeconds") or 0) + SURGE_LEAST_S > room_s:
+                return SurgeResult.NO_TIME
             if not checked:
                 if autoscaled(await self.kube.list_hpas(namespace), deployment):
                     return SurgeResult.AUTOSCALED
                 checked = True
-            record = SurgeRecord.of(current)
             replicas = int(spec.get("replicas", 1))
             available = int((current.get("status") or {}).get("availableReplicas") or 0)
-            stale = await self._stale(namespace, spec, record.pods, keep=uid)
+            rebased = record.rebase(replicas)
+            stale = await self._stale(namespace, spec, record, keep=uid)
             for gone in stale:
-                del record.pods[gone]
-                replicas = record.take_back(replicas)
-            added = uid not in record.pods
-            record.pods[uid] = name
+                replicas = record.drop(gone, replicas)
+            if added:
+                record.pods[uid] = name
+                replicas += 1
+            record.replicas = replicas
             missing = max(0, record.base - available)
-            if not added and not stale:  # recorded before: wait for that surge's replica
+            if not added and not stale and not rebased:  # recorded before: wait for that surge's replica
                 return self._surge(current, namespace, deployment, uid, name, missing)
-            wanted = replicas + 1 if added else replicas
             patch = {
                 "metadata": {
                     "resourceVersion": current["metadata"]["resourceVersion"],
                     "annotations": {SURGE_RECORD_ANNOTATION: record.annotation()},
                 },
-                "spec": {"replicas": wanted},
+                "spec": {"replicas": replicas},
             }
             try:
                 written = await self.kube.patch_deployment(namespace, deployment, patch)
@@ -281,19 +338,26 @@ class Surges:
                     raise
                 await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
                 continue
+            if rebased:
+                log.info(
+                    "surge: the owner set the Deployment's replica count: its count kept, earlier surges undone",
+                    deployment=f"{namespace}/{deployment}",
+                    replicas=record.base,
+                )
             if stale:
                 log.info(
                     "surge: took back the replicas of surges whose pods are gone",
                     deployment=f"{namespace}/{deployment}",
                     pods=sorted(stale.values()),
                 )
-            log.info(
-                "surge: scaled up for a replacement before eviction",
-                deployment=f"{namespace}/{deployment}",
-                pod=f"{namespace}/{name}",
-                replicas=wanted,
-                available_before=available,
-            )
+            if added:
+                log.info(
+                    "surge: scaled up for a replacement before eviction",
+                    deployment=f"{namespace}/{deployment}",
+                    pod=f"{namespace}/{name}",
+                    replicas=replicas,
+                    available_before=available,
+                )
             return self._surge(written, namespace, deployment, uid, name, missing)
         return SurgeResult.UNAVAILABLE  # pragma: no cover - the loop returns or raises
 
@@ -311,10 +375,10 @@ class Surges:
         )
 
     async def _stale(
-        self, namespace: str, spec: Mapping[str, Any], record: Mapping[str, str], *, keep: str
+        self, namespace: str, spec: Mapping[str, Any], record: SurgeRecord, *, keep: str
     ) -> dict[str, str]:
-        """The entries of ``record`` (but ``keep``) whose pods are gone: surges whose take-back never came."""
-        others = {uid: pod for uid, pod in record.items() if uid != keep}
+        """The surges of ``record`` (but ``keep``) whose pods are gone: surges whose take-back never came."""
+        others = {uid: pod for uid, pod in {**record.pods, **record.undone}.items() if uid != keep}
         if not others:
             return {}
         pods = await self.kube.pods_selected(namespace, label_selector(spec.get("selector") or {}))
@@ -324,33 +388,54 @@ class Surges:
     async def ready(self, surge: Surge) -> bool | None:
         """Whether the Deployment has the available replicas ``surge`` waits for, as its controller reports
         after seeing the scale-up; ``None`` when the surge is over: the Deployment is gone, or no longer
-        records it (taken back by another). ``False`` when it cannot be read (never raises
-        :class:`KubeError`)."""
+        records it (taken back by another). ``False`` when it cannot be read (never raises :class:`KubeError`),
+        and for a surge the owner undid (:meth:`undone`)."""
         try:
             current = await self.kube.get_deployment(surge.namespace, surge.deployment)
         except KubeError:
             return False
-        if current is None or surge.uid not in recorded_surges(current):
+        record = SurgeRecord.of(current) if current is not None else None
+        if current is None or record is None or surge.uid not in record:
             return None
+        replicas = int((current.get("spec") or {}).get("replicas", 1))
+        if record.rebase(replicas) or surge.uid in record.undone:
+            if surge.uid not in self._told_undone:
+                self._told_undone.add(surge.uid)
+                log.warning(
+                    "surge: the owner set the Deployment's replica count: the pod waits until its eviction "
+                    "must start, and goes without a replacement",
+                    deployment=f"{surge.namespace}/{surge.deployment}",
+                    pod=f"{surge.namespace}/{surge.name}",
+                    replicas=replicas,
+                )
+            return False
         status = current.get("status") or {}
-        wanted = int((current.get("spec") or {}).get("replicas", 1)) - surge.missing
         observed = int(status.get("observedGeneration") or 0)
-        return observed >= surge.generation and int(status.get("availableReplicas") or 0) >= wanted
+        return (
+            observed >= surge.generation
+            and int(status.get("availableReplicas") or 0) >= replicas - surge.missing
+        )
+
+    def undone(self, surge: Surge) -> bool:
+        """Whether :meth:`ready` found ``surge`` undone by the Deployment's owner."""
+        return surge.uid in self._told_undone
 
     async def end(self, surge: Surge) -> bool:
-        """Take back the replica ``surge`` added (unless someone else scaled the Deployment back to its base
-        meanwhile: :meth:`SurgeRecord.take_back`), and its record entry, in one write: ``True`` when this call
+        """Take back the replica ``surge`` added, and its record entry, in one write: never below ``base``, and
+        never a count the owner set since our last write (:meth:`SurgeRecord.rebase`). ``True`` when this call
         removed the entry (``False`` when it is gone already: taken back before, or by another replica's later
         surge, or the Deployment is gone). A failure is logged and left to the record (never raises
         :class:`KubeError`)."""
+        self._told_undone.discard(surge.uid)
         try:
             for attempt in range(SURGE_WRITE_ATTEMPTS):
                 current = await self.kube.get_deployment(surge.namespace, surge.deployment)
                 record = SurgeRecord.of(current) if current is not None else None
-                if current is None or record is None or surge.uid not in record.pods:
+                if current is None or record is None or surge.uid not in record:
                     return False
-                del record.pods[surge.uid]
-                replicas = record.take_back(int((current.get("spec") or {}).get("replicas", 1)))
+                before = int((current.get("spec") or {}).get("replicas", 1))
+                record.rebase(before)
+                replicas = record.replicas = record.drop(surge.uid, before)
                 patch = {
                     "metadata": {
                         "resourceVersion": current["metadata"]["resourceVersion"],
@@ -366,7 +451,9 @@ class Surges:
                     await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
                     continue
                 log.info(
-                    "surge: scaled back down",
+                    "surge: scaled back down"
+                    if replicas < before
+                    else "surge: ended, the replica count left as it is",
                     deployment=f"{surge.namespace}/{surge.deployment}",
                     pod=f"{surge.namespace}/{surge.name}",
                     replicas=replicas,

@@ -206,3 +206,34 @@ async def test_a_surge_a_killed_process_left_is_taken_back_by_the_next(
     assert after["spec"]["replicas"] == 1, after["spec"]
     assert SURGE_RECORD_ANNOTATION not in (after["metadata"].get("annotations") or {})
     await asyncio.to_thread(cluster.wait_for_ready_pods, namespace, labels, 1)
+
+
+async def test_an_owner_that_scales_the_surge_back_keeps_its_count(
+    cluster: RealKube, kube: KubeClient
+) -> None:
+    """Issue 47.4: while the surge waits for its replacement, the owner sets the count back (``kubectl scale``,
+    a GitOps self-heal). The Deployment controller then reports every replica available at once, and the
+    ReplicaSet removes the replacement it was bringing up: the pod is not evicted as if it had come (before:
+    ``surged``), it waits until its eviction must start (``undone``), and the owner's count stays."""
+    node, namespace, _ = a_deployment(cluster, budget=False)
+    metrics = Metrics(process_metrics=False)
+    timing = DrainTiming(surge=True, grace_margin_s=2)
+    drainer = Drainer(kube, DrainOptions(), budget=1, timing=timing, observer=metrics)
+    suffix = namespace.removeprefix("surge-")
+    for other in cluster.objects("nodes"):  # the replacement stays Pending: it never comes before the undo
+        if (other["metadata"].get("labels") or {}).get("surge-test") == suffix:
+            assert await drainer.cordon(other["metadata"]["name"])
+    end = drainer.clock() + 30
+    draining = asyncio.create_task(drainer.drain(node, end, instance_end=end))
+    for _ in range(600):  # until the surge scaled up
+        if deployment(cluster, namespace)["spec"]["replicas"] == 2:
+            break
+        await asyncio.sleep(0.05)
+    await kube.patch_deployment(namespace, "web", {"spec": {"replicas": 1}})
+    result = await draining
+    assert result.completed, result
+    assert surges(metrics, "undone") == 1
+    assert surges(metrics, "surged") == 0
+    after = deployment(cluster, namespace)
+    assert after["spec"]["replicas"] == 1
+    assert SURGE_RECORD_ANNOTATION not in (after["metadata"].get("annotations") or {})

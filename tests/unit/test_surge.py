@@ -14,6 +14,7 @@ from typing import Any
 from unittest.mock import patch
 
 import pytest
+import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -553,3 +554,95 @@ async def test_a_lease_lost_under_the_handler_leaves_the_surge_to_the_new_owner(
     assert outcome.value == "done"
     assert (kube.replicas, kube.record, kube.evicted) == (1, {}, ["web-0"])
     assert surges_counted(second.metrics) == {"surged": 1}
+
+
+def owner_sets(kube: Cluster, replicas: int) -> None:
+    """The Deployment's owner (a GitOps self-heal, ``kubectl scale``) sets its count; its controller catches up."""
+    assert kube.deployment is not None
+    kube.deployment["spec"]["replicas"] = replicas
+    kube.deployment["metadata"]["generation"] += 1
+    kube._bump(kube.deployment)
+    kube.becomes_available()
+
+
+async def test_an_owner_that_scales_the_surge_back_keeps_its_count_and_the_pod_waits_its_time() -> None:
+    """Issue 47.4: once the owner sets the count back, ``availableReplicas`` equals ``spec.replicas`` again, but
+    no replacement is coming: the pod is not evicted at once as if it had been (before: ``surged`` and evicted
+    with no replacement), but when its eviction must start (``undone``), and the owner's count is kept."""
+    kube, drainer, metrics, now = a_drain()
+
+    async def sleep_advances(seconds: float) -> bool:
+        if kube.replicas == 2:
+            owner_sets(kube, 1)  # while the surge waits for its replacement
+        now[0] += max(seconds, 0.25)
+        await asyncio.sleep(0)
+        return False
+
+    evicted_at: list[float] = []
+
+    async def on_evict(_: str) -> None:
+        evicted_at.append(now[0])
+
+    kube.on_evict = on_evict
+    from queue_processor.drain import drainer as drainer_module
+
+    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
+    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        result = await drainer.drain(NODE, bounds)
+    assert result.completed
+    assert 100 + 60 - 30 - 2 <= evicted_at[0] <= 100 + 60 - 30, evicted_at
+    assert (kube.replicas, kube.record) == (1, {})
+    assert surges_counted(metrics) == {"undone": 1}
+    assert not [line for line in logs if line["event"] == "surge: scaled back down"]  # nothing was
+
+
+async def test_a_take_back_never_lowers_a_count_the_owner_set_meanwhile() -> None:
+    """Issue 47.8: the owner scales up during a surge (1 → 2 by the surge, then 10): the count is the owner's
+    from then on, the surge is undone (the pod waits its time), and it ends at 10 (before: 9)."""
+    kube, drainer, metrics, now = a_drain()
+
+    async def sleep_advances(seconds: float) -> bool:
+        if kube.replicas == 2:
+            owner_sets(kube, 10)
+        now[0] += max(seconds, 0.25)
+        await asyncio.sleep(0)
+        return False
+
+    from queue_processor.drain import drainer as drainer_module
+
+    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
+    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    result = await drainer.drain(NODE, bounds)
+    assert result.completed
+    assert (kube.replicas, kube.record, kube.evicted) == (10, {}, ["web-0"])
+    assert surges_counted(metrics) == {"undone": 1}
+
+
+async def test_a_record_left_behind_is_taken_back_only_while_the_count_is_still_ours() -> None:
+    """Issue 47.8: a process killed mid-surge whose instance went before the redelivery leaves its record (base 1,
+    the count 2 it wrote). Later the owner scales to 10; the next surge of the Deployment reads the owner's count
+    as the new base: it ends at 10 (before: the stale entry's replica was taken back, 10 → 9)."""
+    kube, drainer, _, now = a_drain()
+    assert kube.deployment is not None
+    kube.deployment["metadata"]["annotations"][SURGE_RECORD_ANNOTATION] = json.dumps(
+        {"base": 1, "pods": {"uid-gone": "web-gone"}, "replicas": 2}
+    )
+    owner_sets(kube, 10)
+    drain = asyncio.create_task(drainer.drain(NODE, now[0] + 120, instance_end=now[0] + 120))
+    await kube.written.wait()
+    assert (kube.replicas, kube.record) == (11, {"uid-web-0": "web-0"})
+    kube.becomes_available()
+    result = await drain
+    assert result.completed
+    assert (kube.replicas, kube.record) == (10, {})
+
+
+async def test_a_surge_that_cannot_wait_for_min_ready_seconds_is_decided_before_any_write() -> None:
+    kube, drainer, metrics, now = a_drain()
+    assert kube.deployment is not None
+    kube.deployment["spec"]["minReadySeconds"] = 300
+    result = await drainer.drain(NODE, now[0] + 120, instance_end=now[0] + 120)
+    assert result.completed
+    assert (kube.writes, kube.evicted) == (0, ["web-0"])
+    assert surges_counted(metrics) == {"no-time": 1}
