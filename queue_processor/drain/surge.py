@@ -30,8 +30,9 @@ request (a merge patch with the read ``resourceVersion`` as a precondition, so c
 Deployment, from two drains or two replicas, count exactly; each waits until every replica the surges added
 is available). A replica is taken back only while the count is the one our last write set and above ``base``:
 a count someone else set meanwhile is theirs, never lowered. The record is how a surge interrupted by a
-SIGKILL, or by a Lease that changed hands, is taken over or back: the drain of the redelivered message finds its pod's entry and does not scale again, and
-any later surge of the Deployment removes the entries whose pods are gone, with the replicas they added.
+SIGKILL, or by a Lease that changed hands, is taken over or back: the drain of the redelivered message finds
+its pod's entry and does not scale again, and any later surge of the Deployment removes the entries whose pods
+are gone, with the replicas they added.
 
 A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the Deployment out of sync while a surge
 lasts; with self-heal it scales back at once. A count other than the one our last write set is the owner's
