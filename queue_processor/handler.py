@@ -46,6 +46,7 @@ deletes no message whose actions are not all settled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -116,6 +117,11 @@ OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "No
 #: node's messages itself (seconds): the kubelet signals at once; this only bounds a pod that is not this process.
 LEAVE_WAIT_S = 60.0
 
+#: How long before its own instance's end (a notice's) the controller leaves its drained node at the latest
+#: (seconds): the kubelet's SIGTERM and this process's shutdown, which releases every message it holds, take
+#: that much at most before the instance goes.
+LEAVE_LEAD_S = 10.0
+
 EXCLUDE_FROM_LB_LABEL = (
     "node.kubernetes.io/exclude-from-external-load-balancers",
     "aws-node-termination-handler",
@@ -160,6 +166,8 @@ class Handler(Steps):
         self.webhook = webhook
         self.launches = Launches(self.parts, drainer=drainer, draining=self.draining)
         self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
+        self._running = 0  # operations running here, of every mode
+        self._one_ended = asyncio.Event()  # set (and replaced) whenever one of them ends
         self.turns = Turns(observer)
         """Drains per group, and those that wait for a turn (DRAIN_BUDGET_NON_URGENT)."""
         self._holding: dict[str, OperationContext] = {}  # node Lease name → the operation holding it here
@@ -199,6 +207,7 @@ class Handler(Steps):
         )
         draining = operation.mode is Mode.DRAIN
         self._draining[operation.instance_id] += draining
+        self._running += 1
         try:
             async with AsyncExitStack() as early_exit:
                 ctx = OperationContext(operation, early_exit, bound)
@@ -223,6 +232,9 @@ class Handler(Steps):
             self._draining[operation.instance_id] -= draining
             if self._draining[operation.instance_id] <= 0:
                 del self._draining[operation.instance_id]
+            self._running -= 1
+            self._one_ended.set()
+            self._one_ended = asyncio.Event()
 
     async def _pipeline(self, ctx: OperationContext) -> Outcome:
         """resolve → claim → PreDrain + cordon → drain → PostDrain (``ctx.tainted``: the kinds whose taints
@@ -646,6 +658,7 @@ class Handler(Steps):
         ``False`` when the eviction was refused until the drain deadline (a PodDisruptionBudget over our
         replicas): the actions are completed as before and this process goes with the instance."""
         namespace, name = self.settings.pod_namespace or "default", self.settings.pod_name
+        await self._last_to_leave(ctx)
         if not await self.drainer.evict_last(namespace, name, self._deadline(ctx.operation)):
             ctx.log.warning(
                 "our own pod could not be evicted before the deadline: completing and going with the node"
@@ -659,6 +672,30 @@ class Handler(Steps):
         await asyncio.sleep(LEAVE_WAIT_S)  # the kubelet's SIGTERM comes first, and shutdown cancels this
         ctx.log.warning("our own pod was evicted but no SIGTERM came: requeued", waited_s=LEAVE_WAIT_S)
         return True
+
+    async def _last_to_leave(self, ctx: OperationContext) -> None:
+        """DESIGN.md rule 16: leaving our drained node costs the other operations running here everything
+        (our shutdown cancels them), so it waits until none is left, or until the last moment: :data:`LEAVE_LEAD_S`
+        before our own instance's end as the operation's events say it, and at most one drain deadline from
+        now (a terminate lifecycle action is heartbeated meanwhile). Operations that start meanwhile count too."""
+        operation = ctx.operation
+        leave_by = self._deadline(operation)
+        end = self._instance_end(operation)
+        if end is not None:
+            leave_by = min(leave_by, end - LEAVE_LEAD_S)
+        if self._running > 1:
+            ctx.log.info(
+                "our own node is drained: staying until the other drains here end",
+                operations=self._running - 1,
+                leave_in_s=round(max(0.0, leave_by - self.clock()), 1),
+            )
+        while self._running > 1 and (left := leave_by - self.clock()) > 0:
+            ended = self._one_ended
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await ended.wait()
+        if self._running > 1:
+            ctx.log.warning("leaving our own node at its last moment", operations=self._running - 1)
 
     async def _joiners(self, ctx: OperationContext, bounds: DrainBounds) -> None:
         """Whenever an event joins: the drain's bounds tighten to its deadline and instance end when they are
