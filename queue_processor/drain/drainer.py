@@ -707,27 +707,33 @@ class Drainer:
             for index, wave in enumerate(planned.waves):
                 _raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
                 before = launchers[-1] if launchers else None
+                later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
+                # The time kept for the waves still to come is planned when this wave starts, and again only
+                # when the bounds tighten: planned again at every poll, it would shrink as the end nears (their
+                # cut grace shrinks with it) and keep pushing the next wave later.
+                kept: dict[int, float] = {}
+
+                def wave_bound(later: list[_Pod] = later, kept: dict[int, float] = kept) -> float:
+                    if bounds.version not in kept:
+                        final = bounds.final(timing)[0]
+                        kept.clear()
+                        kept[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
+                    return kept[bounds.version]
+
                 launchers.append(
                     tasks.spawn(
-                        self._launch([entry for entry in wave if entry.evict], start, running, guard, before),
+                        self._launch(
+                            [entry for entry in wave if entry.evict],
+                            functools.partial(start, wave_by=wave_bound if later else None),
+                            running,
+                            guard,
+                            before,
+                        ),
                         name=f"evictions-{node}",
                         awaited=True,
                     )
                 )
-                later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
                 if later:
-                    # The time kept for the waves still to come is planned when this wave starts, and again
-                    # only when the bounds tighten: planned again at every poll, it would shrink as the end
-                    # nears (their cut grace shrinks with it) and keep pushing the next wave later.
-                    kept: dict[int, float] = {}
-
-                    def wave_bound(later: list[_Pod] = later, kept: dict[int, float] = kept) -> float:
-                        if bounds.version not in kept:
-                            final = bounds.final(timing)[0]
-                            kept.clear()
-                            kept[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
-                        return kept[bounds.version]
-
                     await self._wait_gone(
                         node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, running, following
                     )
@@ -849,13 +855,19 @@ class Drainer:
         accepted: dict[tuple[str, str], _Eviction],
         drain_id: str,
         held: list[Surge],
+        wave_by: Callable[[], float] | None = None,
     ) -> _Eviction:
         """Evict one pod, with its replacement first when it asks for a surge (:meth:`_surge`): the surge is
         put in ``held`` (the drain takes it back when it ends, and on a cancellation) and taken back at once when
         the eviction was accepted or the pod is gone. ``slot`` (of :attr:`slots`) is given back once the first
         eviction request is answered (the task's end gives it back otherwise: :meth:`_launch`). How the
-        eviction ended (:meth:`_evict_until`)."""
-        surge = None if entry.surge is None else await self._surge(entry, entry.surge, bounds, guard, held)
+        eviction ended (:meth:`_evict_until`). ``wave_by`` is when the pod's wave must be gone (the waves after it
+        start then; ``None`` for the last wave)."""
+        surge = (
+            None
+            if entry.surge is None
+            else await self._surge(entry, entry.surge, bounds, guard, held, wave_by)
+        )
         outcome = await self._evict_until(
             entry, bounds, guard, evicted, accepted, drain_id, slot, past_gate=surge is not None
         )
@@ -969,11 +981,13 @@ class Drainer:
         bounds: DrainBounds,
         guard: Callable[[], Awaitable[None]] | None,
         held: list[Surge],
+        wave_by: Callable[[], float] | None = None,
     ) -> Surge | None:
         """Replacement before eviction (:mod:`queue_processor.drain.surge`): scale the pod's Deployment one
         replica up and wait until it has one more available replica, until the moment the eviction must start
-        for the pod's grace period to end before the drain's last moment (:meth:`DrainBounds.final`, less
-        :data:`WAVE_PAD_S`): the grace it would be given when the surge starts (its own, or cut to end
+        for the pod's grace period to end before the drain's last moment (:meth:`DrainBounds.final`) and before
+        its wave's bound (``wave_by``: the later waves, ``last`` pods among them, go only once it is gone), less
+        :data:`WAVE_PAD_S`: the grace it would be given when the surge starts (its own, or cut to end
         GRACE_DEADLINE_MARGIN before the instance), planned again only when the bounds tighten. A surge starts only when
         that moment leaves the Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` more. The surge to take
         back once the pod's eviction has ended (kept when the replacement is late: the pod is evicted anyway,
@@ -996,7 +1010,12 @@ class Drainer:
                 graces[bounds.version] = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)[
                     0
                 ]
-            return bounds.final(self.timing)[0] - graces[bounds.version] - WAVE_PAD_S
+            by = (
+                bounds.final(self.timing)[0]
+                if wave_by is None
+                else min(bounds.final(self.timing)[0], wave_by())
+            )
+            return by - graces[bounds.version] - WAVE_PAD_S
 
         def fallback(result: SurgeResult, why: str) -> None:
             self.observer.surge(result)

@@ -646,3 +646,34 @@ async def test_a_surge_that_cannot_wait_for_min_ready_seconds_is_decided_before_
     assert result.completed
     assert (kube.writes, kube.evicted) == (0, ["web-0"])
     assert surges_counted(metrics) == {"no-time": 1}
+
+
+async def test_a_surge_pod_is_evicted_before_the_nodes_last_pod_even_when_its_replacement_is_slow() -> None:
+    """Issue 47.5: ``last`` means after every other pod of the node is gone. A surge pod whose replacement
+    never comes waits no longer than its own wave's bound (before: the agent annotated ``last`` went when the
+    first wave's wait ended, at about 90 s of a 120 s window, and the surge pod at about 113 s)."""
+    kube, drainer, _, now = a_drain()
+    kube.add_pod("agent")
+    kube.pods[-1]["metadata"]["annotations"] = {DRAIN_POLICY_ANNOTATION: "last"}
+
+    async def sleep_advances(seconds: float) -> bool:
+        now[0] += max(seconds, 0.25)
+        await asyncio.sleep(0)
+        return False
+
+    evicted_at: dict[str, float] = {}
+
+    async def on_evict(name: str) -> None:
+        evicted_at[name] = now[0]
+
+    kube.on_evict = on_evict
+    from queue_processor.drain import drainer as drainer_module
+
+    bounds = drainer_module.DrainBounds(now[0] + 120, now[0] + 120)
+    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    result = await drainer.drain(NODE, bounds)
+    assert result.completed
+    assert list(evicted_at) == ["web-0", "agent"], evicted_at  # in order of the evictions
+    # its eviction started so that its 30 s grace and the 2 s pad ended by its wave's bound (188 s)
+    assert evicted_at["web-0"] <= 100 + 120 - 30 - 2 - 30, evicted_at
+    assert (kube.replicas, kube.record) == (1, {})
