@@ -404,8 +404,9 @@ class Settings(BaseSettings):
     drain_budget_group_label: str = _field(
         "",
         "The node label whose value names a node's group for DRAIN_BUDGET_NON_URGENT (its size: the nodes "
-        "carrying the same value). Empty: the instance's Auto Scaling group (its aws:autoscaling:groupName tag; "
-        "its size from DescribeAutoScalingGroups).",
+        "carrying the same value, counted in the watched copy of the nodes at most once a minute; while that copy "
+        "is not current a percentage counts as 1). Empty: the instance's Auto Scaling group (its "
+        "aws:autoscaling:groupName tag; its size from DescribeAutoScalingGroups).",
         nth="none",
     )
     use_apiserver_cache: bool = _field(

@@ -91,7 +91,6 @@ from queue_processor.observe.events import (
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import ASG_TAG, Webhook, node_facts
 from queue_processor.outcomes import (
-    ClaimHeld,
     ClaimLost,
     ErrorWhere,
     KubeError,
@@ -216,10 +215,6 @@ class Handler(Steps):
                 return await self._pipeline(ctx)
         except asyncio.CancelledError:
             raise
-        except ClaimHeld as exc:
-            bound.info("another replica holds the node's Lease: requeued", reason=str(exc))
-            self.observer.operation_outcome(OperationOutcome.LEASE_HELD)
-            return Outcome.RETRY
         except ClaimLost as exc:
             bound.warning("the node's Lease was lost: requeued", error=str(exc))
             self.observer.operation_outcome(OperationOutcome.LEASE_LOST)
@@ -262,6 +257,8 @@ class Handler(Steps):
             except Exception:
                 await self._notify(ctx)
                 raise
+            if result is None:
+                return Outcome.DONE
             await self._notify(ctx)
             if not result.completed:
                 return Outcome.RETRY
@@ -450,6 +447,10 @@ class Handler(Steps):
             since=datetime.now(UTC).isoformat(timespec="seconds"),
         )
 
+    def _recorded(self, ctx: OperationContext) -> CordonRecord | None:
+        """The instance facts every write of ours on the node records (:meth:`_about`)."""
+        return self._about(ctx.operation, ctx.info) if ctx.info is not None else None
+
     async def _notify(self, ctx: OperationContext) -> None:
         """The webhook, as NTH sends it (:meth:`~queue_processor.observe.webhook.Webhook.notify_operation`)."""
         operation = ctx.operation
@@ -485,37 +486,34 @@ class Handler(Steps):
         """Taint the node for the kinds that joined since its last taints (TAINT_NODE)."""
         new = [kind for kind in ctx.operation.kinds if kind not in ctx.tainted]
         for key, value, effect in self._taints(ctx.operation, new):
-            await self.drainer.taint(ctx.node, key, value, effect)
+            await self.drainer.taint(ctx.node, key, value, effect, about=self._recorded(ctx))
             self.observer.node_action(NodeAction.TAINT, True)
         ctx.tainted.update(new)
 
-    async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult:
-        """:meth:`_drain`, once the node's group has a turn for it (:meth:`_turn`). A node Lease claimed again
-        for the turn guards the drain as the first did (:meth:`guarded`: its loss cancels the drain at once);
-        the caller's guard watches the first claim, given up while the drain waited."""
-        first = ctx.claim
-        async with self._turn(ctx):
-            if ctx.claim is not None and ctx.claim is not first:
-                return await self.guarded(ctx, self._drain(ctx))
+    async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult | None:
+        """:meth:`_drain`, once the node's group has a turn for it (:meth:`_turn`); ``None`` when the instance
+        was started again while the drain waited (:meth:`Steps._started_again
+        <queue_processor.steps.Steps._started_again>`, asked again when the turn comes): nothing to drain, and
+        the check for instances back in service gives the node back."""
+        async with self._turn(ctx) as waited:
+            if waited and await self._started_again(ctx, fresh=True):
+                return None
             return await self._drain(ctx)
 
     @asynccontextmanager
-    async def _turn(self, ctx: OperationContext) -> AsyncIterator[None]:
+    async def _turn(self, ctx: OperationContext) -> AsyncIterator[bool]:
         """With DRAIN_BUDGET_NON_URGENT: the drain is counted in its node's group, and when every event of the
         operation leaves time (:func:`~queue_processor.deadlines.leaves_time`) it first waits, cordoned, while
-        the group's limit of drains run (:class:`~queue_processor.turns.Turns`). Meanwhile its messages, joined
-        ones too, stay held but give their in-flight slots back (:attr:`park`), and its node Lease is given up
-        (with the replica's other releases, within :data:`~queue_processor.leases.RELEASE_BATCH_S`), so that
-        another replica that receives an urgent event for the node can drain it; the Lease is
-        claimed again when the turn comes (held by another replica by then: :class:`ClaimHeld`, requeued as
-        ``lease-held``). An
-        event that joins and does not leave time, or a scheduled change becoming due, ends the wait at once;
-        kinds that joined get their taints when it ends. Reading the group never fails a drain: a node
-        without the label, or an instance without an Auto Scaling group, is in the group ``""``, and a size
-        that cannot be read counts a percentage as 1."""
+        the group's limit of drains run (:class:`~queue_processor.turns.Turns`); yields whether it waited.
+        Meanwhile its messages, joined ones too, stay held but give their in-flight slots back (:attr:`park`),
+        and it keeps its node Lease: an urgent event another replica receives for the node is handed over on it
+        (:mod:`queue_processor.handover`) and joins. An event that joins and does not leave time, or a scheduled
+        change becoming due, ends the wait at once; kinds that joined get their taints when it ends. Reading the
+        group never fails a drain: a node without the label, or an instance without an Auto Scaling group, is
+        in the group ``""``, and a size that cannot be read counts a percentage as 1."""
         spec = self.settings.drain_budget_non_urgent
         if not spec:
-            yield
+            yield False
             return
         operation = ctx.operation
         grace = self.settings.node_termination_grace_period
@@ -534,47 +532,43 @@ class Handler(Steps):
 
         group, size = await self._group(ctx, sized=not urgent() and spec.strip().endswith("%"))
         limit = turn_limit(spec, size)
-        released = False
+        logged = False
 
         async def waiting() -> None:
-            nonlocal released
+            nonlocal logged
             self.park(list(operation.messages))
-            if not released:
-                released = True
+            if not logged:
+                logged = True
                 ctx.log.info("waiting for a turn to drain: its events leave time", group=group, limit=limit)
-                if ctx.claim is not None:
-                    await ctx.claim.release()
 
         async with self.turns.turn(
             group, limit, urgent=urgent, joined=operation.joined, waiting=waiting, recheck_s=recheck_s
         ) as waited:
             if waited:
                 ctx.log.info("a turn to drain came", group=group, urgent=urgent())
-                if released and self.leases is not None:
-                    claim = await self.leases.claim(ctx.node)
-                    if claim is None:
-                        raise ClaimHeld(f"another replica took the node {ctx.node} while its drain waited")
-                    await self._hold(ctx, claim)
                 await self._taint_joined(ctx)
-            yield
+            yield waited
 
     async def _group(self, ctx: OperationContext, *, sized: bool) -> tuple[str, int | None]:
         """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, how many nodes it has (``None``:
         unknown): the value of DRAIN_BUDGET_GROUP_LABEL on the node (``label=value``; its size: the nodes
-        carrying it), else the instance's Auto Scaling group (its ``aws:autoscaling:groupName`` tag; its size
-        from DescribeAutoScalingGroups). Nodes without either are one group, ``""``. Raises nothing but
-        ``CancelledError``: what cannot be read counts as unknown (logged)."""
+        carrying it, counted in the watched copy of the nodes, :meth:`NodeCache.labelled
+        <queue_processor.drain.node_cache.NodeCache.labelled>`: never a list per drain), else the instance's
+        Auto Scaling group (its ``aws:autoscaling:groupName`` tag; its size from DescribeAutoScalingGroups).
+        Nodes without either are one group, ``""``. Raises nothing but ``CancelledError``: what cannot be read
+        counts as unknown (logged)."""
         label = self.settings.drain_budget_group_label
         try:
             if label:
-                node = await self.drainer.kube.get_node(ctx.node)
+                watched = self.drainer.nodes
+                node = watched.get(ctx.node) if watched is not None else None
+                if node is None:
+                    node = await self.drainer.kube.get_node(ctx.node)
                 value = str(((node or {}).get("metadata") or {}).get("labels", {}).get(label, ""))
                 if not value:
                     return "", None
-                selector = f"{label}={value}"
-                return selector, len(
-                    await self.drainer.kube.list_nodes(selector, cached=True)
-                ) if sized else None
+                size = watched.labelled(label, value) if sized and watched is not None else None
+                return f"{label}={value}", size
             group = (ctx.info.tags if ctx.info is not None else {}).get(ASG_TAG, "")
             if not group or not sized:
                 return group, None
@@ -726,7 +720,7 @@ class Handler(Steps):
         try:
             await self._taint_joined(ctx)
             if settings.enable_out_of_service_taint and not settings.cordon_only:
-                await self.drainer.taint(ctx.node, *OUT_OF_SERVICE_TAINT)
+                await self.drainer.taint(ctx.node, *OUT_OF_SERVICE_TAINT, about=self._recorded(ctx))
                 self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
         except KubeError as exc:
             if exc.status != 404:

@@ -3,7 +3,8 @@
 With NODE_LEASES, one instance's events may reach different replicas: a rebalance recommendation starts a drain
 on one, and the Spot warning that follows is received by another, which finds the node's Lease held. The drain
 must still take the warning's end at once (DESIGN.md rule 13: whichever replica received it). The replica that
-received it writes each event that brings the end nearer (:func:`handed`) onto the node's Lease as an annotation
+received it writes each event that brings the end nearer or ends a wait for a turn (:func:`handed`) onto the
+node's Lease as an annotation
 (:func:`annotation`: key ``queue-processor/event.<event ID>``, value the event's fields as JSON); the holder
 watches its node Leases (:class:`~queue_processor.lease_watch.LeaseWatch`) and joins those events to the
 operation it runs (:func:`events_in`), as if it had received them. The annotations go with the Lease when it is
@@ -11,7 +12,8 @@ released. The message stays with the replica that received it, which waits for t
 finishes the operation (the node is drained by then).
 
 Events a holder must not take over are not handed: lifecycle actions (their heartbeats belong to the replica
-holding their message), and kinds that never bring an end nearer (rebalance, state change).
+holding their message: it waits for the Lease, heartbeating them), and rebalance recommendations (they bring
+nothing a drain of the node does not have).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
-from queue_processor.kinds import Event, ScheduledChangeEvent
+from queue_processor.events import EventKind
+from queue_processor.kinds import AsgLifecycleEvent, Event
 
 __all__ = ["HANDOVER_PREFIX", "annotation", "events_in", "handed", "missing"]
 
@@ -42,9 +45,10 @@ def _events() -> TypeAdapter[Any]:
 
 def handed(event: Event) -> bool:
     """Whether a replica that cannot claim the node hands ``event`` to the holder: a notice (Spot, Capacity
-    Reservation: the instance ends at its start time) or an AWS Health scheduled change (its start may be near).
-    """
-    return event.notice or isinstance(event, ScheduledChangeEvent)
+    Reservation: the instance ends at its start time), an AWS Health scheduled change (its start may be near),
+    a state change (the instance is going now: a drain waiting for its turn starts). Not a lifecycle action nor
+    a rebalance recommendation."""
+    return not isinstance(event, AsgLifecycleEvent) and event.kind is not EventKind.REBALANCE_RECOMMENDATION
 
 
 def annotation(event: Event) -> tuple[str, str]:

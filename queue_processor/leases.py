@@ -548,6 +548,16 @@ class NodeLeases:
             if claimed is None and unreleased is not None:
                 replica.unreleased.setdefault(name, unreleased)
 
+    def held_elsewhere(self, node: str) -> bool:
+        """Whether another replica holds node ``node``'s Lease, as the watched copy shows (:attr:`watch`):
+        ``True`` too while that copy is not current, unless the API server refused the watch (then nothing is
+        known, and ``False``). The check for instances back in service leaves such a node alone: its drain may
+        run, or wait for its turn, on that replica."""
+        if not self.watch.live:
+            return self.watch.refused is None
+        holder = self.watch.holder(lease_name(node))
+        return holder is not None and holder != self.holder
+
     async def clear(self, lease: dict[str, Any] | None) -> bool:
         """Release a node Lease as we last wrote it: deleted, on the precondition that it is still at that
         resourceVersion (nothing is left behind for a node that is gone, and the node's next claim is one

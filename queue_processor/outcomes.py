@@ -1,8 +1,7 @@
 """The controller's errors and outcome vocabularies: the leaf every layer may import (DESIGN.md, "Layout").
 
 Errors: :class:`ConfigError` and :class:`StartupError` (a setting, one line naming it), :class:`KubeError` (an
-answer of the API server), :class:`ClaimLost` (a node Lease no longer ours) and :class:`ClaimHeld` (one given up
-while a drain waited for its turn, held by another replica when the turn came). Outcomes: the enums whose values
+answer of the API server), :class:`ClaimLost` (a node Lease no longer ours). Outcomes: the enums whose values
 are the label values metrics expose (dashboards depend on them), each decided where it happens: the parser's
 :class:`PoisonClass` and :class:`SkipClass`, the drainer's :class:`DrainOutcome` and
 :class:`EvictionOutcome`, and what the pipeline reports through
@@ -20,7 +19,6 @@ __all__ = [
     "NTH_NODE_ACTIONS",
     "SQS_MONITOR",
     "AwsResult",
-    "ClaimHeld",
     "ClaimLost",
     "ConfigError",
     "DrainEnd",
@@ -77,12 +75,6 @@ class ClaimLost(Exception):  # noqa: N818 - it names what happened
     """The node's Lease is no longer this replica's: another replica holds it now (a renewal answered 409 and
     the Lease read back names another holder), or it lapsed (not renewed within its duration, e.g. while the
     process was paused) and could not be renewed."""
-
-
-class ClaimHeld(ClaimLost):
-    """The node's Lease, given up while the drain waited for its turn (DRAIN_BUDGET_NON_URGENT), is held by
-    another replica when the turn comes: the operation is requeued as when its first claim finds the Lease held
-    (``lease-held``). Nothing of this replica's was lost: it gave the Lease up so that another could drain."""
 
 
 class PoisonClass(StrEnum):

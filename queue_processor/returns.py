@@ -15,7 +15,9 @@ again: capacity nothing can be scheduled on. Every write of ours records on the 
 - an instance is back when EC2 says it is ``running`` and its ``LaunchTime`` differs from the one recorded
   with our cordon (EC2 reports the most recent launch or start: it was stopped and started since), and its
   node is ``Ready``;
-- a node whose instance has an operation in flight here is left alone, and the decision is made again on the
+- a node whose instance has an operation in flight here, or whose node Lease another replica holds (its drain
+  runs or waits for its turn there: :meth:`NodeLeases.held_elsewhere
+  <queue_processor.leases.NodeLeases.held_elsewhere>`), is left alone, and the decision is made again on the
   node as read for the write (a cordon by another replica since then records the current ``LaunchTime``, and
   the write carries the read ``resourceVersion``), so a new interruption is never undone.
 
@@ -57,7 +59,8 @@ def came_back(record: CordonRecord, info: InstanceInfo | None, node: dict[str, A
 
 class Returns:
     """The periodic check of :mod:`this module <queue_processor.returns>`. ``busy(instance_id)`` says whether
-    an operation for that instance is in flight here; ``interval_s`` is RETURN_CHECK_INTERVAL_SEC;
+    an operation for that instance is in flight here, ``held_elsewhere(node)`` whether another replica holds
+    the node's Lease; ``interval_s`` is RETURN_CHECK_INTERVAL_SEC;
     ``observer`` counts each undo (``node_action="uncordon"``); ``nodes``, the watched copy of the nodes, is
     read instead of a LIST while it is current."""
 
@@ -68,6 +71,7 @@ class Returns:
         resolver: InstanceResolver,
         *,
         busy: Callable[[str], bool],
+        held_elsewhere: Callable[[str], bool] = lambda node: False,
         interval_s: float,
         observer: Observer = NULL_OBSERVER,
         nodes: NodeCache | None = None,
@@ -76,6 +80,7 @@ class Returns:
         self.drainer = drainer
         self.resolver = resolver
         self.busy = busy
+        self.held_elsewhere = held_elsewhere
         self.interval_s = interval_s
         self.observer = observer
         self.nodes = nodes
@@ -84,8 +89,13 @@ class Returns:
         self, instance_id: str, info: InstanceInfo | None, node: dict[str, Any], now: CordonRecord
     ) -> bool:
         """On the node as read for the undo: still our record for ``instance_id``, no operation for it in
-        flight here, and the instance came back (:func:`came_back`)."""
-        return now.instance_id == instance_id and not self.busy(instance_id) and came_back(now, info, node)
+        flight here or on another replica, and the instance came back (:func:`came_back`)."""
+        return (
+            now.instance_id == instance_id
+            and not self.busy(instance_id)
+            and not self.held_elsewhere(str(node["metadata"]["name"]))
+            and came_back(now, info, node)
+        )
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled; a failed check is logged and the next one comes."""
@@ -112,7 +122,12 @@ class Returns:
             if not node_ready(node):
                 continue  # not back, whatever EC2 says (came_back): no describe
             record = CordonRecord.from_node(node)
-            if record is not None and record.instance_id and not self.busy(record.instance_id):
+            if (
+                record is not None
+                and record.instance_id
+                and not self.busy(record.instance_id)
+                and not self.held_elsewhere(str(node["metadata"]["name"]))
+            ):
                 candidates.append((node, record))
         del nodes, watched  # a LIST's nodes whole: only the candidates are kept while the describes run
         infos = await self.resolver.get_many([record.instance_id for _, record in candidates], fresh=True)

@@ -255,7 +255,7 @@ class Steps:
             return Outcome.DONE
         return info
 
-    async def _started_again(self, ctx: OperationContext) -> bool:
+    async def _started_again(self, ctx: OperationContext, *, fresh: bool = False) -> bool:
         """Whether the instance was started again since everything a drain operation is about, so that there
         is nothing left to drain, and the node the restarted instance registered must not be cordoned for it:
 
@@ -278,8 +278,9 @@ class Steps:
         own interruption.
 
         The instance is read fresh when the cache cannot be trusted for this: a message delivered before
-        (``ApproximateReceiveCount`` above 1), a message sent more than :data:`LATE_S` ago, or only stops. A
-        new warning delivered on time costs no read (a storm's first deliveries)."""
+        (``ApproximateReceiveCount`` above 1), a message sent more than :data:`LATE_S` ago, only stops, or
+        ``fresh`` (a drain whose turn came after a wait). A new warning delivered on time costs no read (a
+        storm's first deliveries)."""
         operation, info = ctx.operation, ctx.info
         if operation.mode is not Mode.DRAIN or info is None or operation.lifecycle_actions:
             return False  # a terminate action can outlive a stop and start (Spot hibernates it meanwhile)
@@ -294,12 +295,12 @@ class Steps:
                 event.message is not None and event.message.receive_count > 1 for event in evaluated
             )
             late = datetime.now(UTC) - newest > timedelta(seconds=LATE_S)
-            if not (stops_only or retried or late):
+            if not (stops_only or retried or late or fresh):
                 return False
-            fresh = await self.resolver.get(operation.instance_id, fresh=True)
-            if fresh is None:
+            now = await self.resolver.get(operation.instance_id, fresh=True)
+            if now is None:
                 return False
-            info = ctx.info = fresh  # what a cordon records, if there is one: EC2 as it is now
+            info = ctx.info = now  # what a cordon records, if there is one: EC2 as it is now
             # Running again after stops: EC2 gives no LaunchTime, or one in the second of the last stop's
             # message or later (LaunchTime is reported to the second). An earlier one is EC2's eventual
             # consistency just after the stop.

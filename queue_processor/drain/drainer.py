@@ -479,11 +479,14 @@ class Drainer:
             raise
         return True
 
-    async def taint(self, node: str, key: str, value: str, effect: str) -> None:
+    async def taint(
+        self, node: str, key: str, value: str, effect: str, *, about: CordonRecord | None = None
+    ) -> None:
         """Add (or update) one taint, keeping every other taint of the node (read-modify-write, see
-        :meth:`cordon`; recorded when the node did not carry it). Raises :class:`KubeError` (404 when the node
-        is gone)."""
-        await self._read_modify_write(node, [(key, value, effect)], {}, {})
+        :meth:`cordon`; recorded when the node did not carry it, with the instance facts of ``about``: a record
+        written anew, after ours was undone, still names its instance, so that it is undone in turn). Raises
+        :class:`KubeError` (404 when the node is gone)."""
+        await self._read_modify_write(node, [(key, value, effect)], {}, {}, about)
 
     async def undo(self, node: str, decide: Callable[[dict[str, Any], CordonRecord], bool]) -> bool:
         """Take back what the node's :class:`~queue_processor.drain.record.CordonRecord` says we changed (our

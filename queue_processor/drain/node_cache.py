@@ -31,6 +31,7 @@ concepts); "Resource versions" for the optimistic concurrency of the write.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from queue_processor.drain.record import RECORD_ANNOTATION
@@ -116,6 +117,7 @@ class NodeCache(Watched):
         self.kube = kube
         self._nodes: dict[str, dict[str, Any]] = {}
         self._hostnames: dict[str, set[str]] = {}  # kubernetes.io/hostname label → names of the nodes with it
+        self._counted: dict[tuple[str, str], tuple[float, int]] = {}  # (label, value) → (when, nodes)
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The slim copy of node ``name`` (:func:`slim`), or ``None`` while the copy is not current or does
@@ -127,6 +129,19 @@ class NodeCache(Watched):
     def all(self) -> list[dict[str, Any]] | None:
         """Every node's slim copy, or ``None`` while the copy is not current."""
         return list(self._nodes.values()) if self.live else None
+
+    def labelled(self, label: str, value: str, *, ttl_s: float = 60.0) -> int | None:
+        """How many nodes of the copy carry ``label=value`` (a DRAIN_BUDGET_GROUP_LABEL group's size), counted
+        at most once every ``ttl_s`` seconds per group (a fleet-wide rebalance asks once per drain); ``None``
+        while the copy is not current."""
+        if not self.live:
+            return None
+        now = time.monotonic()
+        counted = self._counted.get((label, value))
+        if counted is None or now - counted[0] >= ttl_s:
+            size = sum(1 for node in self._nodes.values() if node["metadata"]["labels"].get(label) == value)
+            counted = self._counted[(label, value)] = (now, size)
+        return counted[1]
 
     def absent(self, dns_name: str) -> bool:
         """Whether the current copy knows no node for an instance of private DNS name ``dns_name``: none of that

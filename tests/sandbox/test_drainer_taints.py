@@ -175,3 +175,24 @@ async def test_undo_keeps_a_cordon_somebody_else_made(cluster: KubeCluster, kube
     assert node is not None
     assert node["spec"].get("unschedulable") is True  # theirs: kept
     assert await others(kube, name) == {(OTHER["key"], OTHER["effect"]): OTHER["value"]}
+
+
+async def test_a_taint_written_after_our_record_was_undone_records_its_instance(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    """Issue 47.7: a taint of a kind that joined a drain, written after another replica gave the node back
+    (our record gone), got a record without the instance: never undone, an out-of-service NoExecute taint
+    left on a live node. Every write of ours records the instance, so the check for instances back in service
+    can undo it in turn."""
+    name = await tainted_node(cluster, kube)
+    drainer = Drainer(kube, DrainOptions(), budget=1)
+    about = CordonRecord(instance_id="i-0joined", launch_time="2026-01-01T00:00:00+00:00")
+    await drainer.taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute", about=about)
+    node = await kube.get_node(name)
+    assert node is not None
+    record = CordonRecord.from_node(node)
+    assert record is not None
+    assert (record.instance_id, record.launch_time) == ("i-0joined", "2026-01-01T00:00:00+00:00")
+    assert record.taints == (("node.kubernetes.io/out-of-service", "NoExecute"),)
+    assert await drainer.undo(name, lambda _, found: found.instance_id == "i-0joined")
+    assert await others(kube, name) == {(OTHER["key"], OTHER["effect"]): OTHER["value"]}

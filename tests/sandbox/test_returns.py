@@ -129,3 +129,49 @@ async def test_with_the_watched_copy_nothing_is_listed_and_nodes_not_ready_are_n
         assert (await kube.get_node(nodes[unready]) or {})["spec"]["unschedulable"] is True
     finally:
         await copy.close()
+
+
+async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeCluster, kube: KubeClient) -> None:
+    """Issue 47.7: the check asked only this process whether a node was being drained. A node whose Lease
+    another replica holds (its drain runs there, or waits for its turn) is left alone, whatever its instance
+    says; once that replica releases the Lease, the node is given back."""
+    from queue_processor.leases import NodeLeases
+
+    namespace = f"ops-{uuid.uuid4().hex[:6]}"
+    cluster.ensure_namespace(namespace)
+    drainer = Drainer(kube, DrainOptions(), budget=10)
+    resolver = Resolver()
+    back = f"i-back{uuid.uuid4().hex[:8]}"
+    node = await cordoned(cluster, drainer, back)
+    resolver.infos = {back: info(back, node, "running", CORDONED_AT + timedelta(hours=1))}
+    ours = NodeLeases(kube, namespace=namespace, identity="replica-a", duration_s=60)
+    other = NodeLeases(kube, namespace=namespace, identity="replica-b", duration_s=60)
+    copy = NodeCache(kube)  # a LIST from the API server's cache may not show the node yet
+    try:
+        copy.start()
+        ours.watch.start()
+        assert await ours.watch.first_answer(30)
+        await until(lambda: copy.get(node) is not None, "the node in the watched copy")
+        held = await other.claim(node)
+        assert held is not None
+        await until(lambda: ours.held_elsewhere(node), "the other replica's Lease in our copy")
+        returns = Returns(
+            kube,
+            drainer,
+            resolver,  # type: ignore[arg-type]
+            busy=lambda _: False,
+            held_elsewhere=ours.held_elsewhere,
+            interval_s=30,
+            nodes=copy,
+        )
+        assert await returns.check() == []
+        assert (await kube.get_node(node) or {})["spec"]["unschedulable"] is True
+        await held.release()
+        await other.flush()
+        await until(lambda: not ours.held_elsewhere(node), "the release in our copy")
+        assert await returns.check() == [node]
+        assert not (await kube.get_node(node) or {})["spec"].get("unschedulable")
+    finally:
+        await copy.close()
+        await ours.close()
+        await other.close()

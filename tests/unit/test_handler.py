@@ -1051,9 +1051,9 @@ async def test_an_action_that_joins_during_post_drain_is_completed(env: Any) -> 
     assert operation is not None
     original = world.drainer.taint
 
-    async def join_then_taint(node: str, key: str, value: str, effect: str) -> None:
+    async def join_then_taint(node: str, key: str, value: str, effect: str, **kwargs: Any) -> None:
         world.receive(terminate())
-        await original(node, key, value, effect)
+        await original(node, key, value, effect, **kwargs)
 
     world.drainer.taint = join_then_taint  # type: ignore[method-assign]
     outcome, messages = await world.run(operation)

@@ -14,7 +14,7 @@ import pytest
 from queue_processor.deadlines import leaves_time
 from queue_processor.events import SqsMessageRef
 from queue_processor.kinds import RebalanceRecommendationEvent, ScheduledChangeEvent
-from queue_processor.leases import NodeLeases, lease_name
+from queue_processor.leases import lease_name
 from queue_processor.ledger import InFlightSlots
 from queue_processor.nodes import InstanceInfo
 from queue_processor.turns import Turns, turn_limit
@@ -223,27 +223,62 @@ async def _two_rebalance_drains_one_waiting(
     return world, runs
 
 
-async def test_a_waiting_drain_gives_its_node_lease_up_and_claims_it_again_for_its_turn(env: Any) -> None:
+async def test_a_waiting_drain_keeps_its_node_lease_and_a_warning_handed_over_ends_the_wait(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47.7: a drain waiting for its turn keeps its node Lease (before: given up, so that another
+    replica's check for instances back in service could undo its cordon, and its turn later drained a node back
+    in service without cordoning it again). A Spot warning another replica receives for that node is handed
+    over on the Lease, joins, and starts the waiting drain at once."""
+    monkeypatch.setattr("queue_processor.lease_watch.UNWATCHED_POLL_S", 0.01)
+    evicting: list[str] = []
     gate = asyncio.Event()
 
     async def held(name: str) -> None:
+        evicting.append(name)
         await gate.wait()
 
     world, runs = await _two_rebalance_drains_one_waiting(held)
-    # The waiting one gave its Lease up (another replica may drain that node at once); the other keeps its own.
     assert world.leases is not None
     holder = world.leases.holder
-    await until(lambda: sorted(str(held) for held in _holders(world).values()) == [holder])  # one released
+    await until(lambda: len(evicting) == 1)
+    await world.leases.flush()  # whatever was released is sent
+    assert sorted(str(held) for held in _holders(world).values()) == [holder, holder]  # both kept
+    waiting = "1" if evicting == ["web-0"] else "0"
+    patch_lease = world.kube.patch_lease
+
+    async def patched_and_watched(namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        lease = await patch_lease(namespace, name, patch)  # what the holder's Lease watch tells it
+        assert world.leases is not None
+        assert world.leases.watch.on_handed is not None
+        world.leases.watch.on_handed(name, lease["metadata"]["annotations"])
+        return lease
+
+    world.kube.patch_lease = patched_and_watched  # type: ignore[method-assign]
+    other = World(
+        settings(drain_budget_non_urgent="1", node_leases=True),
+        leases=True,
+        kube=world.kube,
+        identity="replica-b",
+    )
+    other.handler.resolver = Instances()  # type: ignore[assignment]
+    handed = other.receive(spot("m-spot", f"i-{waiting}"))
+    assert handed is not None
+    elsewhere = asyncio.create_task(other.run(handed))  # B cannot claim: it hands the warning over, and waits
+    await until(lambda: len(evicting) == 2)
+    assert evicting[-1] == f"web-{waiting}"  # the waiting drain started at once, the first still running
     gate.set()
     outcomes = [str(outcome) for outcome, _ in await asyncio.gather(*runs)]
     assert outcomes == ["done", "done"]
+    assert str((await elsewhere)[0]) == "done"  # once A released the node, B finished its operation
     assert sorted(world.kube.evicted) == ["web-0", "web-1"]
+    await other.heartbeats.close()
     await world.heartbeats.close()
 
 
 async def test_a_lease_claimed_again_for_a_turn_and_lost_stops_the_drain_at_once(env: Any) -> None:
-    """After its turn wait the drain holds a new claim: losing that one cancels the drain at once (the eviction
-    in flight too), as losing the first would, instead of being noticed at the drain's next confirm."""
+    """The drain kept its claim while it waited for its turn: losing it once the drain runs cancels the drain
+    at once (the eviction in flight too), instead of being noticed at the drain's next confirm."""
     gates = {f"web-{index}": asyncio.Event() for index in range(2)}
     evicting: set[str] = set()
 
@@ -263,33 +298,6 @@ async def test_a_lease_claimed_again_for_a_turn_and_lost_stops_the_drain_at_once
     assert str(runs[1].result()[0]) == "retry"
     assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 1
     assert str((await runs[0])[0]) == "done"
-    await world.heartbeats.close()
-
-
-async def test_a_node_another_replica_took_while_the_drain_waited_is_held_not_lost(env: Any) -> None:
-    """The waiting drain gave its Lease up so that another replica could drain the node; one did. When the
-    turn comes the node is held by another replica, as when a first claim finds it so: requeued as
-    ``lease-held``. Nothing of this replica's was lost (the explorer's judge fails a replica that loses a
-    Lease undisturbed)."""
-    gate = asyncio.Event()
-
-    async def held(name: str) -> None:
-        await gate.wait()
-
-    world, runs = await _two_rebalance_drains_one_waiting(held)
-    assert world.leases is not None
-    await world.leases.flush()
-    (waiting,) = [node for node in ("node-0", "node-1") if lease_name(node) not in _holders(world)]
-    other = NodeLeases(world.kube, namespace=world.leases.namespace, identity="replica-b")  # type: ignore[arg-type]
-    taken = await other.claim(waiting)
-    assert taken is not None
-    gate.set()
-    outcomes = sorted(str(outcome) for outcome, _ in await asyncio.gather(*runs))
-    assert outcomes == ["done", "retry"]
-    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-held") == 1
-    assert world.count("queue_processor_operation_outcomes_total", outcome="lease-lost") == 0
-    await taken.release()
-    await other.close()
     await world.heartbeats.close()
 
 
@@ -351,3 +359,95 @@ async def test_a_hand_over_wakes_only_the_drain_whose_turn_it_is() -> None:
     release[9].set()
     await asyncio.gather(*running)
     assert order == list(range(-1, 10))
+
+
+async def test_a_labelled_group_is_sized_from_the_watched_nodes_not_a_list_per_drain(env: Any) -> None:
+    """Issue 47.6: with DRAIN_BUDGET_GROUP_LABEL and a percentage, every drain that leaves time read its node and
+    LISTed its whole group (a fleet-wide rebalance: O(N²) transfer, each list parsed on the event loop). The
+    group and its size now come from the watched copy of the nodes: no node request at all."""
+    from queue_processor.drain.node_cache import NodeCache, slim
+
+    world = World(settings(drain_budget_non_urgent="50%", drain_budget_group_label="pool"))
+    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.kube.pods.clear()
+    for index in range(4):
+        world.kube.add_node(f"node-{index}", pool="blue")
+        world.kube.add_pod(f"web-{index}", f"node-{index}")
+    world.kube.add_node("node-other", pool="green")
+    copy = NodeCache(world.kube)  # type: ignore[arg-type]
+    for node in world.kube.nodes.values():
+        copy._put(slim(node))
+    copy._set_live(True)
+    world.drainer.nodes = copy
+    requests: Counter[str] = Counter()
+    get_node = world.kube.get_node
+
+    async def counted_get(name: str) -> dict[str, Any] | None:
+        requests["get nodes"] += 1
+        return await get_node(name)
+
+    async def counted_list(
+        label_selector: str | None = None, *, cached: bool = False
+    ) -> list[dict[str, Any]]:
+        requests["list nodes"] += 1
+        return [
+            node for node in world.kube.nodes.values() if node["metadata"]["labels"].get("pool") == "blue"
+        ]
+
+    world.kube.get_node = counted_get  # type: ignore[method-assign]
+    world.kube.list_nodes = counted_list  # type: ignore[attr-defined]
+    gate = asyncio.Event()
+
+    async def held(name: str) -> None:
+        await gate.wait()
+
+    world.kube.on_evict = held
+    operations = [
+        world.receive(rebalance(f"m-{index}").model_copy(update={"instance_id": f"i-{index}"}))
+        for index in range(4)
+    ]
+    runs = [asyncio.create_task(world.run(operation)) for operation in operations if operation is not None]
+    await until(lambda: world.handler.turns.waiting("pool=blue") == 2)  # 50 % of four nodes: two at a time
+    assert requests["list nodes"] == 0
+    gate.set()
+    outcomes = [outcome for outcome, _ in await asyncio.gather(*runs)]
+    assert [str(o) for o in outcomes] == ["done"] * 4
+    assert requests == Counter()  # the cordons read the copy too
+    await world.heartbeats.close()
+
+
+async def test_a_turn_that_comes_after_the_instance_was_started_again_drains_nothing(env: Any) -> None:
+    """Issue 47.7: when its turn comes, the waiting drain asks EC2 again whether its node still leaves. The
+    instance was started again meanwhile (a later ``LaunchTime``): its node is not drained (before: drained,
+    although back in service), and the check for instances back in service gives it back."""
+    gate = asyncio.Event()
+
+    async def held(name: str) -> None:
+        await gate.wait()
+
+    world, runs = await _two_rebalance_drains_one_waiting(held)
+    waiting = world.handler.turns  # the second drain waits; which one depends on the loop's order
+    assert waiting.waiting("workers") == 1
+
+    class StartedAgain(Instances):
+        async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
+            info = await super().get(instance_id, fresh=fresh)
+            if fresh and info is not None:
+                later = datetime.now(UTC) + timedelta(minutes=1)  # EC2's LaunchTime: after every message
+                info = InstanceInfo(
+                    info.instance_id,
+                    info.private_dns_name,
+                    "us-east-1a",
+                    "running",
+                    info.tags,
+                    launch_time=later,
+                )
+            return info
+
+    world.handler.resolver = StartedAgain()  # type: ignore[assignment]
+    gate.set()
+    outcomes = [str(outcome) for outcome, _ in await asyncio.gather(*runs)]
+    assert outcomes == ["done", "done"]
+    assert len(world.kube.evicted) == 1  # the first drain's pod only
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 1
+    await world.heartbeats.close()
