@@ -8,7 +8,8 @@ that leaves time needs its group's size. The controller runs as its own process 
 
 Measured in the same run:
 
-- ``seconds_total``: from publishing the N recommendations to every message settled;
+- ``seconds_total``: from publishing the N recommendations (and ``--launches`` launch actions) to every
+  message settled; ``rebalance_seconds`` until the recommendations' alone (checked every second);
 - ``node_requests_per_node``: the controller's ``get nodes`` and ``list nodes`` per node (the group's size read
   with a LIST per drain cost O(N²) transfer: a 1,000-node LIST is about 13 MiB of JSON);
 - ``peak_rss_mib``: the controller's peak resident memory (VmHWM);
@@ -34,6 +35,7 @@ from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.processes import QueueProcessor, peak_rss_mib, scrape, total
 
 LABEL = "node.kubernetes.io/instance-type"
+REBALANCE = "rebalance-recommendation"
 
 
 def main() -> None:
@@ -44,6 +46,13 @@ def main() -> None:
         "--spare", type=int, default=None, help="nodes without one (default nodes / 4): they take the pods"
     )
     ap.add_argument("--percent", default="10%", help="DRAIN_BUDGET_NON_URGENT (default 10%%)")
+    ap.add_argument(
+        "--launches",
+        type=int,
+        default=0,
+        help="instances launched (through their launch hook) with the recommendations, as Capacity Rebalancing "
+        "does: their launch actions wait for their nodes meanwhile (default 0)",
+    )
     ap.add_argument("--scale", type=float, default=1.0, help="real seconds per simulated second")
     ap.add_argument("--qps", type=float, default=200.0, help="KUBE_API_QPS of the controller (default 200)")
     ap.add_argument(
@@ -69,6 +78,9 @@ def main() -> None:
         sandbox.kube.ensure_namespace(sandbox.controller_namespace)
         for instance in sandbox.instances[: args.nodes]:
             sandbox.aws.rebalance_recommendation(instance.instance_id)
+        groups = sorted({instance.asg_name for instance in sandbox.instances if instance.asg_name})
+        for index in range(args.launches):
+            sandbox.aws.launch_instances(groups[index % len(groups)])
         before = dict(sandbox.kube.requests)
         started = time.perf_counter()
         controller = QueueProcessor(
@@ -85,6 +97,7 @@ def main() -> None:
             **dict(setting.split("=", 1) for setting in args.set),
         )
         latencies: list[float] = []
+        rebalanced: float | None = None
         try:
             deadline = started + 1800
             while time.perf_counter() < deadline:
@@ -96,9 +109,12 @@ def main() -> None:
                 if status == 200:
                     latencies.append(time.perf_counter() - asked)
                 time.sleep(0.1)
-                if len(latencies) % 20 == 0 and latencies:
+                if len(latencies) % 10 == 0 and latencies:
                     scraped = scrape(controller.metrics_port, names=("queue_processor_messages_deleted",))
-                    if total(scraped, "queue_processor_messages_deleted_total") >= args.nodes:
+                    deleted = "queue_processor_messages_deleted_total"
+                    if rebalanced is None and total(scraped, deleted, kind=REBALANCE) >= args.nodes:
+                        rebalanced = time.perf_counter() - started
+                    if total(scraped, deleted) >= args.nodes + args.launches:
                         break
             seconds = time.perf_counter() - started
             rss = peak_rss_mib(controller.process.pid)
@@ -112,8 +128,10 @@ def main() -> None:
         ordered = sorted(latencies)
         figures = {
             "nodes": args.nodes,
+            "launches": args.launches,
             "percent": args.percent,
             "seconds_total": round(seconds, 1),
+            "rebalance_seconds": round(rebalanced, 1) if rebalanced is not None else None,
             "node_requests_per_node": {
                 kind: round(grown.get(kind, 0) / args.nodes, 2) for kind in ("get nodes", "list nodes")
             },

@@ -18,7 +18,8 @@ from typing import Any
 
 from queue_processor.deadlines import launch_ready_deadline
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.record import CordonRecord
+from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S
+from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.nodes import InstanceInfo, node_ready
 from queue_processor.observe.events import RECEIVED_REASONS
@@ -79,8 +80,8 @@ class Launches(Steps):
         return Outcome.DONE
 
     async def _ready_node(self, ctx: OperationContext, info: InstanceInfo | None) -> dict[str, Any] | Outcome:
-        """Wait (polling, backing off from 0.1 s to 5 s) until the instance's node is registered and Ready;
-        the node, or the outcome when the launch ended otherwise."""
+        """Wait (polling, backing off from 0.1 s to 5 s; :meth:`_find`) until the instance's node is registered
+        and Ready; the node, or the outcome when the launch ended otherwise."""
         operation = ctx.operation
         deadline = launch_ready_deadline(
             operation.events,
@@ -101,7 +102,7 @@ class Launches(Steps):
             if not operation.unsettled():
                 self.observer.operation_outcome(OperationOutcome.ACTION_OVER)
                 return Outcome.DONE
-            node = await self.finder.find(info)
+            node = await self._find(info)
             if node is not None and node_ready(node):
                 ctx.info = info
                 return node
@@ -111,12 +112,27 @@ class Launches(Steps):
             poll = min(poll * 1.5, 5.0)
             info = await self.resolver.get(operation.instance_id)
 
+    async def _find(self, info: InstanceInfo) -> dict[str, Any] | None:
+        """The instance's node: from the watched copy of the nodes while it is current (no request: a few
+        hundred launches polling at once would fill KUBE_API_QPS ahead of every eviction), else looked up."""
+        watched = self.drainer.nodes
+        if watched is not None:
+            await watched.first_answer(FIRST_COPY_WAIT_S)
+            if watched.live:
+                provider = info.provider_id if self.settings.use_provider_id else ""
+                return watched.find(info.private_dns_name, provider)
+        return await self.finder.find(info)
+
     async def _undo_on_return(self, ctx: OperationContext) -> None:
         """The launching instance is going into service and its node is Ready: undo what we did to the node
         when it carries our record for this instance (DESIGN.md rule 12) and no drain of it runs here. A launch
         out of a warm pool is proof of its return; another launch only when the instance was started since our
         cordon (:func:`~queue_processor.returns.came_back`)."""
         operation = ctx.operation
+        watched = self.drainer.nodes
+        copy = watched.get(ctx.node) if watched is not None else None
+        if copy is not None and copy["metadata"]["labels"].get(RECORD_LABEL) != "true":
+            return  # the watched copy shows no record of ours: nothing to undo, no read
         from_pool = any(action.origin == "WarmPool" for action in operation.launch_actions)
 
         def decide(found: dict[str, Any], record: CordonRecord) -> bool:

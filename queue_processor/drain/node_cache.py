@@ -118,6 +118,7 @@ class NodeCache(Watched):
         self._nodes: dict[str, dict[str, Any]] = {}
         self._hostnames: dict[str, set[str]] = {}  # kubernetes.io/hostname label → names of the nodes with it
         self._counted: dict[tuple[str, str], tuple[float, int]] = {}  # (label, value) → (when, nodes)
+        self._instances: dict[str, str] = {}  # instance ID (the end of spec.providerID) → node name
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The slim copy of node ``name`` (:func:`slim`), or ``None`` while the copy is not current or does
@@ -143,6 +144,26 @@ class NodeCache(Watched):
             counted = self._counted[(label, value)] = (now, size)
         return counted[1]
 
+    def find(self, dns_name: str, provider_id: str = "") -> dict[str, Any] | None:
+        """The slim copy of an instance's node, as :class:`~queue_processor.nodes.NodeFinder` would find it:
+        by ``provider_id`` when given (its instance ID: ``aws:///<zone>/<instance-id>``, or without the zone), else
+        named
+        ``dns_name`` or labelled ``kubernetes.io/hostname`` with it or its first label; ``None`` when the copy
+        has none, or is not current (:attr:`live`)."""
+        if not self.live:
+            return None
+        if provider_id:
+            name = self._instances.get(provider_id.rsplit("/", 1)[-1])
+            return self._nodes.get(name) if name is not None else None
+        found = self._nodes.get(dns_name)
+        if found is not None:
+            return found
+        for hostname in (dns_name, dns_name.split(".")[0]):
+            names = self._hostnames.get(hostname)
+            if names:
+                return self._nodes.get(min(names))
+        return None
+
     def absent(self, dns_name: str) -> bool:
         """Whether the current copy knows no node for an instance of private DNS name ``dns_name``: none of that
         name, and none whose ``kubernetes.io/hostname`` label is ``dns_name`` or its first label. ``False``
@@ -158,7 +179,7 @@ class NodeCache(Watched):
 
     async def _begin(self) -> str:
         """Every node, page by page, as slim copies; the list's resourceVersion."""
-        self._nodes, self._hostnames = {}, {}
+        self._nodes, self._hostnames, self._instances = {}, {}, {}
         rv = ""
         async for items, version in self.kube.node_pages(PAGE):
             rv = rv or version
@@ -173,9 +194,15 @@ class NodeCache(Watched):
         hostname = kept["metadata"]["labels"].get(HOSTNAME_LABEL)
         if hostname:
             self._hostnames.setdefault(hostname, set()).add(name)
+        provider = kept["spec"].get("providerID")
+        if provider:
+            self._instances[str(provider).rsplit("/", 1)[-1]] = name
 
     def _drop(self, name: str) -> None:
         old = self._nodes.pop(name, None)
+        provider = None if old is None else old["spec"].get("providerID")
+        if provider and self._instances.get(str(provider).rsplit("/", 1)[-1]) == name:
+            del self._instances[str(provider).rsplit("/", 1)[-1]]
         hostname = None if old is None else old["metadata"]["labels"].get(HOSTNAME_LABEL)
         names = self._hostnames.get(hostname) if hostname else None
         if names is not None:

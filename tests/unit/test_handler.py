@@ -1547,3 +1547,37 @@ async def test_an_ended_instance_whose_node_the_watched_copy_has_not_is_done_wit
         assert (outcome, messages) == (Outcome.DONE, {"m-stop": MessageOutcome.DELETE})
         assert world.count("queue_processor_operation_outcomes_total", outcome="instance-gone") == 1
     await world.heartbeats.close()
+
+
+async def test_a_launch_waits_for_its_node_on_the_watched_copy_without_a_request(env: Any) -> None:
+    """Issue 47.9: each poll for a launching instance's node was a GET and a LIST, urgent: some 300 launches at
+    once (Capacity Rebalancing during a fleet-wide rebalance) filled KUBE_API_QPS and left evictions no token
+    until those nodes were Ready. The watched copy of the nodes has the Ready condition: no request at all."""
+    from queue_processor.drain.node_cache import NodeCache, slim
+
+    world = World(settings(launch_ready_timeout_sec=900))
+    del world.kube.nodes[NODE]  # not registered yet
+    copy = NodeCache(world.kube)  # type: ignore[arg-type]
+    copy._set_live(True)
+    world.drainer.nodes = copy
+    requests: list[str] = []
+    get_node = world.kube.get_node
+
+    async def counted(name: str) -> dict[str, Any] | None:
+        requests.append(name)
+        return await get_node(name)
+
+    world.kube.get_node = counted  # type: ignore[method-assign]
+    operation = world.receive(launch())
+    assert operation is not None
+    running = asyncio.create_task(world.run(operation))
+    for _ in range(20):  # several polls
+        await asyncio.sleep(0.05)
+    assert not running.done()
+    world.kube.add_node()  # the kubelet registers it, Ready; the watch delivers it
+    world.kube.nodes[NODE]["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    copy._put(slim(world.kube.nodes[NODE]))
+    outcome, _ = await running
+    assert outcome is Outcome.DONE
+    assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-launch"]
+    assert requests == []
