@@ -93,6 +93,7 @@ class Lifecycle:
         self._checked: set[tuple[str, str]] = set()
         self._sizes: dict[str, tuple[float, int | None]] = {}  # group → (read at, size)
         self._reading: dict[str, asyncio.Future[int | None]] = {}  # group → the read in flight
+        self._told: set[str] = set()  # the errors of waiting() logged once
 
     async def group_size(self, group: str, *, ttl_s: float = 60.0) -> int | None:
         """How many instances the Auto Scaling group ``group`` has (DescribeAutoScalingGroups), read at most
@@ -207,6 +208,33 @@ class Lifecycle:
         """How long heartbeats may go on for one action (HEARTBEAT_UNTIL, or AWS's 48 h limit)."""
         until = self.settings.heartbeat_until
         return float(until) if until > 0 else MAX_HEARTBEAT_UNTIL_S
+
+    async def waiting(self, action: AsgLifecycleEvent) -> bool | None:
+        """Whether the action's instance still waits in a lifecycle hook's wait state for its transition
+        (DescribeAutoScalingInstances ``LifecycleState``: ``Pending:Wait`` or ``Warmed:Pending:Wait`` for a
+        launch, ``Terminating:Wait`` or ``Warmed:Terminating:Wait`` for a termination): ``False`` when it does
+        not (another consumer completed the action, it timed out, or the instance left its group), ``None``
+        when Auto Scaling cannot say (refused, unreachable after retries: logged once per kind of error).
+        Raises nothing but ``CancelledError``."""
+        try:
+            answer = await call(
+                self.autoscaling.describe_auto_scaling_instances, InstanceIds=[action.instance_id]
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            code = error_code(exc) or type(exc).__name__
+            if code not in self._told:
+                self._told.add(code)
+                log.warning(
+                    "cannot tell whether a lifecycle action still waits: it is heartbeated",
+                    error=repr(exc),
+                    iam="autoscaling:DescribeAutoScalingInstances",
+                )
+            return None
+        states = [str(found.get("LifecycleState", "")) for found in answer.get("AutoScalingInstances") or []]
+        wait = "Pending:Wait" if "LAUNCHING" in action.lifecycle_transition else "Terminating:Wait"
+        return any(state in (wait, f"Warmed:{wait}") for state in states)
 
     async def beat(self, action: AsgLifecycleEvent) -> bool:
         """One RecordLifecycleActionHeartbeat: ``True`` when recorded, ``False`` when the action is over
@@ -400,6 +428,12 @@ class Heartbeats:
         # message redelivered after a failed attempt and its backoff, or one that waited in the queue).
         age_s = (datetime.now(UTC) - action.time).total_seconds()
         wait_s = min(interval_s, max(interval_s - age_s, 0.0))
+        if wait_s <= 0 and await self.lifecycle.waiting(action) is False:
+            # Due at once: a message received again (after a restart, a requeue, another replica's hold) whose
+            # action may be over already; a beat would only be refused.
+            self._mark_over(action.action_key)
+            bound.info("lifecycle action is over already: no heartbeat")
+            return
         last_ok = self.clock() - min(max(age_s, 0.0), interval_s)  # when the hook's timer last restarted
         retry_s = RETRY_S[0]
         while True:

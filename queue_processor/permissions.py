@@ -35,7 +35,9 @@ AWS (IAM actions, https://docs.aws.amazon.com/service-authorization/latest/refer
 - EC2: DescribeInstances (node resolution), DescribeTags (NTH's ``nth_tagged_instances`` gauge);
 - Auto Scaling: CompleteLifecycleAction, RecordLifecycleActionHeartbeat, DescribeLifecycleHooks (the hook's
   HeartbeatTimeout, read once per hook), DescribeAutoScalingGroups (a group's size, for a percentage in
-  DRAIN_BUDGET_NON_URGENT; read at most once a minute per group).
+  DRAIN_BUDGET_NON_URGENT; read at most once a minute per group), DescribeAutoScalingInstances (whether an
+  action whose heartbeat is due at once, its message received again, still waits; NTH's documented policy
+  grants it too).
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ AWS_API_CALLS: dict[str, tuple[str, ...]] = {
         "RecordLifecycleActionHeartbeat",
         "DescribeLifecycleHooks",
         "DescribeAutoScalingGroups",
+        "DescribeAutoScalingInstances",
     ),
 }
 """Every AWS API operation the controller calls, by service (botocore service name)."""

@@ -68,12 +68,17 @@ data "aws_iam_policy_document" "controller" {
     resources = local.asg_arns
   }
 
-  # The hook's HeartbeatTimeout, read once per hook to pace heartbeats, and a group's size, read at most once
-  # a minute for a percentage in DRAIN_BUDGET_NON_URGENT. Describe calls have no resource type: "*" only.
+  # The hook's HeartbeatTimeout, read once per hook to pace heartbeats; a group's size, read at most once a
+  # minute for a percentage in DRAIN_BUDGET_NON_URGENT; whether an instance still waits in a hook, asked before
+  # the first heartbeat of an action received again. Describe calls have no resource type: "*" only.
   statement {
-    sid       = "ReadHookTimeouts"
-    effect    = "Allow"
-    actions   = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeLifecycleHooks"]
+    sid    = "ReadHookTimeouts"
+    effect = "Allow"
+    actions = [
+      "autoscaling:DescribeAutoScalingGroups",
+      "autoscaling:DescribeAutoScalingInstances",
+      "autoscaling:DescribeLifecycleHooks",
+    ]
     resources = ["*"]
   }
 

@@ -43,6 +43,7 @@ shrinking it to the fewest steps that still fail the same invariant (:func:`shri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import heapq
 import itertools
@@ -55,6 +56,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from random import Random
 from typing import Any, Literal
@@ -363,16 +365,31 @@ class _World:
         elif kind == "health":
             start_in = float(step.detail or 120)
             aws.scheduled_change([instance_id], start_in_s=start_in, duration_s=600)
-            self.at(step.at_s + start_in, "retire", lambda: self._retire(instance_id))
+            started = self._launch_time(instance_id)
+            self.at(step.at_s + start_in, "retire", lambda: self._retire(instance_id, started))
         elif kind == "capacity-reservation":
             notice = float(step.detail or 120)
             aws.capacity_reservation_interruption(instance_id, notice_s=notice)
             self.quiet_after = max(self.quiet_after, now + (notice + 5) * SCALE)
         return True
 
-    def _retire(self, instance_id: str) -> None:
-        if self._state(instance_id)[1] in ("running", "stopped"):
+    def _retire(self, instance_id: str, launched: datetime | None) -> None:
+        """AWS retires the instance at the scheduled change's start, unless it was stopped and started since
+        the change was scheduled (its ``LaunchTime`` changed): a start moves an EBS-backed instance to other
+        hardware, which ends its retirement ("Instance retirement", EC2 User Guide)."""
+        if (
+            self._state(instance_id)[1] in ("running", "stopped")
+            and self._launch_time(instance_id) == launched
+        ):
             self.sandbox.aws.terminate_ec2_instance(instance_id)
+
+    def _launch_time(self, instance_id: str) -> datetime | None:
+        """EC2's ``LaunchTime`` of the instance (its last launch or start), ``None`` when EC2 has forgotten it."""
+        try:
+            reservations = self.sandbox.aws.client("ec2").describe_instances(InstanceIds=[instance_id])
+            return reservations["Reservations"][0]["Instances"][0].get("LaunchTime")  # type: ignore[no-any-return]
+        except Exception:  # gone
+            return None
 
     def _disturbance_over(self) -> None:
         if self.disturbances and self.disturbances[-1][1] == float("inf"):
@@ -558,16 +575,23 @@ def run(
     settings: dict[str, str] | None = None,
     settle_s: float = SETTLE_S,
     before_step: Callable[[Step, Sandbox], None] | None = None,
+    keep: Path | None = None,
 ) -> Outcome:
     """Play ``story`` against a fresh sandbox and judge it. ``settings`` override the controllers' (environment
     variables; a test breaks one on purpose to show the judge catches it). ``plane`` and ``rbac``: the real
     control plane and the controller's RBAC rules, with ``kubernetes="real"``; ``settle_s``: how long (real
     seconds) everything may take to settle after the last step before it is judged as it stands;
     ``before_step``: called with each step and the sandbox just before the step is applied (a test waits there
-    for the state a step is meant to meet, so that a loaded machine cannot reorder what it checks)."""
+    for the state a step is meant to meet, so that a loaded machine cannot reorder what it checks); ``keep``: a
+    directory the controllers' logs and the sandbox's files are written to and left in (a temporary one
+    otherwise, removed after)."""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"explore-{story.seed}-") as tmp:
-        workdir = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"explore-{story.seed}-")))
+        else:
+            workdir = keep
+            workdir.mkdir(parents=True, exist_ok=True)
         options = SandboxOptions(
             nodes=story.nodes,
             asgs=story.asgs,
@@ -725,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="replay this one seed")
     parser.add_argument("--kubernetes", choices=("emulated", "real"), default="emulated")
     parser.add_argument("--no-shrink", action="store_true", help="report a failure without shrinking it")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="write each storyline's controller logs and sandbox files to DIR/seed-<seed> and keep them",
+    )
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else list(range(args.seed_from, args.seed_from + args.seeds))
     failed = 0
@@ -732,7 +762,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             story = generate(seed)
             try:
-                outcome = run(story, kubernetes=args.kubernetes, plane=plane)
+                keep = args.keep / f"seed-{seed}" if args.keep is not None else None
+                outcome = run(story, kubernetes=args.kubernetes, plane=plane, keep=keep)
             except (
                 Exception
             ) as error:  # the bench itself failed (a sandbox that did not start): say so, go on

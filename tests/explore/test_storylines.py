@@ -29,6 +29,10 @@ PINNED: dict[int, str] = {
     513: "a Spot warning (stop) requeued by a drain a PodDisruptionBudget held; the instance stopped and was "
     "started again, its node given back; the requeued warning then cordoned and drained the returned node, and "
     "recorded the new LaunchTime, so nothing undid it (returned)",
+    332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
+    "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
+    "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "
+    "(a start since the change was scheduled ends the retirement)",
 }
 
 

@@ -130,6 +130,9 @@ class FakeAutoscaling:
         self.fail_heartbeats = 0  # the next N heartbeats are throttled
         self.complete_gate: asyncio.Event | None = None  # completions wait for it when set
         self.on_complete: Callable[[str], None] | None = None  # called with the token of each completion
+        self.waiting: dict[
+            str, str
+        ] = {}  # instance ID → LifecycleState of a wait (DescribeAutoScalingInstances)
 
     async def describe_lifecycle_hooks(self, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(("DescribeLifecycleHooks", ""))
@@ -147,9 +150,25 @@ class FakeAutoscaling:
             self.calls.append(("RecordLifecycleActionHeartbeat:Throttling", token))
             raise client_error("Throttling", "Rate exceeded")
         if token not in self.open:
+            self.calls.append(("RecordLifecycleActionHeartbeat:ValidationError", token))
             raise client_error("ValidationError", f"No active Lifecycle Action found with token {token}")
         self.calls.append(("RecordLifecycleActionHeartbeat", token))
         return {}
+
+    async def describe_auto_scaling_instances(self, **kwargs: Any) -> dict[str, Any]:
+        """Each instance's LifecycleState as ``self.waiting`` gives it; refused (AccessDenied, as NTH's policy
+        without it would be) for an instance it does not name."""
+        self.calls.append(("DescribeAutoScalingInstances", ""))
+        if not all(instance in self.waiting for instance in kwargs["InstanceIds"]):
+            raise client_error(
+                "AccessDenied", "not authorized to perform: autoscaling:DescribeAutoScalingInstances"
+            )
+        return {
+            "AutoScalingInstances": [
+                {"InstanceId": instance, "LifecycleState": self.waiting[instance]}
+                for instance in kwargs["InstanceIds"]
+            ]
+        }
 
     async def complete_lifecycle_action(self, **kwargs: Any) -> dict[str, Any]:
         if self.complete_gate is not None:
@@ -1581,3 +1600,32 @@ async def test_a_launch_waits_for_its_node_on_the_watched_copy_without_a_request
     assert outcome is Outcome.DONE
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-launch"]
     assert requests == []
+
+
+async def test_an_action_received_again_after_another_consumer_completed_it_gets_no_heartbeat(
+    env: Any,
+) -> None:
+    """Issue 47.10 (explorer seed 332025): a replica killed holding a launch action's message comes back and
+    receives it again, after the other replica completed the action. Its heartbeat was due at once (the action
+    is older than the interval) and was refused, "No active Lifecycle Action". Auto Scaling is asked first
+    whether the instance still waits: it does not, and no heartbeat is sent."""
+    autoscaling = FakeAutoscaling(heartbeat_timeout_s=20)
+    world = World(settings(), autoscaling=autoscaling)
+    action = launch(age_s=30)  # the hook's timer: a beat every 10 s, this one due at once
+    autoscaling.waiting[INSTANCE] = "InService"
+    world.heartbeats.start(action)  # the receive; the action is not open (another consumer completed it)
+    await until(lambda: world.heartbeats.over(action))
+    assert [op for op, _ in autoscaling.calls if op.startswith("RecordLifecycleActionHeartbeat")] == []
+    assert ("DescribeAutoScalingInstances", "") in autoscaling.calls
+    await world.heartbeats.close()
+
+
+async def test_an_action_received_again_that_still_waits_is_heartbeated_at_once(env: Any) -> None:
+    autoscaling = FakeAutoscaling(heartbeat_timeout_s=20)
+    world = World(settings(), autoscaling=autoscaling)
+    action = launch(age_s=30)
+    autoscaling.open.add("tok-launch")
+    autoscaling.waiting[INSTANCE] = "Pending:Wait"
+    world.heartbeats.start(action)
+    await until(lambda: autoscaling.made("RecordLifecycleActionHeartbeat") == ["tok-launch"])
+    await world.heartbeats.close()

@@ -53,6 +53,7 @@ def test_iam_actions_fold_sqs_batch_calls_into_their_single_message_action() -> 
     assert permissions.AWS_ACTIONS == (
         "autoscaling:CompleteLifecycleAction",
         "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:DescribeAutoScalingInstances",
         "autoscaling:DescribeLifecycleHooks",
         "autoscaling:RecordLifecycleActionHeartbeat",
         "ec2:DescribeInstances",
