@@ -97,6 +97,11 @@ CONTROLLER_ENV = {
 OUR_TAINTS = ("aws-node-termination-handler/", "node.kubernetes.io/out-of-service")
 LB_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
 LEASE_LOST = "the node's Lease was lost: requeued"
+#: The first replica's own pod (:attr:`Storyline.own_slot`): a ReplicaSet's, as the chart's Deployment makes it.
+OWN_APP = "queue-processor"
+OWN_LABELS = {"app.kubernetes.io/name": "queue-processor"}
+#: DELETE_AT_DEADLINE_LEAD of the storylines with DELETE_AT_DEADLINE (real seconds: a notice lasts 6).
+DELETE_LEAD_S = 2.0
 
 
 @dataclass
@@ -169,6 +174,8 @@ class _World:
         self._capacity_checked = 0.0
         self.held_ever: set[str] = set()  # nodes whose instance went while a budget was held
         self.gone_undrained: dict[str, str] = {}
+        self.own_pod: str | None = None  # the first replica's pod, when the storyline places it on a node
+        self.notice_ends: dict[str, float] = {}  # instance → when its last notice ends (real)
         self._rng = Random(story.seed + 1)
         self._published_seen = 0
         self._watch_deletions()
@@ -177,14 +184,59 @@ class _World:
 
     def start(self, replica: _Replica) -> None:
         extra = dict(self.settings)
-        extra |= {"POD_NAME": replica.name, "POD_NAMESPACE": self.sandbox.controller_namespace}
+        own = replica is self.replicas[0] and self.own_pod is not None
+        name = self.own_pod if own and self.own_pod is not None else replica.name
+        extra |= {"POD_NAME": name, "POD_NAMESPACE": self.sandbox.controller_namespace}
         if self.story.replicas > 1:
             extra["NODE_LEASES"] = "true"
+        if self.story.delete_at_deadline:
+            extra.setdefault("DELETE_AT_DEADLINE", "true")
+            extra.setdefault("DELETE_AT_DEADLINE_LEAD", str(DELETE_LEAD_S))
         if self.story.non_urgent_budget:
             extra.setdefault("DRAIN_BUDGET_NON_URGENT", self.story.non_urgent_budget)
         if self.story.evictions_in_flight:
             extra.setdefault("EVICTIONS_IN_FLIGHT", self.story.evictions_in_flight)
         replica.process = QueueProcessor(self.sandbox, self.workdir / f"{replica.name}.log", **extra)
+        if own:
+            # The kubelet's part: once its pod is evicted, SIGTERM (the controller left its drained node).
+            self.sandbox.kubelet_for(self.sandbox.controller_namespace, name, replica.process.process.pid)
+
+    def place_own_pod(self) -> None:
+        """With :attr:`Storyline.own_slot`: the first replica's pod, a ReplicaSet's, on that slot's node."""
+        if self.story.own_slot is None:
+            return
+        node = self.nodes[self._instance(self.story.own_slot)]
+        (self.own_pod,) = self.sandbox.kube.add_replicaset(
+            self.sandbox.controller_namespace, OWN_APP, nodes=[node], replicas=1, labels=OWN_LABELS, grace_s=1
+        )
+
+    def follow_own_pod(self) -> None:
+        """The first replica left its drained node (the kubelet's SIGTERM ended it): its successor starts as
+        the ReplicaSet's replacement pod, as a Deployment's would. Its exit is judged as any SIGTERM's; the time
+        until the successor runs is a disturbance (its messages wait in the queue meanwhile)."""
+        replica = self.replicas[0]
+        process = replica.process
+        if self.own_pod is None or process is None or process.process.poll() is None:
+            return
+        self.disturbances.append([time.monotonic(), float("inf")])
+        verdict = exit_verdict(process.process.returncode, process.lines())
+        if verdict is not None and verdict != "stopped-while-starting":
+            self.fail("process", f"{replica.name} left its node and {verdict}")
+        replica.earlier.append(process)
+        namespace = self.sandbox.controller_namespace
+        replacements = [
+            pod["metadata"]["name"]
+            for pod in self.sandbox.kube.objects("pods")
+            if pod["metadata"]["namespace"] == namespace
+            and pod["metadata"]["name"] != self.own_pod
+            and (pod["metadata"].get("labels") or {}) == OWN_LABELS
+            and not pod["metadata"].get("deletionTimestamp")
+            and (pod.get("spec") or {}).get("nodeName")
+        ]
+        # Not placed yet: the successor is no pod of the cluster's.
+        self.own_pod = min(replacements) if replacements else None
+        self.start(replica)
+        self.at((time.monotonic() - self.t0) / SCALE + 60, "successor-running", self._disturbance_over)
 
     def stop_all(self) -> None:
         """SIGCONT a paused replica, then SIGTERM every running one; each must exit 0 within 30 s."""
@@ -222,6 +274,7 @@ class _World:
             due, _, _, action = self._timeline[0]
             self.duplicate_new_messages()
             self.keep_capacity()
+            self.follow_own_pod()
             if time.monotonic() < due:
                 time.sleep(min(0.05, due - time.monotonic()))
                 continue
@@ -324,8 +377,10 @@ class _World:
         if kind == "kube-fault":
             return self._kube_fault(step)
         if kind == "aws-fault":
-            _, operation, count = step.detail.split()
-            aws.inject_error(operation, "Throttling", "Rate exceeded", times=int(count.lstrip("x")))  # type: ignore[arg-type]
+            code, operation, count = step.detail.split()
+            status = 500 if code == "InternalError" else 400  # SQS failing a settlement, or a throttle
+            message = "We encountered an internal error." if status == 500 else "Rate exceeded"
+            aws.inject_error(operation, code, message, times=int(count.lstrip("x")), status=status)  # type: ignore[arg-type]
             return True
         instance_id = self._instance(step.target)
         lifecycle, ec2 = self._state(instance_id)
@@ -352,6 +407,7 @@ class _World:
             action = {"spot": "terminate", "spot-stop": "stop", "spot-hibernate": "hibernate"}[kind]
             aws.spot_interruption(instance_id, action=action)
             self.quiet_after = max(self.quiet_after, now + (120 + 5) * SCALE)
+            self.notice_ends[instance_id] = now + 120 * SCALE
         elif kind == "scale-in":
             if lifecycle != "InService":
                 return False
@@ -367,10 +423,12 @@ class _World:
             aws.scheduled_change([instance_id], start_in_s=start_in, duration_s=600)
             started = self._launch_time(instance_id)
             self.at(step.at_s + start_in, "retire", lambda: self._retire(instance_id, started))
+            self.notice_ends[instance_id] = now + start_in * SCALE
         elif kind == "capacity-reservation":
             notice = float(step.detail or 120)
             aws.capacity_reservation_interruption(instance_id, notice_s=notice)
             self.quiet_after = max(self.quiet_after, now + (notice + 5) * SCALE)
+            self.notice_ends[instance_id] = now + notice * SCALE
         return True
 
     def _retire(self, instance_id: str, launched: datetime | None) -> None:
@@ -506,7 +564,11 @@ class _World:
                     < retry_s
                     for pod in left
                 )
-                if left and (self.held or now - self.released_at < retry_s or honoured):
+                # With DELETE_AT_DEADLINE a notice's end is no excuse: what a budget holds is deleted before it.
+                noticed = (
+                    self.story.delete_at_deadline and abs(self.notice_ends.get(instance, -1e9) - now) < 1.0
+                )
+                if left and not noticed and (self.held or now - self.released_at < retry_s or honoured):
                     self.held_ever.add(name)
                 elif left:
                     at = round((time.monotonic() - self.t0) / SCALE, 1)
@@ -609,6 +671,7 @@ def run(
             sandbox.kube.ensure_namespace(sandbox.controller_namespace)
             world = _World(sandbox, story, workdir, settings, before_step)
             try:
+                world.place_own_pod()
                 for replica in world.replicas:
                     world.start(replica)
                 world.play()
@@ -623,6 +686,7 @@ def run(
                 deadline = time.monotonic() + settle_s
                 while not world.settled() and time.monotonic() < deadline:
                     world.keep_capacity()
+                    world.follow_own_pod()
                     time.sleep(0.2)
             finally:
                 world.stop_all()

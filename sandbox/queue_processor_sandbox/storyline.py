@@ -117,6 +117,12 @@ class Storyline:
     duplicate_delay_s: float
     faults: bool
     steps: tuple[Step, ...] = field(default_factory=tuple)
+    own_slot: int | None = None
+    """The slot of the node the first replica's own pod runs on (the controller drains its own node), or
+    ``None``: its pod runs on no node of the cluster."""
+    delete_at_deadline: bool = False
+    """DELETE_AT_DEADLINE for the storyline's controllers: what a budget holds is deleted before a notice's
+    end, so a budget held no longer excuses a pod left on a node whose notice ended."""
 
     @property
     def last_pods(self) -> int:
@@ -162,7 +168,9 @@ class Storyline:
             f"last_pods={self.last_pods} turns={self.non_urgent_budget or 'off'} "
             f"evictions_in_flight={self.evictions_in_flight or 'default'} "
             f"compaction={'off' if self.compaction_at_s is None else f't={self.compaction_at_s}s'} "
-            f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} steps={len(self.steps)}"
+            f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} "
+            f"own_node={'off' if self.own_slot is None else self.own_slot} "
+            f"delete_at_deadline={'on' if self.delete_at_deadline else 'off'} steps={len(self.steps)}"
         )
 
 
@@ -234,7 +242,7 @@ def generate(seed: int) -> Storyline:
                 operation = rng.choice(FAULT_KINDS["aws"])
                 steps.append(Step(when, "aws-fault", 0, f"Throttling {operation} x{rng.randint(1, 2)}"))
     steps.sort(key=lambda step: step.at_s)
-    return Storyline(
+    story = Storyline(
         seed=seed,
         nodes=nodes,
         asgs=asgs,
@@ -244,4 +252,46 @@ def generate(seed: int) -> Storyline:
         duplicate_delay_s=30.0,
         faults=faults,
         steps=tuple(steps),
+    )
+    return _combined(story)
+
+
+#: Follow-ups of a step that land one instance's events on different replicas: (kind followed, probability,
+#: the follow-up's kind, its delay range in simulated seconds).
+FOLLOW_UPS: tuple[tuple[StepKind, float, StepKind, tuple[float, float]], ...] = (
+    ("rebalance", 0.5, "spot", (5.0, 60.0)),  # the usual order: a recommendation, then the warning
+    ("start", 0.3, "spot", (10.0, 40.0)),  # stopped, started again, then interrupted
+    ("to-warm-pool", 0.2, "spot", (2.0, 20.0)),
+)
+
+#: Settlement faults: SQS answers a message's delete or visibility change with a 500 (``InternalError``).
+SETTLEMENT_FAULTS = ("DeleteMessageBatch", "ChangeMessageVisibility", "ChangeMessageVisibilityBatch")
+
+
+def _combined(story: Storyline) -> Storyline:
+    """``story`` with the combinations of features that found defects where two of them meet (issue 47),
+    drawn from a random stream of their own, so that every seed keeps the steps it had and gains some: Spot
+    warnings following rebalance recommendations, starts and warm-pool moves of the same instance (with two or
+    three replicas, often received by another replica than the one draining), a third replica for some
+    two-replica seeds, the first replica's own pod on an interrupted node, DELETE_AT_DEADLINE, and SQS
+    answering a settlement with a 500."""
+    rng = Random(story.seed * 1_000_003 + 47)
+    steps = list(story.steps)
+    for step in story.steps:
+        for kind, chance, follow, (low, high) in FOLLOW_UPS:
+            if step.kind == kind and rng.random() < chance:
+                steps.append(Step(round(step.at_s + rng.uniform(low, high), 1), follow, step.target))
+    replicas = 3 if story.replicas == 2 and rng.random() < 0.3 else story.replicas
+    interrupted = sorted({step.target for step in steps if step.kind in INTERRUPTIONS})
+    own_slot = rng.choice(interrupted) if interrupted and rng.random() < 0.2 else None
+    delete_at_deadline = rng.random() < 1 / 3
+    if story.faults and rng.random() < 0.5:
+        last = max((step.at_s for step in steps), default=0.0)
+        operation = rng.choice(SETTLEMENT_FAULTS)
+        steps.append(
+            Step(round(rng.uniform(0, last + 10), 1), "aws-fault", 0, f"InternalError {operation} x6")
+        )
+    steps.sort(key=lambda step: step.at_s)
+    return replace(
+        story, replicas=replicas, own_slot=own_slot, delete_at_deadline=delete_at_deadline, steps=tuple(steps)
     )

@@ -19,7 +19,9 @@ from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, ge
 #: drops a kind from them fails loudly).
 #: 1729: two replicas, batches of node Lease releases slowed; 216: a restarted replica's node list slowed (its
 #: claims and cordons wait for the watched copy of the nodes).
-EMULATED = [0, 1, 3, 12, 29, 38, 1729, 216]
+#: 12: three replicas, the first one's own node interrupted, a Spot warning after a rebalance recommendation of
+#: the same instance, DELETE_AT_DEADLINE; 377: SQS fails settlements.
+EMULATED = [0, 1, 3, 12, 29, 38, 1729, 216, 377]
 REAL = [5, 20]
 #: Storylines that failed once, with the defect they found (each fixed since).
 PINNED: dict[int, str] = {
@@ -45,7 +47,7 @@ def test_a_seed_makes_the_same_storyline_every_time() -> None:
 def test_storylines_stay_within_their_bounds(seed: int) -> None:
     story = generate(seed)
     assert 3 <= story.nodes <= 10
-    assert story.replicas in (1, 2)
+    assert story.replicas in (1, 2, 3)
     assert [step.at_s for step in story.steps] == sorted(step.at_s for step in story.steps)
     assert any(step.kind in INTERRUPTIONS for step in story.steps)
     for step in story.steps:
@@ -56,7 +58,7 @@ def test_storylines_stay_within_their_bounds(seed: int) -> None:
             "resume-replica",
             "restart-replica",
         ):
-            assert story.replicas == 2  # the second replica is the one disturbed
+            assert story.replicas >= 2  # the second replica is the one disturbed
         if step.kind in ("kube-fault", "aws-fault"):
             assert story.faults
 
@@ -68,7 +70,7 @@ def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
     assert "slow list nodes x3" in details  # a restarted replica waits for its copy of the nodes
     assert kinds >= {"pause-replica", "kill-replica", "stop-replica", "pdb-hold", "kube-fault", "aws-fault"}
     assert "delete-node" in kinds
-    assert {generate(seed).replicas for seed in EMULATED} == {1, 2}
+    assert {generate(seed).replicas for seed in EMULATED} == {1, 2, 3}
     assert any(generate(seed).compaction_at_s is not None for seed in EMULATED)  # watches dropped, 410s
     assert {generate(seed).faults for seed in EMULATED} == {False, True}
     assert {bool(generate(seed).evictions_in_flight) for seed in EMULATED} == {False, True}
@@ -77,6 +79,44 @@ def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
         and any("deletecollection leases" in step.detail for step in generate(seed).steps)
         for seed in EMULATED
     )
+    # Where features meet (issue 47): three replicas, a Spot warning after a rebalance recommendation of the same
+    # instance with several replicas, the controller's own node interrupted, DELETE_AT_DEADLINE, and SQS failing
+    # a settlement.
+    stories = [generate(seed) for seed in EMULATED]
+    assert any(story.replicas == 3 for story in stories)
+    assert any(story.replicas > 1 and _rebalance_then_spot(story) for story in stories)
+    assert any(story.own_slot is not None for story in stories)
+    assert any(story.delete_at_deadline for story in stories)
+    assert any("InternalError" in step.detail for story in stories for step in story.steps)
+
+
+def _rebalance_then_spot(story: Storyline) -> bool:
+    return any(
+        first.kind == "rebalance"
+        and then.kind == "spot"
+        and then.target == first.target
+        and then.at_s > first.at_s
+        for first in story.steps
+        for then in story.steps
+    )
+
+
+def test_every_seed_keeps_the_steps_it_had_and_gains_the_combinations() -> None:
+    """The combinations come from a random stream of their own: a seed's storyline keeps every step it had
+    (pinned seeds replay what they found) and gains follow-ups of the same instances."""
+    from queue_processor_sandbox import storyline
+
+    for seed in (0, 3, 19, 513, 1729):
+        combined = generate(seed)
+        original = storyline._combined  # the generator without the combinations
+        try:
+            storyline._combined = lambda story: story  # type: ignore[assignment]
+            plain = generate(seed)
+        finally:
+            storyline._combined = original  # type: ignore[assignment]
+        assert set(plain.steps) <= set(combined.steps)
+        added = [step for step in combined.steps if step not in plain.steps]
+        assert all(step.kind in ("spot", "aws-fault") for step in added)
 
 
 def test_shrinking_keeps_only_the_steps_the_failure_needs() -> None:

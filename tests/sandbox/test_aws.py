@@ -1011,3 +1011,23 @@ def test_warm_descriptions_keep_each_instance_before_the_first_question(
     described = [instance["InstanceId"] for r in reservations for instance in r["Instances"]]
     assert sorted(described) == sorted(ids)
     assert all(moto_server._INSTANCES[instance_id] is kept[instance_id] for instance_id in ids)  # no new form
+
+
+def test_sqs_answers_a_settlement_with_the_500_set_up(sandbox: AwsSandbox) -> None:
+    """The explorer's settlement faults (issue 47): SQS fails a DeleteMessageBatch with ``InternalError``
+    (HTTP 500, the JSON protocol's error shape) for the calls set up, then serves the next one."""
+    from botocore.config import Config
+
+    queue = sandbox.create_queue(f"settle-{uuid.uuid4().hex[:6]}")
+    sqs = boto3.client("sqs", config=Config(retries={"total_max_attempts": 1}), **sandbox.client_kwargs)
+    sqs.send_message(QueueUrl=queue.url, MessageBody="{}")
+    (message,) = sqs.receive_message(QueueUrl=queue.url)["Messages"]
+    entries = [{"Id": "1", "ReceiptHandle": message["ReceiptHandle"]}]
+    sandbox.inject_error(
+        "DeleteMessageBatch", "InternalError", "We encountered an internal error.", times=1, status=500
+    )
+    with pytest.raises(ClientError) as refused:
+        sqs.delete_message_batch(QueueUrl=queue.url, Entries=entries)
+    assert refused.value.response["Error"]["Code"] == "InternalError"
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert sqs.delete_message_batch(QueueUrl=queue.url, Entries=entries)["Successful"] == [{"Id": "1"}]

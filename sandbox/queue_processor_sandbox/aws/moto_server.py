@@ -29,6 +29,7 @@ import contextlib
 import copy
 import datetime
 import io
+import json
 import math
 import re
 import socket
@@ -224,6 +225,10 @@ class _SerializedApp:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         scope = _CREDENTIAL_SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+        if scope is not None and scope.group(1) == "sqs" and self._faults is not None:
+            answered = self._sqs_error(environ, start_response)
+            if answered is not None:
+                return answered
         if scope is None or scope.group(1) not in _SERIALIZED_SERVICES:
             return self._app(environ, start_response)
         if self._faults is not None and scope.group(1) == "autoscaling":
@@ -257,6 +262,27 @@ class _SerializedApp:
             f"{fault.status} {reason}", [("Content-Type", "text/xml"), ("Content-Length", str(len(xml)))]
         )
         return [xml]
+
+    def _sqs_error(self, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes] | None:
+        """Answer an SQS call (JSON protocol: ``X-Amz-Target: AmazonSQS.<operation>``; the Query protocol's
+        ``Action=`` too) with the 5xx set up for its operation (a settlement SQS fails: ``InternalError``);
+        ``None`` to let moto serve it."""
+        assert self._faults is not None
+        target = str(environ.get("HTTP_X_AMZ_TARGET") or "")
+        operation = target.rpartition(".")[2] if target else _action(environ)
+        fault = self._faults.server_error(operation)
+        if fault is None:
+            return None
+        body = json.dumps({"__type": f"com.amazonaws.sqs#{fault.code}", "message": fault.message}).encode()
+        start_response(
+            f"{fault.status} Internal Server Error",
+            [
+                ("Content-Type", "application/x-amz-json-1.0"),
+                ("x-amzn-query-error", f"{fault.code};Receiver"),
+                ("Content-Length", str(len(body))),
+            ],
+        )
+        return [body]
 
 
 class _WsgiServer(ThreadedWSGIServer):

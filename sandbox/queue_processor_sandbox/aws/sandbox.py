@@ -177,7 +177,12 @@ class AwsSandbox:
     def inject_error(
         self,
         operation: Literal[
-            "DescribeLifecycleHooks", "RecordLifecycleActionHeartbeat", "CompleteLifecycleAction"
+            "DescribeLifecycleHooks",
+            "RecordLifecycleActionHeartbeat",
+            "CompleteLifecycleAction",
+            "DeleteMessageBatch",
+            "ChangeMessageVisibility",
+            "ChangeMessageVisibilityBatch",
         ],
         code: str,
         message: str,
@@ -191,7 +196,8 @@ class AwsSandbox:
         ``times`` calls, or (neither given) until :meth:`clear_errors`. A failed heartbeat or completion is
         recorded in :meth:`calls` with ``outcome`` ``"<code>: <message>"``. ``status`` 500 or more answers
         as the service failing (``InternalFailure`` / ``ServiceUnavailable``): the endpoint answers before
-        the call is served, so such a call is not in :meth:`calls`."""
+        the call is served, so such a call is not in :meth:`calls`. SQS's settlement calls (``DeleteMessageBatch``,
+        ``ChangeMessageVisibility``, ``ChangeMessageVisibilityBatch``) take a 5xx only (``InternalError``)."""
         self._faults.add(operation, code, message, seconds=seconds, times=times, status=status)
 
     def pending_errors(self) -> dict[str, int]:
