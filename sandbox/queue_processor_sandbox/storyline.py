@@ -1,8 +1,8 @@
 """Storylines: seeded random sequences of what happens to real clusters, for the explorer (pure, no I/O).
 
 DESIGN.md rule 14: every behaviour is exercised in generated combinations, not only in its own tests. A
-:class:`Storyline` is what one seed makes: a cluster of 3 to 10 nodes in one or two Auto Scaling groups, one or
-two controller replicas, and a list of :class:`Step`\\ s at simulated times, drawn from the events and faults
+:class:`Storyline` is what one seed makes: a cluster of 3 to 10 nodes in one or two Auto Scaling groups, one to
+three controller replicas, and a list of :class:`Step`\\ s at simulated times, drawn from the events and faults
 real clusters meet:
 
 - interruptions of an instance (by its slot, the index of the instance in the cluster as it was built):
@@ -22,6 +22,12 @@ real clusters meet:
   delivery, and out of order: the copy arrives after what was published since);
 - the API server's watches: for one seed in five, its history compacted and its watches dropped halfway
   (:attr:`Storyline.compaction_at_s`; emulation only).
+
+Where features meet (:func:`_combined`, from a random stream of the seed's own, so every seed keeps the steps
+it had): Spot warnings following rebalance recommendations, starts and warm-pool moves of the same instance
+(some with a budget held until past the warning's notice), a third replica, the first replica's own pod on an
+interrupted node (:attr:`Storyline.own_slot`), DELETE_AT_DEADLINE (:attr:`Storyline.delete_at_deadline`) and SQS
+failing settlements.
 
 A step names its target by slot or group index; the runner (:mod:`queue_processor_sandbox.explore`) skips a
 step whose target is not in a state it applies to (an instance already gone) and records it. The same seed
@@ -280,7 +286,14 @@ def _combined(story: Storyline) -> Storyline:
     for step in story.steps:
         for kind, chance, follow, (low, high) in FOLLOW_UPS:
             if step.kind == kind and rng.random() < chance:
-                steps.append(Step(round(step.at_s + rng.uniform(low, high), 1), follow, step.target))
+                then = round(step.at_s + rng.uniform(low, high), 1)
+                steps.append(Step(then, follow, step.target))
+                if kind == "rebalance" and rng.random() < 0.3:
+                    # The recommendation's drain held by a budget until after the warning's notice: only the
+                    # warning's end (DELETE_AT_DEADLINE) moves what it holds, whichever replica receives it.
+                    app = rng.randrange(story.apps)
+                    steps.append(Step(step.at_s, "pdb-hold", app))
+                    steps.append(Step(round(then + 130.0, 1), "pdb-release", app))
     replicas = 3 if story.replicas == 2 and rng.random() < 0.3 else story.replicas
     interrupted = sorted({step.target for step in steps if step.kind in INTERRUPTIONS})
     own_slot = rng.choice(interrupted) if interrupted and rng.random() < 0.2 else None

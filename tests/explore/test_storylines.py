@@ -116,7 +116,7 @@ def test_every_seed_keeps_the_steps_it_had_and_gains_the_combinations() -> None:
             storyline._combined = original  # type: ignore[assignment]
         assert set(plain.steps) <= set(combined.steps)
         added = [step for step in combined.steps if step not in plain.steps]
-        assert all(step.kind in ("spot", "aws-fault") for step in added)
+        assert all(step.kind in ("spot", "aws-fault", "pdb-hold", "pdb-release") for step in added)
 
 
 def test_shrinking_keeps_only_the_steps_the_failure_needs() -> None:
