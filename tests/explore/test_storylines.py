@@ -19,9 +19,9 @@ from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, ge
 #: drops a kind from them fails loudly).
 #: 1729: two replicas, batches of node Lease releases slowed; 216: a restarted replica's node list slowed (its
 #: claims and cordons wait for the watched copy of the nodes).
-#: 12: three replicas, the first one's own node interrupted, a Spot warning after a rebalance recommendation of
-#: the same instance, DELETE_AT_DEADLINE; 377: SQS fails settlements.
-EMULATED = [0, 1, 3, 12, 29, 38, 1729, 216, 377]
+#: 119: three replicas, the first one's own node interrupted, a Spot warning after a rebalance recommendation of
+#: the same instance, DELETE_AT_DEADLINE, turns; 377: two replicas, SQS fails settlements.
+EMULATED = [0, 1, 3, 12, 29, 38, 1729, 216, 119, 377]
 REAL = [5, 20]
 #: Storylines that failed once, with the defect they found (each fixed since).
 PINNED: dict[int, str] = {
