@@ -337,6 +337,7 @@ class Handler(Steps):
         assert leases is not None
         name, until = lease_name(ctx.node), self._deadline(ctx.operation)
         handed: set[str] = set()
+        waited = False
         while (claim := await leases.claim(ctx.node)) is None:
             left = until - self.clock()
             if left <= 0:
@@ -352,7 +353,8 @@ class Handler(Steps):
                     ctx.log.info("events handed to the replica holding the node's Lease", events=sorted(new))
                 except KubeError as exc:  # gone: claimed again below; else tried again at the next wake
                     ctx.log.info("events not handed over", error=str(exc))
-            if not handed and not new:
+            if not waited:
+                waited = True
                 ctx.log.info("another replica holds the node's Lease: waiting for it", holder=holder)
             self.park(list(ctx.operation.messages))
             await leases.watch.released(name, holder, min(left, leases.duration_s))
