@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
@@ -46,12 +47,16 @@ from queue_processor.outcomes import ErrorWhere, MessageFate
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient
 
-__all__ = ["DELETE_WINDOW_S", "Ledger", "requeue_backoff_s"]
+__all__ = ["DELETE_WINDOW_S", "SQS_HOLD_MAX_S", "Ledger", "requeue_backoff_s"]
 
 log = structlog.get_logger("queue_processor.settlement")
 
 #: How long deletes wait for company before a DeleteMessageBatch call (seconds).
 DELETE_WINDOW_S = 0.02
+
+#: The longest SQS keeps one receipt of a message invisible, renewals included: 12 hours ("Amazon SQS visibility
+#: timeout", SQS Developer Guide; ChangeMessageVisibility is refused beyond it).
+SQS_HOLD_MAX_S = 43_200.0
 
 
 def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backoff_base_sec")) -> int:
@@ -92,6 +97,8 @@ class Ledger:
         self._extender: asyncio.Task[None] | None = None
         self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
         self._delete_flusher: asyncio.Task[None] | None = None
+        # Receipt handle → when it was received (monotonic): SQS keeps a receipt invisible 12 hours at most.
+        self._received: dict[str, float] = {}
         # Message ID → the renewal in flight that carries it (renew_held), which its settlement waits for.
         self._extending: dict[str, asyncio.Future[None]] = {}
 
@@ -103,12 +110,15 @@ class Ledger:
         when it exits, however it exits."""
         return self.slots.room(at_most)
 
-    @staticmethod
-    def take(room: Room, ref: SqsMessageRef) -> None:
+    def take(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold the message of ``ref``: one of ``room``'s slots, or the one it holds already (received again
         while held), which keeps ``ref``'s receipt handle from now on. Raises ``RuntimeError`` when ``room``
         has no slot left."""
+        before = self.slots.ref(ref.message_id)
         room.claim(ref)
+        if before is not None:
+            self._received.pop(before.receipt_handle, None)
+        self._received[ref.receipt_handle] = time.monotonic()
 
     def held(self) -> list[SqsMessageRef]:
         """The newest receipt of every message that still has an operation running (those whose visibility
@@ -120,6 +130,9 @@ class Ledger:
         """Return ``message_id``'s slot unless the store holds the message (again): a message received
         again while its settlement was on its way keeps the slot for its new holding."""
         if not self.store.in_flight(message_id):
+            ref = self.slots.ref(message_id)
+            if ref is not None:
+                self._received.pop(ref.receipt_handle, None)
             self.slots.release(message_id)
 
     def park(self, message_ids: list[str]) -> None:
@@ -342,6 +355,25 @@ class Ledger:
             await asyncio.sleep(period)
             await self.renew_held()
 
+    async def _receive_anew(self, queue_url: str, refs: list[SqsMessageRef]) -> list[SqsMessageRef]:
+        """Those of ``refs`` whose visibility may be renewed: a receipt held for almost SQS's limit
+        (:data:`SQS_HOLD_MAX_S` less two visibility timeouts; a drain that waits hours for its turn) is made
+        visible at once instead, so that a receive takes the message anew (a receipt with a limit of its own; ours
+        joins the operation it holds, another replica waits for the node's Lease, which this one keeps) rather
+        than SQS refusing the renewal and showing the message at a moment nobody chose."""
+        limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
+        now = time.monotonic()
+        expiring = [ref for ref in refs if now - self._received.get(ref.receipt_handle, now) >= limit]
+        if expiring:
+            log.info(
+                "messages held for almost SQS's limit made visible again, to be received anew",
+                message_ids=[ref.message_id for ref in expiring],
+            )
+            await self._set_visibility(
+                queue_url, [ref.receipt_handle for ref in expiring], 0, ErrorWhere.VISIBILITY
+            )
+        return [ref for ref in refs if ref not in expiring]
+
     async def renew_held(self) -> None:
         """One renewal of every message held, to the visibility timeout (batches of 10), ordered with their
         settlement: a message whose operations have ended by the time its batch goes out is left out (its
@@ -363,6 +395,7 @@ class Ledger:
                     for ref in chunk:
                         if ref not in live:
                             renewals[ref.message_id].set_result(None)
+                    live = await self._receive_anew(queue_url, live)
                     if live:
                         handles = [ref.receipt_handle for ref in live]
                         renewed = await self._set_visibility(

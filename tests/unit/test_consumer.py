@@ -478,6 +478,34 @@ async def test_a_redelivered_message_joins_its_operation_and_is_settled_with_its
     assert running.consumer.tasks == 0
 
 
+async def test_a_message_held_for_almost_sqss_limit_is_made_visible_and_received_anew(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47 (smaller): SQS keeps one receipt invisible 12 hours at most; a drain that waits hours for its
+    turn held its message until SQS refused the renewal and showed it at a moment nobody chose. Near the limit
+    the message is made visible at once instead; received again, it joins its operation with a new receipt,
+    whose renewals go on."""
+    from queue_processor import settlement
+
+    running = make()
+    running.handler.gate = asyncio.Event()
+    running.sqs.deliver(terminate_body(), message_id="m-1")
+    await running.until(lambda: running.handler.handled)
+    monkeypatch.setattr(settlement, "SQS_HOLD_MAX_S", 60.0)  # the limit less two visibility timeouts: now
+    await running.consumer.ledger.renew_held()
+    assert running.sqs.visibility == [("rh-m-1-1", 0)]  # not renewed: visible again, and offered to a poll
+    await running.until(
+        lambda: running.count("queue_processor_messages_received_total", queue=QUEUE, kind=KIND) == 2
+    )
+    monkeypatch.setattr(settlement, "SQS_HOLD_MAX_S", 43_200.0)
+    await running.consumer.ledger.renew_held()
+    assert running.sqs.visibility[-1] == ("rh-m-1-2", 30)  # the new receipt is renewed
+    running.handler.gate.set()
+    await running.until(lambda: running.sqs.deleted)
+    assert len(running.handler.handled) == 1
+    assert running.sqs.deleted == ["rh-m-1-2"]
+
+
 async def test_shutdown_cancels_operations_lets_open_polls_end_and_leaves_every_message_visible() -> None:
     # A poll still open when this replica makes its messages visible takes them straight back (SQS offers a
     # visible message to any open poll); the consumer lets them go again instead of holding them hidden.
