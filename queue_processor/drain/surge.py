@@ -325,42 +325,46 @@ class Surges:
             missing = max(0, record.base - available)
             if not added and not stale and not rebased:  # recorded before: wait for that surge's replica
                 return self._surge(current, namespace, deployment, uid, name, missing)
-            patch = {
-                "metadata": {
-                    "resourceVersion": current["metadata"]["resourceVersion"],
-                    "annotations": {SURGE_RECORD_ANNOTATION: record.annotation()},
-                },
-                "spec": {"replicas": replicas},
-            }
-            try:
-                written = await self.kube.patch_deployment(namespace, deployment, patch)
-            except KubeError as exc:
-                if exc.status != 409 or attempt == SURGE_WRITE_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+            written = await self._write(namespace, deployment, current, record, attempt)
+            if written is None:
                 continue
+            where = log.bind(deployment=f"{namespace}/{deployment}")
             if rebased:
-                log.info(
-                    "surge: the owner set the Deployment's replica count: its count kept, earlier surges undone",
-                    deployment=f"{namespace}/{deployment}",
-                    replicas=record.base,
-                )
+                where.info("surge: the owner set the Deployment's replica count: kept, earlier surges undone")
             if stale:
-                log.info(
-                    "surge: took back the replicas of surges whose pods are gone",
-                    deployment=f"{namespace}/{deployment}",
-                    pods=sorted(stale.values()),
+                where.info(
+                    "surge: took back the replicas of surges whose pods are gone", pods=sorted(stale.values())
                 )
             if added:
-                log.info(
+                where.info(
                     "surge: scaled up for a replacement before eviction",
-                    deployment=f"{namespace}/{deployment}",
                     pod=f"{namespace}/{name}",
                     replicas=replicas,
                     available_before=available,
                 )
             return self._surge(written, namespace, deployment, uid, name, missing)
         return SurgeResult.UNAVAILABLE  # pragma: no cover - the loop returns or raises
+
+    async def _write(
+        self, namespace: str, deployment: str, current: Obj, record: SurgeRecord, attempt: int
+    ) -> Obj | None:
+        """Write ``record`` and its count (``record.replicas``) on ``current``'s resourceVersion, in one merge
+        patch: the Deployment after it, or ``None`` after a 409 (another writer came first: read it again),
+        but on the last of :data:`SURGE_WRITE_ATTEMPTS`. Raises :class:`KubeError`."""
+        patch = {
+            "metadata": {
+                "resourceVersion": current["metadata"]["resourceVersion"],
+                "annotations": {SURGE_RECORD_ANNOTATION: record.annotation()},
+            },
+            "spec": {"replicas": record.replicas},
+        }
+        try:
+            return await self.kube.patch_deployment(namespace, deployment, patch)
+        except KubeError as exc:
+            if exc.status != 409 or attempt == SURGE_WRITE_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+            return None
 
     @staticmethod
     def _surge(deployment: Obj, namespace: str, name: str, uid: str, pod: str, missing: int) -> Surge:
@@ -437,19 +441,7 @@ class Surges:
                 before = int((current.get("spec") or {}).get("replicas", 1))
                 record.rebase(before)
                 replicas = record.replicas = record.drop(surge.uid, before)
-                patch = {
-                    "metadata": {
-                        "resourceVersion": current["metadata"]["resourceVersion"],
-                        "annotations": {SURGE_RECORD_ANNOTATION: record.annotation()},
-                    },
-                    "spec": {"replicas": replicas},
-                }
-                try:
-                    await self.kube.patch_deployment(surge.namespace, surge.deployment, patch)
-                except KubeError as exc:
-                    if exc.status != 409 or attempt == SURGE_WRITE_ATTEMPTS - 1:
-                        raise
-                    await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                if await self._write(surge.namespace, surge.deployment, current, record, attempt) is None:
                     continue
                 log.info(
                     "surge: scaled back down"
