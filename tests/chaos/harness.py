@@ -11,11 +11,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from queue_processor_sandbox.environment import Sandbox
+import pytest
+
+from queue_processor.permissions import kubernetes_verbs
+from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.processes import QueueProcessor
 from queue_processor_sandbox.run import judge
 
@@ -152,3 +156,19 @@ async def settle(
         controller.assert_clean_exit()
     assert [sandbox.aws.action(token).status for token in tokens] == ["completed"] * len(tokens)
     return assert_judged_clean(sandbox, nodes, started, expected)
+
+
+@contextmanager
+def sandbox_on(
+    request: pytest.FixtureRequest, options: SandboxOptions, workdir: Path, *, granted: bool = True
+) -> Iterator[Sandbox]:
+    """A sandbox of ``options`` on the API server the fixture's parameter names (``emulated``, or ``real``: the
+    shared control plane, the controller limited to the chart's RBAC). With ``granted`` the case fails when the
+    controller made a request its RBAC does not grant."""
+    real = request.param == "real"
+    plane = request.getfixturevalue("control_plane") if real else None
+    rbac = request.getfixturevalue("chart_rbac") if real else None
+    with Sandbox(options, workdir=workdir, kubernetes=request.param, plane=plane, rbac=rbac) as running:
+        yield running
+        if granted:
+            assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)

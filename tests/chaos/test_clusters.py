@@ -19,7 +19,7 @@ import pytest
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Neighbour, Sandbox, SandboxOptions
 from queue_processor_sandbox.run import judge
-from tests.chaos.harness import Controller, until
+from tests.chaos.harness import Controller, sandbox_on, until
 from tests.conftest import KUBERNETES
 
 TAG = "eks:cluster-name"
@@ -30,12 +30,7 @@ def blue(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
     options = SandboxOptions(
         nodes=4, scale=0.05, visibility_timeout_s=10, tags={TAG: "blue"}, cluster=ClusterSpec(apps=2)
     )
-    real = request.param == "real"
-    plane = request.getfixturevalue("control_plane") if real else None
-    rbac = request.getfixturevalue("chart_rbac") if real else None
-    with Sandbox(
-        options, workdir=tmp_path / "blue", kubernetes=request.param, plane=plane, rbac=rbac
-    ) as sandbox:
+    with sandbox_on(request, options, tmp_path / "blue", granted=False) as sandbox:
         yield sandbox
 
 

@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 
 from queue_processor.events import EventKind
-from queue_processor.permissions import kubernetes_verbs
 from queue_processor_sandbox.aws import SandboxQueue
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.harness import Controller, assert_judged_clean, cordoned, queue_depth, until
+from tests.chaos.harness import Controller, assert_judged_clean, cordoned, queue_depth, sandbox_on, until
 from tests.conftest import KUBERNETES
 
 SCALE = 0.1  # the Spot notice: 12 s
@@ -31,14 +30,8 @@ SCALE = 0.1  # the Spot notice: 12 s
 @pytest.fixture(params=KUBERNETES)
 def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
     options = SandboxOptions(nodes=2, scale=SCALE, cluster=ClusterSpec(apps=2, pdb_max_unavailable=1))
-    real = request.param == "real"
-    plane = request.getfixturevalue("control_plane") if real else None
-    rbac = request.getfixturevalue("chart_rbac") if real else None
-    with Sandbox(
-        options, workdir=tmp_path / "sandbox", kubernetes=request.param, plane=plane, rbac=rbac
-    ) as running:
+    with sandbox_on(request, options, tmp_path / "sandbox") as running:
         yield running
-        assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)
 
 
 def spot_warnings_to_their_own_queue(sandbox: Sandbox) -> SandboxQueue:

@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 
-from queue_processor.permissions import kubernetes_verbs
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.harness import Controller, cordoned, queue_depth, settle, until
+from tests.chaos.harness import Controller, cordoned, queue_depth, sandbox_on, settle, until
 from tests.conftest import KUBERNETES
 
 SCALE = 0.01  # hooks: HeartbeatTimeout 6000 s = 60 s real
@@ -39,14 +38,8 @@ def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]
         heartbeat_timeout_s=6000,
         cluster=ClusterSpec(apps=2, pdb_max_unavailable=1),
     )
-    real = request.param == "real"
-    plane = request.getfixturevalue("control_plane") if real else None
-    rbac = request.getfixturevalue("chart_rbac") if real else None
-    with Sandbox(
-        options, workdir=tmp_path / "sandbox", kubernetes=request.param, plane=plane, rbac=rbac
-    ) as running:
+    with sandbox_on(request, options, tmp_path / "sandbox") as running:
         yield running
-        assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)
 
 
 async def test_the_controller_evicts_itself_last_and_its_successor_completes_its_node(
@@ -96,12 +89,7 @@ async def test_the_controller_evicts_itself_last_and_its_successor_completes_its
 @pytest.fixture(params=KUBERNETES)
 def storm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
     options = SandboxOptions(nodes=3, scale=0.25, heartbeat_timeout_s=6000, cluster=ClusterSpec(apps=0))
-    real = request.param == "real"
-    plane = request.getfixturevalue("control_plane") if real else None
-    rbac = request.getfixturevalue("chart_rbac") if real else None
-    with Sandbox(
-        options, workdir=tmp_path / "sandbox", kubernetes=request.param, plane=plane, rbac=rbac
-    ) as running:
+    with sandbox_on(request, options, tmp_path / "sandbox") as running:
         yield running
 
 

@@ -18,10 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from queue_processor.permissions import kubernetes_verbs
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.harness import Controller, cordoned, heartbeats, hold_drains, queue_depth, settle, until
+from tests.chaos.harness import (
+    Controller,
+    cordoned,
+    heartbeats,
+    hold_drains,
+    queue_depth,
+    sandbox_on,
+    settle,
+    until,
+)
 from tests.conftest import KUBERNETES
 
 SCALE = 0.01  # hooks: HeartbeatTimeout 6000 s = 60 s real, longer than a kill's 10 s visibility timeout
@@ -37,14 +45,8 @@ def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]
         heartbeat_timeout_s=6000,
         cluster=ClusterSpec(apps=2, pdb_max_unavailable=1),
     )
-    real = request.param == "real"
-    plane = request.getfixturevalue("control_plane") if real else None
-    rbac = request.getfixturevalue("chart_rbac") if real else None
-    with Sandbox(
-        options, workdir=tmp_path / "sandbox", kubernetes=request.param, plane=plane, rbac=rbac
-    ) as running:
+    with sandbox_on(request, options, tmp_path / "sandbox") as running:
         yield running
-        assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)
 
 
 class Draining:
