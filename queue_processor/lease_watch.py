@@ -68,11 +68,13 @@ class LeaseWatch(Watched):
 
     async def released(self, name: str, holder: str | None, within_s: float) -> None:
         """Return once the copy shows Lease ``name`` no longer held by ``holder`` (deleted, or another holder;
-        with ``holder`` ``None``, a Lease the copy does not know yet: at its next change), or after ``within_s``
-        seconds; without a current copy, after :data:`UNWATCHED_POLL_S` at most. Raises nothing but
-        ``CancelledError``."""
+        with ``holder`` ``None``, a Lease the copy does not know: at its next change, or already released, so
+        after :data:`UNWATCHED_POLL_S` at most), or after ``within_s`` seconds; without a current copy, after
+        :data:`UNWATCHED_POLL_S` at most. Raises nothing but ``CancelledError``."""
+        if not self.live or holder is None:
+            within_s = min(within_s, UNWATCHED_POLL_S)
         if not self.live:
-            await asyncio.sleep(max(0.0, min(within_s, UNWATCHED_POLL_S)))
+            await asyncio.sleep(max(0.0, within_s))
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within_s):
