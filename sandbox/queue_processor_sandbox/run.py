@@ -423,12 +423,17 @@ def _annotated_last(pod: dict[str, Any]) -> bool:
 
 
 def _ordinary(pod: dict[str, Any]) -> bool:
+    """Neither annotated ``last`` nor critical, and not the controller's own pod (labelled
+    ``app.kubernetes.io/name: queue-processor``, as the chart's are), which it evicts after every other pod of its
+    node (it leaves its node last)."""
     spec = pod.get("spec") or {}
     priority = spec.get("priority")
     critical = spec.get("priorityClassName") in _SYSTEM_CLASSES or (
         isinstance(priority, int) and priority >= 2_000_000_000
     )
-    return not _annotated_last(pod) and not critical
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    controller = labels.get("app.kubernetes.io/name") == "queue-processor"
+    return not _annotated_last(pod) and not critical and not controller
 
 
 def as_expected(summary: dict[str, Any]) -> bool:

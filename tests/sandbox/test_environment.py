@@ -353,6 +353,10 @@ def test_the_judge_counts_a_pod_annotated_last_that_went_before_an_ordinary_one(
     assert last_pods_evicted_early([agent, web]) == 1  # the ordinary pod went after it
     assert last_pods_evicted_early([agent, mesh, pod("web", "n2")]) == 0  # critical, or another node's
     assert last_pods_evicted_early([web, agent, web]) == 0  # a repeated eviction is not a first one
+    # The controller's own pod leaves its node last of all, after the pods annotated last (explorer seed 119).
+    own = pod("queue-processor-abc12")
+    own["metadata"]["labels"] = {"app.kubernetes.io/name": "queue-processor"}
+    assert last_pods_evicted_early([web, agent, own]) == 0
 
 
 def test_the_judge_counts_the_most_nodes_of_a_group_draining_at_once() -> None:
