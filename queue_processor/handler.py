@@ -366,8 +366,9 @@ class Handler(Steps):
         ctx.claim = await ctx.early_exit.enter_async_context(claim)
         self._holding[claim.name] = ctx
         ctx.early_exit.callback(self._let_go, claim.name, ctx)
+        assert self.leases is not None  # a claim is made with NODE_LEASES only
         annotations = (claim.lease.get("metadata") or {}).get("annotations") or {}
-        self._join_handed(ctx, {**annotations, **self.leases.watch.handed(claim.name)} if self.leases else {})
+        self._join_handed(ctx, {**annotations, **self.leases.watch.handed(claim.name)})
 
     def _let_go(self, name: str, ctx: OperationContext) -> None:
         if self._holding.get(name) is ctx:

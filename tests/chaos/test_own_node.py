@@ -42,20 +42,26 @@ def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]
         yield running
 
 
+def controller_pod_on(sandbox: Sandbox, node: str) -> str:
+    """The controller's own pod on ``node`` (a ReplicaSet's, labelled as the chart's): its name."""
+    (pod,) = sandbox.kube.add_replicaset(
+        sandbox.controller_namespace,
+        "queue-processor",
+        nodes=[node],
+        replicas=1,
+        labels={"app.kubernetes.io/name": "queue-processor"},
+        grace_s=1,
+    )
+    return pod
+
+
 async def test_the_controller_evicts_itself_last_and_its_successor_completes_its_node(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
     own, other = sandbox.instances[0], sandbox.instances[1]
     namespace = sandbox.controller_namespace
     sandbox.kube.ensure_namespace(namespace)
-    (pod,) = sandbox.kube.add_replicaset(
-        namespace,
-        "queue-processor",
-        nodes=[own.private_dns_name],
-        replicas=1,
-        labels={"app.kubernetes.io/name": "queue-processor"},
-        grace_s=1,
-    )
+    pod = controller_pod_on(sandbox, own.private_dns_name)
     identity = {"POD_NAME": pod, "POD_NAMESPACE": namespace}
     first = Controller(sandbox, tmp_path / "first.log", **identity)
     sandbox.kubelet_for(namespace, pod, first.process.pid)
@@ -105,14 +111,7 @@ async def test_a_storm_that_takes_the_controllers_own_node_keeps_its_other_drain
     own, others = sandbox.instances[0], sandbox.instances[1:]
     namespace, apps = sandbox.controller_namespace, sandbox.cluster.namespace
     sandbox.kube.ensure_namespace(namespace)
-    (pod,) = sandbox.kube.add_replicaset(
-        namespace,
-        "queue-processor",
-        nodes=[own.private_dns_name],
-        replicas=1,
-        labels={"app.kubernetes.io/name": "queue-processor"},
-        grace_s=1,
-    )
+    pod = controller_pod_on(sandbox, own.private_dns_name)
     held = {"app": "held"}
     nodes = [instance.private_dns_name for instance in others]
     sandbox.kube.add_replicaset(apps, "held", nodes=nodes, replicas=2, labels=held, grace_s=2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from queue_processor.config import load_settings
 from queue_processor.drain import surge as surge_module
-from queue_processor.drain.drainer import Drainer, DrainTiming
+from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DRAIN_POLICY_ANNOTATION
 from queue_processor.drain.surge import (
@@ -351,6 +352,24 @@ def a_drain(replicas: int = 1) -> tuple[Cluster, Drainer, Metrics, list[float]]:
     return kube, drainer, metrics, now
 
 
+def fake_time_bounds(
+    now: list[float], window_s: float, meanwhile: Callable[[], None] | None = None
+) -> DrainBounds:
+    """The drain's bounds (deadline and instance end ``window_s`` from the fake clock ``now``) whose sleeps
+    advance that clock instead of waiting (by 0.25 s at least), calling ``meanwhile`` first at each."""
+
+    async def sleep_advances(seconds: float) -> bool:
+        if meanwhile is not None:
+            meanwhile()
+        now[0] += max(seconds, 0.25)
+        await asyncio.sleep(0)
+        return False
+
+    bounds = DrainBounds(now[0] + window_s, now[0] + window_s)
+    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    return bounds
+
+
 def surges_counted(metrics: Metrics) -> dict[str, float]:
     return {
         result.value: value
@@ -398,15 +417,7 @@ async def test_a_pod_its_budget_holds_keeps_its_replacement_until_the_drain_ends
     kube.on_evict = on_evict
     drainer.clock = lambda: now[0]
 
-    async def sleep_advances(seconds: float) -> bool:
-        now[0] += max(seconds, 0.25)
-        await asyncio.sleep(0)
-        return False
-
-    from queue_processor.drain import drainer as drainer_module
-
-    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
-    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    bounds = fake_time_bounds(now, 60)
     result = await drainer.drain(NODE, bounds)
     assert not result.completed
     assert replicas_at_attempts
@@ -446,11 +457,6 @@ async def test_a_replacement_that_is_not_available_in_time_does_not_keep_the_pod
     then evicts anyway (the extra replica stays until the pod's eviction is accepted)."""
     kube, drainer, metrics, now = a_drain()
 
-    async def sleep_advances(seconds: float) -> bool:
-        now[0] += max(seconds, 0.25)
-        await asyncio.sleep(0)
-        return False
-
     replicas_at_eviction: list[int] = []
     evicted_at: list[float] = []
 
@@ -459,10 +465,7 @@ async def test_a_replacement_that_is_not_available_in_time_does_not_keep_the_pod
         evicted_at.append(now[0])
 
     kube.on_evict = on_evict
-    from queue_processor.drain import drainer as drainer_module
-
-    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
-    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    bounds = fake_time_bounds(now, 60)
     result = await drainer.drain(NODE, bounds)
     assert result.completed
     assert replicas_at_eviction == [2]
@@ -571,12 +574,9 @@ async def test_an_owner_that_scales_the_surge_back_keeps_its_count_and_the_pod_w
     with no replacement), but when its eviction must start (``undone``), and the owner's count is kept."""
     kube, drainer, metrics, now = a_drain()
 
-    async def sleep_advances(seconds: float) -> bool:
+    def owner_scales_back() -> None:
         if kube.replicas == 2:
             owner_sets(kube, 1)  # while the surge waits for its replacement
-        now[0] += max(seconds, 0.25)
-        await asyncio.sleep(0)
-        return False
 
     evicted_at: list[float] = []
 
@@ -584,10 +584,7 @@ async def test_an_owner_that_scales_the_surge_back_keeps_its_count_and_the_pod_w
         evicted_at.append(now[0])
 
     kube.on_evict = on_evict
-    from queue_processor.drain import drainer as drainer_module
-
-    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
-    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    bounds = fake_time_bounds(now, 60, owner_scales_back)
     with structlog.testing.capture_logs() as logs:
         result = await drainer.drain(NODE, bounds)
     assert result.completed
@@ -602,17 +599,11 @@ async def test_a_take_back_never_lowers_a_count_the_owner_set_meanwhile() -> Non
     from then on, the surge is undone (the pod waits its time), and it ends at 10 (before: 9)."""
     kube, drainer, metrics, now = a_drain()
 
-    async def sleep_advances(seconds: float) -> bool:
+    def owner_scales_up() -> None:
         if kube.replicas == 2:
             owner_sets(kube, 10)
-        now[0] += max(seconds, 0.25)
-        await asyncio.sleep(0)
-        return False
 
-    from queue_processor.drain import drainer as drainer_module
-
-    bounds = drainer_module.DrainBounds(now[0] + 60, now[0] + 60)
-    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    bounds = fake_time_bounds(now, 60, owner_scales_up)
     result = await drainer.drain(NODE, bounds)
     assert result.completed
     assert (kube.replicas, kube.record, kube.evicted) == (10, {}, ["web-0"])
@@ -656,21 +647,13 @@ async def test_a_surge_pod_is_evicted_before_the_nodes_last_pod_even_when_its_re
     kube.add_pod("agent")
     kube.pods[-1]["metadata"]["annotations"] = {DRAIN_POLICY_ANNOTATION: "last"}
 
-    async def sleep_advances(seconds: float) -> bool:
-        now[0] += max(seconds, 0.25)
-        await asyncio.sleep(0)
-        return False
-
     evicted_at: dict[str, float] = {}
 
     async def on_evict(name: str) -> None:
         evicted_at[name] = now[0]
 
     kube.on_evict = on_evict
-    from queue_processor.drain import drainer as drainer_module
-
-    bounds = drainer_module.DrainBounds(now[0] + 120, now[0] + 120)
-    bounds.sleep = sleep_advances  # type: ignore[method-assign]
+    bounds = fake_time_bounds(now, 120)
     result = await drainer.drain(NODE, bounds)
     assert result.completed
     assert list(evicted_at) == ["web-0", "agent"], evicted_at  # in order of the evictions
