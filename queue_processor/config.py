@@ -372,6 +372,16 @@ class Settings(BaseSettings):
         gt=0,
         le=600,
     )
+    drain_relist_after: float = _field(
+        5.0,
+        "A drain lists its node's pods once more this long after its first list (which follows the cordon), "
+        "before it ends, and drains what it finds then: a pod the scheduler bound to the node just before it "
+        "saw the cordon. Bounded by the drain's deadline; 0 = list once, as kubectl drain.",
+        nth="none: NTH (kubectl drain) lists the node's pods once",
+        unit="seconds",
+        ge=0,
+        le=60,
+    )
     surge_drains: bool = _field(
         False,
         "Pods annotated `queue-processor/drain: surge` (a Deployment's, through its pod template) get their "

@@ -120,7 +120,9 @@ class DrainTiming:
     - ``delete_at_deadline``: DELETE_AT_DEADLINE, delete what is still there ``delete_lead_s`` seconds
       (DELETE_AT_DEADLINE_LEAD) before the instance's end;
     - ``surge``: SURGE_DRAINS, a Deployment's pod annotated ``queue-processor/drain: surge`` is evicted once a
-      replacement is available (:mod:`queue_processor.drain.surge`).
+      replacement is available (:mod:`queue_processor.drain.surge`);
+    - ``relist_s``: DRAIN_RELIST_AFTER, how long after its first list a drain lists the node's pods once more
+      (0: never; 0 too for a timing built without settings).
     """
 
     order: DrainOrder = _DEFAULT_ORDER
@@ -129,11 +131,12 @@ class DrainTiming:
     delete_at_deadline: bool = default("delete_at_deadline")
     delete_lead_s: float = default("delete_at_deadline_lead")
     surge: bool = default("surge_drains")
+    relist_s: float = 0.0
 
     @classmethod
     def of(cls, settings: Settings) -> DrainTiming:
         """The timing the settings ask for (DRAIN_ORDER, DRAIN_CRITICAL_PRIORITY, GRACE_DEADLINE_MARGIN,
-        DELETE_AT_DEADLINE, DELETE_AT_DEADLINE_LEAD)."""
+        DELETE_AT_DEADLINE, DELETE_AT_DEADLINE_LEAD, SURGE_DRAINS, DRAIN_RELIST_AFTER)."""
         return cls(
             order=DrainOrder(settings.drain_order),
             critical_priority=settings.drain_critical_priority,
@@ -141,6 +144,7 @@ class DrainTiming:
             delete_at_deadline=settings.delete_at_deadline,
             delete_lead_s=settings.delete_at_deadline_lead,
             surge=settings.surge_drains,
+            relist_s=settings.drain_relist_after,
         )
 
 
@@ -355,6 +359,33 @@ class _Done:
     remaining: int = 0
     deleted: int = 0
     causes: list[str] = field(default_factory=list)
+
+    def joined(self, later: _Done) -> _Done:
+        """What two passes of one drain saw, together."""
+        return _Done(
+            self.outcomes + later.outcomes,
+            {**self.graces, **later.graces},
+            self.remaining + later.remaining,
+            self.deleted + later.deleted,
+            self.causes + later.causes,
+        )
+
+
+def _finished(done: _Done) -> bool:
+    """Whether a pass ended with every pod gone and no eviction failed."""
+    return not done.remaining and not any(o.result is EvictionOutcome.ERROR for o in done.outcomes)
+
+
+def _joined(first: WavePlan, later: WavePlan) -> WavePlan:
+    """The plans of two passes of one drain as one: wave by wave, then what each left alone or refused."""
+    count = max(len(first.waves), len(later.waves))
+    waves = [
+        (first.waves[i] if i < len(first.waves) else []) + (later.waves[i] if i < len(later.waves) else [])
+        for i in range(count)
+    ]
+    return WavePlan(
+        waves, first.skipped + later.skipped, first.refused + later.refused, first.notices + later.notices
+    )
 
 
 def summarise(planned: WavePlan, done: _Done, drain_id: str) -> DrainResult:
@@ -611,24 +642,54 @@ class Drainer:
         deleted: Callable[[str, str], Awaitable[None]] | None,
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
-        """Plan (pure), execute, summarise (pure)."""
+        """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
         drain_id = uuid.uuid4().hex[:12]
+        run = functools.partial(self._pass, node, bounds, guard, lost, evicted, deleted, noticed, drain_id)
+        listed = self.clock()
+        planned, done = await run(set())
+        relist_s = self.timing.relist_s
+        if relist_s > 0 and not planned.refused and _finished(done):
+            # A pod the scheduler bound just before it saw the cordon shows up after the first list.
+            await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
+            seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
+            later, more = await run(seen | {((d.namespace, d.name), None) for d in planned.skipped})
+            planned, done = _joined(planned, later), _Done.joined(done, more)
+        return summarise(planned, done, drain_id)
+
+    async def _pass(
+        self,
+        node: str,
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+        lost: Callable[[], bool] | None,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
+        deleted: Callable[[str, str], Awaitable[None]] | None,
+        noticed: Callable[[str, str, str, str], Awaitable[None]] | None,
+        drain_id: str,
+        seen: set[tuple[tuple[str, str], Any]],
+    ) -> tuple[WavePlan, _Done]:
+        """List the node's pods, plan the drain of those not ``seen`` (key and uid; a uid of ``None``: any pod of
+        that key), and execute the plan unless the filters refuse a pod."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
         ticket = self.departures.ticket() if self.departures is not None and not self.use_cache else None
-        pods = await self.kube.pods_on_node(node, cached=self.use_cache)
+        pods = [
+            pod
+            for pod in await self.kube.pods_on_node(node, cached=self.use_cache)
+            if (pod_key(pod), pod["metadata"].get("uid")) not in seen and (pod_key(pod), None) not in seen
+        ]
         planned = plan_waves(pods, self.options, self.timing, self.grace_s)
         del (
             pods
         )  # names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once
-        if planned.refused:
-            return summarise(planned, _Done(), drain_id)
+        if planned.refused or not any(planned.waves):
+            return planned, _Done()
         await self._report(planned.notices, noticed)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
         with self._following(entries, ticket) as following:
             done = await self._execute(
                 node, planned, bounds, guard, evicted, deleted, drain_id, following, lost=lost
             )
-        return summarise(planned, done, drain_id)
+        return planned, done
 
     @contextlib.contextmanager
     def _following(

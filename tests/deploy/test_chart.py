@@ -112,6 +112,7 @@ SAMPLES: dict[str, Any] = {
     "graceDeadlineMargin": 15.5,
     "deleteAtDeadline": True,
     "deleteAtDeadlineLead": 3,
+    "drainRelistAfter": 2.5,
     "surgeDrains": True,
     "drainBudget": 50,
     "drainBudgetNonUrgent": "10%",

@@ -578,3 +578,60 @@ async def test_a_pod_whose_replacement_came_first_is_tried_once_whatever_its_bud
     gated = await drainer._evict_until(entry, bounds, None, None, {}, "d")
     assert kube.sent == ["web-1"]  # not sent again: the gate is closed
     assert gated.result is EvictionOutcome.PDB_BLOCKED
+
+
+class LateBinding(Answers):
+    """A pod the scheduler bound to the node just before it saw the cordon: it shows up after the drain's first
+    list of the node's pods."""
+
+    def __init__(self, relisted: Callable[[], None] = lambda: None) -> None:
+        super().__init__({})
+        self.lists = 0
+        self.relisted = relisted
+
+    async def pods_on_node(self, node: str, *, cached: bool = False) -> list[dict[str, Any]]:
+        pods = await super().pods_on_node(node, cached=cached)
+        self.lists += 1
+        if self.lists == 1:
+            self.add_pod("late-0")
+        elif self.lists == 2:
+            self.relisted()
+        return pods
+
+
+@pytest.mark.parametrize("relist_s", [0.05, 0.0])
+async def test_a_pod_bound_after_the_first_list_is_drained_when_the_drain_looks_again(
+    relist_s: float,
+) -> None:
+    kube = LateBinding()
+    kube.add_node()
+    for name in ("web-0", "web-1"):
+        kube.add_pod(name)
+    now = [100.0]
+    timing = DrainTiming(relist_s=relist_s)
+    drainer = Drainer(kube, DrainOptions(), budget=2, timing=timing, clock=lambda: now[0])  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=now[0] + 60)
+    names = [pod["metadata"]["name"] for pod in kube.pods]
+    if relist_s:  # looked again: the late pod is evicted and waited for like the others
+        assert (result.completed, result.evicted, names) == (True, 3, [])
+    else:  # DRAIN_RELIST_AFTER=0: one list, as kubectl drain
+        assert (result.completed, result.evicted, names) == (True, 2, ["late-0"])
+
+
+async def test_a_late_pod_found_when_no_time_is_left_is_reported_left_not_waited_for() -> None:
+    now = [100.0]
+    kube = LateBinding(
+        relisted=lambda: now.__setitem__(0, 101.0)
+    )  # the deadline has passed at the second list
+    kube.add_node()
+    kube.statuses["late-0"] = 429  # its budget refuses it: still there at the deadline
+    kube.add_pod("web-0")
+    drainer = Drainer(kube, DrainOptions(), budget=2, timing=DrainTiming(relist_s=0.05), clock=lambda: now[0])  # type: ignore[arg-type]
+    result = await drainer.drain(NODE, deadline=now[0] + 0.01)
+    assert (result.completed, result.outcome, result.evicted, result.blocked) == (
+        False,
+        DrainOutcome.TIMEOUT,
+        1,
+        1,
+    )
+    assert result.remaining == 1

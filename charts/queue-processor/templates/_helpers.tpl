@@ -86,6 +86,7 @@ DRAIN_CRITICAL_PRIORITY: drainCriticalPriority
 GRACE_DEADLINE_MARGIN: graceDeadlineMargin
 DELETE_AT_DEADLINE: deleteAtDeadline
 DELETE_AT_DEADLINE_LEAD: deleteAtDeadlineLead
+DRAIN_RELIST_AFTER: drainRelistAfter
 SURGE_DRAINS: surgeDrains
 DRAIN_BUDGET: drainBudget
 DRAIN_BUDGET_NON_URGENT: drainBudgetNonUrgent
