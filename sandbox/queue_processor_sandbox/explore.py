@@ -29,6 +29,8 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   failed eviction retried later, or a last wave started early because only its time was left, may rightly
   reorder them there;
 - ``lease-lost``: no Lease lost by a replica that was neither paused nor killed;
+- ``surge-unready`` and ``deployment-count`` (storylines with a surge Deployment, the real control plane only):
+  :mod:`queue_processor_sandbox.surge_owner`;
 - ``process``: no traceback in any controller's log, and every controller stopped with SIGTERM exited 0 with
   its ``stopped`` line at zero (tasks, operations, heartbeats) — but one SIGTERM found before it wrote its
   first line (still importing, its handler not installed yet: seed 311 on a loaded machine, paused during
@@ -69,6 +71,7 @@ from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.processes import QueueProcessor
 from queue_processor_sandbox.run import judge
 from queue_processor_sandbox.storyline import Step, Storyline, generate
+from queue_processor_sandbox.surge_owner import SurgeOwner
 
 __all__ = ["SCALE", "Outcome", "main", "run", "shrink", "violations"]
 
@@ -176,6 +179,7 @@ class _World:
         self.held_ever: set[str] = set()  # nodes whose instance went while a budget was held
         self.gone_undrained: dict[str, str] = {}
         self.own_pod: str | None = None  # the first replica's pod, when the storyline places it on a node
+        self.surge: SurgeOwner | None = None  # the surge Deployment and its owner (real control plane only)
         self.notice_ends: dict[str, float] = {}  # instance → when its last notice ends (real)
         self._rng = Random(story.seed + 1)
         self._published_seen = 0
@@ -197,6 +201,8 @@ class _World:
             extra.setdefault("DRAIN_BUDGET_NON_URGENT", self.story.non_urgent_budget)
         if self.story.evictions_in_flight:
             extra.setdefault("EVICTIONS_IN_FLIGHT", self.story.evictions_in_flight)
+        if self.surge is not None:
+            extra.setdefault("SURGE_DRAINS", "true")
         replica.process = QueueProcessor(self.sandbox, self.workdir / f"{replica.name}.log", **extra)
         if own:
             # The kubelet's part: once its pod is evicted, SIGTERM (the controller left its drained node).
@@ -210,6 +216,12 @@ class _World:
         (self.own_pod,) = self.sandbox.kube.add_replicaset(
             self.sandbox.controller_namespace, OWN_APP, nodes=[node], replicas=1, labels=OWN_LABELS, grace_s=1
         )
+
+    def place_surge(self) -> None:
+        """With :attr:`Storyline.surge_slot`, on the real control plane: the surge Deployment on that slot's
+        node (the emulation runs no Deployments: its owner steps are skipped there)."""
+        if self.story.surge_slot is not None and hasattr(self.sandbox.kube, "add_deployment"):
+            self.surge = SurgeOwner(self.sandbox, self.nodes[self._instance(self.story.surge_slot)])
 
     def follow_own_pod(self) -> None:
         """The first replica left its drained node (the kubelet's SIGTERM ended it): its successor starts as
@@ -276,6 +288,8 @@ class _World:
             self.duplicate_new_messages()
             self.keep_capacity()
             self.follow_own_pod()
+            if self.surge is not None:
+                self.surge.tick()
             if time.monotonic() < due:
                 time.sleep(min(0.05, due - time.monotonic()))
                 continue
@@ -377,6 +391,8 @@ class _World:
             return self._replica_step(step)
         if kind == "kube-fault":
             return self._kube_fault(step)
+        if kind in ("self-heal", "owner-scale"):
+            return self.surge is not None and self.surge.apply(step, SCALE)
         if kind == "aws-fault":
             code, operation, count = step.detail.split()
             status = 500 if code == "InternalError" else 400  # SQS failing a settlement, or a throttle
@@ -495,18 +511,19 @@ class _World:
 
     def _kube_fault(self, step: Step) -> bool:
         kube = self.sandbox.kube
-        if not hasattr(kube, "inject_fault"):  # the real control plane has no injector
-            return False
         how, verb, resource, count = step.detail.split()
         times = int(count.lstrip("x"))
-        if how == "500":
-            kube.inject_fault(verb, resource, status=500, count=times)
-        elif how == "429":
-            kube.inject_fault(verb, resource, status=429, retry_after_s=1, count=times)
-        elif how == "slow":
-            kube.inject_fault(verb, resource, delay_s=1.0, count=times)
-        else:
-            kube.inject_fault(verb, resource, reset=True, count=times)
+        try:
+            if how == "500":
+                kube.inject_fault(verb, resource, status=500, count=times)
+            elif how == "429":
+                kube.inject_fault(verb, resource, status=429, retry_after_s=1, count=times)
+            elif how == "slow":
+                kube.inject_fault(verb, resource, delay_s=1.0, count=times)
+            else:
+                kube.inject_fault(verb, resource, reset=True, count=times)
+        except NotImplementedError:  # the real control plane has no injector
+            return False
         return True
 
     def duplicate_new_messages(self) -> None:
@@ -574,6 +591,8 @@ class _World:
                 elif left:
                     at = round((time.monotonic() - self.t0) / SCALE, 1)
                     self.gone_undrained[name] = f"t={at}s: " + ", ".join(p["metadata"]["name"] for p in left)
+            if self.surge is not None:
+                self.surge.node_gone()
             original(name)
 
         kube.delete_node = delete_node  # type: ignore[method-assign]
@@ -606,6 +625,8 @@ class _World:
         if counts.visible or counts.in_flight:
             return False
         if self.still_ours():
+            return False
+        if self.surge is not None and not self.surge.settled():
             return False
         return not any(
             ":Wait" in (aws.lifecycle_state(i.instance_id) or "")
@@ -673,6 +694,7 @@ def run(
             world = _World(sandbox, story, workdir, settings, before_step)
             try:
                 world.place_own_pod()
+                world.place_surge()
                 for replica in world.replicas:
                     world.start(replica)
                 world.play()
@@ -688,7 +710,9 @@ def run(
                 while not world.settled() and time.monotonic() < deadline:
                     world.keep_capacity()
                     world.follow_own_pod()
-                    time.sleep(0.2)
+                    if world.surge is not None:
+                        world.surge.tick()
+                    time.sleep(0.1)
             finally:
                 world.stop_all()
             violations(world)
@@ -731,6 +755,15 @@ def violations(world: _World) -> None:
         world.fail("returned", f"{instance_id}: {left}")
     if world.gone_undrained:
         world.fail("gone-undrained", json.dumps(world.gone_undrained))
+    if world.surge is not None:
+        logs = [
+            line
+            for replica in world.replicas
+            for process in [*replica.earlier, *([replica.process] if replica.process is not None else [])]
+            for line in process.lines()
+        ]
+        for invariant, what in world.surge.verdicts(logs).items():
+            world.fail(invariant, what)
     for replica in world.replicas:
         processes = [*replica.earlier, *([replica.process] if replica.process is not None else [])]
         for process in processes:

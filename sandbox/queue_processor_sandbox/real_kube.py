@@ -180,7 +180,8 @@ class _Informer:
 class ReadyReplicas:
     """The Ready pods (Running, Ready, not terminating: what a ReplicaSet counts as ready) of one workload,
     counted at every change of this run's pods the informer sees, from :meth:`RealKube.track_ready` until
-    :meth:`stop`: ``fewest`` is the lowest count seen, ``now`` the latest."""
+    :meth:`stop`: ``fewest`` is the lowest count seen, ``now`` the latest, ``history`` each change as (wall-clock
+    seconds, the names of the Ready pods)."""
 
     def __init__(self, informer: _Informer, namespace: str, labels: dict[str, str]) -> None:
         self._informer = informer
@@ -188,18 +189,22 @@ class ReadyReplicas:
         self.labels = dict(labels)
         self.now = 0
         self.fewest: int | None = None
+        self.history: list[tuple[float, frozenset[str]]] = []
         with informer.lock:
             self._count(informer.objects)
             informer.changed.append(self._count)
 
     def _count(self, objects: dict[Key, Obj]) -> None:
-        self.now = sum(
-            1
+        ready = frozenset(
+            pod["metadata"]["name"]
             for pod in objects.values()
             if pod["metadata"].get("namespace") == self.namespace
             and _labels_match(pod, self.labels)
             and _pod_ready(pod)
         )
+        self.now = len(ready)
+        if not self.history or self.history[-1][1] != ready:
+            self.history.append((time.time(), ready))
         self.fewest = self.now if self.fewest is None else min(self.fewest, self.now)
 
     def stop(self) -> None:
@@ -595,14 +600,23 @@ class RealKube:
         annotations: dict[str, str] | None = None,
         node_labels: dict[str, str] | None = None,
         wait: bool = True,
+        prefer_node: str | None = None,
+        min_ready_s: int = 0,
     ) -> list[str]:
         """An apps/v1 Deployment of ``replicas`` pods (template ``annotations``) placed by the scheduler on this
-        run's nodes (those with ``node_labels`` too, when given); the Deployment and ReplicaSet controllers of
-        kube-controller-manager run it (the emulation serves no Deployments). With ``wait``, returns when its
-        pods are Ready, with their names."""
+        run's nodes (those with ``node_labels`` too, when given; ``prefer_node`` first, by a preferred node
+        affinity on its hostname), available ``min_ready_s`` seconds after Ready (``minReadySeconds``); the
+        Deployment and ReplicaSet controllers of kube-controller-manager run it (the emulation serves no
+        Deployments). With ``wait``, returns when its pods are Ready, with their names."""
         self.ensure_namespace(namespace)
         spec = self._pod_spec(grace_s, False)
         spec["nodeSelector"] = {RUN_LABEL: self.run, **(node_labels or {})}
+        if prefer_node is not None:
+            term = {"key": "kubernetes.io/hostname", "operator": "In", "values": [prefer_node]}
+            preferred = [{"weight": 100, "preference": {"matchExpressions": [term]}}]
+            spec["affinity"] = {
+                "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}
+            }
         pod_labels = {**labels, RUN_LABEL: self.run}
         template: Obj = {"labels": pod_labels}
         if annotations:
@@ -613,6 +627,7 @@ class RealKube:
                 "metadata": {"name": name, "labels": pod_labels},
                 "spec": {
                     "replicas": replicas,
+                    "minReadySeconds": min_ready_s,
                     "selector": {"matchLabels": dict(labels)},
                     "template": {"metadata": template, "spec": spec},
                 },
@@ -625,6 +640,13 @@ class RealKube:
             p["metadata"]["name"]
             for p in self.objects("pods")
             if p["metadata"]["namespace"] == namespace and _labels_match(p, labels) and _pod_ready(p)
+        )
+
+    def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Set a Deployment's ``spec.replicas`` as its owner does (a merge patch: ``kubectl scale``, a GitOps
+        self-heal). Raises ``urllib.error.HTTPError`` when the API server refuses it."""
+        self._patch(
+            f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}", {"spec": {"replicas": replicas}}
         )
 
     def track_ready(self, namespace: str, labels: dict[str, str]) -> ReadyReplicas:

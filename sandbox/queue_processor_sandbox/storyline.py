@@ -29,6 +29,12 @@ it had): Spot warnings following rebalance recommendations, starts and warm-pool
 interrupted node (:attr:`Storyline.own_slot`), DELETE_AT_DEADLINE (:attr:`Storyline.delete_at_deadline`) and SQS
 failing settlements.
 
+Surges (:func:`_surging`, a stream of their own again; the real control plane only, whose kube-controller-manager
+runs Deployments): for one seed in three a single-replica Deployment whose pods ask for a replacement first, on
+a node that leaves with time to spare (:attr:`Storyline.surge_slot`), and its owner's hand on its replica count:
+a GitOps self-heal that sets the count it declares back whenever it drifts (``self-heal``, from a moment around
+that node's interruption), and sometimes a new count (``owner-scale``).
+
 A step names its target by slot or group index; the runner (:mod:`queue_processor_sandbox.explore`) skips a
 step whose target is not in a state it applies to (an instance already gone) and records it. The same seed
 always makes the same storyline; :meth:`Storyline.only` keeps a subset of its steps (shrinking).
@@ -66,6 +72,8 @@ StepKind = Literal[
     "restart-replica",
     "kube-fault",
     "aws-fault",
+    "self-heal",
+    "owner-scale",
 ]
 
 #: Interruptions of one instance, with their weights.
@@ -129,6 +137,10 @@ class Storyline:
     delete_at_deadline: bool = False
     """DELETE_AT_DEADLINE for the storyline's controllers: what a budget holds is deleted before a notice's
     end, so a budget held no longer excuses a pod left on a node whose notice ended."""
+    surge_slot: int | None = None
+    """The slot of the node a single-replica Deployment's pod (``queue-processor/drain: surge``) starts on, with
+    SURGE_DRAINS; ``None``: no such Deployment. The real control plane only (the emulation runs no
+    Deployments: the storyline's owner steps are skipped there)."""
 
     @property
     def last_pods(self) -> int:
@@ -176,7 +188,8 @@ class Storyline:
             f"compaction={'off' if self.compaction_at_s is None else f't={self.compaction_at_s}s'} "
             f"duplicates={self.duplicates:.2f} faults={'on' if self.faults else 'off'} "
             f"own_node={'off' if self.own_slot is None else self.own_slot} "
-            f"delete_at_deadline={'on' if self.delete_at_deadline else 'off'} steps={len(self.steps)}"
+            f"delete_at_deadline={'on' if self.delete_at_deadline else 'off'} "
+            f"surge={'off' if self.surge_slot is None else self.surge_slot} steps={len(self.steps)}"
         )
 
 
@@ -259,7 +272,7 @@ def generate(seed: int) -> Storyline:
         faults=faults,
         steps=tuple(steps),
     )
-    return _combined(story)
+    return _surging(_combined(story))
 
 
 #: Follow-ups of a step that land one instance's events on different replicas: (kind followed, probability,
@@ -308,3 +321,35 @@ def _combined(story: Storyline) -> Storyline:
     return replace(
         story, replicas=replicas, own_slot=own_slot, delete_at_deadline=delete_at_deadline, steps=tuple(steps)
     )
+
+
+#: Interruptions that leave a surge its time (a lifecycle action's, or a recommendation's open end).
+SURGE_ROOM: tuple[StepKind, ...] = ("scale-in", "to-warm-pool", "rebalance")
+
+
+def _surging(story: Storyline) -> Storyline:
+    """``story`` with, for one seed in three, a Deployment that surges (:attr:`Storyline.surge_slot`) on a node
+    interrupted with time to spare (a scale-in added when none is), and its owner: for two in three of those
+    seeds a GitOps self-heal from up to 20 simulated seconds before that interruption to 20 after it (the owner
+    sets the count it declares back whenever it drifts, ``detail`` simulated seconds after it sees the drift:
+    while the surge waits for its replacement), and for one in three an ``owner-scale`` to 2 (``detail``). From
+    a random stream of its own: every seed keeps its other steps."""
+    rng = Random(story.seed * 1_000_003 + 4748)
+    if rng.random() >= 1 / 3:
+        return story
+    steps = list(story.steps)
+    roomy = [step for step in steps if step.kind in SURGE_ROOM]
+    if roomy:
+        chosen = rng.choice(roomy)
+    else:
+        chosen = Step(
+            round(rng.uniform(5, max(10.0, story.length_s)), 1), "scale-in", rng.randrange(story.nodes)
+        )
+        steps.append(chosen)
+    if rng.random() < 2 / 3:
+        when = round(max(0.0, chosen.at_s + rng.uniform(-20, 20)), 1)
+        steps.append(Step(when, "self-heal", 0, f"{rng.uniform(0, 10):.1f}"))
+    if rng.random() < 1 / 3:
+        steps.append(Step(round(rng.uniform(0, chosen.at_s + 40), 1), "owner-scale", 0, "2"))
+    steps.sort(key=lambda step: step.at_s)
+    return replace(story, surge_slot=chosen.target % story.nodes, steps=tuple(steps))

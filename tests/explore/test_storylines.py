@@ -22,7 +22,9 @@ from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, ge
 #: 119: three replicas, the first one's own node interrupted, a Spot warning after a rebalance recommendation of
 #: the same instance, DELETE_AT_DEADLINE, turns; 377: two replicas, SQS fails settlements.
 EMULATED = [0, 1, 3, 12, 29, 38, 1729, 216, 119, 377]
-REAL = [5, 20]
+#: 5 and 7: a surge Deployment whose owner's self-heal sets the count back while the surge waits (7: after the
+#: owner scaled it to 2).
+REAL = [5, 20, 7]
 #: Storylines that failed once, with the defect they found (each fixed since).
 PINNED: dict[int, str] = {
     19: "a replica woke from SIGSTOP to a long poll's stale answer and heartbeated actions the other replica "
@@ -88,6 +90,11 @@ def test_the_ci_seeds_cover_what_the_explorer_generates() -> None:
     assert any(story.own_slot is not None for story in stories)
     assert any(story.delete_at_deadline for story in stories)
     assert any("InternalError" in step.detail for story in stories for step in story.steps)
+    # Surges (real control plane only): a Deployment on a node that leaves with time to spare, its owner's
+    # self-heal setting the count back while a surge waits, and an owner that scales it.
+    real = [generate(seed) for seed in REAL]
+    assert any(story.surge_slot is not None for story in real)
+    assert {"self-heal", "owner-scale"} <= {step.kind for story in real for step in story.steps}
 
 
 def _rebalance_then_spot(story: Storyline) -> bool:
@@ -106,17 +113,18 @@ def test_every_seed_keeps_the_steps_it_had_and_gains_the_combinations() -> None:
     (pinned seeds replay what they found) and gains follow-ups of the same instances."""
     from queue_processor_sandbox import storyline
 
-    for seed in (0, 3, 19, 513, 1729):
+    for seed in (0, 3, 5, 19, 513, 1729):
         combined = generate(seed)
-        original = storyline._combined  # the generator without the combinations
+        originals = storyline._combined, storyline._surging  # the generator without the combinations
         try:
-            storyline._combined = lambda story: story  # type: ignore[assignment]
+            storyline._combined = storyline._surging = lambda story: story  # type: ignore[assignment]
             plain = generate(seed)
         finally:
-            storyline._combined = original  # type: ignore[assignment]
+            storyline._combined, storyline._surging = originals  # type: ignore[assignment]
         assert set(plain.steps) <= set(combined.steps)
         added = [step for step in combined.steps if step not in plain.steps]
-        assert all(step.kind in ("spot", "aws-fault", "pdb-hold", "pdb-release") for step in added)
+        kinds = ("spot", "aws-fault", "pdb-hold", "pdb-release", "scale-in", "self-heal", "owner-scale")
+        assert all(step.kind in kinds for step in added)
 
 
 def test_shrinking_keeps_only_the_steps_the_failure_needs() -> None:

@@ -1,0 +1,69 @@
+"""The explorer's surge judge (pure parts, on a fake Deployment and a made-up history of Ready pods): a pod the
+controller evicted after saying its replacement was available must not leave the Deployment without a Ready pod,
+unless a node went just before; the Deployment ends at its owner's count with no surge recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queue_processor_sandbox.surge_owner import AVAILABLE, NODE_GONE_SLACK_S, SurgeOwner
+
+
+class _Ready:
+    def __init__(self, history: list[tuple[float, frozenset[str]]]) -> None:
+        self.history = history
+
+    def stop(self) -> None:
+        pass
+
+
+class _Kube:
+    def __init__(self, deployment: dict[str, Any]) -> None:
+        self.deployment = deployment
+
+    def get_raw(self, path: str) -> dict[str, Any]:
+        return self.deployment
+
+
+def owner(history: list[tuple[float, frozenset[str]]], replicas: int = 1, record: bool = False) -> SurgeOwner:
+    judge = SurgeOwner.__new__(SurgeOwner)
+    annotations = {"queue-processor/surge": '{"base":1,"replicas":2,"pods":{"u":"old"}}'} if record else {}
+    judge.kube = _Kube({"metadata": {"annotations": annotations}, "spec": {"replicas": replicas}})  # type: ignore[assignment]
+    judge.namespace, judge.declared, judge.gone = "apps", 1, []
+    judge.ready = _Ready(history)  # type: ignore[assignment]
+    return judge
+
+
+def claim(pod: str, at: float) -> dict[str, Any]:
+    stamp = f"2026-11-28T00:00:{at:09.6f}Z"
+    return {"timestamp": stamp, "event": AVAILABLE, "pod": f"apps/{pod}"}
+
+
+BASE = 1_795_824_000.0  # 2026-11-28T00:00:00Z
+
+
+def test_an_eviction_said_available_that_leaves_no_ready_pod_fails() -> None:
+    history = [(BASE + 1, frozenset({"old"})), (BASE + 3, frozenset())]
+    assert set(owner(history).verdicts([claim("old", 2)])) == {"surge-unready"}
+
+
+def test_an_eviction_whose_replacement_is_ready_holds() -> None:
+    history = [
+        (BASE + 1, frozenset({"old"})),
+        (BASE + 2, frozenset({"old", "new"})),
+        (BASE + 3, frozenset({"new"})),
+    ]
+    assert owner(history).verdicts([claim("old", 2.5)]) == {}
+
+
+def test_a_node_gone_just_before_excuses_a_deployment_left_unready() -> None:
+    history = [(BASE + 1, frozenset({"old", "new"})), (BASE + 3, frozenset())]
+    judge = owner(history)
+    judge.gone = [BASE + 3 - NODE_GONE_SLACK_S / 2]  # the replacement's node went with its instance
+    assert judge.verdicts([claim("old", 2)]) == {}
+
+
+def test_the_deployment_ends_at_its_owners_count_without_a_surge_record() -> None:
+    assert set(owner([], replicas=2).verdicts([])) == {"deployment-count"}
+    assert "surges recorded" in owner([], record=True).verdicts([])["deployment-count"]
+    assert owner([]).verdicts([]) == {}
