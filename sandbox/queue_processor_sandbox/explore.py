@@ -323,6 +323,11 @@ class _World:
             self.nodes[launched.instance_id] = launched.private_dns_name
             self.replacements += 1
 
+    @property
+    def killed(self) -> bool:
+        """Whether a replica was killed (SIGKILL): what it held mid-surge may stay recorded."""
+        return any(step.kind == "kill-replica" for step in self.outcome.applied)
+
     def fail(self, invariant: str, what: str) -> None:
         seen = self.outcome.failed.get(invariant)
         self.outcome.failed[invariant] = what if seen is None else f"{seen}; {what}"
@@ -510,18 +515,18 @@ class _World:
         return False
 
     def _kube_fault(self, step: Step) -> bool:
-        kube = self.sandbox.kube
+        inject: Callable[..., None] | None = getattr(self.sandbox.kube, "inject_fault", None)
+        if inject is None:
+            return False
         how, verb, resource, count = step.detail.split()
-        times = int(count.lstrip("x"))
+        shapes: dict[str, dict[str, Any]] = {
+            "500": {"status": 500},
+            "429": {"status": 429, "retry_after_s": 1},
+            "slow": {"delay_s": 1.0},
+        }
+        options = shapes.get(how, {"reset": True})
         try:
-            if how == "500":
-                kube.inject_fault(verb, resource, status=500, count=times)
-            elif how == "429":
-                kube.inject_fault(verb, resource, status=429, retry_after_s=1, count=times)
-            elif how == "slow":
-                kube.inject_fault(verb, resource, delay_s=1.0, count=times)
-            else:
-                kube.inject_fault(verb, resource, reset=True, count=times)
+            inject(verb, resource, count=int(count.lstrip("x")), **options)
         except NotImplementedError:  # the real control plane has no injector
             return False
         return True
@@ -626,7 +631,7 @@ class _World:
             return False
         if self.still_ours():
             return False
-        if self.surge is not None and not self.surge.settled():
+        if self.surge is not None and not self.surge.settled(self.killed):
             return False
         return not any(
             ":Wait" in (aws.lifecycle_state(i.instance_id) or "")
@@ -762,7 +767,7 @@ def violations(world: _World) -> None:
             for process in [*replica.earlier, *([replica.process] if replica.process is not None else [])]
             for line in process.lines()
         ]
-        for invariant, what in world.surge.verdicts(logs).items():
+        for invariant, what in world.surge.verdicts(logs, world.killed).items():
             world.fail(invariant, what)
     for replica in world.replicas:
         processes = [*replica.earlier, *([replica.process] if replica.process is not None else [])]

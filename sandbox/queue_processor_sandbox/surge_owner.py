@@ -9,7 +9,9 @@ Judged here (for :func:`queue_processor_sandbox.explore.violations`):
   replacement is available: evicting``) left the Deployment with no Ready pod, unless a node went (deleted,
   or with its instance) within :data:`NODE_GONE_SLACK_S` before: the replacement was not there after all;
 - ``deployment-count``: once everything has settled, the Deployment's ``spec.replicas`` is the count its owner
-  declared last, and no surge record is left on it.
+  declared last, and no surge record is left on it; but where a replica was killed (SIGKILL) mid-surge, as
+  documented (docs/kinds.md, "What it leaves behind"): its record entries stay, with one replica each in the
+  count, until the next surge of the Deployment or the owner's count.
 
 Kubernetes documents what the owner's write does ("Deployments": scaling; a ReplicaSet scaled down deletes
 its pods that are not Ready first).
@@ -21,7 +23,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from queue_processor.drain.surge import recorded_surges
+from queue_processor.drain.surge import SurgeRecord, recorded_surges
 from queue_processor_sandbox.environment import Sandbox
 from queue_processor_sandbox.storyline import Step
 
@@ -103,26 +105,26 @@ class SurgeOwner:
         """A node went (its pods with it)."""
         self.gone.append(time.time())
 
-    def settled(self) -> bool:
-        """The Deployment is at the count its owner declared, with no surge recorded."""
+    def settled(self, killed: bool) -> bool:
+        """The Deployment is at the count its owner declared, with no surge recorded (``killed``: a replica was
+        killed, whose surges may stay recorded)."""
         found = self.kube.get_raw(self.path)  # type: ignore[attr-defined]
-        return bool(found) and self._left(found) == []
+        return bool(found) and self._left(found, killed) == []
 
-    def _left(self, deployment: dict[str, Any]) -> list[str]:
+    def _left(self, deployment: dict[str, Any], killed: bool) -> list[str]:
         replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
-        left = (
-            [] if replicas == self.declared else [f"replicas {replicas}, its owner declared {self.declared}"]
-        )
+        most = self.declared + (len(SurgeRecord.of(deployment).pods) if killed else 0)
+        left = [] if self.declared <= replicas <= most else [f"replicas {replicas}, owner's {self.declared}"]
         surges = recorded_surges(deployment)
-        return left + ([f"surges recorded: {sorted(surges.values())}"] if surges else [])
+        return left + ([f"surges recorded: {sorted(surges.values())}"] if surges and not killed else [])
 
-    def verdicts(self, lines: list[dict[str, Any]]) -> dict[str, str]:
-        """The invariants this module judges, from the controllers' log ``lines`` and the Ready pods' history:
-        invariant → what was seen, for those that failed."""
+    def verdicts(self, lines: list[dict[str, Any]], killed: bool) -> dict[str, str]:
+        """The invariants this module judges, from the controllers' log ``lines`` and the Ready pods' history
+        (``killed``: a replica was killed mid-storyline): invariant → what was seen, for those that failed."""
         self.ready.stop()
         failed: dict[str, str] = {}
         found = self.kube.get_raw(self.path)  # type: ignore[attr-defined]
-        left = self._left(found) if found else ["the Deployment is gone"]
+        left = self._left(found, killed) if found else ["the Deployment is gone"]
         if left:
             failed["deployment-count"] = "; ".join(left)
         unready = [

@@ -44,7 +44,7 @@ BASE = 1_795_824_000.0  # 2026-11-28T00:00:00Z
 
 def test_an_eviction_said_available_that_leaves_no_ready_pod_fails() -> None:
     history = [(BASE + 1, frozenset({"old"})), (BASE + 3, frozenset())]
-    assert set(owner(history).verdicts([claim("old", 2)])) == {"surge-unready"}
+    assert set(owner(history).verdicts([claim("old", 2)], False)) == {"surge-unready"}
 
 
 def test_an_eviction_whose_replacement_is_ready_holds() -> None:
@@ -53,17 +53,20 @@ def test_an_eviction_whose_replacement_is_ready_holds() -> None:
         (BASE + 2, frozenset({"old", "new"})),
         (BASE + 3, frozenset({"new"})),
     ]
-    assert owner(history).verdicts([claim("old", 2.5)]) == {}
+    assert owner(history).verdicts([claim("old", 2.5)], False) == {}
 
 
 def test_a_node_gone_just_before_excuses_a_deployment_left_unready() -> None:
     history = [(BASE + 1, frozenset({"old", "new"})), (BASE + 3, frozenset())]
     judge = owner(history)
     judge.gone = [BASE + 3 - NODE_GONE_SLACK_S / 2]  # the replacement's node went with its instance
-    assert judge.verdicts([claim("old", 2)]) == {}
+    assert judge.verdicts([claim("old", 2)], False) == {}
 
 
 def test_the_deployment_ends_at_its_owners_count_without_a_surge_record() -> None:
-    assert set(owner([], replicas=2).verdicts([])) == {"deployment-count"}
-    assert "surges recorded" in owner([], record=True).verdicts([])["deployment-count"]
-    assert owner([]).verdicts([]) == {}
+    assert set(owner([], replicas=2).verdicts([], False)) == {"deployment-count"}
+    assert "surges recorded" in owner([], record=True).verdicts([], False)["deployment-count"]
+    assert owner([]).verdicts([], False) == {}
+    # A replica killed mid-surge leaves its record and its replica, as documented, until the next surge.
+    assert owner([], replicas=2, record=True).verdicts([], True) == {}
+    assert set(owner([], replicas=3, record=True).verdicts([], True)) == {"deployment-count"}
