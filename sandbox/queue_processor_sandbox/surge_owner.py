@@ -5,9 +5,11 @@ sets the declared count back whenever the live one drifts, and a new declared co
 
 Judged here (for :func:`queue_processor_sandbox.explore.violations`):
 
-- ``surge-unready``: a pod evicted after the controller said its replacement was available (``surge: the
-  replacement is available: evicting``) left the Deployment with no Ready pod, unless a node went (deleted,
-  or with its instance) within :data:`NODE_GONE_SLACK_S` before: the replacement was not there after all;
+- ``surge-unready``: within :data:`WINDOW_S` after the controller said a pod's replacement was available
+  (``surge: the replacement is available: evicting``), the Deployment had no Ready pod, unless a node went
+  (deleted, or with its instance) within :data:`NODE_GONE_SLACK_S` before, or the pods Ready just before were
+  evicted by a surge that fell back (``evicted without a replacement first``): the replacement was not there
+  after all, or the owner's count took it away;
 - ``deployment-count``: once everything has settled, the Deployment's ``spec.replicas`` is the count its owner
   declared last, and no surge record is left on it; but where a replica was killed (SIGKILL) mid-surge, as
   documented (docs/kinds.md, "What it leaves behind"): its record entries stay, with one replica each in the
@@ -20,6 +22,7 @@ its pods that are not Ready first).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +30,7 @@ from queue_processor.drain.surge import SurgeRecord, recorded_surges
 from queue_processor_sandbox.environment import Sandbox
 from queue_processor_sandbox.storyline import Step
 
-__all__ = ["AVAILABLE", "NODE_GONE_SLACK_S", "SurgeOwner"]
+__all__ = ["AVAILABLE", "FALLBACK", "NODE_GONE_SLACK_S", "WINDOW_S", "SurgeOwner"]
 
 NAME = "checkout"
 LABELS = {"app": "checkout"}
@@ -37,6 +40,12 @@ LOOK_S = 0.1
 AVAILABLE = "surge: the replacement is available: evicting"
 #: Real seconds before a pod left Ready within which a node that went excuses a Deployment left unready.
 NODE_GONE_SLACK_S = 2.0
+#: Real seconds after "the replacement is available" within which the Deployment must keep a Ready pod: the
+#: replacement's ReplicaSet deletes a pod within a moment of a count written back.
+WINDOW_S = 5.0
+#: The end of the controller's line when a surge falls back to an eviction without a replacement (time ran short,
+#: the owner set the count back): the Deployment may then rightly have no Ready pod for a while.
+FALLBACK = "evicted without a replacement first"
 #: The Deployment's minReadySeconds (real): its replacement is available this long after it is Ready, so that
 #: the owner's write can come while a surge waits.
 MIN_READY_S = 1
@@ -127,32 +136,36 @@ class SurgeOwner:
         left = self._left(found, killed) if found else ["the Deployment is gone"]
         if left:
             failed["deployment-count"] = "; ".join(left)
+        fallbacks = {name for name, _ in _lines(lines, lambda event: event.endswith(FALLBACK))}
         unready = [
             name
-            for name, at in _claims(lines)
-            if (left_at := self._left_unready(name, at)) is not None
-            and not any(left_at - NODE_GONE_SLACK_S <= gone <= left_at for gone in self.gone)
+            for name, at in _lines(lines, lambda event: event == AVAILABLE)
+            if (went := self._unready_after(at)) is not None
+            and not any(went[0] - NODE_GONE_SLACK_S <= gone <= went[0] for gone in self.gone)
+            and not went[1] & fallbacks
         ]
         if unready:
             failed["surge-unready"] = (
-                f"no Ready pod once these left, their replacement said available: {unready}"
+                f"no Ready pod within {WINDOW_S:.0f} s of these evictions, said to have their replacement: {unready}"
             )
         return failed
 
-    def _left_unready(self, pod: str, claimed_at: float) -> float | None:
-        """When ``pod``, said to have its replacement available at ``claimed_at``, stopped being Ready and left
-        none Ready, or ``None``."""
+    def _unready_after(self, claimed_at: float) -> tuple[float, frozenset[str]] | None:
+        """The first moment within :data:`WINDOW_S` after ``claimed_at`` that the Deployment had no Ready pod, with
+        the pods Ready just before; ``None`` when there was none."""
+        before: frozenset[str] = frozenset()
         for at, ready in self.ready.history:
-            if at >= claimed_at and pod not in ready:
-                return at if not ready else None
+            if claimed_at <= at <= claimed_at + WINDOW_S and not ready:
+                return at, before
+            before = ready
         return None
 
 
-def _claims(lines: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """(pod name, wall-clock seconds) of each ``AVAILABLE`` line."""
+def _lines(lines: list[dict[str, Any]], wanted: Callable[[str], bool]) -> list[tuple[str, float]]:
+    """(pod name, wall-clock seconds) of each line whose event is ``wanted``."""
     found = []
     for line in lines:
-        if line.get("event") == AVAILABLE and isinstance(line.get("pod"), str):
+        if wanted(str(line.get("event"))) and isinstance(line.get("pod"), str):
             stamp = datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
             found.append((line["pod"].split("/", 1)[-1], stamp))
     return found

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_processor_sandbox.surge_owner import AVAILABLE, NODE_GONE_SLACK_S, SurgeOwner
+from queue_processor_sandbox.surge_owner import AVAILABLE, FALLBACK, NODE_GONE_SLACK_S, WINDOW_S, SurgeOwner
 
 
 class _Ready:
@@ -34,9 +34,9 @@ def owner(history: list[tuple[float, frozenset[str]]], replicas: int = 1, record
     return judge
 
 
-def claim(pod: str, at: float) -> dict[str, Any]:
+def claim(pod: str, at: float, event: str = AVAILABLE) -> dict[str, Any]:
     stamp = f"2026-11-28T00:00:{at:09.6f}Z"
-    return {"timestamp": stamp, "event": AVAILABLE, "pod": f"apps/{pod}"}
+    return {"timestamp": stamp, "event": event, "pod": f"apps/{pod}"}
 
 
 BASE = 1_795_824_000.0  # 2026-11-28T00:00:00Z
@@ -61,6 +61,28 @@ def test_a_node_gone_just_before_excuses_a_deployment_left_unready() -> None:
     judge = owner(history)
     judge.gone = [BASE + 3 - NODE_GONE_SLACK_S / 2]  # the replacement's node went with its instance
     assert judge.verdicts([claim("old", 2)], False) == {}
+
+
+def test_a_replacement_taken_away_by_the_owners_count_after_the_claim_fails() -> None:
+    # The owner's self-heal wrote the count back: the ReplicaSet deleted the replacement a moment after the old
+    # pod's eviction, which the controller had let go as if its replacement stayed.
+    history = [
+        (BASE + 1, frozenset({"old", "new"})),
+        (BASE + 3, frozenset({"new"})),
+        (BASE + 3.5, frozenset()),
+        (BASE + 9, frozenset({"newer"})),
+    ]
+    assert set(owner(history).verdicts([claim("old", 2)], False)) == {"surge-unready"}
+    # Unready only long after the claim: another story.
+    late = [
+        (BASE + 1, frozenset({"old", "new"})),
+        (BASE + 3, frozenset({"new"})),
+        (BASE + 3 + WINDOW_S, frozenset()),
+    ]
+    assert owner(late).verdicts([claim("old", 2)], False) == {}
+    # The replacement itself went by a surge that fell back (its own node's time ran short): excused.
+    fell_back = claim("new", 3.2, event=f"surge: too little time before the eviction must start: {FALLBACK}")
+    assert owner(history).verdicts([claim("old", 2), fell_back], False) == {}
 
 
 def test_the_deployment_ends_at_its_owners_count_without_a_surge_record() -> None:
