@@ -331,9 +331,9 @@ def _surging(story: Storyline) -> Storyline:
     """``story`` with, for one seed in three, a Deployment that surges (:attr:`Storyline.surge_slot`) on a node
     interrupted with time to spare (a scale-in added when none is), and its owner: for two in three of those
     seeds a GitOps self-heal from up to 20 simulated seconds before that interruption to 20 after it (the owner
-    sets the count it declares back whenever it drifts, ``detail`` simulated seconds after it sees the drift:
-    while the surge waits for its replacement), and for one in three an ``owner-scale`` to 2 (``detail``). From
-    a random stream of its own: every seed keeps its other steps."""
+    sets the count it declares back whenever it drifts, ``detail`` simulated seconds, 0 to 4, after it sees the
+    drift: while the surge waits for its replacement), and for one in three an ``owner-scale`` to 2
+    (``detail``). From a random stream of its own: every seed keeps its other steps."""
     rng = Random(story.seed * 1_000_003 + 4748)
     if rng.random() >= 1 / 3:
         return story
@@ -348,7 +348,7 @@ def _surging(story: Storyline) -> Storyline:
         steps.append(chosen)
     if rng.random() < 2 / 3:
         when = round(max(0.0, chosen.at_s + rng.uniform(-20, 20)), 1)
-        steps.append(Step(when, "self-heal", 0, f"{rng.uniform(0, 10):.1f}"))
+        steps.append(Step(when, "self-heal", 0, f"{rng.uniform(0, 4):.1f}"))
     if rng.random() < 1 / 3:
         steps.append(Step(round(rng.uniform(0, chosen.at_s + 40), 1), "owner-scale", 0, "2"))
     steps.sort(key=lambda step: step.at_s)

@@ -48,7 +48,7 @@ WINDOW_S = 5.0
 FALLBACK = "evicted without a replacement first"
 #: The Deployment's minReadySeconds (real): its replacement is available this long after it is Ready, so that
 #: the owner's write can come while a surge waits.
-MIN_READY_S = 1
+MIN_READY_S = 2
 
 
 class SurgeOwner:
