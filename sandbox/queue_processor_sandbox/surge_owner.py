@@ -13,7 +13,9 @@ Judged here (for :func:`queue_processor_sandbox.explore.violations`):
 - ``deployment-count``: once everything has settled, the Deployment's ``spec.replicas`` is the count its owner
   declared last, and no surge record is left on it; but where a replica was killed (SIGKILL) mid-surge, as
   documented (docs/kinds.md, "What it leaves behind"): its record entries stay, with one replica each in the
-  count, until the next surge of the Deployment or the owner's count.
+  count, until the next surge of the Deployment or the owner's count; and an owner's count written while
+  surges held the Deployment at that very count reads as ours, and their take-backs may lower it (documented
+  there too).
 
 Kubernetes documents what the owner's write does ("Deployments": scaling; a ReplicaSet scaled down deletes
 its pods that are not Ready first).
@@ -63,6 +65,7 @@ class SurgeOwner:
         self.gone: list[float] = []  # wall-clock times nodes went
         self.heal_after_s: float | None = None  # the self-heal's delay once on (real seconds)
         self.heals = 0  # counts the self-heal set back
+        self.unseen = 0  # surges holding the count the owner wrote when it wrote it (it reads as ours)
         self._drifted: float | None = None  # when the self-heal first saw the live count drift (monotonic)
         self._looked = 0.0
         kube.add_deployment(  # type: ignore[attr-defined]
@@ -86,9 +89,13 @@ class SurgeOwner:
         """An ``owner-scale`` step (the owner declares ``step.detail`` replicas and writes them, a merge patch of
         ``spec.replicas`` as ``kubectl scale``), or ``self-heal`` (from now on the owner sets the declared count
         back ``step.detail`` simulated seconds, times ``scale`` real seconds each, after it sees the live count
-        drift: :meth:`tick`)."""
+        drift: :meth:`tick`). An owner's count equal to the live one while surges hold it reads as the count
+        our last write set: the take-backs of those surges may lower it (``unseen``)."""
         if step.kind == "owner-scale":
             self.declared = int(step.detail)
+            found = self.kube.get_raw(self.path) or {}  # type: ignore[attr-defined]
+            if int((found.get("spec") or {}).get("replicas") or 0) == self.declared:
+                self.unseen = len(SurgeRecord.of(found).pods)
             self.kube.scale_deployment(self.namespace, NAME, self.declared)  # type: ignore[attr-defined]
         else:
             self.heal_after_s = float(step.detail) * scale
@@ -123,7 +130,8 @@ class SurgeOwner:
     def _left(self, deployment: dict[str, Any], killed: bool) -> list[str]:
         replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
         most = self.declared + (len(SurgeRecord.of(deployment).pods) if killed else 0)
-        left = [] if self.declared <= replicas <= most else [f"replicas {replicas}, owner's {self.declared}"]
+        least = self.declared - self.unseen
+        left = [] if least <= replicas <= most else [f"replicas {replicas}, owner's {self.declared}"]
         surges = recorded_surges(deployment)
         return left + ([f"surges recorded: {sorted(surges.values())}"] if surges and not killed else [])
 

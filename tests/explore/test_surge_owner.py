@@ -29,7 +29,7 @@ def owner(history: list[tuple[float, frozenset[str]]], replicas: int = 1, record
     judge = SurgeOwner.__new__(SurgeOwner)
     annotations = {"queue-processor/surge": '{"base":1,"replicas":2,"pods":{"u":"old"}}'} if record else {}
     judge.kube = _Kube({"metadata": {"annotations": annotations}, "spec": {"replicas": replicas}})  # type: ignore[assignment]
-    judge.namespace, judge.declared, judge.gone = "apps", 1, []
+    judge.namespace, judge.declared, judge.gone, judge.unseen = "apps", 1, [], 0
     judge.ready = _Ready(history)  # type: ignore[assignment]
     return judge
 
@@ -92,3 +92,7 @@ def test_the_deployment_ends_at_its_owners_count_without_a_surge_record() -> Non
     # A replica killed mid-surge leaves its record and its replica, as documented, until the next surge.
     assert owner([], replicas=2, record=True).verdicts([], True) == {}
     assert set(owner([], replicas=3, record=True).verdicts([], True)) == {"deployment-count"}
+    # The owner wrote 2 while a surge held 2 (it reads as ours): the surge's take-back lowered it.
+    unseen = owner([], replicas=1)
+    unseen.declared, unseen.unseen = 2, 1
+    assert unseen.verdicts([], False) == {}
