@@ -309,6 +309,7 @@ class Heartbeats:
         self.hold_s = hold_s
         self._beats: dict[ActionKey, _Beat] = {}
         self._over: dict[ActionKey, float] = {}  # → clock reading when it ended (kept MAX_HEARTBEAT_UNTIL_S)
+        self._completing: set[ActionKey] = set()  # actions whose completion is on its way
 
     @property
     def running(self) -> int:
@@ -329,7 +330,7 @@ class Heartbeats:
             beat.held.set()
             self._confirm(beat)
             return
-        if key in self._over:
+        if key in self._over or key in self._completing:
             return
         name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
         task = tasks.spawn(self._run(action), name=name)
@@ -374,14 +375,19 @@ class Heartbeats:
     ) -> LifecycleResult:
         """Complete ``action`` with its heartbeat stopped first (no beat after the end); when completion
         fails, the heartbeat starts again and the error is raised. Returns what
-        :meth:`Lifecycle.complete` returns."""
-        await self.stop(action)
+        :meth:`Lifecycle.complete` returns. While the completion is on its way the action is not heartbeated
+        again (a copy of its message received meanwhile starts nothing)."""
+        key = action.action_key
+        self._completing.add(key)
         try:
+            await self.stop(action)
             outcome = await self.lifecycle.complete(action, result)
         except BaseException:
+            self._completing.discard(key)
             self.start(action)
             raise
-        self._mark_over(action.action_key)
+        self._mark_over(key)
+        self._completing.discard(key)
         return outcome
 
     def over(self, action: AsgLifecycleEvent) -> bool:

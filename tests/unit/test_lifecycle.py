@@ -218,3 +218,34 @@ async def test_a_process_that_wakes_from_a_pause_beats_only_once_its_message_is_
             assert heartbeats.running == 1  # waits; the settlement of its message stops it
     finally:
         await heartbeats.close()
+
+
+async def test_an_action_received_again_while_it_is_being_completed_gets_no_heartbeat_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real-plane explorer seed 42 (heartbeat-after-end: a replica woke from SIGSTOP, completed a launch action
+    and beat it 1.5 s later), by the path its logs leave open: a copy of the action's message received while
+    the completion was on its way started a new heartbeat task. An action being completed is not heartbeated
+    again; a completion that fails heartbeats it again."""
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", "30")
+    answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+    class Completing(FakeAutoscaling):
+        async def complete_lifecycle_action(self, **kwargs: Any) -> dict[str, Any]:
+            return await answer
+
+    heartbeats = Heartbeats(Lifecycle(Completing(300), load_settings()))
+    heartbeats.start(ACTION)
+    try:
+        completing = asyncio.ensure_future(heartbeats.complete(ACTION))
+        await FakeTime.settle()
+        assert heartbeats.running == 0  # stopped before the completion is sent
+        heartbeats.start(ACTION)  # the copy of its message, received meanwhile
+        assert heartbeats.running == 0
+        answer.set_result({})
+        await completing
+        heartbeats.start(ACTION)
+        assert heartbeats.running == 0
+    finally:
+        await heartbeats.close()
