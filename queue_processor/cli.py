@@ -199,7 +199,7 @@ def run(**flags: Any) -> None:
     for line in nth_settings_ignored(os.environ):
         get_logger().warning(line)
     try:
-        asyncio.run(_run_until_signalled(settings))
+        _run_to_end(settings)
     except StartupError as exc:
         click.echo(f"queue-processor: cannot start: {exc}", err=True)
         _exit_if_threads_linger(2)
@@ -217,6 +217,18 @@ def _exit_if_threads_linger(status: int = 0) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
+
+def _run_to_end(settings: Settings) -> None:
+    """Run the controller until a signal stops it and its shutdown is over; from then on SIGTERM and SIGINT
+    are ignored: the event loop that handled the first one is closed, and a second one (a kubelet's on a pod
+    evicted meanwhile, an operator's) would otherwise end the process by the signal's default action, an exit
+    status of -15 for a clean stop. Raises :class:`StartupError`."""
+    try:
+        asyncio.run(_run_until_signalled(settings))
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 async def _run_until_signalled(settings: Settings) -> None:

@@ -281,3 +281,26 @@ def test_a_broken_command_entry_point_exits_2_with_one_line(
     (line,) = result.output.splitlines()
     assert line.startswith(f"queue-processor sandbox: its entry point {value} (queue_processor.commands) ")
     assert says in line
+
+
+def test_a_second_termination_signal_after_the_shutdown_does_not_end_the_process_by_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Explorer seed 29 failed once on a loaded machine with 'replica-0 exited -15' (its own pod evicted three
+    times in the storyline, each eviction a SIGTERM from the sandbox's kubelet lever, and one more at the end):
+    a second SIGTERM that arrives once the event loop that handled the first is closed ends a clean stop by
+    the signal's default action. After the shutdown both signals are ignored."""
+    import signal
+
+    async def stopped(settings: object) -> None:  # the controller ran and stopped on a signal
+        return None
+
+    monkeypatch.setattr(cli, "_run_until_signalled", stopped)
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        cli._run_to_end(object())  # type: ignore[arg-type]
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
