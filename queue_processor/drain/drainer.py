@@ -646,13 +646,14 @@ class Drainer:
         drain_id = uuid.uuid4().hex[:12]
         run = functools.partial(self._pass, node, bounds, guard, lost, evicted, deleted, noticed, drain_id)
         listed = self.clock()
-        planned, done = await run(set())
+        planned, done = await run(set(), self.use_cache)
         relist_s = self.timing.relist_s
         if relist_s > 0 and not planned.refused and _finished(done):
             # A pod the scheduler bound just before it saw the cordon shows up after the first list.
             await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
-            later, more = await run(seen | {((d.namespace, d.name), None) for d in planned.skipped})
+            # From the API server's watch cache: seconds after the cordon it has the binding, at no etcd read.
+            later, more = await run(seen | {((d.namespace, d.name), None) for d in planned.skipped}, True)
             planned, done = _joined(planned, later), _Done.joined(done, more)
         return summarise(planned, done, drain_id)
 
@@ -667,14 +668,16 @@ class Drainer:
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None,
         drain_id: str,
         seen: set[tuple[tuple[str, str], Any]],
+        cached: bool,
     ) -> tuple[WavePlan, _Done]:
-        """List the node's pods, plan the drain of those not ``seen`` (key and uid; a uid of ``None``: any pod of
-        that key), and execute the plan unless the filters refuse a pod."""
+        """List the node's pods (``cached``: from the API server's watch cache, ``resourceVersion=0``), plan the
+        drain of those not ``seen`` (key and uid; a uid of ``None``: any pod of that key), and execute the plan
+        unless the filters refuse a pod."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
-        ticket = self.departures.ticket() if self.departures is not None and not self.use_cache else None
+        ticket = self.departures.ticket() if self.departures is not None and not cached else None
         pods = [
             pod
-            for pod in await self.kube.pods_on_node(node, cached=self.use_cache)
+            for pod in await self.kube.pods_on_node(node, cached=cached)
             if (pod_key(pod), pod["metadata"].get("uid")) not in seen and (pod_key(pod), None) not in seen
         ]
         planned = plan_waves(pods, self.options, self.timing, self.grace_s)

@@ -588,9 +588,11 @@ class LateBinding(Answers):
         super().__init__({})
         self.lists = 0
         self.relisted = relisted
+        self.cached: list[bool] = []
 
     async def pods_on_node(self, node: str, *, cached: bool = False) -> list[dict[str, Any]]:
         pods = await super().pods_on_node(node, cached=cached)
+        self.cached.append(cached)
         self.lists += 1
         if self.lists == 1:
             self.add_pod("late-0")
@@ -614,6 +616,7 @@ async def test_a_pod_bound_after_the_first_list_is_drained_when_the_drain_looks_
     names = [pod["metadata"]["name"] for pod in kube.pods]
     if relist_s:  # looked again: the late pod is evicted and waited for like the others
         assert (result.completed, result.evicted, names) == (True, 3, [])
+        assert kube.cached[:2] == [False, True]  # the look again is served from the API server's watch cache
     else:  # DRAIN_RELIST_AFTER=0: one list, as kubectl drain
         assert (result.completed, result.evicted, names) == (True, 2, ["late-0"])
 
