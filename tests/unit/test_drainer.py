@@ -616,7 +616,7 @@ async def test_a_pod_bound_after_the_first_list_is_drained_when_the_drain_looks_
     names = [pod["metadata"]["name"] for pod in kube.pods]
     if relist_s:  # looked again: the late pod is evicted and waited for like the others
         assert (result.completed, result.evicted, names) == (True, 3, [])
-        assert kube.cached[:2] == [False, True]  # the look again is served from the API server's watch cache
+        assert kube.cached.count(True) == 1  # the look again, from the API server's watch cache
     else:  # DRAIN_RELIST_AFTER=0: one list, as kubectl drain
         assert (result.completed, result.evicted, names) == (True, 2, ["late-0"])
 
