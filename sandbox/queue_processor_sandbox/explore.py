@@ -29,6 +29,8 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   failed eviction retried later, or a last wave started early because only its time was left, may rightly
   reorder them there;
 - ``lease-lost``: no Lease lost by a replica that was neither paused nor killed;
+- ``cordon-undone``: no node given back while a drain of it ran, in any replica
+  (:mod:`queue_processor_sandbox.log_judge`);
 - ``surge-unready`` and ``deployment-count`` (storylines with a surge Deployment, the real control plane only):
   :mod:`queue_processor_sandbox.surge_owner`;
 - ``process``: no traceback in any controller's log, and every controller stopped with SIGTERM exited 0 with
@@ -68,6 +70,7 @@ from queue_processor.drain.gates import GATE_MOST_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
+from queue_processor_sandbox.log_judge import cordons_undone
 from queue_processor_sandbox.processes import QueueProcessor
 from queue_processor_sandbox.run import judge
 from queue_processor_sandbox.storyline import Step, Storyline, generate
@@ -760,6 +763,14 @@ def violations(world: _World) -> None:
         world.fail("returned", f"{instance_id}: {left}")
     if world.gone_undrained:
         world.fail("gone-undrained", json.dumps(world.gone_undrained))
+    process_lines = [
+        process.lines()
+        for replica in world.replicas
+        for process in [*replica.earlier, *([replica.process] if replica.process is not None else [])]
+    ]
+    undone = cordons_undone(process_lines)
+    if undone:
+        world.fail("cordon-undone", ", ".join(undone))
     if world.surge is not None:
         logs = [
             line
