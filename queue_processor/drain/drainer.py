@@ -53,6 +53,7 @@ from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError, SurgeResult
 
 __all__ = [
+    "LOOKED_AGAIN",
     "TAINT_WRITE_ATTEMPTS",
     "WAVE_PAD_S",
     "DrainBounds",
@@ -60,6 +61,10 @@ __all__ = [
     "DrainTiming",
     "Drainer",
 ]
+
+#: The line a drain logs for the pods its second list found (``pods``: ``namespace/name``): bound to the node
+#: after its first list, they are evicted after every pod that list found, ``last`` and critical ones too.
+LOOKED_AGAIN = "looked again: pods bound to the node after its first list"
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
 #: node between our read and our write).
@@ -654,6 +659,12 @@ class Drainer:
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
             # From the API server's watch cache: seconds after the cordon it has the binding, at no etcd read.
             later, more = await run(seen | {((d.namespace, d.name), None) for d in planned.skipped}, True)
+            if any(later.waves):
+                log.info(
+                    LOOKED_AGAIN,
+                    node=node,
+                    pods=sorted(f"{e.key[0]}/{e.key[1]}" for wave in later.waves for e in wave),
+                )
             planned, done = _joined(planned, later), _Done.joined(done, more)
         return summarise(planned, done, drain_id)
 

@@ -25,7 +25,8 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   (the drain honoured it), or a replica was paused or killed while it was interrupted (the message
   it held comes back to another only after its visibility timeout, which may outlast a notice);
 - ``last-early``: no pod annotated ``queue-processor/drain: last`` evicted before an ordinary pod of its node
-  (``last_pods_evicted_early`` of the judge), in storylines without faults or budget holds: a refused or
+  (``last_pods_evicted_early`` of the judge, without pods their budget refused or found on a second look),
+  in storylines without faults or budget holds: a refused or
   failed eviction retried later, or a last wave started early because only its time was left, may rightly
   reorder them there;
 - ``lease-lost``: no Lease lost by a replica that was neither paused nor killed;
@@ -65,14 +66,14 @@ from pathlib import Path
 from random import Random
 from typing import Any, Literal
 
-from queue_processor.drain.drainer import EVICTION_RETRY_S
+from queue_processor.drain.drainer import EVICTION_RETRY_S, LOOKED_AGAIN
 from queue_processor.drain.gates import GATE_MOST_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.log_judge import cordons_undone
 from queue_processor_sandbox.processes import QueueProcessor
-from queue_processor_sandbox.run import judge
+from queue_processor_sandbox.run import judge, last_pods_evicted_early
 from queue_processor_sandbox.storyline import Step, Storyline, generate
 from queue_processor_sandbox.surge_owner import SurgeOwner
 
@@ -753,8 +754,20 @@ def violations(world: _World) -> None:
     if verdict["daemonset_pods_evicted"] or mirror:
         world.fail("daemonset-or-mirror", f"{verdict['daemonset_pods_evicted']} DaemonSet, {mirror} mirror")
     holds = any(step.kind == "pdb-hold" for step in world.story.steps)
-    if verdict["last_pods_evicted_early"] and not world.story.faults and not holds:
-        world.fail("last-early", f"{verdict['last_pods_evicted_early']} pod(s) annotated last")
+    late = frozenset(
+        tuple(pod.split("/", 1))
+        for replica in world.replicas
+        for process in [*replica.earlier, *([replica.process] if replica.process is not None else [])]
+        for line in process.lines()
+        if line.get("event") == LOOKED_AGAIN
+        for pod in line.get("pods") or []
+    )
+    # An ordinary pod its budget refused went when the budget let it: after the last wave, when that wave
+    # started because only its time was left (the spot storm's budgets refuse with no hold step).
+    refused: dict[tuple[str, str], float] = getattr(sandbox.kube, "budget_refused_at", dict)()
+    early = last_pods_evicted_early(sandbox.kube.evictions, late | frozenset(refused))
+    if early and not world.story.faults and not holds:
+        world.fail("last-early", f"{early} pod(s) annotated last")
     if verdict["heartbeats_after_end"]:
         world.fail("heartbeat-after-end", str(verdict["heartbeats_after_end"]))
     if verdict["messages_left"] or verdict["dlq"]:

@@ -400,8 +400,13 @@ def _most_overlapping(spans: list[tuple[Any, Any]]) -> int:
     return most
 
 
-def last_pods_evicted_early(evictions: list[dict[str, Any]]) -> int:
-    """``last_pods_evicted_early`` of :func:`judge`, from the evictions in the order the API server took them."""
+def last_pods_evicted_early(
+    evictions: list[dict[str, Any]], late: frozenset[tuple[str, str]] = frozenset()
+) -> int:
+    """``last_pods_evicted_early`` of :func:`judge`, from the evictions in the order the API server took them;
+    ``late`` pods (namespace, name) are left out: pods a drain found bound to its node after its first list
+    (the controller's ``looked again`` line), or whose eviction a budget refused (they go when it lets them),
+    when the pods annotated last may have gone already."""
     firsts: dict[tuple[str, str, str], dict[str, Any]] = {}  # each pod's first eviction, in order
     for pod in evictions:
         metadata = pod["metadata"]
@@ -412,7 +417,9 @@ def last_pods_evicted_early(evictions: list[dict[str, Any]]) -> int:
         for index, pod in enumerate(ordered)
         if _annotated_last(pod)
         and any(
-            later["spec"].get("nodeName") == pod["spec"].get("nodeName") and _ordinary(later)
+            later["spec"].get("nodeName") == pod["spec"].get("nodeName")
+            and _ordinary(later)
+            and (later["metadata"]["namespace"], later["metadata"]["name"]) not in late
             for later in ordered[index + 1 :]
         )
     )
