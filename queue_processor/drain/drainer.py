@@ -649,7 +649,17 @@ class Drainer:
     ) -> DrainResult:
         """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
         drain_id = uuid.uuid4().hex[:12]
-        run = functools.partial(self._pass, node, bounds, guard, lost, evicted, deleted, noticed, drain_id)
+        execute = functools.partial(
+            self._execute,
+            node,
+            bounds=bounds,
+            guard=guard,
+            evicted=evicted,
+            deleted=deleted,
+            drain_id=drain_id,
+            lost=lost,
+        )
+        run = functools.partial(self._pass, node, execute, noticed)
         listed = self.clock()
         planned, done = await run(set(), self.use_cache)
         relist_s = self.timing.relist_s
@@ -671,19 +681,14 @@ class Drainer:
     async def _pass(
         self,
         node: str,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        lost: Callable[[], bool] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        deleted: Callable[[str, str], Awaitable[None]] | None,
+        execute: Callable[..., Awaitable[_Done]],
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None,
-        drain_id: str,
         seen: set[tuple[tuple[str, str], Any]],
         cached: bool,
     ) -> tuple[WavePlan, _Done]:
         """List the node's pods (``cached``: from the API server's watch cache, ``resourceVersion=0``), plan the
-        drain of those not ``seen`` (key and uid; a uid of ``None``: any pod of that key), and execute the plan
-        unless the filters refuse a pod."""
+        drain of those not ``seen`` (key and uid; a uid of ``None``: any pod of that key), and ``execute`` the
+        plan (:meth:`_execute` with the drain's bounds and callbacks) unless the filters refuse a pod."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
         ticket = self.departures.ticket() if self.departures is not None and not cached else None
         pods = [
@@ -692,17 +697,14 @@ class Drainer:
             if (pod_key(pod), pod["metadata"].get("uid")) not in seen and (pod_key(pod), None) not in seen
         ]
         planned = plan_waves(pods, self.options, self.timing, self.grace_s)
-        del (
-            pods
-        )  # names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once
+        # Names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once.
+        del pods
         if planned.refused or not any(planned.waves):
             return planned, _Done()
         await self._report(planned.notices, noticed)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
         with self._following(entries, ticket) as following:
-            done = await self._execute(
-                node, planned, bounds, guard, evicted, deleted, drain_id, following, lost=lost
-            )
+            done = await execute(planned=planned, following=following)
         return planned, done
 
     @contextlib.contextmanager
