@@ -16,7 +16,7 @@ CHECKOV_VERSION := 3.3.30
 TEST_WORKERS ?= 4
 CHECK_WORKERS ?= 6
 
-.PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go
+.PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go image
 
 $(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -46,14 +46,23 @@ typecheck: $(STAMP)
 cluster-bin:
 	tools/cluster/build.sh
 
+# The controller's image from the Dockerfile, tagged queue-processor:dev, on a base made here from Debian's
+# packages (no registry image can be pulled here; users build on the Dockerfile's default python base).
+# Installs Debian's docker.io and mmdebstrap when missing (root), and starts dockerd when none runs (it says
+# so; tools/image/daemon.sh stop stops it).
+image:
+	tools/image/build.sh
+
 # Without Go (a laptop), the tests that need the control plane skip with a reason; CI sets
 # QP_REQUIRE_REAL_CLUSTER=1, which turns that skip into a failure.
 cluster-bin-if-go:
 	@if command -v go >/dev/null 2>&1; then tools/cluster/build.sh; \
 	else echo "make: go not found: the tests on the real control plane will be skipped"; fi
 
+# tests/image build the image themselves (tools/image/build.sh, as make image); a dockerd they had to start is
+# stopped after them.
 unit: $(STAMP) $(CHECKOV) cluster-bin-if-go
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal; status=$$?; tools/image/daemon.sh stop; exit $$status
 
 test: lint typecheck unit
 

@@ -160,10 +160,15 @@ class Process:
         """The port of its probes server, found as :attr:`metrics_port` is."""
         return self._port("probes")
 
+    @property
+    def pid(self) -> int:
+        """The controller's process ID on this host (where its ports and ``/proc`` entries are read)."""
+        return self.process.pid
+
     def _port(self, which: str) -> int:
         port = self._ports[which]
         if port is None:
-            listening = listening_ports(self.process.pid) - self._given
+            listening = listening_ports(self.pid) - self._given
             if len(listening) != 1:
                 return 0
             port = self._ports[which] = listening.pop()
@@ -239,6 +244,9 @@ class QueueProcessor(Process):
             **extra,
         }
         self.username = sandbox.controller_username
-        script = str(Path(sys.executable).parent / "queue-processor")
         given = {name: int(env[setting]) or None for name, setting in _PORTS.items()}
-        super().__init__([script, "run"], env, log, **given)
+        super().__init__(self.command(env), env, log, **given)
+
+    def command(self, env: dict[str, str]) -> list[str]:
+        """The command line that starts it with the settings ``env`` (also its environment)."""
+        return [str(Path(sys.executable).parent / "queue-processor"), "run"]

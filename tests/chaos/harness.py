@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from queue_processor.permissions import kubernetes_verbs
+from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.processes import QueueProcessor
 from queue_processor_sandbox.run import judge
@@ -172,3 +173,47 @@ def sandbox_on(
         yield running
         if granted:
             assert set(running.kube.requests) <= kubernetes_verbs(), set(running.kube.requests)
+
+
+#: How many of the four nodes leave in a :class:`Draining` case.
+LEAVING = 3
+#: The sandbox of a :class:`Draining` case: 4 nodes, the apps' budgets letting one pod go at a time; hooks'
+#: HeartbeatTimeout 6000 s is 60 s real (scale 0.01), longer than a kill's 10 s visibility timeout.
+DRAINING = SandboxOptions(
+    nodes=4,
+    scale=0.01,
+    visibility_timeout_s=10,
+    heartbeat_timeout_s=6000,
+    cluster=ClusterSpec(apps=2, pdb_max_unavailable=1),
+)
+
+
+class Draining:
+    """Three nodes leaving through terminate hooks, their drains held by the PodDisruptionBudgets, and the
+    first controller started (``extra`` settings) once they are all cordoned."""
+
+    def __init__(self, sandbox: Sandbox, tmp_path: Path) -> None:
+        self.sandbox, self.tmp_path = sandbox, tmp_path
+        self.started = time.monotonic()
+        leaving = sandbox.instances[:LEAVING]
+        self.nodes = [instance.private_dns_name for instance in leaving]
+        self.tokens: list[str] = []
+        hold_drains(sandbox, True)
+        for instance in leaving:
+            self.tokens += [action.token for action in sandbox.aws.terminate_instance(instance.instance_id)]
+
+    def controller(self, **extra: str) -> Controller:
+        """A controller started now (``extra`` settings), logging to the case's ``controller.log``."""
+        return Controller(self.sandbox, self.tmp_path / "controller.log", **extra)
+
+    async def first(self, **extra: str) -> Controller:
+        """The first controller (``extra`` settings), returned once every leaving node is cordoned."""
+        controller = self.controller(**extra)
+        await until(lambda: cordoned(self.sandbox, self.nodes) == LEAVING, 60, "every leaving node cordoned")
+        return controller
+
+    async def finish(self, *running: Controller) -> None:
+        """Let the drains go, start a controller again unless some still run, and check the verdict."""
+        hold_drains(self.sandbox, False)
+        controllers = list(running) or [self.controller()]
+        await settle(self.sandbox, self.tokens, self.nodes, self.started, controllers)

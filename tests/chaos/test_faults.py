@@ -14,14 +14,17 @@ import pytest
 
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.harness import Controller, settle
-from tests.chaos.test_signals import LEAVING, SCALE
+from tests.chaos.harness import DRAINING, LEAVING, Controller, settle
 
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
     options = SandboxOptions(
-        nodes=4, scale=SCALE, visibility_timeout_s=10, heartbeat_timeout_s=6000, cluster=ClusterSpec(apps=2)
+        nodes=4,
+        scale=DRAINING.scale,
+        visibility_timeout_s=10,
+        heartbeat_timeout_s=6000,
+        cluster=ClusterSpec(apps=2),
     )
     with Sandbox(options, workdir=tmp_path / "sandbox") as running:
         yield running

@@ -16,14 +16,13 @@ from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.control_plane import ControlPlane
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.run import judge
-from tests.chaos.harness import Controller, hold_drains, settle, until
-from tests.chaos.test_signals import LEAVING, SCALE, Draining
+from tests.chaos.harness import DRAINING, LEAVING, Controller, Draining, hold_drains, settle, until
 
 
 def options() -> SandboxOptions:
     return SandboxOptions(
         nodes=LEAVING + 2,  # one more leaves mid-test; the evicted pods need somewhere to go
-        scale=SCALE,
+        scale=DRAINING.scale,
         visibility_timeout_s=10,
         heartbeat_timeout_s=6000,
         cluster=ClusterSpec(apps=2, pdb_max_unavailable=1),

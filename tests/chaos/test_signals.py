@@ -12,70 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from queue_processor_sandbox.cluster import ClusterSpec
-from queue_processor_sandbox.environment import Sandbox, SandboxOptions
-from tests.chaos.harness import (
-    Controller,
-    cordoned,
-    heartbeats,
-    hold_drains,
-    queue_depth,
-    sandbox_on,
-    settle,
-    until,
-)
+from queue_processor_sandbox.environment import Sandbox
+from tests.chaos.harness import DRAINING, LEAVING, Draining, heartbeats, queue_depth, sandbox_on
 from tests.conftest import KUBERNETES
-
-SCALE = 0.01  # hooks: HeartbeatTimeout 6000 s = 60 s real, longer than a kill's 10 s visibility timeout
-LEAVING = 3
 
 
 @pytest.fixture(params=KUBERNETES)
 def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
-    options = SandboxOptions(
-        nodes=4,
-        scale=SCALE,
-        visibility_timeout_s=10,
-        heartbeat_timeout_s=6000,
-        cluster=ClusterSpec(apps=2, pdb_max_unavailable=1),
-    )
-    with sandbox_on(request, options, tmp_path / "sandbox") as running:
+    with sandbox_on(request, DRAINING, tmp_path / "sandbox") as running:
         yield running
-
-
-class Draining:
-    """Three nodes leaving through terminate hooks, their drains held by the PodDisruptionBudgets, and the
-    first controller started (``extra`` settings) once they are all cordoned."""
-
-    def __init__(self, sandbox: Sandbox, tmp_path: Path) -> None:
-        self.sandbox, self.tmp_path = sandbox, tmp_path
-        self.started = time.monotonic()
-        leaving = sandbox.instances[:LEAVING]
-        self.nodes = [instance.private_dns_name for instance in leaving]
-        self.tokens: list[str] = []
-        hold_drains(sandbox, True)
-        for instance in leaving:
-            self.tokens += [action.token for action in sandbox.aws.terminate_instance(instance.instance_id)]
-
-    def controller(self, **extra: str) -> Controller:
-        return Controller(self.sandbox, self.tmp_path / "controller.log", **extra)
-
-    async def first(self, **extra: str) -> Controller:
-        controller = self.controller(**extra)
-        await until(lambda: cordoned(self.sandbox, self.nodes) == LEAVING, 60, "every leaving node cordoned")
-        return controller
-
-    async def finish(self, *running: Controller) -> None:
-        """Let the drains go, start a controller again unless some still run, and check the verdict."""
-        hold_drains(self.sandbox, False)
-        controllers = list(running) or [self.controller()]
-        await settle(self.sandbox, self.tokens, self.nodes, self.started, controllers)
 
 
 async def test_sigterm_mid_drain_exits_in_bound_with_every_message_visible_and_a_restart_finishes(
