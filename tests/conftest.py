@@ -81,7 +81,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = getattr(getattr(item, "callspec", None), "params", {})
         fixtures = set(getattr(item, "fixturenames", ()))
         if (
-            fixtures & {"control_plane", "plane", "nth_webhook", "image"}  # the plane, a Go peer, the image
+            fixtures
+            & {"control_plane", "plane", "nth_webhook", "image", "helm_bin"}  # plane, Go peers, image
             or "real" in params.values()
             or "cluster" in params.values()
             or "/tests/peers/" in str(item.path)

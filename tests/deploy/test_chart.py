@@ -147,9 +147,9 @@ SAMPLES: dict[str, Any] = {
 # --- Helm ------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def helm() -> ModuleType:
-    """``helm_python``, once its shared library answers; skipped when it cannot be loaded (failed in CI)."""
+def load_engine() -> ModuleType:
+    """``helm_python``, once its shared library answers; skips the test when it cannot be loaded (fails it
+    in CI)."""
     try:
         import helm_python
 
@@ -159,6 +159,12 @@ def helm() -> ModuleType:
             pytest.fail(f"Helm's engine (helm-python-sdk) cannot be used in CI: {exc!r}")
         pytest.skip(f"Helm's engine (helm-python-sdk) cannot be used: {exc!r}")
     return helm_python
+
+
+@pytest.fixture(scope="module")
+def helm() -> ModuleType:
+    """``helm_python`` (:func:`load_engine`)."""
+    return load_engine()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import yaml
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor_sandbox.clock import SandboxClock
 from tests.conftest import ROOT
+from tests.deploy.test_chart import load_engine
 
 CHART = ROOT / "charts" / "queue-processor"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
@@ -64,15 +64,7 @@ def cluster(control_plane: Any, tmp_path: Path) -> Iterator[tuple[Any, KubeClien
 
 
 def rendered(values: dict[str, Any], release: str, namespace: str) -> list[dict[str, Any]]:
-    try:
-        import helm_python
-
-        helm_python.helm_sdk_version()
-    except Exception as exc:  # ImportError, OSError, helm_python.HelmLibraryError: no usable libhelm_c
-        if os.environ.get("CI"):
-            pytest.fail(f"Helm's engine (helm-python-sdk) cannot be used in CI: {exc!r}")
-        pytest.skip(f"Helm's engine (helm-python-sdk) cannot be used: {exc!r}")
-    chart = helm_python.Chart.load(str(CHART))
+    chart = load_engine().Chart.load(str(CHART))
     try:
         files = chart.render(values=values, name=release, namespace=namespace)
     finally:

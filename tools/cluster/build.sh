@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests run against, from the Go module proxy:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (tools/cluster/k8s), etcd
-# (tools/cluster/etcd), the KWOK controller (tools/cluster/kwok) and the peer, aws-node-termination-handler
-# (tools/cluster/nth).
+# (tools/cluster/etcd), the KWOK controller (tools/cluster/kwok), the peer, aws-node-termination-handler
+# (tools/cluster/nth), and Helm (tools/cluster/helm).
 #
 # Versions live in the wrapper modules' go.mod files and nowhere else; this script reads them.
 # Binaries go to $QP_CLUSTER_CACHE/<component>/<version>/ (default ~/.cache/queue-processor/cluster),
@@ -16,7 +16,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cache="${QP_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/queue-processor/cluster}"
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false"
 
-command -v go >/dev/null || { echo "build.sh: go not found on PATH (Go >= 1.24 is needed to build the control plane)" >&2; exit 2; }
+command -v go >/dev/null || { echo "build.sh: go not found on PATH (Go >= 1.26 is needed: Helm v3.22's module asks for it)" >&2; exit 2; }
 
 version_of() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
 
@@ -85,4 +85,14 @@ build kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" kwok=sig
 # webhookrender (tests/migration) renders webhook bodies with NTH's own pkg/webhook.
 build nth "-s -w" node-termination-handler=github.com/aws/aws-node-termination-handler/cmd \
     webhookrender=./webhookrender
+# Helm (tests/deploy/test_helm.py installs, upgrades, rolls back and uninstalls the chart with it), pinned in
+# helm/go.mod; its version in its stamp, as NTH's.
+# Its default Kubernetes version (helm template, helm lint) is that of its client-go, set as its Makefile does.
+helm_version="$(version_of helm helm.sh/helm/v3)"
+client_go="$(version_of helm k8s.io/client-go)"; client_go_minor="${client_go#v0.}"; client_go_minor="${client_go_minor%%.*}"
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$client_go_minor"
+done
+build helm "$helm_ldflags" helm=helm.sh/helm/v3/cmd/helm
 du -sh "$bin" | sed 's/^/build.sh: size of /'
