@@ -69,6 +69,21 @@ def control_plane() -> Iterator[Any]:
         plane.stop()
 
 
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    """The pinned Helm binary; skipped when it is not built (failed with QP_REQUIRE_REAL_CLUSTER=1)."""
+    from queue_processor_sandbox.control_plane import default_bin_dir
+
+    env = os.environ.get("QP_CLUSTER_BIN")
+    path = (Path(env) if env else default_bin_dir()) / "helm"
+    if not os.access(path, os.X_OK):
+        reason = f"{path} is missing: run `make cluster-bin` (needs Go and the Go module proxy)"
+        if REQUIRE_REAL_CLUSTER:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
+
+
 #: The two Kubernetes API servers a backend-neutral test runs against.
 KUBERNETES = ["emulated", "real"]
 

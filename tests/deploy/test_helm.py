@@ -10,8 +10,6 @@ pod is not (tests/image run the image itself)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,47 +20,12 @@ import yaml
 
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor_sandbox.clock import SandboxClock
-from tests.conftest import REQUIRE_REAL_CLUSTER, ROOT
+from tests.conftest import ROOT
+from tests.deploy.helm import Helm
 from tests.deploy.test_chart import NAMESPACE, RELEASE, VALUE_SETS, Rendered, load_engine
 
 CHART = ROOT / "charts" / "queue-processor"
 INSTANCE = "app.kubernetes.io/instance"
-
-
-@pytest.fixture(scope="session")
-def helm_bin() -> Path:
-    """The pinned Helm binary; skipped when it is not built (failed with QP_REQUIRE_REAL_CLUSTER=1)."""
-    from queue_processor_sandbox.control_plane import default_bin_dir
-
-    env = os.environ.get("QP_CLUSTER_BIN")
-    path = (Path(env) if env else default_bin_dir()) / "helm"
-    if not os.access(path, os.X_OK):
-        reason = f"{path} is missing: run `make cluster-bin` (needs Go and the Go module proxy)"
-        if REQUIRE_REAL_CLUSTER:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return path
-
-
-class Helm:
-    """``helm`` with its cache, configuration and data in a directory of the test's, and a kubeconfig."""
-
-    def __init__(self, binary: Path, home: Path, kubeconfig: Path | None = None) -> None:
-        self.binary = binary
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(home),
-            **{f"HELM_{what}_HOME": str(home / what.lower()) for what in ("CACHE", "CONFIG", "DATA")},
-            **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {}),
-        }
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """``helm args...``; raises ``AssertionError`` with its output when it fails and ``check``."""
-        done = subprocess.run(
-            [str(self.binary), *args], env=self.env, capture_output=True, text=True, check=False, timeout=600
-        )
-        assert not check or done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-        return done
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from tests.chaos.harness import Controller
 TAG = "queue-processor:dev"
 #: Where a container finds its kubeconfig (mounted read-only).
 KUBECONFIG = "/etc/queue-processor/kubeconfig"
-#: What the chart's securityContext asks of the kubelet: read-only root, /tmp an emptyDir, no capabilities, no
-#: new privileges (charts/queue-processor/values.yaml).
-HARDENED = ["--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+#: What the chart's securityContext asks of the kubelet: read-only root, no capabilities, no new privileges
+#: (charts/queue-processor/values.yaml). /tmp is always a tmpfs, as the chart's emptyDir there.
+HARDENED = ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
 
 #: Names of the containers started and not removed yet (conftest.py removes them after each case).
 STARTED: list[str] = []
@@ -89,6 +89,7 @@ class ImageController(Controller):
             self.name,
             "--network",
             "host",
+            *("--tmpfs", "/tmp"),
             *hardened,
             *mount,
             *settings,

@@ -2,7 +2,8 @@
 source tree. Its command line, what it holds, and the runtime contract the Dockerfile's header promises the
 chart (numeric non-root user, a read-only root filesystem, no capabilities, nothing written), checked on a
 running controller that drains a sandbox's nodes on both API servers and is stopped mid-drain by ``docker
-stop``: it exits 0 with every message it held visible again, and a second container finishes the work,
+stop``: it exits 0 with every message it held visible again, having written nothing outside /tmp (a tmpfs,
+as the chart's emptyDir; the kubernetes client keeps an inlined CA there), and a second container finishes the work,
 judged by the sandbox as a controller process is."""
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ async def test_docker_stop_mid_drain_then_a_hardened_container_finishes(
     first.assert_clean_exit()
     assert queue_depth(sandbox) == (LEAVING, 0)  # every message it held visible again at once
     changed = [line.split(" ", 1)[1] for line in docker("diff", first.name).stdout.splitlines()]
-    assert [path for path in changed if not KUBECONFIG.startswith(path)] == []  # its mount point aside
+    assert [path for path in changed if not KUBECONFIG.startswith(path)] == []  # its mounts aside
     assert [sandbox.aws.action(token).status for token in draining.tokens] == ["open"] * LEAVING
 
     draining.hardened = True

@@ -78,6 +78,10 @@ build k8s "$k8s_ldflags" \
     kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
     kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
     kubectl=k8s.io/kubernetes/cmd/kubectl
+# The real node beside the KWOK ones (sandbox/queue_processor_sandbox/real_node.py): a kubelet of the same
+# release, and a pause binary for its pods' sandbox image.
+build k8s "$k8s_ldflags" kubelet=k8s.io/kubernetes/cmd/kubelet
+build pause "-s -w" pause=.
 build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3
 build kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" kwok=sigs.k8s.io/kwok/cmd/kwok
 # The peer (tests/peers, benchmarks/versus_nth.py): aws-node-termination-handler, pinned in nth/go.mod. Its

@@ -34,7 +34,8 @@ install_missing() {
 }
 
 start() {
-    install_missing docker docker.io dockerd docker.io mmdebstrap mmdebstrap
+    # containerd, runc (both with docker.io) and the CNI plugins also run the real node (real_node.py).
+    install_missing docker docker.io dockerd docker.io mmdebstrap mmdebstrap /usr/lib/cni/bridge containernetworking-plugins
     if docker info >/dev/null 2>&1; then
         echo "daemon.sh: dockerd already running"
         return 0

@@ -1,0 +1,162 @@
+"""The controller as users run it: its image, installed by ``helm install`` from the chart, in a pod that a real
+kubelet runs on a real node of the real control plane (:mod:`queue_processor_sandbox.real_node`), beside the
+sandbox's KWOK nodes it drains. The pod reaches the API server through the ``kubernetes`` Service's ClusterIP
+with its mounted ServiceAccount token and the chart's RBAC, and the sandbox's AWS through an address the node
+forwards to loopback; nothing else differs from a cluster's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from queue_processor_sandbox.environment import Sandbox
+from queue_processor_sandbox.processes import Samples, parse_metrics, total
+from queue_processor_sandbox.real_node import RealNode, RealNodeError
+from tests.chaos.harness import DRAINING, LEAVING, assert_judged_clean, queue_depth
+from tests.conftest import REQUIRE_REAL_CLUSTER
+from tests.deploy.helm import Helm
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "queue-processor"
+#: Where the node forwards the sandbox's AWS endpoint (a free address of the service range).
+AWS_SERVICE = ("10.96.0.10", 80)
+NODE_LABEL = "queue-processor.test/real-node"
+
+
+@pytest.fixture
+def sandbox(control_plane: Any, tmp_path: Path) -> Iterator[Sandbox]:
+    with Sandbox(DRAINING, workdir=tmp_path / "sandbox", kubernetes="real", plane=control_plane) as running:
+        yield running
+
+
+@pytest.fixture
+def node(control_plane: Any, sandbox: Sandbox, image: str, tmp_path: Path) -> Iterator[RealNode]:
+    """A real node for the controller's pod, its image imported, the sandbox's AWS forwarded."""
+    moto_port = int(sandbox.env()["AWS_ENDPOINT"].rsplit(":", 1)[1])
+    suffix = uuid.uuid4().hex[:6]
+    try:
+        real = RealNode(
+            control_plane,
+            f"real-{suffix}",
+            tmp_path / "node",
+            labels={NODE_LABEL: suffix},
+            images=(image,),
+            forwards={AWS_SERVICE: moto_port},
+        )
+    except RealNodeError as exc:
+        if REQUIRE_REAL_CLUSTER:
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    with real:
+        yield real
+
+
+def chart_values(sandbox: Sandbox, node: RealNode, image: str) -> dict[str, Any]:
+    """The chart's values for this sandbox: its queue and AWS (fake credentials as extraEnv, as an IRSA-less
+    user would set them), the image imported into the node, sized for a test like the chaos cases."""
+    env = sandbox.env()
+    repository, tag = image.rsplit(":", 1)
+    return {
+        "queueURL": env["QUEUE_URL"],
+        "awsRegion": env["AWS_REGION"],
+        "awsEndpoint": f"http://{AWS_SERVICE[0]}:{AWS_SERVICE[1]}",
+        "extraEnv": [
+            {"name": "AWS_ACCESS_KEY_ID", "value": env["AWS_ACCESS_KEY_ID"]},
+            {"name": "AWS_SECRET_ACCESS_KEY", "value": env["AWS_SECRET_ACCESS_KEY"]},
+        ],
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "nodeSelector": {NODE_LABEL: node.labels[NODE_LABEL]},
+        "jsonLogging": True,
+        "sqsMsgVisibilityTimeoutSec": 10,
+        "receiveWaitTimeSec": 2,
+        "shutdownTimeoutSec": 10,
+        "requeueBackoffBaseSec": 1,
+    }
+
+
+def open_pod_log(node: RealNode, namespace: str) -> IO[str]:
+    """The log file of the controller's container in ``namespace``, opened: what it holds stays readable
+    after the kubelet removes it with the pod."""
+    (path,) = node.pod_logs.glob(f"{namespace}_*/queue-processor/0.log")
+    return path.open(errors="replace")
+
+
+def json_lines(log: IO[str]) -> list[dict[str, Any]]:
+    """The JSON lines of a container log in the CRI format (``<time> <stream> <tag> <line>``)."""
+    lines: list[dict[str, Any]] = []
+    for raw in log.read().splitlines():
+        text = raw.split(" ", 3)[-1]
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            lines.append({"event": text, "raw": True})
+    return lines
+
+
+def ready_pod(node: RealNode, namespace: str) -> dict[str, Any] | None:
+    """The one pod of ``namespace`` once it is Ready, else ``None``."""
+    for pod in node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]:
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            return dict(pod)
+    return None
+
+
+def scrape_pod(address: str) -> Samples:
+    """``/metrics`` of the pod at ``address``, through its metrics port (the chart's default, 9092)."""
+    with urllib.request.urlopen(f"http://{address}:9092/metrics", timeout=10) as answer:
+        return parse_metrics(answer.read().decode())
+
+
+async def wait_for(what: str, check: Any, timeout_s: float = 180.0) -> Any:
+    """Poll ``check()`` until it returns something true; a hang guard generous for a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
+        await asyncio.sleep(0.5)
+    return found
+
+
+async def test_a_storm_drained_by_the_pod_helm_installed_on_a_real_node(
+    sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    release = namespace = f"qp-{uuid.uuid4().hex[:6]}"
+    helm = Helm(helm_bin, tmp_path / "helm", node.plane.admin_kubeconfig)
+    values = tmp_path / "values.yaml"
+    values.write_text(json.dumps(chart_values(sandbox, node, image)))
+    helm("install", release, str(CHART), "-n", namespace, "--create-namespace", "-f", str(values), "--wait")
+    # helm --wait accepts a Deployment of one replica with none Ready (maxUnavailable 1): wait for the pod.
+    pod = await wait_for("the controller's pod Ready", lambda: ready_pod(node, namespace), 120)
+    assert pod["spec"]["nodeName"] == node.name  # /readyz passed: the queue reached with the chart's values
+    log = open_pod_log(node, namespace)
+
+    leaving = sandbox.instances[:LEAVING]
+    nodes = [instance.private_dns_name for instance in leaving]
+    tokens = [a.token for i in leaving for a in sandbox.aws.terminate_instance(i.instance_id)]
+    completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in tokens)  # noqa: E731
+    await wait_for("every lifecycle action completed by the pod", completed)
+    await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 60)
+
+    samples = await asyncio.to_thread(scrape_pod, pod["status"]["podIP"])
+    assert total(samples, "queue_processor_messages_received_total") >= LEAVING
+
+    helm("uninstall", release, "-n", namespace, "--wait")
+    # Helm waits for its Deployment to go; the pod goes after it, once the kubelet saw its container exit.
+    gone = lambda: not node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]  # noqa: E731
+    await wait_for("the controller's pod gone", gone, 120)
+    lines = json_lines(log)
+    log.close()
+    stopped = [line for line in lines if line.get("event") == "stopped"]
+    assert stopped, lines[-5:]  # the kubelet's SIGTERM reached the controller: it stopped
+    assert {k: stopped[-1][k] for k in ("tasks_left", "operations_left", "heartbeats_left")} == dict.fromkeys(
+        ("tasks_left", "operations_left", "heartbeats_left"), 0
+    )
+    assert_judged_clean(sandbox, nodes, started)
