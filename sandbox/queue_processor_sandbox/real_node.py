@@ -233,6 +233,16 @@ class RealNode:
             raise RealNodeError(f"ctr {' '.join(args)}: {done.stderr.decode(errors='replace').strip()}")
         return done
 
+    def pid_of(self, container_id: str) -> int:
+        """The host process ID of a running container (``containerd://<id>`` as a pod's status gives it, or the
+        bare ID). Raises :class:`RealNodeError` when it is not running."""
+        wanted = container_id.rsplit("/", 1)[-1]
+        for row in self._ctr("tasks", "ls").stdout.decode().splitlines()[1:]:
+            task, pid, state = row.split()[:3]
+            if task == wanted and state == "RUNNING":
+                return int(pid)
+        raise RealNodeError(f"container {wanted} is not running on {self.name}")
+
     def _network(self) -> None:
         """The bridge, up with the gateway address before the first pod (the plugin then finds it), loopback
         routing allowed on it, and one DNAT rule per forward."""
@@ -267,6 +277,8 @@ class RealNode:
             "readOnlyPort": 0,
             "healthzPort": 0,
             "containerRuntimeEndpoint": f"unix://{self.socket}",
+            # A cgroup root of its own: a kubelet removes the pod cgroups under its root it does not know.
+            "cgroupRoot": f"/{self.network}",
             "providerID": self.provider_id,
             "podLogsDir": str(self.pod_logs),
             # This host's disk and memory are shared with the rest of the suite: evict only when nearly out.
@@ -293,7 +305,28 @@ class RealNode:
             *("--root-dir", str(self.run_dir / "kubelet"), "--hostname-override", self.name),
             *(["--node-labels", labels] if labels else []),
         ]
+        self._cgroups(create=True)
         self._kubelet.start()
+
+    def _cgroups(self, *, create: bool) -> None:
+        """Create the node's cgroup root in every cgroup v1 hierarchy (a new cpuset gets its parent's CPUs and
+        memory nodes, as a cpuset must have some before a task joins), or remove it, children first, there
+        and in the unified hierarchy (where runc also makes the pods' cgroups)."""
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            root = hierarchy / self.network
+            if (create and hierarchy.name == "unified") or not (hierarchy / "cgroup.procs").exists():
+                continue
+            if create:
+                root.mkdir(exist_ok=True)
+                for name in ("cpuset.cpus", "cpuset.mems"):
+                    if (hierarchy / name).exists():
+                        (root / name).write_text((hierarchy / name).read_text())
+                continue
+            for directory in sorted((d for d in root.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            with contextlib.suppress(OSError):
+                root.rmdir()
 
     def _ready(self) -> bool:
         try:
@@ -323,6 +356,7 @@ class RealNode:
         for mount in reversed(_mounts_under(self.workdir) + _mounts_under(self.run_dir)):
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False, timeout=60)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        self._cgroups(create=False)
         with contextlib.suppress(Exception):
             self.plane.request("DELETE", f"/api/v1/nodes/{self.name}")
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import urllib.request
 import uuid
@@ -20,7 +22,15 @@ import pytest
 from queue_processor_sandbox.environment import Sandbox
 from queue_processor_sandbox.processes import Samples, parse_metrics, total
 from queue_processor_sandbox.real_node import RealNode, RealNodeError
-from tests.chaos.harness import DRAINING, LEAVING, assert_judged_clean, queue_depth
+from tests.chaos.harness import (
+    DRAINING,
+    LEAVING,
+    Draining,
+    assert_judged_clean,
+    cordoned,
+    hold_drains,
+    queue_depth,
+)
 from tests.conftest import REQUIRE_REAL_CLUSTER
 from tests.deploy.helm import Helm
 
@@ -100,15 +110,6 @@ def json_lines(log: IO[str]) -> list[dict[str, Any]]:
     return lines
 
 
-def ready_pod(node: RealNode, namespace: str) -> dict[str, Any] | None:
-    """The one pod of ``namespace`` once it is Ready, else ``None``."""
-    for pod in node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]:
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-            return dict(pod)
-    return None
-
-
 def scrape_pod(address: str) -> Samples:
     """``/metrics`` of the pod at ``address``, through its metrics port (the chart's default, 9092)."""
     with urllib.request.urlopen(f"http://{address}:9092/metrics", timeout=10) as answer:
@@ -124,18 +125,53 @@ async def wait_for(what: str, check: Any, timeout_s: float = 180.0) -> Any:
     return found
 
 
+class Release:
+    """The chart installed by Helm as release (and namespace) ``qp-<random>``, its pods on ``node``."""
+
+    def __init__(self, sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path) -> None:
+        self.sandbox, self.node, self.tmp_path = sandbox, node, tmp_path
+        self.name = self.namespace = f"qp-{uuid.uuid4().hex[:6]}"
+        self.helm = Helm(helm_bin, tmp_path / "helm", node.plane.admin_kubeconfig)
+        self.values = chart_values(sandbox, node, image)
+        self.revision = 0
+
+    def apply(self, **changes: Any) -> None:
+        """``helm install`` (the first time) or ``helm upgrade`` with the values changed by ``changes``."""
+        self.values.update(changes)
+        self.revision += 1
+        path = self.tmp_path / f"values-{self.revision}.yaml"
+        path.write_text(json.dumps(self.values))
+        verb = ["install", "--create-namespace"] if self.revision == 1 else ["upgrade"]
+        self.helm(*verb, self.name, str(CHART), "-n", self.namespace, "-f", str(path), "--wait")
+
+    def pods(self) -> list[dict[str, Any]]:
+        """The release's pods, as the API server has them now."""
+        return list(self.node.plane.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"])
+
+    def ready(self, count: int = 1) -> list[dict[str, Any]] | None:
+        """The release's pods once exactly ``count`` exist and all are Ready (an old one still terminating
+        counts), else ``None``."""
+        pods = self.pods()
+        ready = [
+            p for p in pods if any(c["type"] == "Ready" and c["status"] == "True" for c in _conditions(p))
+        ]
+        return ready if len(pods) == len(ready) == count else None
+
+
+def _conditions(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((pod.get("status") or {}).get("conditions") or [])
+
+
 async def test_a_storm_drained_by_the_pod_helm_installed_on_a_real_node(
     sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    release = namespace = f"qp-{uuid.uuid4().hex[:6]}"
-    helm = Helm(helm_bin, tmp_path / "helm", node.plane.admin_kubeconfig)
-    values = tmp_path / "values.yaml"
-    values.write_text(json.dumps(chart_values(sandbox, node, image)))
-    helm("install", release, str(CHART), "-n", namespace, "--create-namespace", "-f", str(values), "--wait")
+    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release.apply()
     # helm --wait accepts a Deployment of one replica with none Ready (maxUnavailable 1): wait for the pod.
-    pod = await wait_for("the controller's pod Ready", lambda: ready_pod(node, namespace), 120)
+    (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
     assert pod["spec"]["nodeName"] == node.name  # /readyz passed: the queue reached with the chart's values
+    namespace = release.namespace
     log = open_pod_log(node, namespace)
 
     leaving = sandbox.instances[:LEAVING]
@@ -148,10 +184,9 @@ async def test_a_storm_drained_by_the_pod_helm_installed_on_a_real_node(
     samples = await asyncio.to_thread(scrape_pod, pod["status"]["podIP"])
     assert total(samples, "queue_processor_messages_received_total") >= LEAVING
 
-    helm("uninstall", release, "-n", namespace, "--wait")
+    release.helm("uninstall", release.name, "-n", namespace, "--wait")
     # Helm waits for its Deployment to go; the pod goes after it, once the kubelet saw its container exit.
-    gone = lambda: not node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]  # noqa: E731
-    await wait_for("the controller's pod gone", gone, 120)
+    await wait_for("the controller's pod gone", lambda: not release.pods(), 120)
     lines = json_lines(log)
     log.close()
     stopped = [line for line in lines if line.get("event") == "stopped"]
@@ -160,3 +195,43 @@ async def test_a_storm_drained_by_the_pod_helm_installed_on_a_real_node(
         ("tasks_left", "operations_left", "heartbeats_left"), 0
     )
     assert_judged_clean(sandbox, nodes, started)
+
+
+async def test_kill_9_of_the_container_the_kubelet_restarts_it_and_it_finishes_the_work(
+    sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    draining = Draining(sandbox, tmp_path)  # three terminate hooks, their drains held by the budgets
+    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release.apply()
+    (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
+    await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
+    (status,) = pod["status"]["containerStatuses"]
+    os.kill(node.pid_of(status["containerID"]), signal.SIGKILL)
+    restarted = lambda: (p := release.ready()) and p[0]["status"]["containerStatuses"][0]["restartCount"] >= 1  # noqa: E731
+    await wait_for("the container restarted by the kubelet, Ready", restarted)
+    hold_drains(sandbox, False)
+    completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
+    await wait_for("every lifecycle action completed after the restart", completed)
+    assert_judged_clean(sandbox, draining.nodes, started)
+
+
+async def test_helm_upgrade_to_two_replicas_mid_storm_rolls_out_on_the_real_node(
+    sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path
+) -> None:
+    """NTH's seed 004 for real: the upgrade replaces the pod while drains are held; two pods of the new
+    revision on one node (no host port), node Leases between them, no action timed out, no node drained
+    twice."""
+    started = time.monotonic()
+    draining = Draining(sandbox, tmp_path)
+    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release.apply()
+    await wait_for("the controller's pod Ready", release.ready, 120)
+    await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
+    release.apply(replicas=2, nodeLeases=True, logLevel="debug")
+    pods = await wait_for("two pods of the new revision Ready", lambda: release.ready(2), 180)
+    assert {pod["spec"]["nodeName"] for pod in pods} == {node.name}
+    hold_drains(sandbox, False)
+    completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
+    await wait_for("every lifecycle action completed across the rollout", completed)
+    assert_judged_clean(sandbox, draining.nodes, started)
