@@ -229,7 +229,8 @@ class Steps:
         timeout), not managed by this cluster (left alone), or started again since the stop the operation is
         about."""
         operation, log = ctx.operation, ctx.log
-        info = await self.resolver.get(operation.instance_id)
+        # A launch is a start: it changed the LaunchTime a cached answer has, which the next cordon records.
+        info = await self.resolver.get(operation.instance_id, fresh=operation.mode is Mode.LAUNCH)
         if info is None:
             self.observer.operation_outcome(OperationOutcome.UNKNOWN_INSTANCE)
             if operation.mode is Mode.DRAIN:

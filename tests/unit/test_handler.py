@@ -24,6 +24,7 @@ from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, 
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.record import CordonRecord
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Handler, Outcome
 from queue_processor.kinds import (
@@ -233,6 +234,9 @@ class FakeKube:
         if "resourceVersion" in meta and meta["resourceVersion"] != node["metadata"]["resourceVersion"]:
             raise KubeError(409, "Conflict", "the object has been modified")
         node["metadata"]["labels"].update(meta.get("labels") or {})
+        annotations = node["metadata"].setdefault("annotations", {})
+        for key, value in (meta.get("annotations") or {}).items():  # a merge patch: null removes
+            annotations.pop(key, None) if value is None else annotations.__setitem__(key, value)
         node["spec"].update(patch.get("spec") or {})  # taints: the whole list is replaced
         self._bump(node)
         return copy.deepcopy(node)
@@ -1629,3 +1633,26 @@ async def test_an_action_received_again_that_still_waits_is_heartbeated_at_once(
     world.heartbeats.start(action)
     await until(lambda: autoscaling.made("RecordLifecycleActionHeartbeat") == ["tok-launch"])
     await world.heartbeats.close()
+
+
+async def test_a_cordon_after_a_launch_records_the_launch_time_of_that_start(env: Any) -> None:
+    """Explorer seed 1359: a warm pool returned an instance (its launch action) and a capacity reservation
+    interruption cordoned it a moment later. The cordon recorded the LaunchTime EC2 gave before that start (a
+    cached answer), so the return check took the start for one since the cordon, undid the cordon, and pods
+    came back to the node before its end. A launch action reads its instance fresh: a start changed it."""
+    world = World(settings(launch_ready_timeout_sec=900))
+    world.kube.nodes[NODE]["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    before, after = launched(3600), launched(5)
+    world.resolver.info, world.resolver.fresh_info = before, after
+    world.resolver.on_fresh = lambda: setattr(world.resolver, "info", after)  # a fresh answer is cached
+
+    started = world.receive(launch())
+    assert started is not None
+    assert (await world.run(started))[0] is Outcome.DONE
+    interrupted = world.receive(spot())
+    assert interrupted is not None
+    outcome = await world.run(interrupted)
+    record = CordonRecord.from_node(world.node())
+    assert record is not None, (outcome, world.node())
+    assert after.launch_time is not None
+    assert record.launch_time == after.launch_time.isoformat()
