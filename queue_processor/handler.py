@@ -711,7 +711,26 @@ class Handler(Steps):
                     if bounds.instance_end is None
                     else round(bounds.instance_end - now, 1),
                 )
+            await self._record_start(ctx)
             await self._taint_joined(ctx)
+
+    async def _record_start(self, ctx: OperationContext) -> None:
+        """A joining event is a new interruption of the instance as it is now: when EC2 says it was started
+        since the cordon (a stop's drain outlived the start, then a Spot warning joined), the record takes the
+        new ``LaunchTime``, or the check for instances back in service would take that start for a return
+        after the warning and give the node back."""
+        if ctx.info is None or ctx.node is None:
+            return
+        try:
+            now = await self.resolver.get(ctx.operation.instance_id, fresh=True)
+        except Exception as exc:  # the joins after this one must still tighten the bounds
+            ctx.log.warning("instance not read as an event joined: its record unchanged", error=repr(exc))
+            return
+        if now is None or now.launch_time is None or now.launch_time == ctx.info.launch_time:
+            return
+        ctx.info = now
+        if not await self.drainer.cordon(ctx.node, about=self._recorded(ctx)):
+            ctx.log.info("node gone while an event joined: nothing to record")
 
     async def _post_drain(self, ctx: OperationContext) -> Outcome:
         """Complete the lifecycle actions; taint for kinds that joined since the last taint; the

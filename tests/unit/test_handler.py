@@ -1656,3 +1656,28 @@ async def test_a_cordon_after_a_launch_records_the_launch_time_of_that_start(env
     assert record is not None, (outcome, world.node())
     assert after.launch_time is not None
     assert record.launch_time == after.launch_time.isoformat()
+
+
+async def test_an_event_joining_after_a_start_records_the_instance_as_it_is_now(env: Any) -> None:
+    """Explorer seed 1181: a stop's drain, held by a budget, outlived the instance's start, and a Spot warning
+    joined it. The record still held the LaunchTime from before the stop, so once the drain ended the return
+    check took the start for a return since the cordon and gave the node back; its pods were lost when the
+    instance went. A joining event is a new interruption: the record follows the instance's start."""
+    world = World(settings())
+    before, after = launched(3600), launched(5)
+    world.resolver.info = before
+    operation = world.receive(stopped())
+    assert operation is not None
+
+    async def started_then_warned(name: str) -> None:
+        if name == "web-1":
+            world.resolver.fresh_info = after  # started again meanwhile
+            assert world.receive(spot()) is None  # joins the running operation
+            await asyncio.sleep(0.05)  # the join is taken up while the drain runs
+
+    world.kube.on_evict = started_then_warned
+    await world.run(operation)
+    record = CordonRecord.from_node(world.node())
+    assert record is not None
+    assert after.launch_time is not None
+    assert record.launch_time == after.launch_time.isoformat()
