@@ -213,6 +213,7 @@ async def test_kill_9_of_the_container_the_kubelet_restarts_it_and_it_finishes_t
     hold_drains(sandbox, False)
     completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
     await wait_for("every lifecycle action completed after the restart", completed)
+    await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 120)
     assert_judged_clean(sandbox, draining.nodes, started)
 
 
@@ -234,4 +235,5 @@ async def test_helm_upgrade_to_two_replicas_mid_storm_rolls_out_on_the_real_node
     hold_drains(sandbox, False)
     completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
     await wait_for("every lifecycle action completed across the rollout", completed)
+    await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 120)
     assert_judged_clean(sandbox, draining.nodes, started)
