@@ -107,7 +107,8 @@ class RealNode:
         self.socket = self.run_dir / "containerd.sock"
         self._containerd = _Process("containerd", [], workdir / "containerd.log")
         self._kubelet = _Process("kubelet", [], workdir / "kubelet.log")
-        self._rules: list[list[str]] = []
+        self._rules: list[list[str]] = []  # nat PREROUTING
+        self._refusals: list[list[str]] = []  # filter INPUT
 
     @property
     def gateway(self) -> str:
@@ -257,6 +258,22 @@ class RealNode:
             run("iptables", "-t", "nat", "-A", *rule)
             self._rules.append(rule)
 
+    def refuse(self, service: tuple[str, int], refused: bool = True) -> None:
+        """Make the service a forward names (virtual IP and port) refuse the node's pods, connections open
+        included (a TCP reset for every packet to it, in the filter table's INPUT chain), or answer again
+        (``refused=False``): an outage, without a packet leaving this host. Raises :class:`RealNodeError`."""
+        local = self.forwards.get(service)
+        if local is None:
+            raise RealNodeError(f"no forward of {service[0]}:{service[1]} on {self.name}")
+        rule = ["INPUT", "-i", self.bridge, "-p", "tcp", "-d", "127.0.0.1", "--dport", str(local)]
+        rule += ["-j", "REJECT", "--reject-with", "tcp-reset"]
+        if refused and rule not in self._refusals:
+            self._run("iptables", "-I", *rule)
+            self._refusals.append(rule)
+        elif not refused and rule in self._refusals:
+            self._run("iptables", "-D", *rule)
+            self._refusals.remove(rule)
+
     @staticmethod
     def _run(*argv: str) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
@@ -351,6 +368,9 @@ class RealNode:
                 ["iptables", "-t", "nat", "-D", *rule], capture_output=True, check=False, timeout=60
             )
         self._rules.clear()
+        for rule in self._refusals:
+            subprocess.run(["iptables", "-D", *rule], capture_output=True, check=False, timeout=60)
+        self._refusals.clear()
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False, timeout=60)
         shutil.rmtree(f"/var/lib/cni/networks/{self.network}", ignore_errors=True)
         for mount in reversed(_mounts_under(self.workdir) + _mounts_under(self.run_dir)):

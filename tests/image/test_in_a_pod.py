@@ -237,3 +237,34 @@ async def test_helm_upgrade_to_two_replicas_mid_storm_rolls_out_on_the_real_node
     await wait_for("every lifecycle action completed across the rollout", completed)
     await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 120)
     assert_judged_clean(sandbox, draining.nodes, started)
+
+
+def pod_ready(release: Release) -> bool | None:
+    """Whether the release's one pod is Ready as the kubelet reports it (``None`` while it has no pod)."""
+    pods = release.pods()
+    if len(pods) != 1:
+        return None
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in _conditions(pods[0]))
+
+
+async def test_the_pod_is_not_ready_while_sqs_refuses_it_and_ready_again_after(
+    sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path
+) -> None:
+    """The chart's readiness probe as documented: /readyz fails when SQS stopped answering (the kubelet marks
+    the pod not ready, it is not restarted), and passes again once SQS answers."""
+    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release.values["probes"] = {
+        "readiness": {
+            "initialDelaySeconds": 1,
+            "periodSeconds": 1,
+            "timeoutSeconds": 2,
+            "failureThreshold": 1,
+        }
+    }
+    release.apply()
+    await wait_for("the controller's pod Ready", release.ready, 120)
+    node.refuse(AWS_SERVICE)
+    await wait_for("the pod not ready while SQS refuses it", lambda: pod_ready(release) is False, 120)
+    node.refuse(AWS_SERVICE, refused=False)
+    (pod,) = await wait_for("the pod Ready again once SQS answers", release.ready, 120)
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
