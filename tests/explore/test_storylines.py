@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -178,24 +179,26 @@ def explain(outcome: Outcome) -> str:
 
 
 @pytest.mark.parametrize("seed", EMULATED)
-def test_a_storyline_holds_on_the_emulation(seed: int) -> None:
-    outcome = run(generate(seed))
+def test_a_storyline_holds_on_the_emulation(seed: int, tmp_path: Path) -> None:
+    outcome = run(generate(seed), keep=tmp_path / "storyline")  # logs kept where pytest keeps its last runs
     assert outcome.ok, explain(outcome)
     assert outcome.applied
 
 
 @pytest.mark.parametrize("seed", REAL)
-def test_a_storyline_holds_on_the_real_control_plane(seed: int, request: pytest.FixtureRequest) -> None:
+def test_a_storyline_holds_on_the_real_control_plane(
+    seed: int, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     plane = request.getfixturevalue("control_plane")
     rbac = request.getfixturevalue("chart_rbac")
-    outcome = run(generate(seed), kubernetes="real", plane=plane, rbac=rbac)
+    outcome = run(generate(seed), kubernetes="real", plane=plane, rbac=rbac, keep=tmp_path / "storyline")
     assert outcome.ok, explain(outcome)
     assert outcome.applied
 
 
 @pytest.mark.parametrize("seed", sorted(PINNED))
-def test_a_storyline_that_failed_once_holds(seed: int) -> None:
-    outcome = run(generate(seed))
+def test_a_storyline_that_failed_once_holds(seed: int, tmp_path: Path) -> None:
+    outcome = run(generate(seed), keep=tmp_path / "storyline")
     assert outcome.ok, f"{PINNED[seed]}: {explain(outcome)}"
 
 
