@@ -140,6 +140,9 @@ class Consumer:
         """The settlement ledger: slots, receipt handles, visibility, settlement (:mod:`.settlement`)."""
         handler.park = self.ledger.park  # a drain waiting for its turn gives its messages' slots back
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Operation tasks whose handling ended, settling their messages (another operation of the same key may
+        # run meanwhile): a shutdown stops them too.
+        self._settling: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         # Receive loops from their poll until its messages are taken: a shutdown lets them finish.
         self._polling: set[asyncio.Task[Any]] = set()
@@ -172,8 +175,8 @@ class Consumer:
 
     @property
     def tasks(self) -> int:
-        """Operation tasks alive (tests check it returns to zero)."""
-        return len(self._operations)
+        """Operation tasks alive, settling ones included (tests check it returns to zero)."""
+        return len(self._operations) + len(self._settling)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """EarlyExit for everything: stop receiving, cancel and await every operation, stop every heartbeat,
@@ -193,7 +196,7 @@ class Consumer:
                 operations=len(self._operations),
                 polls=sum(1 for task in self._loops if not task.done()),
             )
-        await tasks.stop(*self._loops, *self._operations.values())
+        await tasks.stop(*self._loops, *self._operations.values(), *self._settling)
         await self.ledger.close()
         await self.heartbeats.close()
 
@@ -202,7 +205,9 @@ class Consumer:
             if task not in self._polling:  # waiting for an in-flight slot: no poll to let end
                 task.cancel()
         held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
-        await tasks.stop(*self._operations.values())
+        # A settlement under way is stopped too: every message still held is made visible below, so a requeue's
+        # backoff or a delete not yet sent only changes when another replica receives it again.
+        await tasks.stop(*self._operations.values(), *self._settling)
         leases = self.handler.leases
         if leases is not None:
             # The node Leases the operations gave up are free before their messages are visible to another
@@ -369,6 +374,7 @@ class Consumer:
         messages returned (the shutdown makes every held message visible)."""
         if self._operations.get(key) is task:
             del self._operations[key]
+        self._settling.discard(task)
         if self.store.running(operation):
             for message_id, _ in self.store.finish(operation, succeeded=False).messages:
                 self.ledger.let_go(message_id)
@@ -379,8 +385,10 @@ class Consumer:
         try:
             succeeded = await self.handler.handle(operation) is Outcome.DONE
         finally:
-            if self._operations.get(key) is asyncio.current_task():
+            current = asyncio.current_task()
+            if self._operations.get(key) is current and current is not None:
                 del self._operations[key]
+                self._settling.add(current)
             # A shutdown makes every held message visible: then only their slots are returned.
             await self.ledger.finish(operation, succeeded=succeeded, letting_go=self._stopping.is_set())
             self.observer.in_flight(self.store.held_count, len(self._operations))

@@ -163,7 +163,12 @@ class Handler(Steps):
         self.drainer = drainer
         self.leases = leases
         self.webhook = webhook
-        self.launches = Launches(self.parts, drainer=drainer, draining=self.draining)
+        self.launches = Launches(
+            self.parts,
+            drainer=drainer,
+            draining=self.draining,
+            held_elsewhere=leases.held_elsewhere if leases is not None else lambda node: False,
+        )
         self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
         self._running = 0  # operations running here, of every mode
         self._one_ended = asyncio.Event()  # set (and replaced) whenever one of them ends
@@ -318,21 +323,24 @@ class Handler(Steps):
                 return await self._no_node(ctx)
             ctx.node = str(node["metadata"]["name"])
         if self.leases is not None:
-            claim = await self._claim_lease(ctx)
+            claim, waited = await self._claim_lease(ctx)
             if claim is None:
                 ctx.log.info("another replica holds the node's Lease: requeued", node=ctx.node)
                 self.observer.operation_outcome(OperationOutcome.LEASE_HELD)
                 return Outcome.RETRY
             await self._hold(ctx, claim)
+            if waited and await self._started_again(ctx, fresh=True):
+                return Outcome.DONE  # the other replica drained it for a stop the instance is back from
         return None
 
-    async def _claim_lease(self, ctx: OperationContext) -> Claim | None:
+    async def _claim_lease(self, ctx: OperationContext) -> tuple[Claim | None, bool]:
         """The node's Lease (NODE_LEASES). While another replica holds it, the operation's events that bring
         the end nearer are handed to the holder (:mod:`queue_processor.handover`: its drain takes them at once),
         its messages are parked (held, their in-flight slots given back) and the Lease is waited for
         (:meth:`~queue_processor.lease_watch.LeaseWatch.released`, and claimed again at least every
-        NODE_LEASE_DURATION_SEC, when the holder may have lapsed) until the operation's drain deadline;
-        ``None`` when it is still held then. Raises :class:`KubeError` when the API server cannot be reached."""
+        NODE_LEASE_DURATION_SEC, when the holder may have lapsed) until the operation's drain deadline: the
+        claim (``None`` when it is still held then) and whether it was waited for. Raises :class:`KubeError`
+        when the API server cannot be reached."""
         leases = self.leases
         assert leases is not None
         name, until = lease_name(ctx.node), self._deadline(ctx.operation)
@@ -341,7 +349,7 @@ class Handler(Steps):
         while (claim := await leases.claim(ctx.node)) is None:
             left = until - self.clock()
             if left <= 0:
-                return None
+                return None, waited
             holder = leases.watch.holder(name)
             new = missing(ctx.operation.events, {**leases.watch.handed(name), **dict.fromkeys(handed, "")})
             if new:
@@ -358,7 +366,7 @@ class Handler(Steps):
                 ctx.log.info("another replica holds the node's Lease: waiting for it", holder=holder)
             self.park(list(ctx.operation.messages))
             await leases.watch.released(name, holder, min(left, leases.duration_s))
-        return claim
+        return claim, waited
 
     async def _hold(self, ctx: OperationContext, claim: Claim) -> None:
         """``claim`` is the operation's Lease from now on (on its EarlyExit stack): the events handed over on it

@@ -2,7 +2,8 @@
 
 :meth:`Launches.run` waits until the instance's node is registered and Ready, then completes its launch
 actions (those headed for a warm pool only with COMPLETE_WARM_POOL_LAUNCH) with CONTINUE, undoing first what
-we did to a node coming back into service (UNCORDON_ON_RETURN). Only while work can still finish them
+we did to a node coming back into service (UNCORDON_ON_RETURN) once no drain of it runs here or on another
+replica (a stop's duplicate, received late, may still drain it there). Only while work can still finish them
 (DESIGN.md rule 9): an instance EC2 lists as shutting down or terminated ends its actions (acknowledged at
 once), an action AWS says is over is settled, and a node not Ready LAUNCH_READY_TIMEOUT_SEC after the action
 began (:func:`~queue_processor.deadlines.launch_ready_deadline`: the same moment at every receive, on every
@@ -40,12 +41,24 @@ __all__ = ["Launches"]
 
 class Launches(Steps):
     """Runs launch operations (see the module docstring). ``draining(instance_id)`` says whether a drain of
-    the instance runs here now: a node being drained is never uncordoned for a launch."""
+    the instance runs here now, ``held_elsewhere(node)`` whether another replica holds the node's Lease
+    (:meth:`NodeLeases.held_elsewhere <queue_processor.leases.NodeLeases.held_elsewhere>`): a node being
+    drained is never uncordoned for a launch."""
 
-    def __init__(self, parts: Collaborators, *, drainer: Drainer, draining: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        parts: Collaborators,
+        *,
+        drainer: Drainer,
+        draining: Callable[[str], bool],
+        held_elsewhere: Callable[[str], bool] = lambda node: False,
+    ) -> None:
         super().__init__(parts)
         self.drainer = drainer
         self.draining = draining
+        self.held_elsewhere = held_elsewhere
+        self.waiting: set[str] = set()
+        """The nodes whose return waits for a drain of them to end (here or on another replica)."""
 
     async def run(self, ctx: OperationContext) -> Outcome:
         """The launch operation of ``ctx`` to its end."""
@@ -59,7 +72,13 @@ class Launches(Steps):
         resolved = await self.resolve(ctx)
         if isinstance(resolved, Outcome):
             return resolved
-        node = await self._ready_node(ctx, resolved)
+        deadline = launch_ready_deadline(
+            operation.events,
+            timeout_s=settings.launch_ready_timeout_sec,
+            now=self.clock(),
+            wall=datetime.now(UTC),
+        )
+        node = await self._ready_node(ctx, resolved, deadline)
         if isinstance(node, Outcome):
             return node
         ctx.node = str(node["metadata"]["name"])
@@ -73,22 +92,19 @@ class Launches(Steps):
         text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"
         await self.event(ctx, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text)
         if settings.uncordon_on_return:
-            await self._undo_on_return(ctx)
+            await self._undo_on_return(ctx, deadline)
         await self.step(
             ctx, Step.POST_DRAIN, self.complete_actions(ctx, claim=None)
         )  # NTH's launch PostDrain
         return Outcome.DONE
 
-    async def _ready_node(self, ctx: OperationContext, info: InstanceInfo | None) -> dict[str, Any] | Outcome:
+    async def _ready_node(
+        self, ctx: OperationContext, info: InstanceInfo | None, deadline: float
+    ) -> dict[str, Any] | Outcome:
         """Wait (polling, backing off from 0.1 s to 5 s; :meth:`_find`) until the instance's node is registered
-        and Ready; the node, or the outcome when the launch ended otherwise."""
+        and Ready, at most until ``deadline`` (:attr:`clock` seconds); the node, or the outcome when the launch
+        ended otherwise."""
         operation = ctx.operation
-        deadline = launch_ready_deadline(
-            operation.events,
-            timeout_s=self.settings.launch_ready_timeout_sec,
-            now=self.clock(),
-            wall=datetime.now(UTC),
-        )
         poll = 0.1
         while True:
             if info is None or info.state in INSTANCE_ENDED:
@@ -123,20 +139,27 @@ class Launches(Steps):
                 return watched.find(info.private_dns_name, provider)
         return await self.finder.find(info)
 
-    async def _undo_on_return(self, ctx: OperationContext) -> None:
+    async def _undo_on_return(self, ctx: OperationContext, deadline: float) -> None:
         """The launching instance is going into service and its node is Ready: undo what we did to the node
-        when it carries our record for this instance (DESIGN.md rule 12) and no drain of it runs here. A launch
-        out of a warm pool is proof of its return; another launch only when the instance was started since our
-        cordon (:func:`~queue_processor.returns.came_back`)."""
+        when it carries our record for this instance (DESIGN.md rule 12), once no drain of it runs here or on
+        another replica (:meth:`_drains_over`). A launch out of a warm pool is proof of its return; another
+        launch only when the instance was started since our cordon (:func:`~queue_processor.returns.came_back`).
+        """
         operation = ctx.operation
         watched = self.drainer.nodes
         copy = watched.get(ctx.node) if watched is not None else None
         if copy is not None and copy["metadata"]["labels"].get(RECORD_LABEL) != "true":
             return  # the watched copy shows no record of ours: nothing to undo, no read
         from_pool = any(action.origin == "WarmPool" for action in operation.launch_actions)
+        if not await self._drains_over(ctx, deadline):
+            ctx.log.warning(
+                "a drain of the node still runs: left cordoned for the check for instances back in service",
+                timeout_s=self.settings.launch_ready_timeout_sec,
+            )
+            return
 
         def decide(found: dict[str, Any], record: CordonRecord) -> bool:
-            if record.instance_id != operation.instance_id or self.draining(operation.instance_id):
+            if record.instance_id != operation.instance_id or self._being_drained(ctx):
                 return False
             return node_ready(found) and (from_pool or came_back(record, ctx.info, found))
 
@@ -145,6 +168,31 @@ class Launches(Steps):
             ctx.log.info(
                 "instance back in service: our cordon, taints and label undone", from_warm_pool=from_pool
             )
+
+    def _being_drained(self, ctx: OperationContext) -> bool:
+        """Whether a drain of the launching instance's node runs here or on another replica."""
+        return self.draining(ctx.operation.instance_id) or self.held_elsewhere(ctx.node)
+
+    async def _drains_over(self, ctx: OperationContext, deadline: float) -> bool:
+        """Wait (polling, backing off from 0.1 s to 2 s) until no drain of the node runs here or on another
+        replica, at most until ``deadline`` (:attr:`clock` seconds: the launch's LAUNCH_READY_TIMEOUT_SEC, the
+        launch actions heartbeated meanwhile); whether none runs. A duplicate of the stop that put the instance
+        into its warm pool, received late, can drain the node as the instance comes back: giving the node back
+        under that drain would let it evict pods from a node in service, cordon undone."""
+        poll = 0.1
+        try:
+            while self._being_drained(ctx):
+                left = deadline - self.clock()
+                if left <= 0:
+                    return False
+                if ctx.node not in self.waiting:
+                    self.waiting.add(ctx.node)
+                    ctx.log.info("a drain of the node runs: its return waits for it")
+                await asyncio.sleep(min(poll, left))
+                poll = min(poll * 1.5, 2.0)
+            return True
+        finally:
+            self.waiting.discard(ctx.node)
 
     async def _ended(self, ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
         """The launching instance is shutting down or terminated (or EC2 no longer shows it): its launch

@@ -36,6 +36,9 @@ PINNED: dict[int, str] = {
     513: "a Spot warning (stop) requeued by a drain a PodDisruptionBudget held; the instance stopped and was "
     "started again, its node given back; the requeued warning then cordoned and drained the returned node, and "
     "recorded the new LaunchTime, so nothing undid it (returned)",
+    1504: "a warm-pool stop delivered twice: its duplicate drained the node on a second replica as the instance "
+    "left the pool, and a third replica's launch handler gave the node back under that drain (cordon-undone; "
+    "seed 119 too, once in CI): the launch now waits until no drain of the node runs anywhere",
     332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
     "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
     "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "

@@ -686,6 +686,60 @@ async def test_a_warm_pool_return_gets_its_node_back_when_its_launch_action_is_h
     assert left == {**BACK, "foreign": False}
 
 
+async def test_a_warm_pool_return_waits_until_another_replica_s_drain_of_its_node_ends(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Explorer seeds 119 and 1504: the stop into the warm pool delivered twice, its duplicate drained the node
+    on another replica (which holds the node's Lease) as the instance left the pool; the launch action's
+    handler gave the node back under that drain. It waits until the other replica lets the Lease go (the
+    launch action heartbeated meanwhile), then gives the node back and completes the action."""
+    from queue_processor.leases import NodeLeases
+
+    instance = sandbox.instances[1]
+    node = instance.private_dns_name
+    namespace = sandbox.controller_namespace
+    sandbox.kube.ensure_namespace(namespace)
+    settings = {
+        "node_leases": True,
+        "pod_name": "replica-1",
+        "pod_namespace": namespace,
+        "return_check_interval_sec": 3600,
+    }
+    admin = KubeClient(load_api_client(str(sandbox.kube.kubeconfig(tmp_path / "admin"))))
+    other = NodeLeases(admin, namespace=namespace, identity="replica-2", duration_s=60)
+    try:
+        async with controller(sandbox, **settings) as running:
+            (leaving,) = sandbox.aws.terminate_instance(instance.instance_id, to_warm_pool=True)
+            await until(
+                lambda: sandbox.aws.action(leaving.token).status != "open", what="terminate completion"
+            )
+            await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+            lease = f"queue-processor-{node}"
+            await until(
+                lambda: sandbox.kube.get("leases", lease, namespace) is None, what="our Lease released"
+            )
+            held = await other.claim(node)  # the duplicate's drain, on the other replica
+            assert held is not None
+            launches = running.controller.handler.launches
+            (back,) = sandbox.aws.launch_instances(instance.asg_name, 1, origin="WarmPool")
+            assert back.instance_id == instance.instance_id
+            (returning,) = sandbox.aws.actions(instance.instance_id, status="open")
+            await until(lambda: node in launches.waiting, what="the return waiting for the other's drain")
+            assert unschedulable(sandbox, node)
+            assert sandbox.aws.action(returning.token).status == "open"
+            await held.release()
+            await other.flush()
+            await until(
+                lambda: sandbox.aws.action(returning.token).status != "open", what="launch completion"
+            )
+            await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    finally:
+        await other.close()
+        admin.close()
+    assert sandbox.aws.action(returning.token).result == "CONTINUE"
+    assert not unschedulable(sandbox, node)
+
+
 @pytest.mark.scale(0.1)  # a 12 s Spot notice: a loaded machine may take more than 1.2 s to receive it
 async def test_a_node_named_otherwise_is_found_by_its_hostname_label(sandbox: Sandbox) -> None:
     # Clusters that name nodes differently keep the instance's private DNS name in kubernetes.io/hostname:

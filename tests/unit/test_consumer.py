@@ -529,6 +529,32 @@ async def test_shutdown_cancels_operations_lets_open_polls_end_and_leaves_every_
     )  # its slot returned
 
 
+async def test_shutdown_leaves_no_operation_task_in_its_settlement() -> None:
+    # Explorer seed 19: an operation ended (its Lease lost) and its requeue's ChangeMessageVisibility was being
+    # retried when the shutdown came; the task had left the operations the shutdown stops, and outlived it.
+    running = Running(FakeHandler(Outcome.RETRY))
+    answer = asyncio.Event()  # SQS never answers the requeue
+    begun: list[str] = []
+
+    async def change_message_visibility(**call: Any) -> None:
+        begun.append(call["ReceiptHandle"])
+        await answer.wait()
+
+    running.sqs.change_message_visibility = change_message_visibility  # type: ignore[method-assign]
+    running.consumer.start()
+    message_id = running.sqs.deliver(terminate_body())
+    await running.until(lambda: bool(begun))
+    assert running.consumer.tasks == 1  # settling
+    await asyncio.wait_for(running.consumer.shutdown(timeout_s=10), 30)
+    left = [task.get_name() for task in asyncio.all_tasks() if task.get_name().startswith("operation-")]
+    assert left == []
+    assert running.consumer.tasks == 0
+    # Not deleted: visible again when its visibility timeout ends (no renewal holds it), as a requeue wanted.
+    assert running.sqs.deleted == []
+    assert begun == [f"rh-{message_id}-1"]
+    assert (running.consumer.ledger.slots.held, running.consumer.ledger.slots.free) == (0, 4)
+
+
 async def test_shutdown_sends_the_node_lease_releases_before_it_lets_the_messages_go() -> None:
     # With NODE_LEASES an operation the shutdown cancels gives its node Lease up, and a release waits up to
     # RELEASE_BATCH_S for others': it must be sent before the message is visible, or the replica that receives

@@ -819,6 +819,31 @@ async def test_a_lease_held_by_another_replica_is_waited_for_and_the_spot_warnin
     assert world.count("queue_processor_operation_outcomes_total", outcome="lease-held") == 0
 
 
+async def test_a_stop_that_waited_for_the_lease_asks_again_whether_the_instance_started(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Explorer seed 1504: a stop's duplicate waited for the node's Lease while another replica drained the
+    node for the stop; the instance left its warm pool meanwhile. Once the Lease is free, EC2 is read again:
+    running since, nothing to drain, the node of an instance in service is not cordoned."""
+    monkeypatch.setattr("queue_processor.lease_watch.UNWATCHED_POLL_S", 0.01)
+    world = World(settings(node_leases=True), leases=True)
+    world.resolver.fresh_info = InstanceInfo(INSTANCE, NODE, "us-east-1a", "stopped", dict(MANAGED))
+    other = NodeLeases(world.kube, namespace="ops", identity="replica-b")  # type: ignore[arg-type]
+    held = await other.claim(NODE)
+    assert held is not None
+    operation = world.receive(stopped())
+    assert operation is not None
+    running = asyncio.create_task(world.run(operation))
+    await until(lambda: world.resolver.fresh_reads == 1)  # still stopped: drained once the Lease is free
+    world.resolver.fresh_info = launched(0)
+    await held.release()
+    await other.flush()
+    outcome, messages = await running
+    assert (outcome, messages) == (Outcome.DONE, {"m-stop": MessageOutcome.DELETE})
+    assert "unschedulable" not in world.node()["spec"]
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 1
+
+
 async def test_a_lease_held_until_the_deadline_requeues(env: Any) -> None:
     world = World(settings(node_leases=True), leases=True)
     other = NodeLeases(world.kube, namespace="ops", identity="replica-b")  # type: ignore[arg-type]
