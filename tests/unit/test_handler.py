@@ -441,7 +441,10 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 
 def settings(**overrides: Any) -> Settings:
-    return load_settings(**overrides)
+    """The controller's settings with ``overrides``; a drain lists the node's pods once (DRAIN_RELIST_AFTER=0,
+    as kubectl drain: the look again is tests/unit/test_drainer.py's, and its wait here would be seconds of
+    wall time per drain)."""
+    return load_settings(**{"drain_relist_after": 0, **overrides})
 
 
 def our_tasks() -> set[asyncio.Task[Any]]:

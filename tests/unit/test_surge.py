@@ -536,7 +536,7 @@ async def test_a_lease_lost_under_the_handler_leaves_the_surge_to_the_new_owner(
     kube = Cluster(1)
     kube.add_node()
     kube.add_surge_pod("web-0")
-    settings = load_settings(node_leases=True, surge_drains=True)
+    settings = load_settings(node_leases=True, surge_drains=True, drain_relist_after=0)  # lists once
     first = World(settings, leases=True, kube=kube)
     assert first.leases is not None
     operation = first.receive(spot())
