@@ -97,7 +97,8 @@ class RealNode:
         self.forwards = {API_SERVICE: int(plane.url.rsplit(":", 1)[1]), **(forwards or {})}
         self.ready_timeout_s = ready_timeout_s
         self.tools = find_node_tools()
-        self.subnet = random.SystemRandom().randrange(1, 250)
+        free = [n for n in range(1, 250) if not Path(f"/sys/class/net/qpnode{n}").exists()]
+        self.subnet = random.SystemRandom().choice(free)  # another node's bridge keeps its subnet
         self.bridge, self.network = f"qpnode{self.subnet}", f"qp-node-{self.subnet}"
         # A unix socket's path has at most 104 bytes here: containerd's and the kubelet's (in its root) go in a
         # short directory of their own.

@@ -14,6 +14,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,17 +47,25 @@ def sandbox(control_plane: Any, tmp_path: Path) -> Iterator[Sandbox]:
         yield running
 
 
-@pytest.fixture
-def node(control_plane: Any, sandbox: Sandbox, image: str, tmp_path: Path) -> Iterator[RealNode]:
-    """A real node for the controller's pod, its image imported, the sandbox's AWS forwarded."""
+def real_node(
+    control_plane: Any,
+    sandbox: Sandbox,
+    image: str,
+    workdir: Path,
+    name: str,
+    label: str,
+    provider_id: str = "",
+) -> RealNode:
+    """A real node named ``name`` for the controller's pod (``NODE_LABEL`` set to ``label``), its image imported,
+    the sandbox's AWS forwarded; skipped (failed in CI) when this machine cannot run one."""
     moto_port = int(sandbox.env()["AWS_ENDPOINT"].rsplit(":", 1)[1])
-    suffix = uuid.uuid4().hex[:6]
     try:
-        real = RealNode(
+        return RealNode(
             control_plane,
-            f"real-{suffix}",
-            tmp_path / "node",
-            labels={NODE_LABEL: suffix},
+            name,
+            workdir,
+            provider_id=provider_id,
+            labels={NODE_LABEL: label},
             images=(image,),
             forwards={AWS_SERVICE: moto_port},
         )
@@ -64,7 +73,13 @@ def node(control_plane: Any, sandbox: Sandbox, image: str, tmp_path: Path) -> It
         if REQUIRE_REAL_CLUSTER:
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-    with real:
+
+
+@pytest.fixture
+def node(control_plane: Any, sandbox: Sandbox, image: str, tmp_path: Path) -> Iterator[RealNode]:
+    """A real node for the controller's pod, its image imported, the sandbox's AWS forwarded."""
+    suffix = uuid.uuid4().hex[:6]
+    with real_node(control_plane, sandbox, image, tmp_path / "node", f"real-{suffix}", suffix) as real:
         yield real
 
 
@@ -268,3 +283,63 @@ async def test_the_pod_is_not_ready_while_sqs_refuses_it_and_ready_again_after(
     node.refuse(AWS_SERVICE, refused=False)
     (pod,) = await wait_for("the pod Ready again once SQS answers", release.ready, 120)
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+@pytest.fixture
+def slower(control_plane: Any, tmp_path: Path) -> Iterator[Sandbox]:
+    """:data:`DRAINING` at a quarter of real time: a Spot notice lasts 30 s, time for a kubelet to evict a pod
+    and for its successor to start; the hooks' HeartbeatTimeout (6,000 s) is 25 minutes."""
+    options = replace(DRAINING, scale=0.25)
+    with Sandbox(options, workdir=tmp_path / "sandbox", kubernetes="real", plane=control_plane) as running:
+        yield running
+
+
+async def test_a_spot_warning_for_the_controller_s_own_node_hands_its_work_to_a_successor(
+    slower: Sandbox, control_plane: Any, image: str, helm_bin: Path, tmp_path: Path
+) -> None:
+    """The controller's own node gets a Spot warning while it drains three others (their budgets hold them).
+    It keeps draining them until the last moment before its instance's end, cordons and drains its node and
+    evicts its own pod last; the kubelet sends SIGTERM for real, the controller stops with nothing left and its
+    messages visible; the ReplicaSet's replacement runs on the other real node and completes every lifecycle
+    action once the budgets let the pods go."""
+    sandbox = slower
+    started = time.monotonic()
+    label = uuid.uuid4().hex[:6]
+    (own,) = sandbox.aws.create_asg(f"system-{label}", 1)  # a group of its own: no KWOK node for it
+    with real_node(
+        control_plane, sandbox, image, tmp_path / "own", own.private_dns_name, label, own.provider_id
+    ) as first:
+        draining = Draining(sandbox, tmp_path)
+        release = Release(sandbox, first, image, helm_bin, tmp_path)
+        release.apply()
+        (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
+        assert pod["spec"]["nodeName"] == first.name
+        log = open_pod_log(first, release.namespace)
+        await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
+        with real_node(control_plane, sandbox, image, tmp_path / "other", f"real-{label}", label) as second:
+            sandbox.aws.spot_interruption(own.instance_id)
+
+            def successor() -> bool:
+                pods = release.ready()
+                return bool(pods) and pods[0]["spec"]["nodeName"] == second.name  # type: ignore[index]
+
+            await wait_for("the successor Ready on the other node", successor, 180)
+            first_pod = pod["metadata"]["name"]
+            gone = lambda: all(p["metadata"]["name"] != first_pod for p in release.pods())  # noqa: E731
+            await wait_for("the evicted pod gone, its container ended", gone, 120)
+            lines = json_lines(log)
+            log.close()
+            hold_drains(sandbox, False)
+            completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
+            await wait_for("every lifecycle action completed by the successor", completed)
+            await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 120)
+    events = [line.get("event") for line in lines]
+    assert "our own node is drained: staying until the other drains here end" in events
+    assert any(str(event).startswith("our own pod evicted, last") for event in events), events[-10:]
+    stopped = [line for line in lines if line.get("event") == "stopped"]
+    assert stopped, lines[-5:]  # the kubelet's SIGTERM reached it
+    left = ("tasks_left", "operations_left", "heartbeats_left")
+    assert {key: stopped[-1][key] for key in left} == dict.fromkeys(left, 0)
+    assert all(sandbox.aws.action(t).result == "CONTINUE" for t in draining.tokens)
+    assert sandbox.queue_counts().dlq == 0
+    assert_judged_clean(sandbox, draining.nodes, started)
