@@ -308,6 +308,7 @@ class RealNode:
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "resolvConf": "/etc/resolv.conf",
+            "syncFrequency": "10s",  # pods' projected volumes (tokens) are written again this often
         }
         path = self.workdir / "kubelet.yaml"
         path.write_text(json.dumps(config))  # JSON is YAML
@@ -325,6 +326,16 @@ class RealNode:
         ]
         self._cgroups(create=True)
         self._kubelet.start()
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet and start it again, as an upgrade of it does; its pods' containers run on. Its tokens
+        were kept in memory only: each pod's projected ServiceAccount token is requested anew and written into
+        the pod's volume at its next sync (``syncFrequency``, 10 s here). Raises ``ControlPlaneError`` when the
+        new kubelet exits."""
+        self._kubelet.stop(30)
+        self._kubelet.start()
+        time.sleep(1.0)
+        self._kubelet.check()
 
     def _cgroups(self, *, create: bool) -> None:
         """Create the node's cgroup root in every cgroup v1 hierarchy (a new cpuset gets its parent's CPUs and

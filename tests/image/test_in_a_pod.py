@@ -343,3 +343,54 @@ async def test_a_spot_warning_for_the_controller_s_own_node_hands_its_work_to_a_
     assert all(sandbox.aws.action(t).result == "CONTINUE" for t in draining.tokens)
     assert sandbox.queue_counts().dlq == 0
     assert_judged_clean(sandbox, draining.nodes, started)
+
+
+def credentials(plane: Any, account: str, offset: int) -> tuple[set[str], int]:
+    """The credential IDs (``JTI=…`` of ServiceAccount tokens) of ``account``'s requests in the API server's
+    audit log since byte ``offset``, and the offset to read from next."""
+    events, offset = plane.audit_events(offset)
+    seen = {
+        credential
+        for event in events
+        if (event.get("user") or {}).get("username") == account
+        for credential in (
+            (event["user"].get("extra") or {}).get("authentication.kubernetes.io/credential-id") or []
+        )
+    }
+    return seen, offset
+
+
+async def test_the_pod_follows_its_token_when_the_kubelet_writes_a_new_one(
+    sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, control_plane: Any, tmp_path: Path
+) -> None:
+    """In-cluster configuration from the pod's projected ServiceAccount token, rotated for real: the kubelet,
+    restarted (as an upgrade does), requests a new token and writes it into the pod's volume; the controller,
+    retrying evictions its budgets refuse meanwhile, sends the new one within the client's refresh period (it
+    reads the file again every minute), and finishes its drains with it."""
+    started = time.monotonic()
+    _, offset = control_plane.audit_events(0)
+    draining = Draining(sandbox, tmp_path)
+    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release.apply()
+    (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
+    await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
+    account = f"system:serviceaccount:{release.namespace}:{pod['spec']['serviceAccountName']}"
+    first, offset = credentials(control_plane, account, offset)
+    assert first  # its requests so far, with the token the pod started with
+    node.restart_kubelet()
+    rotated: set[str] = set()
+
+    def new_token_used() -> bool:
+        nonlocal offset
+        found, offset = credentials(control_plane, account, offset)
+        rotated.update(found - first)
+        return bool(rotated)
+
+    await wait_for("a request with the new token", new_token_used, 240)
+    hold_drains(sandbox, False)
+    completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
+    await wait_for("every lifecycle action completed with the new token", completed)
+    await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 60)
+    (pod,) = release.pods()
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert_judged_clean(sandbox, draining.nodes, started)
