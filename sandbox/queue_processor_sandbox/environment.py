@@ -56,10 +56,11 @@ POISON_BODIES = (
 class SandboxOptions:
     """How big and how fast: ``nodes`` instances spread over ``asgs`` Auto Scaling groups (``workers-<n>``)
     across ``zones``; ``scale`` real seconds per simulated second; terminate hooks with
-    ``heartbeat_timeout_s`` and launch hooks (``launch_hooks``); the queue's ``visibility_timeout_s`` and
-    ``max_receive_count`` before the dead-letter queue; ``node_register_s``/``node_ready_s``: how long a
-    launched instance takes to register its Node and for the Node to turn Ready (simulated seconds); ``tags``:
-    more tags on the groups, propagated to their instances (``eks:cluster-name`` to tell clusters apart)."""
+    ``heartbeat_timeout_s`` and launch hooks (``launch_hooks``) with ``launch_heartbeat_timeout_s``; the
+    queue's ``visibility_timeout_s`` and ``max_receive_count`` before the dead-letter queue;
+    ``node_register_s``/``node_ready_s``: how long a launched instance takes to register its Node and for the
+    Node to turn Ready (simulated seconds); ``tags``: more tags on the groups, propagated to their instances
+    (``eks:cluster-name`` to tell clusters apart)."""
 
     nodes: int = 3
     asgs: int = 1
@@ -67,6 +68,7 @@ class SandboxOptions:
     scale: float = 1.0
     heartbeat_timeout_s: int = 300
     launch_hooks: bool = True
+    launch_heartbeat_timeout_s: int = 300
     visibility_timeout_s: int = 30
     max_receive_count: int = 5
     node_register_s: float = 30.0
@@ -153,6 +155,7 @@ class Sandbox:
                 availability_zones=list(options.zones),
                 heartbeat_timeout_s=options.heartbeat_timeout_s,
                 launch_hook=options.launch_hooks,
+                launch_heartbeat_timeout_s=options.launch_heartbeat_timeout_s,
                 tags=options.tags,
             )
             build_kubernetes(self.kube, [self._instance(i) for i in self.instances], self.cluster)
@@ -348,6 +351,7 @@ class Neighbour:
                 availability_zones=list(options.zones),
                 heartbeat_timeout_s=options.heartbeat_timeout_s,
                 launch_hook=options.launch_hooks,
+                launch_heartbeat_timeout_s=options.launch_heartbeat_timeout_s,
                 tags=self.tags,
             )
             build_kubernetes(self.kube, [Sandbox._instance(i) for i in self.instances], self.cluster)

@@ -81,8 +81,8 @@ __all__ = ["SCALE", "Outcome", "main", "run", "shrink", "violations"]
 
 #: Real seconds per simulated second: a Spot notice lasts 6 s.
 SCALE = 0.05
-#: The hooks' HeartbeatTimeout, simulated seconds (60 s real): longer than a paused replica's message takes
-#: to come back to another (its visibility timeout) plus a receive.
+#: The hooks' HeartbeatTimeout, terminate and launch, simulated seconds (60 s real): longer than a paused
+#: replica's message takes to come back to another (its visibility timeout) plus a receive.
 HOOK_TIMEOUT_S = 1200
 #: How long everything may take to settle after the last step (real seconds): a hang guard.
 SETTLE_S = 150.0
@@ -690,6 +690,7 @@ def run(
             asgs=story.asgs,
             scale=SCALE,
             heartbeat_timeout_s=HOOK_TIMEOUT_S,
+            launch_heartbeat_timeout_s=HOOK_TIMEOUT_S,
             visibility_timeout_s=10,
             max_receive_count=10,
             node_register_s=40,

@@ -394,3 +394,43 @@ async def test_the_pod_follows_its_token_when_the_kubelet_writes_a_new_one(
     (pod,) = release.pods()
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
     assert_judged_clean(sandbox, draining.nodes, started)
+
+
+async def test_a_frozen_controller_fails_its_liveness_probe_and_the_kubelet_restarts_it(
+    sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path
+) -> None:
+    """The chart's liveness probe as documented: a controller that no longer answers ``/healthz`` (its process
+    stopped, SIGSTOP: a hung process) fails the probe, and the kubelet restarts the container after
+    ``failureThreshold`` periods and ``terminationGracePeriodSeconds`` (the frozen process cannot handle the
+    SIGTERM; the SIGKILL ends it). The new process finishes the drains the frozen one held; meanwhile the
+    messages it held reappeared at their visibility timeout."""
+    started = time.monotonic()
+    draining = Draining(sandbox, tmp_path)
+    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release.values["probes"] = {
+        "liveness": {
+            "initialDelaySeconds": 10,
+            "periodSeconds": 2,
+            "timeoutSeconds": 1,
+            "failureThreshold": 2,
+        }
+    }
+    release.values["terminationGracePeriodSeconds"] = 5
+    release.apply()
+    (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
+    await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
+    (status,) = pod["status"]["containerStatuses"]
+    os.kill(node.pid_of(status["containerID"]), signal.SIGSTOP)
+
+    def restarted() -> dict[str, Any] | None:
+        pods = release.ready()
+        status = pods[0]["status"]["containerStatuses"][0] if pods else {}
+        return status if status.get("restartCount", 0) >= 1 else None
+
+    status = await wait_for("the container restarted by the kubelet, Ready", restarted)
+    assert status["lastState"]["terminated"]["exitCode"] == 137  # killed: it never handled the SIGTERM
+    hold_drains(sandbox, False)
+    completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
+    await wait_for("every lifecycle action completed after the restart", completed)
+    await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 120)
+    assert_judged_clean(sandbox, draining.nodes, started)
