@@ -16,7 +16,7 @@ CHECKOV_VERSION := 3.3.30
 TEST_WORKERS ?= 4
 CHECK_WORKERS ?= 6
 
-.PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go image
+.PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go image e2e
 
 $(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -52,6 +52,13 @@ cluster-bin:
 # so; tools/image/daemon.sh stop stops it).
 image:
 	tools/image/build.sh
+
+# The install path end to end (sandbox/queue_processor_sandbox/e2e.py): the image, the real control plane with a
+# real node (a kubelet: root), helm install of the chart, a Spot storm drained by the pod, helm uninstall, judged.
+# Its last line is the sandbox's JSON summary; exit 0 only when the storm ended as expected. A dockerd it had to
+# start is stopped after it.
+e2e: $(STAMP) cluster-bin
+	tools/image/build.sh && $(BIN)/python -m queue_processor_sandbox.e2e; status=$$?; tools/image/daemon.sh stop; exit $$status
 
 # Without Go (a laptop), the tests that need the control plane skip with a reason; CI sets
 # QP_REQUIRE_REAL_CLUSTER=1, which turns that skip into a failure.

@@ -34,6 +34,7 @@ __all__ = [
     "last_pods_evicted_early",
     "most_draining_at_once",
     "run_scenario",
+    "settle",
 ]
 
 
@@ -243,24 +244,7 @@ async def run_scenario(
         )
         for neighbour in sandbox.neighbours
     ]
-    state = Progress()
-    settled_since: float | None = None
-    while time.monotonic() - started < timeout_s:
-        await asyncio.sleep(0.2)
-        state = await asyncio.get_running_loop().run_in_executor(None, progress_of, sandbox, nodes, started)
-        if progress is not None:
-            progress(state)
-        # Settled: nothing in any queue, no lifecycle action open, and no notice still to end (its instance's
-        # termination publishes state changes that must be handled too).
-        settled = (
-            state.visible == 0
-            and state.in_flight == 0
-            and state.open == 0
-            and sandbox.aws.notices_pending() == 0
-        )
-        settled_since = (settled_since or time.monotonic()) if settled else None
-        if settled_since is not None and time.monotonic() - settled_since > 1.0:  # quiet for a second
-            break
+    await settle(sandbox, nodes, started, timeout_s, progress)
     try:
         stop_others.set()  # first: the sandbox's controller counts the tasks left in the loop when it stops
         await asyncio.gather(*others)  # a neighbour's controller that failed raises here
@@ -287,6 +271,36 @@ async def run_scenario(
         "heartbeat_tasks_left": heartbeat_tasks,
         "operation_tasks_left": sum(controller.consumer.tasks for controller in controllers),
     }
+
+
+async def settle(
+    sandbox: Sandbox,
+    nodes: list[str],
+    started: float,
+    timeout_s: float,
+    progress: Callable[[Progress], None] | None = None,
+) -> Progress:
+    """Wait until the scenario has settled: nothing in any queue, no lifecycle action open and no notice still
+    to end (its instance's termination publishes state changes that must be handled too), for a second; or
+    until ``timeout_s`` seconds after ``started`` (``time.monotonic()``). ``progress`` gets a snapshot every
+    0.2 s; the last one is returned."""
+    state = Progress()
+    settled_since: float | None = None
+    while time.monotonic() - started < timeout_s:
+        await asyncio.sleep(0.2)
+        state = await asyncio.get_running_loop().run_in_executor(None, progress_of, sandbox, nodes, started)
+        if progress is not None:
+            progress(state)
+        settled = (
+            state.visible == 0
+            and state.in_flight == 0
+            and state.open == 0
+            and sandbox.aws.notices_pending() == 0
+        )
+        settled_since = (settled_since or time.monotonic()) if settled else None
+        if settled_since is not None and time.monotonic() - settled_since > 1.0:  # quiet for a second
+            break
+    return state
 
 
 def cluster_figures(sandbox: Sandbox, leaving: dict[str, list[str]]) -> dict[str, dict[str, int]]:

@@ -20,8 +20,8 @@ import yaml
 
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor_sandbox.clock import SandboxClock
+from queue_processor_sandbox.release import Helm
 from tests.conftest import ROOT
-from tests.deploy.helm import Helm
 from tests.deploy.test_chart import NAMESPACE, RELEASE, VALUE_SETS, Rendered, load_engine
 
 CHART = ROOT / "charts" / "queue-processor"

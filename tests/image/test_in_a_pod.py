@@ -7,7 +7,6 @@ forwards to loopback; nothing else differs from a cluster's."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -16,13 +15,14 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 from queue_processor_sandbox.environment import Sandbox
 from queue_processor_sandbox.processes import Samples, parse_metrics, total
 from queue_processor_sandbox.real_node import RealNode, RealNodeError
+from queue_processor_sandbox.release import AWS_SERVICE, NODE_LABEL, Release, is_ready, json_lines
 from tests.chaos.harness import (
     DRAINING,
     LEAVING,
@@ -33,12 +33,8 @@ from tests.chaos.harness import (
     queue_depth,
 )
 from tests.conftest import REQUIRE_REAL_CLUSTER
-from tests.deploy.helm import Helm
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "queue-processor"
-#: Where the node forwards the sandbox's AWS endpoint (a free address of the service range).
-AWS_SERVICE = ("10.96.0.10", 80)
-NODE_LABEL = "queue-processor.test/real-node"
 
 
 @pytest.fixture
@@ -83,48 +79,6 @@ def node(control_plane: Any, sandbox: Sandbox, image: str, tmp_path: Path) -> It
         yield real
 
 
-def chart_values(sandbox: Sandbox, node: RealNode, image: str) -> dict[str, Any]:
-    """The chart's values for this sandbox: its queue and AWS (fake credentials as extraEnv, as an IRSA-less
-    user would set them), the image imported into the node, sized for a test like the chaos cases."""
-    env = sandbox.env()
-    repository, tag = image.rsplit(":", 1)
-    return {
-        "queueURL": env["QUEUE_URL"],
-        "awsRegion": env["AWS_REGION"],
-        "awsEndpoint": f"http://{AWS_SERVICE[0]}:{AWS_SERVICE[1]}",
-        "extraEnv": [
-            {"name": "AWS_ACCESS_KEY_ID", "value": env["AWS_ACCESS_KEY_ID"]},
-            {"name": "AWS_SECRET_ACCESS_KEY", "value": env["AWS_SECRET_ACCESS_KEY"]},
-        ],
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "nodeSelector": {NODE_LABEL: node.labels[NODE_LABEL]},
-        "jsonLogging": True,
-        "sqsMsgVisibilityTimeoutSec": 10,
-        "receiveWaitTimeSec": 2,
-        "shutdownTimeoutSec": 10,
-        "requeueBackoffBaseSec": 1,
-    }
-
-
-def open_pod_log(node: RealNode, namespace: str) -> IO[str]:
-    """The log file of the controller's container in ``namespace``, opened: what it holds stays readable
-    after the kubelet removes it with the pod."""
-    (path,) = node.pod_logs.glob(f"{namespace}_*/queue-processor/0.log")
-    return path.open(errors="replace")
-
-
-def json_lines(log: IO[str]) -> list[dict[str, Any]]:
-    """The JSON lines of a container log in the CRI format (``<time> <stream> <tag> <line>``)."""
-    lines: list[dict[str, Any]] = []
-    for raw in log.read().splitlines():
-        text = raw.split(" ", 3)[-1]
-        try:
-            lines.append(json.loads(text))
-        except ValueError:
-            lines.append({"event": text, "raw": True})
-    return lines
-
-
 def scrape_pod(address: str) -> Samples:
     """``/metrics`` of the pod at ``address``, through its metrics port (the chart's default, 9092)."""
     with urllib.request.urlopen(f"http://{address}:9092/metrics", timeout=10) as answer:
@@ -140,54 +94,21 @@ async def wait_for(what: str, check: Any, timeout_s: float = 180.0) -> Any:
     return found
 
 
-class Release:
-    """The chart installed by Helm as release (and namespace) ``qp-<random>``, its pods on ``node``."""
-
-    def __init__(self, sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path) -> None:
-        self.sandbox, self.node, self.tmp_path = sandbox, node, tmp_path
-        self.name = self.namespace = f"qp-{uuid.uuid4().hex[:6]}"
-        self.helm = Helm(helm_bin, tmp_path / "helm", node.plane.admin_kubeconfig)
-        self.values = chart_values(sandbox, node, image)
-        self.revision = 0
-
-    def apply(self, **changes: Any) -> None:
-        """``helm install`` (the first time) or ``helm upgrade`` with the values changed by ``changes``."""
-        self.values.update(changes)
-        self.revision += 1
-        path = self.tmp_path / f"values-{self.revision}.yaml"
-        path.write_text(json.dumps(self.values))
-        verb = ["install", "--create-namespace"] if self.revision == 1 else ["upgrade"]
-        self.helm(*verb, self.name, str(CHART), "-n", self.namespace, "-f", str(path), "--wait")
-
-    def pods(self) -> list[dict[str, Any]]:
-        """The release's pods, as the API server has them now."""
-        return list(self.node.plane.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"])
-
-    def ready(self, count: int = 1) -> list[dict[str, Any]] | None:
-        """The release's pods once exactly ``count`` exist and all are Ready (an old one still terminating
-        counts), else ``None``."""
-        pods = self.pods()
-        ready = [
-            p for p in pods if any(c["type"] == "Ready" and c["status"] == "True" for c in _conditions(p))
-        ]
-        return ready if len(pods) == len(ready) == count else None
-
-
-def _conditions(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    return list((pod.get("status") or {}).get("conditions") or [])
+def release_of(sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path) -> Release:
+    """The chart, to be installed by Helm with its pod on ``node``."""
+    return Release(sandbox, node, image, helm_bin, CHART, tmp_path / "release")
 
 
 async def test_a_storm_drained_by_the_pod_helm_installed_on_a_real_node(
     sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release = release_of(sandbox, node, image, helm_bin, tmp_path)
     release.apply()
     # helm --wait accepts a Deployment of one replica with none Ready (maxUnavailable 1): wait for the pod.
     (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
     assert pod["spec"]["nodeName"] == node.name  # /readyz passed: the queue reached with the chart's values
-    namespace = release.namespace
-    log = open_pod_log(node, namespace)
+    log = release.open_log()
 
     leaving = sandbox.instances[:LEAVING]
     nodes = [instance.private_dns_name for instance in leaving]
@@ -199,7 +120,7 @@ async def test_a_storm_drained_by_the_pod_helm_installed_on_a_real_node(
     samples = await asyncio.to_thread(scrape_pod, pod["status"]["podIP"])
     assert total(samples, "queue_processor_messages_received_total") >= LEAVING
 
-    release.helm("uninstall", release.name, "-n", namespace, "--wait")
+    release.uninstall()
     # Helm waits for its Deployment to go; the pod goes after it, once the kubelet saw its container exit.
     await wait_for("the controller's pod gone", lambda: not release.pods(), 120)
     lines = json_lines(log)
@@ -217,7 +138,7 @@ async def test_kill_9_of_the_container_the_kubelet_restarts_it_and_it_finishes_t
 ) -> None:
     started = time.monotonic()
     draining = Draining(sandbox, tmp_path)  # three terminate hooks, their drains held by the budgets
-    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release = release_of(sandbox, node, image, helm_bin, tmp_path)
     release.apply()
     (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
     await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
@@ -240,7 +161,7 @@ async def test_helm_upgrade_to_two_replicas_mid_storm_rolls_out_on_the_real_node
     twice."""
     started = time.monotonic()
     draining = Draining(sandbox, tmp_path)
-    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release = release_of(sandbox, node, image, helm_bin, tmp_path)
     release.apply()
     await wait_for("the controller's pod Ready", release.ready, 120)
     await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
@@ -259,7 +180,7 @@ def pod_ready(release: Release) -> bool | None:
     pods = release.pods()
     if len(pods) != 1:
         return None
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in _conditions(pods[0]))
+    return is_ready(pods[0])
 
 
 async def test_the_pod_is_not_ready_while_sqs_refuses_it_and_ready_again_after(
@@ -267,7 +188,7 @@ async def test_the_pod_is_not_ready_while_sqs_refuses_it_and_ready_again_after(
 ) -> None:
     """The chart's readiness probe as documented: /readyz fails when SQS stopped answering (the kubelet marks
     the pod not ready, it is not restarted), and passes again once SQS answers."""
-    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release = release_of(sandbox, node, image, helm_bin, tmp_path)
     release.values["probes"] = {
         "readiness": {
             "initialDelaySeconds": 1,
@@ -310,11 +231,11 @@ async def test_a_spot_warning_for_the_controller_s_own_node_hands_its_work_to_a_
         control_plane, sandbox, image, tmp_path / "own", own.private_dns_name, label, own.provider_id
     ) as first:
         draining = Draining(sandbox, tmp_path)
-        release = Release(sandbox, first, image, helm_bin, tmp_path)
+        release = release_of(sandbox, first, image, helm_bin, tmp_path)
         release.apply()
         (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
         assert pod["spec"]["nodeName"] == first.name
-        log = open_pod_log(first, release.namespace)
+        log = release.open_log()
         await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
         with real_node(control_plane, sandbox, image, tmp_path / "other", f"real-{label}", label) as second:
             sandbox.aws.spot_interruption(own.instance_id)
@@ -370,7 +291,7 @@ async def test_the_pod_follows_its_token_when_the_kubelet_writes_a_new_one(
     started = time.monotonic()
     _, offset = control_plane.audit_events(0)
     draining = Draining(sandbox, tmp_path)
-    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release = release_of(sandbox, node, image, helm_bin, tmp_path)
     release.apply()
     (pod,) = await wait_for("the controller's pod Ready", release.ready, 120)
     await wait_for("every leaving node cordoned", lambda: cordoned(sandbox, draining.nodes) == LEAVING)
@@ -406,7 +327,7 @@ async def test_a_frozen_controller_fails_its_liveness_probe_and_the_kubelet_rest
     messages it held reappeared at their visibility timeout."""
     started = time.monotonic()
     draining = Draining(sandbox, tmp_path)
-    release = Release(sandbox, node, image, helm_bin, tmp_path)
+    release = release_of(sandbox, node, image, helm_bin, tmp_path)
     release.values["probes"] = {
         "liveness": {
             "initialDelaySeconds": 10,

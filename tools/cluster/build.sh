@@ -20,7 +20,10 @@ command -v go >/dev/null || { echo "build.sh: go not found on PATH (Go >= 1.26 i
 
 version_of() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
 
-k8s_version="$(version_of k8s k8s.io/kubernetes)"
+# QP_K8S_WRAPPER: another Kubernetes release's wrapper (tools/cluster/k8s-versions/<minor>, written by
+# wrapper.sh) for `make versions`; its binaries go to a directory named after that release.
+k8s_dir="${QP_K8S_WRAPPER:-k8s}"
+k8s_version="$(version_of "$k8s_dir" k8s.io/kubernetes)"
 etcd_version="$(version_of etcd go.etcd.io/etcd/server/v3)"
 kwok_version="$(version_of kwok sigs.k8s.io/kwok)"
 bin="$cache/k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version/bin"
@@ -73,14 +76,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     k8s_ldflags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-build k8s "$k8s_ldflags" \
+build "$k8s_dir" "$k8s_ldflags" \
     kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
     kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
     kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
     kubectl=k8s.io/kubernetes/cmd/kubectl
 # The real node beside the KWOK ones (sandbox/queue_processor_sandbox/real_node.py): a kubelet of the same
 # release, and a pause binary for its pods' sandbox image.
-build k8s "$k8s_ldflags" kubelet=k8s.io/kubernetes/cmd/kubelet
+build "$k8s_dir" "$k8s_ldflags" kubelet=k8s.io/kubernetes/cmd/kubelet
 build pause "-s -w" pause=.
 build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3
 build kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" kwok=sigs.k8s.io/kwok/cmd/kwok
