@@ -16,7 +16,7 @@ CHECKOV_VERSION := 3.3.30
 TEST_WORKERS ?= 4
 CHECK_WORKERS ?= 6
 
-.PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go image e2e
+.PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go image e2e versions
 
 $(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -52,6 +52,12 @@ cluster-bin:
 # so; tools/image/daemon.sh stop stops it).
 image:
 	tools/image/build.sh
+
+# The Kubernetes releases users run beyond the default (tools/cluster/versions.sh; README "Kubernetes versions"):
+# each of tools/cluster/k8s-versions (VERSIONS="1.33 1.37" picks) built, the real-control-plane tests and the
+# e2e storm run against it; one line per release at the end.
+versions: $(STAMP) cluster-bin
+	tools/cluster/versions.sh
 
 # The install path end to end (sandbox/queue_processor_sandbox/e2e.py): the image, the real control plane with a
 # real node (a kubelet: root), helm install of the chart, a Spot storm drained by the pod, helm uninstall, judged.

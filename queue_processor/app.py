@@ -193,7 +193,7 @@ async def run_controller(
                     drainer,
                     resolver,
                     busy=handler.draining,
-                    held_elsewhere=leases.held_elsewhere if leases is not None else lambda node: False,
+                    leases=leases,
                     interval_s=settings.return_check_interval_sec,
                     observer=metrics,
                     nodes=nodes,

@@ -167,7 +167,7 @@ class Handler(Steps):
             self.parts,
             drainer=drainer,
             draining=self.draining,
-            held_elsewhere=leases.held_elsewhere if leases is not None else lambda node: False,
+            leases=leases,
         )
         self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
         self._running = 0  # operations running here, of every mode

@@ -22,6 +22,7 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
+from queue_processor.leases import NodeLeases
 from queue_processor.nodes import InstanceInfo, node_ready
 from queue_processor.observe.events import RECEIVED_REASONS
 from queue_processor.outcomes import LifecycleResult, NodeAction, OperationOutcome
@@ -41,9 +42,9 @@ __all__ = ["Launches"]
 
 class Launches(Steps):
     """Runs launch operations (see the module docstring). ``draining(instance_id)`` says whether a drain of
-    the instance runs here now, ``held_elsewhere(node)`` whether another replica holds the node's Lease
-    (:meth:`NodeLeases.held_elsewhere <queue_processor.leases.NodeLeases.held_elsewhere>`): a node being
-    drained is never uncordoned for a launch."""
+    the instance runs here now, ``leases`` (NODE_LEASES) whether another replica holds the node's Lease
+    (:meth:`NodeLeases.held_elsewhere_now <queue_processor.leases.NodeLeases.held_elsewhere_now>`): a node
+    being drained is never uncordoned for a launch."""
 
     def __init__(
         self,
@@ -51,12 +52,12 @@ class Launches(Steps):
         *,
         drainer: Drainer,
         draining: Callable[[str], bool],
-        held_elsewhere: Callable[[str], bool] = lambda node: False,
+        leases: NodeLeases | None = None,
     ) -> None:
         super().__init__(parts)
         self.drainer = drainer
         self.draining = draining
-        self.held_elsewhere = held_elsewhere
+        self.leases = leases
         self.waiting: set[str] = set()
         """The nodes whose return waits for a drain of them to end (here or on another replica)."""
 
@@ -170,8 +171,19 @@ class Launches(Steps):
             )
 
     def _being_drained(self, ctx: OperationContext) -> bool:
-        """Whether a drain of the launching instance's node runs here or on another replica."""
-        return self.draining(ctx.operation.instance_id) or self.held_elsewhere(ctx.node)
+        """Whether a drain of the launching instance's node runs here or on another replica (as the watched
+        node Leases show it: on the node as read for the undo)."""
+        leases = self.leases
+        return self.draining(ctx.operation.instance_id) or (
+            leases is not None and leases.held_elsewhere(ctx.node)
+        )
+
+    async def _being_drained_now(self, ctx: OperationContext) -> bool:
+        """:meth:`_being_drained`, a holder on another replica confirmed alive."""
+        leases = self.leases
+        if self.draining(ctx.operation.instance_id):
+            return True
+        return leases is not None and await leases.held_elsewhere_now(ctx.node)
 
     async def _drains_over(self, ctx: OperationContext, deadline: float) -> bool:
         """Wait (polling, backing off from 0.1 s to 2 s) until no drain of the node runs here or on another
@@ -181,7 +193,7 @@ class Launches(Steps):
         under that drain would let it evict pods from a node in service, cordon undone."""
         poll = 0.1
         try:
-            while self._being_drained(ctx):
+            while await self._being_drained_now(ctx):
                 left = deadline - self.clock()
                 if left <= 0:
                     return False

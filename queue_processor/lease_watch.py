@@ -28,7 +28,11 @@ from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
 from queue_processor.handover import HANDOVER_PREFIX
 from queue_processor.kube import KubeClient
 
-__all__ = ["UNWATCHED_POLL_S", "LeaseWatch"]
+__all__ = ["REPLICA_ANNOTATION", "UNWATCHED_POLL_S", "LeaseWatch"]
+
+#: The annotation of a node Lease naming the Lease of the replica that holds it (the claim lives as long as
+#: that replica Lease is renewed).
+REPLICA_ANNOTATION = "queue-processor/replica-lease"
 
 #: Without a live watch: how often a replica waiting for a node's Lease tries its claim again (seconds).
 UNWATCHED_POLL_S = 5.0
@@ -53,6 +57,7 @@ class LeaseWatch(Watched):
         self.selector = selector
         self._holders: dict[str, str | None] = {}  # Lease name → holderIdentity
         self._handed: dict[str, dict[str, str]] = {}  # Lease name → its hand-over annotations
+        self._replicas: dict[str, str] = {}  # Lease name → the replica Lease its annotation names
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.on_handed: Callable[[str, Mapping[str, str]], None] | None = None
         """Called (in the event loop) with a Lease's name and its hand-over annotations whenever they change."""
@@ -61,6 +66,11 @@ class LeaseWatch(Watched):
         """The ``holderIdentity`` of Lease ``name`` as the copy has it (``None``: no such Lease, or no current
         copy)."""
         return self._holders.get(name) if self.live else None
+
+    def replica(self, name: str) -> str | None:
+        """The replica Lease that node Lease ``name`` names (:data:`REPLICA_ANNOTATION`) as the copy has it
+        (``None``: none, no such Lease, or no current copy)."""
+        return self._replicas.get(name) if self.live else None
 
     def handed(self, name: str) -> dict[str, str]:
         """The hand-over annotations of Lease ``name`` as the copy has it (empty without a current copy)."""
@@ -98,7 +108,7 @@ class LeaseWatch(Watched):
     async def _begin(self) -> str:
         items, version = await self.kube.list_leases(self.namespace, self.selector)
         names = set(self._holders)
-        self._holders, handed, self._handed = {}, self._handed, {}
+        self._holders, handed, self._handed, self._replicas = {}, self._handed, {}, {}
         for lease in items:
             self._put(lease)
         for name in names | set(self._holders):
@@ -122,6 +132,7 @@ class LeaseWatch(Watched):
             if event.get("type") == "DELETED":
                 self._holders.pop(name, None)
                 self._handed.pop(name, None)
+                self._replicas.pop(name, None)
             else:
                 self._put(event["object"])
             self._wake(name)
@@ -133,6 +144,11 @@ class LeaseWatch(Watched):
         name = str(metadata["name"])
         self._holders[name] = ((lease.get("spec") or {}).get("holderIdentity")) or None
         annotations = metadata.get("annotations") or {}
+        replica = annotations.get(REPLICA_ANNOTATION)
+        if replica:
+            self._replicas[name] = str(replica)
+        else:
+            self._replicas.pop(name, None)
         handed = {key: str(value) for key, value in annotations.items() if key.startswith(HANDOVER_PREFIX)}
         if handed:
             self._handed[name] = handed

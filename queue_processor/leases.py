@@ -59,7 +59,7 @@ import structlog
 from queue_processor import tasks
 from queue_processor.config import default
 from queue_processor.kube import AFTER_CORDONS, REPLICA_RANK, KubeClient, NotSentError, rank_urgent
-from queue_processor.lease_watch import LeaseWatch
+from queue_processor.lease_watch import REPLICA_ANNOTATION, LeaseWatch
 from queue_processor.outcomes import ClaimLost, KubeError
 
 __all__ = [
@@ -90,7 +90,6 @@ RENEW_ATTEMPTS = 3
 RENEW_RETRY_S = 2.0
 
 #: The annotation of a node Lease naming the replica Lease it is held by.
-REPLICA_ANNOTATION = "queue-processor/replica-lease"
 
 #: ``leaseDurationSeconds`` of a node Lease held by a replica Lease: what an earlier version, which judges a
 #: node Lease by its own ``renewTime``, reads as its duration (an hour: longer than any drain).
@@ -471,6 +470,8 @@ class NodeLeases:
         self._hurry = asyncio.Event()  # send the pending releases without waiting (a full batch, a flush)
         self._flushing = 0  # flush() calls waiting
         self._releaser: asyncio.Task[None] | None = None
+        self._lapsed: dict[str, float] = {}  # holder → clock() when its replica Lease was found lapsed
+        self._live: dict[str, float] = {}  # holder → clock() when its replica Lease was found current
         self.watch = LeaseWatch(kube, self.namespace, LEASE_LABEL)
         """The watched node Leases of the namespace (:mod:`queue_processor.lease_watch`), started by the
         controller (:meth:`LeaseWatch.start`) and stopped by :meth:`close`."""
@@ -551,12 +552,51 @@ class NodeLeases:
     def held_elsewhere(self, node: str) -> bool:
         """Whether another replica holds node ``node``'s Lease, as the watched copy shows (:attr:`watch`):
         ``True`` too while that copy is not current, unless the API server refused the watch (then nothing is
-        known, and ``False``). The check for instances back in service leaves such a node alone: its drain may
-        run, or wait for its turn, on that replica."""
+        known, and ``False``); ``False`` for a holder :meth:`held_elsewhere_now` found lapsed within the last
+        renewal period. The check for instances back in service, and a launch, leave such a node alone: its
+        drain may run, or wait for its turn, on that replica."""
         if not self.watch.live:
             return self.watch.refused is None
         holder = self.watch.holder(lease_name(node))
-        return holder is not None and holder != self.holder
+        if holder is None or holder == self.holder:
+            return False
+        lapsed = self._lapsed.get(holder)
+        return lapsed is None or self.clock() - lapsed >= self.renew_every_s
+
+    async def held_elsewhere_now(self, node: str) -> bool:
+        """:meth:`held_elsewhere`, and its holder's replica Lease confirmed current, as a claim judges it: a
+        replica killed while it held the node leaves its node Lease behind, and the node is free once that
+        replica's own Lease lapsed (or was deleted), or when the holder was our own pod's earlier process. One
+        GET of a holder's replica Lease per renewal period at most (its answer is kept, by holder). An error,
+        a copy not current, or a Lease of an earlier version (no replica annotation): held."""
+        if not self.held_elsewhere(node):
+            return False
+        name = lease_name(node)
+        holder, replica = self.watch.holder(name), self.watch.replica(name)
+        if holder is None or replica is None:
+            return True
+        now = self.clock()
+        seen = self._live.get(holder)
+        if seen is not None and now - seen < self.renew_every_s:
+            return True
+        identity, slash, _ = holder.rpartition("/")
+        if replica == self.replica.name:
+            lapsed = True  # our pod's earlier process: what it held is ours
+        elif not slash or replica_lease_name(identity) != replica:
+            return True
+        else:
+            try:
+                lease = await self.kube.get_lease(self.namespace, replica)
+            except KubeError:
+                return True
+            lapsed = lease is None or _holder(lease) != holder or _expired(lease, self.duration_s)
+        for found in (self._lapsed, self._live):  # holders of other processes come and go: keep the recent
+            for old in [key for key, at in found.items() if now - at >= self.duration_s]:
+                del found[old]
+        (self._lapsed if lapsed else self._live)[holder] = now
+        if lapsed:
+            log.info("node Lease held by a replica that is gone: the node is free", lease=name, holder=holder)
+        return not lapsed
 
     async def clear(self, lease: dict[str, Any] | None) -> bool:
         """Release a node Lease as we last wrote it: deleted, on the precondition that it is still at that

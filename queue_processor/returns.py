@@ -16,8 +16,9 @@ again: capacity nothing can be scheduled on. Every write of ours records on the 
   with our cordon (EC2 reports the most recent launch or start: it was stopped and started since), and its
   node is ``Ready``;
 - a node whose instance has an operation in flight here, or whose node Lease another replica holds (its drain
-  runs or waits for its turn there: :meth:`NodeLeases.held_elsewhere
-  <queue_processor.leases.NodeLeases.held_elsewhere>`), is left alone, and the decision is made again on the
+  runs or waits for its turn there: :meth:`NodeLeases.held_elsewhere_now
+  <queue_processor.leases.NodeLeases.held_elsewhere_now>`; a Lease left by a replica that is gone holds
+  nothing), is left alone, and the decision is made again on the
   node as read for the write (a cordon by another replica since then records the current ``LaunchTime``, and
   the write carries the read ``resourceVersion``), so a new interruption is never undone.
 
@@ -39,6 +40,7 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.kube import AFTER_CORDONS, KubeClient, rank_urgent
+from queue_processor.leases import NodeLeases
 from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import NodeAction
@@ -59,8 +61,8 @@ def came_back(record: CordonRecord, info: InstanceInfo | None, node: dict[str, A
 
 class Returns:
     """The periodic check of :mod:`this module <queue_processor.returns>`. ``busy(instance_id)`` says whether
-    an operation for that instance is in flight here, ``held_elsewhere(node)`` whether another replica holds
-    the node's Lease; ``interval_s`` is RETURN_CHECK_INTERVAL_SEC;
+    an operation for that instance is in flight here; ``leases`` (NODE_LEASES) whether another replica holds
+    the node's Lease (:meth:`NodeLeases.held_elsewhere_now`); ``interval_s`` is RETURN_CHECK_INTERVAL_SEC;
     ``observer`` counts each undo (``node_action="uncordon"``); ``nodes``, the watched copy of the nodes, is
     read instead of a LIST while it is current."""
 
@@ -71,7 +73,7 @@ class Returns:
         resolver: InstanceResolver,
         *,
         busy: Callable[[str], bool],
-        held_elsewhere: Callable[[str], bool] = lambda node: False,
+        leases: NodeLeases | None = None,
         interval_s: float,
         observer: Observer = NULL_OBSERVER,
         nodes: NodeCache | None = None,
@@ -80,7 +82,7 @@ class Returns:
         self.drainer = drainer
         self.resolver = resolver
         self.busy = busy
-        self.held_elsewhere = held_elsewhere
+        self.leases = leases
         self.interval_s = interval_s
         self.observer = observer
         self.nodes = nodes
@@ -93,7 +95,7 @@ class Returns:
         return (
             now.instance_id == instance_id
             and not self.busy(instance_id)
-            and not self.held_elsewhere(str(node["metadata"]["name"]))
+            and not (self.leases is not None and self.leases.held_elsewhere(str(node["metadata"]["name"])))
             and came_back(now, info, node)
         )
 
@@ -126,7 +128,10 @@ class Returns:
                 record is not None
                 and record.instance_id
                 and not self.busy(record.instance_id)
-                and not self.held_elsewhere(str(node["metadata"]["name"]))
+                and not (
+                    self.leases is not None
+                    and await self.leases.held_elsewhere_now(str(node["metadata"]["name"]))
+                )
             ):
                 candidates.append((node, record))
         del nodes, watched  # a LIST's nodes whole: only the candidates are kept while the describes run

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds the storm may take to settle")
     args = parser.parse_args(argv)
-    args.helm = args.helm or default_bin_dir() / "helm"
+    args.helm = args.helm or Path(os.environ.get("QP_CLUSTER_BIN") or default_bin_dir()) / "helm"
     began = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="qp-e2e-") as workdir:

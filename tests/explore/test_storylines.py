@@ -39,6 +39,9 @@ PINNED: dict[int, str] = {
     1504: "a warm-pool stop delivered twice: its duplicate drained the node on a second replica as the instance "
     "left the pool, and a third replica's launch handler gave the node back under that drain (cordon-undone; "
     "seed 119 too, once in CI): the launch now waits until no drain of the node runs anywhere",
+    1669: "a replica killed while it held the node Lease of a stopped instance it had cordoned; the instance "
+    "started again, but the dead replica's Lease made every check for instances back in service leave the node "
+    "cordoned for ever (returned): a node Lease whose holder's replica Lease is gone holds nothing",
     332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
     "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
     "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "

@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from queue_processor import tasks
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.node_cache import NodeCache
@@ -160,7 +161,7 @@ async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeClust
             drainer,
             resolver,  # type: ignore[arg-type]
             busy=lambda _: False,
-            held_elsewhere=ours.held_elsewhere,
+            leases=ours,
             interval_s=30,
             nodes=copy,
         )
@@ -175,3 +176,44 @@ async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeClust
         await copy.close()
         await ours.close()
         await other.close()
+
+
+async def test_a_node_whose_holder_replica_is_gone_is_given_back(cluster: KubeCluster, kube: KubeClient) -> None:
+    """Explorer seed 1669: a replica killed while it held a node's Lease leaves that Lease behind; its replica
+    Lease lapses (here: is gone), so a claim would take the node, and so does the check: the node of an
+    instance back in service is given back, not left cordoned for ever behind a dead holder."""
+    from queue_processor.leases import NodeLeases
+
+    namespace = f"ops-{uuid.uuid4().hex[:6]}"
+    cluster.ensure_namespace(namespace)
+    drainer = Drainer(kube, DrainOptions(), budget=10)
+    resolver = Resolver()
+    back = f"i-back{uuid.uuid4().hex[:8]}"
+    node = await cordoned(cluster, drainer, back)
+    resolver.infos = {back: info(back, node, "running", CORDONED_AT + timedelta(hours=1))}
+    ours = NodeLeases(kube, namespace=namespace, identity="replica-a", duration_s=60)
+    dead = NodeLeases(kube, namespace=namespace, identity="replica-b", duration_s=60)
+    copy = NodeCache(kube)
+    try:
+        copy.start()
+        ours.watch.start()
+        assert await ours.watch.first_answer(30)
+        await until(lambda: copy.get(node) is not None, "the node in the watched copy")
+        assert await dead.claim(node) is not None
+        await tasks.stop(dead.replica._renewer)  # killed: nothing renews its replica Lease any more
+        await kube.delete_lease(namespace, dead.replica.name)  # lapsed and gone; its node Lease left
+        await until(lambda: ours.held_elsewhere(node), "the dead replica's Lease in our copy")
+        returns = Returns(
+            kube,
+            drainer,
+            resolver,  # type: ignore[arg-type]
+            busy=lambda _: False,
+            leases=ours,
+            interval_s=30,
+            nodes=copy,
+        )
+        assert await returns.check() == [node]
+        assert not (await kube.get_node(node) or {})["spec"].get("unschedulable")
+    finally:
+        await copy.close()
+        await ours.close()
