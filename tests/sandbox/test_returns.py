@@ -178,7 +178,9 @@ async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeClust
         await other.close()
 
 
-async def test_a_node_whose_holder_replica_is_gone_is_given_back(cluster: KubeCluster, kube: KubeClient) -> None:
+async def test_a_node_whose_holder_replica_is_gone_is_given_back(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
     """Explorer seed 1669: a replica killed while it held a node's Lease leaves that Lease behind; its replica
     Lease lapses (here: is gone), so a claim would take the node, and so does the check: the node of an
     instance back in service is given back, not left cordoned for ever behind a dead holder."""
