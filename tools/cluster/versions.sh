@@ -21,7 +21,7 @@ for minor in $versions; do
     QP_CLUSTER_BIN="$bin" QP_REQUIRE_REAL_CLUSTER=1 .venv/bin/pytest -n "${TEST_WORKERS:-4}" -m real -q \
         -p no:cacheprovider tests/sandbox tests/integration tests/chaos > "/tmp/versions-$minor.log" 2>&1
     tests=$?
-    summary="$(grep -E '^=+ .*(passed|failed|error).* =+$' "/tmp/versions-$minor.log" | tail -1 | tr -d '=')"
+    summary="$(grep -E '[0-9]+ (passed|failed)' "/tmp/versions-$minor.log" | tail -1 | tr -d '=' | xargs)"
     e2e="$(tools/image/build.sh >/dev/null && QP_CLUSTER_BIN="$bin" .venv/bin/python -m queue_processor_sandbox.e2e 2>/dev/null | tail -1)"
     e2e_status=$?
     verdict="$(printf '%s' "$e2e" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["kubernetes"], "drained", s["drained"], "of", s["nodes"], "messages_left", s["messages_left"])' 2>/dev/null || echo "no summary")"
