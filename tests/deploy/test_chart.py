@@ -329,7 +329,7 @@ def walk(node: Any) -> Iterator[tuple[str, Any]]:
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_helm_lint_is_clean(helm: ModuleType, name: str) -> None:
-    report = helm.lint(CHART, VALUE_SETS[name], strict=True, namespace=NAMESPACE, kube_version="v1.25.0")
+    report = helm.lint(CHART, VALUE_SETS[name], strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
     problems = [message for message in report["messages"] if message["severity"] >= 2]
     assert not report["errors"], report
     assert not problems, report
