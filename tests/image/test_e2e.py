@@ -14,7 +14,9 @@ from queue_processor_sandbox.real_node import RealNodeError, find_node_tools
 from tests.conftest import REQUIRE_REAL_CLUSTER, ROOT
 
 
-def test_make_e2e_drains_the_storm_with_the_pod_and_says_so_in_its_last_line(image: str, helm_bin: Path) -> None:
+def test_make_e2e_drains_the_storm_with_the_pod_and_says_so_in_its_last_line(
+    image: str, helm_bin: Path
+) -> None:
     try:
         find_node_tools()
     except RealNodeError as exc:
