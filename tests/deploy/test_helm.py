@@ -9,6 +9,7 @@ pod is not (tests/image run the image itself)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -149,8 +150,15 @@ async def test_install_upgrade_rollback_uninstall_on_the_real_control_plane(
     deployment_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{release}-queue-processor"
 
     helm("install", release, *install, str(values_file(tmp_path / "v1", values)), "--create-namespace")
-    first = await client.request("GET", deployment_path)
-    assert (first.get("status") or {}).get("availableReplicas") == 1  # --wait: the rollout completed
+    # Helm's --wait takes a Deployment as ready once no more than maxUnavailable (the chart's 1) of its pods
+    # are unavailable: with one replica, before its pod is; the rollout completes when KWOK makes it Ready.
+    first: dict[str, Any] = {}
+    for _ in range(600):  # a hang guard of turns, it measures nothing
+        first = await client.request("GET", deployment_path)
+        if (first.get("status") or {}).get("availableReplicas") == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert (first.get("status") or {}).get("availableReplicas") == 1, first.get("status")
     assert _env(first)["LOG_LEVEL"] == "info"
     installed = await release_objects(client, namespace, release)
     assert set(installed) >= {
