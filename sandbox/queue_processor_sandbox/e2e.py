@@ -17,35 +17,22 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.control_plane import ControlPlane, default_bin_dir, running
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.real_node import RealNode, RealNodeError
-from queue_processor_sandbox.release import AWS_SERVICE, NODE_LABEL, HelmError, Release, json_lines
+from queue_processor_sandbox.release import AWS_SERVICE, NODE_LABEL, HelmError, Release, json_lines, wait_for
 from queue_processor_sandbox.run import as_expected, judge, settle
 
 __all__ = ["main"]
-
-T = TypeVar("T")
 
 
 def say(text: str) -> None:
     """A progress line on standard error (standard output carries the summary only)."""
     print(f"e2e: {text}", file=sys.stderr, flush=True)
-
-
-async def wait_for(what: str, check: Callable[[], T | None], timeout_s: float) -> T:
-    """Poll ``check()`` every 0.5 s until it returns something true; raises ``TimeoutError`` naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached in {timeout_s:.0f} s")
-        await asyncio.sleep(0.5)
-    return found
 
 
 async def storm(plane: ControlPlane, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

@@ -6,12 +6,15 @@ node. What ``make e2e`` (:mod:`queue_processor_sandbox.e2e`) and ``tests/image``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from queue_processor_sandbox.environment import Sandbox
 from queue_processor_sandbox.real_node import RealNode
@@ -25,7 +28,10 @@ __all__ = [
     "chart_values",
     "is_ready",
     "json_lines",
+    "wait_for",
 ]
+
+T = TypeVar("T")
 
 #: Where a real node forwards the sandbox's AWS endpoint (a free address of the service range, port).
 AWS_SERVICE = ("10.96.0.10", 80)
@@ -149,3 +155,14 @@ def json_lines(log: IO[str]) -> list[dict[str, Any]]:
         except ValueError:
             lines.append({"event": text, "raw": True})
     return lines
+
+
+async def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 180.0) -> T:
+    """Poll ``check()`` every 0.5 s until it returns something true, and return that; raises ``TimeoutError``
+    naming ``what`` after ``timeout_s`` seconds (a bound generous for a loaded machine: pods, kubelets)."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached in {timeout_s:.0f} s")
+        await asyncio.sleep(0.5)
+    return found

@@ -22,7 +22,7 @@ import pytest
 from queue_processor_sandbox.environment import Sandbox
 from queue_processor_sandbox.processes import Samples, parse_metrics, total
 from queue_processor_sandbox.real_node import RealNode, RealNodeError
-from queue_processor_sandbox.release import AWS_SERVICE, NODE_LABEL, Release, is_ready, json_lines
+from queue_processor_sandbox.release import AWS_SERVICE, NODE_LABEL, Release, is_ready, json_lines, wait_for
 from tests.chaos.harness import (
     DRAINING,
     LEAVING,
@@ -83,15 +83,6 @@ def scrape_pod(address: str) -> Samples:
     """``/metrics`` of the pod at ``address``, through its metrics port (the chart's default, 9092)."""
     with urllib.request.urlopen(f"http://{address}:9092/metrics", timeout=10) as answer:
         return parse_metrics(answer.read().decode())
-
-
-async def wait_for(what: str, check: Any, timeout_s: float = 180.0) -> Any:
-    """Poll ``check()`` until it returns something true; a hang guard generous for a loaded machine."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
-        await asyncio.sleep(0.5)
-    return found
 
 
 def release_of(sandbox: Sandbox, node: RealNode, image: str, helm_bin: Path, tmp_path: Path) -> Release:
