@@ -145,12 +145,9 @@ async def test_with_the_watched_copy_nothing_is_listed_and_nodes_not_ready_are_n
         await copy.close()
 
 
-async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeCluster, kube: KubeClient) -> None:
-    """Issue 47.7: the check asked only this process whether a node was being drained. A node whose Lease
-    another replica holds (its drain runs there, or waits for its turn) is left alone, whatever its instance
-    says; once that replica releases the Lease, the node is given back."""
-    from queue_processor.leases import NodeLeases
-
+async def came_back_in(cluster: KubeCluster, kube: KubeClient) -> tuple[str, Drainer, Resolver, str]:
+    """A namespace for node Leases, and a node we cordoned whose instance is back in service (running, started
+    an hour after the cordon): the namespace, the drainer, the resolver that says so, the node's name."""
     namespace = f"ops-{uuid.uuid4().hex[:6]}"
     cluster.ensure_namespace(namespace)
     drainer = Drainer(kube, DrainOptions(), budget=10)
@@ -158,6 +155,16 @@ async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeClust
     back = f"i-back{uuid.uuid4().hex[:8]}"
     node = await cordoned(cluster, drainer, back)
     resolver.infos = {back: info(back, node, "running", CORDONED_AT + timedelta(hours=1))}
+    return namespace, drainer, resolver, node
+
+
+async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeCluster, kube: KubeClient) -> None:
+    """Issue 47.7: the check asked only this process whether a node was being drained. A node whose Lease
+    another replica holds (its drain runs there, or waits for its turn) is left alone, whatever its instance
+    says; once that replica releases the Lease, the node is given back."""
+    from queue_processor.leases import NodeLeases
+
+    namespace, drainer, resolver, node = await came_back_in(cluster, kube)
     ours = NodeLeases(kube, namespace=namespace, identity="replica-a", duration_s=60)
     other = NodeLeases(kube, namespace=namespace, identity="replica-b", duration_s=60)
     copy = NodeCache(kube)  # a LIST from the API server's cache may not show the node yet
@@ -199,13 +206,7 @@ async def test_a_node_whose_holder_replica_is_gone_is_given_back(
     instance back in service is given back, not left cordoned for ever behind a dead holder."""
     from queue_processor.leases import NodeLeases
 
-    namespace = f"ops-{uuid.uuid4().hex[:6]}"
-    cluster.ensure_namespace(namespace)
-    drainer = Drainer(kube, DrainOptions(), budget=10)
-    resolver = Resolver()
-    back = f"i-back{uuid.uuid4().hex[:8]}"
-    node = await cordoned(cluster, drainer, back)
-    resolver.infos = {back: info(back, node, "running", CORDONED_AT + timedelta(hours=1))}
+    namespace, drainer, resolver, node = await came_back_in(cluster, kube)
     ours = NodeLeases(kube, namespace=namespace, identity="replica-a", duration_s=60)
     dead = NodeLeases(kube, namespace=namespace, identity="replica-b", duration_s=60)
     copy = NodeCache(kube)
