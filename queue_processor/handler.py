@@ -664,6 +664,9 @@ class Handler(Steps):
         replicas): the actions are completed as before and this process goes with the instance."""
         namespace, name = self.settings.pod_namespace or "default", self.settings.pod_name
         await self._last_to_leave(ctx)
+        # Logged first: once the API server accepts the eviction the kubelet's SIGTERM can cancel us before
+        # its answer comes back.
+        ctx.log.info("leaving our own node: evicting our own pod, last", pod=f"{namespace}/{name}")
         if not await self.drainer.evict_last(namespace, name, self._deadline(ctx.operation)):
             ctx.log.warning(
                 "our own pod could not be evicted before the deadline: completing and going with the node"

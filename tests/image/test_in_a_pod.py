@@ -7,6 +7,7 @@ forwards to loopback; nothing else differs from a cluster's."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -245,9 +246,13 @@ async def test_a_spot_warning_for_the_controller_s_own_node_hands_its_work_to_a_
             completed = lambda: all(sandbox.aws.action(t).status == "completed" for t in draining.tokens)  # noqa: E731
             await wait_for("every lifecycle action completed by the successor", completed)
             await wait_for("the queue empty", lambda: queue_depth(sandbox) == (0, 0), 120)
+    (tmp_path / "first-pod.log").write_text("".join(json.dumps(line) + "\n" for line in lines))
     events = [line.get("event") for line in lines]
     assert "our own node is drained: staying until the other drains here end" in events
-    assert any(str(event).startswith("our own pod evicted, last") for event in events), events[-10:]
+    staying = events.index("our own node is drained: staying until the other drains here end")
+    assert "leaving our own node: evicting our own pod, last" in events[staying:], lines[staying:]
+    account = f"system:serviceaccount:{release.namespace}:{pod['spec']['serviceAccountName']}"
+    assert evictions(control_plane, account, first_pod) == [201]  # the kubelet's SIGTERM came from it
     stopped = [line for line in lines if line.get("event") == "stopped"]
     assert stopped, lines[-5:]  # the kubelet's SIGTERM reached it
     left = ("tasks_left", "operations_left", "heartbeats_left")
@@ -255,6 +260,19 @@ async def test_a_spot_warning_for_the_controller_s_own_node_hands_its_work_to_a_
     assert all(sandbox.aws.action(t).result == "CONTINUE" for t in draining.tokens)
     assert sandbox.queue_counts().dlq == 0
     assert_judged_clean(sandbox, draining.nodes, started)
+
+
+def evictions(plane: Any, account: str, pod: str) -> list[int]:
+    """The answers (HTTP status codes) to ``account``'s evictions of ``pod`` in the API server's audit log."""
+    events, _ = plane.audit_events(0)
+    return [
+        event["responseStatus"]["code"]
+        for event in events
+        if event.get("stage") == "ResponseComplete"
+        and (event.get("user") or {}).get("username") == account
+        and (event.get("objectRef") or {}).get("subresource") == "eviction"
+        and (event.get("objectRef") or {}).get("name") == pod
+    ]
 
 
 def credentials(plane: Any, account: str, offset: int) -> tuple[set[str], int]:
