@@ -69,7 +69,7 @@ from typing import Any, Literal
 from queue_processor.drain.drainer import EVICTION_RETRY_S, LOOKED_AGAIN
 from queue_processor.drain.gates import GATE_MOST_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
-from queue_processor_sandbox.cluster import ClusterSpec
+from queue_processor_sandbox.cluster import ClusterSpec, drain_of
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.log_judge import cordons_undone
 from queue_processor_sandbox.processes import QueueProcessor
@@ -726,9 +726,29 @@ def run(
             finally:
                 world.stop_all()
             violations(world)
+            if keep is not None:
+                _write_evictions(sandbox, keep / "evictions.jsonl")
             outcome = world.outcome
     outcome.seconds = round(time.monotonic() - started, 1)
     return outcome
+
+
+def _write_evictions(sandbox: Sandbox, path: Path) -> None:
+    """The evictions the API server took, in order, one JSON line each (namespace, name, uid, node, the drain
+    annotation, the pod's labels and the drain that sent it): what ``last-early`` is judged on."""
+    with path.open("w") as out:
+        for pod in sandbox.kube.evictions:
+            metadata = pod["metadata"]
+            line = {
+                "namespace": metadata["namespace"],
+                "name": metadata["name"],
+                "uid": metadata.get("uid"),
+                "node": (pod.get("spec") or {}).get("nodeName"),
+                "drain": (metadata.get("annotations") or {}).get("queue-processor/drain"),
+                "labels": metadata.get("labels") or {},
+                "drain_id": drain_of(pod),
+            }
+            out.write(json.dumps(line) + "\n")
 
 
 def violations(world: _World) -> None:
