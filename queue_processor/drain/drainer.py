@@ -56,6 +56,7 @@ __all__ = [
     "LOOKED_AGAIN",
     "TAINT_WRITE_ATTEMPTS",
     "WAVE_PAD_S",
+    "WAVE_TIME_UP",
     "DrainBounds",
     "DrainResult",
     "DrainTiming",
@@ -65,6 +66,11 @@ __all__ = [
 #: The line a drain logs for the pods its second list found (``pods``: ``namespace/name``): bound to the node
 #: after its first list, they are evicted after every pod that list found, ``last`` and critical ones too.
 LOOKED_AGAIN = "looked again: pods bound to the node after its first list"
+
+#: The line a drain logs when a wave's time is up with pods of it still on the node (``pods``:
+#: ``namespace/name``, ``wave``: its number from 1): the next wave starts, so those may go after ``last`` and
+#: critical pods (an eviction unanswered, or waiting for its PodDisruptionBudget).
+WAVE_TIME_UP = "a wave's time is up: the next wave starts with pods of it still on the node"
 
 #: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
 #: node between our read and our write).
@@ -814,9 +820,12 @@ class Drainer:
                     )
                 )
                 if later:
-                    await self._wait_gone(
+                    behind = await self._wait_gone(
                         node, {(e.key, e.uid) for e in wave}, wave_bound, bounds, running, following
                     )
+                    if behind and not any(_failed(task) for task in running):
+                        names = sorted(f"{key[0]}/{key[1]}" for key, _ in behind)
+                        log.info(WAVE_TIME_UP, node=node, wave=index + 1, pods=names)
             await _settled(running)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             final = lambda: bounds.final(timing)[0]  # noqa: E731

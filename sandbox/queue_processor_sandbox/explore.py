@@ -25,7 +25,8 @@ from the sandbox's own record plus the controllers' logs for what only they can 
   (the drain honoured it), or a replica was paused or killed while it was interrupted (the message
   it held comes back to another only after its visibility timeout, which may outlast a notice);
 - ``last-early``: no pod annotated ``queue-processor/drain: last`` evicted before an ordinary pod of its node
-  (``last_pods_evicted_early`` of the judge, without pods their budget refused or found on a second look),
+  (``last_pods_evicted_early`` of the judge, without pods their budget refused, found on a second look, or
+  left on the node when their wave's time was up: the drain names them),
   in storylines without faults or budget holds: a refused or
   failed eviction retried later, or a last wave started early because only its time was left, may rightly
   reorder them there;
@@ -66,7 +67,7 @@ from pathlib import Path
 from random import Random
 from typing import Any, Literal
 
-from queue_processor.drain.drainer import EVICTION_RETRY_S, LOOKED_AGAIN
+from queue_processor.drain.drainer import EVICTION_RETRY_S, LOOKED_AGAIN, WAVE_TIME_UP
 from queue_processor.drain.gates import GATE_MOST_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.cluster import ClusterSpec, drain_of
@@ -780,11 +781,12 @@ def violations(world: _World) -> None:
         for replica in world.replicas
         for process in [*replica.earlier, *([replica.process] if replica.process is not None else [])]
         for line in process.lines()
-        if line.get("event") == LOOKED_AGAIN
+        if line.get("event") in (LOOKED_AGAIN, WAVE_TIME_UP)
         for pod in line.get("pods") or []
     )
     # An ordinary pod its budget refused went when the budget let it: after the last wave, when that wave
-    # started because only its time was left (the spot storm's budgets refuse with no hold step).
+    # started because only its time was left (the spot storm's budgets refuse with no hold step). So may a pod
+    # whose eviction was unanswered, or waiting at its budget's gate, when its wave's time was up.
     refused: dict[tuple[str, str], float] = getattr(sandbox.kube, "budget_refused_at", dict)()
     early = last_pods_evicted_early(sandbox.kube.evictions, late | frozenset(refused))
     if early and not world.story.faults and not holds:

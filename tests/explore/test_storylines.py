@@ -42,6 +42,9 @@ PINNED: dict[int, str] = {
     1669: "a replica killed while it held the node Lease of a stopped instance it had cordoned; the instance "
     "started again, but the dead replica's Lease made every check for instances back in service leave the node "
     "cordoned for ever (returned): a node Lease whose holder's replica Lease is gone holds nothing",
+    1897: "a Spot warning that left a drain little time: its first wave's time was up with evictions unanswered "
+    "and the pod annotated last was evicted before them (last-early, under load only): the drain now names the "
+    "pods its wave left on the node, and the judge excuses them as it does pods their budget refused",
     332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
     "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
     "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "

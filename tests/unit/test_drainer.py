@@ -9,8 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from queue_processor.drain.drainer import (
+    WAVE_TIME_UP,
     DrainBounds,
     Drainer,
     DrainTiming,
@@ -381,6 +383,41 @@ async def test_a_wave_whose_wait_ended_keeps_its_place_ahead_of_the_next_in_the_
     answered.set()
     await asyncio.gather(first, second)
     assert kube.evicted == ["b-0", "a-0", "a-1", "a-crit"]
+
+
+async def test_a_wave_whose_time_is_up_names_the_pods_it_leaves_on_the_node() -> None:
+    # The first wave's eviction is still unanswered when its time is up: the critical pod's wave starts and
+    # its eviction may reach the API server first. The drain says so, naming the pod left behind: that is why
+    # a pod that goes after every other of its node was not the last evicted there.
+    kube = FakeKube()
+    kube.add_node("a")
+    kube.add_pod("a-0", "a")
+    kube.add_pod("a-crit", "a")
+    kube.pods[-1]["spec"]["priorityClassName"] = "system-node-critical"
+    answered = asyncio.Event()
+
+    async def hold(name: str) -> None:
+        if name == "a-0":
+            await answered.wait()
+
+    kube.on_evict = hold
+    now = [100.0]
+    timing = DrainTiming(order=DrainOrder("waves"), grace_margin_s=-1)
+    drainer = Drainer(kube, DrainOptions(), budget=2, clock=lambda: now[0], timing=timing)  # type: ignore[arg-type]
+    with structlog.testing.capture_logs() as logs:
+        drain = asyncio.create_task(drainer.drain("a", deadline=now[0] + 600))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        now[0] += 590  # the first wave's bound passes
+        for _ in range(1000):  # a hang guard: until the critical pod's eviction was taken
+            if "a-crit" in kube.evicted:
+                break
+            await asyncio.sleep(0.01)
+        answered.set()
+        await drain
+    assert kube.evicted == ["a-crit", "a-0"]
+    (line,) = [line for line in logs if line["event"] == WAVE_TIME_UP]
+    assert (line["node"], line["pods"]) == ("a", ["apps/a-0"])
 
 
 async def test_a_drain_that_settles_raises_an_eviction_that_failed_before_without_waiting_for_the_others() -> (
