@@ -35,20 +35,22 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
-# What the wheel is built from: pyproject.toml names README.md as its readme, and the package itself.
+# What the wheels are built from: pyproject.toml names README.md as its readme, the package itself, and the
+# Go-template distribution it depends on (gotemplate/).
 COPY pyproject.toml constraints.txt README.md ./
 COPY queue_processor/ queue_processor/
+COPY gotemplate/ gotemplate/
 
-# 1. Build the project's wheel (pip fetches the build backend named in pyproject.toml's [build-system]).
-# 2. Install it with its runtime dependencies at the pinned versions into a virtual environment created
+# 1. Build the project's wheels (pip fetches the build backend named in pyproject.toml's [build-system]).
+# 2. Install them with their runtime dependencies at the pinned versions into a virtual environment created
 #    without pip or setuptools: the base image's pip installs into it (--python), so the final image carries
 #    no packaging tools in /opt/venv.
 # 3. Compile the environment's bytecode with hashes that are never re-checked: the image is immutable, and
 #    nothing is compiled (or written) at run time whatever timestamps the copy keeps.
-RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
+RUN python -m pip wheel --no-deps --wheel-dir /wheels . ./gotemplate \
     && python -m venv --without-pip /opt/venv \
     && python -m pip --python /opt/venv/bin/python install --only-binary=:all: \
-        -c constraints.txt /wheels/queue_processor-*.whl \
+        -c constraints.txt /wheels/queue_processor-*.whl /wheels/queue_processor_gotemplate-*.whl \
     && python -m compileall -q --invalidation-mode unchecked-hash /opt/venv/lib
 
 

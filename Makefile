@@ -18,10 +18,10 @@ CHECK_WORKERS ?= 6
 
 .PHONY: setup demo test check lint typecheck unit bench storm soak explore versus-nth docs lock clean cluster-bin cluster-bin-if-go image e2e versions
 
-$(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
+$(STAMP): pyproject.toml sandbox/pyproject.toml gotemplate/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queue-processor needs Python >= 3.11, found " + sys.version.split()[0])'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]' -e ./sandbox
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ./gotemplate -e '.[dev]' -e ./sandbox
 	touch $@
 
 $(CHECKOV):
@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict queue_processor sandbox/queue_processor_sandbox
+	$(BIN)/mypy --strict queue_processor gotemplate/queue_processor_gotemplate sandbox/queue_processor_sandbox
 
 # The real Kubernetes control plane the tests judge the emulation and the controller against (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok), built from the Go module proxy into
@@ -106,7 +106,7 @@ explore: $(STAMP)
 # queue-processor and aws-node-termination-handler on the same workloads (real control plane and NTH built by
 # cluster-bin; matplotlib for the picture)
 versus-nth: $(STAMP) cluster-bin
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ./gotemplate -e '.[bench]'
 	$(BIN)/python benchmarks/versus_nth.py
 
 docs: $(STAMP)
@@ -114,9 +114,9 @@ docs: $(STAMP)
 
 lock:
 	rm -rf /tmp/queue-processor-lock && $(PYTHON) -m venv /tmp/queue-processor-lock
-	/tmp/queue-processor-lock/bin/pip install --quiet '.[dev,bench]' ./sandbox
+	/tmp/queue-processor-lock/bin/pip install --quiet ./gotemplate '.[dev,bench]' ./sandbox
 	{ head -n 2 constraints.txt; /tmp/queue-processor-lock/bin/pip freeze --all | grep -v '^queue-processor\|^pip=='; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info sandbox/*.egg-info
+	rm -rf $(VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info sandbox/*.egg-info gotemplate/*.egg-info

@@ -1,7 +1,5 @@
-"""queue-processor: drains Kubernetes nodes gracefully when their EC2 instances go away.
-
-It consumes an SQS queue of EC2 / Auto Scaling interruption messages (the queue-processor mode of
-aws-node-termination-handler, rebuilt). Entry point: ``queue-processor`` (:mod:`queue_processor.cli`).
+"""queue-processor: drains Kubernetes nodes gracefully when their EC2 instances go away, from an SQS queue of
+interruption messages (aws-node-termination-handler's queue-processor mode, rebuilt); see :mod:`.cli`.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -1,10 +1,5 @@
-"""The controller assembled: settings in, a running consumer out, until asked to stop.
-
-:func:`run_controller` opens the AWS clients and the Kubernetes client, builds the pipeline (instance
-resolver, node finder, lifecycle, drainer, handler, event store, consumer), serves ``/healthz``, ``/readyz``
-and ``/metrics``, consumes until ``stop`` is set, then shuts down in order: stop receiving, EarlyExit for
-everything in flight (messages visible again at once), close the clients. It is what ``queue-processor run``
-and the sandbox command run.
+"""The controller assembled: :func:`run_controller` builds the clients and the pipeline, serves, consumes until
+asked to stop, then shuts down (stop receiving, EarlyExit for everything in flight, close the clients).
 """
 
 from __future__ import annotations
@@ -74,12 +69,10 @@ async def run_controller(
     serve: bool = True,
     started: Callable[[Controller], None] | None = None,
 ) -> None:
-    """Run until ``stop`` is set. ``kubeconfig`` overrides the in-cluster / KUBECONFIG lookup; ``serve``
-    starts the probe and metrics server; ``started`` is called with the :class:`Controller` once it
-    consumes. Raises :class:`~queue_processor.outcomes.StartupError` (one line naming the setting) when the
-    kubeconfig cannot be used, a port cannot be bound, or SQS refuses the first receives for good (the queue
-    does not exist, the credentials are missing or refused); what may heal (an endpoint not reachable yet)
-    is retried, with /readyz failing meanwhile."""
+    """Run until ``stop`` is set. ``kubeconfig`` overrides the in-cluster / KUBECONFIG lookup, ``serve`` starts
+    the probe and metrics server, ``started`` gets the :class:`Controller` once it consumes. Raises
+    :class:`~queue_processor.outcomes.StartupError` when the kubeconfig cannot be used, a port cannot be bound
+    or SQS refuses the first receives for good; what may heal is retried, with /readyz failing meanwhile."""
     before = asyncio.all_tasks()  # the caller's own (a sandbox running us in its loop): not ours to count
     metrics = Metrics(__version__)
     async with AwsClients(settings, observer=metrics) as aws:
@@ -213,8 +206,7 @@ async def run_controller(
         finally:
             stopped.cancel()
             log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
-            # Bounded whatever AWS or the API server does: the consumer gets the whole budget but a second
-            # for the rest; a request stuck in a worker thread is abandoned, not waited for.
+            # Bounded whatever AWS or the API server does: a request stuck in a worker thread is abandoned.
             await tasks.stop(gauges, returns)
             await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
             if leases is not None:  # the operations have ended: what the replica Lease held is free at once
@@ -228,8 +220,6 @@ async def run_controller(
             left = sorted(
                 task.get_name() for task in asyncio.all_tasks() - before if task is not asyncio.current_task()
             )
-            # What a stop leaves behind (tests and the chaos suite check zeros): tasks of this loop still
-            # alive (named, at most ten), operation and heartbeat tasks.
             log.info(
                 "stopped",
                 tasks_left=len(left),
@@ -246,10 +236,7 @@ TAGGED_GAUGES_PERIOD_S = 30.0
 
 
 async def _tagged_gauges(ec2: Any, kube: KubeClient, watched: NodeCache, tag: str, metrics: Metrics) -> None:
-    """NTH's ``nth_tagged_instances`` and ``nth_tagged_nodes``, refreshed every
-    :data:`TAGGED_GAUGES_PERIOD_S`: the tagged instances (:func:`~queue_processor.nodes.tagged_instances`) and the
-    nodes as ``watched`` has them (a node list from the API server's cache while it is not current). A failed
-    refresh is logged and leaves both gauges as they were, as NTH."""
+    """Refresh NTH's ``nth_tagged_*`` gauges; a failed refresh leaves them as they were, as in NTH."""
     rank_urgent(AFTER_CORDONS)
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)

@@ -1,11 +1,6 @@
-"""The controller's AWS clients (aiobotocore) and how their calls are retried.
-
-:class:`AwsClients` opens SQS, EC2 and Auto Scaling clients for ``AWS_REGION`` (and ``AWS_ENDPOINT`` when
-set: the sandbox, or private endpoints). botocore's own retries are turned off; :func:`call` retries instead,
-with tenacity: throttling errors, 5xx answers and connection errors, exponential backoff with full jitter,
-bounded attempts ("Error retries and exponential backoff in AWS", AWS General Reference). Anything else —
-``ValidationError: No active Lifecycle Action found…``, ``InvalidInstanceID…``, access denied — is raised to
-the caller at once, which classifies it (DESIGN.md, rule 4).
+"""The controller's AWS clients (aiobotocore); botocore's retries are off and :func:`call` retries instead
+("Error retries and exponential backoff in AWS", AWS General Reference). Other errors reach the caller at once,
+which classifies them (DESIGN.md rule 4).
 """
 
 from __future__ import annotations
@@ -84,8 +79,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def is_no_active_action(exc: BaseException) -> bool:
-    """Whether Auto Scaling answered ``ValidationError: No active Lifecycle Action found…``: the action was
-    completed, abandoned or timed out already — terminal, never retried."""
+    """Whether Auto Scaling answered ``ValidationError: No active Lifecycle Action found…``: the lifecycle
+    action is already over (terminal, never retried)."""
     return error_code(exc) == "ValidationError" and "No active Lifecycle Action" in str(exc)
 
 
@@ -103,10 +98,8 @@ def _retrying() -> AsyncRetrying:
 
 
 async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
-    """``await fn(**kwargs)``, retried with jittered exponential backoff (up to 0.2 s * 2^n, at most 5 s
-    between attempts, :data:`ATTEMPTS` in all) while :func:`is_retryable`; raises the last error, or at once
-    a non-retryable one. Every attempt is one HTTP request (botocore's own retries are off), counted by the
-    client's observer (see :class:`AwsClients`)."""
+    """``await fn(**kwargs)``, retried while :func:`is_retryable` (jittered backoff up to 0.2 s * 2^n, at most
+    5 s between attempts, :data:`ATTEMPTS` in all); raises the last error, or a non-retryable one at once."""
     async for attempt in _retrying():
         with attempt:
             return await fn(**kwargs)
@@ -114,11 +107,8 @@ async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
 
 
 async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Iterable[U]], /) -> list[U]:
-    """What ``pick`` takes from every page of a paginated call, retried like :func:`call` as a whole (a
-    retryable error on any page starts the pagination again): ``pages`` returns a fresh iterator, e.g.
-    ``lambda: ec2.get_paginator("describe_instances").paginate(...)``. Each page is let go once picked, so
-    a long listing holds one page at a time (botocore parses a page's XML into a tree many times its size).
-    Meant for reads, which are idempotent."""
+    """What ``pick`` takes from every page of a paginated read, retried like :func:`call` as a whole;
+    ``pages`` returns a fresh page iterator. Each page is let go once picked, so one page is held at a time."""
     async for attempt in _retrying():
         with attempt:
             return [item async for page in pages() for item in pick(page)]
@@ -126,10 +116,8 @@ async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Ite
 
 
 class _CallCounter:
-    """botocore event handlers that report every request of one client to an
-    :class:`~queue_processor.observe.observer.Observer`: ``after-call`` (an HTTP answer: ``ok`` below 300,
-    else ``throttled`` or ``error`` by the error code) and ``after-call-error`` (no answer: a connection
-    error or timeout). ``service`` is botocore's service name (``sqs``, ``ec2``, ``autoscaling``)."""
+    """botocore ``after-call``/``after-call-error`` handlers reporting each request of one client's
+    ``service`` to an :class:`~queue_processor.observe.observer.Observer`."""
 
     def __init__(self, service: str, observer: Observer) -> None:
         self.service = service
@@ -149,7 +137,7 @@ class _CallCounter:
 
 
 def _shapes_reached(shapes: Mapping[str, Any], roots: Iterable[str]) -> set[str]:
-    """The names of ``roots`` and of every shape their members, list members and map keys and values reach."""
+    """The names of ``roots`` and of every shape they reach."""
     seen: set[str] = set()
     todo = [name for name in roots if name]
     while todo:
@@ -174,10 +162,8 @@ def _undocumented(value: Any) -> Any:
 
 
 def trim_service_model(model: Mapping[str, Any], operations: Iterable[str]) -> dict[str, Any]:
-    """A botocore service model (``service-2.json``'s tree) with only ``operations`` (their names, as in
-    :data:`~queue_processor.permissions.AWS_API_CALLS`) and the shapes their input, output and errors reach,
-    without documentation strings (pure; a name the model does not have is left out). A client built on it
-    has only those methods: calling another raises ``AttributeError``."""
+    """A botocore service model (``service-2.json``) with only ``operations`` and the shapes they reach,
+    without documentation strings. A client built on it raises ``AttributeError`` for any other method."""
     kept = {name: model["operations"][name] for name in operations if name in model.get("operations", {})}
     shapes = model.get("shapes") or {}
     roots = [
@@ -195,8 +181,7 @@ def trim_service_model(model: Mapping[str, Any], operations: Iterable[str]) -> d
 
 
 def trim_endpoints(endpoints: Mapping[str, Any], services: Iterable[str]) -> dict[str, Any]:
-    """botocore's ``endpoints.json`` (every partition's endpoints of every service) with only ``services``'
-    entries (their endpoint prefixes) in each partition (pure)."""
+    """botocore's ``endpoints.json`` with only ``services``' entries (endpoint prefixes) in each partition."""
     wanted = set(services)
     partitions = [
         {
@@ -211,19 +196,14 @@ def trim_endpoints(endpoints: Mapping[str, Any], services: Iterable[str]) -> dic
 
 
 class TrimmedModels(JSONFileLoader):
-    """botocore's JSON file loader, trimming what it loads to what the controller calls: each service model of
-    ``calls`` (service name → operation names; :func:`trim_service_model`) and the endpoints data
-    (:func:`trim_endpoints`). Whole, EC2's model is 807 operations and 13.5 MiB of Python objects and the
-    endpoints data of every AWS service 6.6 MiB, both kept for the life of the process; trimmed, the three
-    clients hold 1.5 MiB in all (docs/benchmarks.md, "Memory, profiled"). Given to the session as its ``data_loader``
-    (``botocore.loaders.Loader(file_loader=...)``)."""
+    """botocore's JSON file loader trimming the models of ``calls`` (service → operations) and the endpoints data,
+    which are kept for the life of the process (docs/benchmarks.md, "Memory, profiled")."""
 
     def __init__(self, calls: Mapping[str, Iterable[str]] = AWS_API_CALLS) -> None:
         self.calls = {service: tuple(operations) for service, operations in calls.items()}
 
     def load_file(self, file_path: str) -> Any:
-        """The file's data (``file_path`` without its ``.json`` or ``.json.gz``), trimmed when it is one of
-        the service models of :attr:`calls` or the endpoints data; ``None`` when there is no such file."""
+        """The file's data, trimmed as the class says; ``None`` when there is no such file."""
         data = super().load_file(file_path)
         parts = file_path.replace("\\", "/").split("/")
         if data is None:
@@ -236,9 +216,8 @@ class TrimmedModels(JSONFileLoader):
 
 
 class AwsClients:
-    """SQS, EC2 and Auto Scaling clients (aiobotocore, typed by the ``types-aiobotocore`` stubs), opened by
-    ``async with``. ``observer`` is told every HTTP request each client makes (botocore's ``after-call`` and
-    ``after-call-error`` events), whoever makes it: :func:`call`, a paginator, a waiter."""
+    """SQS, EC2 and Auto Scaling clients for ``AWS_REGION`` (and ``AWS_ENDPOINT`` when set), opened by
+    ``async with``; ``observer`` is told every HTTP request each client makes."""
 
     def __init__(self, settings: Settings, *, observer: Observer = NULL_OBSERVER) -> None:
         self.settings = settings
@@ -248,8 +227,7 @@ class AwsClients:
     async def __aenter__(self) -> AwsClients:
         session = get_session()
         session.register_component("data_loader", Loader(file_loader=TrimmedModels()))
-        # SQS long polls take 20 s: the read timeout must exceed them. One attempt per request: `call`
-        # retries (botocore's "max_attempts" counts retries; "total_max_attempts" counts the first too).
+        # SQS long polls take 20 s: the read timeout must exceed them. One attempt: `call` retries.
         config = AioConfig(
             retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=5,

@@ -1,16 +1,6 @@
-"""The ``queue-processor`` command.
+"""The ``queue-processor`` command, with those of the entry point group :data:`COMMANDS` (``sandbox``).
 
-- ``run``: the controller;
-- ``inspect PATH...``: what the controller would make of message bodies taken from a queue or its DLQ;
-- ``explain NODE``: what would block a drain of a node now (PodDisruptionBudgets with their arithmetic);
-- ``config``: check the settings from the environment and flags, and print them (secrets masked);
-- ``sandbox``: the embedded AWS and Kubernetes, with a cluster and scenarios: a command of the
-  ``queue-processor-sandbox`` distribution (``sandbox/`` in the repository), added through the entry point
-  group :data:`COMMANDS` where it is installed; where it is not, it says in one line how to get it;
-- ``version``.
-
-Exit codes: 0 success; 2 a usage error, a bad setting (one line on stderr naming the variable) or a file that
-cannot be read.
+Exit codes: 0 success; 2 a usage error, a bad setting (one line naming it) or a file that cannot be read.
 """
 
 from __future__ import annotations
@@ -51,8 +41,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _settings_options(command: F) -> F:
-    """Add one ``--flag`` per :class:`Settings` field (``--queue-url`` for QUEUE_URL, ``--dry-run/--no-dry-run``
-    for booleans); a flag given on the command line wins over the environment."""
     for name, info in reversed(Settings.model_fields.items()):
         flag = "--" + name.replace("_", "-")
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
@@ -94,16 +82,13 @@ COMMANDS = "queue_processor.commands"
 #: Commands that other distributions of this repository provide, and how to get each where it is missing.
 ELSEWHERE = {
     "sandbox": "the sandbox is not installed: from a clone of the repository, `make demo`, or "
-    "`pip install -e . -e ./sandbox` (the queue-processor-sandbox distribution in sandbox/)",
+    "`pip install -e ./gotemplate -e . -e ./sandbox` (the queue-processor-sandbox distribution in sandbox/)",
 }
 
 
 class _Commands(click.Group):
-    """The CLI's group: its own commands, plus those of the entry point group :data:`COMMANDS`, each imported
-    only when it is run or its own help is asked for (listing them, ``queue-processor --help``, imports
-    nothing, so ``run`` never imports the sandbox). A command of :data:`ELSEWHERE` that is not installed is
-    listed anyway and exits 2 with one line saying how to install it; one whose entry point cannot be
-    loaded exits 2 with one line naming the entry point and the error."""
+    """Its commands plus those of :data:`COMMANDS`, imported only when run (``run`` never imports the sandbox);
+    one missing (:data:`ELSEWHERE`) or that cannot be loaded exits 2 with one line saying why."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_entry_points(), *ELSEWHERE})
@@ -130,8 +115,7 @@ class _Commands(click.Group):
         return None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The commands' list in ``--help``: the group's own with their short help, the others without
-        loading them."""
+        """The commands' list in ``--help``, without loading entry points."""
         points = _entry_points()
         rows = []
         for name in self.list_commands(ctx):
@@ -208,9 +192,7 @@ def run(**flags: Any) -> None:
 
 
 def _exit_if_threads_linger(status: int = 0) -> None:
-    """Exit at once (status 0, output flushed) when a worker thread is still busy after the shutdown: a
-    request stuck on a slow API server must not hold the process past SHUTDOWN_TIMEOUT_SEC, and interpreter
-    exit would join every worker thread."""
+    """Exit now if a worker thread is still busy: interpreter exit would join it past SHUTDOWN_TIMEOUT_SEC."""
     main_thread = threading.main_thread()
     if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):
         logging.shutdown()
@@ -220,10 +202,8 @@ def _exit_if_threads_linger(status: int = 0) -> None:
 
 
 def _run_to_end(settings: Settings) -> None:
-    """Run the controller until a signal stops it and its shutdown is over; from then on SIGTERM and SIGINT
-    are ignored: the event loop that handled the first one is closed, and a second one (a kubelet's on a pod
-    evicted meanwhile, an operator's) would otherwise end the process by the signal's default action, an exit
-    status of -15 for a clean stop. Raises :class:`StartupError`."""
+    """Run the controller until a signal stops it and its shutdown is over, then ignore SIGTERM and SIGINT: a
+    second one would otherwise kill a clean stop with status -15. Raises :class:`StartupError`."""
     try:
         asyncio.run(_run_until_signalled(settings))
     finally:

@@ -1,23 +1,8 @@
-"""The event store: deduplication by event ID and one operation per instance (pure, no I/O).
+"""The event store: deduplication by event ID and one operation per instance and mode (pure, no I/O).
 
-SQS delivers at least once, EventBridge may duplicate, and one instance can produce a Spot warning, a
-rebalance recommendation, a state change and an ASG lifecycle action within seconds. The store makes sure a
-node is cordoned and drained **once**, that every message which asked for it is acknowledged when that drain
-ends, and that every lifecycle action among them is completed (DESIGN.md, rule 2).
-
-- :meth:`EventStore.admit` takes an event (with the SQS message it came in) and answers whether it starts a
-  new :class:`NodeOperation`, joins the one in flight for its instance, or repeats one that already succeeded
-  (then its message needs nothing more). Launch actions get operations of their own: waiting for a node to
-  register is not draining it.
-- :meth:`EventStore.finish` ends an operation and says, for each message whose every operation has now ended,
-  whether to delete it (all succeeded) or requeue it (any failed). A message stays in flight, and invisible,
-  while any of its operations runs. A message is deleted only when every lifecycle action it carries is
-  settled (:attr:`NodeOperation.settled`: completed, over, or deliberately left alone): an action that
-  joined after the operation's last completion makes its message requeued, never deleted, and its event is
-  not remembered as done.
-- Joining an operation sets its :attr:`NodeOperation.joined` event: the handler adds the taints of new kinds
-  and heartbeats and completes new actions without polling.
-- Succeeded event IDs are remembered for ``dedup_ttl_s`` seconds; a redelivered copy is acknowledged at once.
+However SQS and EventBridge repeat and however many kinds one instance brings, a node is drained **once**, every
+message that asked for it is acknowledged when that drain ends, and every lifecycle action among them is completed
+(DESIGN.md rule 2): a message with an unsettled action is requeued, never deleted.
 """
 
 from __future__ import annotations
@@ -56,13 +41,9 @@ def mode_of(event: Event) -> Mode:
 
 @dataclass
 class NodeOperation:
-    """Everything asked of one instance at once: its events (unique event IDs, in arrival order) and the
-    IDs of the messages they came in (in arrival order). ``started_at`` is the store clock's reading
-    (seconds) when it began.
-
-    ``settled`` maps each lifecycle action the handler is finished with to how (``completed``,
-    ``no-active-action``, ``unmanaged``…); ``joined`` is set whenever an event joins (the handler clears it
-    when it has looked)."""
+    """Everything asked of one instance at once: its events (unique IDs) and the IDs of their messages, in arrival
+    order; ``started_at``: the store clock's reading (seconds); ``settled``: how each lifecycle action the handler
+    is finished with ended; ``joined``: set whenever an event joins (the handler clears it)."""
 
     instance_id: str
     mode: Mode
@@ -97,8 +78,7 @@ class NodeOperation:
         return list(dict.fromkeys(event.kind for event in self.events))
 
     def add(self, event: Event) -> bool:
-        """Add ``event`` unless it has one of that ID already; ``True`` when added. Sets :attr:`joined` for an
-        operation that had events: the handler then picks up what the event brings."""
+        """Add ``event`` unless one of its ID is there (``True`` when added); a join sets :attr:`joined`."""
         if any(existing.event_id == event.event_id for existing in self.events):
             return False
         if self.events:
@@ -112,12 +92,12 @@ class NodeOperation:
 
     @property
     def terminate_actions(self) -> list[AsgTerminateLifecycleEvent]:
-        """Its ASG terminate lifecycle actions, one per lifecycle action token (or instance and hook)."""
+        """Its ASG terminate lifecycle actions, one per :class:`~.events.ActionKey`."""
         return _unique_actions(e for e in self.events if isinstance(e, AsgTerminateLifecycleEvent))
 
     @property
     def launch_actions(self) -> list[AsgLaunchLifecycleEvent]:
-        """Its ASG launch lifecycle actions, one per token."""
+        """Its ASG launch lifecycle actions, one per :class:`~.events.ActionKey`."""
         return _unique_actions(e for e in self.events if isinstance(e, AsgLaunchLifecycleEvent))
 
 
@@ -174,11 +154,7 @@ class _MessageState:
 
 
 class EventStore:
-    """Deduplication and per-instance coalescing. Not thread-safe: one asyncio loop owns it.
-
-    ``dedup_ttl_s`` (seconds) is how long a succeeded event ID is remembered; ``clock`` returns seconds
-    (``time.monotonic`` by default; tests pass their own).
-    """
+    """Deduplication and coalescing; one asyncio loop. ``dedup_ttl_s``: seconds a success is remembered."""
 
     def __init__(self, dedup_ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.dedup_ttl_s = dedup_ttl_s
@@ -208,8 +184,7 @@ class EventStore:
         return self._operations.get(operation.key) is operation
 
     def held(self) -> list[str]:
-        """The IDs of every message that still has an operation running: the messages whose visibility is
-        extended, and made visible again at shutdown (their receipt handles are the settlement ledger's)."""
+        """The IDs of every message that still has an operation running."""
         return list(self._messages)
 
     @property
@@ -218,7 +193,8 @@ class EventStore:
         return len(self._messages)
 
     def admit(self, event: Event) -> Admission:
-        """Take one event. Its ``message`` (when set) is tracked until every operation it joined has ended."""
+        """Take one event: whether it starts an operation, joins the one in flight, or repeats a succeeded one. Its
+        ``message`` is tracked until every operation it joined has ended."""
         self._expire()
         if event.event_id in self._done:
             return Admission(AdmissionKind.DONE, None)
@@ -243,10 +219,9 @@ class EventStore:
         return Admission(kind, operation)
 
     def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
-        """End an operation. On success its event IDs are remembered for ``dedup_ttl_s`` (but those of
-        unsettled lifecycle actions). Returns the messages that have no operation left: DELETE when all theirs
-        succeeded and every lifecycle action they carry is settled, REQUEUE otherwise. Raises ``KeyError`` for
-        an operation that is not in flight."""
+        """End an operation; on success remember its event IDs (but those of unsettled lifecycle actions). Returns
+        the messages with no operation left: DELETE when all theirs succeeded and their actions are settled, else
+        REQUEUE. Raises ``KeyError`` for an operation not in flight."""
         if self._operations.get(operation.key) is not operation:
             raise KeyError(f"no operation in flight for {operation.key}")
         del self._operations[operation.key]

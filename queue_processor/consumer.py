@@ -1,25 +1,7 @@
-"""The SQS side: receive loops, the in-flight budget, visibility extension, acknowledge and requeue.
-
-- One or more long-poll loops per queue (ReceiveMessage: up to 10 messages, WaitTimeSeconds 20, with
-  ``SentTimestamp`` and ``ApproximateReceiveCount``). A loop asks only for as many messages as the in-flight
-  budget has room for, and waits only when it is full (DESIGN.md rule 6). What a held message is (its slot,
-  its newest receipt handle, its visibility, its heartbeats' hold, its settlement) is the settlement ledger's
-  (:mod:`queue_processor.settlement`): room reserved around each poll by one ``async with``, a slot claimed
-  per message kept, returned once when the message is settled, however its operation ended.
-- Each message is parsed (:func:`queue_processor.parse.parse`): poison is logged with its message ID, counted,
-  never deleted, and hidden for POISON_VISIBILITY_TIMEOUT_SEC so it does not hot-loop while the redrive policy
-  moves it to the dead-letter queue; a skip is deleted; events go to the :class:`EventStore`, and a new
-  operation to the :class:`Handler` in a task this consumer owns.
-- While any operation of a message runs, the ledger renews its visibility timeout (rule 5).
-- When its operations end, the ledger deletes the message (DeleteMessageBatch) or requeues it:
-  ChangeMessageVisibility to a backoff that grows with ApproximateReceiveCount.
-- Every lifecycle action received is heartbeated from then on (:meth:`Handler.received`); a requeued
-  message's actions keep their heartbeats for its backoff (plus a visibility timeout for the receive).
-- :meth:`Consumer.shutdown` (SIGTERM/SIGINT): stop receiving, cancel every operation, stop every heartbeat
-  and make the messages visible again at once.
-
-No single message and no AWS error ends a loop: errors are logged, counted, and the loop goes on after a
-short pause.
+"""The SQS side: long-poll receive loops (asking only for what the in-flight budget has room for, DESIGN.md rule 6),
+parsing, and new operations handed to the :class:`Handler` in tasks owned here; holding, visibility and settlement
+are the ledger's (:mod:`queue_processor.settlement`). No message and no AWS error ends a loop: errors are logged and
+counted, and the loop goes on after a pause.
 """
 
 from __future__ import annotations
@@ -79,20 +61,14 @@ def _refusal(queue_url: str, exc: BaseException) -> str | None:
     return f"QUEUE_URL={queue_url}: {why} ({error_code(exc)})" if why is not None else None
 
 
-#: Seconds a shutdown waits for the node Lease releases of the operations it ended, before it makes their
-#: messages visible again.
+#: Seconds a shutdown waits for node Lease releases before making their messages visible again.
 RELEASES_AT_SHUTDOWN_S = 1.0
 
 
 class Consumer:
-    """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``; ``store`` coalesces
-    the events; :attr:`ledger` holds the messages; ``heartbeats`` (the handler's) follow each message's hold:
-    renewed, requeued, stopped when it is deleted, closed on shutdown.
-
-    ``in_flight_budget`` messages at most are being handled; ``visibility_timeout_s`` is given on receive and
-    renewed every half of it; ``loops_per_queue`` long polls run per queue; ``wait_s`` is the long-poll wait;
-    ``poison_visibility_s`` hides a poison message; ``requeue_base_s`` is the first requeue backoff (seconds).
-    """
+    """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``; ``store`` coalesces the
+    events, :attr:`ledger` holds the messages (budget, visibility and backoff arguments as in
+    :class:`~queue_processor.settlement.Ledger`); ``loops_per_queue`` polls of ``wait_s`` seconds run per queue."""
 
     def __init__(
         self,
@@ -140,8 +116,7 @@ class Consumer:
         """The settlement ledger: slots, receipt handles, visibility, settlement (:mod:`.settlement`)."""
         handler.park = self.ledger.park  # a drain waiting for its turn gives its messages' slots back
         self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
-        # Operation tasks whose handling ended, settling their messages (another operation of the same key may
-        # run meanwhile): a shutdown stops them too.
+        # Operation tasks settling their messages (another of the same key may run meanwhile).
         self._settling: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         # Receive loops from their poll until its messages are taken: a shutdown lets them finish.
@@ -160,31 +135,26 @@ class Consumer:
         self.ledger.start()
 
     def reachable(self) -> bool:
-        """Readiness: SQS has answered a ReceiveMessage, and the latest one that ended was answered. Receive
-        loops that wait for an in-flight slot (operations hold the whole budget) poll nothing, and the
-        controller stays ready."""
+        """Readiness: SQS has answered a ReceiveMessage, and the latest one that ended was answered."""
         return self.answered_at > 0.0 and self.failed_at <= self.answered_at
 
     def alive(self, max_idle_s: float = 120.0) -> bool:
-        """Liveness: every receive loop task is running, and one iterated within ``max_idle_s`` seconds or
-        one waits for an in-flight slot (operations hold the whole budget; the loops wait on purpose for them
-        to settle, and a long drain must not get the pod restarted)."""
+        """Liveness: every receive loop runs, and one iterated within ``max_idle_s`` seconds or waits for a slot (a
+        long drain holding the budget must not get the pod restarted)."""
         if not self._loops or any(task.done() for task in self._loops):
             return False
         return time.monotonic() - self.loop_heartbeat < max_idle_s or self.ledger.slots.waiting > 0
 
     @property
     def tasks(self) -> int:
-        """Operation tasks alive, settling ones included (tests check it returns to zero)."""
+        """Operation tasks alive, settling ones included."""
         return len(self._operations) + len(self._settling)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
-        """EarlyExit for everything: stop receiving, cancel and await every operation, stop every heartbeat,
-        make the messages held visible again at once, and let the open long polls end by themselves (a poll
-        abandoned by the client may still take messages on the server and hide them until their visibility
-        timeout): whatever they bring back is made visible at once too. Takes at most ``timeout_s`` seconds
-        (SHUTDOWN_TIMEOUT_SEC; ``None``: no bound); past it, whatever is left is cancelled, with an error
-        logged. Raises nothing."""
+        """EarlyExit for everything: stop receiving, cancel every operation and heartbeat, make held messages
+        visible at once, and let open long polls end (an abandoned one may still take messages), making what they
+        bring visible too. Takes at most ``timeout_s`` seconds (SHUTDOWN_TIMEOUT_SEC; ``None``: unbounded), then
+        cancels what is left. Raises nothing."""
         self._stopping.set()
         try:
             async with asyncio.timeout(timeout_s):
@@ -205,13 +175,11 @@ class Consumer:
             if task not in self._polling:  # waiting for an in-flight slot: no poll to let end
                 task.cancel()
         held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
-        # A settlement under way is stopped too: every message still held is made visible below, so a requeue's
-        # backoff or a delete not yet sent only changes when another replica receives it again.
+        # Settlements under way stop too: every message still held is made visible below anyway.
         await tasks.stop(*self._operations.values(), *self._settling)
         leases = self.handler.leases
         if leases is not None:
-            # The node Leases the operations gave up are free before their messages are visible to another
-            # replica (a release waits for others' otherwise); bounded: a batch that hangs is left to close().
+            # Leases free before their messages are visible to another replica; a hung batch is left to close().
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELEASES_AT_SHUTDOWN_S):
                     await leases.flush()
@@ -219,8 +187,7 @@ class Consumer:
         await self.ledger.stop_renewing()
         await self.ledger.deletes_sent()  # deletes already decided
         await self.ledger.release_held(held)
-        # An open poll takes the messages just made visible and ends at once; its loop makes them visible
-        # again (see _receive_loop) and stops. A poll that finds nothing ends after its wait.
+        # An open poll may take the messages just made visible: its loop makes them visible again (_poll).
         await tasks.wait(*self._loops)
 
     # -------------------------------------------------------------------------------------------- receive
@@ -228,8 +195,7 @@ class Consumer:
     async def _receive_loop(self, queue_url: str) -> None:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
-            # Room for up to 10 messages, at least one; what the poll does not fill, or a message does not
-            # keep, is free again when the block exits, however it exits (the ledger: ledger.py).
+            # Unclaimed room is free again however the block exits.
             async with self.ledger.room(10) as room:
                 if self._stopping.is_set():  # room taken while a shutdown began: no new poll
                     return
@@ -240,9 +206,8 @@ class Consumer:
                 await asyncio.sleep(retry_in_s)
 
     async def _poll(self, queue_url: str, room: Room) -> float:
-        """One ReceiveMessage for at most ``room.size`` messages, and each message it brings taken
-        (:meth:`_take`). Returns 0 to poll again at once, the seconds to wait before the next poll after a
-        failed one, or -1 when SQS refuses this controller for good (start-up failed)."""
+        """One ReceiveMessage for at most ``room.size`` messages, each taken (:meth:`_take`). Returns 0 to poll
+        again, the seconds to wait after a failure, or -1 when SQS refuses this controller for good."""
         current = asyncio.current_task()
         assert current is not None
         self._polling.add(current)
@@ -272,10 +237,7 @@ class Consumer:
             self.observer.receive_answered(queue_url)
             messages = answer.get("Messages") or []
             if messages and time.monotonic() - asked_at > self.wait_s + self.visibility_timeout_s:
-                # The answer came after these messages' visibility timeout was surely over (this process was
-                # paused, or its loop stalled): another consumer may have received them since and be handling,
-                # even completing, their actions. They are not ours: let them go, the next receive gets them
-                # fresh, whoever makes it.
+                # Answered after their visibility timeout (paused, stalled): another consumer may hold them.
                 log.warning(
                     "messages received too late to be ours: made visible again",
                     messages=len(messages),
@@ -307,8 +269,7 @@ class Consumer:
         await self.ledger.make_visible(queue_url, [message["ReceiptHandle"] for message in messages])
 
     async def _take(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
-        """One received message; a message kept for handling claims one of ``room``'s slots, held until
-        it is settled (one it holds already keeps it). ``False`` when it cannot be processed (poison)."""
+        """Take one received message; one kept claims a slot of ``room`` until settled. ``False``: poison."""
         attributes = message.get("Attributes") or {}
         sent = attributes.get("SentTimestamp")
         ref = SqsMessageRef(
@@ -337,8 +298,7 @@ class Consumer:
         for event in result.events:
             admission = self.store.admit(event)
             if admission.kind is AdmissionKind.NEW and admission.operation is not None:
-                # First its task (which runs at the next suspension, after the heartbeats below started), so
-                # that nothing the store took is left without a task to settle it, whatever raises next.
+                # Its task first, so that nothing the store took is left unsettled, whatever raises next.
                 await self._start(admission.operation)
             if admission.kind is not AdmissionKind.DONE:
                 self.handler.received(event)  # heartbeats from first receipt, before any handling
@@ -350,9 +310,7 @@ class Consumer:
         return True
 
     async def _start(self, operation: NodeOperation) -> None:
-        """:meth:`_spawn` ``operation``; when that raises, the operation ends as failed at once (its messages
-        requeued with their backoff, their slots returned) and the error goes up: nothing stays held and
-        renewed for ever without a task to settle it."""
+        """:meth:`_spawn` ``operation``; if that raises, finish it as failed first: nothing stays held untended."""
         try:
             self._spawn(operation)
         except Exception:
@@ -369,9 +327,7 @@ class Consumer:
     def _operation_ended(
         self, key: tuple[str, str], operation: NodeOperation, task: asyncio.Task[None]
     ) -> None:
-        """The operation's task ended, however: it leaves ``_operations``. One a shutdown cancelled before it
-        ever ran (its body, and so its ``finally``, never ran) is finished here as failed, and the slots of its
-        messages returned (the shutdown makes every held message visible)."""
+        """Drop the ended task; finish as failed an operation a shutdown cancelled before it ran."""
         if self._operations.get(key) is task:
             del self._operations[key]
         self._settling.discard(task)

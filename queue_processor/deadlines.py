@@ -1,9 +1,7 @@
 """The deadline arithmetic of an operation (pure: the clocks' readings are arguments).
 
-Two clocks meet here: AWS's (an event's ``time`` and ``start_time``, wall-clock, aware UTC, read against
-``wall``) and the controller's monotonic one (``now``), on which every deadline is returned, so that a step of
-the wall clock never moves a drain. DESIGN.md rule 13: an operation's deadline and instance end are the
-earliest of every event it carries; the handler recomputes them when an event joins and keeps the nearer.
+Event times are AWS's wall clock (aware UTC, read against ``wall``); deadlines are returned on the monotonic clock
+(``now``), so a wall-clock step never moves a drain. The earliest event wins (DESIGN.md rule 13).
 """
 
 from __future__ import annotations
@@ -18,11 +16,9 @@ __all__ = ["drain_deadline", "instance_end", "launch_ready_deadline", "leaves_ti
 
 
 def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetime) -> bool:
-    """Whether every one of ``events`` leaves time (DRAIN_BUDGET_NON_URGENT may make its drain wait its
-    turn): a rebalance recommendation (a Spot instance at elevated risk, no notice yet), or an AWS Health
-    scheduled change whose start is more than NODE_TERMINATION_GRACE_PERIOD (``grace_period_s``, the longest a
-    drain takes) after ``wall``. Anything else (a Spot or Capacity Reservation notice, a terminate lifecycle
-    action, a state change: the instance is going now) does not; neither does an empty list."""
+    """Whether every one of ``events`` leaves time for DRAIN_BUDGET_NON_URGENT: a rebalance recommendation, or a
+    scheduled change starting over ``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) after ``wall``. Anything else,
+    and an empty list, does not."""
     if not events:
         return False
     for event in events:
@@ -38,11 +34,9 @@ def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetim
 
 
 def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
-    """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice among ``events``,
-    ``None`` without one: their start time is when the instance goes. A notice already over by ``wall``
-    (delivered late, or this clock runs ahead of AWS's) is measured from the operation's start
-    (``started_at``, on ``now``'s clock) instead, with its own length (120 s for Spot): a drain cut to nothing
-    could never succeed, and an instance that is really gone ends the retry as "instance gone"."""
+    """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice, ``None`` without one. A
+    notice already over by ``wall`` is measured from ``started_at`` with its own length instead: a drain cut to
+    nothing could never succeed."""
     notices = [event for event in events if event.notice]
     if not notices:
         return None
@@ -57,19 +51,17 @@ def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_a
 def drain_deadline(
     events: Sequence[Event], *, grace_period_s: float, now: float, wall: datetime, started_at: float
 ) -> float:
-    """NODE_TERMINATION_GRACE_PERIOD (``grace_period_s``) from ``now``, and never past the end of the earliest
-    Spot or Capacity Reservation notice (:func:`notice_end`). Other kinds (rebalance, state change, lifecycle
-    actions, scheduled changes) never shorten a drain."""
+    """``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) from ``now``, never past :func:`notice_end`; other kinds
+    never shorten a drain."""
     deadline = now + grace_period_s
     end = notice_end(events, now=now, wall=wall, started_at=started_at)
     return deadline if end is None else min(deadline, end)
 
 
 def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
-    """When the instance goes (on ``now``'s clock), as far as ``events`` say: the end of a Spot or Capacity
-    Reservation notice (:func:`notice_end`), or the start of an AWS Health scheduled change still to come, the
-    earliest; ``None`` when no event says. Grace periods are cut to end GRACE_DEADLINE_MARGIN before it, and
-    DELETE_AT_DEADLINE acts DELETE_AT_DEADLINE_LEAD before it."""
+    """When the instance goes (on ``now``'s clock): the earliest of :func:`notice_end` and the start of a scheduled
+    change still to come; ``None`` when no event says. Grace periods and DELETE_AT_DEADLINE act before it
+    (GRACE_DEADLINE_MARGIN, DELETE_AT_DEADLINE_LEAD)."""
     ends = [
         end for end in (notice_end(events, now=now, wall=wall, started_at=started_at),) if end is not None
     ]
@@ -80,9 +72,8 @@ def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started
 
 
 def launch_ready_deadline(events: Sequence[Event], *, timeout_s: float, now: float, wall: datetime) -> float:
-    """When (on ``now``'s clock) the launch actions among ``events`` have waited LAUNCH_READY_TIMEOUT_SEC
-    (``timeout_s``) for their node: measured from the earliest action's start (its event time), so every
-    receive of a requeued message, every replica and a restarted controller agree; an action time ahead of
+    """When (on ``now``'s clock) the launch actions have waited ``timeout_s`` (LAUNCH_READY_TIMEOUT_SEC) for their
+    node, counted from the earliest action's event time so every receive and replica agrees; an action time ahead of
     ``wall`` counts as now."""
     started = min(
         (event.time for event in events if isinstance(event, AsgLaunchLifecycleEvent)), default=None

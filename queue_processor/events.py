@@ -1,33 +1,7 @@
 """What every typed interruption event shares: :class:`BaseEvent`, its kind, identity and SQS message.
 
-The models themselves live with their kinds, one module each in :mod:`queue_processor.kinds` (which also
-defines the :data:`~queue_processor.kinds.Event` union). An event is what the parser
-(:mod:`queue_processor.parse`) makes of one SQS message body and what the rest of the controller acts on. One
-message gives one event per affected instance (an AWS Health event can name several instances). Every event
-carries:
-
-- ``kind`` (:class:`EventKind`), the name used in logs, metrics and ``queue-processor inspect``;
-- ``instance_id``, the EC2 instance ID as the message gives it (its shape is not checked: some real messages
-  carry IDs that are not well-formed);
-- ``event_id``, a deterministic identity (:func:`make_event_id`): unique per instance, the same across SQS
-  redeliveries of the same message, whatever the JSON key order or whitespace;
-- ``time``, when AWS emitted the event, and ``start_time``, when the instance is expected to go away;
-- ``source_id``, the identifier the message itself gives (EventBridge ``id``, a lifecycle notification's
-  ``RequestId``, an AWS Health ``eventArn``), for logs and support cases;
-- ``message``, the SQS message it came from (:class:`SqsMessageRef`), ``None`` when parsed from a file.
-
-Each model reads its own wire format and states its rules: ``taint_key`` (TAINT_NODE) and ``notice``
-(whether its ``start_time`` is a deadline the instance is reclaimed at). Its fields carry validation aliases
-for the EventBridge message (and, for lifecycle actions, the notification Auto Scaling sends straight to SQS),
-so the parser validates a body into its event in one pass from JSON; ``event_id`` and ``start_time`` are
-computed by the model from its fields. Models also accept their field names, so an event can be built in code:
-``SpotInterruptionEvent(instance_id=..., time=..., source_id=...)``. ``detail_type`` and ``source`` are the
-EventBridge envelope's, kept out of ``model_dump``.
-
-Formats: "Amazon EventBridge events" in the EC2 User Guide (Spot interruption warning, rebalance
-recommendation, state-change, Capacity Reservation interruption), "Amazon EC2 Auto Scaling lifecycle hooks"
-(lifecycle notifications, warm pools' Origin/Destination) and the AWS Health User Guide ("Monitoring AWS
-Health events with Amazon EventBridge").
+An event is one affected instance of one message. The models live with their kinds (:mod:`queue_processor.kinds`):
+validation aliases read the wire format, field names build one in code (``SpotInterruptionEvent(...)``).
 """
 
 from __future__ import annotations
@@ -80,8 +54,7 @@ class EventKind(StrEnum):
     """EC2 Capacity Reservation Instance Interruption Warning (interruptible Capacity Reservations)."""
 
 
-#: Spot gives a two-minute notice ("Spot Instance interruption notices", EC2 User Guide); so does an
-#: interruptible Capacity Reservation.
+#: The two-minute notice of Spot ("Spot Instance interruption notices", EC2 User Guide) and Capacity Reservations.
 SPOT_NOTICE = timedelta(seconds=120)
 
 T = TypeVar("T")
@@ -108,8 +81,7 @@ def detail_alias(key: str) -> AliasPath:
 
 
 class ActionKey(NamedTuple):
-    """One Auto Scaling lifecycle action: its token (the instance ID when the message carried none), its
-    group and its hook (the parameters of ``CompleteLifecycleAction``)."""
+    """One lifecycle action as ``CompleteLifecycleAction`` addresses it (the instance ID if no token)."""
 
     token_or_instance: str
     group: str
@@ -117,11 +89,8 @@ class ActionKey(NamedTuple):
 
 
 class SqsMessageRef(BaseModel):
-    """The SQS message an event came from: enough to delete it, requeue it and log it.
-
-    ``receive_count`` is the message's ``ApproximateReceiveCount`` attribute (1 on first delivery);
-    ``sent_timestamp`` its ``SentTimestamp`` attribute (SQS gives epoch milliseconds) as an aware datetime.
-    """
+    """The SQS message an event came from: enough to delete, requeue and log it. ``receive_count`` is its
+    ``ApproximateReceiveCount``, ``sent_timestamp`` its ``SentTimestamp`` as an aware datetime."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -133,22 +102,16 @@ class SqsMessageRef(BaseModel):
 
 
 class BaseEvent(BaseModel):
-    """Fields every event carries; see the module docstring. ``time`` must carry a timezone (AWS always
-    sends one); a time without one is a validation error.
-
-    ``event_id`` and ``start_time`` are computed from the fields (once, on first use) and appear in
-    ``model_dump``. Validation runs no Python code: every check is pydantic-core's, which keeps parsing
-    at a few microseconds a message.
-    """
+    """Fields every event carries: ``instance_id`` as given (shape not checked), ``time`` when AWS emitted it
+    (timezone required), ``source_id`` the message's own ID, ``message`` (``None`` when parsed from a file).
+    Validation runs no Python code: every check is pydantic-core's."""
 
     # extra="ignore": the wire format has many fields we do not read. frozen: events are shared by tasks.
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     #: NTH's taint key for this kind (TAINT_NODE), ``None`` for a kind that is never tainted for.
     taint_key: ClassVar[str | None] = None
-    #: Whether ``start_time`` is a hard deadline (the instance is reclaimed then): drains never run past it.
-    #: Kinds without a notice (rebalance, state change, lifecycle actions) have a start time that is already
-    #: past and must not shorten a drain.
+    #: Whether ``start_time`` is when the instance is reclaimed, a deadline no drain runs past.
     notice: ClassVar[bool] = False
 
     detail_type: str | None = Field(default=None, alias="detail-type", exclude=True, repr=False)
@@ -172,8 +135,7 @@ class BaseEvent(BaseModel):
     @computed_field
     @cached_field
     def start_time(self) -> datetime:
-        """When the instance is expected to go away (aware datetime); the event time unless the kind says
-        otherwise."""
+        """When the instance is expected to go away; the event time unless the kind says otherwise."""
         return self.time
 
     def attach(self, message: SqsMessageRef) -> None:
@@ -186,13 +148,9 @@ class BaseEvent(BaseModel):
 
 
 def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
-    """The deterministic identity of an event: ``"<kind>-<20 hex digits>"``, at most 54 characters.
-
-    ``key`` names the occurrence independently of how the message is serialised: the lifecycle action token
-    for ASG actions (so the EventBridge and the direct form of one action share an ID), the AWS Health
-    ``eventArn``, otherwise the EventBridge ``id``. The result contains only ``[a-z0-9-]``, so it is also a
-    valid Kubernetes label or taint value (≤ 63 characters).
-    """
-    # EventKind is a str: joined as it is (reading .value goes through enum's descriptor, 3x slower).
+    """``"<kind>-<20 hex digits>"``: at most 54 characters of ``[a-z0-9-]``, so a valid label or taint value.
+    ``key`` names the occurrence whatever the serialisation: the lifecycle action token (shared by both forms
+    of one action), the AWS Health ``eventArn``, otherwise the EventBridge ``id``."""
+    # EventKind is a str: joined as it is (.value goes through enum's slower descriptor).
     digest = hashlib.blake2b("\x1f".join((kind, instance_id, key)).encode(), digest_size=10).hexdigest()
     return str.__add__(kind, "-" + digest)

@@ -1,46 +1,8 @@
-"""The per-node pipeline: resolve → claim → PreDrain → cordon → drain → PostDrain, and EarlyExit on any failure.
+"""The per-node drain pipeline: resolve → claim → PreDrain + cordon → drain → PostDrain; EarlyExit on error.
 
-For a drain operation (every kind but launch actions), :meth:`Handler.handle` builds the operation's
-:class:`~queue_processor.steps.OperationContext` (the operation, its EarlyExit stack, its logger, what the
-steps find) and hands it to one step after the other (each a short method of the same name):
-
-1. :meth:`Steps.resolve <queue_processor.steps.Steps.resolve>`: the instance as EC2 describes it (batched and
-   cached) and its managed tag. An instance unknown to EC2 is terminal (its lifecycle actions are completed: AWS
-   says whether they were still open); an unmanaged one is terminal and its actions are left to whoever manages
-   it. With DRY_RUN the operation ends here, logged, before anything writes.
-2. :meth:`Handler._claim`: the Node (none: DELETE_SQS_MSG_IF_NODE_NOT_FOUND decides, see :meth:`_no_node`)
-   and, with NODE_LEASES, its Lease (held by another replica: requeue). The Lease is entered on the
-   operation's EarlyExit stack; a Lease lost on the way (409 on renewal, or lapsed while the process was
-   paused) cancels the operation, and every eviction and completion first confirms it.
-3. :meth:`Handler._cordon`: PreDrain and cordon in one write: NTH's taint per event kind when TAINT_NODE
-   (value = event ID, TAINT_EFFECT), the exclude-from-load-balancers label when EXCLUDE_FROM_LOAD_BALANCERS
-   and not CORDON_ONLY (never overwriting a value already there, as NTH), ``spec.unschedulable``.
-4. :meth:`Handler._drain`: unless CORDON_ONLY, until NODE_TERMINATION_GRACE_PERIOD and never past the
-   instance's start time (the end of a Spot notice). Kinds that join meanwhile get their taints at once.
-5. :meth:`Handler._post_drain`: COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS, then every lifecycle action of the
-   operation is completed with CONTINUE, again and again until none is left (actions join while others
-   complete); the out-of-service taint when asked.
-
-The cordon and PostDrain steps run through one wrapper (:meth:`Steps.step <queue_processor.steps.Steps.step>`)
-that counts NTH's action and records its Event on success and on failure, from one table
-(:data:`~queue_processor.steps.STEP_EVENTS`); the drain reports its own end (complete, or incomplete and
-requeued), and the webhook is sent after it however it ended.
-
-Heartbeats are not the pipeline's: they belong to :class:`~queue_processor.lifecycle.Heartbeats`, started
-when a message is first received (:meth:`Handler.received`) and kept across requeues, so that setting them up
-never delays a cordon and a requeued action does not time out. EarlyExit is the operation's
-``AsyncExitStack``: whatever a step starts (the Lease and its renewal, the taint watcher, the tasks of a step
-guarded by the Lease) is entered there through the context and cancelled and awaited when the operation
-ends, whatever the outcome.
-
-A launch operation is :class:`~queue_processor.launch.Launches`': it waits until the instance's node is
-registered and Ready, then completes its launch actions; an action headed for a warm pool is left to the
-instance's own bootstrap unless COMPLETE_WARM_POOL_LAUNCH.
-
-``handle`` returns :attr:`Outcome.DONE` (acknowledge the messages) or :attr:`Outcome.RETRY` (EarlyExit:
-requeue them). It raises nothing but ``CancelledError``: unexpected errors are logged and become RETRY.
-Lifecycle actions the handler is finished with are recorded in :attr:`NodeOperation.settled`; the store
-deletes no message whose actions are not all settled.
+Each step is a method over the operation's :class:`~queue_processor.steps.OperationContext`; whatever a step starts
+is on the operation's EarlyExit ``AsyncExitStack``, cancelled and awaited when the operation ends. Launches go to
+:class:`~queue_processor.launch.Launches`; heartbeats start on receipt (:meth:`Handler.received`).
 """
 
 from __future__ import annotations
@@ -112,13 +74,10 @@ log = structlog.get_logger("queue_processor.handler")
 
 OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
 
-#: How long, after evicting its own pod, the controller waits for the kubelet's SIGTERM before it requeues the
-#: node's messages itself (seconds): the kubelet signals at once; this only bounds a pod that is not this process.
+#: Seconds to wait, after evicting our own pod, for the kubelet's SIGTERM before requeuing the node's messages.
 LEAVE_WAIT_S = 60.0
 
-#: How long before its own instance's end (a notice's) the controller leaves its drained node at the latest
-#: (seconds): the kubelet's SIGTERM and this process's shutdown, which releases every message it holds, take
-#: that much at most before the instance goes.
+#: Seconds before our instance's end by which we leave our drained node: SIGTERM and shutdown take that long.
 LEAVE_LEAD_S = 10.0
 
 EXCLUDE_FROM_LB_LABEL = (
@@ -126,8 +85,7 @@ EXCLUDE_FROM_LB_LABEL = (
     "aws-node-termination-handler",
 )
 
-#: Kinds NTH gives a PreDrain task (its ``pre-drain`` action: the kind's taint); a state change and a launch
-#: have none. A Capacity Reservation interruption, which NTH does not handle, is counted as a Spot one.
+#: Kinds NTH gives a PreDrain task (the kind's taint); a Capacity Reservation interruption counts as Spot.
 PRE_DRAIN_KINDS = frozenset(
     {
         EventKind.SPOT_INTERRUPTION,
@@ -140,10 +98,7 @@ PRE_DRAIN_KINDS = frozenset(
 
 
 class Handler(Steps):
-    """Runs operations: drains here (see the module docstring), launches through :class:`~.launch.Launches`.
-    ``observer`` is told each action on a node, the cordon latency, each drain's duration and result, and the
-    outcome of operations that end without a drain; ``clock`` returns monotonic seconds. ``heartbeats`` owns
-    every lifecycle action's heartbeat and completes actions."""
+    """Runs operations (see the module docstring); ``clock`` returns monotonic seconds."""
 
     def __init__(
         self,
@@ -178,15 +133,13 @@ class Handler(Steps):
         if leases is not None:
             leases.watch.on_handed = self._handed
         self.park: Callable[[list[str]], None] = lambda message_ids: None
-        """Called with the message IDs of an operation that starts waiting for a turn: they keep being held,
-        but give their in-flight slots back (the consumer sets it: :meth:`Ledger.park
-        <queue_processor.settlement.Ledger.park>`)."""
+        """Gives the in-flight slots of a waiting operation's messages back (set by the consumer to
+        :meth:`Ledger.park <queue_processor.settlement.Ledger.park>`)."""
 
     # ------------------------------------------------------------------------------------------- receipt
 
     def received(self, event: Event) -> None:
-        """An event was just received (new, joined or repeated): a lifecycle action this controller will
-        complete is heartbeated from now on. Synchronous: nothing here waits on AWS."""
+        """Heartbeat a received event's lifecycle action when ours to complete; never waits on AWS."""
         if not isinstance(event, AsgLifecycleEvent) or self.settings.dry_run:
             return
         if isinstance(event, AsgLaunchLifecycleEvent) and self.left_to_bootstrap(event):
@@ -194,14 +147,14 @@ class Handler(Steps):
         self.heartbeats.start(event)
 
     def draining(self, instance_id: str) -> bool:
-        """Whether a drain operation for ``instance_id`` runs here now (the check for instances back in
-        service leaves their nodes alone)."""
+        """Whether a drain operation for ``instance_id`` runs here now."""
         return self._draining[instance_id] > 0
 
     # ---------------------------------------------------------------------------------------- operations
 
     async def handle(self, operation: NodeOperation) -> Outcome:
-        """Run one operation to its end (see the module docstring)."""
+        """Run one operation: :attr:`Outcome.DONE` (acknowledge) or :attr:`Outcome.RETRY` (requeue). Raises only
+        ``CancelledError``; other errors and a lost Lease (:class:`ClaimLost`) are logged as RETRY."""
         # A drain's claim and cordon go before those of operations started later; a launch waits for them.
         rank_urgent(AFTER_CORDONS if operation.mode is Mode.LAUNCH else operation.started_at)
         bound = log.bind(
@@ -237,8 +190,7 @@ class Handler(Steps):
             self._one_ended = asyncio.Event()
 
     async def _pipeline(self, ctx: OperationContext) -> Outcome:
-        """resolve → claim → PreDrain + cordon → drain → PostDrain (``ctx.tainted``: the kinds whose taints
-        go out with the cordon, growing as kinds join)."""
+        """resolve → claim → PreDrain + cordon → drain → PostDrain; DRY_RUN stops after resolve."""
         info = await self.resolve(ctx)
         if isinstance(info, Outcome):
             return info
@@ -275,9 +227,8 @@ class Handler(Steps):
         return await self.step(ctx, Step.POST_DRAIN, self._post_drain(ctx), guarded=True)
 
     async def _dry_run(self, ctx: OperationContext) -> Outcome:
-        """DRY_RUN, as NTH: nothing changes in Kubernetes (no cordon, taint, label, eviction, Lease or
-        Event), but the lifecycle actions are completed (CONTINUE), the webhook is sent and NTH's actions are
-        counted as if done, so a dry run never holds an instance until its hook times out."""
+        """DRY_RUN, as NTH: nothing changes in Kubernetes, but the lifecycle actions are completed, the webhook sent
+        and NTH's actions counted, so a dry run never holds an instance until its hook times out."""
         operation, info = ctx.operation, ctx.info
         node = (info.private_dns_name if info is not None else None) or operation.instance_id
         ctx.log.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only, node=node)
@@ -292,11 +243,8 @@ class Handler(Steps):
         return Outcome.DONE
 
     async def _claim(self, ctx: OperationContext) -> Outcome | None:
-        """The node to cordon (``ctx.node``) and, with NODE_LEASES, its Lease (``ctx.claim``, entered on the
-        EarlyExit stack); ``None`` when claimed, else the operation's outcome. When the node is named after the
-        instance's private DNS name (the default on EC2) and there is no Lease to claim, the cordon patch
-        itself finds it; a 404 falls back to the kubernetes.io/hostname lookup. With a Lease to claim, the name
-        must be right before the claim: the watched copy of the nodes confirms it, else the node is looked up."""
+        """The node (``ctx.node``) and, with NODE_LEASES, its claimed Lease (``ctx.claim``); ``None`` when claimed,
+        else the outcome. Without Leases a node named by its private DNS name is assumed (:meth:`_cordon`)."""
         info = ctx.info
         assert info is not None
         by_name = not self.settings.use_provider_id and bool(info.private_dns_name)
@@ -309,8 +257,7 @@ class Handler(Steps):
             and self._ended(ctx)
             and watched.absent(info.private_dns_name or "")
         ):
-            # The instance is shutting down or gone and the watched copy of the nodes has none of it: no GET and
-            # LIST to learn what the copy knows (a storm's state changes, one per instance when its notice ends).
+            # Ended, and absent from the watched copy: no GET and LIST to learn what the copy knows.
             return await self._no_node(ctx)
         if self.leases is None and by_name:
             ctx.node, ctx.assumed = info.private_dns_name or "", True
@@ -334,13 +281,9 @@ class Handler(Steps):
         return None
 
     async def _claim_lease(self, ctx: OperationContext) -> tuple[Claim | None, bool]:
-        """The node's Lease (NODE_LEASES). While another replica holds it, the operation's events that bring
-        the end nearer are handed to the holder (:mod:`queue_processor.handover`: its drain takes them at once),
-        its messages are parked (held, their in-flight slots given back) and the Lease is waited for
-        (:meth:`~queue_processor.lease_watch.LeaseWatch.released`, and claimed again at least every
-        NODE_LEASE_DURATION_SEC, when the holder may have lapsed) until the operation's drain deadline: the
-        claim (``None`` when it is still held then) and whether it was waited for. Raises :class:`KubeError`
-        when the API server cannot be reached."""
+        """Claim the node's Lease, waiting while another replica holds it until the drain deadline, handing it the
+        events that bring the end nearer (:mod:`~queue_processor.handover`) and parking the messages. Returns the
+        claim (``None``: still held) and whether it waited; raises :class:`KubeError`."""
         leases = self.leases
         assert leases is not None
         name, until = lease_name(ctx.node), self._deadline(ctx.operation)
@@ -369,8 +312,7 @@ class Handler(Steps):
         return claim, waited
 
     async def _hold(self, ctx: OperationContext, claim: Claim) -> None:
-        """``claim`` is the operation's Lease from now on (on its EarlyExit stack): the events handed over on it
-        join the operation, now and whenever more are (:meth:`_handed`)."""
+        """Enter ``claim`` on the EarlyExit stack; the events handed over on it join the operation."""
         ctx.claim = await ctx.early_exit.enter_async_context(claim)
         self._holding[claim.name] = ctx
         ctx.early_exit.callback(self._let_go, claim.name, ctx)
@@ -383,8 +325,7 @@ class Handler(Steps):
             del self._holding[name]
 
     def _handed(self, name: str, annotations: Mapping[str, str]) -> None:
-        """The events handed over on node Lease ``name`` changed (the Lease watch tells): those for the
-        operation that holds it here join it."""
+        """The Lease watch saw the events handed over on Lease ``name`` change: they join its operation."""
         ctx = self._holding.get(name)
         if ctx is not None:
             self._join_handed(ctx, annotations)
@@ -401,8 +342,7 @@ class Handler(Steps):
 
     @staticmethod
     def _ended(ctx: OperationContext) -> bool:
-        """Whether EC2 says the operation's instance is shutting down or terminated (its state as resolved, or
-        one of the operation's state changes)."""
+        """Whether EC2 (resolved state or a state change) says the instance is shutting down or gone."""
         info = ctx.info
         if info is not None and info.state in INSTANCE_ENDED:
             return True
@@ -412,8 +352,7 @@ class Handler(Steps):
         )
 
     async def _cordon(self, ctx: OperationContext) -> bool:
-        """PreDrain and cordon in one write; ``False`` when there is no such node (``ctx.node`` is the node
-        cordoned: an assumed name that answers 404 is looked up)."""
+        """PreDrain and cordon in one write; ``False`` when there is no such node (an assumed name is looked up)."""
         operation, info = ctx.operation, ctx.info
         assert info is not None
         taints, labels = self._pre_drain(operation)
@@ -448,9 +387,8 @@ class Handler(Steps):
 
     @staticmethod
     def _about(operation: NodeOperation, info: InstanceInfo) -> CordonRecord:
-        """The instance facts recorded with our cordon (:mod:`queue_processor.drain.record`): its ID, its EC2
-        ``LaunchTime`` now (a later, different one means it was stopped and started since), whether a terminate
-        action sends it to a warm pool, and when."""
+        """The instance facts recorded with our cordon (:mod:`queue_processor.drain.record`): its ID, its
+        ``LaunchTime`` (another later one means stopped and started since), whether bound for a warm pool, when."""
         return CordonRecord(
             instance_id=operation.instance_id,
             launch_time=info.launch_time.isoformat() if info.launch_time is not None else "",
@@ -474,10 +412,8 @@ class Handler(Steps):
             )
 
     def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
-        """PreDrain's node changes, sent with the cordon: NTH's taint per event kind when TAINT_NODE (value:
-        the event ID); the exclude-from-load-balancers label when EXCLUDE_FROM_LOAD_BALANCERS and not
-        CORDON_ONLY, added only where the node does not carry it yet (NTH skips an existing label: its value
-        may be someone else's; :meth:`Drainer.cordon` decides on the node it reads for the write)."""
+        """PreDrain's node changes, sent with the cordon: NTH's taint per kind (TAINT_NODE; value: the event ID) and
+        the exclude-from-load-balancers label, only where absent (as NTH: a value may be another's)."""
         labels: dict[str, str] = {}
         if self.settings.exclude_from_load_balancers and not self.settings.cordon_only:
             labels = dict([EXCLUDE_FROM_LB_LABEL])
@@ -502,10 +438,7 @@ class Handler(Steps):
         ctx.tainted.update(new)
 
     async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult | None:
-        """:meth:`_drain`, once the node's group has a turn for it (:meth:`_turn`); ``None`` when the instance
-        was started again while the drain waited (:meth:`Steps._started_again
-        <queue_processor.steps.Steps._started_again>`, asked again when the turn comes): nothing to drain, and
-        the check for instances back in service gives the node back."""
+        """:meth:`_drain` in the group's turn (:meth:`_turn`); ``None`` when started again meanwhile."""
         async with self._turn(ctx) as waited:
             if waited and await self._started_again(ctx, fresh=True):
                 return None
@@ -513,15 +446,9 @@ class Handler(Steps):
 
     @asynccontextmanager
     async def _turn(self, ctx: OperationContext) -> AsyncIterator[bool]:
-        """With DRAIN_BUDGET_NON_URGENT: the drain is counted in its node's group, and when every event of the
-        operation leaves time (:func:`~queue_processor.deadlines.leaves_time`) it first waits, cordoned, while
-        the group's limit of drains run (:class:`~queue_processor.turns.Turns`); yields whether it waited.
-        Meanwhile its messages, joined ones too, stay held but give their in-flight slots back (:attr:`park`),
-        and it keeps its node Lease: an urgent event another replica receives for the node is handed over on it
-        (:mod:`queue_processor.handover`) and joins. An event that joins and does not leave time, or a scheduled
-        change becoming due, ends the wait at once; kinds that joined get their taints when it ends. Reading the
-        group never fails a drain: a node without the label, or an instance without an Auto Scaling group, is
-        in the group ``""``, and a size that cannot be read counts a percentage as 1."""
+        """With DRAIN_BUDGET_NON_URGENT: count the drain in its group; when all its events leave time, first wait
+        for a turn (:class:`~queue_processor.turns.Turns`), cordoned, messages parked, Lease kept. Yields whether it
+        waited; an urgent event joining or a scheduled change becoming due ends the wait."""
         spec = self.settings.drain_budget_non_urgent
         if not spec:
             yield False
@@ -561,13 +488,9 @@ class Handler(Steps):
             yield waited
 
     async def _group(self, ctx: OperationContext, *, sized: bool) -> tuple[str, int | None]:
-        """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, how many nodes it has (``None``:
-        unknown): the value of DRAIN_BUDGET_GROUP_LABEL on the node (``label=value``; its size: the nodes
-        carrying it, counted in the watched copy of the nodes, :meth:`NodeCache.labelled
-        <queue_processor.drain.node_cache.NodeCache.labelled>`: never a list per drain), else the instance's
-        Auto Scaling group (its ``aws:autoscaling:groupName`` tag; its size from DescribeAutoScalingGroups).
-        Nodes without either are one group, ``""``. Raises nothing but ``CancelledError``: what cannot be read
-        counts as unknown (logged)."""
+        """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, its size (``None``: unknown): its
+        DRAIN_BUDGET_GROUP_LABEL value (sized from the watched copy of the nodes, never a LIST), else its Auto
+        Scaling group (DescribeAutoScalingGroups); ``""`` for neither. Raises nothing but ``CancelledError``."""
         label = self.settings.drain_budget_group_label
         try:
             if label:
@@ -589,9 +512,7 @@ class Handler(Steps):
             return "", None
 
     async def _drain(self, ctx: OperationContext) -> DrainResult:
-        """Evict the node's pods until the deadline; how it ended. Events that join meanwhile bring the
-        drain's deadline and the instance's end nearer when theirs are (DESIGN.md rule 13), and their kinds get
-        their taints (a watcher task on the EarlyExit stack, stopped when the drain ends)."""
+        """Evict the node's pods until the deadline (tightened by joining events: :meth:`_joiners`); how it ended."""
         operation, node = ctx.operation, ctx.node
         started = self.clock()
         kind = str(operation.first.kind)
@@ -653,19 +574,13 @@ class Handler(Steps):
         return result
 
     async def _leave(self, ctx: OperationContext) -> bool:
-        """Our own pod runs on the node just drained. Rather than completing the node's lifecycle actions and
-        dying with the instance (every other message we hold then waits out its visibility timeout, unheartbeated,
-        until a new pod runs elsewhere), evict our pod last: the kubelet's SIGTERM starts our graceful shutdown,
-        which stops every heartbeat and makes every message we hold visible again at once, this node's included;
-        whoever runs next (the ReplicaSet's replacement, scheduled off this cordoned node, or another replica)
-        takes them up, finds this node drained and completes its actions. ``True`` when our pod was evicted and
-        no SIGTERM came within :data:`LEAVE_WAIT_S` (requeue: the next receive sees how things are then);
-        ``False`` when the eviction was refused until the drain deadline (a PodDisruptionBudget over our
-        replicas): the actions are completed as before and this process goes with the instance."""
+        """Leave the drained node our own pod runs on: evict our pod last, so the kubelet's SIGTERM starts our
+        shutdown, which makes every held message visible at once for a successor. ``True`` when evicted but no
+        SIGTERM came within :data:`LEAVE_WAIT_S` (requeue); ``False`` when a PodDisruptionBudget refused the
+        eviction until the deadline (complete, and go with the instance)."""
         namespace, name = self.settings.pod_namespace or "default", self.settings.pod_name
         await self._last_to_leave(ctx)
-        # Logged first: once the API server accepts the eviction the kubelet's SIGTERM can cancel us before
-        # its answer comes back.
+        # Logged first: the kubelet's SIGTERM can cancel us before the eviction's answer comes back.
         ctx.log.info("leaving our own node: evicting our own pod, last", pod=f"{namespace}/{name}")
         if not await self.drainer.evict_last(namespace, name, self._deadline(ctx.operation)):
             ctx.log.warning(
@@ -682,10 +597,8 @@ class Handler(Steps):
         return True
 
     async def _last_to_leave(self, ctx: OperationContext) -> None:
-        """DESIGN.md rule 16: leaving our drained node costs the other operations running here everything
-        (our shutdown cancels them), so it waits until none is left, or until the last moment: :data:`LEAVE_LEAD_S`
-        before our own instance's end as the operation's events say it, and at most one drain deadline from
-        now (a terminate lifecycle action is heartbeated meanwhile). Operations that start meanwhile count too."""
+        """DESIGN.md rule 16: our shutdown cancels the other operations here, so wait until none is left, but no
+        later than :data:`LEAVE_LEAD_S` before our instance's end nor one drain deadline from now."""
         operation = ctx.operation
         leave_by = self._deadline(operation)
         end = self._instance_end(operation)
@@ -706,9 +619,7 @@ class Handler(Steps):
             ctx.log.warning("leaving our own node at its last moment", operations=self._running - 1)
 
     async def _joiners(self, ctx: OperationContext, bounds: DrainBounds) -> None:
-        """Whenever an event joins: the drain's bounds tighten to its deadline and instance end when they are
-        nearer (a Spot warning joining a rebalance recommendation's drain), and the node is tainted for kinds
-        not tainted yet (TAINT_NODE)."""
+        """On each joining event: tighten the drain's bounds, record a restart, taint the new kinds."""
         operation = ctx.operation
         while True:
             await operation.joined.wait()
@@ -726,10 +637,8 @@ class Handler(Steps):
             await self._taint_joined(ctx)
 
     async def _record_start(self, ctx: OperationContext) -> None:
-        """A joining event is a new interruption of the instance as it is now: when EC2 says it was started
-        since the cordon (a stop's drain outlived the start, then a Spot warning joined), the record takes the
-        new ``LaunchTime``, or the check for instances back in service would take that start for a return
-        after the warning and give the node back."""
+        """When a joining event finds the instance started since the cordon, record the new ``LaunchTime``, or the
+        check for instances back in service would take that start for a return."""
         if ctx.info is None or ctx.node is None:
             return
         try:
@@ -744,9 +653,8 @@ class Handler(Steps):
             ctx.log.info("node gone while an event joined: nothing to record")
 
     async def _post_drain(self, ctx: OperationContext) -> Outcome:
-        """Complete the lifecycle actions; taint for kinds that joined since the last taint; the
-        out-of-service taint when ENABLE_OUT_OF_SERVICE_TAINT (not with CORDON_ONLY, as NTH). A node gone by
-        then is success: its instance terminated once its actions were completed, and the node went with it."""
+        """Complete the lifecycle actions, taint joined kinds, add the out-of-service taint
+        (ENABLE_OUT_OF_SERVICE_TAINT, not with CORDON_ONLY). A node gone by then went with its instance: success."""
         settings = self.settings
         await self.completion_delay()
         await self.complete_actions(ctx, claim=ctx.claim)
@@ -763,11 +671,9 @@ class Handler(Steps):
         return Outcome.DONE
 
     async def _no_node(self, ctx: OperationContext) -> Outcome:
-        """No Node for the instance. Done, its lifecycle actions completed (CONTINUE: there is nothing to
-        drain), when the instance is gone, when DELETE_SQS_MSG_IF_NODE_NOT_FOUND says so, or when no node can
-        come any more: the instance has run for LAUNCH_READY_TIMEOUT_SEC (its ``LaunchTime``, its last start)
-        without one registering (DESIGN.md rule 9). Before that (or when EC2 gives no ``LaunchTime``) a node
-        may still register, and the operation is retried."""
+        """No Node for the instance: DONE, its actions completed, when the instance is gone, with
+        DELETE_SQS_MSG_IF_NODE_NOT_FOUND, or when it ran LAUNCH_READY_TIMEOUT_SEC since its ``LaunchTime`` without
+        one (DESIGN.md rule 9); else RETRY, a node may still register."""
         log = ctx.log
         if await self.instance_gone(ctx.operation):
             log.info("instance terminated and its node gone: nothing to drain")

@@ -1,19 +1,9 @@
 """Events handed to the replica that holds a node's Lease (pure, no I/O).
 
-With NODE_LEASES, one instance's events may reach different replicas: a rebalance recommendation starts a drain
-on one, and the Spot warning that follows is received by another, which finds the node's Lease held. The drain
-must still take the warning's end at once (DESIGN.md rule 13: whichever replica received it). The replica that
-received it writes each event that brings the end nearer or ends a wait for a turn (:func:`handed`) onto the
-node's Lease as an annotation
-(:func:`annotation`: key ``queue-processor/event.<event ID>``, value the event's fields as JSON); the holder
-watches its node Leases (:class:`~queue_processor.lease_watch.LeaseWatch`) and joins those events to the
-operation it runs (:func:`events_in`), as if it had received them. The annotations go with the Lease when it is
-released. The message stays with the replica that received it, which waits for the Lease to be free and then
-finishes the operation (the node is drained by then).
-
-Events a holder must not take over are not handed: lifecycle actions (their heartbeats belong to the replica
-holding their message: it waits for the Lease, heartbeating them), and rebalance recommendations (they bring
-nothing a drain of the node does not have).
+With NODE_LEASES, a replica that received an event for a node whose Lease another holds writes it onto the Lease as
+an annotation (:func:`annotation`); the holder joins it to its operation (:func:`events_in`), so its drain takes the
+nearer end at once (DESIGN.md rule 13). The message stays with the replica that received it, which waits for the
+Lease and then finishes the operation.
 """
 
 from __future__ import annotations
@@ -44,10 +34,8 @@ def _events() -> TypeAdapter[Any]:
 
 
 def handed(event: Event) -> bool:
-    """Whether a replica that cannot claim the node hands ``event`` to the holder: a notice (Spot, Capacity
-    Reservation: the instance ends at its start time), an AWS Health scheduled change (its start may be near),
-    a state change (the instance is going now: a drain waiting for its turn starts). Not a lifecycle action nor
-    a rebalance recommendation."""
+    """Whether ``event`` is handed to the holder: not a lifecycle action (its heartbeats belong to its message's
+    replica) nor a rebalance recommendation (it brings nothing the drain lacks)."""
     return not isinstance(event, AsgLifecycleEvent) and event.kind is not EventKind.REBALANCE_RECOMMENDATION
 
 
@@ -80,8 +68,7 @@ def events_in(annotations: Mapping[str, str] | None, instance_id: str) -> list[E
 
 
 def missing(events: Iterable[Event], annotations: Mapping[str, str] | None) -> dict[str, str]:
-    """The annotations that hand over those of ``events`` that :func:`handed` names and ``annotations`` do
-    not carry yet."""
+    """The annotations handing over those of ``events`` that :func:`handed` names and ``annotations`` lack."""
     present = annotations or {}
     return dict(
         pair for pair in (annotation(event) for event in events if handed(event)) if pair[0] not in present

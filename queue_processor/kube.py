@@ -1,18 +1,10 @@
-"""The controller's Kubernetes client: the synchronous ``kubernetes`` client behind one bounded thread pool
-and a client-side QPS/burst limit, speaking JSON dicts.
+"""The controller's Kubernetes client: the ``kubernetes`` client's HTTP machinery behind bounded thread pools
+and a QPS/burst limit (:class:`RateLimiter`), speaking JSON dicts (decoding models costs too much per pod list).
+Connection errors, 429s and 5xx are retried with jittered backoff, a Retry-After honoured up to
+:data:`RETRY_AFTER_MAX_S`; evictions are not (their 429 and 500 mean "PodDisruptionBudget": the drain decides).
 
-Every call goes through :meth:`KubeClient.request`: it waits for a token of the :class:`RateLimiter`
-(``KUBE_API_QPS`` / ``KUBE_API_BURST``, as client-go's token bucket), runs the ``kubernetes`` client's own
-HTTP machinery (configuration, auth, TLS) in the thread pool, and returns the decoded JSON body. Objects stay
-dicts in the API's JSON shape: decoding into the client's models costs milliseconds per pod list, which a
-storm of a thousand drains cannot afford. Connection errors, 429s (API Priority and Fairness, or a rate limit)
-and 5xx answers are retried with tenacity, exponential backoff and jitter, a 429's or 503's Retry-After
-honoured up to :data:`RETRY_AFTER_MAX_S`; evictions are not (their 429 and 500 mean "PodDisruptionBudget", and
-the drain decides). urllib3 under the client retries only connections that failed before the request was
-sent, and never sleeps on a Retry-After itself.
-
-API paths and semantics: the Kubernetes API reference (core/v1 Node and Pod, policy/v1 Eviction,
-coordination.k8s.io/v1 Lease, core/v1 Event) and "API-initiated Eviction".
+Documents: Kubernetes API reference (core/v1 Node, Pod, Event; policy/v1 Eviction; coordination.k8s.io/v1 Lease),
+"API-initiated Eviction".
 """
 
 from __future__ import annotations
@@ -63,19 +55,15 @@ __all__ = [
     "rank_urgent",
 ]
 
-#: The longest a Retry-After is waited for before a retry (seconds): every wait stays short of what it protects
-#: (a cordon, a heartbeat interval, a shutdown); the server asks for 1 s in API Priority and Fairness.
+#: The longest a Retry-After is waited for (seconds): short of what the wait holds up (a cordon, a heartbeat).
 RETRY_AFTER_MAX_S = 10.0
 
 Obj = dict[str, Any]
 
-#: What a watch keeps of each event, run in its thread (:meth:`KubeClient.watch`): the event to deliver in its
-#: place, or ``None`` to drop it.
+#: What a watch keeps of each event, run in its thread (:meth:`KubeClient.watch`); ``None`` drops it.
 Keep = Callable[[Obj], Obj | None]
 
-#: The ``Accept`` header of a metadata-only read or watch: each object comes as a ``meta.k8s.io/v1``
-#: ``PartialObjectMetadata`` (its ``metadata`` alone), as client-go's metadata informers ask ("Receiving
-#: resources as Tables or metadata only", API concepts).
+#: Accept header of metadata-only reads and watches ("Receiving resources as Tables or metadata only", API concepts).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
@@ -86,28 +74,21 @@ PATCH_TYPES = {
 }
 
 
-#: The rank of the replica's own upkeep, ahead of every operation's: its Lease's renewal (a late renewal
-#: loses every node held) and the pages of the watched copies (claims and cordons wait for them at start-up).
-#: Work started outside any operation has it unless it says otherwise.
+#: The rank of the replica's own upkeep, ahead of every operation's: its Lease's renewal (a late one loses every
+#: node held) and the watched copies' pages. The default outside any operation.
 REPLICA_RANK: Final = -math.inf
 
-#: Orders the urgent requests waiting for a token of the :class:`RateLimiter`, lowest first (seconds on the
-#: event store's clock, or one of the two bounds below), first come first served within a rank. A draining
-#: operation's claim and cordon carry its start (``Handler.handle`` sets it; the tasks it starts inherit it):
-#: in a storm the node received first is claimed and cordoned first, its cordon ahead of the claims of nodes
-#: received after it, instead of behind every claim queued while its own was answered.
+#: Orders urgent requests waiting for a token, lowest first: an operation's start (set by ``Handler.handle``, so
+#: the node received first is claimed and cordoned first), or one of the two bounds.
 URGENT_RANK: ContextVar[float] = ContextVar("queue_processor_urgent_rank", default=REPLICA_RANK)
 
-#: The rank of urgent work that may wait for every operation's claim and cordon: what an operation does after
-#: its cordon, launch operations (polling for their node for up to LAUNCH_READY_TIMEOUT_SEC), node Lease
-#: releases and their retries, and the periodic checks (returns, NTH's tagged gauges). Strict order would let
-#: such work, ranked by a start long past, hold a storm's cordons back for as long as it lasts.
+#: The rank of urgent work that may wait for every claim and cordon: what follows a cordon, launches, Lease
+#: releases, periodic checks (ranked by a start long past, it would hold later cordons back).
 AFTER_CORDONS: Final = math.inf
 
 
 def rank_urgent(rank: float) -> None:
-    """Rank the urgent requests of the running task, and of the tasks it starts from now on, at ``rank``
-    (:data:`URGENT_RANK`; :data:`REPLICA_RANK`, an operation's start, or :data:`AFTER_CORDONS`)."""
+    """Rank the urgent requests of the running task, and of the tasks it starts, at ``rank``."""
     URGENT_RANK.set(rank)
 
 
@@ -116,17 +97,10 @@ _WHOLE = 1 - 1e-9
 
 
 class RateLimiter:
-    """A token bucket: ``qps`` tokens per second, at most ``burst`` saved up (client-go's flowcontrol), with
-    two classes of callers: an ``urgent`` one (cordoning a node, claiming a node Lease, renewing the replica
-    Lease: DESIGN.md says none waits behind drains) takes the next token before any ordinary one. ``clock``
-    returns seconds.
-
-    Ordinary callers wait in line, first come first served. Urgent callers wait in order of their rank
-    (:data:`URGENT_RANK` when they call), first come first served within a rank. The caller at the head of
-    the lines sleeps until the next token; the others wait to be woken when their turn comes, so that a
-    storm's thousands of waiting evictions cost one timer, not a wake-up each per token. (An urgent caller of
-    a lower rank that arrives takes the head: the one it passed finishes its sleep, at most 1/``qps``
-    seconds, and then waits for its turn.)"""
+    """A token bucket (client-go's flowcontrol): ``qps`` tokens per second, at most ``burst`` saved up;
+    ``clock`` returns seconds. ``urgent`` callers (cordons, Lease calls) take tokens before ordinary ones, in
+    order of :data:`URGENT_RANK`; each line is first come first served. Only the caller at the head sleeps
+    until the next token; the others wait to be woken, so thousands of waiters cost one timer."""
 
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
@@ -152,16 +126,13 @@ class RateLimiter:
         return urgent[0][2] if urgent else self._ordinary[0] if self._ordinary else None
 
     def _pop_head(self) -> None:
-        """Take the head (as :meth:`_head` found it) out of its line."""
         if self._urgent:
             heapq.heappop(self._urgent)
         else:
             self._ordinary.popleft()
 
     def _remove(self, waiter: _Waiter) -> None:
-        """Take ``waiter`` out of its line if it is still in it (the head, but for a cancelled caller further
-        back): an urgent one is marked and leaves the heap when it reaches the top (a storm's shutdown cancels
-        thousands, each removal from the middle of a heap a walk of it)."""
+        """Take ``waiter`` out of its line; an urgent one is only marked (removal from a heap's middle is slow)."""
         if waiter.urgent:
             waiter.gone = True  # the caller's _leave finds the head next, which drops it if it is on top
         else:
@@ -169,9 +140,8 @@ class RateLimiter:
                 self._ordinary.remove(waiter)
 
     def _leave(self, waiter: _Waiter) -> None:
-        """``waiter`` leaves the line (served or cancelled); the tokens in the bucket go to the callers at its
-        head at once (a woken caller returns without another turn of the loop: one token per turn would cap
-        the rate on a busy loop), and the caller then at its head is woken to sleep until the next token."""
+        """``waiter`` leaves; the bucket's tokens go to the callers at the head at once (one per turn of the
+        loop would cap the rate on a busy loop), and the next head is woken to sleep until the next token."""
         self._remove(waiter)
         self._refill()
         head = self._head()
@@ -186,9 +156,7 @@ class RateLimiter:
             head.turn.set_result(None)
 
     async def acquire(self, *, urgent: bool = False) -> None:
-        """Take one token, waiting for it when the bucket is empty: an ordinary caller behind every urgent
-        one and the ordinary ones that came first, an urgent one behind the urgent callers of a lower
-        :data:`URGENT_RANK` and those of its own that came first."""
+        """Take one token, waiting in line for it when the bucket is empty (see the class)."""
         self._refill()
         if self._head() is None and self._tokens >= _WHOLE:
             self._tokens -= 1
@@ -219,9 +187,7 @@ class RateLimiter:
             self._leave(waiter)
 
     def give_back(self) -> None:
-        """Return a token :meth:`acquire` gave and no request used (:class:`NotSentError`): the caller at the head of
-        the line takes it when it is woken (at once when it waits for its turn; at its next wake-up, within
-        1/``qps`` seconds, when it sleeps until the next token)."""
+        """Return a token :meth:`acquire` gave and no request used, to the caller at the head."""
         self._tokens += 1
         head = self._head()
         if head is not None and not head.turn.done():
@@ -229,13 +195,11 @@ class RateLimiter:
 
 
 class NotSentError(Exception):
-    """A request whose ``sending`` check (:meth:`KubeClient.request`) said no once its token came: it was not
-    sent, and the token went back to the rate limiter."""
+    """A request whose ``sending`` check (:meth:`KubeClient.request`) said no: not sent, its token given back."""
 
 
 class _Waiter:
-    """A caller in :class:`RateLimiter`'s line: ``turn`` is resolved when it reaches the head or is ``granted``
-    a token."""
+    """A caller in :class:`RateLimiter`'s line: ``turn`` resolves at the head or when ``granted``."""
 
     __slots__ = ("gone", "granted", "turn", "urgent")
 
@@ -246,34 +210,26 @@ class _Waiter:
         self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
-#: Threads (and connections) reserved for urgent calls: nodes (get, list, patch: finding and cordoning them) and
-#: Leases (get, create, update, delete, deletecollection: a late renewal loses the nodes held).
+#: Threads (and connections) reserved for urgent calls: node reads and cordons, and Lease calls.
 URGENT_THREADS = 16
 
-#: Threads (and connections) for the urgent calls of the replica's own upkeep (:data:`REPLICA_RANK`: its
-#: Lease's renewal, the watched copies' pages). Ranks order tokens, not threads: on a slow API server a storm's
-#: claims and cordons fill the urgent threads and queue for them, and a renewal queued behind them would let
-#: every claim the replica holds lapse.
+#: Threads for the replica's own upkeep (:data:`REPLICA_RANK`): ranks order tokens, not threads, and a renewal
+#: queued behind a slow API server's claims and cordons would let every claim lapse.
 REPLICA_THREADS = 2
 
-#: Watch connections the controller keeps open: pod deletions and nodes (queue_processor.drain.departures and
-#: queue_processor.drain.node_cache).
+#: Watch connections the controller keeps open (pod deletions, nodes).
 WATCHES = 2
 
 
 def load_api_client(
     kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS + REPLICA_THREADS + WATCHES
 ) -> client.ApiClient:
-    """An ApiClient from the in-cluster service account, or from a kubeconfig (``kubeconfig``, else
-    ``KUBECONFIG`` / ``~/.kube/config``) outside a cluster, keeping up to ``pool_size`` connections (one per
-    thread of :class:`KubeClient`: 32 for drains, :data:`URGENT_THREADS` for node and Lease calls,
-    :data:`REPLICA_THREADS` for the replica's own, and one per watch: with fewer, urllib3 discarded a
-    connection whenever all were busy, "Connection pool is full"). Raises
-    :class:`~queue_processor.outcomes.StartupError` (one line naming KUBECONFIG) when neither is usable."""
+    """An ApiClient from the in-cluster service account, else ``kubeconfig`` (or ``KUBECONFIG``), with one of
+    ``pool_size`` connections per thread and watch (fewer: "Connection pool is full"). Raises
+    :class:`~queue_processor.outcomes.StartupError` when neither is usable."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
-    # Only a connection that failed before the request went out is tried again down there; every other retry
-    # (429 with its Retry-After, 5xx, a reset) is KubeClient's, bounded and counted.
+    # Only a connection that failed before the request went out is retried here; KubeClient makes the rest.
     configuration.retries = urllib3.Retry(
         total=2, connect=2, read=False, status=0, other=0, redirect=0, respect_retry_after_header=False
     )
@@ -312,8 +268,7 @@ _backoff = wait_random_exponential(multiplier=0.2, max=5)
 
 
 def _wait(state: RetryCallState) -> float:
-    """Seconds before the next attempt: the answer's Retry-After (at most RETRY_AFTER_MAX_S), else jittered
-    exponential backoff."""
+    """Seconds before the next attempt: the answer's Retry-After (bounded), else jittered backoff."""
     error = state.outcome.exception() if state.outcome is not None else None
     if isinstance(error, KubeError) and error.retry_after_s is not None:
         return min(max(error.retry_after_s, 0.0), RETRY_AFTER_MAX_S)
@@ -321,11 +276,8 @@ def _wait(state: RetryCallState) -> float:
 
 
 class KubeClient:
-    """JSON access to the API server for the controller: ``threads`` for drain traffic and
-    :data:`URGENT_THREADS` more for urgent node and Lease calls (a cordon's rate is these threads over the API
-    server's latency under the storm's load, so they are not few). ``observer`` is told every request
-    (:meth:`~queue_processor.observe.observer.Observer.kube_request`). Raises :class:`KubeError` from every
-    call that fails."""
+    """JSON access to the API server: ``threads`` for drain traffic, more for urgent calls; ``observer`` is told
+    every request. Every call that fails raises :class:`KubeError`."""
 
     def __init__(
         self,
@@ -344,9 +296,8 @@ class KubeClient:
         self.attempts = attempts
         self.observer = observer
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
-        # Cordons and Lease renewals must not queue behind a storm's evictions and pod lists: threads of their own.
+        # Threads of their own: urgent calls must not queue behind drain traffic, nor the replica's behind those.
         self._urgent_pool = ThreadPoolExecutor(max_workers=URGENT_THREADS, thread_name_prefix="kube-urgent")
-        # ...and the replica's own upkeep (its Lease's renewal) must not queue behind a storm's claims and cordons.
         self._replica_pool = ThreadPoolExecutor(
             max_workers=REPLICA_THREADS, thread_name_prefix="kube-replica"
         )
@@ -356,9 +307,7 @@ class KubeClient:
         """``time.monotonic()`` of the last request that got no answer (connection refused, timeout)."""
 
     def close(self, *, wait: bool = True) -> None:
-        """Shut the thread pools down and close the connection pool. ``wait``: wait for the calls in progress
-        (each bounded by ``timeout_s``); without it, queued calls are cancelled and calls in progress are
-        abandoned (shutdown must not wait on a slow API server)."""
+        """Shut the thread pools and connections down; without ``wait``, abandon the calls in progress."""
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
         self._urgent_pool.shutdown(wait=wait, cancel_futures=not wait)
         self._replica_pool.shutdown(wait=wait, cancel_futures=not wait)
@@ -378,13 +327,10 @@ class KubeClient:
         agent: str | None = None,
         sending: Callable[[], bool] | None = None,
     ) -> Any:
-        """One API request; the decoded JSON answer. ``retry=False`` leaves 5xx answers to the caller;
-        ``urgent`` requests (node reads and patches: cordoning; Lease calls) pass the rate limiter before drain
-        traffic, in order of :data:`URGENT_RANK`, and run on threads of their own (those of
-        :data:`REPLICA_RANK` on :data:`REPLICA_THREADS` apart); ``agent`` is appended to the User-Agent
-        (``drain/<id>``: the API server's audit log then tells which drain sent it). ``sending``, when given,
-        is asked once the rate limiter gave the request its token (at each attempt), which may be seconds after
-        the call in a storm: ``False`` gives the token back and raises :class:`NotSentError`."""
+        """One API request; the decoded JSON answer. ``retry=False`` retries nothing; ``urgent`` requests pass the
+        rate limiter first and run on threads of their own; ``agent`` is appended to the User-Agent (``drain/<id>``,
+        for the audit log). ``sending`` is asked at each attempt once the token came (maybe seconds later):
+        ``False`` gives it back and raises :class:`NotSentError`."""
         if not retry:
             return await self._once(method, path, query, body, content_type, urgent, agent, sending)
         async for attempt in AsyncRetrying(
@@ -421,10 +367,8 @@ class KubeClient:
         try:
             status, data, retry_after = await asyncio.shield(sent)
         except asyncio.CancelledError:
-            # A thread cannot be stopped: a write already on its way still reaches the server. Its caller (a
-            # drain that stops) must not go on while it may still land, or a later drain of the node overlaps
-            # with it. So a cancelled write returns once answered (at most ``timeout_s``); a second
-            # cancellation ends that wait. A read changes nothing and is left behind.
+            # A thread cannot be stopped: a cancelled write returns once answered (at most ``timeout_s``) so that
+            # a later drain of the node does not overlap with it; a second cancellation ends that wait.
             if method != "GET" and not sent.done():
                 await asyncio.wait({sent})
             raise
@@ -480,8 +424,7 @@ class KubeClient:
         opened: Callable[[], None] | None = None,
         keep: Keep | None = None,
     ) -> str:
-        """A metadata-only watch of every pod (:meth:`watch`): names, uids and resourceVersions, no specs;
-        ``keep`` as :meth:`watch` takes it."""
+        """A metadata-only watch of every pod (:meth:`watch`)."""
         return await self.watch(
             "/api/v1/pods",
             resource_version,
@@ -501,21 +444,15 @@ class KubeClient:
         opened: Callable[[], None] | None = None,
         keep: Keep | None = None,
     ) -> str:
-        """A watch of every Node (:meth:`watch`), whole objects; ``keep`` as :meth:`watch` takes it."""
+        """A watch of every Node (:meth:`watch`)."""
         return await self.watch(
             "/api/v1/nodes", resource_version, deliver, timeout_s=timeout_s, opened=opened, keep=keep
         )
 
     async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[Obj], str]]:
-        """Every Node, ``limit`` at a time: a list from etcd paged with continue tokens (every page at the first
-        one's resourceVersion, "Retrieving large results sets in chunks" in API concepts), so that a cluster of
-        thousands of nodes is never held in memory whole. Yields each page's items and the list's
-        resourceVersion (where a watch of the nodes starts). Raises :class:`KubeError` (410 when a continue
-        token expired mid-list: list again).
-
-        The pages are urgent, as the node reads they spare are: claims and cordons wait for them at start-up
-        (:data:`~queue_processor.drain.node_cache.FIRST_COPY_WAIT_S`), and in the drain lane they would wait
-        behind every eviction queued."""
+        """Every Node, ``limit`` at a time ("Retrieving large results sets in chunks", API concepts); yields
+        each page's items and the list's resourceVersion. Urgent: claims and cordons wait for them at start-up.
+        Raises :class:`KubeError` (410 when a continue token expired: list again)."""
         token = ""
         while True:
             query = {"limit": str(limit), **({"continue": token} if token else {})}
@@ -538,25 +475,16 @@ class KubeClient:
         metadata_only: bool = False,
         keep: Keep | None = None,
     ) -> str:
-        """One watch connection to the collection ``path`` from ``resource_version``, with bookmarks: the
-        events come to ``deliver`` (called in the event loop, a list of ``{"type", "object"}`` per chunk the
-        server sent; the server's bookmarks are left out, and a chunk whose last line is not delivered ends with
-        one ``BOOKMARK`` event whose object carries only the resourceVersion reached) until the server ends the
-        stream after ``timeout_s`` seconds (``timeoutSeconds``). Returns the last resourceVersion seen (an
-        event's or a bookmark's), to watch on from. The stream is read by a thread of its own (a daemon: it
-        never holds the process up); the rate limiter is passed once per connection. ``opened`` is called (in
-        the loop) once the server accepted the watch. Metadata-only objects with ``metadata_only``
-        (:data:`METADATA_ONLY`). ``keep``, when given, is called in the watch thread with each event and returns
-        what is delivered in its place, or ``None`` to drop it: a receiver that reads little of a busy
-        collection (a storm's pods: several events for each deletion) then holds and queues to the loop only
-        that; a ``keep`` that raises ends the watch as a receiver that raises does (``WatchReceiverError``).
+        """One watch of the collection ``path`` from ``resource_version``, read by a daemon thread, until the
+        server ends it after ``timeout_s`` seconds; returns the last resourceVersion seen. ``deliver`` gets, in
+        the loop, the ``{"type", "object"}`` events of each chunk (server bookmarks left out; a chunk whose last
+        line was not delivered ends with a ``BOOKMARK`` carrying the resourceVersion reached). ``opened`` is
+        called once the server accepted it; ``keep`` filters events in the thread (:data:`Keep`).
 
-        Raises :class:`KubeError`: status 410 when the server says the resourceVersion is too old (an ERROR
-        event or an answer: read the current state again and watch from its resourceVersion, "Efficient
-        detection of changes" in API concepts); another error answer's status; 0 when the connection failed or
-        broke, or sent a line that is not an event (watch on from the last resourceVersion), and 0 with reason
-        ``WatchReceiverError`` when ``deliver`` or ``opened`` raised (the connection is closed: nothing more
-        is delivered). Cancelling it closes the connection."""
+        Raises :class:`KubeError`: 410 when the resourceVersion is too old (list again, "Efficient detection of
+        changes" in API concepts); an error answer's status; 0 when the connection failed or sent a line that is
+        not an event (watch on); 0 with reason ``WatchReceiverError`` when ``deliver``, ``opened`` or ``keep``
+        raised. Cancelling it closes the connection."""
         await self.limiter.acquire()
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[str] = loop.create_future()
@@ -663,8 +591,7 @@ class KubeClient:
     # ------------------------------------------------------------------------------------------ nodes
 
     def reachable(self) -> bool:
-        """Readiness: the API server answered the latest request that was made (or none was made yet). An
-        idle controller makes no request, and stays ready."""
+        """Readiness: the API server answered the latest request made (or none was made yet)."""
         return self.unreachable_at <= self.answered_at
 
     async def get_node(self, name: str) -> Obj | None:
@@ -678,8 +605,7 @@ class KubeClient:
         return node
 
     async def list_nodes(self, label_selector: str | None = None, *, cached: bool = False) -> list[Obj]:
-        """Every Node (matching ``label_selector``); ``cached`` reads from the API server's cache
-        (``resourceVersion=0``)."""
+        """Every Node (matching ``label_selector``); ``cached`` reads the API server's cache."""
         query = {"labelSelector": label_selector} if label_selector else {}
         if cached:
             query["resourceVersion"] = "0"
@@ -696,8 +622,7 @@ class KubeClient:
     # ------------------------------------------------------------------------------------------- pods
 
     async def pods_on_node(self, node: str, *, cached: bool = False) -> list[Obj]:
-        """The pods bound to ``node`` (``fieldSelector=spec.nodeName=<node>``), from the API server's cache
-        when ``cached`` (``resourceVersion=0``: cheaper, possibly stale)."""
+        """The pods bound to ``node``; ``cached`` reads the API server's cache (cheaper, maybe stale)."""
         query = {"fieldSelector": f"spec.nodeName={node}"}
         if cached:
             query["resourceVersion"] = "0"
@@ -705,8 +630,7 @@ class KubeClient:
         return list(answer.get("items") or [])
 
     async def pods_version(self) -> str:
-        """The current resourceVersion of the pods (a quorum list of at most one pod, ``limit=1``): where a watch
-        of every pod starts without reading them all."""
+        """The pods' current resourceVersion (a quorum list of one pod): where a watch of all pods starts."""
         answer = await self.request("GET", "/api/v1/pods", query={"limit": "1"})
         return str(answer["metadata"]["resourceVersion"])
 
@@ -720,13 +644,10 @@ class KubeClient:
         drain: str | None = None,
         sending: Callable[[], bool] | None = None,
     ) -> None:
-        """POST a policy/v1 Eviction (``grace_s``: ``deleteOptions.gracePeriodSeconds``, seconds; ``dry_run``:
-        ``dryRun=All``, every check and nothing deleted, as ``kubectl drain --dry-run=server``; ``drain``: the
-        ID of the drain that sends it, in the User-Agent as ``drain/<id>``; ``sending``: asked when the rate
-        limiter's token comes, ``False`` sends nothing: :meth:`request`). Raises :class:`KubeError`: 429 when a
-        PodDisruptionBudget allows no disruption now (its name in :attr:`KubeError.causes`), 500 when several
-        budgets match the pod, 404 when it is gone; :class:`NotSentError`. Not retried here: each answer means
-        something to the drain."""
+        """POST a policy/v1 Eviction (``grace_s`` seconds; ``dry_run``: ``dryRun=All``; ``drain`` and ``sending``
+        as :meth:`request` takes ``agent`` and ``sending``); not retried. Raises :class:`KubeError`: 429 when a
+        PodDisruptionBudget allows no disruption now (named in :attr:`KubeError.causes`), 500 when several
+        budgets match the pod, 404 when it is gone; :class:`NotSentError`."""
         body: Obj = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -751,10 +672,8 @@ class KubeClient:
     async def delete_pod(
         self, namespace: str, name: str, grace_s: int = 0, *, uid: str | None = None
     ) -> None:
-        """DELETE a pod with ``gracePeriodSeconds`` (0: removed from the API server at once, whatever still
-        runs on its node, as ``kubectl delete --force --grace-period=0``), only if its uid is ``uid`` (a
-        precondition) when given. No PodDisruptionBudget is checked. Raises :class:`KubeError` (404 when it is
-        gone, 409 when another pod of that name is there now)."""
+        """DELETE a pod, no PodDisruptionBudget checked (``grace_s`` 0: at once, as ``kubectl delete --force``),
+        on the precondition of ``uid`` when given. Raises :class:`KubeError` (404 gone, 409 another uid)."""
         body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_s}
         if uid:
             body["preconditions"] = {"uid": uid}
@@ -778,8 +697,7 @@ class KubeClient:
         return list(answer.get("items") or [])
 
     async def pods_selected(self, namespace: str, label_selector: str) -> list[Obj]:
-        """The pods of ``namespace`` matching ``label_selector`` (a Deployment's, for SURGE_DRAINS: which pods a
-        surge record names are still there)."""
+        """The pods of ``namespace`` matching ``label_selector``."""
         answer = await self.request(
             "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": label_selector}
         )
@@ -800,9 +718,8 @@ class KubeClient:
         return deployment
 
     async def patch_deployment(self, namespace: str, name: str, patch: Obj) -> Obj:
-        """JSON merge patch (RFC 7386) of an apps/v1 Deployment; the Deployment after it. A
-        ``metadata.resourceVersion`` in ``patch`` is a precondition: :class:`KubeError` 409 when it is
-        stale. Not retried here: the caller reads again."""
+        """Merge-patch (RFC 7386) an apps/v1 Deployment; the Deployment after it. Not retried; a
+        ``metadata.resourceVersion`` in ``patch`` is a precondition (:class:`KubeError` 409 when stale)."""
         deployment: Obj = await self.request(
             "PATCH",
             f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
@@ -824,8 +741,7 @@ class KubeClient:
         await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
 
     # ------------------------------------------------------------------------------------------ leases
-    # Urgent, as node calls: a renewal that waits behind a storm's evictions lets the Lease lapse and the node
-    # go to another replica (DESIGN.md rule 10).
+    # Urgent: a renewal behind a storm's evictions lets the Lease lapse (DESIGN.md rule 10).
 
     async def get_lease(self, namespace: str, name: str) -> Obj | None:
         """The Lease, or ``None``."""
@@ -840,9 +756,7 @@ class KubeClient:
         return lease
 
     async def create_lease(self, namespace: str, lease: Obj) -> Obj:
-        """Create a Lease; :class:`KubeError` 409 when it exists. Retried like any request (a 429, a 5xx, a
-        reset): a create the server had made before the retry answers 409, and the claim then reads the Lease
-        and finds it its own (:meth:`queue_processor.leases.NodeLeases.claim`)."""
+        """Create a Lease; :class:`KubeError` 409 when it exists (also after a retried create that had landed)."""
         created: Obj = await self.request(
             "POST",
             f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
@@ -864,8 +778,7 @@ class KubeClient:
         return replaced
 
     async def patch_lease(self, namespace: str, name: str, patch: Obj) -> Obj:
-        """Merge-patch a Lease (RFC 7386: an annotation added leaves the others, and needs no resourceVersion);
-        the Lease after it. :class:`KubeError` 404 when it is gone."""
+        """Merge-patch (RFC 7386) a Lease; the Lease after it. :class:`KubeError` 404 when it is gone."""
         patched: Obj = await self.request(
             "PATCH",
             f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
@@ -876,8 +789,7 @@ class KubeClient:
         return patched
 
     async def list_leases(self, namespace: str, label_selector: str) -> tuple[list[Obj], str]:
-        """The Leases of ``namespace`` that ``label_selector`` selects, and the list's resourceVersion (where a
-        watch of them starts)."""
+        """The Leases of ``namespace`` that ``label_selector`` selects, and the list's resourceVersion."""
         answer: Obj = await self.request(
             "GET",
             f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
@@ -908,8 +820,7 @@ class KubeClient:
         )
 
     async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
-        """Delete a Lease, only if it is still at ``resource_version`` when given (a precondition: 409
-        Conflict otherwise, :class:`KubeError`); one already gone is not an error."""
+        """Delete a Lease (if still at ``resource_version`` when given, else 409); one already gone is fine."""
         body = None
         if resource_version is not None:
             body = {"preconditions": {"resourceVersion": resource_version}}
@@ -927,11 +838,8 @@ class KubeClient:
     async def delete_leases(
         self, namespace: str, label_selector: str, *, sending: Callable[[], bool] | None = None
     ) -> list[str]:
-        """Delete every Lease of ``namespace`` that ``label_selector`` selects, in one request (the
-        ``deletecollection`` verb; no precondition: the selector is the condition) and return the names of
-        those deleted (the API server answers with the list of the objects it deleted: "Delete Collection",
-        Kubernetes API reference, Lease v1). ``sending`` is asked before each attempt (:meth:`request`).
-        Raises :class:`KubeError`, :class:`NotSentError`."""
+        """Delete the Leases ``label_selector`` selects in one request ("Delete Collection", API reference, Lease
+        v1); the names deleted. ``sending`` as :meth:`request`. Raises :class:`KubeError`, :class:`NotSentError`."""
         deleted: Obj = await self.request(
             "DELETE",
             f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
@@ -947,8 +855,7 @@ class _KeepError(Exception):
 
 
 class _Stream:
-    """What a watch thread shares with the event loop: ``deliver`` and ``ended`` are the loop's, reached only
-    through :meth:`call`; :meth:`close` (from the loop) shuts the connection down, which ends a blocked read."""
+    """What a watch thread shares with the loop (``deliver`` and ``ended`` only through :meth:`call`)."""
 
     def __init__(
         self,
@@ -980,11 +887,9 @@ class _Stream:
             self.close()
 
     def end(self, rv: str) -> None:
-        """The stream ended after ``rv``: the watch's answer."""
         self.call(self._settle, rv, None)
 
     def fail(self, exc: BaseException) -> None:
-        """The watch raises ``exc``."""
         self.call(self._settle, "", exc)
 
     def _settle(self, rv: str, exc: BaseException | None) -> None:

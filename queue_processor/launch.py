@@ -1,13 +1,7 @@
-"""The launch path: a launching instance's node is waited for, then its launch actions are completed.
-
-:meth:`Launches.run` waits until the instance's node is registered and Ready, then completes its launch
-actions (those headed for a warm pool only with COMPLETE_WARM_POOL_LAUNCH) with CONTINUE, undoing first what
-we did to a node coming back into service (UNCORDON_ON_RETURN) once no drain of it runs here or on another
-replica (a stop's duplicate, received late, may still drain it there). Only while work can still finish them
-(DESIGN.md rule 9): an instance EC2 lists as shutting down or terminated ends its actions (acknowledged at
-once), an action AWS says is over is settled, and a node not Ready LAUNCH_READY_TIMEOUT_SEC after the action
-began (:func:`~queue_processor.deadlines.launch_ready_deadline`: the same moment at every receive, on every
-replica) gets the hook's DefaultResult.
+"""The launch path: wait until a launching instance's node is registered and Ready, then complete its launch actions
+with CONTINUE (warm-pool ones only with COMPLETE_WARM_POOL_LAUNCH), first undoing our cordon of a node back in
+service (UNCORDON_ON_RETURN). Only while work can still finish them (DESIGN.md rule 9): an ended instance ends its
+actions, and a node not Ready within LAUNCH_READY_TIMEOUT_SEC gets the hook's DefaultResult.
 """
 
 from __future__ import annotations
@@ -41,10 +35,8 @@ __all__ = ["Launches"]
 
 
 class Launches(Steps):
-    """Runs launch operations (see the module docstring). ``draining(instance_id)`` says whether a drain of
-    the instance runs here now, ``leases`` (NODE_LEASES) whether another replica holds the node's Lease
-    (:meth:`NodeLeases.held_elsewhere_now <queue_processor.leases.NodeLeases.held_elsewhere_now>`): a node
-    being drained is never uncordoned for a launch."""
+    """Runs launch operations (see the module docstring). ``draining(instance_id)`` and ``leases`` (NODE_LEASES)
+    tell whether the node is being drained here or elsewhere: such a node is never uncordoned."""
 
     def __init__(
         self,
@@ -102,9 +94,8 @@ class Launches(Steps):
     async def _ready_node(
         self, ctx: OperationContext, info: InstanceInfo | None, deadline: float
     ) -> dict[str, Any] | Outcome:
-        """Wait (polling, backing off from 0.1 s to 5 s; :meth:`_find`) until the instance's node is registered
-        and Ready, at most until ``deadline`` (:attr:`clock` seconds); the node, or the outcome when the launch
-        ended otherwise."""
+        """Poll (0.1 s backing off to 5 s) until the node is registered and Ready, at most until ``deadline``
+        (:attr:`clock` seconds); the node, or the outcome when the launch ended otherwise."""
         operation = ctx.operation
         poll = 0.1
         while True:
@@ -130,8 +121,8 @@ class Launches(Steps):
             info = await self.resolver.get(operation.instance_id)
 
     async def _find(self, info: InstanceInfo) -> dict[str, Any] | None:
-        """The instance's node: from the watched copy of the nodes while it is current (no request: a few
-        hundred launches polling at once would fill KUBE_API_QPS ahead of every eviction), else looked up."""
+        """The instance's node: from the watched copy of the nodes while it is current (hundreds of launches polling
+        must not spend the KUBE_API_QPS evictions need), else looked up."""
         watched = self.drainer.nodes
         if watched is not None:
             await watched.first_answer(FIRST_COPY_WAIT_S)
@@ -141,11 +132,9 @@ class Launches(Steps):
         return await self.finder.find(info)
 
     async def _undo_on_return(self, ctx: OperationContext, deadline: float) -> None:
-        """The launching instance is going into service and its node is Ready: undo what we did to the node
-        when it carries our record for this instance (DESIGN.md rule 12), once no drain of it runs here or on
-        another replica (:meth:`_drains_over`). A launch out of a warm pool is proof of its return; another
-        launch only when the instance was started since our cordon (:func:`~queue_processor.returns.came_back`).
-        """
+        """Undo what we did to the Ready node when it carries our record for this instance (DESIGN.md rule 12), once
+        no drain of it runs (:meth:`_drains_over`): a launch out of a warm pool proves the return, another launch
+        only a start since our cordon (:func:`~queue_processor.returns.came_back`)."""
         operation = ctx.operation
         watched = self.drainer.nodes
         copy = watched.get(ctx.node) if watched is not None else None
@@ -171,8 +160,7 @@ class Launches(Steps):
             )
 
     def _being_drained(self, ctx: OperationContext) -> bool:
-        """Whether a drain of the launching instance's node runs here or on another replica (as the watched
-        node Leases show it: on the node as read for the undo)."""
+        """Whether a drain of the node runs here or on another replica (as the watched Leases say)."""
         leases = self.leases
         return self.draining(ctx.operation.instance_id) or (
             leases is not None and leases.held_elsewhere(ctx.node)
@@ -186,11 +174,9 @@ class Launches(Steps):
         return leases is not None and await leases.held_elsewhere_now(ctx.node)
 
     async def _drains_over(self, ctx: OperationContext, deadline: float) -> bool:
-        """Wait (polling, backing off from 0.1 s to 2 s) until no drain of the node runs here or on another
-        replica, at most until ``deadline`` (:attr:`clock` seconds: the launch's LAUNCH_READY_TIMEOUT_SEC, the
-        launch actions heartbeated meanwhile); whether none runs. A duplicate of the stop that put the instance
-        into its warm pool, received late, can drain the node as the instance comes back: giving the node back
-        under that drain would let it evict pods from a node in service, cordon undone."""
+        """Poll (0.1 s backing off to 2 s) until no drain of the node runs here or elsewhere, at most until
+        ``deadline`` (:attr:`clock` seconds); whether none runs. A late duplicate of a stop can drain the node as
+        the instance comes back: uncordoning it under that drain would evict pods from a node in service."""
         poll = 0.1
         try:
             while await self._being_drained_now(ctx):
@@ -207,8 +193,7 @@ class Launches(Steps):
             self.waiting.discard(ctx.node)
 
     async def _ended(self, ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
-        """The launching instance is shutting down or terminated (or EC2 no longer shows it): its launch
-        actions ended with it. Their heartbeats stop and the messages are acknowledged."""
+        """The launching instance ended, and its actions with it: heartbeats stop, messages acknowledged."""
         ctx.log.info("launching instance terminated: its launch actions are over", state=info and info.state)
         operation = ctx.operation
         for action in operation.unsettled():
@@ -218,10 +203,8 @@ class Launches(Steps):
         return Outcome.DONE
 
     async def _not_ready(self, ctx: OperationContext, registered: bool) -> Outcome:
-        """LAUNCH_READY_TIMEOUT_SEC has passed since the launch began and the node is not Ready: each launch
-        action is completed with its hook's DefaultResult (ABANDON when the hook cannot be read), as Auto
-        Scaling would at the hook's timeout, but now, instead of heartbeats keeping a broken instance in
-        ``Pending:Wait`` until the message reaches the dead-letter queue."""
+        """LAUNCH_READY_TIMEOUT_SEC passed without a Ready node: complete each action with its hook's DefaultResult
+        now, as Auto Scaling would at its timeout, rather than heartbeat a broken instance on."""
         self.observer.operation_outcome(OperationOutcome.LAUNCH_NOT_READY)
         operation = ctx.operation
         for action in operation.unsettled():

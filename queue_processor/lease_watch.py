@@ -1,18 +1,8 @@
-"""The node Leases as one watch sees them: who holds each, and the events handed over on it.
+"""The node Leases as one watch sees them: who holds each, and the events handed over on it (NODE_LEASES).
 
-With NODE_LEASES every replica lists and watches the node Leases of its namespace (those carrying the label
-``queue-processor/lease``, :data:`~queue_processor.leases.LEASE_LABEL`), keeping of each its holder and its
-hand-over annotations (:mod:`queue_processor.handover`). Two things wait on it:
-
-- a replica that received an event for a node whose Lease another replica holds waits for that Lease to be
-  released (:meth:`LeaseWatch.released`) instead of requeuing its message again and again (each receive counts
-  towards the queue's redrive to the dead-letter queue);
-- the holder learns at once of the events handed to it (:attr:`LeaseWatch.on_handed`, called in the event loop
-  whenever a Lease's hand-over annotations change).
-
-A refusal (no ``leases`` ``list``/``watch`` right: a Role from before this version) is logged once; waiting
-replicas then try their claim again every :data:`UNWATCHED_POLL_S` seconds, and a holder learns of an event
-handed to it only by its own receive of the message. The loop is :class:`~queue_processor.drain.watched.Watched`.
+A replica whose node Lease another holds waits for its release (:meth:`LeaseWatch.released`) instead of
+requeuing its message (each receive counts towards the dead-letter redrive); the holder learns at once of events
+handed to it (:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
 
 Kubernetes documents: "Efficient detection of changes" (API concepts); "Leases" (Kubernetes concepts).
 """
@@ -30,8 +20,7 @@ from queue_processor.kube import KubeClient
 
 __all__ = ["REPLICA_ANNOTATION", "UNWATCHED_POLL_S", "LeaseWatch"]
 
-#: The annotation of a node Lease naming the Lease of the replica that holds it (the claim lives as long as
-#: that replica Lease is renewed).
+#: The annotation of a node Lease naming the replica Lease it is held by (held while that one is renewed).
 REPLICA_ANNOTATION = "queue-processor/replica-lease"
 
 #: Without a live watch: how often a replica waiting for a node's Lease tries its claim again (seconds).
@@ -39,8 +28,8 @@ UNWATCHED_POLL_S = 5.0
 
 
 class LeaseWatch(Watched):
-    """The watched node Leases of ``namespace`` selected by ``selector`` (see the module), started by
-    :meth:`start` and ended by :meth:`close`. Raises nothing: failures are retried with backoff."""
+    """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`.
+    Raises nothing: failures are retried with backoff."""
 
     name = "lease-watch"
     refusal = (
@@ -63,24 +52,21 @@ class LeaseWatch(Watched):
         """Called (in the event loop) with a Lease's name and its hand-over annotations whenever they change."""
 
     def holder(self, name: str) -> str | None:
-        """The ``holderIdentity`` of Lease ``name`` as the copy has it (``None``: no such Lease, or no current
-        copy)."""
+        """The ``holderIdentity`` of Lease ``name`` (``None``: no such Lease, or no current copy)."""
         return self._holders.get(name) if self.live else None
 
     def replica(self, name: str) -> str | None:
-        """The replica Lease that node Lease ``name`` names (:data:`REPLICA_ANNOTATION`) as the copy has it
-        (``None``: none, no such Lease, or no current copy)."""
+        """The replica Lease that node Lease ``name`` names (:data:`REPLICA_ANNOTATION`), or ``None``."""
         return self._replicas.get(name) if self.live else None
 
     def handed(self, name: str) -> dict[str, str]:
-        """The hand-over annotations of Lease ``name`` as the copy has it (empty without a current copy)."""
+        """The hand-over annotations of Lease ``name`` (empty without a current copy)."""
         return dict(self._handed.get(name) or {}) if self.live else {}
 
     async def released(self, name: str, holder: str | None, within_s: float) -> None:
-        """Return once the copy shows Lease ``name`` no longer held by ``holder`` (deleted, or another holder;
-        with ``holder`` ``None``, a Lease the copy does not know: at its next change, or already released, so
-        after :data:`UNWATCHED_POLL_S` at most), or after ``within_s`` seconds; without a current copy, after
-        :data:`UNWATCHED_POLL_S` at most. Raises nothing but ``CancelledError``."""
+        """Return once Lease ``name`` is no longer held by ``holder`` (``None``: at its next change), or after
+        ``within_s`` seconds (:data:`UNWATCHED_POLL_S` at most when ``holder`` is ``None`` or the copy is not
+        current). Raises nothing but ``CancelledError``."""
         if not self.live or holder is None:
             within_s = min(within_s, UNWATCHED_POLL_S)
         if not self.live:

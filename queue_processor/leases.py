@@ -1,41 +1,10 @@
-"""Per-node coordination.k8s.io/v1 Leases: with several replicas consuming one queue, the drain of a node is
-exclusive (DESIGN.md rule 6).
+"""Per-node coordination.k8s.io/v1 Leases making a node's drain exclusive among replicas (DESIGN.md rule 6;
+the design: docs/architecture.md, "Claim").
 
-Two kinds of Lease live in the replica's namespace:
-
-- the replica's own, ``queue-processor.replica.<identity>`` (:class:`ReplicaLease`), renewed every third of
-  its duration (NODE_LEASE_DURATION_SEC) while the replica holds any node; its ``holderIdentity`` is
-  :attr:`NodeLeases.holder`, ``<identity>/<incarnation>``, the incarnation a token drawn when the process
-  starts (a container restarted in the same pod is another incarnation: what its predecessor held is free once
-  this process writes the Lease, at its first claim);
-- a node's, ``queue-processor-<node>``, which a replica :meth:`NodeLeases.claim`\\ s before PreDrain and
-  writes twice in all: created (or taken) with the same ``holderIdentity``, the annotation
-  :data:`REPLICA_ANNOTATION` naming the replica's Lease and the labels :data:`HOLDER_LABEL` and
-  :data:`LEASE_LABEL`, and released (deleted) when the node's handling ends: with the other node Leases the
-  replica released within :data:`RELEASE_BATCH_S`, in one ``deletecollection`` request whose label selector
-  names the holder and each Lease (a storm's releases cost a request per batch, not per node). It is held
-  for as long as that replica Lease still names the same holder and is renewed: one renewal per replica
-  every third of the duration, not one per node being handled (a storm's drains, each lasting a minute or
-  more, cost a node Lease write every 20 s each before).
-
-Another replica takes a node Lease over when it is released, or when the replica Lease it names is gone,
-names another holder, or was not renewed for its ``leaseDurationSeconds``; a node Lease without the
-annotation, or whose holder is not the replica it names (an earlier version's, which renews it and may keep an
-annotation it found), when its own ``renewTime`` + ``leaseDurationSeconds`` is past. A taker writes its own
-holder label, so that no batch of the replica it took the Lease from selects it. A release the API server did
-not answer is made again, alone, at each renewal. Every write goes
-through the API server's optimistic concurrency (create → 409 AlreadyExists, replace with a stale
-resourceVersion → 409 Conflict: another replica won). A node Lease this version writes says
-``leaseDurationSeconds`` :data:`HELD_BY_REPLICA_S`: a replica of an earlier version (a rolling upgrade), which
-judges a node Lease by its own renewal, takes none of ours that is still being handled.
-
-When the replica Lease is not renewed for a whole duration (the API server did not answer, or the process was
-paused: a timer ends the claims at the lapse even while a renewal hangs), is renewed only by a write answered
-after that, or is found deleted or rewritten by someone else, every node Lease held until then may have been
-taken: each such :class:`Claim` is lost (``lost`` set, :class:`ClaimLost` from :meth:`Claim.confirm`) and its
-operation requeued (EarlyExit); a replica that finds a node Lease held by another lets its message be
-requeued: whatever the holder does, a later retry finds the node drained and finishes at once.
-:meth:`NodeLeases.close` (at shutdown, after the operations ended) deletes the replica Lease.
+A node's Lease, ``queue-processor-<node>``, is created by :meth:`NodeLeases.claim`, names the claiming replica's
+own Lease (:class:`ReplicaLease`, renewed while it holds any node) and is held while that one is renewed; it is
+deleted when released. Another replica takes it over once it is released or the replica Lease it names lapsed;
+writes rely on optimistic concurrency (409: another replica won). A lapse loses every :class:`Claim` held.
 
 "Leases" (Kubernetes concepts, coordination.k8s.io/v1).
 """
@@ -89,18 +58,14 @@ RENEW_ATTEMPTS = 3
 #: Seconds before a failed renewal of the replica Lease is tried again (or a renewal period, when shorter).
 RENEW_RETRY_S = 2.0
 
-#: The annotation of a node Lease naming the replica Lease it is held by.
-
 #: ``leaseDurationSeconds`` of a node Lease held by a replica Lease: what an earlier version, which judges a
 #: node Lease by its own ``renewTime``, reads as its duration (an hour: longer than any drain).
 HELD_BY_REPLICA_S = 3600
 
-#: The label of a node Lease naming its holder (:func:`label_value` of ``holderIdentity``, which a label value
-#: cannot hold as it is): what a batch of releases selects the replica's own Leases by.
+#: The label naming a node Lease's holder (:func:`label_value`): what a batch of releases selects by.
 HOLDER_LABEL = "queue-processor/holder"
 
-#: The label of a node Lease naming the Lease itself (:func:`label_value` of its name, which may be longer than
-#: a label value): what a batch of releases selects each Lease by (``in (…)``).
+#: The label naming the node Lease itself (:func:`label_value`): what a batch selects each by (``in (…)``).
 LEASE_LABEL = "queue-processor/lease"
 
 #: Seconds a released node Lease waits for others to be released with it (one request for all).
@@ -120,14 +85,12 @@ def lease_name(node: str) -> str:
 
 
 def replica_lease_name(identity: str) -> str:
-    """``queue-processor.replica.<identity>``, made a valid object name: never a node Lease's name (those have
-    a hyphen where this has its first dot)."""
+    """``queue-processor.replica.<identity>``, made a valid object name, never a node Lease's."""
     return _object_name("queue-processor.replica." + identity)
 
 
 def label_value(text: str) -> str:
-    """A label value standing for ``text`` (a holder identity or a Lease name, which may not fit one): the 20
-    hexadecimal digits of its BLAKE2b digest."""
+    """A label value standing for ``text``, which may not fit one: 20 hex digits of its BLAKE2b digest."""
     return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
@@ -193,8 +156,7 @@ def _held(
     annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``lease`` as ``holder`` writes it (on its resourceVersion): renewed now, acquired now (one transition
-    more) when it was someone else's, ``annotations`` and ``labels`` added."""
+    """``lease`` as ``holder`` writes it on its resourceVersion: renewed (and acquired, if someone else's)."""
     now = _now().strftime(_MICRO)
     metadata = dict(lease.get("metadata") or {})
     if annotations:
@@ -210,10 +172,9 @@ def _held(
 
 
 class ReplicaLease:
-    """This replica's own Lease (see the module): written before the first claim, renewed every
-    ``renew_every_s`` while claims are held (one write in flight at a time, shared with every
-    :meth:`Claim.confirm` and claim), deleted by :meth:`close`. ``renewed_at`` is the monotonic time the last
-    write that succeeded was sent; ``epoch`` counts the lapses: a claim made in an earlier epoch is lost."""
+    """This replica's own Lease, ``queue-processor.replica.<identity>``: written before the first claim, renewed
+    while claims are held (one write in flight at a time), deleted by :meth:`close`. ``renewed_at`` is the
+    monotonic time the last successful write was sent; ``epoch`` counts lapses (a claim of an earlier one is lost)."""
 
     def __init__(self, leases: NodeLeases) -> None:
         self._leases = leases
@@ -227,24 +188,21 @@ class ReplicaLease:
         self._renewer: asyncio.Task[None] | None = None
         self._lapse: asyncio.TimerHandle | None = None
         self.unreleased: dict[str, dict[str, Any]] = {}
-        """Node Leases whose release failed (name → the Lease as last written): released again at each
-        renewal, so that a Lease still naming us is not held for as long as we hold other nodes."""
+        """Node Leases whose release failed (name → the Lease as last written): released again at each renewal."""
 
     def age(self) -> float:
         """Seconds since the last renewal that succeeded was sent (infinite before the first)."""
         return self._leases.clock() - self.renewed_at
 
     async def renew(self) -> KubeError | None:
-        """Write the Lease now, or wait for the write in flight and take its result: ``None`` when it was
-        written, else the error (logged). A lapse found on the way ends the epoch first."""
+        """Write the Lease now, or join the write in flight: ``None`` when written, else the error (logged)."""
         if self._renewal is None or self._renewal.done():
             self._renewal = asyncio.create_task(self._renew_once(), name=f"renew-{self.name}")
         # Shielded: a caller cancelled mid-renewal (its eviction stopped) leaves the write to the others.
         return await asyncio.shield(self._renewal)
 
     async def fresh(self) -> None:
-        """Renew the Lease unless it was renewed within a renewal period. Raises the :class:`KubeError` that
-        kept it from being written."""
+        """Renew the Lease unless renewed within a renewal period. Raises the :class:`KubeError` that stopped it."""
         if self.age() >= self._leases.renew_every_s:
             error = await self.renew()
             if error is not None and self.age() >= self._leases.renew_every_s:
@@ -292,8 +250,7 @@ class ReplicaLease:
                     self.lease = current  # written again on its resourceVersion (or created again)
                     continue
                 if leases.clock() - self.renewed_at >= leases.duration_s:
-                    # Landed after the last renewal had lapsed: another replica may have read the Lease
-                    # expired before this write and taken what it named.
+                    # Landed after a lapse: another replica may have taken what it named meanwhile.
                     self._end_epoch(f"the replica's Lease {self.name} was renewed only after it had lapsed")
                 self.renewed_at = sent
                 self._watch_lapse()
@@ -323,8 +280,7 @@ class ReplicaLease:
             self._lapse = None
 
     def _watch_lapse(self) -> None:
-        """End the epoch when the Lease lapses while claims are held, even while a renewal hangs (a claim is
-        then lost at once, not at its next confirmation)."""
+        """End the epoch when the Lease lapses while claims are held, even while a renewal hangs."""
         self._unwatch_lapse()
         if self.claims:
             wait = max(0.0, self._leases.duration_s - self.age())
@@ -339,8 +295,7 @@ class ReplicaLease:
             self._watch_lapse()
 
     async def drop(self, claim: Claim) -> None:
-        """Stop counting ``claim``; the last one stops the renewal (and a write in flight that no claim in
-        progress waits for)."""
+        """Stop counting ``claim``; the last one stops the renewal."""
         self.claims.discard(claim)
         if not self.claims:
             self._unwatch_lapse()
@@ -351,9 +306,8 @@ class ReplicaLease:
             await tasks.stop(renewer, renewal)
 
     async def close(self, timeout_s: float = 1.0) -> None:
-        """Stop renewing and delete the Lease if it is ours, so that what it still held is free at once; the
-        deletion is waited for at most ``timeout_s`` seconds (the shutdown's budget). Errors are logged, not
-        raised."""
+        """Stop renewing and delete the Lease if it is ours (what it held is then free at once), waiting at most
+        ``timeout_s`` seconds. Errors are logged, not raised."""
         self._end_epoch(f"the replica's Lease {self.name} was given up (shutdown)")
         self._unwatch_lapse()
         renewer, self._renewer = self._renewer, None
@@ -370,13 +324,10 @@ class ReplicaLease:
 
 
 class Claim:
-    """A held node Lease; :meth:`release` it when the node's handling ends.
-
-    ``lost`` is set when the replica Lease lapses (or is found deleted or rewritten) while the claim is held:
-    another replica may have taken the node. The operation stops when ``lost`` is set (EarlyExit).
-    :meth:`confirm` is called before anything that must not be done twice (an eviction, a lifecycle
-    completion): when the replica Lease's last renewal is older than a renewal period (a paused process wakes
-    up), it is renewed first, and :class:`ClaimLost` raised when this claim did not outlive it."""
+    """A held node Lease; :meth:`release` it when the node's handling ends. ``lost`` is set when the replica
+    Lease lapses (or is found deleted or rewritten): another replica may have taken the node, and the operation
+    stops (EarlyExit). :meth:`confirm` it before anything that must not be done twice (an eviction, a lifecycle
+    completion)."""
 
     def __init__(self, leases: NodeLeases, lease: dict[str, Any], epoch: int) -> None:
         self._leases = leases
@@ -398,9 +349,8 @@ class Claim:
             self.lost.set()
 
     async def confirm(self) -> None:
-        """Make sure the node Lease is still ours: the replica Lease is renewed first (or the renewal in
-        flight waited for) when its last renewal is older than a renewal period. Raises :class:`ClaimLost`
-        when the claim is lost."""
+        """Make sure the node Lease is still ours, renewing the replica Lease first when older than a renewal
+        period (a paused process wakes up). Raises :class:`ClaimLost` when the claim is lost."""
         replica = self._leases.replica
         if not self.lost.is_set() and replica.age() >= self._leases.renew_every_s:
             await replica.renew()
@@ -411,12 +361,8 @@ class Claim:
             raise ClaimLost(f"Lease {self.name} was lost")
 
     async def release(self) -> None:
-        """Give the node Lease up. A claim still held is deleted with the others this replica releases within
-        :data:`RELEASE_BATCH_S` (:meth:`NodeLeases.flush` sends them at once and waits): the node is free
-        within that. A lost claim's Lease is released alone (:meth:`NodeLeases.clear`: one another replica
-        took is left to it). One the API server did not answer is released again at each renewal while this
-        replica holds other nodes (holding none, its own Lease lapses and frees it). The last claim released
-        stops the replica Lease's renewal. Errors are logged, not raised."""
+        """Give the node Lease up: in the next batch of releases, or alone when lost (:meth:`NodeLeases.clear`);
+        one not answered is released again at each renewal while other nodes are held. Errors are logged."""
         leases = self._leases
         await leases.replica.drop(self)
         if (
@@ -437,11 +383,9 @@ class Claim:
 
 
 class NodeLeases:
-    """Node Lease claims for ``identity`` (this replica: its pod name) in ``namespace``, held while the replica
-    Lease is renewed: it lapses ``duration_s`` whole seconds (``leaseDurationSeconds`` is an int32) after its
-    last renewal, renewed every ``renew_every_s`` seconds (default: a third of the duration). ``incarnation``
-    (default: random) tells this process from an earlier one of the same pod; ``clock`` returns monotonic
-    seconds."""
+    """Node Lease claims for ``identity`` (the pod name) in ``namespace``: the replica Lease lapses ``duration_s``
+    whole seconds after its last renewal, renewed every ``renew_every_s`` (default: a third). The holder is
+    ``<identity>/<incarnation>`` (default: random), telling this process from an earlier one of the same pod."""
 
     def __init__(
         self,
@@ -473,16 +417,13 @@ class NodeLeases:
         self._lapsed: dict[str, float] = {}  # holder → clock() when its replica Lease was found lapsed
         self._live: dict[str, float] = {}  # holder → clock() when its replica Lease was found current
         self.watch = LeaseWatch(kube, self.namespace, LEASE_LABEL)
-        """The watched node Leases of the namespace (:mod:`queue_processor.lease_watch`), started by the
-        controller (:meth:`LeaseWatch.start`) and stopped by :meth:`close`."""
+        """The watched node Leases of the namespace, started by the controller and stopped by :meth:`close`."""
         self.batches = True
-        """Whether releases go in batches: set false when the API server refuses ``deletecollection`` (a Role
-        without the verb: the releases then go one by one, logged once)."""
+        """Whether releases go in batches: false once the API server refused ``deletecollection``."""
 
     async def claim(self, node: str) -> Claim | None:
-        """The node's Lease for this replica, or ``None`` when another replica holds it. The replica Lease is
-        written first when its last renewal is older than a renewal period (a storm's first claim: one more
-        request per replica). Raises :class:`KubeError` when the API server cannot be reached."""
+        """The node's Lease for this replica, or ``None`` when another replica holds it (the replica Lease is
+        renewed first when due). Raises :class:`KubeError` when the API server cannot be reached."""
         name = lease_name(node)
         replica = self.replica
         replica._claiming += 1
@@ -550,11 +491,9 @@ class NodeLeases:
                 replica.unreleased.setdefault(name, unreleased)
 
     def held_elsewhere(self, node: str) -> bool:
-        """Whether another replica holds node ``node``'s Lease, as the watched copy shows (:attr:`watch`):
-        ``True`` too while that copy is not current, unless the API server refused the watch (then nothing is
-        known, and ``False``); ``False`` for a holder :meth:`held_elsewhere_now` found lapsed within the last
-        renewal period. The check for instances back in service, and a launch, leave such a node alone: its
-        drain may run, or wait for its turn, on that replica."""
+        """Whether another replica holds node ``node``'s Lease, as :attr:`watch` shows: ``True`` too while the copy
+        is not current (``False`` when the watch was refused), ``False`` for a holder :meth:`held_elsewhere_now`
+        found lapsed within the last renewal period."""
         if not self.watch.live:
             return self.watch.refused is None
         holder = self.watch.holder(lease_name(node))
@@ -564,11 +503,9 @@ class NodeLeases:
         return lapsed is None or self.clock() - lapsed >= self.renew_every_s
 
     async def held_elsewhere_now(self, node: str) -> bool:
-        """:meth:`held_elsewhere`, and its holder's replica Lease confirmed current, as a claim judges it: a
-        replica killed while it held the node leaves its node Lease behind, and the node is free once that
-        replica's own Lease lapsed (or was deleted), or when the holder was our own pod's earlier process. One
-        GET of a holder's replica Lease per renewal period at most (its answer is kept, by holder). An error,
-        a copy not current, or a Lease of an earlier version (no replica annotation): held."""
+        """:meth:`held_elsewhere`, with the holder's replica Lease confirmed current (read once per renewal period
+        at most): a killed replica's node Lease is free once its replica Lease lapsed, or when it was our pod's
+        earlier process. An error, a copy not current, or an earlier version's Lease: held."""
         if not self.held_elsewhere(node):
             return False
         name = lease_name(node)
@@ -599,12 +536,9 @@ class NodeLeases:
         return not lapsed
 
     async def clear(self, lease: dict[str, Any] | None) -> bool:
-        """Release a node Lease as we last wrote it: deleted, on the precondition that it is still at that
-        resourceVersion (nothing is left behind for a node that is gone, and the node's next claim is one
-        create); a 409 re-reads it and deletes it while it is still ours. A Lease a claim of this replica holds
-        or is making is left to that claim (a release made again at a renewal, after the node was claimed again).
-        ``True`` when it is released, gone, or no longer ours (another replica took it: left to it; or claimed
-        again here), ``False`` when the API server did not answer (logged)."""
+        """Delete a node Lease on the resourceVersion we last wrote (a 409 re-reads it), unless a claim here holds
+        or makes it. ``True`` when released, gone, or no longer ours; ``False`` when the API server did not answer
+        (logged)."""
         for _ in range(RENEW_ATTEMPTS):
             if lease is None or _holder(lease) != self.holder:
                 return True
@@ -645,8 +579,7 @@ class NodeLeases:
             self._releaser = tasks.spawn(self._release_batches(), name="lease-releases")
 
     async def _release_batches(self) -> None:
-        """Send the pending releases, a batch at most every :data:`RELEASE_BATCH_S` (at once when a batch is
-        full or a flush waits), until none is left."""
+        """Send the pending releases, a batch every :data:`RELEASE_BATCH_S` (sooner when full or flushed)."""
         rank_urgent(AFTER_CORDONS)
         while self._pending:
             if not self._hurry.is_set():
@@ -660,15 +593,10 @@ class NodeLeases:
             await self._send(batch)
 
     async def _send(self, batch: dict[str, tuple[dict[str, Any], int]]) -> None:
-        """Delete ``batch``'s Leases in one request: selected by this replica's holder label and each Lease's
-        own (a Lease another replica of this version took carries its holder label: not selected). The request
-        is sent only while the replica Lease was renewed within two thirds of its duration, in the epoch the
-        batch was made in: before another replica can read it lapsed and take a Lease over (one of an earlier
-        version keeps the labels it found). A Lease released in an epoch that has ended since, or whose label
-        another Lease this replica holds shares, is released alone (:meth:`clear`: on the resourceVersion we
-        wrote), and so is every Lease of a batch not sent or not answered; one that fails alone too is released
-        again at each renewal. A claim waiting for a Lease of the batch (:meth:`claim`) waits for its own
-        answer only."""
+        """Delete ``batch``'s Leases in one request selected by our holder label and each Lease's own, sent only
+        in the batch's epoch while the replica Lease is younger than two thirds of its duration (no other replica
+        can have taken one over; an earlier version's taker keeps our labels). Leases of an ended epoch or sharing a
+        held Lease's label, and a batch not sent or not answered, are released alone (:meth:`_clear_each`)."""
         self.replica.check()
         loop = asyncio.get_running_loop()
         epoch = self.replica.epoch
@@ -723,14 +651,12 @@ class NodeLeases:
                 self._answer([name], answer)
 
     async def _clear_each(self, leases: dict[str, dict[str, Any]]) -> None:
-        """Release each of ``leases`` alone (:meth:`clear`); one the API server did not answer is released again
-        at each renewal."""
+        """Release each of ``leases`` alone (:meth:`clear`); a failed one again at each renewal."""
         for name, lease in leases.items():
             if not await self.clear(lease):
                 self.replica.unreleased[name] = lease
 
     def _answer(self, names: Any, answer: asyncio.Future[None]) -> None:
-        """The releases of ``names`` are answered: a claim waiting for one goes on."""
         for name in names:
             if self._sending.get(name) is answer:
                 del self._sending[name]
@@ -738,8 +664,7 @@ class NodeLeases:
             answer.set_result(None)
 
     async def flush(self) -> None:
-        """Send the node Lease releases not yet sent now, and wait until every release made so far is
-        answered (what the sending ended with is logged, not raised)."""
+        """Send the pending releases now and wait until every release made so far is answered (not raised)."""
         self._flushing += 1
         self._hurry.set()
         try:
@@ -751,7 +676,6 @@ class NodeLeases:
                 self._hurry.clear()
 
     def _claimed(self, name: str) -> bool:
-        """Whether a claim of this replica holds node Lease ``name`` or is being made."""
         return name in self._claiming or any(claim.name == name for claim in self.replica.claims)
 
     async def _held_by_another(self, lease: dict[str, Any]) -> bool:
@@ -761,8 +685,7 @@ class NodeLeases:
         named = ((lease.get("metadata") or {}).get("annotations") or {}).get(REPLICA_ANNOTATION)
         identity, slash, _ = holder.rpartition("/")
         if not named or not slash or replica_lease_name(identity) != named:
-            # An earlier version's Lease (renewed by its holder; it may have kept an annotation of ours it
-            # found on the Lease): judged by its own renewal.
+            # An earlier version's Lease (renewed by its holder, maybe with our annotation): judged by its renewal.
             return not _expired(lease, self.duration_s)
         if named == self.replica.name:  # our pod's earlier process: what it held is ours to take
             return False
@@ -776,9 +699,8 @@ class NodeLeases:
         return {HOLDER_LABEL: label_value(self.holder), LEASE_LABEL: label_value(name)}
 
     async def close(self, timeout_s: float = 1.0) -> None:
-        """At shutdown, after the operations ended: send the node Lease releases not yet sent, stop the replica
-        Lease's renewal and delete it (waiting at most ``timeout_s`` seconds in all for the API server; a
-        release not sent by then names a replica Lease that is gone: free to any replica)."""
+        """At shutdown, after the operations ended: flush the releases, then delete the replica Lease, waiting
+        at most ``timeout_s`` seconds in all (a release not sent names a replica Lease gone: free to any)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s / 2  # the rest is the replica Lease's
         with contextlib.suppress(TimeoutError):

@@ -1,18 +1,8 @@
-"""The in-flight budget as a ledger of slots: at most ``size`` messages held at once, each slot owned by one
-message ID and holding that message's newest receipt handle, so that a slot is returned once whatever raises,
-is cancelled or repeats, and a settlement uses the receipt handle of the newest receive when it begins.
-
-A receive loop reserves room before it polls (``async with slots.room(10) as room``: waits for at least one
-free slot, takes up to ten); each message it keeps claims one of them (``room.claim(ref)``);
-whatever the block did not claim goes back when it exits, normally, by an exception or by cancellation. A
-claimed slot goes back when its message is settled (:meth:`InFlightSlots.release`, keyed by message ID: a
-second release, or a release of a message that holds nothing, changes nothing). A message received again while
-held keeps the slot it has, with the receipt handle of the new receive (the only one SQS honours now). The
-counts always add up to ``size`` (checked by :meth:`InFlightSlots.check`).
-
-This replaces a plain ``asyncio.Semaphore`` whose every acquire had to be matched by hand (issue 28: released
-twice when ``_take`` raised after the store took the message; never returned for an operation a shutdown
-cancelled before it ran; an extra release grew the budget silently).
+"""The in-flight budget as a ledger of slots: at most ``size`` messages held at once, each slot owned by one message
+ID and keeping its newest receipt handle, so a slot is returned exactly once whatever raises, is cancelled or
+repeats. A poll reserves room (``async with slots.room(10) as room``), each message kept claims one slot
+(``room.claim(ref)``), the rest goes back when the block exits; :meth:`InFlightSlots.release` returns a claimed
+slot.
 """
 
 from __future__ import annotations
@@ -27,8 +17,7 @@ __all__ = ["InFlightSlots", "Room"]
 
 
 class Room:
-    """Slots reserved for one poll: ``size`` of them (what to ask SQS for), ``claim`` gives one to a
-    message. Only valid inside the ``async with`` that made it."""
+    """Slots reserved for one poll (``size``); ``claim`` gives one to a message. Valid inside its ``async with``."""
 
     def __init__(self, slots: InFlightSlots, size: int) -> None:
         self._slots = slots
@@ -38,10 +27,8 @@ class Room:
         """Reserved slots no message claimed yet (returned when the block exits)."""
 
     def claim(self, ref: SqsMessageRef) -> bool:
-        """Give one reserved slot to the message of ``ref``, which keeps ``ref``'s receipt handle. ``False``,
-        taking no slot, when the message holds one already (received again while held): its receipt handle
-        becomes ``ref``'s. Raises ``RuntimeError`` when every reserved slot is claimed (a poll brought more
-        messages than it asked for) or the block has exited."""
+        """Give a reserved slot to ``ref``'s message; ``False``, taking none, when it holds one already (its receipt
+        handle becomes ``ref``'s). Raises ``RuntimeError`` when none is left or the block has exited."""
         held = self._slots._held
         if ref.message_id in held:
             held[ref.message_id] = ref
@@ -54,8 +41,7 @@ class Room:
 
 
 class InFlightSlots:
-    """At most ``size`` (≥ 1) messages held at once; see the module docstring. Not thread-safe (one event
-    loop)."""
+    """At most ``size`` (≥ 1) messages held at once (see the module docstring); one event loop."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -85,8 +71,8 @@ class InFlightSlots:
 
     @asynccontextmanager
     async def room(self, at_most: int) -> AsyncIterator[Room]:
-        """Wait until a slot is free, reserve up to ``at_most`` (≥ 1) free slots and yield them as a
-        :class:`Room`; on exit (however it comes) every slot the block did not claim is free again."""
+        """Wait until a slot is free, reserve up to ``at_most`` (≥ 1) and yield them as a :class:`Room`; every slot
+        not claimed is free again on exit."""
         self.waiting += 1
         try:
             while self._free <= 0:
@@ -109,9 +95,8 @@ class InFlightSlots:
             room.unclaimed = 0
 
     def park(self, message_id: str) -> bool:
-        """The message of ``message_id`` stays held (its receipt kept) but gives its slot back: its operation
-        waits for a turn (DRAIN_BUDGET_NON_URGENT) and must not keep receiving from taking messages. Its
-        release then returns nothing. ``False`` (nothing changes) when it holds no slot or is parked already."""
+        """Keep the message held, receipt too, but give its slot back (its operation waits for a turn). ``False``
+        when it holds no slot or is parked already."""
         if message_id not in self._held or message_id in self._parked:
             return False
         self._parked.add(message_id)
@@ -123,8 +108,7 @@ class InFlightSlots:
         return self._held.get(message_id)
 
     def release(self, message_id: str) -> bool:
-        """Return the slot ``message_id`` holds: ``True`` when it held one, ``False`` (nothing changes) when
-        it did not — released already, or never claimed."""
+        """Return the slot ``message_id`` holds; ``False`` (no change) when it holds none."""
         if self._held.pop(message_id, None) is None:
             return False
         if message_id in self._parked:
@@ -134,8 +118,7 @@ class InFlightSlots:
         return True
 
     def check(self) -> None:
-        """Raise ``RuntimeError`` unless 0 ≤ free and free + held ≤ size (reserved slots make up the rest):
-        a slot counted twice, which the ledger's shape is meant to make impossible."""
+        """Raise ``RuntimeError`` unless 0 ≤ free and free + held ≤ size (a slot counted twice)."""
         if self._free < 0 or self._free + self.held > self.size:
             raise RuntimeError(f"in-flight slots miscounted: {self._free} free, {self.held} held")
 

@@ -1,29 +1,10 @@
 """Auto Scaling lifecycle actions: heartbeats from first receipt to the end, and CompleteLifecycleAction.
 
-"Amazon EC2 Auto Scaling lifecycle hooks" (EC2 Auto Scaling User Guide) and the API Reference of
-``RecordLifecycleActionHeartbeat`` / ``CompleteLifecycleAction`` / ``DescribeLifecycleHooks``:
-
-- a heartbeat restarts the hook's HeartbeatTimeout; the interval is HEARTBEAT_INTERVAL, or (-1) half the
-  hook's HeartbeatTimeout, read once per hook and cached; 0 turns heartbeats off. A hook that cannot be read
-  (``AccessDenied``: NTH's documented IAM policy has no ``autoscaling:DescribeLifecycleHooks``) gets no
-  heartbeats, with one warning per hook naming the permission or HEARTBEAT_INTERVAL as the way out;
-- :class:`Heartbeats` keeps one heartbeat task per action, keyed by :class:`~queue_processor.events.ActionKey`,
-  from the moment the action's message is first received (:meth:`Heartbeats.start`, synchronous: it never
-  delays a cordon) until the action is completed (:meth:`Heartbeats.complete`) or over (AWS answers
-  ``ValidationError: No active Lifecycle Action found``), HEARTBEAT_UNTIL has passed, or the controller shuts
-  down (:meth:`Heartbeats.close`). A requeued action keeps its heartbeat while its message waits out the
-  requeue backoff (:meth:`Heartbeats.requeued`): a hook whose timeout is shorter than the backoff must not
-  expire between two attempts. Once the backoff is over the message is back in the queue and nobody holds the
-  action: a beat that falls due then waits for a receive to take the message again, at most a quarter
-  interval past its due time (:data:`DEFER_MAX`: the HeartbeatTimeout keeps most of its slack). If the
-  message is not received again within the requeue's margin, the heartbeat stops;
-- a failed heartbeat is retried within seconds (:data:`RETRY_S`), with a warning, never a whole interval
-  later (the next beat would land after the HeartbeatTimeout);
-- :meth:`Lifecycle.complete` answers the :class:`~queue_processor.outcomes.LifecycleResult` it
-  got: ``continue`` / ``abandon``, or, for that same ValidationError, ``no-active-action`` (terminal: the
-  action was completed, abandoned or timed out already).
-
-An action is addressed by its token, or by instance ID when the message carried none.
+Per "Amazon EC2 Auto Scaling lifecycle hooks" and the API Reference (RecordLifecycleActionHeartbeat,
+CompleteLifecycleAction, DescribeLifecycleHooks): a heartbeat restarts the hook's HeartbeatTimeout; an action
+completed, abandoned or timed out answers ``ValidationError: No active Lifecycle Action found``. :class:`Lifecycle`
+makes the calls; :class:`Heartbeats` beats each action from first receipt, through requeues, until it is completed
+or over, HEARTBEAT_UNTIL passes, or the controller shuts down.
 """
 
 from __future__ import annotations
@@ -60,14 +41,12 @@ MAX_HEARTBEAT_UNTIL_S = 172_800.0
 #: Seconds before a failed heartbeat (or hook read) is tried again: doubling from the first to the second.
 RETRY_S = (2.0, 10.0)
 
-#: How long a beat due while its requeued message sits in the queue, held by nobody, may wait for a receive to
-#: take it again: this fraction of the interval past its due time (the automatic interval, half the
-#: HeartbeatTimeout, then leaves three eighths of the timeout as slack for a slow or retried beat).
+#: How far past due (a fraction of the interval) a requeued action's beat waits for a receive to take it again.
 DEFER_MAX = 0.25
 
 
 def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
-    """The parameters that address ``action`` in the lifecycle API calls."""
+    """The parameters that address ``action`` in the lifecycle API calls: its token, else its instance."""
     params = {
         "AutoScalingGroupName": action.auto_scaling_group_name,
         "LifecycleHookName": action.lifecycle_hook_name,
@@ -80,8 +59,7 @@ def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
 
 
 class Lifecycle:
-    """Single lifecycle API calls through an aiobotocore Auto Scaling client. ``observer`` is told every
-    heartbeat's and completion's result (and ``hook-unreadable`` when DescribeLifecycleHooks is refused)."""
+    """Single lifecycle API calls through an aiobotocore Auto Scaling client; ``observer`` is told results."""
 
     def __init__(
         self, autoscaling: AutoScalingClient, settings: Settings, *, observer: Observer = NULL_OBSERVER
@@ -96,10 +74,9 @@ class Lifecycle:
         self._told: set[str] = set()  # the errors of waiting() logged once
 
     async def group_size(self, group: str, *, ttl_s: float = 60.0) -> int | None:
-        """How many instances the Auto Scaling group ``group`` has (DescribeAutoScalingGroups), read at most
-        once every ``ttl_s`` seconds and by one caller at a time (the others wait for its answer); when a
-        read fails (not found, denied, AWS unreachable after retries: logged), the last size read, else
-        ``None``. Raises nothing but ``CancelledError``."""
+        """Instances in Auto Scaling group ``group`` (DescribeAutoScalingGroups), read at most every ``ttl_s``
+        seconds by one caller at a time; on failure the last size, or ``None`` (logged). Raises only
+        ``CancelledError``."""
         cached = self._sizes.get(group)
         if cached is not None and time.monotonic() - cached[0] < ttl_s:
             return cached[1]
@@ -122,19 +99,14 @@ class Lifecycle:
         return size
 
     async def hook_timeout_s(self, group: str, hook: str, *, quiet: bool = False) -> float | None:
-        """The hook's HeartbeatTimeout (seconds), read once with DescribeLifecycleHooks and cached; ``None``
-        when the hook is not found or may not be read (a non-retryable error such as ``AccessDenied``: logged
-        once as a warning, cached). Raises the AWS error when retries of a retryable one are exhausted (not
-        cached: the caller tries again). ``quiet``: a hook that may not be read is neither logged nor counted
-        (the caller does not need it for heartbeats)."""
+        """The hook's HeartbeatTimeout in seconds (DescribeLifecycleHooks, cached); ``None`` when not found or not
+        readable (warned once unless ``quiet``). Raises a retryable error whose retries are exhausted."""
         timeout = (await self._hook(group, hook, quiet=quiet) or {}).get("HeartbeatTimeout")
         return float(timeout) if timeout is not None else None
 
     async def default_result(self, group: str, hook: str) -> Literal["CONTINUE", "ABANDON"]:
-        """The hook's ``DefaultResult``: what Auto Scaling does when the action times out, and what a launch
-        whose node never turned Ready is completed with (DESIGN.md rule 9). ``ABANDON`` when the hook cannot
-        be read (not found, denied, or AWS unreachable after retries): an instance nobody can vouch for is
-        replaced. Raises nothing but ``CancelledError``."""
+        """The hook's ``DefaultResult``, for a launch whose node never turned Ready (DESIGN.md rule 9); ``ABANDON``
+        when the hook cannot be read. Raises nothing but ``CancelledError``."""
         try:
             described = await self._hook(group, hook, quiet=True)
         except ClientError:
@@ -143,7 +115,7 @@ class Lifecycle:
         return "CONTINUE" if result == "CONTINUE" else "ABANDON"
 
     async def _hook(self, group: str, hook: str, *, quiet: bool) -> dict[str, Any] | None:
-        """The hook as DescribeLifecycleHooks describes it, read once and cached (see :meth:`hook_timeout_s`)."""
+        """The hook as DescribeLifecycleHooks describes it, cached (see :meth:`hook_timeout_s`)."""
         key = (group, hook)
         if key not in self._hooks:
             try:
@@ -172,8 +144,8 @@ class Lifecycle:
         return self._hooks[key]
 
     async def interval_s(self, action: AsgLifecycleEvent) -> float | None:
-        """Seconds between heartbeats for ``action``, or ``None`` for none (HEARTBEAT_INTERVAL=0, or automatic
-        with the hook unknown or unreadable). Raises a retryable AWS error whose retries are exhausted."""
+        """Seconds between heartbeats: HEARTBEAT_INTERVAL, or (-1) half the hook's HeartbeatTimeout; ``None`` for
+        none (0, or the hook unknown or unreadable). Raises a retryable error with retries exhausted."""
         configured = self.settings.heartbeat_interval
         if configured == 0:
             return None
@@ -184,8 +156,7 @@ class Lifecycle:
         return timeout / 2 if timeout else None
 
     async def _check_interval(self, action: AsgLifecycleEvent, interval: float) -> None:
-        """Warn once per hook when HEARTBEAT_INTERVAL is not shorter than its HeartbeatTimeout: its actions
-        would time out between two heartbeats (NTH warns too). A hook that cannot be read is not checked."""
+        """Warn once per hook when HEARTBEAT_INTERVAL is not shorter than its HeartbeatTimeout."""
         key = (action.auto_scaling_group_name, action.lifecycle_hook_name)
         if key in self._checked:
             return
@@ -210,12 +181,9 @@ class Lifecycle:
         return float(until) if until > 0 else MAX_HEARTBEAT_UNTIL_S
 
     async def waiting(self, action: AsgLifecycleEvent) -> bool | None:
-        """Whether the action's instance still waits in a lifecycle hook's wait state for its transition
-        (DescribeAutoScalingInstances ``LifecycleState``: ``Pending:Wait`` or ``Warmed:Pending:Wait`` for a
-        launch, ``Terminating:Wait`` or ``Warmed:Terminating:Wait`` for a termination): ``False`` when it does
-        not (another consumer completed the action, it timed out, or the instance left its group), ``None``
-        when Auto Scaling cannot say (refused, unreachable after retries: logged once per kind of error).
-        Raises nothing but ``CancelledError``."""
+        """Whether the instance still waits in the hook's wait state (DescribeAutoScalingInstances
+        ``LifecycleState`` ``[Warmed:]Pending:Wait`` or ``[Warmed:]Terminating:Wait``); ``None`` when unknown
+        (logged once per error). Raises only ``CancelledError``."""
         try:
             answer = await call(
                 self.autoscaling.describe_auto_scaling_instances, InstanceIds=[action.instance_id]
@@ -255,9 +223,8 @@ class Lifecycle:
     async def complete(
         self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
     ) -> LifecycleResult:
-        """CompleteLifecycleAction with ``result`` (``LifecycleActionResult``): ``continue`` / ``abandon``
-        when AWS took it, ``no-active-action`` when the action was over already. Raises other AWS errors
-        after retries."""
+        """CompleteLifecycleAction with ``result``: ``continue``/``abandon``, or ``no-active-action`` when the
+        action was over already. Raises other AWS errors after retries."""
         try:
             await call(
                 self.autoscaling.complete_lifecycle_action,
@@ -291,9 +258,8 @@ class _Beat:
 
 
 class Heartbeats:
-    """Every lifecycle action's heartbeat task, from first receipt until it is completed or over (see the
-    module docstring). Not thread-safe: one asyncio loop owns it. ``clock`` returns monotonic seconds and
-    ``sleep`` waits that many of them (tests give both a fake time)."""
+    """Every lifecycle action's heartbeat task (see the module docstring); one asyncio loop. ``clock`` returns
+    monotonic seconds, ``sleep`` waits that many (tests fake both); a renewal holds for ``hold_s``."""
 
     def __init__(
         self,
@@ -321,8 +287,7 @@ class Heartbeats:
         return action.action_key in self._beats
 
     def start(self, action: AsgLifecycleEvent) -> None:
-        """Heartbeat ``action`` from now on (idempotent; an action requeued earlier is held again). Never
-        waits: the hook is read inside the task."""
+        """Heartbeat ``action`` from now on (idempotent; a requeued one is held again). Never waits."""
         key = action.action_key
         beat = self._beats.get(key)
         if beat is not None:
@@ -340,8 +305,7 @@ class Heartbeats:
         task.add_done_callback(functools.partial(self._forget, key))
 
     def hold(self, keys: Iterable[ActionKey]) -> None:
-        """The messages carrying the actions of ``keys`` are ours for another ``hold_s`` seconds (their
-        visibility was just renewed): their heartbeats may go on."""
+        """The messages carrying ``keys``' actions are ours for another ``hold_s`` seconds: beat on."""
         for key in keys:
             beat = self._beats.get(key)
             if beat is not None:
@@ -352,10 +316,9 @@ class Heartbeats:
         beat.confirmed.set()
 
     def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
-        """The action's message was requeued and is back in the queue in ``visible_in_s`` seconds (its
-        backoff): beat on until then; after it, only a beat the HeartbeatTimeout needs before a receive takes
-        the message again; stop ``for_s`` seconds from now (the backoff plus a margin for the receive) unless
-        :meth:`start` is called again."""
+        """The action's message was requeued, back in the queue in ``visible_in_s`` seconds: beat on until then,
+        then only a beat the HeartbeatTimeout needs before a receive (:data:`DEFER_MAX`); stop ``for_s`` seconds
+        from now unless :meth:`start` is called again."""
         beat = self._beats.get(action.action_key)
         if beat is not None:
             now = self.clock()
@@ -373,10 +336,8 @@ class Heartbeats:
     async def complete(
         self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
     ) -> LifecycleResult:
-        """Complete ``action`` with its heartbeat stopped first (no beat after the end); when completion
-        fails, the heartbeat starts again and the error is raised. Returns what
-        :meth:`Lifecycle.complete` returns. While the completion is on its way the action is not heartbeated
-        again (a copy of its message received meanwhile starts nothing)."""
+        """Complete ``action``, its heartbeat stopped first and not restarted by a copy received meanwhile; on
+        failure the heartbeat starts again and the error is raised. See :meth:`Lifecycle.complete`."""
         key = action.action_key
         self._completing.add(key)
         try:
@@ -429,14 +390,11 @@ class Heartbeats:
         if interval_s is None:
             return
         deadline = self.clock() + self.lifecycle.until_s()
-        # The hook's timer runs from the action's start (or from a heartbeat this task cannot know of): the
-        # first beat comes ``interval_s`` after the action started, at once for an action older than that (a
-        # message redelivered after a failed attempt and its backoff, or one that waited in the queue).
+        # The hook's timer runs from the action's start: an action older than ``interval_s`` is due at once.
         age_s = (datetime.now(UTC) - action.time).total_seconds()
         wait_s = min(interval_s, max(interval_s - age_s, 0.0))
         if wait_s <= 0 and await self.lifecycle.waiting(action) is False:
-            # Due at once: a message received again (after a restart, a requeue, another replica's hold) whose
-            # action may be over already; a beat would only be refused.
+            # Due at once: the action of a message received again may be over already.
             self._mark_over(action.action_key)
             bound.info("lifecycle action is over already: no heartbeat")
             return
@@ -450,8 +408,7 @@ class Heartbeats:
             await self.sleep(min(wait_s, remaining))
             beat = self._beats.get(action.action_key)
             if beat is not None and beat.visible_at is not None and self.clock() >= beat.visible_at:
-                # Back in the queue, held by nobody: wait for a receive to take it again (it comes within a
-                # long poll), no longer than a quarter interval past the due time nor the requeue's margin.
+                # Back in the queue, held by nobody: wait for a receive, up to DEFER_MAX or the requeue's margin.
                 assert beat.requeued_until is not None
                 limit = last_ok + (1.0 + DEFER_MAX) * interval_s
                 await self._until_held(beat, min(beat.requeued_until, limit))
@@ -462,9 +419,7 @@ class Heartbeats:
                 continue
             held_until = beat.held_until if beat is not None and beat.visible_at is None else None
             if beat is not None and held_until is not None and self.clock() > held_until:
-                # Our hold of the action's message lapsed (this process was paused, or its renewals failed for a
-                # visibility timeout): another consumer may hold it now, and the action may be over. No heartbeat
-                # until a receive or a renewal says it is ours again.
+                # Our hold lapsed (a paused process, failed renewals): the action may be another's, or over.
                 bound.info("the action's message may no longer be ours: heartbeats wait for it")
                 beat.confirmed.clear()
                 await beat.confirmed.wait()  # a receive, a renewal or a requeue: look again at once

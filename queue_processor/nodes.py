@@ -1,14 +1,5 @@
-"""Instance → node: EC2 DescribeInstances (batched, cached), the managed-tag check, and the Node lookup.
-
-- :class:`InstanceResolver` describes instances. Requests arriving within ``window_s`` of each other go in
-  one ``DescribeInstances`` call (an ``instance-id`` filter, so one unknown ID does not fail the others, as
-  ``InstanceIds`` would with ``InvalidInstanceID.NotFound``); answers are cached for ``ttl_s``, so the Spot
-  warning, the rebalance recommendation and the lifecycle action of one instance cost one call.
-- :func:`is_managed` applies CHECK_TAG_BEFORE_DRAINING / MANAGED_TAG (/ MANAGED_TAG_VALUE).
-- :class:`NodeFinder` finds the Node: by name (the instance's PrivateDnsName, the name the kubelet registers
-  on EC2 by default) and then by the ``kubernetes.io/hostname`` label; or, with USE_PROVIDER_ID, by
-  ``spec.providerID`` (``aws:///<az>/<instance-id>``) through a node index refreshed at most every
-  ``refresh_s`` — never a full node LIST per event.
+"""Instance → node: EC2 DescribeInstances (batched, cached), the managed-tag check, and the Node lookup (by
+PrivateDnsName, then the ``kubernetes.io/hostname`` label; or, with USE_PROVIDER_ID, ``spec.providerID``).
 """
 
 from __future__ import annotations
@@ -41,10 +32,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class InstanceInfo:
-    """What EC2 says of an instance: ``private_dns_name`` (the node name by default), ``availability_zone``,
-    ``state`` (``running``, ``shutting-down``…), its tags, ``instance_type`` (``m5.large``) and
-    ``launch_time`` (``LaunchTime``: when it was last launched or started, timezone-aware; ``None`` when EC2
-    did not say)."""
+    """What EC2 says of an instance (DescribeInstances); ``launch_time`` is when it was last launched or
+    started (aware; ``None`` when EC2 did not say)."""
 
     instance_id: str
     private_dns_name: str
@@ -67,8 +56,7 @@ def node_ready(node: dict[str, Any]) -> bool:
 
 
 def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") -> bool:
-    """Whether the controller may act on the instance: always when ``check`` is off; else the instance
-    carries ``tag`` (with ``value``, when one is given)."""
+    """Whether the controller may act on the instance: ``check`` off, or it carries ``tag`` (= ``value``)."""
     if not check:
         return True
     if tag not in info.tags:
@@ -80,17 +68,15 @@ Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
 
 
 def _instances(page: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """The instances of one DescribeInstances page, flattened out of their reservations."""
     for reservation in page.get("Reservations") or []:
         for instance in reservation.get("Instances") or []:
             yield dict(instance)
 
 
 async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[dict[str, Any]]:
-    """EC2 DescribeInstances for ``instance_ids`` through an ``instance-id`` filter (unknown IDs are simply
-    absent, never ``InvalidInstanceID.NotFound``), every page by botocore's paginator, retried as a whole
-    (:func:`queue_processor.aws.collect`): the instances, flattened out of their reservations. Raises the
-    AWS error when retries are exhausted or it is not retryable."""
+    """EC2 DescribeInstances of ``instance_ids``, retried as a whole (:func:`queue_processor.aws.collect`). An
+    ``instance-id`` filter leaves unknown IDs out where ``InstanceIds`` would fail them all with
+    ``InvalidInstanceID.NotFound``. Raises the AWS error when retries are exhausted or it is not retryable."""
     return await collect(
         lambda: ec2.get_paginator("describe_instances").paginate(
             Filters=[{"Name": "instance-id", "Values": instance_ids}]
@@ -105,13 +91,8 @@ TAGGED_PAGE_SIZE = 1000
 
 async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
     """The IDs of every instance carrying the tag key ``tag`` (NTH's ``nth_tagged_instances``), from EC2
-    DescribeTags with the filters ``resource-type=instance`` and ``key=<tag>``, :data:`TAGGED_PAGE_SIZE` a page.
-    NTH asks DescribeInstances with a ``tag-key`` filter, whose answer describes every instance in full: 4.2 MB
-    of XML for 1,250 instances in the sandbox, which botocore parsed into a tree that held 35 MiB of the
-    controller's peak memory in a 1,000-node storm (issue 30); DescribeTags answers the same IDs in 186 KB. One
-    difference: AWS documents that DescribeInstances may still show an instance terminated within the hour, and
-    says nothing of its tags in DescribeTags. Raises the AWS error when retries are exhausted or it is not
-    retryable."""
+    DescribeTags (NTH's DescribeInstances describes every instance in full: heavy on memory in a large fleet).
+    Raises the AWS error when retries are exhausted or it is not retryable."""
     ids = await collect(
         lambda: ec2.get_paginator("describe_tags").paginate(
             Filters=[
@@ -126,9 +107,7 @@ async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
 
 
 def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
-    """How many ``nodes`` run one of ``instance_ids``, as NTH counts ``nth_tagged_nodes``: a node whose
-    ``spec.providerID`` splits on ``/`` into exactly five parts (``aws:///<zone>/<instance-id>``) and ends
-    in an ID starting ``i-`` that is in the set."""
+    """How many ``nodes`` run one of ``instance_ids`` by ``spec.providerID``, as NTH counts them."""
     count = 0
     for node in nodes:
         parts = str((node.get("spec") or {}).get("providerID") or "").split("/")
@@ -138,9 +117,9 @@ def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
 
 
 class InstanceResolver:
-    """Batched, cached DescribeInstances. ``describe(ids)`` performs one call for a list of IDs and returns
-    EC2's instance dicts (``Reservations[].Instances[]`` flattened). IDs asked within ``window_s`` go in one
-    call of at most ``max_batch``; at most ``concurrency`` calls run at once. Times in seconds."""
+    """Batched, cached DescribeInstances (``describe``: one call for a list of IDs). IDs asked within
+    ``window_s`` go in one call of at most ``max_batch``, ``concurrency`` calls at once; answers are cached
+    ``ttl_s``, so the several messages of one instance cost one call. Times in seconds."""
 
     def __init__(
         self,
@@ -158,17 +137,14 @@ class InstanceResolver:
         self._cache: dict[str, tuple[float, InstanceInfo | None]] = {}
         self._waiting: dict[str, list[asyncio.Future[InstanceInfo | None]]] = {}
         self._flush: asyncio.Task[None] | None = None
-        # Up to ``concurrency`` calls at once (IDs that arrive while a call is answered then go out without
-        # waiting for it). 1 by default: in the 1,000-node storm, 4 made p99 receive->cordon worse (4.9 s
-        # against 2.5-3.1 s), smaller batches costing more per instance against a serialized endpoint.
+        # 1 by default: smaller batches cost more per instance against a serialized endpoint.
         self._slots = asyncio.Semaphore(concurrency)
         self._in_flight: set[asyncio.Task[None]] = set()
         self.calls = 0
         """DescribeInstances calls made (tests and benchmarks read it)."""
 
     async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
-        """The instance, or ``None`` when EC2 does not know it (terminated long ago, another account…);
-        ``fresh`` skips the cache (the instance's state matters). Raises what the describe call raises."""
+        """The instance, ``None`` when EC2 does not know it; ``fresh`` skips the cache. Raises as ``describe``."""
         future = self._future(instance_id, fresh=fresh, now=time.monotonic())
         self._start_batch()
         return await future
@@ -176,9 +152,7 @@ class InstanceResolver:
     async def get_many(
         self, instance_ids: Sequence[str], *, fresh: bool = False
     ) -> list[InstanceInfo | None]:
-        """:meth:`get` of each of ``instance_ids``, in their order, in the same batches, with a future each and
-        no task (the check of instances back in service asks for thousands after a storm). Raises the first
-        error a describe call raises."""
+        """:meth:`get` of each of ``instance_ids``, in order, without a task each (callers ask for thousands)."""
         now = time.monotonic()
         futures = [self._future(instance_id, fresh=fresh, now=now) for instance_id in instance_ids]
         self._start_batch()
@@ -261,10 +235,8 @@ def _aware(value: Any) -> datetime | None:
 
 
 class NodeFinder:
-    """Finds the Node of an instance (see the module docstring). The providerID index is rebuilt (one
-    cached node LIST) when older than ``refresh_s``, or after a miss when older than ``miss_refresh_s``
-    (seconds), so a node that has just registered is found soon while a storm costs a LIST per
-    ``miss_refresh_s`` at most."""
+    """Finds the Node of an instance (see the module docstring). The providerID index (one cached node LIST) is
+    rebuilt when older than ``refresh_s``, or after a miss when older than ``miss_refresh_s`` (seconds)."""
 
     def __init__(
         self, kube: KubeClient, *, use_provider_id: bool, refresh_s: float = 30.0, miss_refresh_s: float = 2.0

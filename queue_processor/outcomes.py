@@ -1,13 +1,5 @@
 """The controller's errors and outcome vocabularies: the leaf every layer may import (DESIGN.md, "Layout").
-
-Errors: :class:`ConfigError` and :class:`StartupError` (a setting, one line naming it), :class:`KubeError` (an
-answer of the API server), :class:`ClaimLost` (a node Lease no longer ours). Outcomes: the enums whose values
-are the label values metrics expose (dashboards depend on them), each decided where it happens: the parser's
-:class:`PoisonClass` and :class:`SkipClass`, the drainer's :class:`DrainOutcome` and
-:class:`EvictionOutcome`, and what the pipeline reports through
-:class:`~queue_processor.observe.observer.Observer` (:class:`NodeAction`, :class:`ErrorWhere`,
-:class:`MessageFate`, :class:`HeartbeatResult`, :class:`LifecycleResult`, :class:`OperationOutcome`,
-:data:`DrainEnd`, :data:`AwsResult`). This module imports nothing of the project's.
+The enums' values are label values of the metrics: dashboards depend on them.
 """
 
 from __future__ import annotations
@@ -43,17 +35,12 @@ class ConfigError(ValueError):
 
 
 class StartupError(ConfigError):
-    """Start-up found the environment unusable in a way that will not heal by waiting (a kubeconfig that
-    cannot be read, a port in use, a queue that does not exist, credentials refused); ``str()`` is one line
-    naming the setting and what was wrong. ``queue-processor run`` prints it and exits 2."""
+    """Start-up found the environment unusable in a way waiting will not heal; one line naming the setting."""
 
 
 class KubeError(Exception):
-    """An error answer from the API server: ``status`` (HTTP code; 0 for a connection error), ``reason``
-    (the Status object's reason, e.g. ``NotFound``, ``TooManyRequests``, ``Conflict``), ``message``,
-    ``retry_after_s``, the Retry-After header in seconds when the answer carried one, and ``causes``, the
-    Status's ``details.causes`` (``[{"reason": str, "message": str, "field": str}]``; an eviction's 429 names
-    the PodDisruptionBudget in a ``DisruptionBudget`` cause)."""
+    """An error answer from the API server: ``status`` (HTTP; 0 for a connection error), the Status's ``reason``,
+    ``message`` and ``details.causes``, and ``retry_after_s`` (Retry-After, seconds)."""
 
     def __init__(
         self,
@@ -72,14 +59,12 @@ class KubeError(Exception):
 
 
 class ClaimLost(Exception):  # noqa: N818 - it names what happened
-    """The node's Lease is no longer this replica's: another replica holds it now (a renewal answered 409 and
-    the Lease read back names another holder), or it lapsed (not renewed within its duration, e.g. while the
-    process was paused) and could not be renewed."""
+    """The node's Lease is no longer this replica's: another replica holds it, or it lapsed (not renewed
+    within its duration, e.g. while the process was paused) and could not be renewed."""
 
 
 class PoisonClass(StrEnum):
-    """Why a message is poison, decided where the parser finds out; the ``reason`` label of
-    ``queue_processor_messages_poison_total`` (the free-text reason holds IDs and stays in the log line)."""
+    """Why a message is poison: ``reason`` of ``queue_processor_messages_poison_total``."""
 
     NOT_JSON = "not-json"
     """The body (or an SNS envelope's ``Message``) is not JSON, including an empty body."""
@@ -100,8 +85,7 @@ class PoisonClass(StrEnum):
 
 
 class SkipClass(StrEnum):
-    """Why a valid message is not acted on, decided where the parser finds out; the ``reason_class`` label
-    of ``queue_processor_messages_skipped_total``."""
+    """Why a valid message is not acted on: ``reason_class`` of ``queue_processor_messages_skipped_total``."""
 
     TEST_NOTIFICATION = "test-notification"
     """``autoscaling:TEST_NOTIFICATION``, sent when a lifecycle hook is created."""
@@ -120,8 +104,7 @@ class SkipClass(StrEnum):
 
 
 class DrainOutcome(StrEnum):
-    """How a drain ended, decided where it ends (the ``result`` label of
-    ``queue_processor_drain_duration_seconds``)."""
+    """How a drain ended: ``result`` of ``queue_processor_drain_duration_seconds``."""
 
     DRAINED = "drained"
     """Every pod to evict is gone."""
@@ -134,8 +117,7 @@ class DrainOutcome(StrEnum):
 
 
 class EvictionOutcome(StrEnum):
-    """How one pod's eviction ended, decided where it ends (the ``result`` label of
-    ``queue_processor_evictions_total``)."""
+    """How one pod's eviction ended: ``result`` of ``queue_processor_evictions_total``."""
 
     EVICTED = "evicted"
     """The Eviction API accepted it (201)."""
@@ -148,9 +130,7 @@ class EvictionOutcome(StrEnum):
 
 
 class SurgeResult(StrEnum):
-    """How a pod annotated ``queue-processor/drain: surge`` went with SURGE_DRAINS on (the ``result`` label of
-    ``queue_processor_surges_total``): the replacement was Ready first, or why the pod was evicted without
-    one."""
+    """``result`` of ``queue_processor_surges_total``: a ``surge`` pod's replacement came first, or why not."""
 
     SURGED = "surged"
     """Its Deployment was scaled one replica up and had one more available replica before the eviction."""
@@ -158,9 +138,8 @@ class SurgeResult(StrEnum):
     """The replacement was not available by the time the pod's eviction had to start: evicted (the extra
     replica stays until the pod is gone)."""
     UNDONE = "undone"
-    """The Deployment's owner set its replica count again during the surge (a GitOps self-heal, a ``kubectl
-    scale``): its count is kept, and the pod was evicted when its eviction had to start, without a
-    replacement."""
+    """The Deployment's owner set its replica count again during the surge (a GitOps self-heal): its count is
+    kept, and the pod evicted without a replacement."""
     NO_TIME = "no-time"
     """The drain's end left too little time to wait for a replacement: evicted at once (decided before any
     scale-up)."""
@@ -171,16 +150,12 @@ class SurgeResult(StrEnum):
 
 
 class NodeAction(StrEnum):
-    """``node_action``: what was done to a node. The four of :data:`NTH_NODE_ACTIONS` count in NTH's
-    ``actions_total`` exactly where NTH v1.25.6 counts them in queue-processor mode
-    (``pkg/interruptionevent/draincordon/handler.go``, ``internal/common/handler.go``); the others, ours, in
-    ``queue_processor_node_actions_total``."""
+    """``node_action``: what was done to a node. :data:`NTH_NODE_ACTIONS` count in NTH's ``actions_total`` where
+    NTH v1.25.6 counts them (``pkg/interruptionevent/draincordon/handler.go``); ours in ``node_actions_total``."""
 
     PRE_DRAIN = "pre-drain"
-    """PreDrain ran for an operation whose kinds have one in NTH (Spot interruption, rebalance
-    recommendation, terminate lifecycle action, scheduled change; not a state change or a launch), counted
-    with the cordon that carries its taints and labels; always ``success`` (NTH's PreDrain never fails in
-    queue-processor mode)."""
+    """PreDrain, for kinds that have one in NTH (not a state change or a launch), counted with the cordon;
+    always ``success``, as in NTH."""
     CORDON = "cordon"
     """The node was cordoned with CORDON_ONLY (NTH counts ``cordon`` only then, and only a success)."""
     CORDON_AND_DRAIN = "cordon-and-drain"
@@ -219,9 +194,7 @@ SQS_MONITOR = "SQS_MONITOR"
 
 
 class ErrorWhere(StrEnum):
-    """``where`` of ``queue_processor_errors_total``: the step that failed. ``RECEIVE`` and ``BATCH`` also
-    count in NTH's ``events_error_total{event_error_where="SQS_MONITOR"}``, where NTH counts its monitor's
-    errors: a failed ReceiveMessage, or a batch none of whose messages could be processed."""
+    """``where`` of ``queue_processor_errors_total``: the step that failed."""
 
     RECEIVE = "receive"
     BATCH = "batch"
@@ -236,8 +209,7 @@ class ErrorWhere(StrEnum):
 
 
 class MessageFate(StrEnum):
-    """What became of a message that carried events: the ``queue_processor_messages_*_total`` it counts
-    in."""
+    """What became of a message that carried events (``queue_processor_messages_*_total``)."""
 
     RECEIVED = "received"
     DELETED = "deleted"
@@ -271,9 +243,8 @@ class LifecycleResult(StrEnum):
 
 
 class OperationOutcome(StrEnum):
-    """``outcome`` of ``queue_processor_operation_outcomes_total``: an operation that ended without a drain,
-    by why. All but the Lease ones are terminal (the messages are acknowledged); the Lease ones are
-    requeued."""
+    """``outcome`` of ``queue_processor_operation_outcomes_total``: why an operation ended without a drain
+    (the Lease ones are requeued, the others acknowledged)."""
 
     UNKNOWN_INSTANCE = "unknown-instance"
     """EC2 does not know the instance (gone long ago, or another account or region)."""

@@ -1,43 +1,12 @@
 """What the controller is allowed to do: the Kubernetes RBAC rules and the AWS IAM actions its code calls.
 
-This module is the single list that the Helm chart's ClusterRole/Role (``charts/queue-processor``) and the
-Terraform module's IAM policy (``terraform/``) are tested against, and that tests check against the code
-itself (every API call the code makes is listed here, and nothing else). Least privilege means: when a
-call is added to the code, it is added here, and the chart and module tests then fail until they grant it.
+The single list the Helm chart's ClusterRole/Role and the Terraform module's IAM policy are tested against, and
+tests check it against the code: a call added to the code is added here, and those tests fail until it is granted.
+Less obvious uses: pods watch (metadata-only deletions), Events (in namespace ``default``), DescribeLifecycleHooks
+(a hook's HeartbeatTimeout), DescribeAutoScalingGroups (group sizes for DRAIN_BUDGET_NON_URGENT) and
+DescribeAutoScalingInstances (whether a lifecycle action still waits).
 
-Kubernetes (RBAC, https://kubernetes.io/docs/reference/access-authn-authz/rbac/):
-
-- cluster-wide: ``nodes`` get/list/patch (find, cordon, taint, label) and watch (the watched copy a cordon
-  writes on without reading the node first), ``pods`` list (a node's pods with
-  ``fieldSelector=spec.nodeName``) and watch (one metadata-only watch of pod deletions, so that a drain waits
-  for its evicted pods without re-listing them), ``pods/eviction`` create (policy/v1 Eviction API), ``pods`` delete
-  (``DELETE_AT_DEADLINE``: what is left at the instance's end), ``policy`` ``poddisruptionbudgets`` get (the
-  arithmetic of a budget that blocks a drain, for its Event and log line), ``events`` create
-  (``EMIT_KUBERNETES_EVENTS``; Events are written into the Node's namespace ``default``);
-- cluster-wide with ``SURGE_DRAINS``: ``apps`` ``deployments`` get/patch (one replica more while a pod's
-  replacement comes up, taken back after; the surge record annotation), ``autoscaling``
-  ``horizontalpodautoscalers`` list (a Deployment whose count an autoscaler owns is not scaled); the pods
-  ``list`` rule also serves the list of a Deployment's pods in its namespace (a stale surge record);
-- in the controller's own namespace: ``coordination.k8s.io`` ``leases`` get/create/update/delete and
-  deletecollection (``NODE_LEASES``; node Leases are released in batches, selected by their labels), list and
-  watch (who holds each node Lease: a replica waits for one another holds), patch (events handed to the
-  holder of a node's Lease, :mod:`queue_processor.handover`).
-
-Differences from aws-node-termination-handler's ClusterRole, on purpose: no ``pods`` get (the drain re-lists
-the node's pods instead of a GET per pod), no ``daemonsets`` get (DaemonSet pods are recognised by their
-controller reference), no ``events`` patch (Events are never aggregated), no ``pods`` delete unless
-``DELETE_AT_DEADLINE`` (evictions only), no ``nodes`` update.
-
-AWS (IAM actions, https://docs.aws.amazon.com/service-authorization/latest/reference/):
-
-- SQS: ReceiveMessage, DeleteMessage (the batch call is authorised by this action), ChangeMessageVisibility
-  (likewise for its batch call);
-- EC2: DescribeInstances (node resolution), DescribeTags (NTH's ``nth_tagged_instances`` gauge);
-- Auto Scaling: CompleteLifecycleAction, RecordLifecycleActionHeartbeat, DescribeLifecycleHooks (the hook's
-  HeartbeatTimeout, read once per hook), DescribeAutoScalingGroups (a group's size, for a percentage in
-  DRAIN_BUDGET_NON_URGENT; read at most once a minute per group), DescribeAutoScalingInstances (whether an
-  action whose heartbeat is due at once, its message received again, still waits; NTH's documented policy
-  grants it too).
+Documents: "Using RBAC Authorization" (Kubernetes); "Service Authorization Reference" (AWS IAM).
 """
 
 from __future__ import annotations
@@ -58,14 +27,14 @@ __all__ = [
 @dataclass(frozen=True)
 class KubernetesRule:
     """One RBAC rule: API group (``""`` = core), resource (``pods/eviction`` for a subresource), verbs, and
-    whether it is granted cluster-wide (ClusterRole) or only in the controller's namespace (Role)."""
+    whether it is granted cluster-wide (ClusterRole) or in the controller's namespace (Role)."""
 
     api_group: str
     resource: str
     verbs: tuple[str, ...]
     cluster_wide: bool = True
     when: str = ""
-    """The setting that makes the controller use this rule, when not always (e.g. ``NODE_LEASES``)."""
+    """The setting that makes the controller use this rule, when not always."""
 
 
 KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
@@ -86,8 +55,7 @@ KUBERNETES_RULES: tuple[KubernetesRule, ...] = (
     ),
 )
 
-#: Requests the Kubernetes client can make that only ``queue-processor explain`` makes, with the credentials of
-#: whoever runs it (a kubeconfig), never the controller: not granted to the controller's ServiceAccount.
+#: Requests only ``queue-processor explain`` makes, with its user's kubeconfig: not granted to the controller.
 EXPLAIN_ONLY_REQUESTS: frozenset[str] = frozenset({"list poddisruptionbudgets"})
 
 AWS_API_CALLS: dict[str, tuple[str, ...]] = {
@@ -123,7 +91,7 @@ AWS_ACTIONS: tuple[str, ...] = tuple(
     )
 )
 """The IAM actions those calls need (``service:Action``); SQS batch calls are authorised by the single-message
-action (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-api-permissions-reference.html)."""
+action ("Amazon SQS API permissions: Actions and resource reference", SQS Developer Guide)."""
 
 
 def kubernetes_verbs() -> set[str]:
@@ -132,10 +100,8 @@ def kubernetes_verbs() -> set[str]:
 
 
 def rbac_rules(*, cluster_wide: bool, enabled: frozenset[str] = frozenset()) -> list[dict[str, list[str]]]:
-    """The ``rules`` of the ClusterRole (``cluster_wide``) or of the Role in the controller's namespace, as the
-    chart renders them: one item per rule in force, ``{"apiGroups": [...], "resources": [...], "verbs": [...]}``.
-    ``enabled`` names the settings that are on (``{"NODE_LEASES", "EMIT_KUBERNETES_EVENTS"}``); a rule that
-    depends on a setting not named is left out."""
+    """The ``rules`` of the ClusterRole (``cluster_wide``) or the namespaced Role as the chart renders them;
+    a rule whose setting is not in ``enabled`` is left out."""
     return [
         {"apiGroups": [rule.api_group], "resources": [rule.resource], "verbs": list(rule.verbs)}
         for rule in KUBERNETES_RULES

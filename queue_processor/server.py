@@ -1,22 +1,8 @@
-"""HTTP endpoints for the kubelet and Prometheus: ``/healthz``, ``/readyz`` and ``/metrics`` (aiohttp).
+"""HTTP endpoints for the kubelet and Prometheus (aiohttp): ``/healthz``, ``/readyz`` and ``/metrics``.
 
-:class:`ProbeServer` serves the probes on ``PROBES_SERVER_PORT`` and the metrics on
-``PROMETHEUS_SERVER_PORT`` (:mod:`queue_processor.config`): one listener when the two ports are equal, two
-otherwise. Port 0 binds a free port; the ports actually bound are :attr:`ProbeServer.metrics_port` and
-:attr:`ProbeServer.probes_port` once started.
-
-- ``GET /healthz`` (liveness): 200 when every check registered with :meth:`ProbeServer.add_liveness`
-  returns ``True`` (e.g. "the receive loops are alive"), else 503. A failing liveness probe makes the
-  kubelet restart the container, so liveness checks must only fail when a restart would help.
-- ``GET /readyz`` (readiness): 200 when every check registered with :meth:`ProbeServer.add_readiness`
-  passes (e.g. "SQS answered in the last 60 seconds", "the API server answered recently"), else 503.
-- ``GET /metrics``: :meth:`queue_processor.observe.metrics.Metrics.render`, in the Prometheus text format
-  (``text/plain; version=0.0.4``), or OpenMetrics when the scraper's ``Accept`` header asks for it.
-
-A probe's body is JSON: ``{"status": "ok" | "failing", "checks": {name: bool}, "failing": [name...]}``, plus
-``"errors": {name: "ExceptionType: message"}`` for checks that raised (a raising check fails). Checks are
-plain functions ``() -> bool`` called on the event loop for each request: they must be cheap and never block
-(read a timestamp, a flag, a task's ``done()``).
+A probe answers 200 when every check passes, else 503, with the JSON body ``{"status": "ok" | "failing",
+"checks": {name: bool}, "failing": [name...]}`` (plus ``"errors"`` for checks that raised). A failing liveness
+probe restarts the container: a liveness check must fail only when a restart would help.
 """
 
 from __future__ import annotations
@@ -35,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["Check", "ProbeServer"]
 
 Check = Callable[[], bool]
-"""A probe check: returns ``True`` when healthy. Called on the event loop; must not block."""
+"""A probe check: ``True`` when healthy. Called on the event loop for each request: cheap, never blocking."""
 
 #: Seconds ``stop()`` lets an in-flight request finish before its connection is closed.
 _SHUTDOWN_TIMEOUT_S: Final = 2.0
@@ -61,19 +47,10 @@ def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
 
 
 class ProbeServer:
-    """The HTTP server of ``/healthz``, ``/readyz`` and ``/metrics``.
-
-    ``metrics`` is what ``/metrics`` exposes. ``metrics_port`` / ``probes_port`` are TCP ports (0: any free
-    port), or ``None`` to not serve metrics / probes (``ENABLE_PROMETHEUS_SERVER`` /
-    ``ENABLE_PROBES_SERVER`` false). ``shared``: serve the three paths on one listener (on
-    ``metrics_port``); ``None`` (the default) shares when the two ports are equal, so two zeros give one
-    listener on one free port; ``False`` with two zeros gives two listeners on two free ports. ``host`` is the
-    address to bind (``"0.0.0.0"``: every IPv4 interface; ``"::"`` for IPv6; tests use ``"127.0.0.1"``).
-
-    Use :meth:`start` and :meth:`stop` (or ``async with``). Checks may be added before or after
-    :meth:`start`. Raises ``ValueError`` for ``shared=True`` with two different ports, or ``shared=False``
-    with the same non-zero port twice.
-    """
+    """The HTTP server (:meth:`start`, :meth:`stop` or ``async with``). ``metrics_port`` / ``probes_port``: TCP
+    ports (0: any free port), ``None`` not to serve. ``shared`` serves all on one listener (``None``: when the
+    ports are equal). Raises ``ValueError`` for ``shared=True`` with two ports, or ``shared=False`` with one
+    non-zero port twice."""
 
     def __init__(
         self,
@@ -103,8 +80,7 @@ class ProbeServer:
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: Metrics, *, host: str = "0.0.0.0") -> ProbeServer:
-        """The server ``settings`` ask for: ``PROMETHEUS_SERVER_PORT`` when ``ENABLE_PROMETHEUS_SERVER``,
-        ``PROBES_SERVER_PORT`` when ``ENABLE_PROBES_SERVER``, one listener when the ports are equal."""
+        """The server ``settings`` ask for (ENABLE_PROMETHEUS_SERVER, ENABLE_PROBES_SERVER and their ports)."""
         return cls(
             metrics,
             metrics_port=settings.prometheus_server_port if settings.enable_prometheus_server else None,
@@ -112,16 +88,12 @@ class ProbeServer:
             host=host,
         )
 
-    # --- checks
-
     def add_liveness(self, name: str, fn: Check) -> None:
-        """Make ``/healthz`` fail (503) while ``fn()`` returns a false value or raises; ``name``
-        identifies it in the body. Raises ``ValueError`` when ``name`` is registered already."""
+        """Make ``/healthz`` fail while ``fn()`` is false or raises. Raises ``ValueError`` for a known ``name``."""
         self._add(self._liveness, name, fn)
 
     def add_readiness(self, name: str, fn: Check) -> None:
-        """Make ``/readyz`` fail (503) while ``fn()`` returns a false value or raises; ``name``
-        identifies it in the body. Raises ``ValueError`` when ``name`` is registered already."""
+        """Make ``/readyz`` fail while ``fn()`` is false or raises. Raises ``ValueError`` for a known ``name``."""
         self._add(self._readiness, name, fn)
 
     @staticmethod
@@ -138,8 +110,6 @@ class ProbeServer:
         """Run the readiness checks now: ``(all passed, the /readyz JSON body)``."""
         return _evaluate(self._readiness)
 
-    # --- ports
-
     @property
     def shared(self) -> bool:
         """Whether metrics and probes are served on one listener."""
@@ -147,14 +117,12 @@ class ProbeServer:
 
     @property
     def metrics_port(self) -> int | None:
-        """The port ``/metrics`` is served on: the bound one once started (never 0 then), else the one
-        asked for; ``None`` when metrics are not served."""
+        """The port of ``/metrics``: the bound one once started, else the one asked for; ``None``: not served."""
         return self._port("metrics")
 
     @property
     def probes_port(self) -> int | None:
-        """The port ``/healthz`` and ``/readyz`` are served on: the bound one once started (never 0 then),
-        else the one asked for; ``None`` when probes are not served."""
+        """The port of the probes, as :attr:`metrics_port`."""
         return self._port("probes")
 
     def _port(self, which: str) -> int | None:
@@ -162,11 +130,9 @@ class ProbeServer:
             return None
         return self._bound.get(which, self._wanted[which])
 
-    # --- lifecycle
-
     async def start(self) -> None:
         """Bind the listeners and serve. Raises ``OSError`` when a port cannot be bound (nothing is left
-        listening then) and ``RuntimeError`` when started already."""
+        listening) and ``RuntimeError`` when started already."""
         if self._started:
             raise RuntimeError("ProbeServer is started already")
         self._started = True
@@ -223,8 +189,6 @@ class ProbeServer:
         await web.TCPSite(runner, self.host, port).start()
         address = runner.addresses[0]
         return int(address[1])
-
-    # --- handlers
 
     async def _handle_healthz(self, request: web.Request) -> web.Response:
         return self._probe_response(*self.liveness())

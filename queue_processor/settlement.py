@@ -1,26 +1,8 @@
 """The settlement ledger: everything about a message this replica holds, from its receipt to its settlement.
 
-One component (:class:`Ledger`) that the consumer and, through the heartbeats it drives, the handler talk to:
-
-- **Slots and receipt handles** (:class:`~queue_processor.ledger.InFlightSlots`): a receive reserves room
-  with one ``async with`` (:meth:`Ledger.room`); a message kept claims a slot, which keeps its newest receipt
-  handle (:meth:`Ledger.take`); the slot is returned once, when the message is settled or let go
-  (:meth:`Ledger.let_go`), whatever raised or was cancelled on the way.
-- **Visibility while held** (rule 5): every half visibility timeout the visibility of every message with an
-  operation running is renewed (ChangeMessageVisibilityBatch), and the heartbeats of its lifecycle actions
-  are held with it (:meth:`~queue_processor.lifecycle.Heartbeats.hold`): an action is heartbeated only while
-  a message that carries it is ours.
-- **Settlement** (:meth:`Ledger.finish`): a message whose operations have all ended is deleted (batched
-  DeleteMessageBatch; its actions' heartbeats stopped) or requeued with a backoff that grows with
-  ApproximateReceiveCount (ChangeMessageVisibility; its actions beaten through the backoff). A renewal in
-  flight that carries the message lands first, so the settlement has the last word. A poison message is
-  hidden for POISON_VISIBILITY_TIMEOUT_SEC and never deleted: the queue's redrive policy moves it to the
-  dead-letter queue (:meth:`Ledger.poison`).
-- **Letting go** (shutdown, late answers): messages made visible again at once (:meth:`Ledger.release_held`,
-  :meth:`Ledger.make_visible`).
-
-Settlement errors are logged and counted (``errors_total{where}``), never raised to the caller and never
-dropped; every waiting delete gets an answer even when the batcher dies.
+:class:`Ledger` keeps the slots and receipt handles (:mod:`queue_processor.ledger`), renews held messages'
+visibility and their actions' heartbeats every half visibility timeout (DESIGN.md rule 5), and deletes or requeues
+(with a backoff) a message whose operations have ended. Errors are logged and counted, never raised.
 """
 
 from __future__ import annotations
@@ -54,25 +36,20 @@ log = structlog.get_logger("queue_processor.settlement")
 #: How long deletes wait for company before a DeleteMessageBatch call (seconds).
 DELETE_WINDOW_S = 0.02
 
-#: The longest SQS keeps one receipt of a message invisible, renewals included: 12 hours ("Amazon SQS visibility
-#: timeout", SQS Developer Guide; ChangeMessageVisibility is refused beyond it).
+#: Seconds SQS keeps one receipt invisible at most, renewals included ("Amazon SQS visibility timeout").
 SQS_HOLD_MAX_S = 43_200.0
 
 
 def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backoff_base_sec")) -> int:
-    """Visibility timeout for a requeued message: ``base_s`` (REQUEUE_BACKOFF_BASE_SEC), doubling with each
-    receive, at most :data:`REQUEUE_MAX_S` (15 minutes), with ±20 % jitter so a storm's retries spread out;
-    at least 1 s (SQS counts whole seconds)."""
+    """Visibility timeout (seconds) for a requeued message: ``base_s`` doubling per receive, at most
+    :data:`REQUEUE_MAX_S`, ±20 % jitter, at least 1 (SQS counts whole seconds)."""
     base: float = min(base_s * 2.0 ** max(receive_count - 1, 0), REQUEUE_MAX_S)
     return max(1, round(base * random.uniform(0.8, 1.2)))
 
 
 class Ledger:
-    """The messages this replica holds (see the module docstring), over ``sqs`` (an aiobotocore SQS client).
-    ``store`` says which messages still have operations running and which lifecycle actions each carries;
-    ``heartbeats`` follow each message's hold. ``in_flight_budget`` messages at most are held;
-    ``visibility_timeout_s`` is renewed every half of it; ``poison_visibility_s`` hides a poison message;
-    ``requeue_base_s`` is the first requeue backoff (seconds)."""
+    """The messages this replica holds (see the module docstring), over ``sqs`` (an aiobotocore SQS client);
+    ``store`` says which still have operations running and which lifecycle actions each carries. Times: seconds."""
 
     def __init__(
         self,
@@ -105,15 +82,12 @@ class Ledger:
     # ------------------------------------------------------------------------------------- holding
 
     def room(self, at_most: int) -> AbstractAsyncContextManager[Room]:
-        """Room for one poll (:meth:`InFlightSlots.room <queue_processor.ledger.InFlightSlots.room>`): waits
-        for a free slot, reserves up to ``at_most``; what the block does not give to a message is free again
-        when it exits, however it exits."""
+        """Room for one poll (:meth:`InFlightSlots.room <queue_processor.ledger.InFlightSlots.room>`)."""
         return self.slots.room(at_most)
 
     def take(self, room: Room, ref: SqsMessageRef) -> None:
-        """Hold the message of ``ref``: one of ``room``'s slots, or the one it holds already (received again
-        while held), which keeps ``ref``'s receipt handle from now on. Raises ``RuntimeError`` when ``room``
-        has no slot left."""
+        """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt
+        handle. Raises ``RuntimeError`` when ``room`` has no slot left."""
         before = self.slots.ref(ref.message_id)
         room.claim(ref)
         if before is not None:
@@ -121,14 +95,12 @@ class Ledger:
         self._received[ref.receipt_handle] = time.monotonic()
 
     def held(self) -> list[SqsMessageRef]:
-        """The newest receipt of every message that still has an operation running (those whose visibility
-        is renewed, and made visible again at shutdown)."""
+        """The newest receipt of every message that still has an operation running."""
         refs = (self.slots.ref(message_id) for message_id in self.store.held())
         return [ref for ref in refs if ref is not None]
 
     def let_go(self, message_id: str) -> None:
-        """Return ``message_id``'s slot unless the store holds the message (again): a message received
-        again while its settlement was on its way keeps the slot for its new holding."""
+        """Return ``message_id``'s slot unless the store holds the message again (received while settling)."""
         if not self.store.in_flight(message_id):
             ref = self.slots.ref(message_id)
             if ref is not None:
@@ -136,9 +108,8 @@ class Ledger:
             self.slots.release(message_id)
 
     def park(self, message_ids: list[str]) -> None:
-        """The messages of ``message_ids`` stay held (renewed, settled as before) but give their in-flight
-        slots back: their operation waits for a turn (DRAIN_BUDGET_NON_URGENT), and a fleet-wide rebalance
-        must not keep the Spot warnings behind it from being received (DESIGN.md rule 6)."""
+        """Keep ``message_ids`` held but give their slots back: their operation waits for a turn, and must not keep
+        the Spot warnings behind it from being received (DESIGN.md rule 6)."""
         for message_id in message_ids:
             self.slots.park(message_id)
 
@@ -155,20 +126,18 @@ class Ledger:
         await tasks.wait(self._delete_flusher)
 
     async def close(self) -> None:
-        """Stop everything the ledger runs; a delete not sent yet is answered as failed (logged, counted)."""
+        """Stop everything the ledger runs; a delete not sent yet is answered as failed."""
         await tasks.stop(self._extender, self._delete_flusher)
 
     # ------------------------------------------------------------------------------------ settlement
 
     async def poison(self, ref: SqsMessageRef) -> None:
-        """Leave a poison message to the dead-letter queue: hidden for POISON_VISIBILITY_TIMEOUT_SEC, never
-        deleted, so it does not hot-loop while the redrive policy moves it."""
+        """Hide a poison message for POISON_VISIBILITY_TIMEOUT_SEC, never deleting it: the queue's redrive policy
+        moves it to the dead-letter queue."""
         await self._change_visibility(ref, self.poison_visibility_s)
 
     async def finish(self, operation: NodeOperation, *, succeeded: bool, letting_go: bool = False) -> None:
-        """End ``operation`` in the store and settle each message it leaves with no operation running
-        (:meth:`settle`); with ``letting_go`` (a shutdown makes every held message visible), only their slots
-        are returned."""
+        """End ``operation`` in the store and :meth:`settle` what it leaves; ``letting_go``: only free slots."""
         settlement = self.store.finish(operation, succeeded=succeeded)
         if letting_go:
             for message_id, _ in settlement.messages:
@@ -177,10 +146,8 @@ class Ledger:
             await self.settle(settlement, operation)
 
     async def settle(self, settlement: Settlement, operation: NodeOperation) -> None:
-        """Settle every message of ``settlement`` at once; an error is logged and counted
-        (``errors_total{where="settle"}``), never dropped, and the message's slot is returned all the same."""
-        # The receipts as they are when the store lets the messages go: a receive while the settlement runs
-        # updates the slot, not this settlement (as before the ledger; the next settlement of it uses that one).
+        """Settle every message of ``settlement`` at once; errors are logged and counted, slots returned."""
+        # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
         receipts = [
             (message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement.messages
         ]
@@ -213,8 +180,7 @@ class Ledger:
             if renewal is not None:  # a renewal carrying this message is in flight: it must land first
                 await asyncio.shield(renewal)
             if outcome is MessageOutcome.DELETE:
-                # Settled: completed (its heartbeat already stopped), over, or left alone on purpose. Nothing
-                # beats for a message this replica deletes; for the others this stop finds no task.
+                # Nothing beats for a message this replica deletes.
                 for action in actions:
                     await self.heartbeats.stop(action)
                 await self.delete(ref, kinds)
@@ -229,8 +195,7 @@ class Ledger:
             self.let_go(message_id)
 
     async def delete(self, ref: SqsMessageRef, kinds: str) -> None:
-        """Delete a message: deletes arriving within :data:`DELETE_WINDOW_S` go out together in
-        DeleteMessageBatch calls of up to 10 entries. A failure is logged and counted, not raised."""
+        """Delete a message, batched with those of the next :data:`DELETE_WINDOW_S`; failures logged, not raised."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending_deletes.setdefault(ref.queue_url, []).append((ref, future))
         if self._delete_flusher is None or self._delete_flusher.done():
@@ -247,16 +212,14 @@ class Ledger:
             await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
 
     async def make_visible(self, queue_url: str, receipt_handles: list[str]) -> None:
-        """Make messages this replica does not keep visible again at once (received too late to be ours, or
-        during a shutdown)."""
+        """Make messages we do not keep visible at once (received too late, or during shutdown)."""
         await self._set_visibility(queue_url, receipt_handles, 0, ErrorWhere.REQUEUE)
 
     # ----------------------------------------------------------------------------------------- SQS calls
 
     async def _flush_deletes(self) -> None:
-        """Send the pending deletes in batches of 10 after :data:`DELETE_WINDOW_S`. Every waiting
-        :meth:`delete` gets its answer, also when this task dies (an unexpected error, a cancellation): what
-        it had not sent is answered as not deleted, logged and counted, so no settlement waits for ever."""
+        """Send the pending deletes after :data:`DELETE_WINDOW_S`. Every waiting :meth:`delete` gets an answer, also
+        when this task dies: what was not sent is answered as not deleted (logged, counted)."""
         taken: list[tuple[SqsMessageRef, asyncio.Future[bool]]] = []
         try:
             await asyncio.sleep(DELETE_WINDOW_S)
@@ -276,8 +239,7 @@ class Ledger:
     async def _delete_batches(
         self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
     ) -> None:
-        """DeleteMessageBatch for ``items`` of ``queue_url``, 10 at a time; each future gets whether SQS
-        deleted its message."""
+        """DeleteMessageBatch for ``items``, 10 a call; each future gets whether SQS deleted it."""
         for start in range(0, len(items), 10):
             chunk = items[start : start + 10]
             entries = [
@@ -318,9 +280,7 @@ class Ledger:
     async def _set_visibility(
         self, queue_url: str, receipt_handles: list[str], seconds: int, where: ErrorWhere
     ) -> set[str]:
-        """ChangeMessageVisibilityBatch for ``receipt_handles`` of ``queue_url`` (batches of 10, SQS's
-        limit): visible in ``seconds``. Returns the receipt handles whose change SQS took. A failed batch or
-        entry is logged and counted under ``where``; raises nothing."""
+        """ChangeMessageVisibilityBatch to ``seconds``; the handles SQS took. Failures logged, not raised."""
         changed: set[str] = set()
         for start in range(0, len(receipt_handles), 10):
             chunk = receipt_handles[start : start + 10]
@@ -349,18 +309,15 @@ class Ledger:
     # ------------------------------------------------------------------------------- visibility renewal
 
     async def _extend_loop(self) -> None:
-        """Every half visibility timeout, renew the visibility of every held message (:meth:`renew_held`)."""
         period = max(self.visibility_timeout_s / 2, 1.0)
         while True:
             await asyncio.sleep(period)
             await self.renew_held()
 
     async def _receive_anew(self, queue_url: str, refs: list[SqsMessageRef]) -> list[SqsMessageRef]:
-        """Those of ``refs`` whose visibility may be renewed: a receipt held for almost SQS's limit
-        (:data:`SQS_HOLD_MAX_S` less two visibility timeouts; a drain that waits hours for its turn) is made
-        visible at once instead, so that a receive takes the message anew (a receipt with a limit of its own; ours
-        joins the operation it holds, another replica waits for the node's Lease, which this one keeps) rather
-        than SQS refusing the renewal and showing the message at a moment nobody chose."""
+        """Those of ``refs`` whose visibility may be renewed. A receipt held for almost :data:`SQS_HOLD_MAX_S` (less
+        two visibility timeouts) is made visible at once, to be received anew, rather than SQS refusing the renewal
+        and showing the message at a moment nobody chose."""
         limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
         now = time.monotonic()
         expiring = [ref for ref in refs if now - self._received.get(ref.receipt_handle, now) >= limit]
@@ -375,11 +332,9 @@ class Ledger:
         return [ref for ref in refs if ref not in expiring]
 
     async def renew_held(self) -> None:
-        """One renewal of every message held, to the visibility timeout (batches of 10), ordered with their
-        settlement: a message whose operations have ended by the time its batch goes out is left out (its
-        settlement decides its visibility), and :meth:`_settle` waits for a batch in flight that carries its
-        message, so that a renewal never lands after a requeue (hiding the message for the whole timeout
-        instead of the backoff) or after a delete (a failed renewal counted as an error)."""
+        """Renew every held message's visibility (batches of 10), ordered with settlement: a message whose
+        operations ended is left out, and :meth:`_settle` waits for a batch in flight that carries its message, so a
+        renewal never lands after a requeue or a delete."""
         loop = asyncio.get_running_loop()
         refs = self.held()
         renewals = {ref.message_id: loop.create_future() for ref in refs}

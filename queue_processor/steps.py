@@ -1,18 +1,6 @@
-"""What the steps of an operation share: the operation's context, the one step wrapper with its table of
-Events, and the helpers both paths use (drain: :mod:`queue_processor.handler`; launch:
-:mod:`queue_processor.launch`).
-
-:class:`OperationContext` is handed to every step of one operation: the operation, its EarlyExit stack
-(``early_exit``, an ``AsyncExitStack``), its bound logger, and what the steps found so far (the instance, the
-node, the Lease, the kinds already tainted, the node's facts for the webhook). Every task a step starts is
-started with :meth:`OperationContext.spawn`, which puts its stop on the stack: when the operation ends, by
-any outcome, an error or a cancellation, each such task is cancelled and awaited (DESIGN.md rule 3).
-
-:meth:`Steps.step` runs a step and reports it as NTH does, from :data:`STEP_EVENTS`: on success the
-step's action is counted and its Event recorded; on failure (not a cancellation, not a lost Lease) the
-action is counted as failed, its error Event recorded, and the error raised again. A step may be guarded by
-the operation's Lease (:meth:`Steps.guarded`): it is cancelled as soon as the Lease is lost, and
-:class:`~queue_processor.outcomes.ClaimLost` is raised.
+"""What the steps of an operation share: its context, the step wrapper and the helpers of both paths
+(:mod:`queue_processor.handler`, :mod:`queue_processor.launch`). Every task a step starts goes through
+:meth:`OperationContext.spawn`: cancelled and awaited however the operation ends (DESIGN.md rule 3).
 """
 
 from __future__ import annotations
@@ -60,8 +48,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: How long ago a message may have been sent (seconds) before the cached description of its instance (kept 60 s)
-#: is not trusted to show a start since.
+#: Seconds since a message was sent after which the cached instance description (kept 60 s) is not trusted.
 LATE_S = 60.0
 
 #: EC2 states of an instance that has ended: its node never comes back and its lifecycle actions are over.
@@ -88,9 +75,8 @@ class Step(StrEnum):
 
 @dataclass(frozen=True)
 class StepEvents:
-    """How a step is reported. ``action``: the NTH action counted (``actions_total``) as succeeded or failed,
-    ``None`` for none; ``success``: the (reason, message) of the Event on success; ``failure(settings)``: the
-    (reason, message) of the warning Event on failure, whose message gets ``": <error>"`` appended."""
+    """How a step is reported: ``action``, NTH's action counted (``actions_total``; ``None``: none); ``success``,
+    the (reason, message) of its Event; ``failure(settings)``, those of its warning Event."""
 
     action: NodeAction | None
     success: tuple[str, str] | None
@@ -118,10 +104,8 @@ STEP_EVENTS: dict[Step, StepEvents] = {
 
 @dataclass
 class OperationContext:
-    """One operation as its steps see it (see the module docstring). ``node`` is the node's name once the
-    claim step found one (``assumed``: named after the instance's private DNS name, not read); ``claim`` its
-    Lease with NODE_LEASES; ``tainted`` the event kinds whose taints the node carries (it grows as kinds join);
-    ``facts`` the node's facts for the webhook (read once the node is cordoned)."""
+    """One operation as its steps see it: ``node`` once found (``assumed``: the private DNS name, not read),
+    ``claim`` its Lease, ``tainted`` the kinds whose taints the node carries, ``facts`` for the webhook."""
 
     operation: NodeOperation
     early_exit: AsyncExitStack
@@ -138,9 +122,8 @@ class OperationContext:
         self.log = self.log.bind(**values)
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str, awaited: bool = False) -> asyncio.Task[T]:
-        """Start ``coro`` as a named task (:func:`queue_processor.tasks.spawn`; ``awaited``: the caller takes
-        its result, so its exception is not logged on its own) whose stop (cancelled and awaited) is on the
-        operation's EarlyExit stack; the caller may stop it earlier (stopping twice is harmless)."""
+        """Start ``coro`` as a named task (:func:`queue_processor.tasks.spawn`; ``awaited``: the caller takes its
+        result) whose stop is on the EarlyExit stack; stopping it earlier is harmless."""
         task = tasks.spawn(coro, name=name, awaited=awaited)
         self.early_exit.push_async_callback(tasks.stop, task)
         return task
@@ -148,10 +131,7 @@ class OperationContext:
 
 @dataclass(frozen=True)
 class Collaborators:
-    """What the drain and launch paths both talk to. ``observer`` is told each action on a node and the
-    outcome of operations that end without a drain; ``clock`` returns monotonic seconds; ``heartbeats`` owns
-    every lifecycle action's heartbeat and completes actions; ``recorder`` records Kubernetes Events (none:
-    no Events)."""
+    """What both paths talk to; ``clock`` returns monotonic seconds, ``recorder`` ``None``: no Events."""
 
     settings: Settings
     resolver: InstanceResolver
@@ -163,8 +143,7 @@ class Collaborators:
 
 
 class Steps:
-    """The helpers the drain and launch paths share, over their :class:`Collaborators` (each one is also an
-    attribute of the same name)."""
+    """The helpers the drain and launch paths share; each :class:`Collaborators` field is an attribute."""
 
     def __init__(self, parts: Collaborators) -> None:
         self.parts = parts
@@ -181,8 +160,8 @@ class Steps:
     async def step(
         self, ctx: OperationContext, step: Step, work: Awaitable[T], *, guarded: bool = False
     ) -> T:
-        """Run ``work`` (guarded by the operation's Lease when ``guarded``) and report it from
-        :data:`STEP_EVENTS`. Raises what ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
+        """Run ``work`` (guarded by the Lease when ``guarded``) and report it, as NTH, from :data:`STEP_EVENTS`, on
+        failure too. Raises what ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
         events = STEP_EVENTS[step]
         try:
             result = await (self.guarded(ctx, work) if guarded else work)
@@ -201,8 +180,7 @@ class Steps:
         return result
 
     async def guarded(self, ctx: OperationContext, work: Awaitable[T]) -> T:
-        """Await ``work``; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost.
-        Both tasks live on the operation's EarlyExit stack and are stopped here."""
+        """Await ``work``; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost."""
         claim = ctx.claim
         if claim is None:
             return await work
@@ -219,15 +197,12 @@ class Steps:
     # -------------------------------------------------------------------------------------- shared steps
 
     def left_to_bootstrap(self, action: AsgLaunchLifecycleEvent) -> bool:
-        """Whether a launch action is the instance's own bootstrap's to complete: headed for a warm pool,
-        without COMPLETE_WARM_POOL_LAUNCH."""
+        """Whether a launch action is left to the bootstrap (warm pool, no COMPLETE_WARM_POOL_LAUNCH)."""
         return action.destination == "WarmPool" and not self.settings.complete_warm_pool_launch
 
     async def resolve(self, ctx: OperationContext) -> InstanceInfo | Outcome:
-        """The instance as EC2 describes it (also set on ``ctx.info``), or the outcome when there is nothing
-        to do: unknown to EC2 (a drain's lifecycle actions completed; a launch's left to their hook's
-        timeout), not managed by this cluster (left alone), or started again since the stop the operation is
-        about."""
+        """The instance as EC2 describes it (also ``ctx.info``), or the outcome when there is nothing to do: unknown
+        to EC2, not managed, or started again (:meth:`_started_again`)."""
         operation, log = ctx.operation, ctx.log
         # A launch is a start: it changed the LaunchTime a cached answer has, which the next cordon records.
         info = await self.resolver.get(operation.instance_id, fresh=operation.mode is Mode.LAUNCH)
@@ -257,31 +232,12 @@ class Steps:
         return info
 
     async def _started_again(self, ctx: OperationContext, *, fresh: bool = False) -> bool:
-        """Whether the instance was started again since everything a drain operation is about, so that there
-        is nothing left to drain, and the node the restarted instance registered must not be cordoned for it:
-
-        - its ``LaunchTime`` (EC2: the most recent launch or start) is later than the moment every message of
-          the operation was sent to the queue (SQS ``SentTimestamp``; the event's time without one). A Spot
-          stop or hibernate, an EC2 stop, a scale-in into a warm pool or an AWS Health retirement is followed
-          by a start; a message requeued by a drain that could not finish (or delivered late) then arrives
-          after it (explorer seed 513: a requeued Spot warning cordoned and drained the node the instance had
-          come back on). An operation with a lifecycle action is drained as ever: a terminate action can
-          outlive a stop and a start (Spot hibernates the instance while the action waits; explorer seed 29),
-          and only its completion ends it;
-        - or the operation is made only of ``stopping``/``stopped`` state changes and EC2 now says ``pending``
-          or ``running`` without a ``LaunchTime`` or with one no earlier than the second the last of them was
-          sent (EC2 reports ``LaunchTime`` to the second, so a start in that second does not look later; an
-          earlier one may be EC2's eventual consistency just after the stop): a warm pool moves a stopped
-          instance into the group this way ("Warm pools for Amazon EC2 Auto Scaling"), its state changes still
-          in the queue.
-
-        An event that joins the operation meanwhile (while EC2 is read) keeps it going: it may be the new run's
-        own interruption.
-
-        The instance is read fresh when the cache cannot be trusted for this: a message delivered before
-        (``ApproximateReceiveCount`` above 1), a message sent more than :data:`LATE_S` ago, only stops, or
-        ``fresh`` (a drain whose turn came after a wait). A new warning delivered on time costs no read (a
-        storm's first deliveries)."""
+        """Whether the instance was started again since everything a drain is about, leaving nothing to drain: its
+        ``LaunchTime`` is later than every message's ``SentTimestamp``, or, after only stops, EC2 says it runs with
+        no ``LaunchTime`` or one no earlier than the last stop's second (a warm pool's return: "Warm pools for
+        Amazon EC2 Auto Scaling"). Lifecycle actions always drain (one can outlive a stop and start), as does a join
+        while EC2 is read. EC2 is read fresh when the cache is not to be trusted: a redelivery, a message older than
+        :data:`LATE_S`, stops only, or ``fresh``."""
         operation, info = ctx.operation, ctx.info
         if operation.mode is not Mode.DRAIN or info is None or operation.lifecycle_actions:
             return False  # a terminate action can outlive a stop and start (Spot hibernates it meanwhile)
@@ -302,9 +258,7 @@ class Steps:
             if now is None:
                 return False
             info = ctx.info = now  # what a cordon records, if there is one: EC2 as it is now
-            # Running again after stops: EC2 gives no LaunchTime, or one in the second of the last stop's
-            # message or later (LaunchTime is reported to the second). An earlier one is EC2's eventual
-            # consistency just after the stop.
+            # LaunchTime is reported to the second; an earlier one is EC2's eventual consistency after a stop.
             running_again = (
                 stops_only
                 and info.state in ("pending", "running")
@@ -323,14 +277,13 @@ class Steps:
         return True
 
     async def completion_delay(self) -> None:
-        """COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS before completing, as NTH: after a drain, a dry run's
-        decision, and a launching instance's node turning Ready (the actions are heartbeated meanwhile)."""
+        """Wait COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS before completing, as NTH."""
         if self.settings.complete_lifecycle_action_delay_seconds > 0:
             await asyncio.sleep(self.settings.complete_lifecycle_action_delay_seconds)
 
     async def complete_actions(self, ctx: OperationContext, *, claim: Claim | None) -> None:
-        """Complete every unsettled lifecycle action of the operation with CONTINUE, until none is left
-        (actions that join while others complete are completed too). With a Lease, it is confirmed first."""
+        """Complete every unsettled lifecycle action with CONTINUE until none is left (actions that join meanwhile
+        too); with a Lease, it is confirmed first."""
         operation = ctx.operation
         while pending := operation.unsettled():
             for action in pending:
@@ -345,15 +298,13 @@ class Steps:
                 ctx.log.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
 
     async def stop_heartbeats(self, operation: NodeOperation, how: str) -> None:
-        """The operation's lifecycle actions are not ours to complete: their heartbeats stop and each one not
-        settled yet is settled as ``how``."""
+        """The operation's actions are not ours: stop their heartbeats and settle them as ``how``."""
         for action in operation.lifecycle_actions:
             await self.heartbeats.stop(action)
         settle_all(operation, how)
 
     async def event(self, ctx: OperationContext, reason: str, message: str, *, warning: bool = False) -> None:
-        """An Event on the operation's node with NTH's per-node annotations, from what EC2 says of its
-        instance."""
+        """Record an Event on the operation's node with NTH's per-node annotations."""
         if self.recorder is None:
             return
         facts = {"local-hostname": ctx.node}
@@ -363,8 +314,7 @@ class Steps:
         await self.recorder.record(ctx.node, reason, message, warning=warning, facts=facts)
 
     async def instance_gone(self, operation: NodeOperation) -> bool:
-        """Whether the instance is shutting down or terminated (its node will never come back): from the
-        operation's own state changes, else from a fresh DescribeInstances."""
+        """Whether the instance is shutting down or terminated (its state changes, else DescribeInstances)."""
         if any(isinstance(e, StateChangeEvent) and e.state in INSTANCE_ENDED for e in operation.events):
             return True
         info = await self.resolver.get(operation.instance_id, fresh=True)
@@ -372,15 +322,12 @@ class Steps:
 
 
 def _sent(event: Event) -> datetime:
-    """When the event's message was sent to the queue (its SQS ``SentTimestamp``), else the event's time. The
-    send is what a start is compared with: a notice can carry a time earlier than it was sent (the sandbox
-    stamps its compressed notices so, and a notice may be published late)."""
+    """When the event's message was sent (``SentTimestamp``), else the event's time (a notice may predate its send)."""
     sent = event.message.sent_timestamp if event.message is not None else None
     return sent or event.time
 
 
 def _launched_after(info: InstanceInfo, when: datetime) -> bool:
-    """Whether EC2's ``LaunchTime`` of the instance is later than ``when`` (unknown: no)."""
     return info.launch_time is not None and info.launch_time > when
 
 

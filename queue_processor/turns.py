@@ -1,12 +1,7 @@
 """Turns for drains that leave time (DRAIN_BUDGET_NON_URGENT): at most so many drains of one group at once.
 
-A rebalance recommendation for a third of the fleet, or AWS Health scheduled changes for next week, must not
-drain a third of the fleet at once. Every drain of a group (its Auto Scaling group, or the value of
-DRAIN_BUDGET_GROUP_LABEL) is counted while it runs (:meth:`Turns.turn`); a drain whose events all leave time
-(:func:`~queue_processor.deadlines.leaves_time`) waits, its node already cordoned, until fewer than the limit
-(:func:`turn_limit`) run, in the order they came. A drain that does not leave time never waits, and one that
-waits stops waiting the moment an event joins it that does not (a Spot warning for an instance whose rebalance
-drain waits): urgent drains are counted, never held.
+Every drain of a group is counted while it runs (:meth:`Turns.turn`); one whose events all leave time waits,
+cordoned, until fewer than :func:`turn_limit` run, in arrival order. Urgent drains are counted, never held.
 """
 
 from __future__ import annotations
@@ -24,9 +19,8 @@ __all__ = ["Turns", "turn_limit"]
 
 
 def turn_limit(spec: str, group_size: int | None) -> int | None:
-    """The most drains of a group at once for DRAIN_BUDGET_NON_URGENT ``spec``: ``None`` (no limit) for an
-    empty spec; a count as is; a percentage of ``group_size`` nodes, rounded down, at least 1 (1 when the
-    size is unknown). Raises ``ValueError`` for a spec that is neither (the settings reject those first)."""
+    """The most drains of a group at once for ``spec``: ``None`` for an empty spec, a count as is, or a percentage
+    of ``group_size`` rounded down, at least 1 (1 when unknown). Raises ``ValueError`` otherwise."""
     spec = spec.strip()
     if not spec:
         return None
@@ -42,8 +36,7 @@ def turn_limit(spec: str, group_size: int | None) -> int | None:
 
 
 class Turns:
-    """The drains running per group and the ones waiting for a turn (see the module docstring). ``observer``
-    is told how many wait per group (``drains_waiting{group}``). One event loop; not thread-safe."""
+    """Drains running per group and those waiting for a turn; ``observer`` gets ``drains_waiting{group}``."""
 
     def __init__(self, observer: Observer = NULL_OBSERVER) -> None:
         self.observer = observer
@@ -67,13 +60,10 @@ class Turns:
         waiting: Callable[[], Awaitable[None]] | None = None,
         recheck_s: Callable[[], float | None] = lambda: None,
     ) -> AsyncIterator[bool]:
-        """A drain of ``group``: counted as running for the block; first, unless ``limit`` is ``None`` or
-        ``urgent()`` holds, it waits while the drains running and those in line before it reach ``limit``.
-        ``joined`` (the operation's, set when an event joins it; cleared here when it wakes the wait) makes it
-        ask ``urgent()`` again, and so does the end of ``recheck_s()`` seconds (``None``: no such moment; a
-        scheduled change becoming due). ``waiting()`` is awaited before each wait (it must be idempotent: the
-        operation's messages, joined ones too, give their slots back). Yields whether it waited. A
-        cancellation while waiting gives its place up."""
+        """Count a drain of ``group`` as running for the block; first, unless ``limit`` is ``None`` or ``urgent()``,
+        wait while the drains running and ahead in line reach ``limit``. ``joined`` being set, or ``recheck_s()``
+        seconds passing, makes it ask ``urgent()`` again; ``waiting()`` (idempotent) is awaited before each wait.
+        Yields whether it waited; a cancellation gives its place up."""
         waited = False
         counted = False
         if limit is not None and not urgent():
@@ -121,9 +111,7 @@ class Turns:
             self._wake(group)
 
     def _wake(self, group: str) -> None:
-        """The drains of ``group`` in line whose turn may have come look again: those with fewer drains running
-        and in line before them than their limit. The others stay asleep: waking every waiter at every
-        hand-over cost O(n) task wake-ups, each reading its place in line (O(n)), with a thousand waiting."""
+        """Wake only the drains of ``group`` in line whose turn may have come (waking all is O(n²))."""
         running = self.running[group]
         for place, waiter in enumerate(self._lines.get(group, [])):
             if running + place < self._limits[waiter]:

@@ -1,11 +1,8 @@
-"""PodDisruptionBudgets as a drain meets them: which pods a budget selects, which pods count as healthy, the
-budget an eviction's 429 names, and a budget's arithmetic in one line. Pure (no I/O); the drainer, ``queue-processor
-explain`` and the sandbox's emulated API server share them.
+"""PodDisruptionBudgets as a drain meets them: selection, pod health, the budget a 429 names, and a budget's
+arithmetic in one line. Pure; shared by the drainer, ``queue-processor explain`` and the sandbox's API server.
 
-Semantics: "Specifying a Disruption Budget for your Application"
-(https://kubernetes.io/docs/tasks/run-application/configure-pdb/), "API-initiated Eviction"
-(https://kubernetes.io/docs/concepts/scheduling-eviction/api-eviction/), and the API server's eviction
-subresource (``pkg/registry/core/pod/storage/eviction.go``), whose 429 carries a ``DisruptionBudget`` cause.
+Sources: "Specifying a Disruption Budget for your Application", "API-initiated Eviction", and the API server's
+``pkg/registry/core/pod/storage/eviction.go`` (its 429 carries a ``DisruptionBudget`` cause).
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ DEFAULT_UNHEALTHY_POLICY = "IfHealthyBudget"
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """Whether a ``LabelSelector`` object (``matchLabels`` and ``matchExpressions`` with In, NotIn, Exists,
-    DoesNotExist) selects ``labels``. An empty selector selects everything; ``None`` selects nothing
-    (as for a PodDisruptionBudget without one in policy/v1)."""
+    """Whether a ``LabelSelector`` (``matchLabels``; ``matchExpressions`` In, NotIn, Exists, DoesNotExist)
+    selects ``labels``. Empty selects everything; ``None`` nothing (a policy/v1 budget without a selector)."""
     if selector is None:
         return False
     for key, value in (selector.get("matchLabels") or {}).items():
@@ -52,8 +48,7 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod is Running with a Ready condition True and not terminating (a "healthy" pod for a
-    PodDisruptionBudget)."""
+    """Whether the pod is Running, Ready and not terminating: "healthy" for a PodDisruptionBudget."""
     status = pod.get("status") or {}
     if status.get("phase") != "Running" or is_terminating(pod):
         return False
@@ -64,9 +59,8 @@ _BUDGET_CAUSE = re.compile(r"^The disruption budget (\S+) ")
 
 
 def budget_of(error: KubeError, namespace: str) -> str | None:
-    """``namespace/name`` of the PodDisruptionBudget an eviction's 429 names in its ``DisruptionBudget``
-    cause ("The disruption budget NAME needs N healthy pods and has M currently", or "... is still being
-    processed by the server"), ``None`` when it names none."""
+    """``namespace/name`` of the PodDisruptionBudget a 429's ``DisruptionBudget`` cause names ("The disruption
+    budget NAME ..."), or ``None``."""
     for cause in error.causes:
         if cause.get("reason") == "DisruptionBudget":
             match = _BUDGET_CAUSE.match(str(cause.get("message") or ""))
@@ -76,9 +70,8 @@ def budget_of(error: KubeError, namespace: str) -> str | None:
 
 
 def budget_arithmetic(pdb: Mapping[str, Any]) -> str:
-    """One line of a PodDisruptionBudget's arithmetic, from its spec and status: ``minAvailable 2,
-    currentHealthy 2, desiredHealthy 2, disruptionsAllowed 0, expectedPods 3, unhealthyPodEvictionPolicy
-    IfHealthyBudget`` (:data:`DEFAULT_UNHEALTHY_POLICY` when unset, as the API server applies it)."""
+    """A PodDisruptionBudget's spec and status in one line (``minAvailable 2, currentHealthy 2, ...,
+    unhealthyPodEvictionPolicy IfHealthyBudget``; the policy defaults to :data:`DEFAULT_UNHEALTHY_POLICY`)."""
     spec = pdb.get("spec") or {}
     status = pdb.get("status") or {}
     parts = [

@@ -1,22 +1,9 @@
-"""Pods leaving, seen through one watch: how a drain learns that the pods it evicted are gone without re-listing
-its node every few seconds.
+"""Pod deletions seen through one metadata-only watch of every pod, so a drain need not re-list its node.
 
-One metadata-only watch of every pod (``GET /api/v1/pods?watch=1``, ``Accept: …;as=PartialObjectMetadata``:
-names, uids and resourceVersions, no specs) runs from start-up on, for the whole process: a thousand
-draining nodes cost one connection, not hundreds of pod LISTs a second competing for the client's QPS with
-cordons, evictions and Lease renewals. Only deletions are kept: the uids of the last :data:`MEMORY` pods
-deleted. A drain registers its pods, and each deletion of one reaches it as it comes.
-
-Why it is safe to skip a LIST: a drain takes a :class:`Ticket` *before* it lists a node's pods. While the watch
-has run without a break in its stream since the ticket (the same :attr:`Departures.epoch`, no 410 since) and
-still remembers every deletion since when the drain registers the pods it found (fewer than :data:`MEMORY`
-since the ticket), every pod of that list that went away since is either in the memory already or will come as
-an event: its deletion is later than the watch's
-position when the ticket was taken (the LIST, a quorum read, came after). Without such a ticket (the watch
-not running yet, broken and not resumed, restarted after a 410, or refused by RBAC) the drain lists as before.
-
-Kubernetes documents: "Efficient detection of changes" (watch, resourceVersion, bookmarks, 410 Gone) and
-"Receiving resources as Tables or metadata only" in API concepts.
+A drain takes a :class:`Ticket` *before* it lists its pods: while the stream has not broken since (same
+:attr:`Departures.epoch`) and fewer than :data:`MEMORY` deletions passed, every listed pod that went is remembered or
+will come as an event; otherwise the drain lists. Sources: "Efficient detection of changes", "Receiving resources as
+Tables or metadata only" (API concepts).
 """
 
 from __future__ import annotations
@@ -32,9 +19,8 @@ from queue_processor.kube import KubeClient
 
 __all__ = ["MEMORY", "Departures", "Ticket", "Waiting", "deletion"]
 
-#: Deleted pods' uids remembered (about 150 bytes each). They only need to cover the moments between a drain's
-#: ticket and the registration of the pods its list found: a ticket older than this many deletions then is not
-#: trusted (its drain lists again).
+#: Deleted pods' uids remembered, to cover a drain's ticket until its listed pods are registered; a ticket
+#: older than this many deletions is not trusted (the drain lists again).
 MEMORY = 10_000
 
 Entry = tuple[tuple[str, str], Any]  # ((namespace, name), uid): a pod a drain waits for
@@ -42,8 +28,7 @@ Entry = tuple[tuple[str, str], Any]  # ((namespace, name), uid): a pod a drain w
 
 @dataclass(frozen=True)
 class Ticket:
-    """Where the watch was when a drain was about to list a node's pods: its :attr:`Departures.epoch` and how
-    many deletions it had seen."""
+    """The watch's :attr:`Departures.epoch` and deletions seen when a drain was about to list its pods."""
 
     epoch: int
     seen: int
@@ -51,9 +36,8 @@ class Ticket:
 
 @dataclass(eq=False)
 class Waiting:
-    """The pods of one drain (``pending``: (key, uid), emptied as they go), the ticket taken before the list
-    that found them (renewed by each list after), and ``changed``, set when one went or the watch stopped or
-    started again. :meth:`Departures.covers` says whether ``pending`` can be trusted without a list."""
+    """One drain's pods (``pending``: (key, uid), emptied as they go), the ticket of its last list, and
+    ``changed``, set when a pod went or the watch stopped or started."""
 
     pending: set[Entry]
     ticket: Ticket | None
@@ -64,11 +48,8 @@ class Waiting:
 
 
 def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
-    """What the watch keeps of a pod event (pure; run in the watch thread, :data:`~queue_processor.kube.Keep`):
-    a deletion as ``{"type": "DELETED", "object": {"metadata": {"uid", "resourceVersion"}}}``, nothing of any
-    other event. In a storm a pod deleted comes with several other events (its termination begun, its
-    replacement created, bound, started), and events the loop has not taken yet would be held whole until it
-    does."""
+    """What the watch thread keeps of a pod event (:data:`~queue_processor.kube.Keep`): a deletion as
+    ``{"type": "DELETED", "object": {"metadata": {"uid", "resourceVersion"}}}``, nothing of other events."""
     if event.get("type") != "DELETED":
         return None
     obj = event.get("object")
@@ -80,10 +61,8 @@ def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class Departures(Watched):
-    """The watch of pod deletions (see the module), started by :meth:`start` (or the first :meth:`ticket`)
-    and ended by :meth:`close`. ``kube`` makes the requests: one ``limit=1`` pod list per (re)start and one watch per
-    connection, each through its rate limiter. Raises nothing: a watch that fails is retried with backoff
-    (:class:`~queue_processor.drain.watched.Watched`), and meanwhile the drains list."""
+    """The watch of pod deletions, started by :meth:`start` or the first :meth:`ticket`, ended by :meth:`close`. Raises
+    nothing: failures are retried, and the drains list meanwhile."""
 
     name = "pod-departures"
     refusal = "cannot watch pods: drains list their nodes' pods instead (grant pods watch)"
@@ -100,8 +79,7 @@ class Departures(Watched):
         self._waiting: dict[Any, list[Waiting]] = {}
 
     def ticket(self) -> Ticket | None:
-        """Take one before listing pods; ``None`` while the watch does not run (started by the first call if
-        :meth:`start` was not called)."""
+        """Take one before listing pods; ``None`` while the watch does not run (this call starts it)."""
         self.start()
         return Ticket(self.epoch, self.seen) if self.live else None
 
@@ -117,8 +95,7 @@ class Departures(Watched):
 
     @contextlib.contextmanager
     def waiting(self, pending: set[Entry], ticket: Ticket | None) -> Iterator[Waiting]:
-        """Follow the pods of ``pending`` (a copy, emptied as they go) while the ``with`` block runs; ``ticket``
-        was taken before the list that found them."""
+        """Follow ``pending`` (copied) while the block runs; ``ticket`` was taken before the list that found them."""
         wait = Waiting(set(pending), ticket, tuple({uid for _, uid in pending}))
         for uid in wait.uids:
             self._waiting.setdefault(uid, []).append(wait)
@@ -141,15 +118,12 @@ class Departures(Watched):
         self._forget_gone(wait)
 
     def _forget_gone(self, wait: Waiting) -> None:
-        """Take out of ``wait.pending`` every pod whose deletion the watch has seen; when the memory still covers
-        its ticket, ``wait`` is then :attr:`~Waiting.current` (each deletion reaches it as it comes)."""
+        """Drop from ``wait.pending`` the pods seen deleted; mark it current when the memory covers its ticket."""
         for entry in [entry for entry in wait.pending if entry[1] in self._gone]:
             wait.pending.discard(entry)
             wait.changed.set()
         if self.covers(wait):
             wait.current = True
-
-    # ------------------------------------------------------------------------------------------ the watch
 
     async def _begin(self) -> str:
         rv = await self.kube.pods_version()

@@ -1,13 +1,9 @@
-"""Cordon, taint, label and drain one node, with kubectl-drain semantics.
+"""Cordon, taint, label and drain one node, with kubectl-drain semantics ("Safely Drain a Node").
 
-One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1): list the node's pods once
-(``fieldSelector=spec.nodeName``; ``resourceVersion=0`` with the cache option), filter them with
-:func:`queue_processor.drain.filters.plan_drain`, evict the chosen pods in parallel (no more than
-:attr:`Drainer.slots` waiting for a first answer across drains) through the policy/v1 Eviction API — a 429
-(a PodDisruptionBudget allows no disruption now) is retried with backoff, a 500 (several budgets match) fails
-that pod, a 404 means it is gone — then wait until the pods are gone by re-listing the node's pods (never a
-GET per pod), until the deadline. Draining is bounded by the drain budget (nodes drained at once); cordoning
-never waits for it ("Safely Drain a Node", "API-initiated Eviction").
+List the node's pods once, filter them (:func:`~queue_processor.drain.filters.plan_drain`), evict the chosen ones in
+parallel through the policy/v1 Eviction API ("API-initiated Eviction": 429 retried, 500 fails the pod, 404 is gone),
+then wait until they are gone or the deadline. DRAIN_BUDGET bounds the nodes drained at once; cordons never wait for
+it. One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1).
 """
 
 from __future__ import annotations
@@ -63,41 +59,28 @@ __all__ = [
     "Drainer",
 ]
 
-#: The line a drain logs for the pods its second list found (``pods``: ``namespace/name``): bound to the node
-#: after its first list, they are evicted after every pod that list found, ``last`` and critical ones too.
+#: Logged for the pods a drain's second list found (``pods``); they go after every pod of the first list.
 LOOKED_AGAIN = "looked again: pods bound to the node after its first list"
 
-#: The line a drain logs when a wave's time is up with pods of it still on the node (``pods``:
-#: ``namespace/name``, ``wave``: its number from 1): the next wave starts, so those may go after ``last`` and
-#: critical pods (an eviction unanswered, or waiting for its PodDisruptionBudget).
+#: Logged when a wave's time is up with its ``pods`` still on the node (``wave`` from 1): the next one starts.
 WAVE_TIME_UP = "a wave's time is up: the next wave starts with pods of it still on the node"
 
-#: How many times a taint write is retried on a fresh read after a 409 Conflict (another writer changed the
-#: node between our read and our write).
+#: Attempts of a node write, each on a fresh read after a 409 Conflict.
 TAINT_WRITE_ATTEMPTS = 8
 
 #: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
 EVICTION_RETRY_S = (1.0, 10.0)
 
-#: Seconds kept, on top of the longest grace period of the waves still to come, when a wave's wait is cut
-#: short for them: the kubelet's and the API server's time to see a pod gone.
+#: Seconds added to the longest grace of the waves still to come, when a wave's wait is cut short for them.
 WAVE_PAD_S = 2.0
 
 
 @dataclass
 class DrainResult:
-    """How a drain ended: ``completed`` when every pod to evict is gone (evicted, or deleted at the deadline);
-    else ``reason``; ``outcome`` says which. ``evicted`` pods were evicted (``cut_short`` of them with a grace
-    period cut to end before the instance), ``blocked`` were refused by a PodDisruptionBudget until the
-    deadline, ``failed`` got another error, ``skipped`` were left alone by the filters, ``finished_grace`` were
-    evicted with their own grace period and had all of it (before the instance's end when it is known, else
-    they were gone before the drain ended), ``outlasted`` were evicted with their own grace period ending after
-    the instance's end (killed mid-grace when it goes), ``deleted_at_deadline`` were deleted by
-    DELETE_AT_DEADLINE, ``remaining`` were still on the node at the end. ``waves`` is the
-    number of pods of each wave, in order; ``causes`` says, one line each, why the drain did not finish: the
-    PodDisruptionBudget with its arithmetic, a failed eviction, pods that did not terminate. ``drain_id``
-    names the drain in the User-Agent of its evictions (``drain/<id>``), so the API server's audit log tells
-    one drain's retries from a second drain."""
+    """How a drain ended: ``completed`` when every pod to evict is gone, else ``reason``; ``outcome`` says which. Pod
+    counts: ``evicted`` (``cut_short`` with a cut grace), ``blocked`` (by a budget to the end), ``failed``,
+    ``skipped`` (by the filters), ``finished_grace``/``outlasted`` (:func:`grace_verdicts`), ``deleted_at_deadline``,
+    ``remaining``; ``waves``: pods per wave; ``causes``; ``drain_id``: its evictions' ``drain/<id>`` User-Agent."""
 
     completed: bool
     outcome: DrainOutcome = DrainOutcome.TIMEOUT
@@ -121,20 +104,10 @@ _DEFAULT_ORDER = DrainOrder(default("drain_order"))
 
 @dataclass(frozen=True)
 class DrainTiming:
-    """When and in which order a drain evicts (:mod:`queue_processor.drain.order`):
-
-    - ``order``: DRAIN_ORDER, ``waves`` (ordinary pods, then critical ones once those are gone) or
-      ``all-at-once``;
-    - ``critical_priority``: DRAIN_CRITICAL_PRIORITY, the ``spec.priority`` from which a pod is critical;
-    - ``grace_margin_s``: GRACE_DEADLINE_MARGIN (seconds), how long before the instance's end every grace
-      period must end; negative: grace periods are never cut;
-    - ``delete_at_deadline``: DELETE_AT_DEADLINE, delete what is still there ``delete_lead_s`` seconds
-      (DELETE_AT_DEADLINE_LEAD) before the instance's end;
-    - ``surge``: SURGE_DRAINS, a Deployment's pod annotated ``queue-processor/drain: surge`` is evicted once a
-      replacement is available (:mod:`queue_processor.drain.surge`);
-    - ``relist_s``: DRAIN_RELIST_AFTER, how long after its first list a drain lists the node's pods once more
-      (0: never; 0 too for a timing built without settings).
-    """
+    """When and in which order a drain evicts (:mod:`queue_processor.drain.order`), a field per setting: ``order``
+    DRAIN_ORDER, ``critical_priority`` DRAIN_CRITICAL_PRIORITY, ``grace_margin_s`` GRACE_DEADLINE_MARGIN (negative:
+    never cut), ``delete_at_deadline`` DELETE_AT_DEADLINE, ``delete_lead_s`` DELETE_AT_DEADLINE_LEAD, ``surge``
+    SURGE_DRAINS, ``relist_s`` DRAIN_RELIST_AFTER (0: never, also without settings); times in seconds."""
 
     order: DrainOrder = _DEFAULT_ORDER
     critical_priority: int = default("drain_critical_priority")
@@ -146,8 +119,7 @@ class DrainTiming:
 
     @classmethod
     def of(cls, settings: Settings) -> DrainTiming:
-        """The timing the settings ask for (DRAIN_ORDER, DRAIN_CRITICAL_PRIORITY, GRACE_DEADLINE_MARGIN,
-        DELETE_AT_DEADLINE, DELETE_AT_DEADLINE_LEAD, SURGE_DRAINS, DRAIN_RELIST_AFTER)."""
+        """The timing the settings ask for."""
         return cls(
             order=DrainOrder(settings.drain_order),
             critical_priority=settings.drain_critical_priority,
@@ -163,13 +135,9 @@ log = structlog.get_logger("queue_processor.drain")
 
 
 class DrainBounds:
-    """When a drain must end, tightened only (DESIGN.md rule 13): ``deadline`` (a ``clock`` reading: the drain
-    stops waiting then) and ``instance_end`` (a ``clock`` reading: when the instance goes, ``None`` while no
-    event says). An event that joins the operation with a nearer end (a Spot warning after the rebalance
-    recommendation that started the drain) tightens them (:meth:`tighten`), and the drain in progress picks the new
-    bounds up at once: waits and eviction retries wake, grace periods are cut again (pods evicted already are
-    evicted again with the shorter grace, which the API server applies to a terminating pod), the waves and the
-    deadline step are planned again. One asyncio loop owns it."""
+    """When a drain must end, only ever tightened (DESIGN.md rule 13): ``deadline`` and ``instance_end`` (``clock``
+    readings; ``None``: unknown). The running drain picks up a :meth:`tighten` at once: waits wake, graces are cut
+    again, waves and the deadline step re-planned. One asyncio loop owns it."""
 
     def __init__(self, deadline: float, instance_end: float | None = None) -> None:
         self.deadline = deadline
@@ -192,18 +160,15 @@ class DrainBounds:
         return moved
 
     def final(self, timing: DrainTiming) -> tuple[float, bool]:
-        """The last moment the drain waits for (a ``clock`` reading), and whether it ends with the deadline
-        step: with DELETE_AT_DEADLINE, DELETE_AT_DEADLINE_LEAD before the instance's end when that comes before
-        the deadline (an end far away, an AWS Health event's next week, never deletes anything), else the
-        deadline."""
+        """The last moment the drain waits for (a ``clock`` reading) and whether the deadline step ends it: with
+        DELETE_AT_DEADLINE, DELETE_AT_DEADLINE_LEAD before the instance's end if that precedes the deadline."""
         end = self.instance_end
         if timing.delete_at_deadline and end is not None and end - timing.delete_lead_s <= self.deadline:
             return end - timing.delete_lead_s, True
         return self.deadline, False
 
     async def sleep(self, seconds: float, *, wake: asyncio.Event | None = None) -> bool:
-        """Wait ``seconds``, or less when the bounds tighten meanwhile (or ``wake`` is set): ``True`` when the
-        bounds tightened."""
+        """Wait ``seconds``, less if the bounds tighten (or ``wake`` is set); ``True`` when they tightened."""
         tightened = self._tightened
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(seconds, 0.0)):
@@ -225,10 +190,7 @@ class DrainBounds:
 
 @dataclass
 class _Pod:
-    """One pod of a drain: its key and uid, the grace period it would get without a deadline, whether it is
-    evicted (or only waited for: being deleted already), its controller owner's uid (``None`` without one: the
-    key of :class:`~queue_processor.drain.gates.BudgetGates`), the grace it was given and whether that was cut,
-    and, for a pod whose replacement comes first (SURGE_DRAINS), its Deployment's name and the pod's labels."""
+    """One pod of a drain, with its controller owner's uid (the key of :attr:`Drainer.gates`) and surge Deployment."""
 
     key: tuple[str, str]
     uid: Any
@@ -243,9 +205,7 @@ class _Pod:
 
 @dataclass(frozen=True)
 class _Eviction:
-    """How one pod's eviction ended: the outcome, what the API said, the PodDisruptionBudget that refused it
-    last (``namespace/name``), the grace period of the accepted eviction, whether it was cut, and when it was
-    accepted (a ``clock`` reading)."""
+    """How one pod's eviction ended: outcome, detail, last refusing budget, grace given and when (``clock``)."""
 
     key: tuple[str, str]
     result: EvictionOutcome
@@ -258,10 +218,8 @@ class _Eviction:
 
 @dataclass(frozen=True)
 class PolicyNotice:
-    """A pod to be evicted whose ``queue-processor/drain`` annotation cannot be followed: its ``workload``
-    (:func:`~queue_processor.drain.order.workload_of`), the annotation's ``value``, and ``why``: ``unknown`` (no
-    such policy), ``surge-off`` (``surge`` without SURGE_DRAINS) or ``cannot-surge`` (``surge`` on a pod that
-    is not a Deployment's)."""
+    """A pod whose ``queue-processor/drain`` annotation ``value`` cannot be followed, its ``workload``, and
+    ``why``: ``unknown`` policy, ``surge-off`` (no SURGE_DRAINS) or ``cannot-surge`` (not a Deployment's pod)."""
 
     namespace: str
     name: str
@@ -272,10 +230,8 @@ class PolicyNotice:
 
 @dataclass(frozen=True)
 class WavePlan:
-    """What a drain will do, decided before it does anything (:func:`plan_waves`): the pods of each wave in
-    order (each evicted, or only waited for when it is being deleted already), the pods the filters leave alone
-    (``skipped``), those they refuse to drain (``refused``: the drain cannot start), and the pods whose drain
-    policy annotation names no policy (``notices``: reported, evicted as by default)."""
+    """What a drain will do (:func:`plan_waves`): the pods of each wave, those the filters skip or refuse
+    (``refused``: the drain cannot start), and the policy ``notices`` to report."""
 
     waves: list[list[_Pod]]
     skipped: list[PodDecision]
@@ -286,9 +242,8 @@ class WavePlan:
 def plan_waves(
     pods: list[dict[str, Any]], options: DrainOptions, timing: DrainTiming, grace_s: int
 ) -> WavePlan:
-    """The plan of a drain of ``pods`` (pure): kubectl-drain's filters (:func:`plan_drain`), each pod's own
-    grace period (POD_TERMINATION_GRACE_PERIOD ``grace_s``, -1: its own), and the waves of ``timing``'s
-    order. The decisions keep names, not pod objects."""
+    """The plan of a drain of ``pods`` (pure), with each pod's grace (``grace_s``; -1: its own); names, no pod
+    objects."""
     decisions = plan_drain(pods, options)
     evicting = {id(pod) for pod in decisions.evict}
     entries = [
@@ -343,10 +298,8 @@ Grace = Literal["own", "cut", "outlasted"]
 def grace_verdicts(
     outcomes: list[_Eviction], left: Mapping[tuple[str, str], Any], instance_end: float | None
 ) -> dict[tuple[str, str], Grace]:
-    """How each evicted pod's grace period went (pure): ``cut`` (cut to end before the instance), ``own`` (all
-    of its own: it ends before the instance's end, or, when that is unknown, the pod was gone before the drain
-    ended) or ``outlasted`` (its own ends after the instance's end: killed mid-grace when the instance goes).
-    A pod still there at the end without a known instance end has no verdict."""
+    """How each evicted pod's grace went (pure): ``cut``, ``own`` (all of it before the instance's end, or, that
+    unknown, gone by the drain's end) or ``outlasted`` (killed mid-grace when the instance goes)."""
     verdicts: dict[tuple[str, str], Grace] = {}
     for outcome in outcomes:
         if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
@@ -362,8 +315,7 @@ def grace_verdicts(
 
 @dataclass
 class _Done:
-    """What a drain's execution saw: each eviction as it ended (re-cuts included), the grace verdicts, how many
-    pods were still there at the end, how many were deleted at the deadline, and why it did not finish."""
+    """What a drain's execution saw (evictions with re-cuts, grace verdicts, counts, causes)."""
 
     outcomes: list[_Eviction] = field(default_factory=list)
     graces: dict[tuple[str, str], Grace] = field(default_factory=dict)
@@ -444,11 +396,8 @@ def summarise(planned: WavePlan, done: _Done, drain_id: str) -> DrainResult:
 
 
 class Drainer:
-    """Node operations through a :class:`KubeClient`. ``budget`` bounds concurrent drains (DRAIN_BUDGET);
-    ``grace_s`` is POD_TERMINATION_GRACE_PERIOD (-1: each pod's own); ``use_cache`` is USE_APISERVER_CACHE;
-    ``timing`` the order, grace cut and deadline step (:class:`DrainTiming`); ``clock`` returns seconds
-    (monotonic); ``observer`` is told each eviction's outcome, the number of nodes draining, the pods each
-    PodDisruptionBudget holds back and each deletion at the deadline."""
+    """Node operations through a :class:`KubeClient`: ``budget`` is DRAIN_BUDGET, ``grace_s``
+    POD_TERMINATION_GRACE_PERIOD, ``use_cache`` USE_APISERVER_CACHE; ``clock`` returns monotonic seconds."""
 
     def __init__(
         self,
@@ -468,13 +417,11 @@ class Drainer:
         self.kube = kube
         self.slots = Slots(evictions_in_flight)
         """Evictions waiting for their first answer at once, across drains
-        (:func:`~queue_processor.drain.slots.evictions_in_flight` of the client's QPS): the others wait as the
-        drain's data, not as tasks."""
+        (:func:`~queue_processor.drain.slots.evictions_in_flight`)."""
         self.nodes = nodes
         """The watched nodes a cordon writes on without reading the node first (``None``: a GET per cordon)."""
         self.departures = departures
-        """The watch of pod deletions that lets a drain wait for its pods without re-listing them (``None``:
-        re-list with backoff, at most every 2 s)."""
+        """The watch of pod deletions a drain waits on instead of re-listing (``None``: re-list)."""
         self.options = options
         self.budget = asyncio.Semaphore(budget)
         self.grace_s = grace_s
@@ -486,8 +433,7 @@ class Drainer:
         self.blocked: Counter[str] = Counter()
         """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
         self.gates = BudgetGates()
-        """The budgets that refused an eviction a moment ago: the pods of the workloads they refused wait for them
-        to reopen instead of asking (:mod:`queue_processor.drain.gates`)."""
+        """Budgets that refused a moment ago; their workloads' pods wait (:mod:`~queue_processor.drain.gates`)."""
         self._reported: set[tuple[str, str]] = set()  # (workload, annotation value) reported already
         self.surges = Surges(kube)
 
@@ -499,19 +445,12 @@ class Drainer:
         labels_if_absent: Mapping[str, str] | None = None,
         about: CordonRecord | None = None,
     ) -> bool:
-        """Mark the node unschedulable (``spec.unschedulable: true``) and, in the same request, add ``taints``
-        (``(key, value, effect)``) and those of ``labels_if_absent`` the node does not carry yet (a value
-        already there may be someone else's: it is never overwritten): one write for PreDrain and cordon.
-        Idempotent. ``False`` when the node does not exist (404); raises :class:`KubeError` for other failures.
-
-        It is a read-modify-write (one read, none when :attr:`nodes` has the node: the write then carries the
-        watched copy's resourceVersion): ``Node.spec.taints`` has no patch merge key, so a patch that
-        carries taints replaces the whole list on a real API server; the node is read, every taint but ours
-        (same key and effect) is kept as it was, labels already present are left out, and the patch carries the
-        read ``resourceVersion``, so a concurrent change answers 409 Conflict and the write is retried on a fresh
-        read (:data:`TAINT_WRITE_ATTEMPTS` times). The read also says what this write changes that the node did
-        not have: that goes into the node's :class:`~queue_processor.drain.record.CordonRecord` (with the
-        instance facts of ``about``), so that :meth:`undo` can take back exactly what we did."""
+        """Mark the node unschedulable and, in the same write, add ``taints`` (``(key, value, effect)``) and the
+        ``labels_if_absent`` it lacks, recording the change in its
+        :class:`~queue_processor.drain.record.CordonRecord` (with ``about``'s instance facts) for :meth:`undo`.
+        Idempotent. ``spec.taints`` has no patch merge key, so this is a read-modify-write on the read
+        ``resourceVersion``; a 409 is retried on a fresh read (:data:`TAINT_WRITE_ATTEMPTS`). ``False`` when the node
+        does not exist; raises :class:`KubeError` otherwise."""
         patch: dict[str, Any] = {"spec": {"unschedulable": True}}
         try:
             await self._read_modify_write(node, taints, patch, labels_if_absent or {}, about)
@@ -524,19 +463,14 @@ class Drainer:
     async def taint(
         self, node: str, key: str, value: str, effect: str, *, about: CordonRecord | None = None
     ) -> None:
-        """Add (or update) one taint, keeping every other taint of the node (read-modify-write, see
-        :meth:`cordon`; recorded when the node did not carry it, with the instance facts of ``about``: a record
-        written anew, after ours was undone, still names its instance, so that it is undone in turn). Raises
-        :class:`KubeError` (404 when the node is gone)."""
+        """Add (or update) one taint, keeping the others, as :meth:`cordon`; recorded with ``about``'s instance
+        facts when new. Raises :class:`KubeError` (404: the node is gone)."""
         await self._read_modify_write(node, [(key, value, effect)], {}, {}, about)
 
     async def undo(self, node: str, decide: Callable[[dict[str, Any], CordonRecord], bool]) -> bool:
-        """Take back what the node's :class:`~queue_processor.drain.record.CordonRecord` says we changed (our
-        cordon, taints and labels, and the record itself), when ``decide(node, record)`` says so on the node as
-        read for the write; what others set stays (:func:`~queue_processor.drain.record.undo_patch`). ``True``
-        when it was undone, ``False`` when the node is gone, carries no record, or ``decide`` declined. A
-        concurrent change (409) is retried on a fresh read, :data:`TAINT_WRITE_ATTEMPTS` times. Raises
-        :class:`KubeError` for other failures."""
+        """Take back what the node's :class:`~queue_processor.drain.record.CordonRecord` says we changed, if
+        ``decide(node, record)`` agrees: ``True`` when undone, ``False`` when the node is gone, has no record or
+        ``decide`` declined. A 409 is retried as in :meth:`cordon`; raises :class:`KubeError` otherwise."""
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             current = await self.kube.get_node(node)
             record = CordonRecord.from_node(current) if current is not None else None
@@ -564,8 +498,7 @@ class Drainer:
         ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
         identities = {(taint["key"], taint["effect"]) for taint in ours}
         for attempt in range(TAINT_WRITE_ATTEMPTS):
-            # The first attempt writes on the watched copy when there is one (no read; a copy behind the server
-            # answers 409 and the next attempt reads): cordons are bounded by one request each, not two.
+            # First attempt: the watched copy, no read (a stale copy answers 409 and the next attempt reads).
             if attempt == 0 and self.nodes is not None:
                 await self.nodes.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
             current = self.nodes.get(node) if attempt == 0 and self.nodes is not None else None
@@ -617,22 +550,13 @@ class Drainer:
         deleted: Callable[[str, str], Awaitable[None]] | None = None,
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
-        """Evict the node's pods and wait until they are gone, or until the deadline (a ``clock`` reading, or
-        the :class:`DrainBounds` of an operation whose bounds may tighten while it drains). Waits for a
-        drain-budget slot first. With ``order`` waves, critical pods are evicted only once the ordinary ones are
-        gone, or when only the time they need is left. ``instance_end`` (a ``clock`` reading; with a plain
-        deadline) is when the instance goes, when a notice says so: grace periods are cut to end
-        ``grace_margin_s`` before it, and with ``delete_at_deadline`` what is still there ``delete_lead_s``
-        before it is deleted. ``guard`` is awaited before every eviction request: it raises to stop the drain
-        (a node Lease no longer held, :meth:`queue_processor.leases.Claim.confirm`); ``lost()`` says whether
-        that Lease is lost: a drain stopped then (cancelled by the Lease's guard) leaves its surges recorded for
-        the replica that owns the node now, whose drain of the same pods takes them over;
-        ``evicted(namespace, name)`` after each eviction the API server accepted, ``deleted(namespace, name)``
-        after each deletion at the deadline, ``noticed(namespace, name, reason, message)`` for the first pod of each
-        workload whose ``queue-processor/drain`` annotation cannot be followed (``reason``: the Event reason,
-        ``UnknownDrainPolicy`` or ``SurgeNotPossible``), once per workload and value in this process's life
-        (they must not raise). Raises :class:`KubeError` when the pods
-        cannot be listed, and whatever ``guard`` raises."""
+        """Evict the node's pods and wait until they are gone or the deadline (a ``clock`` reading, or
+        :class:`DrainBounds` that may tighten), after taking a drain-budget slot. ``guard`` is awaited before each
+        eviction and raises to stop the drain (:meth:`queue_processor.leases.Claim.confirm`); with ``lost()`` true a
+        stopped drain leaves its surges to the node's new owner. Callbacks, which must not raise: ``evicted`` and
+        ``deleted(namespace, name)``, and ``noticed(namespace, name, reason, message)`` once per workload and value
+        whose drain annotation cannot be followed. Raises :class:`KubeError` when the pods cannot be listed, and what
+        ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
         async with self.budget:
             self.draining += 1
@@ -692,9 +616,7 @@ class Drainer:
         seen: set[tuple[tuple[str, str], Any]],
         cached: bool,
     ) -> tuple[WavePlan, _Done]:
-        """List the node's pods (``cached``: from the API server's watch cache, ``resourceVersion=0``), plan the
-        drain of those not ``seen`` (key and uid; a uid of ``None``: any pod of that key), and ``execute`` the
-        plan (:meth:`_execute` with the drain's bounds and callbacks) unless the filters refuse a pod."""
+        """List the node's pods (``cached``: ``resourceVersion=0``), and plan and ``execute`` those not ``seen``."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
         ticket = self.departures.ticket() if self.departures is not None and not cached else None
         pods = [
@@ -703,7 +625,7 @@ class Drainer:
             if (pod_key(pod), pod["metadata"].get("uid")) not in seen and (pod_key(pod), None) not in seen
         ]
         planned = plan_waves(pods, self.options, self.timing, self.grace_s)
-        # Names, not pod objects, for the rest of the drain: in a storm a thousand drains wait at once.
+        # Names, not pod objects, for the rest of the drain: many drains may wait at once.
         del pods
         if planned.refused or not any(planned.waves):
             return planned, _Done()
@@ -727,8 +649,7 @@ class Drainer:
     async def _report(
         self, notices: list[PolicyNotice], noticed: Callable[[str, str, str, str], Awaitable[None]] | None
     ) -> None:
-        """Report once per workload and value a drain policy that cannot be followed (a warning, and
-        ``noticed``)."""
+        """Warn and call ``noticed`` once per workload and value for a drain policy that cannot be followed."""
         for notice in notices:
             if (notice.workload, notice.value) in self._reported:
                 continue
@@ -770,9 +691,7 @@ class Drainer:
         *,
         lost: Callable[[], bool] | None = None,
     ) -> _Done:
-        """Evict wave after wave, wait until the pods are gone or the last moment, take the deadline step when
-        it comes, and read why a drain did not finish: what happened (:class:`_Done`). Stopped (a guard raised,
-        or cancelled), it takes its surges back unless the Lease is lost (``lost``)."""
+        """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
         timing = self.timing
         launchers: list[asyncio.Task[None]] = []
         running = _Running(launchers)  # its evictions grow as each wave's launcher starts them
@@ -794,9 +713,7 @@ class Drainer:
                 _raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
                 before = launchers[-1] if launchers else None
                 later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
-                # The time kept for the waves still to come is planned when this wave starts, and again only
-                # when the bounds tighten: planned again at every poll, it would shrink as the end nears (their
-                # cut grace shrinks with it) and keep pushing the next wave later.
+                # Planned once per bounds version: re-planned every poll it would keep pushing the next wave later.
                 kept: dict[int, float] = {}
 
                 def wave_bound(later: list[_Pod] = later, kept: dict[int, float] = kept) -> float:
@@ -831,10 +748,8 @@ class Drainer:
             final = lambda: bounds.final(timing)[0]  # noqa: E731
             left = dict(await self._wait_gone(node, waiting, final, bounds, following=following))
         except BaseException as exc:
-            # A guard raised (the Lease is lost), or the drain is cancelled: stop every eviction. The surges are
-            # taken back, but not when the Lease is lost: the replica that owns the node now takes them over.
-            # One stop: a second cancellation while the launchers stop must not leave the evictions running. A
-            # launcher cancelled starts nothing more, so the list is complete here.
+            # One stop for all, so a second cancellation cannot leave evictions running (a cancelled launcher
+            # starts nothing more). Surges stay when the Lease is lost: the node's new owner takes them over.
             await tasks.stop(*running)
             if not isinstance(exc, ClaimLost) and not (lost is not None and lost()):
                 await self._take_back(held)
@@ -870,10 +785,7 @@ class Drainer:
         accepted: dict[tuple[str, str], _Eviction],
         drain_id: str,
     ) -> None:
-        """Whenever the bounds tighten, evict again, with the grace period cut to the new end, each pod already
-        evicted whose grace would outlast it: the API server applies a shorter grace to a terminating pod
-        (its eviction ignores PodDisruptionBudgets). Runs until cancelled; a failed eviction is left as it
-        was (the pod keeps its grace, and the deadline step still comes)."""
+        """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
         while True:
             await bounds.tightening()
             end = bounds.instance_end
@@ -890,8 +802,7 @@ class Drainer:
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
     def _reserve(self, later: list[_Pod], final: float, instance_end: float | None) -> float:
-        """Seconds kept for the waves after this one: the longest grace period they will be given, plus
-        :data:`WAVE_PAD_S`, and never more than half of the time left (seconds)."""
+        """Seconds kept for the later waves: their longest grace plus :data:`WAVE_PAD_S`, at most half the time left."""
         now = self.clock()
         until_end = None if instance_end is None else instance_end - now
         longest = max(granted_grace(e.grace_s, until_end, self.timing.grace_margin_s)[0] for e in later)
@@ -905,14 +816,9 @@ class Drainer:
         guard: Callable[[], Awaitable[None]] | None = None,
         before: asyncio.Task[None] | None = None,
     ) -> None:
-        """Start the eviction of each of ``entries`` as a task added to ``running``: those with a surge at once
-        (their wait for a replacement must not hold a slot), the others as :attr:`slots` free up, taken for as
-        many as are left in one turn, until one of the drain's evictions fails (the drain ends then). ``guard`` is
-        awaited before each turn, so that a Lease renewal due then is waited for without slots held (each
-        eviction awaits it again, at no cost when it is fresh). Runs until all are started; raises what
-        ``guard`` raises, and ``CancelledError`` when cancelled. ``before`` (the launcher of the wave before) is
-        awaited first: when a wave's wait ends while its pods still wait for slots, they keep their place ahead of
-        the next wave's (critical pods after ordinary ones), whatever the line of slots."""
+        """Start ``entries``' evictions into ``running``: surges at once, the others as :attr:`slots` free up, after
+        ``before`` (the previous wave's launcher) and ``guard`` each turn, until one fails. Raises what ``guard``
+        raises."""
         if before is not None:
             await before
         rest = [entry for entry in entries if entry.surge is None]
@@ -946,12 +852,8 @@ class Drainer:
         held: list[Surge],
         wave_by: Callable[[], float] | None = None,
     ) -> _Eviction:
-        """Evict one pod, with its replacement first when it asks for a surge (:meth:`_surge`): the surge is
-        put in ``held`` (the drain takes it back when it ends, and on a cancellation) and taken back at once when
-        the eviction was accepted or the pod is gone. ``slot`` (of :attr:`slots`) is given back once the first
-        eviction request is answered (the task's end gives it back otherwise: :meth:`_launch`). How the
-        eviction ended (:meth:`_evict_until`). ``wave_by`` is when the pod's wave must be gone (the waves after it
-        start then; ``None`` for the last wave)."""
+        """Evict one pod (:meth:`_evict_until`), after its replacement when it asks for a surge (:meth:`_surge`);
+        ``wave_by``: when its wave must be gone (``None``: the last wave)."""
         surge = (
             None
             if entry.surge is None
@@ -976,18 +878,9 @@ class Drainer:
         *,
         past_gate: bool = False,
     ) -> _Eviction:
-        """Evict one pod, retrying 429s (and other errors) with backoff until the drain's last moment
-        (:meth:`DrainBounds.final`, read again at each attempt): how it ended. A pod of a workload whose
-        PodDisruptionBudget refused an eviction a moment ago waits, without its slot, until the budget reopens
-        (:attr:`gates`; a fifth of the closing more at most, at random, so that the pods held do not all ask
-        at once), and counts as refused by it meanwhile; ``past_gate``: the first attempt does not wait (a pod
-        whose replacement was started first: the budget has room for it now). Other refusals (a 429 that names
-        no budget, a pod without a controller) and other errors are retried after a backoff. Each attempt asks
-        for the pod's grace period cut to end GRACE_DEADLINE_MARGIN before the instance's end
-        (:func:`~queue_processor.drain.order.granted_grace`); the pod's own is sent as no grace period at all
-        when POD_TERMINATION_GRACE_PERIOD is -1 and nothing is cut. A tightening of the bounds ends a wait
-        between attempts at once. An accepted eviction is also put in ``accepted`` (for :meth:`_recut`). ``slot``
-        is released when the first request is answered (a retry waits without it)."""
+        """Evict one pod, retrying with backoff until :meth:`DrainBounds.final`: how it ended. While its workload's
+        budget is closed (:attr:`gates`) it waits without its slot, with jitter, counted as refused (``past_gate``:
+        not the first time); the grace asked is :func:`~queue_processor.drain.order.granted_grace`'s."""
         namespace, name = entry.key
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
@@ -1072,26 +965,15 @@ class Drainer:
         held: list[Surge],
         wave_by: Callable[[], float] | None = None,
     ) -> Surge | None:
-        """Replacement before eviction (:mod:`queue_processor.drain.surge`): scale the pod's Deployment one
-        replica up and wait until it has one more available replica, until the moment the eviction must start
-        for the pod's grace period to end before the drain's last moment (:meth:`DrainBounds.final`) and before
-        its wave's bound (``wave_by``: the later waves, ``last`` pods among them, go only once it is gone), less
-        :data:`WAVE_PAD_S`: the grace it would be given when the surge starts (its own, or cut to end
-        GRACE_DEADLINE_MARGIN before the instance), planned again only when the bounds tighten. A surge starts only when
-        that moment leaves the Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` more. The surge to take
-        back once the pod's eviction has ended (kept when the replacement is late: the pod is evicted anyway,
-        and the extra replica stays until then), or ``None`` when none was started or it is over; the observer
-        is told how it went. ``guard`` is awaited at every poll. The surge is in ``held`` from before its
-        write on (a write cancelled may have been applied): the drain takes it back when it ends or is stopped,
-        unless the Lease is lost (the replica that owns the node now takes the recorded surge over). Raises what
-        ``guard`` raises."""
+        """Scale the pod's Deployment up (:mod:`queue_processor.drain.surge`) and wait for the replica, until the
+        eviction must start for the pod's grace plus :data:`WAVE_PAD_S` to end before the drain's last moment and
+        ``wave_by``. The surge to take back (in ``held`` from before its write) or ``None``. Raises what ``guard``
+        raises."""
         namespace, name = entry.key
         graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
 
         def evict_by() -> float:
-            # The grace the pod would get if evicted now, fixed when the surge starts and again only when the
-            # bounds tighten: read again at every poll, it would shrink as the end nears (cut to it) and let
-            # the wait eat the pod's graceful termination.
+            # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
             if bounds.version not in graces:
                 end = bounds.instance_end
                 until_end = None if end is None else end - self.clock()
@@ -1156,10 +1038,8 @@ class Drainer:
         return started
 
     async def evict_last(self, namespace: str, name: str, deadline: float) -> bool:
-        """Evict one pod with its own grace period, retrying PodDisruptionBudget refusals (429) with backoff until
-        ``deadline`` (a ``clock`` reading): ``True`` once the API server accepted it (or the pod is gone),
-        ``False`` when it was refused until the deadline. The controller's own pod goes this way, after its node
-        is drained. Raises :class:`KubeError` for any other failure."""
+        """Evict one pod (the controller's own) with its own grace, retrying 429s until ``deadline`` (a ``clock``
+        reading): ``True`` once accepted or gone, ``False`` if refused to the end; raises :class:`KubeError` else."""
         delay = EVICTION_RETRY_S[0]
         while True:
             try:
@@ -1178,8 +1058,7 @@ class Drainer:
             return True
 
     def _blocking(self, budget: str | None, change: int) -> None:
-        """Count one pod more (``+1``) or fewer (``-1``) whose eviction ``budget`` ("namespace/name") refuses
-        now, across every drain; the observer is told the new count."""
+        """Count one pod more (+1) or fewer (-1) that ``budget`` refuses now, across drains; tell the observer."""
         if budget is None:
             return
         self.blocked[budget] += change
@@ -1209,13 +1088,9 @@ class Drainer:
         evictions: Iterable[asyncio.Task[Any]] = (),
         following: Waiting | None = None,
     ) -> set[tuple[tuple[str, str], Any]]:
-        """Wait until none of ``waiting`` (key, uid) is left, ``deadline()`` (read again at each look, and at once
-        when ``bounds`` tighten), or one of ``evictions`` failed; those left.
-
-        While the watch of deletions covers the drain (``following``, :meth:`Departures.covers`), it looks at
-        what the watch reported and wakes when a pod goes: no request. Otherwise it re-lists the node's pods
-        (a quorum read: the cache may still show them), every 0.05 s at first and at most every 2 s. A wait that
-        ends with pods left while covered lists once more, so a stalled stream never decides the outcome."""
+        """Wait until none of ``waiting`` is left, ``deadline()`` passes or an eviction failed; those left. Covered by
+        the watch it wakes as pods go, else re-lists with backoff; a covered wait ending with pods left lists once
+        more."""
         departures = self.departures
         poll = 0.05
         while waiting:
@@ -1256,10 +1131,8 @@ class Drainer:
     async def _delete_at_deadline(
         self, left: dict[tuple[str, str], Any], deleted: Callable[[str, str], Awaitable[None]] | None
     ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
-        """DELETE_AT_DEADLINE: delete every pod still there with a grace period of 0 (and the uid as a
-        precondition, so a new pod of the same name is never touched). Returns those that could not be deleted,
-        how many were, and one line per deletion the API server refused (a 403 without the chart's
-        ``deleteAtDeadline`` RBAC rule, a 5xx), which goes into the drain's causes."""
+        """DELETE_AT_DEADLINE: delete every pod left with grace 0 and its uid as precondition. Returns those not
+        deleted, how many were, and a cause line per refusal (e.g. a 403 without the ``deleteAtDeadline`` rule)."""
         refused: list[str] = []
 
         async def delete(key: tuple[str, str], uid: Any) -> bool | None:
@@ -1283,10 +1156,8 @@ class Drainer:
     async def _causes(
         self, blocked: list[_Eviction], outcomes: list[_Eviction], left: list[_Pod]
     ) -> list[str]:
-        """Why a drain did not finish, one line per cause: each PodDisruptionBudget that refused evictions
-        until the end (with its status read now: ``currentHealthy``, ``desiredHealthy``,
-        ``disruptionsAllowed``, ``expectedPods`` and ``unhealthyPodEvictionPolicy``), each failed eviction, and
-        the pods that were evicted (or were being deleted already) but did not terminate."""
+        """Why a drain did not finish, one line each: every budget that refused to the end (with its arithmetic
+        read now), every failed eviction, and the pods evicted or being deleted that did not terminate."""
         causes: list[str] = []
         by_budget: dict[str | None, list[_Eviction]] = {}
         for outcome in blocked:
@@ -1318,8 +1189,7 @@ class Drainer:
         return causes
 
     async def _budget_status(self, budget: str) -> str | None:
-        """The arithmetic of PodDisruptionBudget ``budget`` ("namespace/name") as its status says now, or
-        ``None`` when it cannot be read."""
+        """The arithmetic of ``budget`` (``namespace/name``) now, or ``None`` when it cannot be read."""
         namespace, _, name = budget.partition("/")
         try:
             pdb = await self.kube.get_pdb(namespace, name)
@@ -1329,9 +1199,7 @@ class Drainer:
 
 
 class _Running:
-    """A drain's launchers and evictions (both grow), iterated afresh each time: the tasks still running, and
-    those that failed or were cancelled. An eviction that ended with its outcome is kept as that outcome alone,
-    its task let go: a storm's drains hold thousands of ended evictions until the drain ends."""
+    """A drain's launchers and evictions; an ended eviction is kept as its outcome alone, its task let go."""
 
     def __init__(self, launchers: list[asyncio.Task[None]]) -> None:
         self.launchers = launchers
@@ -1347,8 +1215,7 @@ class _Running:
             self._evictions[index] = task.result()
 
     def outcomes(self) -> list[_Eviction]:
-        """Every eviction's outcome, in the order they started. Raises what an eviction raised (a
-        cancellation included), as ``task.result()`` does."""
+        """Every eviction's outcome, in start order. Raises what an eviction raised, as ``task.result()``."""
         return [item if isinstance(item, _Eviction) else item.result() for item in self._evictions]
 
     def __iter__(self) -> Iterator[asyncio.Task[Any]]:
@@ -1369,12 +1236,10 @@ def _raise_failed(running: Iterable[asyncio.Task[Any]]) -> None:
 
 
 async def _settled(running: _Running) -> None:
-    """Wait until every launcher of ``running`` has started its evictions and every eviction (the list grows
-    meanwhile) has ended; raise the exception of the first that fails (a guard's: the Lease is lost) at once,
-    not after the evictions still to start had their turn."""
+    """Wait until every launcher and eviction of ``running`` has ended; raise the first failure at once."""
     _raise_failed(running)  # one may have failed already
     while pending := [task for task in running if not task.done()]:
-        # Each end is looked at: a launcher's adds evictions the wait did not cover, and any may have failed.
+        # Re-read after each end: a launcher adds evictions the wait did not cover.
         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         _raise_failed(running)
     for task in running:

@@ -1,16 +1,6 @@
-"""``queue-processor explain NODE``: what would block a drain of a node now, read from the cluster.
-
-For every pod bound to the node: the drain filters' verdict (:func:`~queue_processor.drain.filters.plan_drain`),
-its drain policy (the ``queue-processor/drain`` annotation), its wave (:mod:`queue_processor.drain.order`) and
-grace period, the PodDisruptionBudgets of its namespace that
-select it with their arithmetic (``currentHealthy``, ``desiredHealthy``, ``disruptionsAllowed``,
-``expectedPods``, ``unhealthyPodEvictionPolicy``), whether the pod is healthy for them, and the API server's own
-answer to a server-side dry-run eviction (``dryRun=All``: every admission and budget check, nothing evicted),
-as ``kubectl drain --dry-run=server`` asks it. Nothing is changed.
-
-Requests (with the caller's credentials, not the controller's): get the node, list its pods
-(``fieldSelector=spec.nodeName``), list the PodDisruptionBudgets of each namespace with a pod to evict, and
-one dry-run eviction per pod to evict.
+"""``queue-processor explain NODE``: what would block a drain of a node now (read-only, with the caller's credentials):
+per pod the filters' verdict, drain policy, wave, grace, the PodDisruptionBudgets selecting it with their arithmetic,
+and the answer to a dry-run eviction (``dryRun=All``, as ``kubectl drain --dry-run=server``).
 """
 
 from __future__ import annotations
@@ -30,13 +20,10 @@ __all__ = ["NodeExplanation", "PodExplanation", "explain_node"]
 
 @dataclass
 class PodExplanation:
-    """One pod of the node: ``verdict`` (evict, skip, error) and ``reason`` from the drain filters; ``wave``
-    (1: ordinary, 2: critical or ``last``; 0 when not evicted); ``policy``: its drain policy (``evict``,
-    ``last``; ``evict (unknown 'VALUE')`` when its ``queue-processor/drain`` annotation names none);
-    ``grace_s``, the grace period an eviction would give it without a deadline (seconds); ``ready`` (healthy
-    for a budget); ``budgets``: each selecting PodDisruptionBudget as ``namespace/name: arithmetic``;
-    ``eviction``: the server's answer to a dry-run eviction (``allowed``, or ``<status> <message>``; empty
-    when not evicted); ``blocked``: whether that answer would hold the drain up."""
+    """One pod: ``verdict``/``reason`` from the filters; ``wave`` (1 ordinary, 2 critical or ``last``, 0 not
+    evicted); ``policy`` (``evict (unknown 'VALUE')`` for an unknown annotation); ``grace_s`` without a deadline
+    (seconds); ``ready`` (healthy for a budget); ``budgets`` (``namespace/name: arithmetic``); ``eviction``, the
+    dry-run's answer (``allowed`` or ``<status> <message>``); ``blocked``: that answer holds the drain up."""
 
     namespace: str
     name: str
@@ -76,8 +63,8 @@ async def explain_node(
     critical_priority: int = SYSTEM_CLUSTER_CRITICAL,
     grace_override_s: int = -1,
 ) -> NodeExplanation:
-    """What would block a drain of ``node`` now (see the module). Raises :class:`KubeError` when the node or its
-    pods cannot be read, or a namespace's PodDisruptionBudgets cannot be listed."""
+    """What would block a drain of ``node`` now. Raises :class:`KubeError` when the node, its pods or a
+    namespace's PodDisruptionBudgets cannot be read."""
     found = await kube.get_node(node)
     if found is None:
         return NodeExplanation(node, False, summary=f"node {node} not found")

@@ -1,32 +1,9 @@
-"""The nodes as one watch sees them: what a cordon reads, without a GET per node.
+"""The nodes as one watch sees them (listed in pages, then watched, as an informer does), as slim copies.
 
-A cordon is a read-modify-write (:meth:`queue_processor.drain.drainer.Drainer.cordon`): ``spec.taints`` has no
-patch merge key, and the record of what we changed needs the node as it was. Read with a GET, a storm's 1,000
-cordons cost 2,000 urgent requests, and at 200 requests per second the last node waited 10 s for its cordon.
-Here the nodes are listed once (paged, 500 at a time) and watched from then on, as an informer does, and a
-slim copy of each is kept (:func:`slim`: name, resourceVersion, labels, our record annotation,
-``spec.unschedulable``, ``spec.taints``, ``spec.providerID``, the ``Ready`` condition; about 1 KB a node; the
-watch thread slims each event before it reaches the loop, :func:`slim_event`). The ``nth_tagged_nodes`` gauge
-counts from it too, instead of listing every node every 30 s, and so does the check for instances back in
-service (:mod:`queue_processor.returns`), instead of listing the nodes we cordoned. A cordon's first attempt
-reads the copy and its PATCH carries the copy's resourceVersion: when the node changed since (a copy behind
-the server), the API server answers 409 Conflict and the write is retried on a GET, so a stale copy costs one
-request and never a wrong write.
-
-Only a copy the watch keeps current is handed out (:attr:`NodeCache.live`); a node the copy does not know
-(registered a moment ago, or named otherwise) is read with a GET. At start-up a claim or a cordon waits for the
-copy's first answer, until :data:`FIRST_COPY_WAIT_S` after its start at most, rather than reading its node. A 410 lists
-again; a broken stream resumes from its last resourceVersion; a refusal (401/403/404/405: no ``nodes``
-``watch`` right) is logged once and the cordons read with GETs, as before (the loop:
-:class:`~queue_processor.drain.watched.Watched`).
-
-The copy also answers, for an instance EC2 says is shutting down or terminated, that no node of it is left
-(:meth:`NodeCache.absent`: none named after its private DNS name, none whose ``kubernetes.io/hostname`` label
-is that name or its first label, the lookups :class:`~queue_processor.nodes.NodeFinder` makes): the state
-changes of a storm's instances, published when each notice ends, then cost no node GET and LIST each.
-
-Kubernetes documents: "Efficient detection of changes" and "Retrieving large results sets in chunks" (API
-concepts); "Resource versions" for the optimistic concurrency of the write.
+A cordon's first attempt writes with the copy's resourceVersion instead of a GET: a stale copy answers 409 and the
+retry reads, so it costs a request, never a wrong write. The ``nth_tagged_nodes`` gauge and the check for instances
+back in service read it too. Only a live copy is handed out. Sources: "Efficient detection of changes", "Retrieving
+large results sets in chunks", "Resource versions" (API concepts).
 """
 
 from __future__ import annotations
@@ -43,12 +20,8 @@ __all__ = ["FIRST_COPY_WAIT_S", "NodeCache", "slim", "slim_event"]
 #: Nodes per page of the start-up list.
 PAGE = 500
 
-#: How long after the copy's start a claim or a cordon still waits for its first answer (seconds;
-#: :meth:`Watched.first_answer`) before it reads its node with a GET instead. At start-up the storm is already
-#: in the queue: without the wait, each of its first nodes cost a GET for its claim and one for its cordon,
-#: urgent requests that the copy's own pages then waited behind (5,000 Spot warnings at three replicas: 0.17 and
-#: 1.1 node GETs per node in two runs, 2.03 with the pages made urgent alone, the copy of 6,250 nodes in after
-#: 26-38 s; 0.00-0.03 with the wait, docs/benchmarks.md).
+#: How long after the copy's start a claim or cordon waits for its first answer (seconds) before it reads its
+#: node with a GET: at start-up those urgent GETs would hold the copy's own pages back (docs/benchmarks.md).
 FIRST_COPY_WAIT_S = 5.0
 
 #: The well-known label the kubelet sets to the node's hostname.
@@ -56,10 +29,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def slim(node: dict[str, Any]) -> dict[str, Any]:
-    """The part of a Node a cordon reads (pure): ``metadata`` (name, resourceVersion, labels, our record
-    annotation) and ``spec`` (``unschedulable``, ``taints``, and ``providerID`` for the ``nth_tagged_nodes``
-    gauge), and ``status.conditions`` with the ``Ready`` condition's type and status alone (for the check of
-    instances back in service). A slim copy slims to itself."""
+    """The part of a Node we read (pure): name, resourceVersion, labels, our record annotation; ``spec``'s
+    ``unschedulable``, ``taints``, ``providerID``; the ``Ready`` condition's status. Idempotent."""
     metadata = node.get("metadata") or {}
     spec = node.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -86,10 +57,8 @@ def slim(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
-    """What the watch keeps of a node event (pure; run in the watch thread, :data:`~queue_processor.kube.Keep`):
-    an added or modified node as its :func:`slim` copy, a deleted one as its name and resourceVersion, nothing
-    of another event. Raises what :func:`slim` raises on a node it cannot read (the watch then ends, and the
-    nodes are read again)."""
+    """What the watch thread keeps of a node event (:data:`~queue_processor.kube.Keep`): added or modified as
+    :func:`slim`, deleted as name and resourceVersion, else nothing. Raises what :func:`slim` raises."""
     kind = event.get("type")
     node = event.get("object")
     if not isinstance(node, dict):
@@ -104,10 +73,8 @@ def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class NodeCache(Watched):
-    """The watched nodes (see the module), started by :meth:`start` and ended by :meth:`close`. ``kube`` makes
-    the requests: the paged list of the nodes at each (re)start and one watch per connection. Raises nothing:
-    a failed list or watch is retried with backoff (:class:`~queue_processor.drain.watched.Watched`), and
-    meanwhile :meth:`get` answers ``None``."""
+    """The watched nodes, started by :meth:`start`, ended by :meth:`close`. Raises nothing: a failed list or
+    watch is retried with backoff, and meanwhile the lookups answer ``None``."""
 
     name = "node-cache"
     refusal = "cannot list and watch nodes: cordons read each node first (grant nodes watch)"
@@ -121,8 +88,7 @@ class NodeCache(Watched):
         self._instances: dict[str, str] = {}  # instance ID (the end of spec.providerID) → node name
 
     def get(self, name: str) -> dict[str, Any] | None:
-        """The slim copy of node ``name`` (:func:`slim`), or ``None`` while the copy is not current or does
-        not know it (read it with a GET then). The caller must write with its ``resourceVersion``."""
+        """The slim copy of node ``name``, or ``None`` when not live or unknown. Write with its resourceVersion."""
         if not self.live:
             return None
         return self._nodes.get(name)
@@ -132,9 +98,7 @@ class NodeCache(Watched):
         return list(self._nodes.values()) if self.live else None
 
     def labelled(self, label: str, value: str, *, ttl_s: float = 60.0) -> int | None:
-        """How many nodes of the copy carry ``label=value`` (a DRAIN_BUDGET_GROUP_LABEL group's size), counted
-        at most once every ``ttl_s`` seconds per group (a fleet-wide rebalance asks once per drain); ``None``
-        while the copy is not current."""
+        """How many nodes carry ``label=value``, counted at most every ``ttl_s`` seconds; ``None`` while not live."""
         if not self.live:
             return None
         now = time.monotonic()
@@ -145,11 +109,9 @@ class NodeCache(Watched):
         return counted[1]
 
     def find(self, dns_name: str, provider_id: str = "") -> dict[str, Any] | None:
-        """The slim copy of an instance's node, as :class:`~queue_processor.nodes.NodeFinder` would find it:
-        by ``provider_id`` when given (its instance ID: ``aws:///<zone>/<instance-id>``, or without the zone), else
-        named
-        ``dns_name`` or labelled ``kubernetes.io/hostname`` with it or its first label; ``None`` when the copy
-        has none, or is not current (:attr:`live`)."""
+        """An instance's node as :class:`~queue_processor.nodes.NodeFinder` finds it: by ``provider_id``'s instance ID
+        when given, else by name or ``kubernetes.io/hostname`` (``dns_name`` or its first label); ``None`` if not
+        live."""
         if not self.live:
             return None
         if provider_id:
@@ -165,9 +127,8 @@ class NodeCache(Watched):
         return None
 
     def absent(self, dns_name: str) -> bool:
-        """Whether the current copy knows no node for an instance of private DNS name ``dns_name``: none of that
-        name, and none whose ``kubernetes.io/hostname`` label is ``dns_name`` or its first label. ``False``
-        while the copy is not current (:attr:`live`): then nothing is known."""
+        """Whether the live copy has no node for private DNS name ``dns_name`` (by name or hostname label, as
+        :meth:`find`); ``False`` while not live."""
         if not self.live:
             return False
         short = dns_name.split(".")[0]

@@ -1,27 +1,10 @@
-"""What the controller changed on a Node, kept on the Node itself so it can be undone exactly (pure, no I/O).
+"""What the controller changed on a Node, kept on the Node so it can be undone exactly (DESIGN.md rule 12).
 
-DESIGN.md rule 12: when an instance we cordoned comes back into service (a warm-pool return, a stop followed by
-a start) and its node is Ready, our cordon, taints and label go; what others set stays. Every write of ours to
-a Node (the cordon with PreDrain's taints and label, taints of kinds that join, the out-of-service taint)
-records in the annotation :data:`RECORD_ANNOTATION` only what that write changed: ``spec.unschedulable`` when
-the node was schedulable before, each taint (key and effect) the node did not carry, the value of a taint of
-the same key and effect that somebody else had set and our write replaced (NTH's taint keys may be set by NTH
-itself), each label it did not have. A cordon somebody else made before us is therefore never recorded, and
-never undone. The label :data:`RECORD_LABEL` marks the recorded nodes so they can be listed with a label
-selector.
-
-The annotation's value is JSON (:meth:`CordonRecord.to_json`)::
-
-    {"unschedulable": true, "taints": [["aws-node-termination-handler/spot-itn", "NoSchedule"]],
-     "replacedTaints": [],
-     "labels": {"node.kubernetes.io/exclude-from-external-load-balancers": "aws-node-termination-handler"},
-     "instanceID": "i-0abc", "launchTime": "2026-11-25T18:00:00+00:00", "warmPool": false,
-     "since": "2026-11-25T19:00:00+00:00"}
-
-``launchTime`` is the instance's EC2 ``LaunchTime`` when it was cordoned: EC2 reports the most recent launch or
-start ("Stop and start Amazon EC2 instances"), so a different ``LaunchTime`` later means the instance was
-stopped and started since, with no clock of ours compared to AWS's. ``warmPool``: the cordon was for a
-terminate action headed for a warm pool, whose return is a launch action out of the pool.
+Each write of ours records in :data:`RECORD_ANNOTATION` only what it changed, so a cordon somebody else made is never
+undone. The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints`` (``[key, effect]``),
+``replacedTaints`` (``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``, ``warmPool``, ``since``.
+EC2's ``LaunchTime`` is the latest launch or start ("Stop and start Amazon EC2 instances"): a different one later
+means a stop and start.
 """
 
 from __future__ import annotations
@@ -41,12 +24,9 @@ RECORD_LABEL = "queue-processor/cordoned"
 
 @dataclass(frozen=True)
 class CordonRecord:
-    """What the controller changed on one Node: ``unschedulable`` (it set ``spec.unschedulable``), ``taints``
-    (``(key, effect)`` pairs it added), ``replaced`` (``(key, value, effect)``: taints of somebody else's that a
-    taint of ours with the same key and effect replaced), ``labels`` (``{key: value}`` it added), and what it
-    knew of the
-    instance then: ``instance_id``, ``launch_time`` (EC2's ``LaunchTime``, ISO 8601, ``""`` when unknown),
-    ``warm_pool`` (cordoned for a move into a warm pool), ``since`` (when it was first recorded, ISO 8601)."""
+    """What the controller changed on one Node (``unschedulable``, ``taints`` added, ``replaced`` others' taints,
+    ``labels`` added) and the instance then: ``instance_id``, ``launch_time`` and ``since`` (ISO 8601, ``""``:
+    unknown), ``warm_pool`` (cordoned for a move into a warm pool)."""
 
     unschedulable: bool = False
     taints: tuple[tuple[str, str], ...] = ()
@@ -63,7 +43,7 @@ class CordonRecord:
         return self.unschedulable or bool(self.taints) or bool(self.replaced) or bool(self.labels)
 
     def to_json(self) -> str:
-        """The annotation's value (see the module docstring)."""
+        """The annotation's value (see the module)."""
         return json.dumps(
             {
                 "unschedulable": self.unschedulable,
@@ -81,8 +61,7 @@ class CordonRecord:
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> CordonRecord | None:
-        """The record on ``node`` (a Node in the API's JSON shape), ``None`` when it carries none or an
-        unreadable one (a record somebody edited by hand is left alone rather than guessed at)."""
+        """The record on ``node`` (API JSON), or ``None`` when it carries none or an unreadable one (not guessed)."""
         annotations = (node.get("metadata") or {}).get("annotations") or {}
         text = annotations.get(RECORD_ANNOTATION)
         if not text:
@@ -114,12 +93,9 @@ def recorded(
     labels: Mapping[str, str],
     about: CordonRecord | None,
 ) -> CordonRecord | None:
-    """The record ``node`` (as read before a write of ours) should carry after that write: what it carries
-    already, plus what the write changes that the node did not have (``unschedulable``: the write sets
-    ``spec.unschedulable``; ``taints``: ``(key, effect)`` it writes; ``labels``: those it adds), with the
-    instance facts of ``about`` (``instance_id``, ``launch_time``, ``warm_pool``, ``since`` when new) when
-    given. ``None`` when there is nothing to record (the write changes nothing the node did not have, and no
-    record is there)."""
+    """The record ``node`` (as read before our write) should carry after it: what it carries plus what the write
+    changes that the node lacked (``unschedulable``, ``taints`` as ``(key, effect)``, ``labels``), with
+    ``about``'s instance facts; ``None`` when there is nothing to record."""
     spec = node.get("spec") or {}
     present = {(t.get("key"), t.get("effect")): t for t in spec.get("taints") or []}
     existing = CordonRecord.from_node(node)
@@ -155,12 +131,9 @@ def recorded(
 
 
 def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
-    """The strategic-merge patch that undoes ``record`` on ``node`` (as read now), with its
-    ``resourceVersion`` so a concurrent change answers 409: ``spec.unschedulable: false`` when we set it;
-    ``spec.taints`` without ours, and with the taints ours replaced as they were (the list is replaced: it has
-    no patch merge key); each label we added and
-    that still has the value we gave it removed; the record's annotation and label removed. Taints, labels
-    and a cordon somebody else added are kept."""
+    """The strategic-merge patch undoing ``record`` on ``node`` (as read now), with its ``resourceVersion`` so a
+    concurrent change answers 409: our cordon, our taints (replaced ones restored; the list has no patch merge
+    key), our labels still holding our value, and the record go; what others set stays."""
     metadata = node.get("metadata") or {}
     spec = node.get("spec") or {}
     current_labels = metadata.get("labels") or {}

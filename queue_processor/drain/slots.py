@@ -1,12 +1,5 @@
-"""How many evictions wait for their first request at once, across every drain (:class:`Slots`).
-
-In a storm every drain starts at once: a thousand nodes of ten pods are ten thousand evictions, and the client's
-QPS (KUBE_API_QPS) serves them one after the other over about a minute. An eviction started as a task waits in
-the rate limiter's line as a chain of suspended coroutines (~2 KB each: 18 MiB for ten thousand). So a drain
-starts its evictions as slots free up: the pods not started yet wait as data (the drain's plan), and the
-limiter's line holds no more than a few seconds of its tokens. Drains take slots first come first served, as
-many as are free up to the pods they have left, so the node whose drain started first is drained first, as
-when every eviction of every drain queued at the limiter.
+"""How many evictions wait for their first request at once, across every drain (:class:`Slots`): the pods not started
+wait as data, not as suspended tasks in the rate limiter's line; the drain started first goes first.
 """
 
 from __future__ import annotations
@@ -22,16 +15,13 @@ LEAST_SLOTS = 64
 
 
 def evictions_in_flight(qps: float, burst: int) -> int:
-    """The slots for a client of ``qps`` requests per second and ``burst`` saved up (KUBE_API_QPS,
-    KUBE_API_BURST): two seconds of tokens and the burst, at least :data:`LEAST_SLOTS`. Fewer would leave tokens
-    unused while an eviction's answer is on its way back; more is memory spent on waiting."""
+    """The slots for KUBE_API_QPS ``qps`` and KUBE_API_BURST ``burst``: two seconds of tokens or the burst, at
+    least :data:`LEAST_SLOTS`. Fewer leaves tokens unused while answers travel; more is memory spent waiting."""
     return max(LEAST_SLOTS, int(2 * qps), burst)
 
 
 class Slots:
-    """A first-come-first-served counting gate of ``size`` slots (> 0): :meth:`take` waits until it is at the
-    head of the line and a slot is free, and takes as many as it may; :meth:`give` returns them. Single event
-    loop; not thread-safe."""
+    """A first-come-first-served counting gate of ``size`` slots; ``ValueError`` when below 1. One event loop."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -41,10 +31,8 @@ class Slots:
         self._line: deque[tuple[int, asyncio.Future[int]]] = deque()
 
     async def take(self, wanted: int) -> int:
-        """Wait behind every caller that came before until a slot is free, then take as many as are free, up
-        to ``wanted`` (≥ 1), and return how many (so the slots are never left unused while callers wait, and
-        the first caller's are served before the next's). A caller cancelled while it waits takes none (one
-        cancelled just after its turn came gives them back). Raises ``CancelledError`` then."""
+        """Wait behind every earlier caller until a slot is free, then take as many as are free up to ``wanted``
+        (≥ 1); how many. A caller cancelled while waiting takes none and raises ``CancelledError``."""
         wanted = max(1, wanted)
         if not self._line and self.free >= 1:
             count = min(wanted, self.free)
@@ -64,8 +52,7 @@ class Slots:
             raise
 
     def give(self, count: int = 1) -> None:
-        """Return ``count`` slots taken with :meth:`take`; the callers at the head of the line they now cover
-        get their turn."""
+        """Return ``count`` slots taken with :meth:`take`, serving the head of the line."""
         self.free += count
         self._serve()
 
@@ -80,8 +67,7 @@ class Slots:
 
 
 class Slot:
-    """One slot of ``slots`` held by one eviction until its first request is answered: :meth:`release` gives it
-    back once (later calls do nothing)."""
+    """One slot of ``slots``, held by one eviction until its first request is answered."""
 
     __slots__ = ("_slots",)
 

@@ -1,51 +1,11 @@
 """Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``).
 
-Evicting the one pod of a single-replica Deployment, or a pod whose PodDisruptionBudget needs every replica,
-means downtime until the replacement is Ready, or a drain that cannot finish. For a pod that asks for it, the
-drain first scales the pod's Deployment one replica up, waits until the Deployment has one more *available*
-replica than before (``status.availableReplicas``: Ready for ``minReadySeconds``), then evicts the pod through
-the Eviction API as usual (its PodDisruptionBudget still has the last word), and as the eviction is accepted
-scales the Deployment back down by the one replica it added (an eviction refused until the drain's end keeps
-the replica until then).
-
-Why this mechanism (docs/kinds.md, "Replacement before eviction", says the same to users):
-
-- **A rollout restart** (a template annotation) replaces *every* pod of the Deployment, not the one on the
-  draining node, leaves its annotation in the template (removing it rolls again) and shows a GitOps
-  controller a template drift. Not used.
-- **Scale up, then scale down with ``controller.kubernetes.io/pod-deletion-cost`` on the old pod** lets the
-  ReplicaSet delete the old pod, without the Eviction API (no PodDisruptionBudget check) and with the pod's
-  own grace period (no cut to the instance's end), and needs ``pods patch`` cluster-wide. Not used.
-- **Scale up, evict, scale down** (this module): the pod leaves through the Eviction API like every other
-  pod of the drain (budgets honoured, grace cut to the instance's end), and the rights are the Deployment's
-  alone. When the ReplicaSet sees the evicted pod go before the scale-down reaches it, it may create one
-  more pod, which the scale-down removes at once (the ReplicaSet deletes a pending or unready pod first:
-  "ReplicaSet", https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#scaling-a-replicaset).
-
-What it leaves behind: nothing once the drain ends. While it runs, the Deployment carries ``spec.replicas``
-one higher and the annotation :data:`SURGE_RECORD_ANNOTATION` (:class:`SurgeRecord`, JSON: ``base``, the count
-before the surges in progress, ``pods``, pod uid → pod name, one entry per surge, ``replicas``, the count our
-last write set, and ``undone``), written in the same
-request (a merge patch with the read ``resourceVersion`` as a precondition, so concurrent surges of one
-Deployment, from two drains or two replicas, count exactly; each waits until every replica the surges added
-is available). A replica is taken back only while the count is the one our last write set and above ``base``:
-a count someone else set meanwhile is theirs, never lowered. The record is how a surge interrupted by a
-SIGKILL, or by a Lease that changed hands, is taken over or back: the drain of the redelivered message finds
-its pod's entry and does not scale again, and any later surge of the Deployment removes the entries whose pods
-are gone, with the replicas they added.
-
-A GitOps controller (Argo CD, Flux) that manages ``spec.replicas`` sees the Deployment out of sync while a surge
-lasts; with self-heal it scales back at once. A count other than the one our last write set is the owner's
-(:meth:`SurgeRecord.rebase`): kept, and the surges in progress are undone (their pods wait until their eviction
-must start, ``undone``): exclude ``spec.replicas`` from its comparison, as for a HorizontalPodAutoscaler.
-
-What it does not do: a Deployment whose replica count a HorizontalPodAutoscaler owns (any autoscaling/v2 HPA
-of the namespace whose ``scaleTargetRef`` names it) is not scaled, since the autoscaler would undo it at its
-next sync: the pod is evicted (``autoscaled``). StatefulSets cannot surge: a StatefulSet's replacement pod has
-the same name and identity as the pod it replaces and cannot run beside it; their pods (and any pod not of a
-Deployment) are evicted and reported once per workload.
-
-Metric: ``queue_processor_surges_total{result}`` (:class:`~queue_processor.outcomes.SurgeResult`).
+The drain scales the pod's Deployment up one replica, waits for one more *available* replica, evicts the pod through
+the Eviction API as usual, and scales back down once the eviction is accepted (why this way: docs/kinds.md,
+"Replacement before eviction"). :data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the
+read ``resourceVersion``, so concurrent surges count exactly, a count someone else set is never lowered, and a surge
+cut short by SIGKILL or a lost Lease is taken over or back. Deployments an HPA scales are not surged. Metric:
+``queue_processor_surges_total{result}``.
 """
 
 from __future__ import annotations
@@ -76,11 +36,10 @@ __all__ = [
     "selects",
 ]
 
-#: The Deployment annotation that records the surges in progress: JSON ``{"<pod uid>": "<pod name>"}``.
+#: The Deployment annotation recording the surges in progress (:class:`SurgeRecord`, JSON).
 SURGE_RECORD_ANNOTATION = "queue-processor/surge"
 
-#: A surge starts only when the pod's eviction can wait at least this long (seconds) for the replacement, on
-#: top of the Deployment's ``minReadySeconds``: less is not enough to schedule a pod and pass a readiness probe.
+#: Least wait for the replacement beyond ``minReadySeconds`` (seconds) for a surge to start: scheduling, probes.
 SURGE_LEAST_S = 10.0
 
 #: Attempts of one read-modify-write of a Deployment, each after a 409 Conflict (another writer first).
@@ -93,12 +52,8 @@ Obj = dict[str, Any]
 
 @dataclass
 class SurgeRecord:
-    """What :data:`SURGE_RECORD_ANNOTATION` on a Deployment holds: ``base``, its ``spec.replicas`` before the first
-    of the surges in progress; ``pods``, those surges whose replica is in the count (pod uid → pod name);
-    ``replicas``, the ``spec.replicas`` our last write set; and ``undone``, surges whose replica the owner took
-    out. A ``spec.replicas`` other than ``replicas`` was set by the Deployment's owner since (a GitOps
-    controller's self-heal, ``kubectl scale``): that count is the owner's, taken as the new ``base``
-    (:meth:`rebase`), every surge in progress is undone, and no take-back ever lowers it."""
+    """The JSON of :data:`SURGE_RECORD_ANNOTATION`: ``base`` (``spec.replicas`` before the surges), ``pods`` (surges
+    counted in it, pod uid → name), ``replicas`` (our last write's count), ``undone`` (surges the owner took out)."""
 
     base: int
     pods: dict[str, str]
@@ -107,9 +62,8 @@ class SurgeRecord:
 
     @classmethod
     def of(cls, deployment: Mapping[str, Any]) -> SurgeRecord:
-        """The record ``deployment`` carries (one without ``replicas``, from an earlier version, wrote ``base``
-        plus one per surge); one with ``base`` and ``replicas`` its ``spec.replicas`` and no pods when it has
-        none, or an unreadable one (never raises)."""
+        """The record ``deployment`` carries, or an empty one at its ``spec.replicas`` when it has none or an
+        unreadable one (a record without ``replicas`` counts ``base`` plus one per surge). Never raises."""
         spec = deployment.get("spec")
         replicas = int(spec.get("replicas", 1)) if isinstance(spec, Mapping) else 1
         metadata = deployment.get("metadata")
@@ -137,8 +91,8 @@ class SurgeRecord:
         return json.dumps(text, sort_keys=True)
 
     def rebase(self, replicas: int) -> bool:
-        """Take ``replicas`` (the Deployment's ``spec.replicas`` now) as the owner's count when it is not the
-        one our last write set: the new ``base``, every surge in progress undone. ``True`` when it was."""
+        """When ``replicas`` (``spec.replicas`` now) is not our last write's: make it ``base`` and undo every surge
+        in progress; ``True`` then."""
         if replicas == self.replicas:
             return False
         self.undone.update(self.pods)
@@ -169,15 +123,13 @@ def _count(found: object, default: int) -> int:
 
 
 def recorded_surges(deployment: Mapping[str, Any]) -> dict[str, str]:
-    """The surges in progress that ``deployment``'s :data:`SURGE_RECORD_ANNOTATION` records, undone ones too
-    (pod uid → pod name); empty when absent or unreadable (never raises)."""
+    """The surges ``deployment`` records, undone ones too (pod uid → name); empty if none. Never raises."""
     record = SurgeRecord.of(deployment)
     return {**record.pods, **record.undone}
 
 
 def label_selector(selector: Mapping[str, Any]) -> str:
-    """A ``metav1.LabelSelector`` (``matchLabels``, ``matchExpressions``) as the ``labelSelector`` query of a
-    list ("Labels and Selectors", https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/)."""
+    """A ``metav1.LabelSelector`` as a list's ``labelSelector`` query ("Labels and Selectors")."""
     terms = [f"{key}={value}" for key, value in sorted((selector.get("matchLabels") or {}).items())]
     for expression in selector.get("matchExpressions") or []:
         key, operator = expression.get("key"), expression.get("operator")
@@ -194,8 +146,7 @@ def label_selector(selector: Mapping[str, Any]) -> str:
 
 
 def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Whether a ``metav1.LabelSelector`` selects a pod with ``labels`` (an empty selector selects nothing,
-    as for a Deployment, whose selector may not be empty)."""
+    """Whether a ``metav1.LabelSelector`` selects ``labels``; an empty one selects nothing (as a Deployment's)."""
     match = selector.get("matchLabels") or {}
     expressions = selector.get("matchExpressions") or []
     if not match and not expressions:
@@ -231,11 +182,8 @@ def autoscaled(hpas: Sequence[Mapping[str, Any]], deployment: str) -> bool:
 
 @dataclass(frozen=True)
 class Surge:
-    """A surge of Deployment ``namespace/deployment`` for the pod ``uid`` (``name``). It is ready for the pod's
-    eviction once the Deployment's controller has seen the scale-up (``status.observedGeneration`` at least
-    ``generation``) and ``status.availableReplicas`` is at least ``spec.replicas`` less ``missing``, the
-    replicas of the Deployment's base count that were not available when the surge started: every replica the
-    surges in progress added must be available, so two surges of one Deployment each wait for their own."""
+    """A surge of ``namespace/deployment`` for pod ``uid`` (``name``): ready once the controller observed ``generation``
+    and ``availableReplicas`` ≥ ``spec.replicas`` less ``missing`` (base replicas unavailable at start)."""
 
     namespace: str
     deployment: str
@@ -247,9 +195,7 @@ class Surge:
 
 
 class Surges:
-    """The Deployment side of replacement before eviction, through a :class:`KubeClient`: :meth:`start` scales
-    up (and takes back the surges a killed process left behind), :meth:`ready` says whether the replacement is
-    available, :meth:`end` scales back down."""
+    """The Deployment side of replacement before eviction: :meth:`start`, :meth:`ready`, :meth:`end`."""
 
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
@@ -265,13 +211,10 @@ class Surges:
         *,
         room_s: float = math.inf,
     ) -> Surge | SurgeResult:
-        """Scale ``namespace/deployment`` one replica up for pod ``name`` (``uid``, ``labels``), recording it:
-        the :class:`Surge`, or why not (:attr:`SurgeResult.AUTOSCALED`; :attr:`SurgeResult.NO_TIME` when the
-        Deployment's ``minReadySeconds`` and :data:`SURGE_LEAST_S` do not fit in ``room_s`` seconds, decided
-        before any write; :attr:`SurgeResult.UNAVAILABLE` when the Deployment is gone, does not select the pod,
-        or cannot be read or written). A pod recorded already (the drain of a redelivered message after a
-        restart, or after a Lease changed hands) is not scaled for twice. A write that failed after the API
-        server may have applied it is taken back. Never raises :class:`KubeError`."""
+        """Scale ``namespace/deployment`` up one replica for pod ``name`` (``uid``, ``labels``), recorded, taking back
+        surges whose pods are gone: the :class:`Surge`, or the :class:`SurgeResult` why not (``NO_TIME`` when
+        ``minReadySeconds`` + :data:`SURGE_LEAST_S` exceed ``room_s`` seconds). A pod recorded already is not scaled
+        for twice. Never raises :class:`KubeError`."""
         try:
             return await self._start(namespace, deployment, name, uid, labels, room_s)
         except KubeError as exc:
@@ -348,9 +291,8 @@ class Surges:
     async def _write(
         self, namespace: str, deployment: str, current: Obj, record: SurgeRecord, attempt: int
     ) -> Obj | None:
-        """Write ``record`` and its count (``record.replicas``) on ``current``'s resourceVersion, in one merge
-        patch: the Deployment after it, or ``None`` after a 409 (another writer came first: read it again),
-        but on the last of :data:`SURGE_WRITE_ATTEMPTS`. Raises :class:`KubeError`."""
+        """Merge-patch ``record`` and ``record.replicas`` on ``current``'s resourceVersion: the Deployment, or
+        ``None`` after a 409 but the last attempt. Raises :class:`KubeError`."""
         patch = {
             "metadata": {
                 "resourceVersion": current["metadata"]["resourceVersion"],
@@ -391,10 +333,8 @@ class Surges:
         return {uid: pod for uid, pod in others.items() if uid not in present}
 
     async def ready(self, surge: Surge) -> bool | None:
-        """Whether the Deployment has the available replicas ``surge`` waits for, as its controller reports
-        after seeing the scale-up; ``None`` when the surge is over: the Deployment is gone, or no longer
-        records it (taken back by another). ``False`` when it cannot be read (never raises :class:`KubeError`),
-        and for a surge the owner undid (:meth:`undone`)."""
+        """Whether the replicas ``surge`` waits for are available; ``None`` when the surge is over (Deployment gone
+        or no longer recording it); ``False`` when unreadable or undone by the owner. Never raises KubeError."""
         try:
             current = await self.kube.get_deployment(surge.namespace, surge.deployment)
         except KubeError:
@@ -426,11 +366,8 @@ class Surges:
         return surge.uid in self._told_undone
 
     async def end(self, surge: Surge) -> bool:
-        """Take back the replica ``surge`` added, and its record entry, in one write: never below ``base``, and
-        never a count the owner set since our last write (:meth:`SurgeRecord.rebase`). ``True`` when this call
-        removed the entry (``False`` when it is gone already: taken back before, or by another replica's later
-        surge, or the Deployment is gone). A failure is logged and left to the record (never raises
-        :class:`KubeError`)."""
+        """Take back ``surge``'s replica and entry in one write, never below ``base`` nor an owner's count: ``True``
+        when this call removed the entry. Failures are logged (never raises :class:`KubeError`)."""
         self._told_undone.discard(surge.uid)
         try:
             for attempt in range(SURGE_WRITE_ATTEMPTS):

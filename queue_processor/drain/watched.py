@@ -1,18 +1,6 @@
-"""One watch of a collection, kept going for the life of the process: what the watched copy of the nodes
-(:mod:`queue_processor.drain.node_cache`) and the watch of pod deletions (:mod:`queue_processor.drain.departures`)
-share.
-
-:class:`Watched` starts from a resourceVersion its subclass reads (a list, or a one-item list's version),
-watches from there, and keeps the resourceVersion of the last event delivered: a connection the server ends
-(after ``timeoutSeconds``) or that breaks resumes from it, so that nothing is missed and nothing replayed. A
-410 Gone (the version was compacted away) starts again from a fresh read; a refusal (401/403/404/405: no
-``watch`` right, or a server without watches) is logged once, and the subclass's callers do without the watch
-meanwhile; every other failure backs off from :data:`RETRY_S` to :data:`RETRY_MAX_S` seconds. Events the
-subclass fails to apply (:meth:`Watched._apply` raising) are logged with the error, and the collection is
-read again from scratch: the copy is not live meanwhile.
-
-Kubernetes documents: "Efficient detection of changes" (watch, resourceVersion, bookmarks, 410 Gone) in API
-concepts, and client-go's reflector, which an informer uses to the same end.
+"""One watch of a collection for the process's life, resumed from the last event's resourceVersion; a 410 Gone or an
+event that fails to apply reads the collection again, a refusal (:data:`REFUSED`) is logged once. Sources: "Efficient
+detection of changes" (API concepts), client-go's reflector.
 """
 
 from __future__ import annotations
@@ -30,24 +18,20 @@ __all__ = ["REFUSED", "RETRY_MAX_S", "RETRY_S", "WATCH_TIMEOUT_S", "Watched"]
 
 log = structlog.get_logger(__name__)
 
-#: How long one watch connection lasts (seconds; ``timeoutSeconds``, jittered by up to a fifth down so that
-#: replicas do not reconnect together). The server ends it; the next one resumes from the last resourceVersion.
+#: One connection's ``timeoutSeconds`` (seconds), jittered up to a fifth down so replicas do not reconnect together.
 WATCH_TIMEOUT_S = 300.0
 
 #: After a failed connection: the first wait before the next (seconds), doubled up to :data:`RETRY_MAX_S`.
 RETRY_S = 0.5
 RETRY_MAX_S = 30.0
 
-#: The API server's answers that mean "no watch for you" (no RBAC right, or a server without watches): logged
-#: once, and retried with the same backoff (the right may be granted later).
+#: Answers meaning no watch (no RBAC right, or no watches): logged once, retried (the right may come later).
 REFUSED = frozenset({401, 403, 404, 405})
 
 
 class Watched:
-    """The loop of one watch (see the module). A subclass gives :meth:`_begin` (read where to start: returns a
-    resourceVersion), :meth:`_watch` (one connection) and :meth:`_apply` (the events of one chunk), and may
-    override :meth:`_set_live`. ``name`` names the task; ``refusal`` is the warning logged once when the API
-    server refuses. Raises nothing: failures are retried with backoff."""
+    """The loop of one watch: a subclass gives :meth:`_begin`, :meth:`_watch` and :meth:`_apply`. ``name`` names the
+    task, ``refusal`` is the warning of a refusal. Raises nothing: failures are retried with backoff."""
 
     name = "watch"
     refusal = "cannot watch"
@@ -71,11 +55,8 @@ class Watched:
             self._task = tasks.spawn(self._run(), name=self.name)
 
     async def first_answer(self, within_s: float) -> bool:
-        """Wait until the watch has answered for the first time (its copy read and its stream open, or
-        refused), but not past ``within_s`` seconds after it was started: ``True`` when it has answered. Every
-        caller shares that one bound, so a watch that never answers delays each caller once at start-up, not
-        each operation by ``within_s``. A watch not started is not waited for (``False`` at once). Raises
-        nothing but ``CancelledError``."""
+        """Wait for the first answer (open or refused), not past ``within_s`` seconds after :meth:`start`: ``True`` when
+        it answered (``False`` at once when not started). Raises only ``CancelledError``."""
         if self.answered.is_set():
             return True
         if self._task is None:
@@ -102,8 +83,7 @@ class Watched:
         raise NotImplementedError
 
     async def _watch(self, rv: str, timeout_s: float) -> str:
-        """One connection from ``rv`` delivering to :meth:`_receive` and calling :meth:`_opened`; returns the
-        last resourceVersion it saw (``""`` if none). Raises :class:`KubeError`."""
+        """One connection from ``rv`` into :meth:`_receive`; the last resourceVersion seen. Raises KubeError."""
         raise NotImplementedError
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
@@ -123,8 +103,7 @@ class Watched:
         try:
             self._apply(events)
         except Exception:
-            # Some of the chunk may be applied, the rest is not: the copy is no longer the server's. It is read
-            # again from scratch (the connection ends: the client raises WatchReceiverError).
+            # Part of the chunk may be applied: read everything again (the client ends the connection).
             log.exception("watch event not applied; reading again", watch=self.name)
             self._rv = ""
             self._set_live(False)
@@ -151,14 +130,12 @@ class Watched:
                     self._rv = ""
                     continue
                 if exc.reason == "WatchReceiverError" and self._rv:
-                    # An event the watch thread could not keep (one the loop could not apply reset this
-                    # already, and logged it): the collection is read again, as for an event not applied.
+                    # The watch thread could not keep an event: read again, as for one not applied.
                     log.warning("watch event not kept; reading again", watch=self.name, error=exc.message)
                     self._rv = ""
                 if exc.status in REFUSED and self.refused is None:
                     self.refused = exc
                     self.answered.set()
                     log.warning(self.refusal, status=exc.status, error=exc.message)
-            # a broken stream resumes from the last resourceVersion delivered (self._rv)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)

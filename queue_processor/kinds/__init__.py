@@ -1,10 +1,6 @@
-"""One module per message kind: its event model (the wire format it reads), its parser, its taint key and its
-deadline rule. Importing this package fills :data:`REGISTRY`.
-
-To add a kind: write a module here holding its event model (a :class:`BaseEvent`
-whose validation aliases read its EventBridge message, ``detail_type`` a ``Literal`` of its detail-type,
-``taint_key`` and ``notice`` set), register it with ``register(source, Model)(finish)``, add its
-:class:`~queue_processor.events.EventKind`, import the module below and add the model to :data:`Event`.
+"""One module per message kind (event model, parser, taint key, deadline rule); importing fills :data:`REGISTRY`.
+To add a kind: its module (``register(source, Model)(finish)``), its ``EventKind``, its import and its model in
+:data:`Event` below.
 """
 
 from typing import Annotated

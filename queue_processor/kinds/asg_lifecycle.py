@@ -1,19 +1,7 @@
-"""Auto Scaling lifecycle actions → :class:`AsgLifecycleEvent` (terminate and
-launch, warm pools included).
+"""Auto Scaling lifecycle actions (terminate and launch, warm pools included) → :class:`AsgLifecycleEvent`.
 
-Two formats carry the same fields ("Amazon EC2 Auto Scaling lifecycle hooks" and "Use EventBridge to handle
-Auto Scaling events", EC2 Auto Scaling User Guide):
-
-- EventBridge: source ``aws.autoscaling``, detail-type ``EC2 Instance-terminate Lifecycle Action`` or
-  ``EC2 Instance-launch Lifecycle Action``, the fields below in ``detail`` and the time in the envelope;
-- the hook's own notification, sent straight to an SQS (or SNS) target: the same fields at the top level plus
-  ``Service``, ``Time``, ``RequestId``, ``AccountId`` and, for a test notification, ``Event``.
-
-Fields: ``EC2InstanceId``, ``AutoScalingGroupName``, ``LifecycleHookName``, ``LifecycleActionToken``,
-``LifecycleTransition``, and optionally ``Origin``/``Destination`` (``EC2``, ``AutoScalingGroup``,
-``WarmPool``) and ``NotificationMetadata``. ``autoscaling:TEST_NOTIFICATION`` (sent when a hook is created)
-is skipped. ``start_time = time``: the instance stays in ``Terminating:Wait`` until the action is completed or
-its heartbeat timeout passes.
+Formats ("Amazon EC2 Auto Scaling lifecycle hooks", "Use EventBridge to handle Auto Scaling events"): the
+fields in EventBridge's ``detail``, or at the top level of the hook's own notification sent straight to SQS.
 """
 
 from __future__ import annotations
@@ -28,16 +16,8 @@ from queue_processor.outcomes import SkipClass
 
 
 class AsgLifecycleEvent(BaseEvent):
-    """An Auto Scaling lifecycle action, read from EventBridge's ``detail`` or from the notification the hook
-    sends straight to SQS (the same field names at the top level, with ``Time`` and ``RequestId``). Its two
-    kinds are :class:`AsgTerminateLifecycleEvent` and :class:`AsgLaunchLifecycleEvent`.
-
-    ``lifecycle_action_token`` and the instance ID address the action in ``CompleteLifecycleAction`` and
-    ``RecordLifecycleActionHeartbeat``. ``origin``/``destination`` are ``EC2``, ``AutoScalingGroup`` or
-    ``WarmPool`` ("Lifecycle hooks for instances in a warm pool", EC2 Auto Scaling User Guide);
-    ``notification_metadata`` is the hook's free-form string. The identity key is the token, so the
-    EventBridge and the direct form of one action share an ``event_id``.
-    """
+    """A lifecycle action in either format; ``origin``/``destination`` as in "Lifecycle hooks for instances in a
+    warm pool". The identity key is the action token: both forms of one action share an ``event_id``."""
 
     kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE, EventKind.ASG_LAUNCH_LIFECYCLE]
     lifecycle_transition: str
@@ -70,8 +50,7 @@ class AsgLifecycleEvent(BaseEvent):
 
     @property
     def action_key(self) -> ActionKey:
-        """The lifecycle action's identity: ``(token or instance ID, group, hook)``, as the lifecycle API
-        addresses it (the EventBridge and the direct form of one action share it)."""
+        """``(token or instance ID, group, hook)``, as ``CompleteLifecycleAction`` addresses the action."""
         return ActionKey(
             self.lifecycle_action_token or self.instance_id,
             self.auto_scaling_group_name,
@@ -80,9 +59,8 @@ class AsgLifecycleEvent(BaseEvent):
 
 
 class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
-    """A terminate lifecycle action (``autoscaling:EC2_INSTANCE_TERMINATING``): drain, then complete it.
-    ``start_time = time``: the instance waits in ``Terminating:Wait`` until the action is completed or its
-    heartbeat timeout passes."""
+    """A terminate lifecycle action: drain, then complete it. ``start_time = time``: the instance waits in
+    ``Terminating:Wait`` until the action is completed or its heartbeat timeout passes."""
 
     detail_type: Literal["EC2 Instance-terminate Lifecycle Action"] = Field(
         default="EC2 Instance-terminate Lifecycle Action", alias="detail-type", exclude=True, repr=False
@@ -96,8 +74,7 @@ class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
 
 
 class AsgLaunchLifecycleEvent(AsgLifecycleEvent):
-    """A launch lifecycle action (``autoscaling:EC2_INSTANCE_LAUNCHING``), into the group or a warm pool:
-    wait for the node, then complete it. ``start_time = time``."""
+    """A launch lifecycle action, into the group or a warm pool: wait for the node, then complete it."""
 
     detail_type: Literal["EC2 Instance-launch Lifecycle Action"] = Field(
         default="EC2 Instance-launch Lifecycle Action", alias="detail-type", exclude=True, repr=False
@@ -118,9 +95,7 @@ TRANSITION_EVENTS: dict[str, type[AsgTerminateLifecycleEvent] | type[AsgLaunchLi
 
 
 class LifecycleProbe(BaseModel):
-    """A lenient view of an Auto Scaling notification, read only to explain one that is not an action:
-    a test notification, a plain scaling notification (``Event`` without ``LifecycleTransition``), or a
-    transition that is not acted on."""
+    """A lenient view of an Auto Scaling notification, read only to explain one that is not an action."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
@@ -164,8 +139,7 @@ class _EventBridgeProbe(BaseModel):
 
 
 def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
-    """A terminate/launch EventBridge message that did not validate as its action: a skip when its detail
-    is a test notification or a transition not acted on, else ``None`` (poison)."""
+    """A skip for a lifecycle EventBridge message that failed validation but is no action, else ``None``."""
     try:
         probe = _EventBridgeProbe.model_validate_json(body)
     except ValidationError:
@@ -186,9 +160,7 @@ _DIRECT_KEYS = {"time": "Time", "id": "RequestId"}
 def parse_direct(
     body: str | bytes, message: SqsMessageRef | None
 ) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
-    """An Auto Scaling notification sent straight to SQS: one event for a terminate or launch action
-    (validated from JSON in one pass), a skip for a test notification, a plain scaling notification or a
-    transition not acted on, poison when a field an action needs is missing or mistyped."""
+    """An Auto Scaling notification sent straight to SQS: one event, a skip (not an action), or poison."""
     text = body if isinstance(body, str) else body.decode("utf-8", "replace")
     model = next(
         (model for transition, model in TRANSITION_EVENTS.items() if f'"{transition}"' in text), None
@@ -225,8 +197,7 @@ def _direct_event(
 
 
 def _direct_reason(error: ValidationError) -> str:
-    # A missing field is reported at its first alias, the EventBridge one ("detail.X", "time"); name the key
-    # of the direct notification instead.
+    # A missing field is reported at its EventBridge alias ("detail.X", "time"): name the direct key instead.
     first = error.errors(include_url=False, include_input=False, include_context=False)[0]
     loc = first["loc"][1:] if first["loc"][:1] == ("detail",) else first["loc"]
     name = ".".join(_DIRECT_KEYS.get(str(part), str(part)) for part in loc)

@@ -1,11 +1,5 @@
-"""What every message-kind module shares: the parse result, the message models, the registry.
-
-A kind module registers, with :func:`register`, the model a body of its detail-type is validated into
-(usually its event model, whose validation aliases read the EventBridge message) and a function that turns
-the validated model into a :class:`ParseResult`. The parser validates a body against every registered model
-at once, straight from JSON (a pydantic union tagged by ``detail-type``), then calls the function of the model
-that matched. The function raises :class:`Poison` when a message of its kind lacks what it needs.
-"""
+"""What every message-kind module shares: the parse result, the EventBridge envelope, the registry of kinds
+(:func:`register`)."""
 
 from __future__ import annotations
 
@@ -18,8 +12,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from queue_processor.events import BaseEvent, SqsMessageRef
 from queue_processor.outcomes import PoisonClass, SkipClass
 
-#: The event type a :class:`ParseResult` carries: one kind's event, or the union of every kind's
-#: (:data:`queue_processor.kinds.Event`, which the parser's result carries).
+#: The event type a :class:`ParseResult` carries: one kind's, or :data:`queue_processor.kinds.Event`.
 E = TypeVar("E", bound=BaseEvent, covariant=True)
 K = TypeVar("K", bound=BaseEvent)
 
@@ -27,18 +20,9 @@ Outcome = Literal["events", "skip", "poison"]
 
 
 class ParseResult(NamedTuple, Generic[E]):
-    """What the parser made of one message body.
-
-    - ``outcome == "events"``: ``events`` holds one or more typed events, ``reason`` is ``None``;
-    - ``outcome == "skip"``: a valid message the controller does not act on; ``reason`` says why;
-    - ``outcome == "poison"``: a message that cannot be understood; ``reason`` says why. Poison messages are
-      never deleted: they are left for the queue's redrive policy (dead-letter queue).
-
-    ``envelope`` names the format that was recognised: ``"eventbridge"``, ``"asg-direct"`` (a lifecycle hook
-    notification sent straight to SQS), ``"sns"``, an inner format prefixed with ``"sns+"`` when it came in an
-    SNS envelope, or ``None`` when no format was recognised. ``reason_class`` is the skip's
-    :class:`SkipClass` or the poison's :class:`PoisonClass` (``None`` for events): what metrics count.
-    """
+    """What the parser made of one body: ``"events"``, ``"skip"`` (valid, not acted on) or ``"poison"`` (left to
+    the redrive policy) with a ``reason``. ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``,
+    ``"sns+<inner>"`` or ``None``."""
 
     outcome: Outcome
     events: tuple[E, ...] = ()
@@ -75,14 +59,12 @@ class ParseResult(NamedTuple, Generic[E]):
 
     @classmethod
     def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult[Any]:
-        """A ``poison`` result for a pydantic ``ValidationError`` of a known shape: ``missing-field`` when its
-        first error is a missing field, else ``invalid-field``; ``reason`` describes it."""
+        """A ``poison`` result for a ``ValidationError`` of a known shape (:func:`validation_class`)."""
         return cls.poison(validation_class(exc), reason, envelope)
 
 
 class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of ours
-    """Raised inside a kind parser when a message of a known kind lacks a field it needs or holds one it
-    cannot read: ``reason_class`` (:class:`PoisonClass`) and the free-text ``reason``."""
+    """Raised by a kind parser when a message lacks a field it needs or holds one it cannot read."""
 
     def __init__(self, reason_class: PoisonClass, reason: str) -> None:
         super().__init__(reason)
@@ -91,16 +73,7 @@ class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of o
 
 
 class EventBridgeMessage(BaseModel):
-    """The EventBridge envelope ("Amazon EventBridge events", EventBridge User Guide).
-
-    A kind whose message is not its event (AWS Health: one event per affected instance) subclasses it,
-    narrowing ``detail_type`` to a ``Literal`` and ``detail`` to its model; the others validate straight
-    into their event models.
-
-    Only the fields the controller uses are declared: the validator skips the others (``version``,
-    ``account``, ``region``, ``resources``) without building Python objects for them, which is a third of
-    the cost of validating a small event. A kind that needs one declares it in its subclass.
-    """
+    """The EventBridge envelope ("Amazon EventBridge events"), for a kind whose message is not its event."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
@@ -118,9 +91,7 @@ InvalidHook = Callable[[str | bytes], ParseResult[Any] | None]
 
 @dataclass(frozen=True, slots=True)
 class KindSpec:
-    """A registered EventBridge kind: its ``source``, the detail-types it takes, the model a body is validated
-    into, the function that turns that model into a :class:`ParseResult`, and ``on_invalid``, which may
-    explain a body of this detail-type that failed validation (a skip) before it is called poison."""
+    """A registered EventBridge kind; ``on_invalid`` may explain (as a skip) a body that failed validation."""
 
     source: str
     detail_types: tuple[str, ...]
@@ -141,14 +112,9 @@ def register(
     [Callable[[M, SqsMessageRef | None], ParseResult[Any]]],
     Callable[[M, SqsMessageRef | None], ParseResult[Any]],
 ]:
-    """Register the decorated function as what finishes a body validated into ``model``: an EventBridge
-    message of ``source`` whose detail-type is one of the values of ``model.detail_type``'s ``Literal``
-    (``model`` is an event model of :mod:`queue_processor.events`, or a message model for a kind that
-    needs more than one pass, such as AWS Health's one event per instance).
-
-    Raises ``ValueError`` when ``detail_type`` is not a ``Literal`` of strings or a detail-type is registered
-    already (the parser tells kinds apart by detail-type alone).
-    """
+    """Register the decorated function as what finishes a body of ``source`` validated into ``model``, by the
+    detail-types of ``model.detail_type``'s ``Literal``. Raises ``ValueError`` when that is not a ``Literal``
+    of strings or a detail-type is registered already (kinds are told apart by detail-type alone)."""
     values = get_args(model.model_fields["detail_type"].annotation)
     if not values or not all(isinstance(value, str) for value in values):
         raise ValueError(f"{model.__name__}.detail_type must be a Literal of detail-types")
@@ -170,8 +136,8 @@ def register(
 
 
 def describe_validation_error(exc: ValidationError, skip_loc: int = 0) -> str:
-    """One line for a pydantic ``ValidationError``: ``"<path>: <message>"`` of its first error, with the
-    count of the others; ``skip_loc`` leading path items are left out (a tagged union's tag)."""
+    """``"<path>: <message>"`` of a ``ValidationError``'s first error, with the count of the others;
+    ``skip_loc`` leading path items are left out (a tagged union's tag)."""
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     first = errors[0]
     loc = ".".join(str(part) for part in first["loc"][skip_loc:])
@@ -182,8 +148,7 @@ def describe_validation_error(exc: ValidationError, skip_loc: int = 0) -> str:
 
 
 def validation_class(exc: ValidationError) -> PoisonClass:
-    """The :class:`PoisonClass` of a ``ValidationError``: ``missing-field`` when its first error is a missing
-    field, else ``invalid-field``."""
+    """``missing-field`` when a ``ValidationError``'s first error is a missing field, else ``invalid-field``."""
     first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
     return PoisonClass.MISSING_FIELD if first["type"] == "missing" else PoisonClass.INVALID_FIELD
 

@@ -1,11 +1,5 @@
-"""EC2 Capacity Reservation Instance Interruption Warning →
-:class:`CapacityReservationInterruptionEvent`.
-
-Format: "Monitor interruptible Capacity Reservations with EventBridge" and "Monitor Capacity Blocks" in the
-EC2 User Guide: source ``aws.ec2``, detail ``{"instance-id", "instance-action": "terminate",
-"instance-termination-time", "azId" | "availability-zone-id"}`` (the two pages spell the zone key
-differently; both are read). The notice comes two minutes before the instance is terminated, so
-``start_time`` is ``instance-termination-time`` when present, else ``time`` + 120 s.
+"""EC2 Capacity Reservation Instance Interruption Warning → :class:`CapacityReservationInterruptionEvent`.
+Format: "Monitor interruptible Capacity Reservations with EventBridge", "Monitor Capacity Blocks" (EC2 User Guide).
 """
 
 from __future__ import annotations
@@ -20,9 +14,7 @@ from queue_processor.kinds.base import register, single
 
 
 class CapacityReservationInterruptionEvent(BaseEvent):
-    """An interruptible Capacity Reservation (or Capacity Block) reclaiming the instance: ``detail`` =
-    ``{"instance-id", "instance-action", "instance-termination-time", "azId" | "availability-zone-id"}``.
-    ``start_time`` is ``instance_termination_time``, or ``time`` + 120 s when the message has none."""
+    """An interruptible Capacity Reservation (or Capacity Block) reclaiming the instance, two minutes ahead."""
 
     detail_type: Literal["EC2 Capacity Reservation Instance Interruption Warning"] = Field(
         default="EC2 Capacity Reservation Instance Interruption Warning",

@@ -1,14 +1,7 @@
 """AWS Health ``scheduledChange`` events for EC2 → one :class:`ScheduledChangeEvent` per affected instance.
 
-Format: "Monitoring AWS Health events with Amazon EventBridge" (AWS Health User Guide): source ``aws.health``,
-detail-type ``AWS Health Event``, detail with ``service``, ``eventTypeCategory``, ``eventTypeCode``,
-``eventArn``, ``startTime``/``endTime`` (RFC 1123, e.g. ``Sat, 05 Jun 2016 15:10:09 GMT``; ISO 8601 is accepted
-too) and ``affectedEntities[].entityValue``. Only ``service == "EC2"`` with ``eventTypeCategory ==
-"scheduledChange"`` is acted on; other Health events, and events whose ``statusCode`` is ``closed`` (the
-maintenance is over), are skipped.
-
-Unlike aws-node-termination-handler, which drains only the first affected instance, every affected instance
-gets an event. When ``affectedEntities`` is absent the envelope's ``resources`` are used (IDs or instance ARNs).
+Format: "Monitoring AWS Health events with Amazon EventBridge". Unlike aws-node-termination-handler, which
+drains only the first, every affected instance gets an event.
 """
 
 from __future__ import annotations
@@ -26,9 +19,7 @@ from queue_processor.outcomes import PoisonClass, SkipClass
 
 
 class ScheduledChangeEvent(BaseEvent):
-    """One affected instance of an AWS Health EC2 ``scheduledChange`` event, built by the parser for each
-    affected instance. ``scheduled_start_time``/``end_time`` are the event's ``startTime``/``endTime``
-    (``start_time`` is ``scheduled_start_time``); the identity key is ``event_arn``."""
+    """One affected instance of an AWS Health EC2 ``scheduledChange`` event; the identity key is ``event_arn``."""
 
     taint_key: ClassVar[str | None] = "aws-node-termination-handler/scheduled-maintenance"
 
@@ -91,17 +82,13 @@ _MONTHS = {
 
 @lru_cache(maxsize=256)
 def parse_health_time(value: str) -> datetime:
-    """An AWS Health time, RFC 1123 (``Sat, 05 Jun 2016 15:10:09 GMT``) or ISO 8601, as an aware datetime.
-
-    Raises ``ValueError`` when it is neither. Cached: the instances of one maintenance window, and the
-    updates of one Health event, share their times.
-    """
+    """An AWS Health time, RFC 1123 or ISO 8601, as an aware datetime; ``ValueError`` when it is neither."""
     text = value.strip()
     if text[:1].isdigit():
         parsed = datetime.fromisoformat(text)
         return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
     parts = text.split()
-    # The layout AWS Health uses, read directly: email.utils' general parser is ten times slower.
+    # The layout AWS Health uses, read directly: email.utils' general parser is much slower.
     if len(parts) == 6 and parts[5] == "GMT" and parts[2] in _MONTHS and parts[4].count(":") == 2:
         hour, minute, second = parts[4].split(":")
         try:
@@ -150,9 +137,8 @@ def _time_field(name: str, value: str) -> datetime:
 
 @register("aws.health", HealthMessage)
 def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult[ScheduledChangeEvent]:
-    """One :class:`ScheduledChangeEvent` per affected instance of an EC2 ``scheduledChange``; a skip for any
-    other service or category, or a closed event; poison when ``time`` or ``startTime`` is missing or
-    unreadable, or no instance is named."""
+    """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip.
+    Raises :class:`Poison` without a readable ``time`` / ``startTime`` or an affected instance."""
     health = msg.detail
     if health.service != "EC2":
         return ParseResult.skip(

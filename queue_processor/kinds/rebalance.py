@@ -1,8 +1,5 @@
 """EC2 Instance Rebalance Recommendation → :class:`RebalanceRecommendationEvent`.
-
-Format: "EC2 instance rebalance recommendations" in the EC2 User Guide: source ``aws.ec2``, detail
-``{"instance-id": "i-…"}``. No deadline is given, so ``start_time = time``. The event model reads the message
-itself.
+Format: "EC2 instance rebalance recommendations" (EC2 User Guide).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """EC2 Spot Instance Interruption Warning → :class:`SpotInterruptionEvent`.
-
-Format: "Spot Instance interruption notices" in the EC2 User Guide: source ``aws.ec2``, detail
-``{"instance-id": "i-…", "instance-action": "terminate|stop|hibernate"}``. The instance is interrupted two
-minutes after the event, so ``start_time = time + 120 s``. The event model reads the message itself.
+Format: "Spot Instance interruption notices" (EC2 User Guide).
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from queue_processor.kinds.base import register, single
 
 
 class SpotInterruptionEvent(BaseEvent):
-    """A Spot interruption warning: ``detail`` = ``{"instance-id", "instance-action"}``;
-    ``start_time = time + 120 s``. ``instance_action`` is ``terminate``, ``stop`` or ``hibernate``."""
+    """A Spot interruption warning; ``instance_action`` is ``terminate``, ``stop`` or ``hibernate``."""
 
     detail_type: Literal["EC2 Spot Instance Interruption Warning"] = Field(
         default="EC2 Spot Instance Interruption Warning", alias="detail-type", exclude=True, repr=False

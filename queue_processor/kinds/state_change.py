@@ -1,9 +1,5 @@
-"""EC2 Instance State-change Notification → :class:`StateChangeEvent`.
-
-Format: "EC2 instance state-change events" in the EC2 User Guide: source ``aws.ec2``, detail
-``{"instance-id": "i-…", "state": "pending|running|stopping|stopped|shutting-down|terminated"}``.
-Only the states in :data:`DRAIN_STATES` are acted on, matched exactly (aws-node-termination-handler matched
-substrings); the others are skipped. ``start_time = time``.
+"""EC2 Instance State-change Notification → :class:`StateChangeEvent` ("EC2 instance state-change events").
+Only :data:`DRAIN_STATES` are acted on, matched exactly (aws-node-termination-handler matched substrings).
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ from queue_processor.outcomes import SkipClass
 
 
 class StateChangeEvent(BaseEvent):
-    """An instance state change: ``detail`` = ``{"instance-id", "state"}``; ``start_time = time``. The parser
-    keeps only ``stopping``, ``stopped``, ``shutting-down`` and ``terminated``."""
+    """An instance state change (``detail.state``); ``start_time = time``."""
 
     detail_type: Literal["EC2 Instance State-change Notification"] = Field(
         default="EC2 Instance State-change Notification", alias="detail-type", exclude=True, repr=False

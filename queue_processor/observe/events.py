@@ -1,14 +1,6 @@
-"""Kubernetes Events, when EMIT_KUBERNETES_EVENTS: what the controller did and why, where ``kubectl describe
-node`` (and ``describe pod``) shows it ("Event" v1 in the Kubernetes API reference).
-
-The reasons and messages are aws-node-termination-handler's (NTH v1.25.6, ``pkg/observability/k8s-events.go``),
-so that alerts and dashboards built on NTH's Events keep working: :data:`RECEIVED_REASONS` when an interruption
-is taken up, then ``PreDrain``, ``Cordon`` (CORDON_ONLY) or ``CordonAndDrain``, ``CancelDrain`` when a drain of a
-terminate lifecycle action fails, ``PostDrain``, each with an ``...Error`` form, and ``PodEviction`` on each pod
-evicted. Every Event carries NTH's annotations: ``KUBERNETES_EVENTS_EXTRA_ANNOTATIONS`` and, for the node, its
-``instance-id``, ``availability-zone``, ``instance-type``, ``region`` and ``local-hostname``.
-
-Best effort: an Event that cannot be written is logged and counted, never a reason to fail a drain.
+"""Kubernetes Events ("Event" v1) on nodes and pods, when EMIT_KUBERNETES_EVENTS, with the reasons, messages and
+annotations of aws-node-termination-handler v1.25.6 (``pkg/observability/k8s-events.go``). Best effort: an
+Event that cannot be written is logged and counted, never a reason to fail a drain.
 """
 
 from __future__ import annotations
@@ -38,8 +30,7 @@ __all__ = [
 
 log = structlog.get_logger("queue_processor.events")
 
-#: The reason of the Event recorded when an interruption of each kind is taken up (NTH's; a launch is NTH's
-#: ``UnknownInterruption``, a Capacity Reservation interruption, which NTH does not handle, is ours).
+#: The reason of the Event recorded when an interruption is taken up (NTH's; the Capacity Reservation one is ours).
 RECEIVED_REASONS: dict[EventKind, str] = {
     EventKind.SPOT_INTERRUPTION: "SpotInterruption",
     EventKind.REBALANCE_RECOMMENDATION: "RebalanceRecommendation",
@@ -50,8 +41,7 @@ RECEIVED_REASONS: dict[EventKind, str] = {
     EventKind.CAPACITY_RESERVATION_INTERRUPTION: "CapacityReservationInterruption",
 }
 
-#: (reason, message) of each step's success; its failure is ``<reason>Error`` with the message
-#: ``<error message>: <why>``. NTH's texts.
+#: NTH's (reason, message) of each step's success; a failure is ``<reason>Error``, ``<error message>: <why>``.
 PRE_DRAIN = ("PreDrain", "Pre-drain task successfully executed")
 PRE_DRAIN_ERROR = "There was a problem executing the pre-drain task"
 CORDON = ("Cordon", "Node successfully cordoned")
@@ -61,15 +51,13 @@ CORDON_AND_DRAIN_ERROR = "There was a problem while trying to cordon and drain t
 CANCEL_DRAIN = ("CancelDrain", "Early exit task successfully executed")
 POST_DRAIN = ("PostDrain", "Post-drain task successfully executed")
 POST_DRAIN_ERROR = "There was a problem executing the post-drain task"
-#: On a pod, once its eviction was accepted (NTH records it on every pod of the node before the drain).
+#: On a pod, once its eviction was accepted.
 POD_EVICTION = ("PodEviction", "Pod evicted due to node drain (node {node})")
-#: On a pod (Warning), the first of its workload whose ``queue-processor/drain`` annotation names no policy:
-#: ours. The message says which value and what is done instead.
+#: Ours, on a pod (Warning), the first of its workload whose ``queue-processor/drain`` names no policy.
 UNKNOWN_DRAIN_POLICY = "UnknownDrainPolicy"
-#: On a pod (Warning), the first of its workload annotated ``queue-processor/drain: surge`` where a surge cannot
-#: be made (SURGE_DRAINS off, a pod that is not a Deployment's): ours. The message says why.
+#: Ours, on a pod (Warning), the first of its workload annotated ``surge`` where a surge cannot be made.
 SURGE_NOT_POSSIBLE = "SurgeNotPossible"
-#: On a pod (Warning), once DELETE_AT_DEADLINE deleted it: ours, NTH has no such step.
+#: Ours, on a pod (Warning), once DELETE_AT_DEADLINE deleted it.
 POD_DELETED_AT_DEADLINE = (
     "PodDeletedAtDeadline",
     "Pod still on node {node} at the drain's deadline, deleted (grace period 0) before its instance ends",
@@ -77,9 +65,8 @@ POD_DELETED_AT_DEADLINE = (
 
 
 class NodeEventRecorder:
-    """Writes core/v1 Events about Nodes into ``namespace`` (``default``, where node events live), and about
-    pods into theirs, when ``enabled``; ``component`` is the Event's source; ``annotations`` go on every
-    Event (KUBERNETES_EVENTS_EXTRA_ANNOTATIONS)."""
+    """Writes core/v1 Events, when ``enabled``: about Nodes into ``namespace``, about pods into theirs.
+    ``component`` is the Event's source; ``annotations`` go on every Event."""
 
     def __init__(
         self,
@@ -106,16 +93,14 @@ class NodeEventRecorder:
         warning: bool = False,
         facts: dict[str, str] | None = None,
     ) -> None:
-        """One Event on ``node`` (``reason`` in CamelCase, e.g. ``CordonAndDrain``); ``facts`` are NTH's
-        per-node annotations (``instance-id``, ``availability-zone``...), which win over the extra ones as in
-        NTH."""
+        """One Event on ``node``; ``facts`` (NTH's per-node annotations) win over the extra ones, as in NTH."""
         involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}  # kubectl's node events
         await self._create(self.namespace, node, involved, reason, message, warning, facts)
 
     async def record_pod(
         self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
     ) -> None:
-        """One Event (Normal, or Warning with ``warning``) on the pod ``namespace/name``, in its namespace."""
+        """One Event on the pod ``namespace/name``, in its namespace."""
         involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
         await self._create(namespace, name, involved, reason, message, warning, None)
 

@@ -1,43 +1,9 @@
-"""Prometheus metrics of the controller: one :class:`Metrics` object per process (tests create many).
+"""Prometheus metrics of the controller: :class:`Metrics`, one per process, in a registry of its own.
 
-Every metric lives in the object's own :class:`prometheus_client.CollectorRegistry`, never in the library's
-global one, so two :class:`Metrics` never collide. Names follow the Prometheus conventions ("Metric and label
-naming", prometheus.io): base units (seconds), ``_total`` for counters, ``_seconds`` for durations and
-timestamps, ``_info``-style constant gauges for build facts.
-
-Two families are kept from aws-node-termination-handler (NTH, ``pkg/observability/opentelemetry.go``) with its
-names and label names and **no prefix**, so dashboards and alerts written for NTH keep working:
-
-- ``actions_total{node_action, node_status}``: NTH's ``actions`` counter (the low-cardinality one; NTH's
-  deprecated ``actions_node_total`` with node name and event ID labels is not kept). ``node_status`` is
-  ``success`` or ``error``; ``node_action`` is one of :data:`NODE_ACTIONS` (``pre-drain``, ``cordon``,
-  ``cordon-and-drain``, ``post-drain``), counted where NTH v1.25.6 counts them in queue-processor mode (see
-  :class:`~queue_processor.outcomes.NodeAction`): ``cordon`` only with CORDON_ONLY, ``pre-drain``
-  not for state changes. Messages coalesced into one operation on one node count once, where NTH, which
-  handles each message on its own, counts each.
-- ``events_error_total{event_error_where}``: NTH's ``events.error`` counter; in queue-processor mode its only
-  ``event_error_where`` is ``SQS_MONITOR`` (:data:`~queue_processor.outcomes.SQS_MONITOR`), counted
-  when a ReceiveMessage call fails or a non-empty batch has no message that could be processed.
-
-Our own versions of both name every step: ``queue_processor_node_actions_total{node_action, node_status}``
-(``taint``, ``exclude-from-lb``, ``out-of-service-taint``, ``heartbeat``, ``lifecycle-complete``,
-``launch-ready``) and ``queue_processor_errors_total{where}`` (:data:`ERROR_WHERE`: ``receive``, ``batch``,
-``parse``, ``handle``, ``delete``, ``requeue``, ``visibility``).
-
-Every other metric is ours and carries the ``queue_processor_`` prefix; see :class:`Metrics` for the list.
-
-Label conventions, so that label sets stay small and bounded:
-
-- ``queue``: the queue URL as configured (``QUEUE_URL`` / ``QUEUE_URLS``); URLs, not names, because two
-  regions or accounts may hold queues of the same name.
-- ``kind``: an :class:`~queue_processor.events.EventKind` value (``spot-interruption``...), or ``"skip"`` /
-  ``"poison"`` (:data:`KIND_SKIP`, :data:`KIND_POISON`) for a message that gave no event.
-- ``reason`` (poison) and ``reason_class`` (skip): the parser's
-  :class:`~queue_processor.outcomes.PoisonClass` / :class:`~queue_processor.outcomes.SkipClass`, never
-  its free-text reason (which holds IDs and would explode cardinality).
-
-:class:`Metrics` is the :class:`~queue_processor.observe.observer.Observer` the controller runs with: the
-pipeline calls its methods, never the counters directly.
+Names follow "Metric and label naming" (prometheus.io). ``actions_total`` and ``events_error_total`` are
+aws-node-termination-handler's (``pkg/observability/opentelemetry.go``), unprefixed so NTH's dashboards keep
+working; the others carry the ``queue_processor_`` prefix. Labels stay bounded: ``queue`` is the queue URL as
+configured, ``kind`` an event kind or :data:`KIND_SKIP` / :data:`KIND_POISON`, reasons an enum's value.
 """
 
 from __future__ import annotations
@@ -104,19 +70,16 @@ PREFIX: Final = "queue_processor"
 KIND_SKIP: Final = "skip"
 KIND_POISON: Final = "poison"
 
-#: ``node_action`` values of ``actions_total`` (NTH's), created at zero so that ``rate()`` and ``increase()``
-#: see the series before the first interruption.
+#: ``node_action`` values of NTH's ``actions_total``, created at zero.
 NODE_ACTIONS: Final = tuple(action.value for action in NodeAction if action in NTH_NODE_ACTIONS)
 #: ``node_action`` values of ``queue_processor_node_actions_total`` (ours), created at zero.
 OUR_NODE_ACTIONS: Final = tuple(action.value for action in NodeAction if action not in NTH_NODE_ACTIONS)
 #: ``where`` values of ``queue_processor_errors_total``, created at zero.
 ERROR_WHERE: Final = tuple(where.value for where in ErrorWhere)
-#: The steps whose errors NTH counts as its SQS monitor's (``events_error_total{event_error_where="SQS_MONITOR"}``).
+#: The steps whose errors NTH counts in ``events_error_total{event_error_where="SQS_MONITOR"}``.
 MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
 
-#: Buckets of ``queue_processor_event_to_cordon_seconds``: 10 ms to 120 s (a Spot notice), 0.5 s apart from 1
-#: to 4 s, 1 s apart to 5 s and 2.5 s apart to 10 s, where a storm's p99 lies (1,000 cordons at 200 requests a
-#: second take 5 s): a p99 judged against a bound of a few seconds needs buckets that can tell 3.5 s from 4 s.
+#: Buckets of ``event_to_cordon_seconds``: 10 ms to 120 s, dense from 1 to 10 s to tell 3.5 s from 4 s.
 EVENT_TO_CORDON_BUCKETS: Final = (
     0.01,
     0.025,
@@ -141,12 +104,12 @@ EVENT_TO_CORDON_BUCKETS: Final = (
     90,
     120,
 )
-#: Buckets of ``queue_processor_drain_duration_seconds``: 0.5 s to 600 s (10 minutes).
 #: Most PodDisruptionBudgets with a ``drain_blocked`` series of their own (the first by name).
 BLOCKED_BUDGETS_MAX: Final = 50
 #: The ``pdb`` label value of the budgets beyond :data:`BLOCKED_BUDGETS_MAX`.
 OTHER_BUDGETS: Final = "other"
 
+#: Buckets of ``drain_duration_seconds``: 0.5 s to 600 s.
 DRAIN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 450, 600)
 
 NodeStatus = Literal["success", "error"]
@@ -154,9 +117,7 @@ NodeStatus = Literal["success", "error"]
 
 
 class _WithoutCreated(Collector):
-    """The families of ``registry`` without prometheus-client's ``*_created`` samples: in the text format
-    each would be one more gauge series per counter or histogram child, which NTH never exposed and no
-    dashboard reads."""
+    """``registry`` without prometheus-client's ``*_created`` samples (one more series per child; NTH had none)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
@@ -170,71 +131,11 @@ class _WithoutCreated(Collector):
 
 
 class Metrics(Observer):
-    """The controller's metrics, registered in :attr:`registry` (a registry of their own).
-
-    ``version`` is the ``version`` label of ``queue_processor_build_info`` (default: the installed
-    package's); ``process_metrics`` adds prometheus-client's process (``process_cpu_seconds_total``,
-    ``process_resident_memory_bytes``...), platform (``python_info``) and garbage-collector collectors.
-
-    NTH's, unprefixed (see the module docstring):
-
-    - :attr:`actions`: ``actions_total{node_action, node_status}`` (counter);
-    - :attr:`events_error`: ``events_error_total{event_error_where}`` (counter, ``SQS_MONITOR`` only).
-
-    Ours, prefixed ``queue_processor_`` (``queue``, ``kind`` and reason labels: see the module docstring):
-
-    - :attr:`node_actions`: ``node_actions_total{node_action, node_status}``, the actions on nodes NTH has
-      no name for (:data:`OUR_NODE_ACTIONS`);
-    - :attr:`errors`: ``errors_total{where}``, failed steps (:data:`ERROR_WHERE`);
-    - :attr:`messages_received`: ``messages_received_total{queue, kind}``, messages received from SQS,
-      counted once parsed;
-    - :attr:`messages_deleted`: ``messages_deleted_total{queue, kind}``, messages deleted (acknowledged);
-    - :attr:`messages_requeued`: ``messages_requeued_total{queue, kind}``, messages made visible again after
-      a backoff (EarlyExit);
-    - :attr:`messages_poison`: ``messages_poison_total{queue, reason}``, poison messages left to the
-      redrive policy, ``reason`` a :class:`~queue_processor.outcomes.PoisonClass`;
-    - :attr:`messages_skipped`: ``messages_skipped_total{queue, reason_class}``, valid messages not acted
-      on, ``reason_class`` a :class:`~queue_processor.outcomes.SkipClass`;
-    - :attr:`event_to_cordon`: ``event_to_cordon_seconds`` (histogram, :data:`EVENT_TO_CORDON_BUCKETS`),
-      seconds from receiving the message that carried an event to the node's cordon succeeding (our
-      latency; AWS's delivery delay is not included);
-    - :attr:`drain_duration`: ``drain_duration_seconds{kind, result}`` (histogram, :data:`DRAIN_BUCKETS`),
-      seconds from the start of a node's drain to its end, ``result`` a
-      :data:`~queue_processor.observe.observer.DrainEnd`;
-    - :attr:`in_flight_messages`: ``in_flight_messages`` (gauge), received messages not yet deleted or
-      requeued;
-    - :attr:`in_flight_operations`: ``in_flight_operations`` (gauge), per-node operations under way;
-    - :attr:`draining_nodes`: ``draining_nodes`` (gauge), nodes being drained (bounded by DRAIN_BUDGET);
-    - :attr:`waiting_drains`: ``drains_waiting{group}`` (gauge), drains of events that leave time waiting for
-      a turn of their group (DRAIN_BUDGET_NON_URGENT);
-    - :attr:`heartbeats`: ``heartbeats_total{result}``, RecordLifecycleActionHeartbeat calls
-      (:class:`~queue_processor.outcomes.HeartbeatResult`);
-    - :attr:`operation_outcomes`: ``operation_outcomes_total{outcome}``, operations that ended without a
-      drain (:class:`~queue_processor.outcomes.OperationOutcome`);
-    - :attr:`lifecycle_completions`: ``lifecycle_completions_total{result}``, CompleteLifecycleAction calls
-      (:class:`~queue_processor.outcomes.LifecycleResult`);
-    - :attr:`evictions`: ``evictions_total{result}``, pods whose eviction ended, by how
-      (:class:`~queue_processor.outcomes.EvictionOutcome`);
-    - :attr:`drain_blocked`: ``drain_blocked{pdb}`` (gauge), pods whose eviction the PodDisruptionBudget
-      ``pdb`` (``namespace/name``) refuses now, across drains; a series goes when its count is 0, and at
-      most :data:`BLOCKED_BUDGETS_MAX` budgets have their own series (the others count under ``other``);
-    - :attr:`deleted_at_deadline_pods`: ``pods_deleted_at_deadline_total``, pods deleted by DELETE_AT_DEADLINE;
-    - :attr:`surges`: ``surges_total{result}``, pods annotated ``queue-processor/drain: surge`` by whether
-      their replacement was available first (:class:`~queue_processor.outcomes.SurgeResult`; SURGE_DRAINS);
-    - :attr:`drained_pods`: ``drained_pods_total{grace}``, evicted pods by how their grace period went: all
-      of their own (``own``: ending before the instance's end when it is known, else gone before the drain
-      ended), cut to end before the instance (``cut``), or their own ending after the instance's end
-      (``outlasted``: killed mid-grace when the instance goes);
-    - :attr:`kube_requests`: ``kube_requests_total{verb, resource, code}``, Kubernetes API requests:
-      ``verb`` as in audit logs (``get``, ``list``, ``patch``, ``create``, ``delete``...), ``resource`` the
-      plural (``nodes``, ``pods``, ``pods/eviction``, ``leases``...), ``code`` the HTTP status (``"200"``)
-      or ``"error"`` when no response came;
-    - :attr:`aws_requests`: ``aws_requests_total{service, operation, result}``, AWS API calls
-      (``sqs`` / ``ReceiveMessage``, ``autoscaling`` / ``CompleteLifecycleAction``...), ``result`` an
-      :data:`~queue_processor.observe.observer.AwsResult`;
-    - :attr:`last_receive_timestamp`: ``last_receive_timestamp_seconds{queue}`` (gauge), Unix time in
-      seconds of the last ReceiveMessage call that SQS answered (with or without messages);
-    - :attr:`build_info`: ``build_info{version}`` (gauge, always 1).
+    """The controller's metrics, one attribute each, in :attr:`registry`. ``version`` labels ``build_info``
+    (default: the installed package's); ``process_metrics`` adds prometheus-client's process, platform and GC
+    collectors. ``event_to_cordon_seconds`` excludes AWS's delivery delay. ``drained_pods_total{grace}``:
+    ``own`` (the pod's whole grace period), ``cut`` (cut to end before the instance), ``outlasted`` (ending
+    after the instance: killed mid-grace).
     """
 
     def __init__(self, version: str | None = None, *, process_metrics: bool = True) -> None:
@@ -246,7 +147,6 @@ class Metrics(Observer):
             PlatformCollector(registry=registry)
             GCCollector(registry=registry)
 
-        # --- NTH's, unprefixed
         self.actions = Counter(
             "actions",
             "Actions taken on nodes (NTH-compatible).",
@@ -271,7 +171,6 @@ class Metrics(Observer):
             registry=registry,
         )
 
-        # --- ours
         def counter(name: str, doc: str, labels: list[str]) -> Counter:
             return Counter(name, doc, labels, namespace=PREFIX, registry=registry)
 
@@ -390,8 +289,6 @@ class Metrics(Observer):
         for eviction in EvictionOutcome:
             self.evictions.labels(result=eviction)
 
-    # --- the Observer (see queue_processor.observe.observer for what each reports)
-
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
         """Count a message received, deleted or requeued."""
         counter = {
@@ -414,8 +311,7 @@ class Metrics(Observer):
         self.mark_receive(queue)
 
     def error(self, where: ErrorWhere) -> None:
-        """Count one error in ``queue_processor_errors_total``, and in NTH's ``events_error_total`` when NTH
-        would (:data:`MONITOR_ERRORS`)."""
+        """Count ``where`` in ``errors_total``, and in NTH's ``events_error_total`` for :data:`MONITOR_ERRORS`."""
         self.errors.labels(where=where).inc()
         if where in MONITOR_ERRORS:
             self.events_error.labels(event_error_where=SQS_MONITOR).inc()
@@ -434,8 +330,7 @@ class Metrics(Observer):
         self.waiting_drains.labels(group=group).set(drains)
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
-        """Count one action on a node in NTH's ``actions_total`` (:data:`NODE_ACTIONS`) or in
-        ``queue_processor_node_actions_total``: ``node_status`` is ``success`` when ``ok``, else ``error``."""
+        """Count ``action`` in NTH's ``actions_total`` (:data:`NODE_ACTIONS`) or ours, ``success`` when ``ok``."""
         status: NodeStatus = "success" if ok else "error"
         counter = self.actions if action in NTH_NODE_ACTIONS else self.node_actions
         counter.labels(node_action=action, node_status=status).inc()
@@ -457,8 +352,7 @@ class Metrics(Observer):
         self.evictions.labels(result=result).inc()
 
     def drain_blocked(self, budget: str, pods: int) -> None:
-        """Set ``drain_blocked{pdb}``: the budget's own series while fewer than :data:`BLOCKED_BUDGETS_MAX`
-        budgets have one, else ``other`` (the sum of those without); a series at 0 is removed."""
+        """Set ``drain_blocked{pdb}``: the first :data:`BLOCKED_BUDGETS_MAX` budgets by name, the rest summed."""
         self._blocked[budget] = pods
         if pods <= 0:
             del self._blocked[budget]
@@ -502,20 +396,14 @@ class Metrics(Observer):
         self.aws_requests.labels(service, operation, result).inc()
 
     def mark_receive(self, queue: str, at: float | None = None) -> None:
-        """Record that SQS answered a ReceiveMessage call on ``queue`` at Unix time ``at`` (seconds;
-        default: now)."""
+        """Set ``last_receive_timestamp_seconds{queue}`` to Unix time ``at`` (seconds; default: now)."""
         self.last_receive_timestamp.labels(queue=queue).set(time.time() if at is None else at)
 
-    # --- exposition
-
     def exposition(self) -> bytes:
-        """Every metric in the Prometheus text exposition format (``text/plain; version=0.0.4``), without
-        the ``*_created`` series prometheus-client would add to each counter and histogram."""
+        """Every metric in the Prometheus text format (``text/plain; version=0.0.4``), without ``*_created``."""
         return generate_latest(self._exposed)
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
-        """Every metric in the format the ``Accept`` header ``accept`` asks for (OpenMetrics when asked,
-        else Prometheus text), with its content type: ``(body, content_type)``. Like :meth:`exposition`,
-        without ``*_created`` series."""
+        """``(body, content_type)`` in the format ``accept`` asks for: OpenMetrics, else Prometheus text."""
         encoder, content_type = choose_encoder(accept)
         return encoder(self._exposed), content_type

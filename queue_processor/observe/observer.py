@@ -1,17 +1,6 @@
-"""What the pipeline reports: one interface, :class:`Observer`, and its vocabularies.
-
-Every component that has something to count (consumer, handler, heartbeats, drainer, the Kubernetes and AWS
-clients) takes one ``observer`` and calls its methods where a decision is made, with a value of an enum
-chosen there; none of them knows Prometheus. :class:`~queue_processor.observe.metrics.Metrics` is the
-implementation the controller runs with; :data:`NULL_OBSERVER` (every method does nothing) is the default,
-so tests and tools build components without metrics.
-
-The label vocabularies are the enums of :mod:`queue_processor.outcomes` (the leaf every layer may import),
-each decided where it happens: :class:`~queue_processor.outcomes.PoisonClass` and
-:class:`~queue_processor.outcomes.SkipClass` (parser), :class:`~queue_processor.outcomes.DrainOutcome` and
-:class:`~queue_processor.outcomes.EvictionOutcome` (drainer), and the pipeline's own
-(:class:`~queue_processor.outcomes.NodeAction`, :class:`~queue_processor.outcomes.ErrorWhere`...). Their values
-are the label values metrics expose; dashboards depend on them.
+"""What the pipeline reports: :class:`Observer`, called where a decision is made with an enum value of
+:mod:`queue_processor.outcomes`. :class:`~queue_processor.observe.metrics.Metrics` implements it for Prometheus;
+:data:`NULL_OBSERVER` is the default, so tests and tools build components without metrics.
 """
 
 from __future__ import annotations
@@ -42,10 +31,9 @@ __all__ = [
 
 
 class Observer(Protocol):
-    """What the pipeline reports. Every method returns at once and never raises; ``queue`` is a queue URL
-    as configured, ``kind`` an event kind (or ``skip`` / ``poison``, or several kinds joined by commas),
-    durations are seconds. Each method's body is the no-op default a subclass inherits (:class:`NullObserver`
-    overrides none)."""
+    """What the pipeline reports; every method returns at once, never raises, and does nothing by default.
+    ``queue`` is a queue URL as configured, ``kind`` an event kind (or ``skip`` / ``poison``, or several kinds
+    joined by commas), durations are seconds."""
 
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
         """A message was received, deleted or requeued."""
@@ -80,8 +68,7 @@ class Observer(Protocol):
         return
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
-        """An action on a node succeeded (``ok``) or failed (NTH's ``actions_total`` for
-        :data:`NTH_NODE_ACTIONS`, else ``queue_processor_node_actions_total``)."""
+        """An action on a node succeeded (``ok``) or failed."""
         return
 
     def operation_outcome(self, outcome: OperationOutcome) -> None:
@@ -101,13 +88,11 @@ class Observer(Protocol):
         return
 
     def drain_blocked(self, budget: str, pods: int) -> None:
-        """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses the eviction of ``pods`` pods (0:
-        none any more), across every drain."""
+        """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains."""
         return
 
     def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
-        """How an evicted pod's grace period went: all of its own (``own``), cut to end before the instance
-        (``cut``), or its own, ending after the instance's end (``outlasted``: killed mid-grace)."""
+        """How an evicted pod's grace period went (see :class:`~queue_processor.observe.metrics.Metrics`)."""
         return
 
     def deleted_at_deadline(self) -> None:
@@ -115,8 +100,7 @@ class Observer(Protocol):
         return
 
     def surge(self, result: SurgeResult) -> None:
-        """A pod annotated ``queue-processor/drain: surge`` got its replacement first, or why not
-        (SURGE_DRAINS)."""
+        """A pod annotated ``queue-processor/drain: surge`` got its replacement first, or why not."""
         return
 
     def heartbeat(self, result: HeartbeatResult) -> None:
@@ -128,13 +112,11 @@ class Observer(Protocol):
         return
 
     def kube_request(self, verb: str, resource: str, status: int | None) -> None:
-        """A Kubernetes API request: ``verb`` as in audit logs, ``resource`` the plural (``pods/eviction``),
-        ``status`` the HTTP status, ``None`` when no response came."""
+        """A Kubernetes API request; ``status`` is the HTTP status, ``None`` when no response came."""
         return
 
     def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
-        """An AWS API request: ``service`` as botocore names it (``sqs``), ``operation`` as the API does
-        (``ReceiveMessage``)."""
+        """An AWS API request: ``service`` as botocore names it (``sqs``), ``operation`` (``ReceiveMessage``)."""
         return
 
 

@@ -1,5 +1,5 @@
 """NTH's webhook data, as a Go template sees it, and the start-up check of a template (pure; imports only
-:mod:`.gotemplate`): what the settings check and what :mod:`.webhook` renders over.
+:mod:`queue_processor_gotemplate`): what the settings check and what :mod:`.webhook` renders over.
 
 NTH's ``combinedDrainData`` (``pkg/webhook`` of aws-node-termination-handler v1.25.6): the embedded
 ``ec2metadata.NodeMetadata``, the embedded ``monitor.InterruptionEvent`` and the outer ``InstanceID`` and
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from queue_processor.observe.gotemplate import GoTime, NilMap, NilSlice, Struct, Template, parse
+from queue_processor_gotemplate import GoTime, NilMap, NilSlice, Struct, Template, parse
 
 __all__ = ["DATA_TYPE", "JSON_NAMES", "METADATA", "check_template", "nth_data"]
 
@@ -86,7 +86,7 @@ def nth_data(fields: Mapping[str, Any]) -> Struct:
 
 def check_template(text: str) -> Template:
     """``text`` parsed and executed over empty data, as NTH validates its template at start-up; raises
-    :class:`~queue_processor.observe.gotemplate.TemplateError` naming what fails or is not supported."""
+    :class:`~queue_processor_gotemplate.TemplateError` naming what fails or is not supported."""
     template = parse(text)
     template.execute(nth_data({}))
     return template

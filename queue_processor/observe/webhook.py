@@ -1,26 +1,8 @@
 """Webhook notifications (WEBHOOK_URL), as aws-node-termination-handler v1.25.6 sends them.
 
-One POST per interruption the controller drains a node for, sent when NTH sends it: after the drain (or
-the cordon, with CORDON_ONLY), whether it succeeded or not, and before the lifecycle actions are completed;
-never for a launch. The body is WEBHOOK_TEMPLATE (or the file WEBHOOK_TEMPLATE_FILE, read again for every
-request) rendered as Go ``text/template`` with sprig (:mod:`.gotemplate`, the subset NTH's users write) over
-NTH's data (``combinedDrainData`` in NTH's ``pkg/webhook``; :func:`drain_data`):
-
-- ``.EventID``: NTH's prefix for the kind and the hex of the EventBridge ``id`` (``spot-itn-event-…``);
-- ``.Kind``: ``SPOT_ITN``, ``ASG_LIFECYCLE``, ``REBALANCE_RECOMMENDATION``, ``STATE_CHANGE``,
-  ``SCHEDULED_EVENT`` (``CAPACITY_RESERVATION_INTERRUPTION``: a kind NTH does not handle);
-- ``.Description``: NTH's sentence for the kind, ending in a space and a newline;
-- ``.StartTime``: the event's ``time`` as Go prints a ``time.Time`` (``2020-07-01 22:19:58 +0000 UTC``);
-  for an AWS Health event, when it was received, with Go's monotonic-clock suffix (``m=+…``), as NTH;
-- ``.InstanceID``, ``.InstanceType``, ``.NodeName`` (the instance's private DNS name), ``.ProviderID``,
-  ``.AutoScalingGroupName``, ``.NodeLabels`` and ``.Pods`` (the node's, read before the drain; every pod
-  bound to the node), ``.Monitor`` (``SQS_MONITOR``), ``.IsManaged`` and ``.InProgress`` (true), and the
-  fields that are always empty in NTH's queue mode (``.State``, ``.EndTime``, ``.AccountId``…).
-
-Headers are WEBHOOK_HEADERS; WEBHOOK_PROXY is used when set. As NTH does, a request has 5 seconds and is not
-retried; a failure is logged and counted, never a reason to fail a drain. A template is parsed and executed
-over empty data at start-up (:func:`~queue_processor.observe.templates.check_template`), as NTH does, so a bad
-one stops start-up.
+One POST per interruption a node is drained for, after the drain whatever its result and before the lifecycle
+actions are completed: the template rendered over NTH's ``combinedDrainData`` (``pkg/webhook``; fields in
+docs/migration.md). As in NTH, 5 seconds and no retry; a failure is logged and counted, never fails a drain.
 """
 
 from __future__ import annotations
@@ -40,7 +22,9 @@ from queue_processor.events import EventKind
 from queue_processor.kinds import Event, ScheduledChangeEvent, StateChangeEvent
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
-from queue_processor.observe.gotemplate import (
+from queue_processor.observe.templates import nth_data
+from queue_processor.outcomes import KubeError
+from queue_processor_gotemplate import (
     PROCESS_START,
     GoTime,
     NilMap,
@@ -50,8 +34,6 @@ from queue_processor.observe.gotemplate import (
     TemplateError,
     parse,
 )
-from queue_processor.observe.templates import nth_data
-from queue_processor.outcomes import KubeError
 
 __all__ = [
     "NO_FACTS",
@@ -85,8 +67,7 @@ ASG_TAG = "aws:autoscaling:groupName"
 
 
 def nth_event_id(event: Event) -> str:
-    """NTH's EventID: its prefix for the kind and the lowercase hex of the bytes of the message's ID (the
-    EventBridge ``id``; a lifecycle notification's ``RequestId``)."""
+    """NTH's EventID: its prefix for the kind, then the hex of the EventBridge ``id`` (or ``RequestId``)."""
     ident = event.source_id or ""
     if isinstance(event, ScheduledChangeEvent):
         ident = event.eventbridge_id or ""
@@ -98,8 +79,7 @@ def _go_time(moment: datetime) -> GoTime:
 
 
 def nth_description(event: Event) -> str:
-    """NTH's ``.Description`` for ``event`` (its ``pkg/monitor/sqsevent`` sentences, with the event's
-    ``time`` as Go prints it, and NTH's trailing space and newline)."""
+    """NTH's ``.Description`` (``pkg/monitor/sqsevent``), with its trailing space and newline."""
     at = _go_time(event.time)
     instance = event.instance_id
     match event.kind:
@@ -132,10 +112,9 @@ def drain_data(
     received_wall: datetime | None = None,
     received_monotonic: float | None = None,
 ) -> Struct:
-    """NTH's ``combinedDrainData`` for ``event``: ``node_labels`` and ``pods`` as read before the drain
-    (``None``: nil, as in a dry run), ``info`` what EC2 says of the instance. An AWS Health event's
-    ``.StartTime`` is when it was received (``received_wall``, and ``received_monotonic`` on
-    :func:`time.monotonic`'s clock for Go's ``m=+…``), as NTH takes ``time.Now()``."""
+    """NTH's ``combinedDrainData`` for ``event``; ``node_labels`` / ``pods`` ``None`` render as nil. An AWS
+    Health event's ``.StartTime`` is when it was received (``received_wall``; ``received_monotonic`` on
+    :func:`time.monotonic`'s clock gives Go's ``m=+…``), as NTH takes ``time.Now()``."""
     start = _go_time(event.time)
     if isinstance(event, ScheduledChangeEvent):
         wall = received_wall or datetime.now().astimezone()
@@ -167,9 +146,8 @@ def drain_data(
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What NTH's webhook tells of a node, read before the drain: its ``labels`` (but our bookkeeping label,
-    :data:`~queue_processor.drain.record.RECORD_LABEL`) and the names of every pod bound to it, by namespace
-    then name as the API server lists them; ``None`` where they could not be read (NTH sends nil then)."""
+    """A node's ``labels`` (without :data:`~queue_processor.drain.record.RECORD_LABEL`) and the names of its
+    pods by namespace then name, read before the drain; ``None`` where unreadable (NTH sends nil)."""
 
     labels: dict[str, str] | None = None
     pods: list[str] | None = None
@@ -180,25 +158,22 @@ NO_FACTS = NodeFacts()
 
 
 async def node_facts(kube: KubeClient, node: str) -> NodeFacts:
-    """The :class:`NodeFacts` of ``node``, as NTH reads them before its drain (a node GET and a pod LIST);
-    :data:`NO_FACTS` when they cannot be read."""
+    """The :class:`NodeFacts` of ``node`` (a node GET and a pod LIST); :data:`NO_FACTS` when unreadable."""
     try:
         found = await kube.get_node(node)
         pods = await kube.pods_on_node(node)
     except KubeError:
         return NO_FACTS
     labels = dict(found["metadata"].get("labels") or {}) if found is not None else None
-    if labels is not None:  # our bookkeeping (what to undo on return) is not one of the node's labels
+    if labels is not None:
         labels.pop(RECORD_LABEL, None)
     order = sorted((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]) for pod in pods)
     return NodeFacts(labels, [name for _, name in order])
 
 
 class Webhook:
-    """Posts notifications to ``url`` (no-op when empty). ``failures`` counts the ones that failed (a
-    request error, a status ≥ 300, an unreadable template file, a template that fails to render). The body
-    is ``template``, or the content of ``template_file`` read again for each request (NTH's
-    WEBHOOK_TEMPLATE_FILE: a mounted ConfigMap may change)."""
+    """Posts notifications to ``url`` (no-op when empty); ``failures`` counts those not sent. ``template_file``
+    is read again for each request: a mounted ConfigMap may change."""
 
     def __init__(
         self, url: str, *, headers: dict[str, str], template: str, template_file: str = "", proxy: str = ""
@@ -210,10 +185,10 @@ class Webhook:
         self.proxy = proxy or None
         self.failures = 0
         self.sent = 0
-        self._parsed: tuple[str, Template] | None = None  # the last template text, parsed
+        self._parsed: tuple[str, Template] | None = None
 
     def _template(self, source: str) -> Template:
-        """``source`` parsed, once per text (a template file is parsed again only when it changed)."""
+        """``source`` parsed, again only when it changed."""
         if self._parsed is None or self._parsed[0] != source:
             self._parsed = (source, parse(source))
         return self._parsed[1]
@@ -230,9 +205,7 @@ class Webhook:
     async def notify_operation(
         self, events: Sequence[Event], info: InstanceInfo, facts: NodeFacts, age_s: float
     ) -> None:
-        """The webhook, as NTH sends it for an operation taken up ``age_s`` seconds ago: one request per
-        interruption (``events``: the first event of each kind), after the drain, whatever its result, and
-        before the lifecycle actions are completed."""
+        """One request per event (the first of each kind) of an operation taken up ``age_s`` seconds ago."""
         if not self.url:
             return
         wall = datetime.now().astimezone() - timedelta(seconds=age_s)

@@ -535,10 +535,11 @@ def test_the_sandbox_requires_the_controller_at_its_own_version() -> None:
 
 
 def test_the_image_copies_the_controller_and_no_test_bench() -> None:
-    """The build context's sources are the controller's package and the files its wheel is built from: the
-    sandbox (its own distribution in sandbox/), the benchmarks and their peer harness never reach the image."""
+    """The build context's sources are the controller's package, the Go-template distribution it depends on
+    (gotemplate/) and the files their wheels are built from: the sandbox (its own distribution in sandbox/), the
+    benchmarks and their peer harness never reach the image."""
     copied = {posixpath.normpath(source) for source in copied_sources()}
-    assert copied == {"pyproject.toml", "constraints.txt", "README.md", "queue_processor"}
+    assert copied == {"pyproject.toml", "constraints.txt", "README.md", "queue_processor", "gotemplate"}
     assert not list((ROOT / "queue_processor" / "sandbox").rglob("*.py"))  # (bytecode a pull leaves)
 
 

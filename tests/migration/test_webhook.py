@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from queue_processor.config import DEFAULT_WEBHOOK_TEMPLATE
 from queue_processor.kinds import Event
 from queue_processor.nodes import InstanceInfo
-from queue_processor.observe.gotemplate import GoTime, NilMap, NilSlice, Struct, TemplateError, parse
 from queue_processor.observe.templates import check_template, nth_data
 from queue_processor.observe.webhook import drain_data
 from queue_processor.parse import parse as parse_body
+from queue_processor_gotemplate import GoTime, NilMap, NilSlice, Struct, TemplateError, parse
 from tests.conftest import REQUIRE_REAL_CLUSTER, ROOT
 from tests.migration import nth
 

@@ -196,14 +196,14 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
 def _without_the_sandbox(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     """A Python command and environment that see this interpreter's packages but not the sandbox's
     distribution: site-packages laid out again (links) without queue-processor-sandbox's metadata and import
-    hook, site processing off (-S), the controller found from the repository."""
+    hook, site processing off (-S), the controller and its Go-template distribution found from the repository."""
     site_packages = Path(next(p for p in sys.path if p.endswith("site-packages")))
     view = tmp_path / "site-packages"
     view.mkdir()
     for entry in site_packages.iterdir():
         if "queue_processor_sandbox" not in entry.name and not entry.name.endswith(".pth"):
             (view / entry.name).symlink_to(entry)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{view}"}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{ROOT / 'gotemplate'}:{view}"}
     return [sys.executable, "-S", "-c", "from queue_processor.cli import main; main()"], env
 
 
@@ -230,7 +230,7 @@ def test_where_the_sandbox_is_not_installed_its_command_says_how_to_get_it_in_on
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert line.startswith("queue-processor sandbox: the sandbox is not installed")
-    assert "pip install -e . -e ./sandbox" in line
+    assert "pip install -e ./gotemplate -e . -e ./sandbox" in line
     assert "make demo" in line
     listed = subprocess.run([*argv, "--help"], env=env, capture_output=True, text=True, check=True)
     assert "sandbox" in listed.stdout

@@ -40,10 +40,10 @@ from queue_processor.kube import URGENT_RANK, NotSentError, rank_urgent
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
-from queue_processor.observe.gotemplate import Struct, parse
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import KubeError
+from queue_processor_gotemplate import Struct, parse
 from queue_processor_sandbox.kube_logic import parse_label_selector
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/q"

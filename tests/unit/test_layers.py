@@ -25,7 +25,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.drain.slots",
         "queue_processor.drain.gates",
         "queue_processor.observe",
-        "queue_processor.observe.gotemplate",
         "queue_processor.observe.logs",
     },
     {

@@ -12,8 +12,8 @@ from aiohttp import web
 from queue_processor.config import DEFAULT_WEBHOOK_TEMPLATE
 from queue_processor.kinds import SpotInterruptionEvent
 from queue_processor.nodes import InstanceInfo
-from queue_processor.observe.gotemplate import Struct
 from queue_processor.observe.webhook import Webhook, drain_data
+from queue_processor_gotemplate import Struct
 
 EVENT = SpotInterruptionEvent(instance_id="i-1", time=datetime(2026, 11, 22, 12, tzinfo=UTC), source_id="e-1")
 
