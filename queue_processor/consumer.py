@@ -22,12 +22,11 @@ from queue_processor.coalesce import AdmissionKind, EventStore, NodeOperation
 from queue_processor.config import default
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler, Outcome
-from queue_processor.ledger import Room
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
-from queue_processor.settlement import Ledger
+from queue_processor.settlement import Ledger, Room
 
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient

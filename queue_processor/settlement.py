@@ -1,8 +1,10 @@
 """The settlement ledger: everything about a message this replica holds, from its receipt to its settlement.
 
-:class:`Ledger` keeps the slots and receipt handles (:mod:`queue_processor.ledger`), renews held messages'
-visibility and their actions' heartbeats every half visibility timeout (DESIGN.md rule 5), and deletes or requeues
-(with a backoff) a message whose operations have ended. Errors are logged and counted, never raised.
+:class:`InFlightSlots` is the in-flight budget: at most ``size`` messages held at once, a slot per message ID
+keeping its newest receipt handle, returned exactly once (a poll reserves :class:`Room`, each message kept claims
+a slot). :class:`Ledger` keeps those slots, renews held messages' visibility and their actions' heartbeats every
+half visibility timeout (DESIGN.md rule 5), and deletes or requeues (with a backoff) a message whose operations
+have ended. Errors are logged and counted, never raised.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,7 +24,6 @@ from queue_processor.coalesce import EventStore, MessageOutcome, NodeOperation, 
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import SqsMessageRef
 from queue_processor.kinds import AsgLifecycleEvent
-from queue_processor.ledger import InFlightSlots, Room
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
@@ -29,7 +31,7 @@ from queue_processor.outcomes import ErrorWhere, MessageFate
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient
 
-__all__ = ["DELETE_WINDOW_S", "SQS_HOLD_MAX_S", "Ledger", "requeue_backoff_s"]
+__all__ = ["DELETE_WINDOW_S", "SQS_HOLD_MAX_S", "InFlightSlots", "Ledger", "Room", "requeue_backoff_s"]
 
 log = structlog.get_logger("queue_processor.settlement")
 
@@ -82,7 +84,7 @@ class Ledger:
     # ------------------------------------------------------------------------------------- holding
 
     def room(self, at_most: int) -> AbstractAsyncContextManager[Room]:
-        """Room for one poll (:meth:`InFlightSlots.room <queue_processor.ledger.InFlightSlots.room>`)."""
+        """Room for one poll (:meth:`InFlightSlots.room`)."""
         return self.slots.room(at_most)
 
     def take(self, room: Room, ref: SqsMessageRef) -> None:
@@ -367,3 +369,124 @@ class Ledger:
                     renewal.set_result(None)
                 if self._extending.get(message_id) is renewal:
                     del self._extending[message_id]
+
+
+class Room:
+    """Slots reserved for one poll (``size``); ``claim`` gives one to a message. Valid inside its ``async with``."""
+
+    def __init__(self, slots: InFlightSlots, size: int) -> None:
+        self._slots = slots
+        self.size = size
+        """Slots reserved (1 to the ``at_most`` asked for)."""
+        self.unclaimed = size
+        """Reserved slots no message claimed yet (returned when the block exits)."""
+
+    def claim(self, ref: SqsMessageRef) -> bool:
+        """Give a reserved slot to ``ref``'s message; ``False``, taking none, when it holds one already (its receipt
+        handle becomes ``ref``'s). Raises ``RuntimeError`` when none is left or the block has exited."""
+        held = self._slots._held
+        if ref.message_id in held:
+            held[ref.message_id] = ref
+            return False
+        if self.unclaimed <= 0:
+            raise RuntimeError("no reserved slot left to claim")
+        self.unclaimed -= 1
+        held[ref.message_id] = ref
+        return True
+
+
+class InFlightSlots:
+    """At most ``size`` (≥ 1) messages held at once (see the module docstring); one event loop."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"an in-flight budget of {size} slots: at least 1")
+        self.size = size
+        self._free = size
+        self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
+        self._parked: set[str] = set()  # held messages that gave their slot back (park)
+        self._waiters: list[asyncio.Future[None]] = []
+        self.waiting = 0
+        """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
+
+    @property
+    def free(self) -> int:
+        """Slots neither reserved nor held."""
+        return self._free
+
+    @property
+    def held(self) -> int:
+        """Slots held by messages (claimed, not released, not parked)."""
+        return len(self._held) - len(self._parked)
+
+    @property
+    def parked(self) -> int:
+        """Messages held without a slot (:meth:`park`)."""
+        return len(self._parked)
+
+    @asynccontextmanager
+    async def room(self, at_most: int) -> AsyncIterator[Room]:
+        """Wait until a slot is free, reserve up to ``at_most`` (≥ 1) and yield them as a :class:`Room`; every slot
+        not claimed is free again on exit."""
+        self.waiting += 1
+        try:
+            while self._free <= 0:
+                woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.append(woken)
+                try:
+                    await woken
+                finally:
+                    if woken in self._waiters:
+                        self._waiters.remove(woken)
+        finally:
+            self.waiting -= 1
+        taken = min(self._free, max(1, at_most))
+        self._free -= taken
+        room = Room(self, taken)
+        try:
+            yield room
+        finally:
+            self._give_back(room.unclaimed)
+            room.unclaimed = 0
+
+    def park(self, message_id: str) -> bool:
+        """Keep the message held, receipt too, but give its slot back (its operation waits for a turn). ``False``
+        when it holds no slot or is parked already."""
+        if message_id not in self._held or message_id in self._parked:
+            return False
+        self._parked.add(message_id)
+        self._give_back(1)
+        return True
+
+    def ref(self, message_id: str) -> SqsMessageRef | None:
+        """The newest receipt of a message holding a slot (``None`` for one that holds none)."""
+        return self._held.get(message_id)
+
+    def release(self, message_id: str) -> bool:
+        """Return the slot ``message_id`` holds; ``False`` (no change) when it holds none."""
+        if self._held.pop(message_id, None) is None:
+            return False
+        if message_id in self._parked:
+            self._parked.discard(message_id)
+        else:
+            self._give_back(1)
+        return True
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` unless 0 ≤ free and free + held ≤ size (a slot counted twice)."""
+        if self._free < 0 or self._free + self.held > self.size:
+            raise RuntimeError(f"in-flight slots miscounted: {self._free} free, {self.held} held")
+
+    def _give_back(self, count: int) -> None:
+        if count <= 0:
+            return
+        self._free += count
+        self.check()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake every poller waiting for a slot; each checks again (the first may take them all)."""
+        waiters, self._waiters = self._waiters, []
+        for woken in waiters:
+            if not woken.done():
+                woken.set_result(None)

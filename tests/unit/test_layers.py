@@ -31,7 +31,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.observe.templates",
         "queue_processor.observe.observer",
         "queue_processor.kinds.base",
-        "queue_processor.ledger",
     },
     {
         "queue_processor.config",

@@ -1,4 +1,4 @@
-"""The in-flight slots (queue_processor/ledger.py): room reserved around a poll, claimed per message (keeping
+"""The in-flight slots (queue_processor/settlement.py): room reserved around a poll, claimed per message (keeping
 its newest receipt handle), returned however the block exits, released once per message."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from queue_processor.events import SqsMessageRef
-from queue_processor.ledger import InFlightSlots
+from queue_processor.settlement import InFlightSlots
 
 
 def ref(message_id: str, handle: str = "rh-1") -> SqsMessageRef:
