@@ -18,10 +18,8 @@ from queue_processor.aws import AwsClients
 from queue_processor.coalesce import EventStore
 from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
-from queue_processor.drain.departures import Departures
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.node_cache import NodeCache
 from queue_processor.drain.slots import evictions_in_flight
 from queue_processor.handler import Handler
 from queue_processor.kube import AFTER_CORDONS, KubeClient, load_api_client, rank_urgent
@@ -40,6 +38,8 @@ from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import StartupError
 from queue_processor.returns import Returns
 from queue_processor.server import ProbeServer
+from queue_processor.watch.departures import Departures
+from queue_processor.watch.node_cache import NodeCache
 
 __all__ = ["Controller", "run_controller"]
 

@@ -23,7 +23,6 @@ from queue_processor.config import Settings
 from queue_processor.deadlines import drain_deadline, instance_end, leaves_time
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
-from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S
 from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.handover import events_in, missing
@@ -61,6 +60,7 @@ from queue_processor.outcomes import (
 )
 from queue_processor.steps import INSTANCE_ENDED, Collaborators, OperationContext, Outcome, Step, Steps
 from queue_processor.turns import Turns, turn_limit
+from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
 
 __all__ = [
     "EXCLUDE_FROM_LB_LABEL",

@@ -13,7 +13,6 @@ from typing import Any
 
 from queue_processor.deadlines import launch_ready_deadline
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.leases import NodeLeases
@@ -30,6 +29,7 @@ from queue_processor.steps import (
     Steps,
     settle_all,
 )
+from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
 
 __all__ = ["Launches"]
 

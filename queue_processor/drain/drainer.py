@@ -26,10 +26,8 @@ import structlog
 from queue_processor import tasks
 from queue_processor.config import Settings, default
 from queue_processor.drain.budgets import budget_arithmetic, budget_of
-from queue_processor.drain.departures import Departures, Ticket, Waiting
 from queue_processor.drain.filters import DrainOptions, PodDecision, controller_of, plan_drain, pod_key
 from queue_processor.drain.gates import BudgetGates
-from queue_processor.drain.node_cache import FIRST_COPY_WAIT_S, NodeCache
 from queue_processor.drain.order import (
     DRAIN_POLICY_ANNOTATION,
     DrainOrder,
@@ -47,6 +45,8 @@ from queue_processor.kube import KubeClient, NotSentError
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError, SurgeResult
+from queue_processor.watch.departures import Departures, Ticket, Waiting
+from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S, NodeCache
 
 __all__ = [
     "LOOKED_AGAIN",

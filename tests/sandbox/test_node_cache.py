@@ -1,4 +1,4 @@
-"""The watched copy of the nodes (:mod:`queue_processor.drain.node_cache`), on both API servers (the emulation
+"""The watched copy of the nodes (:mod:`queue_processor.watch.node_cache`), on both API servers (the emulation
 must agree with the real one): the nodes are listed page by page and followed by a watch; a cordon writes on
 the copy without reading the node (one request, not two); a copy behind the server is answered 409 and the
 cordon writes again on a fresh read, keeping what the other writer set."""
@@ -17,9 +17,9 @@ import pytest
 
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.node_cache import NodeCache, slim, slim_event
 from queue_processor.drain.record import CordonRecord
 from queue_processor.kube import KubeClient, KubeError
+from queue_processor.watch.node_cache import NodeCache, slim, slim_event
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox

@@ -1,4 +1,4 @@
-"""The watch of pod deletions (queue_processor.drain.departures), on a scripted client: when a drain may trust
+"""The watch of pod deletions (queue_processor.watch.departures), on a scripted client: when a drain may trust
 what the watch saw (a ticket of the current epoch, deletions remembered since), and when it must list again
 (the watch restarted after a 410, broke, or forgot)."""
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain import departures as departures_module
-from queue_processor.drain import watched
-from queue_processor.drain.departures import Departures, deletion
 from queue_processor.kube import KubeError
+from queue_processor.watch import departures as departures_module
+from queue_processor.watch import watched
+from queue_processor.watch.departures import Departures, deletion
 from tests.unit.scripted_watch import ScriptedWatch
 
 

@@ -1477,7 +1477,7 @@ async def test_each_interruption_taken_up_gets_its_own_webhook_as_in_nth(env: An
 
 
 class NodesCopy:
-    """A current watched copy of the fake's nodes (:class:`queue_processor.drain.node_cache.NodeCache`)."""
+    """A current watched copy of the fake's nodes (:class:`queue_processor.watch.node_cache.NodeCache`)."""
 
     live = True
 
@@ -1604,7 +1604,7 @@ async def test_a_launch_waits_for_its_node_on_the_watched_copy_without_a_request
     """Issue 47.9: each poll for a launching instance's node was a GET and a LIST, urgent: some 300 launches at
     once (Capacity Rebalancing during a fleet-wide rebalance) filled KUBE_API_QPS and left evictions no token
     until those nodes were Ready. The watched copy of the nodes has the Ready condition: no request at all."""
-    from queue_processor.drain.node_cache import NodeCache, slim
+    from queue_processor.watch.node_cache import NodeCache, slim
 
     world = World(settings(launch_ready_timeout_sec=900))
     del world.kube.nodes[NODE]  # not registered yet

@@ -1,4 +1,4 @@
-"""The watched copy of the nodes (queue_processor.drain.node_cache) on a scripted client: what it keeps of a
+"""The watched copy of the nodes (queue_processor.watch.node_cache) on a scripted client: what it keeps of a
 node, when it lists again (a 410), and that a refusal leaves cordons reading the node as before."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain import node_cache, watched
-from queue_processor.drain.node_cache import NodeCache, slim, slim_event
 from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.kube import KubeError
+from queue_processor.watch import node_cache, watched
+from queue_processor.watch.node_cache import NodeCache, slim, slim_event
 from tests.unit.scripted_watch import ScriptedWatch
 
 

@@ -1,4 +1,4 @@
-"""The wait for a watch's first answer (:meth:`queue_processor.drain.watched.Watched.first_answer`): a claim or a
+"""The wait for a watch's first answer (:meth:`queue_processor.watch.watched.Watched.first_answer`): a claim or a
 cordon at start-up waits for the watched copy of the nodes, bounded, and never for a watch that was not
 started."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from queue_processor.drain.watched import Watched
 from queue_processor.kube import REPLICA_RANK, URGENT_RANK, rank_urgent
+from queue_processor.watch.watched import Watched
 
 
 class Scripted(Watched):

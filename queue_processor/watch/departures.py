@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
 from queue_processor.kube import KubeClient
+from queue_processor.watch.watched import WATCH_TIMEOUT_S, Watched
 
 __all__ = ["MEMORY", "Departures", "Ticket", "Waiting", "deletion"]
 

@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from queue_processor.drain.record import RECORD_ANNOTATION
-from queue_processor.drain.watched import WATCH_TIMEOUT_S, Watched
 from queue_processor.kube import KubeClient
+from queue_processor.watch.watched import WATCH_TIMEOUT_S, Watched
 
 __all__ = ["FIRST_COPY_WAIT_S", "NodeCache", "slim", "slim_event"]
 
