@@ -115,6 +115,11 @@ class Launches(Steps):
                 ctx.info = info
                 return node
             if self.clock() >= deadline:
+                if self.drainer.nodes is not None:  # the watched copy may lag (a paused process): ask once
+                    node = await self.finder.find(info)
+                    if node is not None and node_ready(node):
+                        ctx.info = info
+                        return node
                 return await self._not_ready(ctx, node is not None)
             await asyncio.sleep(min(poll, max(deadline - self.clock(), 0.0)))
             poll = min(poll * 1.5, 5.0)

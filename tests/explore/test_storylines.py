@@ -45,6 +45,9 @@ PINNED: dict[int, str] = {
     1897: "a Spot warning that left a drain little time: its first wave's time was up with evictions unanswered "
     "and the pod annotated last was evicted before them (last-early, under load only): the drain now names the "
     "pods its wave left on the node, and the judge excuses them as it does pods their budget refused",
+    2151: "a replica paused past a launch's window woke to its watched copy of the nodes, not caught up with the "
+    "node registered and Ready meanwhile, and completed the action with ABANDON (lifecycle): the window's end "
+    "now reads the node itself",
     332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
     "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
     "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "

@@ -1634,6 +1634,24 @@ async def test_a_launch_waits_for_its_node_on_the_watched_copy_without_a_request
     assert requests == []
 
 
+async def test_a_launch_whose_window_is_over_reads_its_node_once_before_giving_up(env: Any) -> None:
+    """Explorer seed 2151: a replica paused past a launch's window woke to its watched copy of the nodes, which
+    had not caught up with the node registered and Ready meanwhile, and completed the action with the hook's
+    DefaultResult (ABANDON: the Ready instance was terminated). The window's end reads the node itself."""
+    from queue_processor.watch.node_cache import NodeCache
+
+    world = World(settings(launch_ready_timeout_sec=60))
+    world.kube.nodes[NODE]["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    copy = NodeCache(world.kube)  # type: ignore[arg-type]
+    copy._set_live(True)  # live, but behind: it has not seen the node yet
+    world.drainer.nodes = copy
+    operation = world.receive(launch(age_s=120))  # its window ended a minute ago
+    assert operation is not None
+    outcome, _ = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert world.autoscaling.results == {"tok-launch": "CONTINUE"}
+
+
 async def test_an_action_received_again_after_another_consumer_completed_it_gets_no_heartbeat(
     env: Any,
 ) -> None:
