@@ -412,6 +412,11 @@ class Heartbeats:
                 assert beat.requeued_until is not None
                 limit = last_ok + (1.0 + DEFER_MAX) * interval_s
                 await self._until_held(beat, min(beat.requeued_until, limit))
+                if not beat.held.is_set() and await self.lifecycle.waiting(action) is False:
+                    # Nobody holds its message: another replica may have received it and completed the action.
+                    self._mark_over(action.action_key)
+                    bound.info("lifecycle action is over: heartbeats stop")
+                    return
             if beat is not None and beat.requeued_until is not None and self.clock() >= beat.requeued_until:
                 bound.info("requeued lifecycle action not received again: heartbeats stop")
                 return

@@ -180,6 +180,42 @@ async def test_a_requeued_action_back_in_the_queue_gets_a_beat_only_when_its_tim
         await heartbeats.close()
 
 
+async def test_a_beat_for_nobody_asks_first_whether_another_replica_completed_the_action(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Explorer seed 29 (once in CI): our requeued message went to another replica, which completed the action;
+    ours, never received again, beat when the HeartbeatTimeout needed it: "No active Lifecycle Action". A beat
+    for a message nobody holds asks Auto Scaling first whether the instance still waits."""
+    monkeypatch.setenv("QUEUE_URL", QUEUE)
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", "30")
+    fake = FakeTime()
+    beats: list[float] = []
+    state = ["Terminating:Wait"]
+
+    class Recording(FakeAutoscaling):
+        async def record_lifecycle_action_heartbeat(self, **kwargs: Any) -> dict[str, Any]:
+            beats.append(fake.now)
+            return {}
+
+        async def describe_auto_scaling_instances(self, **kwargs: Any) -> dict[str, Any]:
+            return {"AutoScalingInstances": [{"LifecycleState": state[0]}]}
+
+    action = ACTION.model_copy(update={"time": datetime.now(UTC)})
+    heartbeats = Heartbeats(Lifecycle(Recording(60), load_settings()), clock=fake.clock, sleep=fake.sleep)
+    heartbeats.start(action)
+    try:
+        await fake.advance_to(30)
+        assert len(beats) == 1
+        heartbeats.requeued(action, visible_in_s=10, for_s=100)
+        await fake.advance_to(50)
+        state[0] = "Terminating:Proceed"  # another replica received the message and completed the action
+        await fake.advance_to(400)
+        assert len(beats) == 1  # none for nobody at ~67: the action was over
+        assert heartbeats.running == 0
+    finally:
+        await heartbeats.close()
+
+
 @pytest.mark.parametrize("ours_again", [True, False])
 async def test_a_process_that_wakes_from_a_pause_beats_only_once_its_message_is_ours_again(
     monkeypatch: pytest.MonkeyPatch, ours_again: bool
