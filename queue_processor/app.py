@@ -82,153 +82,218 @@ async def run_controller(
             burst=settings.kube_api_burst,
             observer=metrics,
         )
-        resolver = InstanceResolver(lambda ids: describe_instances(aws.ec2, ids))
-        finder = NodeFinder(kube, use_provider_id=settings.use_provider_id)
-        lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
-        own_pod = (settings.pod_namespace, settings.pod_name) if settings.pod_name else None
-        departures = Departures(kube)
-        nodes = NodeCache(kube)
-        drainer = Drainer(
-            kube,
-            DrainOptions(
-                ignore_daemonsets=settings.ignore_daemon_sets,
-                delete_emptydir_data=settings.delete_local_data,
-                force=True,
-                own_pod=own_pod,
-            ),
-            budget=settings.drain_budget,
-            grace_s=settings.pod_termination_grace_period,
-            use_cache=settings.use_apiserver_cache,
-            timing=DrainTiming.of(settings),
-            observer=metrics,
-            departures=departures,
-            nodes=nodes,
-            evictions_in_flight=settings.evictions_in_flight
-            or evictions_in_flight(settings.kube_api_qps, settings.kube_api_burst),
-        )
-        heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
-        leases = (
-            NodeLeases(
-                kube,
-                namespace=settings.pod_namespace or "default",
-                identity=settings.pod_name or f"{socket.gethostname()}-{os.getpid()}",
-                duration_s=settings.node_lease_duration_sec,
-            )
-            if settings.node_leases
-            else None
-        )
-        handler = Handler(
-            settings,
-            resolver=resolver,
-            finder=finder,
-            heartbeats=heartbeats,
-            drainer=drainer,
-            recorder=NodeEventRecorder(
-                kube,
-                enabled=settings.emit_kubernetes_events,
-                annotations=parse_annotations(settings.kubernetes_events_extra_annotations),
-            ),
-            leases=leases,
-            webhook=Webhook(
-                settings.webhook_url.get_secret_value(),
-                headers=settings.webhook_headers,
-                template=settings.webhook_template,
-                template_file=settings.webhook_template_file,
-                proxy=settings.webhook_proxy,
-            )
-            if settings.webhook_url.get_secret_value()
-            else None,
-            observer=metrics,
-        )
-        store = EventStore()
-        consumer = Consumer(
-            aws.sqs,
-            handler,
-            store,
-            heartbeats=heartbeats,
-            queue_urls=settings.all_queue_urls,
-            in_flight_budget=settings.in_flight_budget,
-            visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,
-            loops_per_queue=settings.receive_loops_per_queue,
-            wait_s=settings.receive_wait_time_sec,
-            observer=metrics,
-            poison_visibility_s=settings.poison_visibility_timeout_sec,
-            requeue_base_s=settings.requeue_backoff_base_sec,
-        )
-        server = ProbeServer.from_settings(settings, metrics) if serve else None
-        if server is not None:
-            server.add_liveness("receive-loops", consumer.alive)
-            server.add_readiness("sqs", consumer.reachable)
-            server.add_readiness("kubernetes", kube.reachable)
-            try:
-                await server.start()
-            except OSError as exc:
-                raise StartupError(
-                    f"PROMETHEUS_SERVER_PORT={settings.prometheus_server_port} / PROBES_SERVER_PORT="
-                    f"{settings.probes_server_port}: cannot listen: {exc.strerror or exc}"
-                ) from None
-        departures.start()
-        nodes.start()
-        if leases is not None:
-            leases.watch.start()
+        parts = _assemble(settings, aws, kube, metrics)
+        consumer, handler = parts.consumer, parts.handler
+        server = await _serve(settings, metrics, consumer, kube) if serve else None
+        parts.departures.start()
+        parts.nodes.start()
+        if parts.leases is not None:
+            parts.leases.watch.start()
         consumer.start()
-        gauges = (
-            tasks.spawn(
-                _tagged_gauges(aws.ec2, kube, nodes, settings.managed_tag, metrics), name="nth-tagged"
-            )
-            if server is not None and settings.enable_prometheus_server
-            else None
-        )
-        returns = (
-            tasks.spawn(
-                Returns(
-                    kube,
-                    drainer,
-                    resolver,
-                    busy=handler.draining,
-                    leases=leases,
-                    interval_s=settings.return_check_interval_sec,
-                    observer=metrics,
-                    nodes=nodes,
-                ).run(),
-                name="returns",
-            )
-            if settings.uncordon_on_return and not settings.dry_run
-            else None
-        )
+        background = _background(settings, aws.ec2, parts, metrics, gauges=server is not None)
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
         if started is not None:
-            started(Controller(consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, server))
+            controller = Controller(
+                consumer,
+                handler,
+                parts.store,
+                kube,
+                parts.lifecycle,
+                parts.drainer,
+                parts.resolver,
+                metrics,
+                server,
+            )
+            started(controller)
         stopped = asyncio.ensure_future(stop.wait())
         try:
             waiting: set[asyncio.Future[Any]] = {stopped, consumer.refused}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-            log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
-            # Bounded whatever AWS or the API server does: a request stuck in a worker thread is abandoned.
-            await tasks.stop(gauges, returns)
-            await consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
-            if leases is not None:  # the operations have ended: what the replica Lease held is free at once
-                await leases.close()
-            await resolver.close()
-            await departures.close()
-            await nodes.close()
-            if server is not None:
-                await server.stop()
-            kube.close(wait=False)
-            left = sorted(
-                task.get_name() for task in asyncio.all_tasks() - before if task is not asyncio.current_task()
-            )
-            log.info(
-                "stopped",
-                tasks_left=len(left),
-                task_names=left[:10],
-                operations_left=consumer.tasks,
-                heartbeats_left=handler.heartbeats.running,
-            )
+            await _shut_down(settings, parts, server, background, before)
         if consumer.refused.done():
             raise StartupError(consumer.refused.result())
+
+
+@dataclass
+class _Parts:
+    """The pipeline's pieces, built by :func:`_assemble` before anything starts."""
+
+    kube: KubeClient
+    resolver: InstanceResolver
+    lifecycle: Lifecycle
+    departures: Departures
+    nodes: NodeCache
+    drainer: Drainer
+    leases: NodeLeases | None
+    handler: Handler
+    store: EventStore
+    consumer: Consumer
+
+
+def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Metrics) -> _Parts:
+    """Build the pipeline from the settings (nothing starts here)."""
+    resolver = InstanceResolver(lambda ids: describe_instances(aws.ec2, ids))
+    lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
+    departures, nodes = Departures(kube), NodeCache(kube)
+    drainer = _drainer(settings, kube, metrics, departures, nodes)
+    heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
+    leases = (
+        NodeLeases(
+            kube,
+            namespace=settings.pod_namespace or "default",
+            identity=settings.pod_name or f"{socket.gethostname()}-{os.getpid()}",
+            duration_s=settings.node_lease_duration_sec,
+        )
+        if settings.node_leases
+        else None
+    )
+    webhook_url = settings.webhook_url.get_secret_value()
+    handler = Handler(
+        settings,
+        resolver=resolver,
+        finder=NodeFinder(kube, use_provider_id=settings.use_provider_id),
+        heartbeats=heartbeats,
+        drainer=drainer,
+        recorder=NodeEventRecorder(
+            kube,
+            enabled=settings.emit_kubernetes_events,
+            annotations=parse_annotations(settings.kubernetes_events_extra_annotations),
+        ),
+        leases=leases,
+        webhook=Webhook(
+            webhook_url,
+            headers=settings.webhook_headers,
+            template=settings.webhook_template,
+            template_file=settings.webhook_template_file,
+            proxy=settings.webhook_proxy,
+        )
+        if webhook_url
+        else None,
+        observer=metrics,
+    )
+    store = EventStore()
+    consumer = Consumer(
+        aws.sqs,
+        handler,
+        store,
+        heartbeats=heartbeats,
+        queue_urls=settings.all_queue_urls,
+        in_flight_budget=settings.in_flight_budget,
+        visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,
+        loops_per_queue=settings.receive_loops_per_queue,
+        wait_s=settings.receive_wait_time_sec,
+        observer=metrics,
+        poison_visibility_s=settings.poison_visibility_timeout_sec,
+        requeue_base_s=settings.requeue_backoff_base_sec,
+    )
+    return _Parts(kube, resolver, lifecycle, departures, nodes, drainer, leases, handler, store, consumer)
+
+
+def _drainer(
+    settings: Settings, kube: KubeClient, metrics: Metrics, departures: Departures, nodes: NodeCache
+) -> Drainer:
+    """The drainer as the settings describe it (kubectl-drain options, budget, grace, timing)."""
+    own_pod = (settings.pod_namespace, settings.pod_name) if settings.pod_name else None
+    return Drainer(
+        kube,
+        DrainOptions(
+            ignore_daemonsets=settings.ignore_daemon_sets,
+            delete_emptydir_data=settings.delete_local_data,
+            force=True,
+            own_pod=own_pod,
+        ),
+        budget=settings.drain_budget,
+        grace_s=settings.pod_termination_grace_period,
+        use_cache=settings.use_apiserver_cache,
+        timing=DrainTiming.of(settings),
+        observer=metrics,
+        departures=departures,
+        nodes=nodes,
+        evictions_in_flight=settings.evictions_in_flight
+        or evictions_in_flight(settings.kube_api_qps, settings.kube_api_burst),
+    )
+
+
+async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube: KubeClient) -> ProbeServer:
+    """Start the probe and metrics server. Raises :class:`StartupError` when a port cannot be bound."""
+    server = ProbeServer.from_settings(settings, metrics)
+    server.add_liveness("receive-loops", consumer.alive)
+    server.add_readiness("sqs", consumer.reachable)
+    server.add_readiness("kubernetes", kube.reachable)
+    try:
+        await server.start()
+    except OSError as exc:
+        raise StartupError(
+            f"PROMETHEUS_SERVER_PORT={settings.prometheus_server_port} / PROBES_SERVER_PORT="
+            f"{settings.probes_server_port}: cannot listen: {exc.strerror or exc}"
+        ) from None
+    return server
+
+
+def _background(
+    settings: Settings, ec2: Any, parts: _Parts, metrics: Metrics, *, gauges: bool
+) -> list[asyncio.Task[None] | None]:
+    """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
+    check (UNCORDON_ON_RETURN, not in dry run)."""
+    tagged = (
+        tasks.spawn(
+            _tagged_gauges(ec2, parts.kube, parts.nodes, settings.managed_tag, metrics), name="nth-tagged"
+        )
+        if gauges and settings.enable_prometheus_server
+        else None
+    )
+    returns = (
+        tasks.spawn(
+            Returns(
+                parts.kube,
+                parts.drainer,
+                parts.resolver,
+                busy=parts.handler.draining,
+                leases=parts.leases,
+                interval_s=settings.return_check_interval_sec,
+                observer=metrics,
+                nodes=parts.nodes,
+            ).run(),
+            name="returns",
+        )
+        if settings.uncordon_on_return and not settings.dry_run
+        else None
+    )
+    return [tagged, returns]
+
+
+async def _shut_down(
+    settings: Settings,
+    parts: _Parts,
+    server: ProbeServer | None,
+    background: list[asyncio.Task[None] | None],
+    before: set[asyncio.Task[Any]],
+) -> None:
+    """Stop receiving, EarlyExit for everything in flight, close the clients; log what is left."""
+    log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
+    # Bounded whatever AWS or the API server does: a request stuck in a worker thread is abandoned.
+    await tasks.stop(*background)
+    await parts.consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
+    if parts.leases is not None:  # the operations have ended: what the replica Lease held is free at once
+        await parts.leases.close()
+    await parts.resolver.close()
+    await parts.departures.close()
+    await parts.nodes.close()
+    if server is not None:
+        await server.stop()
+    parts.kube.close(wait=False)
+    left = sorted(
+        task.get_name() for task in asyncio.all_tasks() - before if task is not asyncio.current_task()
+    )
+    log.info(
+        "stopped",
+        tasks_left=len(left),
+        task_names=left[:10],
+        operations_left=parts.consumer.tasks,
+        heartbeats_left=parts.handler.heartbeats.running,
+    )
 
 
 #: How often NTH's tagged gauges are refreshed (seconds), as NTH (its first refresh comes one period in).
