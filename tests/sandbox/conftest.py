@@ -31,6 +31,11 @@ class Requests(Observer):
         self.made[f"{verb} {resource}"] += 1
         self.answered[f"{verb} {resource} {status}"] += 1
 
+    def clear(self) -> None:
+        """Forget every request so far, made and answered alike (a test's setup is not what it counts)."""
+        self.made.clear()
+        self.answered.clear()
+
 
 @pytest.fixture(scope="module", params=KUBERNETES)
 def cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:

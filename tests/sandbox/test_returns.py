@@ -85,7 +85,7 @@ async def test_only_the_nodes_whose_instance_came_back_are_read(
     # The check lists from the API server's cache, which may not show the cordons yet (a loaded machine, seen on
     # 1.37): the next check would; this one waits for them.
     await listed_from_cache(kube, set(nodes.values()))
-    requests.made.clear()
+    requests.clear()
     assert nodes[back] in await returns.check()
     # The returned node, read for the write (and read again when the write met a concurrent change of the
     # node: a 409 Conflict); the others not at all.
@@ -134,7 +134,7 @@ async def test_with_the_watched_copy_nothing_is_listed_and_nodes_not_ready_are_n
             interval_s=30,
             nodes=copy,
         )
-        requests.made.clear()
+        requests.clear()
         assert await returns.check() == [nodes[back]]
         assert requests.made["list nodes"] == 0
         ours = [instance for instance in resolver.asked if instance.endswith(suffix)]  # the plane is shared
