@@ -235,39 +235,19 @@ class Steps:
         """Whether the instance was started again since everything a drain is about, leaving nothing to drain: its
         ``LaunchTime`` is later than every message's ``SentTimestamp``, or, after only stops, EC2 says it runs with
         no ``LaunchTime`` or one no earlier than the last stop's second (a warm pool's return: "Warm pools for
-        Amazon EC2 Auto Scaling"). Lifecycle actions always drain (one can outlive a stop and start), as does a join
-        while EC2 is read. EC2 is read fresh when the cache is not to be trusted: a redelivery, a message older than
+        Amazon EC2 Auto Scaling"). Lifecycle actions always drain (one can outlive a stop and start). Events that
+        join while EC2 is read are judged as well (a new run's own warning drains; a stop's second message does
+        not). EC2 is read fresh when the cache is not to be trusted: a redelivery, a message older than
         :data:`LATE_S`, stops only, or ``fresh``."""
         operation, info = ctx.operation, ctx.info
-        if operation.mode is not Mode.DRAIN or info is None or operation.lifecycle_actions:
-            return False  # a terminate action can outlive a stop and start (Spot hibernates it meanwhile)
-        evaluated = list(operation.events)
-        stops_only = not operation.lifecycle_actions and all(
-            isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped")
-            for event in evaluated
-        )
-        newest = max(map(_sent, evaluated))
-        if not _launched_after(info, newest):
-            retried = any(
-                event.message is not None and event.message.receive_count > 1 for event in evaluated
-            )
-            late = datetime.now(UTC) - newest > timedelta(seconds=LATE_S)
-            if not (stops_only or retried or late or fresh):
-                return False
-            now = await self.resolver.get(operation.instance_id, fresh=True)
-            if now is None:
-                return False
-            info = ctx.info = now  # what a cordon records, if there is one: EC2 as it is now
-            # LaunchTime is reported to the second; an earlier one is EC2's eventual consistency after a stop.
-            running_again = (
-                stops_only
-                and info.state in ("pending", "running")
-                and (info.launch_time is None or info.launch_time >= newest.replace(microsecond=0))
-            )
-            if not (running_again or _launched_after(info, newest)):
-                return False
-        if len(operation.events) != len(evaluated):
-            return False  # an event joined while EC2 was read (the new run's own warning?): drain for it
+        evaluated: list[Event] = []
+        while len(evaluated) != len(operation.events):
+            evaluated = list(operation.events)
+            if operation.mode is not Mode.DRAIN or info is None or operation.lifecycle_actions:
+                return False  # a terminate action can outlive a stop and start (Spot hibernates it meanwhile)
+            info = await self._launched_since(ctx, info, evaluated, fresh=fresh)
+        if info is None:
+            return False
         ctx.log.info(
             "instance started again since the interruption: nothing to drain",
             state=info.state,
@@ -275,6 +255,34 @@ class Steps:
         )
         self.observer.operation_outcome(OperationOutcome.STARTED_AGAIN)
         return True
+
+    async def _launched_since(
+        self, ctx: OperationContext, info: InstanceInfo, events: list[Event], *, fresh: bool
+    ) -> InstanceInfo | None:
+        """``info``, or EC2 read again when the cache is not to be trusted, if it shows a start after ``events``
+        (see :meth:`_started_again`), else ``None``; what was read again becomes ``ctx.info`` (a cordon records
+        it)."""
+        stops_only = all(
+            isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped") for event in events
+        )
+        newest = max(map(_sent, events))
+        if _launched_after(info, newest):
+            return info
+        retried = any(event.message is not None and event.message.receive_count > 1 for event in events)
+        late = datetime.now(UTC) - newest > timedelta(seconds=LATE_S)
+        if not (stops_only or retried or late or fresh):
+            return None
+        now = await self.resolver.get(ctx.operation.instance_id, fresh=True)
+        if now is None:
+            return None
+        ctx.info = now
+        # LaunchTime is reported to the second; an earlier one is EC2's eventual consistency after a stop.
+        running_again = (
+            stops_only
+            and now.state in ("pending", "running")
+            and (now.launch_time is None or now.launch_time >= newest.replace(microsecond=0))
+        )
+        return now if running_again or _launched_after(now, newest) else None
 
     async def completion_delay(self) -> None:
         """Wait COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS before completing, as NTH."""

@@ -48,6 +48,9 @@ PINNED: dict[int, str] = {
     2151: "a replica paused past a launch's window woke to its watched copy of the nodes, not caught up with the "
     "node registered and Ready meanwhile, and completed the action with ABANDON (lifecycle): the window's end "
     "now reads the node itself",
+    2159: "a warm pool's stop and return in one second, two replicas: the stop's two messages (stopping, "
+    "stopped) reached the replica that had not drained it; the second joined while EC2 was read for the first, and "
+    "the join alone made it cordon the returned node (returned): events that join are judged as the first was",
     332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
     "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
     "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "

@@ -726,6 +726,27 @@ async def test_a_warning_that_joins_while_ec2_is_read_again_is_drained(env: Any)
     assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 0
 
 
+async def test_a_second_stop_that_joins_while_ec2_is_read_again_is_judged_too(env: Any) -> None:
+    """Explorer seed 2159 (two replicas, a warm pool's stop and return in one second): the ``stopping`` and
+    ``stopped`` messages came together to the replica that had not drained the stop; ``stopped`` joined while EC2
+    was read again for ``stopping``, and the join alone made the operation cordon the returned node. A stop that
+    joins is judged as the first was: the instance runs again, the node stays in service."""
+    world = World(settings())
+    first = stopped()
+    world.resolver.info = InstanceInfo(
+        INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED), launch_time=first.time.replace(microsecond=0)
+    )
+    operation = world.receive(first)
+    assert operation is not None
+    joins = [stopped("m-stopped", "stopped")]
+    world.resolver.on_fresh = lambda: joins and world.receive(joins.pop())
+    outcome, messages = await world.run(operation)
+    assert outcome is Outcome.DONE
+    assert "unschedulable" not in world.node()["spec"]
+    assert messages == {"m-stop": MessageOutcome.DELETE, "m-stopped": MessageOutcome.DELETE}
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 1
+
+
 async def test_a_notice_stamped_before_the_last_start_but_sent_after_it_is_drained(env: Any) -> None:
     """A notice's ``time`` can be earlier than its message was sent (the sandbox stamps its compressed notices
     so; EventBridge may deliver late): what counts is the send (SQS SentTimestamp), not the stamp."""
