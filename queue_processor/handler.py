@@ -357,13 +357,13 @@ class Handler(Steps):
         assert info is not None
         taints, labels = self._pre_drain(operation)
         ctx.tainted = set(operation.kinds)  # the kinds whose taints go out with the cordon
-        about = self._about(operation, info)
-        if not await self.drainer.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
+        about, writes = self._about(operation, info), self.drainer.writes
+        if not await writes.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
             node = await self.finder.find(info) if ctx.assumed else None
             if node is None:
                 return False
             ctx.node = str(node["metadata"]["name"])
-            if not await self.drainer.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
+            if not await writes.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
                 return False
         for _ in taints:
             self.observer.node_action(NodeAction.TAINT, True)
@@ -433,7 +433,7 @@ class Handler(Steps):
         """Taint the node for the kinds that joined since its last taints (TAINT_NODE)."""
         new = [kind for kind in ctx.operation.kinds if kind not in ctx.tainted]
         for key, value, effect in self._taints(ctx.operation, new):
-            await self.drainer.taint(ctx.node, key, value, effect, about=self._recorded(ctx))
+            await self.drainer.writes.taint(ctx.node, key, value, effect, about=self._recorded(ctx))
             self.observer.node_action(NodeAction.TAINT, True)
         ctx.tainted.update(new)
 
@@ -582,7 +582,7 @@ class Handler(Steps):
         await self._last_to_leave(ctx)
         # Logged first: the kubelet's SIGTERM can cancel us before the eviction's answer comes back.
         ctx.log.info("leaving our own node: evicting our own pod, last", pod=f"{namespace}/{name}")
-        if not await self.drainer.evict_last(namespace, name, self._deadline(ctx.operation)):
+        if not await self.drainer.evictions.evict_last(namespace, name, self._deadline(ctx.operation)):
             ctx.log.warning(
                 "our own pod could not be evicted before the deadline: completing and going with the node"
             )
@@ -649,7 +649,7 @@ class Handler(Steps):
         if now is None or now.launch_time is None or now.launch_time == ctx.info.launch_time:
             return
         ctx.info = now
-        if not await self.drainer.cordon(ctx.node, about=self._recorded(ctx)):
+        if not await self.drainer.writes.cordon(ctx.node, about=self._recorded(ctx)):
             ctx.log.info("node gone while an event joined: nothing to record")
 
     async def _post_drain(self, ctx: OperationContext) -> Outcome:
@@ -661,7 +661,7 @@ class Handler(Steps):
         try:
             await self._taint_joined(ctx)
             if settings.enable_out_of_service_taint and not settings.cordon_only:
-                await self.drainer.taint(ctx.node, *OUT_OF_SERVICE_TAINT, about=self._recorded(ctx))
+                await self.drainer.writes.taint(ctx.node, *OUT_OF_SERVICE_TAINT, about=self._recorded(ctx))
                 self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
         except KubeError as exc:
             if exc.status != 404:

@@ -158,7 +158,7 @@ class Launches(Steps):
                 return False
             return node_ready(found) and (from_pool or came_back(record, ctx.info, found))
 
-        if await self.drainer.undo(ctx.node, decide):
+        if await self.drainer.writes.undo(ctx.node, decide):
             self.observer.node_action(NodeAction.UNCORDON, True)
             ctx.log.info(
                 "instance back in service: our cordon, taints and label undone", from_warm_pool=from_pool

@@ -119,7 +119,7 @@ class Returns:
                 continue  # decided on the node as listed: no read
             name = str(node["metadata"]["name"])
             decide = functools.partial(self._decide, record.instance_id, info)
-            if await self.drainer.undo(name, decide):
+            if await self.drainer.writes.undo(name, decide):
                 self.observer.node_action(NodeAction.UNCORDON, True)
                 log.info(
                     "instance back in service: our cordon, taints and label undone",

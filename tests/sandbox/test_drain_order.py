@@ -163,7 +163,7 @@ async def test_what_a_budget_blocks_is_deleted_just_before_the_instance_ends(
     left = names_on(await kube.pods_on_node(node), namespace)
     assert left == set()  # gone from the API server at once: its controller may replace it
     assert metrics.registry.get_sample_value("queue_processor_pods_deleted_at_deadline_total") == 1
-    assert drainer.blocked == {}  # the gauge holds nothing once the drain is over
+    assert drainer.evictions.blocked == {}  # the gauge holds nothing once the drain is over
 
 
 async def test_a_nearer_end_that_joins_a_running_drain_is_picked_up_at_once(

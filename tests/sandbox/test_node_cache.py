@@ -90,7 +90,7 @@ async def test_a_cordon_on_the_watched_copy_is_one_request(
                 "the node in the copy as the server has it",
             )
             requests.made.clear()
-            assert await drainer.cordon(name, about=CordonRecord(instance_id="i-0cache"))
+            assert await drainer.writes.cordon(name, about=CordonRecord(instance_id="i-0cache"))
             if requests.made != {"patch nodes": 2, "get nodes": 1}:  # not a write between: the case tested
                 break
         assert requests.made == {"patch nodes": 1}
@@ -113,7 +113,7 @@ async def test_a_cordon_at_start_up_waits_for_the_copy_rather_than_reading_its_n
     request the copy's own pages would wait behind. A change of the node by someone else in between (the real
     cluster's node controllers) would cost a 409 and a read: such an attempt is made again on another node."""
     monkeypatch.setattr(
-        "queue_processor.drain.drainer.FIRST_COPY_WAIT_S", 3600.0
+        "queue_processor.drain.node_writes.FIRST_COPY_WAIT_S", 3600.0
     )  # no bound a slow CI reaches
     made: dict[str, int] = {}
     for _ in range(3):
@@ -124,7 +124,7 @@ async def test_a_cordon_at_start_up_waits_for_the_copy_rather_than_reading_its_n
         try:
             assert not cache.answered.is_set()
             drainer = Drainer(kube, DrainOptions(), budget=10, nodes=cache)
-            assert await drainer.cordon(name, about=CordonRecord(instance_id="i-0first"))
+            assert await drainer.writes.cordon(name, about=CordonRecord(instance_id="i-0first"))
             made = {kind: n for kind, n in requests.made.items() if kind in ("get nodes", "patch nodes")}
             if made != {"patch nodes": 2, "get nodes": 1}:  # not a write between: the case tested
                 break
@@ -159,7 +159,7 @@ async def test_a_cordon_on_a_stale_copy_is_refused_and_written_again_on_a_read(
     await kube.patch_node(name, {"spec": {"taints": [OTHER], "unschedulable": True}})  # someone else, since
     requests.made.clear()
     drainer = Drainer(kube, DrainOptions(), budget=10, nodes=Stale(stale))  # type: ignore[arg-type]
-    assert await drainer.cordon(name, taints=[("ours", "x", "NoSchedule")])
+    assert await drainer.writes.cordon(name, taints=[("ours", "x", "NoSchedule")])
     assert requests.made == {"patch nodes": 2, "get nodes": 1}  # 409 on the copy, then read and written
     node = await kube.get_node(name)
     assert node is not None

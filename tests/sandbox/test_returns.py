@@ -50,7 +50,7 @@ async def cordoned(cluster: KubeCluster, drainer: Drainer, instance_id: str, *, 
                 break
             await asyncio.sleep(0.01)
     about = CordonRecord(instance_id=instance_id, launch_time=CORDONED_AT.isoformat())
-    assert await drainer.cordon(name, about=about)
+    assert await drainer.writes.cordon(name, about=about)
     return name
 
 

@@ -98,7 +98,7 @@ async def test_a_single_replica_deployment_keeps_a_ready_replica_through_the_dra
     node, namespace, labels = a_deployment(cluster, budget=budget)
     metrics = Metrics(process_metrics=False)
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(surge=True), observer=metrics)
-    assert await drainer.cordon(node)
+    assert await drainer.writes.cordon(node)
     ready = cluster.track_ready(namespace, labels)
     try:
         end = drainer.clock() + 120  # a Spot notice: completed means drained inside it
@@ -128,7 +128,7 @@ async def test_without_surge_drains_the_annotation_is_reported_and_the_budget_ho
     node, namespace, _ = a_deployment(cluster)
     metrics = Metrics(process_metrics=False)
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(surge=False), observer=metrics)
-    assert await drainer.cordon(node)
+    assert await drainer.writes.cordon(node)
     notices: list[str] = []
 
     async def noticed(_: str, name: str, reason: str, message: str) -> None:
@@ -173,7 +173,7 @@ async def test_a_deployment_an_autoscaler_owns_is_not_scaled(cluster: RealKube, 
     )
     metrics = Metrics(process_metrics=False)
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(surge=True), observer=metrics)
-    assert await drainer.cordon(node)
+    assert await drainer.writes.cordon(node)
     end = drainer.clock() + 60
     result = await drainer.drain(node, end, instance_end=end)
     assert result.completed, result
@@ -198,7 +198,7 @@ async def test_a_surge_a_killed_process_left_is_taken_back_by_the_next(
     cluster.wait_for_ready_pods(namespace, labels, 2)
     metrics = Metrics(process_metrics=False)
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(surge=True), observer=metrics)
-    assert await drainer.cordon(node)
+    assert await drainer.writes.cordon(node)
     end = drainer.clock() + 120
     result = await drainer.drain(node, end, instance_end=end)
     assert result.completed, result
@@ -222,7 +222,7 @@ async def test_an_owner_that_scales_the_surge_back_keeps_its_count(
     suffix = namespace.removeprefix("surge-")
     for other in cluster.objects("nodes"):  # the replacement stays Pending: it never comes before the undo
         if (other["metadata"].get("labels") or {}).get("surge-test") == suffix:
-            assert await drainer.cordon(other["metadata"]["name"])
+            assert await drainer.writes.cordon(other["metadata"]["name"])
     end = drainer.clock() + 30
     draining = asyncio.create_task(drainer.drain(node, end, instance_end=end))
     for _ in range(600):  # until the surge scaled up

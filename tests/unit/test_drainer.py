@@ -11,18 +11,12 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from queue_processor.drain.drainer import (
-    WAVE_TIME_UP,
-    DrainBounds,
-    Drainer,
-    DrainTiming,
-    _Eviction,
-    _Pod,
-    _Running,
-    _settled,
-)
+from queue_processor.drain.drainer import WAVE_TIME_UP, DrainBounds, Drainer, DrainTiming
+from queue_processor.drain.evictions import Running, settled
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.order import DrainOrder
+from queue_processor.drain.plan import DrainPod
+from queue_processor.drain.summary import Eviction
 from queue_processor.kube import NotSentError
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
@@ -236,7 +230,7 @@ async def test_drains_at_once_keep_no_more_evictions_waiting_than_their_slots_an
     assert [result.evicted for result in results] == [4] * 5
     assert waiting[1] == 6  # the slots were used, and never more
     assert [name.rsplit("-pod-", 1)[0] for name in kube.evicted[:4]] == [nodes[0]] * 4
-    assert drainer.slots.free == 6
+    assert drainer.evictions.slots.free == 6
 
 
 async def test_a_pod_a_budget_refuses_holds_no_slot_while_it_waits_to_retry() -> None:
@@ -260,7 +254,7 @@ async def test_a_pod_a_budget_refuses_holds_no_slot_while_it_waits_to_retry() ->
     result = await drainer.drain(NODE, deadline=now[0] + 60)
     assert (result.completed, result.evicted) == (True, 2)
     assert kube.evicted == ["web-1", "web-0"]  # web-1 did not wait behind web-0's retry
-    assert drainer.slots.free == 1
+    assert drainer.evictions.slots.free == 1
 
 
 async def test_a_drain_stopped_with_evictions_still_to_start_gives_every_slot_back() -> None:
@@ -281,11 +275,11 @@ async def test_a_drain_stopped_with_evictions_still_to_start_gives_every_slot_ba
     drain = asyncio.create_task(drainer.drain(NODE, deadline=now[0] + 60))
     for _ in range(10):
         await asyncio.sleep(0)
-    assert drainer.slots.free == 0
+    assert drainer.evictions.slots.free == 0
     drain.cancel()
     with pytest.raises(asyncio.CancelledError):
         await drain
-    assert drainer.slots.free == 2
+    assert drainer.evictions.slots.free == 2
     assert kube.evicted == []
 
     class LeaseLostError(Exception):
@@ -304,7 +298,7 @@ async def test_a_drain_stopped_with_evictions_still_to_start_gives_every_slot_ba
     assert kube.evicted == ["web-0"]
     assert len(kube.pods) == 5  # the evictions still waiting for a slot were never started
     assert calls[0] < 6
-    assert drainer.slots.free == 2
+    assert drainer.evictions.slots.free == 2
 
 
 async def test_a_drain_waiting_for_its_lease_renewal_holds_no_slot() -> None:
@@ -333,7 +327,7 @@ async def test_a_drain_waiting_for_its_lease_renewal_holds_no_slot() -> None:
     renewed.set()
     assert (await first).evicted == 1
     assert kube.evicted == ["ip-b-web", "ip-a-web"]
-    assert drainer.slots.free == 1
+    assert drainer.evictions.slots.free == 1
 
 
 async def test_a_wave_whose_wait_ended_keeps_its_place_ahead_of_the_next_in_the_line_of_slots() -> None:
@@ -432,10 +426,10 @@ async def test_a_drain_that_settles_raises_an_eviction_that_failed_before_withou
     failed = asyncio.create_task(lost())
     await asyncio.sleep(0)
     never = asyncio.create_task(asyncio.Event().wait())
-    running = _Running([])
+    running = Running([])
     running.add(failed)
     running.add(never)  # type: ignore[arg-type]
-    settling = asyncio.create_task(_settled(running))
+    settling = asyncio.create_task(settled(running))
     for _ in range(5):
         await asyncio.sleep(0)
     assert settling.done()
@@ -449,15 +443,15 @@ async def test_an_eviction_that_ended_is_kept_as_its_outcome_and_its_task_let_go
     outcome, in the order the evictions started, not its task."""
 
     async def ended(name: str) -> Any:
-        return _Eviction(("ns", name), EvictionOutcome.EVICTED, "")
+        return Eviction(("ns", name), EvictionOutcome.EVICTED, "")
 
     release = asyncio.Event()
 
     async def later(name: str) -> Any:
         await release.wait()
-        return _Eviction(("ns", name), EvictionOutcome.EVICTED, "")
+        return Eviction(("ns", name), EvictionOutcome.EVICTED, "")
 
-    running = _Running([])
+    running = Running([])
     first, second = asyncio.create_task(later("a")), asyncio.create_task(ended("b"))
     running.add(first)
     running.add(second)
@@ -465,7 +459,7 @@ async def test_an_eviction_that_ended_is_kept_as_its_outcome_and_its_task_let_go
     await asyncio.sleep(0)
     assert list(running) == [first]  # the ended one is no longer held as a task
     release.set()
-    await _settled(running)
+    await settled(running)
     assert list(running) == []
     assert [outcome.key for outcome in running.outcomes()] == [("ns", "a"), ("ns", "b")]
 
@@ -570,7 +564,7 @@ async def test_a_pod_held_back_by_its_budgets_gate_gives_its_eviction_slot_up_wh
     assert kube.sent[:2] == ["web-0", "zz-0"]  # web-1..3 held back by the gate hold no slot
     assert "zz-0" in kube.evicted
     assert (result.completed, result.blocked) == (False, 4)
-    assert drainer.slots.free == 1
+    assert drainer.evictions.slots.free == 1
 
 
 async def test_the_pods_a_budget_holds_back_wake_spread_over_a_fifth_of_its_closing(
@@ -606,13 +600,13 @@ async def test_a_pod_whose_replacement_came_first_is_tried_once_whatever_its_bud
     # (then refused here, it waits for the gate as any pod would).
     kube = Budget()
     drainer = Drainer(kube, DrainOptions(), budget=2, clock=lambda: 100.0)  # type: ignore[arg-type]
-    drainer.gates.refused("rs-web-uid", "apps/web", "refused", 100.0)
-    entry = _Pod(key=("apps", "web-1"), uid="web-1", grace_s=30, evict=True, owner="rs-web-uid")
+    drainer.evictions.gates.refused("rs-web-uid", "apps/web", "refused", 100.0)
+    entry = DrainPod(key=("apps", "web-1"), uid="web-1", grace_s=30, evict=True, owner="rs-web-uid")
     bounds = DrainBounds(deadline=100.0)
-    held = await drainer._evict_until(entry, bounds, None, None, {}, "d", past_gate=True)
+    held = await drainer.evictions.evict_until(entry, bounds, None, None, {}, "d", past_gate=True)
     assert kube.sent == ["web-1"]
     assert held.result is EvictionOutcome.PDB_BLOCKED
-    gated = await drainer._evict_until(entry, bounds, None, None, {}, "d")
+    gated = await drainer.evictions.evict_until(entry, bounds, None, None, {}, "d")
     assert kube.sent == ["web-1"]  # not sent again: the gate is closed
     assert gated.result is EvictionOutcome.PDB_BLOCKED
 

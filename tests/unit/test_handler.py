@@ -1013,7 +1013,7 @@ async def test_a_long_budget_blocked_drain_keeps_its_own_lease_through_concurren
     """Issue "Interruptions in combination" 1: a PodDisruptionBudget holds the drain for many renewal periods
     while each pod's eviction is retried, every retry confirming the Lease, on an API server that answers
     Lease writes slowly. The renewals are ours: one operation, never lease-lost, the Lease released."""
-    monkeypatch.setattr("queue_processor.drain.drainer.EVICTION_RETRY_S", (0.005, 0.01))
+    monkeypatch.setattr("queue_processor.drain.evictions.EVICTION_RETRY_S", (0.005, 0.01))
     world = World(settings(node_leases=True), leases=True)
     assert world.leases is not None
     world.leases.renew_every_s = 0.01  # many renewal periods pass during the drain
@@ -1121,13 +1121,13 @@ async def test_an_action_that_joins_during_post_drain_is_completed(env: Any) -> 
     world = World(settings(enable_out_of_service_taint=True))
     operation = world.receive(spot())
     assert operation is not None
-    original = world.drainer.taint
+    original = world.drainer.writes.taint
 
     async def join_then_taint(node: str, key: str, value: str, effect: str, **kwargs: Any) -> None:
         world.receive(terminate())
         await original(node, key, value, effect, **kwargs)
 
-    world.drainer.taint = join_then_taint  # type: ignore[method-assign]
+    world.drainer.writes.taint = join_then_taint  # type: ignore[method-assign]
     outcome, messages = await world.run(operation)
     assert outcome is Outcome.DONE
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
@@ -1216,7 +1216,7 @@ async def test_a_spot_warning_joining_a_rebalance_drain_brings_its_end_and_the_d
     no instance end), then the Spot warning for the same instance joins. The drain takes its end at once: the
     pod its budget holds is deleted DELETE_AT_DEADLINE_LEAD before the instance goes, not left there until the
     rebalance deadline (DESIGN.md rule 13)."""
-    monkeypatch.setattr("queue_processor.drain.drainer.EVICTION_RETRY_S", (0.01, 0.05))
+    monkeypatch.setattr("queue_processor.drain.evictions.EVICTION_RETRY_S", (0.01, 0.05))
     world = World(
         settings(delete_at_deadline=True, delete_at_deadline_lead=4.5, node_termination_grace_period=3600)
     )
@@ -1537,7 +1537,7 @@ async def test_a_claim_and_a_cordon_at_start_up_wait_for_the_watched_copy_rather
     its Lease) and a cordon wait for the copy's first answer, bounded, rather than reading the node with a GET
     each, urgent requests the copy's own pages would wait behind."""
     world = World(settings(), leases=leases)
-    world.drainer.nodes = CopyComing(world.kube)  # type: ignore[assignment]
+    world.drainer.writes.nodes = CopyComing(world.kube)  # type: ignore[assignment]
     reads: list[str] = []
     get_node = world.kube.get_node
 
@@ -1566,7 +1566,7 @@ async def test_the_provider_id_lookup_does_not_wait_for_the_watched_copy(env: An
             order.append("wait")
             return await super().first_answer(timeout_s)
 
-    world.drainer.nodes = Recorded(world.kube)  # type: ignore[assignment]
+    world.drainer.writes.nodes = Recorded(world.kube)  # type: ignore[assignment]
     finder = world.handler.finder
     find = finder.find
 
@@ -1594,7 +1594,7 @@ async def test_an_ended_instance_whose_node_the_watched_copy_has_not_is_done_wit
     from the watched copy, the message is done with no node GET or LIST (no cordon, no Lease); an instance that
     may come back (stopping) is still looked up."""
     world = World(settings(), leases=leases)
-    world.drainer.nodes = NodesCopy(world.kube)  # type: ignore[assignment]
+    world.drainer.writes.nodes = NodesCopy(world.kube)  # type: ignore[assignment]
     del world.kube.nodes[NODE]
     world.resolver.info = InstanceInfo(INSTANCE, NODE, "us-east-1a", state, dict(MANAGED))
     calls: list[str] = []
@@ -1631,7 +1631,7 @@ async def test_a_launch_waits_for_its_node_on_the_watched_copy_without_a_request
     del world.kube.nodes[NODE]  # not registered yet
     copy = NodeCache(world.kube)  # type: ignore[arg-type]
     copy._set_live(True)
-    world.drainer.nodes = copy
+    world.drainer.writes.nodes = copy
     requests: list[str] = []
     get_node = world.kube.get_node
 
@@ -1665,7 +1665,7 @@ async def test_a_launch_whose_window_is_over_reads_its_node_once_before_giving_u
     world.kube.nodes[NODE]["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
     copy = NodeCache(world.kube)  # type: ignore[arg-type]
     copy._set_live(True)  # live, but behind: it has not seen the node yet
-    world.drainer.nodes = copy
+    world.drainer.writes.nodes = copy
     operation = world.receive(launch(age_s=120))  # its window ended a minute ago
     assert operation is not None
     outcome, _ = await world.run(operation)

@@ -64,6 +64,9 @@ LAYERS: list[set[str]] = [
         "queue_processor.deadlines",
         "queue_processor.turns",
     },
+    {"queue_processor.drain.plan"},
+    {"queue_processor.drain.bounds", "queue_processor.drain.summary", "queue_processor.drain.node_writes"},
+    {"queue_processor.drain.evictions"},
     {
         "queue_processor.drain.drainer",
         "queue_processor.drain.explain",
@@ -182,16 +185,12 @@ FUNCTION_MOST_LINES = 60
 #: The modules and functions over those bounds today, each at most as long as it is now: the bounds hold for
 #: every other, and these may only shrink. ``Metrics.__init__`` is a table of metric definitions.
 OVER_BOUNDS: dict[str, int] = {
-    "queue_processor.drain.drainer": 1253,
     "queue_processor.kube": 952,
     "queue_processor.config": 840,
     "queue_processor.handler": 719,
     "queue_processor.leases": 717,
     "queue_processor.observe.metrics:Metrics.__init__": 150,
-    "queue_processor.drain.drainer:Drainer._execute": 94,
-    "queue_processor.drain.drainer:Drainer._evict_until": 89,
     "queue_processor.cli:explain": 82,
-    "queue_processor.drain.drainer:Drainer._surge": 80,
     "queue_processor.kube:KubeClient._stream": 72,
     "queue_processor.lifecycle:Heartbeats._run": 72,
     "queue_processor.leases:NodeLeases.claim": 68,

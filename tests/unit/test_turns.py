@@ -378,7 +378,7 @@ async def test_a_labelled_group_is_sized_from_the_watched_nodes_not_a_list_per_d
     for node in world.kube.nodes.values():
         copy._put(slim(node))
     copy._set_live(True)
-    world.drainer.nodes = copy
+    world.drainer.writes.nodes = copy
     requests: Counter[str] = Counter()
     get_node = world.kube.get_node
 

@@ -2,7 +2,7 @@
 
 ``Node.spec.taints`` has no patch merge key: a strategic-merge patch that carries taints replaces the whole list
 on a real API server (the emulation merged them by key, so the bug passed every test: TAINT_NODE or
-ENABLE_OUT_OF_SERVICE_TAINT wiped the node's other taints). The drainer reads, modifies and writes the list with
+ENABLE_OUT_OF_SERVICE_TAINT wiped the node's other taints). Node writes read, modify and write the list with
 the read resourceVersion, and retries a write that a concurrent change made conflict.
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.node_writes import NodeWrites
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord
 from queue_processor.kube import KubeClient
 from queue_processor_sandbox.cluster import KubeCluster
@@ -49,14 +48,14 @@ async def others(kube: KubeClient, name: str) -> dict[tuple[str, str], str]:
     return {key: value for key, value in (await taints_of(kube, name)).items() if key != UNSCHEDULABLE}
 
 
-def drainer(kube: KubeClient) -> Drainer:
-    return Drainer(kube, DrainOptions(), budget=1)
+def writes(kube: KubeClient) -> NodeWrites:
+    return NodeWrites(kube)
 
 
 async def test_cordon_with_taints_keeps_the_other_taints(cluster: KubeCluster, kube: KubeClient) -> None:
     name = await tainted_node(cluster, kube)
     ours = ("aws-node-termination-handler/spot-itn", "spot-interruption-1", "NoSchedule")
-    assert await drainer(kube).cordon(name, taints=[ours], labels_if_absent={"example.com/leaving": "true"})
+    assert await writes(kube).cordon(name, taints=[ours], labels_if_absent={"example.com/leaving": "true"})
     node = await kube.get_node(name)
     assert node is not None
     assert node["spec"]["unschedulable"] is True
@@ -65,7 +64,7 @@ async def test_cordon_with_taints_keeps_the_other_taints(cluster: KubeCluster, k
     assert taints[(OTHER["key"], OTHER["effect"])] == OTHER["value"]
     assert taints[(ours[0], ours[2])] == ours[1]
     # Again, with a new value: ours is replaced (same key and effect), the other stays, nothing doubles.
-    assert await drainer(kube).cordon(name, taints=[(ours[0], "spot-interruption-2", ours[2])])
+    assert await writes(kube).cordon(name, taints=[(ours[0], "spot-interruption-2", ours[2])])
     taints = await taints_of(kube, name)
     assert taints[(ours[0], ours[2])] == "spot-interruption-2"
     assert taints[(OTHER["key"], OTHER["effect"])] == OTHER["value"]
@@ -82,7 +81,7 @@ async def test_a_cordon_adds_a_label_only_where_the_node_has_none(
     label = "node.kubernetes.io/exclude-from-external-load-balancers"
     await kube.patch_node(name, {"metadata": {"labels": {label: "maintenance"}}})
     wanted = {label: "aws-node-termination-handler", "example.com/leaving": "true"}
-    assert await drainer(kube).cordon(name, labels_if_absent=wanted)  # no taints: labels alone
+    assert await writes(kube).cordon(name, labels_if_absent=wanted)  # no taints: labels alone
     node = await kube.get_node(name)
     assert node is not None
     assert node["spec"]["unschedulable"] is True
@@ -101,7 +100,7 @@ async def test_the_out_of_service_taint_keeps_the_other_taints(
     cluster: KubeCluster, kube: KubeClient
 ) -> None:
     name = await tainted_node(cluster, kube)
-    await drainer(kube).taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+    await writes(kube).taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
     taints = await taints_of(kube, name)
     assert taints[("node.kubernetes.io/out-of-service", "NoExecute")] == "nodeshutdown"
     assert taints[(OTHER["key"], OTHER["effect"])] == OTHER["value"]
@@ -129,7 +128,7 @@ async def test_a_taint_written_between_our_read_and_our_write_is_kept(
         return node
 
     kube.get_node = get_then_interfere  # type: ignore[method-assign]
-    assert await drainer(kube).cordon(name, taints=[("ours", "1", "NoSchedule")])
+    assert await writes(kube).cordon(name, taints=[("ours", "1", "NoSchedule")])
     assert reads == 2  # the conflicted write was retried on a fresh read
     taints = await taints_of(kube, name)
     assert set(taints) >= {
@@ -140,8 +139,8 @@ async def test_a_taint_written_between_our_read_and_our_write_is_kept(
 
 
 async def test_cordon_of_a_missing_node_is_false(kube: KubeClient) -> None:
-    assert not await drainer(kube).cordon("no-such-node", taints=[("ours", "1", "NoSchedule")])
-    assert not await drainer(kube).cordon("no-such-node")
+    assert not await writes(kube).cordon("no-such-node", taints=[("ours", "1", "NoSchedule")])
+    assert not await writes(kube).cordon("no-such-node")
 
 
 async def test_undo_takes_back_what_we_did_and_nothing_else(cluster: KubeCluster, kube: KubeClient) -> None:
@@ -151,9 +150,9 @@ async def test_undo_takes_back_what_we_did_and_nothing_else(cluster: KubeCluster
     about = CordonRecord(instance_id="i-1", launch_time="2026-11-25T10:00:00+00:00")
     lb = {"node.kubernetes.io/exclude-from-external-load-balancers": "aws-node-termination-handler"}
     ours = ("aws-node-termination-handler/spot-itn", "spot-interruption-1", "NoSchedule")
-    assert await drainer(kube).cordon(name, taints=[ours], labels_if_absent=lb, about=about)
-    await drainer(kube).taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
-    assert await drainer(kube).undo(name, lambda node, record: record.instance_id == "i-1")
+    assert await writes(kube).cordon(name, taints=[ours], labels_if_absent=lb, about=about)
+    await writes(kube).taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+    assert await writes(kube).undo(name, lambda node, record: record.instance_id == "i-1")
     node = await kube.get_node(name)
     assert node is not None
     assert not node["spec"].get("unschedulable")
@@ -162,15 +161,15 @@ async def test_undo_takes_back_what_we_did_and_nothing_else(cluster: KubeCluster
     assert not set(lb) & set(labels)
     assert RECORD_LABEL not in labels
     assert RECORD_ANNOTATION not in (node["metadata"].get("annotations") or {})
-    assert not await drainer(kube).undo(name, lambda node, record: True)  # nothing recorded any more
+    assert not await writes(kube).undo(name, lambda node, record: True)  # nothing recorded any more
 
 
 async def test_undo_keeps_a_cordon_somebody_else_made(cluster: KubeCluster, kube: KubeClient) -> None:
     name = await tainted_node(cluster, kube)
     await kube.patch_node(name, {"spec": {"unschedulable": True}})  # kubectl cordon, before the interruption
     ours = ("aws-node-termination-handler/spot-itn", "spot-interruption-1", "NoSchedule")
-    assert await drainer(kube).cordon(name, taints=[ours], about=CordonRecord(instance_id="i-1"))
-    assert await drainer(kube).undo(name, lambda node, record: True)
+    assert await writes(kube).cordon(name, taints=[ours], about=CordonRecord(instance_id="i-1"))
+    assert await writes(kube).undo(name, lambda node, record: True)
     node = await kube.get_node(name)
     assert node is not None
     assert node["spec"].get("unschedulable") is True  # theirs: kept
@@ -185,7 +184,7 @@ async def test_a_taint_written_after_our_record_was_undone_records_its_instance(
     left on a live node. Every write of ours records the instance, so the check for instances back in service
     can undo it in turn."""
     name = await tainted_node(cluster, kube)
-    drainer = Drainer(kube, DrainOptions(), budget=1)
+    drainer = writes(kube)
     about = CordonRecord(instance_id="i-0joined", launch_time="2026-01-01T00:00:00+00:00")
     await drainer.taint(name, "node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute", about=about)
     node = await kube.get_node(name)

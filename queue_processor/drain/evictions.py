@@ -1,0 +1,419 @@
+"""One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction
+queue: slots for evictions in flight, a gate per workload whose PodDisruptionBudget refused, 429s retried with
+backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from typing import Any
+
+import structlog
+
+from queue_processor.config import default
+from queue_processor.drain.bounds import DrainBounds
+from queue_processor.drain.budgets import budget_of
+from queue_processor.drain.gates import BudgetGates
+from queue_processor.drain.order import granted_grace
+from queue_processor.drain.plan import WAVE_PAD_S, DrainPod, DrainTiming
+from queue_processor.drain.slots import LEAST_SLOTS, Slot, Slots
+from queue_processor.drain.summary import Eviction
+from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
+from queue_processor.kube import KubeClient, NotSentError
+from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.outcomes import EvictionOutcome, KubeError, SurgeResult
+
+#: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
+EVICTION_RETRY_S = (1.0, 10.0)
+
+log = structlog.get_logger("queue_processor.drain")
+
+
+class Evictions:
+    """Evictions of every drain of the process through ``kube``: ``grace_s`` POD_TERMINATION_GRACE_PERIOD,
+    ``timing`` the drain timing, ``clock`` monotonic seconds, ``in_flight`` evictions waiting for their first
+    answer at once (:func:`~queue_processor.drain.slots.evictions_in_flight`)."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        timing: DrainTiming,
+        grace_s: int = default("pod_termination_grace_period"),
+        observer: Observer = NULL_OBSERVER,
+        clock: Callable[[], float] = time.monotonic,
+        in_flight: int = LEAST_SLOTS,
+    ) -> None:
+        self.kube = kube
+        self.timing = timing
+        self.grace_s = grace_s
+        self.observer = observer
+        self.clock = clock
+        self.slots = Slots(in_flight)
+        self.blocked: Counter[str] = Counter()
+        """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
+        self.gates = BudgetGates()
+        """Budgets that refused a moment ago; their workloads' pods wait (:mod:`~queue_processor.drain.gates`)."""
+        self.surges = Surges(kube)
+
+    async def launch(
+        self,
+        entries: list[DrainPod],
+        start: Callable[[DrainPod, Slot | None], Coroutine[Any, Any, Eviction]],
+        running: Running,
+        guard: Callable[[], Awaitable[None]] | None = None,
+        before: asyncio.Task[None] | None = None,
+    ) -> None:
+        """Start ``entries``' evictions into ``running``: surges at once, the others as :attr:`slots` free up, after
+        ``before`` (the previous wave's launcher) and ``guard`` each turn, until one fails. Raises what ``guard``
+        raises."""
+        if before is not None:
+            await before
+        rest = [entry for entry in entries if entry.surge is None]
+        for entry in entries:
+            if entry.surge is not None:
+                running.add(asyncio.create_task(start(entry, None)))
+        while rest:
+            if guard is not None:
+                await guard()
+            count = await self.slots.take(len(rest))
+            if any(failed(task) for task in running):  # the drain ends (a guard raised): no more start
+                self.slots.give(count)
+                return
+            for entry in rest[:count]:
+                slot = Slot(self.slots)
+                task = asyncio.create_task(start(entry, slot))
+                task.add_done_callback(slot.ended)  # also when it is cancelled before it ever ran
+                running.add(task)
+            del rest[:count]
+
+    async def evict(
+        self,
+        entry: DrainPod,
+        slot: Slot | None,
+        *,
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
+        accepted: dict[tuple[str, str], Eviction],
+        drain_id: str,
+        held: list[Surge],
+        wave_by: Callable[[], float] | None = None,
+    ) -> Eviction:
+        """Evict one pod (:meth:`evict_until`), after its replacement when it asks for a surge (:meth:`surge`);
+        ``wave_by``: when its wave must be gone (``None``: the last wave)."""
+        surge = (
+            None
+            if entry.surge is None
+            else await self.surge(entry, entry.surge, bounds, guard, held, wave_by)
+        )
+        outcome = await self.evict_until(
+            entry, bounds, guard, evicted, accepted, drain_id, slot, past_gate=surge is not None
+        )
+        if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
+            await self.surges.end(surge)  # at once: a ReplicaSet that sees the pod go adds a pod of its own
+        return outcome
+
+    async def evict_until(
+        self,
+        entry: DrainPod,
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
+        accepted: dict[tuple[str, str], Eviction],
+        drain_id: str,
+        slot: Slot | None = None,
+        *,
+        past_gate: bool = False,
+    ) -> Eviction:
+        """Evict one pod, retrying with backoff until :meth:`DrainBounds.final`: how it ended. While its workload's
+        budget is closed (:attr:`gates`) it waits without its slot, with jitter, counted as refused (``past_gate``:
+        not the first time); the grace asked is :func:`~queue_processor.drain.order.granted_grace`'s."""
+        delay = EVICTION_RETRY_S[0]
+        blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
+        first = past_gate
+        try:
+            while True:
+                if guard is not None:
+                    await guard()
+                closed = None if first else self.gates.closed(entry.owner, self.clock())
+                if closed is not None:
+                    if slot is not None:
+                        slot.release()
+                    blocking = self._recount(blocking, closed.budget)
+                    if closed.until >= bounds.final(self.timing)[0]:
+                        return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, closed.message, blocking)
+                    spread = random.uniform(0.0, 0.2) * closed.length_s
+                    await bounds.sleep(
+                        min(closed.until + spread, bounds.final(self.timing)[0]) - self.clock()
+                    )
+                    continue
+                until_end = None if bounds.instance_end is None else bounds.instance_end - self.clock()
+                grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
+                granted = grace if cut or self.grace_s >= 0 else None
+                gated, first = not first, False
+                try:
+                    await self._send(entry, granted, drain_id, slot, gated)
+                except NotSentError:  # its budget refused another pod of the workload while it waited for QPS
+                    continue
+                except KubeError as exc:
+                    ended = self._final_answer(exc, entry)
+                    if ended is not None:
+                        return ended
+                    if exc.status == 429:
+                        blocking = self._recount(blocking, budget_of(exc, entry.key[0]))
+                        if blocking is not None and entry.owner is not None:
+                            self.gates.refused(entry.owner, blocking, exc.message, self.clock())
+                            continue  # the gate says when to try again
+                    if self.clock() + delay >= bounds.final(self.timing)[0]:
+                        return self._given_up(entry, exc, blocking)
+                    tightened = await bounds.sleep(delay * random.uniform(0.8, 1.2))
+                    delay = EVICTION_RETRY_S[0] if tightened else min(delay * 2, EVICTION_RETRY_S[1])
+                    continue  # a new end: try again now, with the new grace
+                return await self._accepted(entry, evicted, accepted, grace, cut)
+        finally:
+            self._blocking(blocking, -1)
+
+    async def _send(
+        self, entry: DrainPod, grace_s: int | None, drain_id: str, slot: Slot | None, gated: bool
+    ) -> None:
+        """Ask for the eviction, then give the slot back; ``gated``, it is sent only while the workload's budget
+        gate is open (else :class:`NotSentError`). Raises :class:`KubeError`."""
+        sending = (lambda: self.gates.closed(entry.owner, self.clock()) is None) if gated else None
+        try:
+            await self.kube.evict(*entry.key, grace_s, drain=drain_id, sending=sending)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    def _final_answer(self, exc: KubeError, entry: DrainPod) -> Eviction | None:
+        """The eviction's end for an answer not worth retrying: 404 gone, a 500 for several budgets."""
+        if exc.status == 404:
+            return self._evicted(entry, EvictionOutcome.GONE, "gone")
+        if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
+            detail = f"several PodDisruptionBudgets match it: {exc.message}"
+            return self._evicted(entry, EvictionOutcome.ERROR, detail)
+        return None
+
+    def _given_up(self, entry: DrainPod, exc: KubeError, blocking: str | None) -> Eviction:
+        """The eviction's end when its retries run out of time: refused by a budget, or failed."""
+        if exc.status == 429:
+            return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
+        return self._evicted(entry, EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
+
+    async def _accepted(
+        self,
+        entry: DrainPod,
+        evicted: Callable[[str, str], Awaitable[None]] | None,
+        accepted: dict[tuple[str, str], Eviction],
+        grace_s: int,
+        cut: bool,
+    ) -> Eviction:
+        """The eviction's end when the API server took it."""
+        self.gates.accepted(entry.owner)
+        if evicted is not None:
+            await evicted(*entry.key)
+        outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace_s, cut=cut)
+        accepted[entry.key] = outcome
+        return outcome
+
+    def _recount(self, current: str | None, budget: str | None) -> str | None:
+        """Count the pod under ``budget`` rather than ``current`` (:attr:`blocked`); ``budget``."""
+        if budget != current:
+            self._blocking(current, -1)
+            self._blocking(budget, +1)
+        return budget
+
+    async def surge(
+        self,
+        entry: DrainPod,
+        deployment: str,
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+        held: list[Surge],
+        wave_by: Callable[[], float] | None = None,
+    ) -> Surge | None:
+        """Scale the pod's Deployment up (:mod:`queue_processor.drain.surge`) and wait for the replica, until the
+        eviction must start for the pod's grace plus :data:`WAVE_PAD_S` to end before the drain's last moment and
+        ``wave_by``. The surge to take back (in ``held`` from before its write) or ``None``. Raises what ``guard``
+        raises."""
+        namespace, name = entry.key
+        evict_by = self._evict_by(entry, bounds, wave_by)
+        fallback = functools.partial(self._fallback, f"{namespace}/{name}")
+        if evict_by() - self.clock() < SURGE_LEAST_S:
+            fallback(SurgeResult.NO_TIME, "too little time before the eviction must start")
+            return None
+        if guard is not None:
+            await guard()
+        provisional = Surge(namespace, deployment, str(entry.uid), name)
+        held.append(provisional)
+        started = await self.surges.start(
+            namespace, deployment, name, str(entry.uid), entry.labels or {}, room_s=evict_by() - self.clock()
+        )
+        held.remove(provisional)
+        if isinstance(started, SurgeResult):
+            why = {
+                SurgeResult.AUTOSCALED: "a HorizontalPodAutoscaler owns the replica count",
+                SurgeResult.NO_TIME: "too little time for the Deployment's minReadySeconds",
+            }
+            fallback(started, why.get(started, "the Deployment cannot be scaled"))
+            return None
+        held.append(started)
+        if evict_by() - self.clock() < started.min_ready_s + SURGE_LEAST_S:
+            fallback(SurgeResult.NO_TIME, "too little time for the Deployment's minReadySeconds")
+            return started
+        return await self._wait_replacement(started, evict_by, bounds, guard, held)
+
+    async def _wait_replacement(
+        self,
+        started: Surge,
+        evict_by: Callable[[], float],
+        bounds: DrainBounds,
+        guard: Callable[[], Awaitable[None]] | None,
+        held: list[Surge],
+    ) -> Surge | None:
+        """Poll the surged Deployment until its replacement is available or ``evict_by()``; as :meth:`surge`."""
+        pod = f"{started.namespace}/{started.name}"
+        poll = 0.25
+        while self.clock() < evict_by():
+            if guard is not None:
+                await guard()
+            ready = await self.surges.ready(started)
+            if ready is None:
+                held.remove(started)
+                self._fallback(
+                    pod, SurgeResult.UNAVAILABLE, "the Deployment is gone or no longer records the surge"
+                )
+                return None
+            if ready:
+                self.observer.surge(SurgeResult.SURGED)
+                log.info("surge: the replacement is available: evicting", pod=pod)
+                return started
+            await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
+            poll = min(poll * 1.5, 2.0)
+        if self.surges.undone(started):
+            self._fallback(pod, SurgeResult.UNDONE, "the owner set the Deployment's replica count back")
+        else:
+            self._fallback(pod, SurgeResult.NOT_READY, "the replacement was not available in time")
+        return started
+
+    def _evict_by(
+        self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
+    ) -> Callable[[], float]:
+        """When a surge pod's eviction must start: its wave's or the drain's last moment less its grace and
+        :data:`WAVE_PAD_S`."""
+        graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
+
+        def evict_by() -> float:
+            # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
+            if bounds.version not in graces:
+                end = bounds.instance_end
+                until_end = None if end is None else end - self.clock()
+                graces.clear()
+                graces[bounds.version] = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)[
+                    0
+                ]
+            final = bounds.final(self.timing)[0]
+            by = final if wave_by is None else min(final, wave_by())
+            return by - graces[bounds.version] - WAVE_PAD_S
+
+        return evict_by
+
+    def _fallback(self, pod: str, result: SurgeResult, why: str) -> None:
+        self.observer.surge(result)
+        log.warning(f"surge: {why}: evicted without a replacement first", pod=pod)
+
+    async def evict_last(self, namespace: str, name: str, deadline: float) -> bool:
+        """Evict one pod (the controller's own) with its own grace, retrying 429s until ``deadline`` (a ``clock``
+        reading): ``True`` once accepted or gone, ``False`` if refused to the end; raises :class:`KubeError` else."""
+        delay = EVICTION_RETRY_S[0]
+        while True:
+            try:
+                await self.kube.evict(namespace, name)
+            except KubeError as exc:
+                if exc.status == 404:
+                    return True
+                if exc.status != 429:
+                    raise
+                if self.clock() + delay >= deadline:
+                    return False
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, EVICTION_RETRY_S[1])
+                continue
+            self.observer.eviction(EvictionOutcome.EVICTED)
+            return True
+
+    def _blocking(self, budget: str | None, change: int) -> None:
+        """Count one pod more (+1) or fewer (-1) that ``budget`` refuses now, across drains; tell the observer."""
+        if budget is None:
+            return
+        self.blocked[budget] += change
+        self.observer.drain_blocked(budget, self.blocked[budget])
+        if self.blocked[budget] <= 0:
+            del self.blocked[budget]
+
+    def _evicted(
+        self,
+        entry: DrainPod,
+        outcome: EvictionOutcome,
+        detail: str,
+        budget: str | None = None,
+        *,
+        grace_s: int | None = None,
+        cut: bool = False,
+    ) -> Eviction:
+        self.observer.eviction(outcome)
+        return Eviction(entry.key, outcome, detail, budget, grace_s, cut, self.clock())
+
+
+class Running:
+    """A drain's launchers and evictions; an ended eviction is kept as its outcome alone, its task let go."""
+
+    def __init__(self, launchers: list[asyncio.Task[None]]) -> None:
+        self.launchers = launchers
+        self._evictions: list[asyncio.Task[Eviction] | Eviction] = []  # in the order they started
+
+    def add(self, task: asyncio.Task[Eviction]) -> None:
+        """Follow the eviction ``task``."""
+        task.add_done_callback(functools.partial(self._ended, len(self._evictions)))
+        self._evictions.append(task)
+
+    def _ended(self, index: int, task: asyncio.Task[Eviction]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._evictions[index] = task.result()
+
+    def outcomes(self) -> list[Eviction]:
+        """Every eviction's outcome, in start order. Raises what an eviction raised, as ``task.result()``."""
+        return [item if isinstance(item, Eviction) else item.result() for item in self._evictions]
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        held = (item for item in self._evictions if isinstance(item, asyncio.Task))
+        return itertools.chain(self.launchers, held)
+
+
+def failed(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` ended with an exception (not a cancellation)."""
+    return task.done() and not task.cancelled() and task.exception() is not None
+
+
+def raise_failed(running: Iterable[asyncio.Task[Any]]) -> None:
+    """Raise the exception of the first of ``running`` that failed, if one did."""
+    for task in running:
+        if failed(task):
+            raise task.exception()  # type: ignore[misc]  # not None: failed
+
+
+async def settled(running: Running) -> None:
+    """Wait until every launcher and eviction of ``running`` has ended; raise the first failure at once."""
+    raise_failed(running)  # one may have failed already
+    while pending := [task for task in running if not task.done()]:
+        # Re-read after each end: a launcher adds evictions the wait did not cover.
+        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        raise_failed(running)
+    for task in running:
+        task.result()  # a cancellation raises here, as gather would
