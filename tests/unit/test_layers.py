@@ -33,6 +33,8 @@ LAYERS: list[set[str]] = [
         "queue_processor.observe.templates",
         "queue_processor.observe.observer",
         "queue_processor.kinds.base",
+        "queue_processor.ratelimit",
+        "queue_processor.watch.stream",
     },
     {
         "queue_processor.config",
@@ -185,13 +187,11 @@ FUNCTION_MOST_LINES = 60
 #: The modules and functions over those bounds today, each at most as long as it is now: the bounds hold for
 #: every other, and these may only shrink. ``Metrics.__init__`` is a table of metric definitions.
 OVER_BOUNDS: dict[str, int] = {
-    "queue_processor.kube": 952,
     "queue_processor.config": 840,
     "queue_processor.handler": 719,
     "queue_processor.leases": 717,
     "queue_processor.observe.metrics:Metrics.__init__": 150,
     "queue_processor.cli:explain": 82,
-    "queue_processor.kube:KubeClient._stream": 72,
     "queue_processor.lifecycle:Heartbeats._run": 72,
     "queue_processor.leases:NodeLeases.claim": 68,
     "queue_processor.handler:Handler._drain": 61,

@@ -14,6 +14,7 @@ import botocore.session
 from botocore import xform_name
 
 from queue_processor import kube, permissions
+from queue_processor.watch.stream import describe
 
 PACKAGE = Path(permissions.__file__).parent
 
@@ -65,27 +66,48 @@ def test_iam_actions_fold_sqs_batch_calls_into_their_single_message_action() -> 
 
 
 def _kube_requests() -> set[str]:
-    """``"<verb> <resource>"`` for every ``self.request("METHOD", path)`` in the Kubernetes client, and
-    ``"watch <resource>"`` for every ``self.watch(path, …)``."""
+    """``"<verb> <resource>"`` for every ``self.request("METHOD", path)``, ``self._get(path)`` and
+    ``self._items(path)`` in the Kubernetes client, and ``"watch <resource>"`` for every ``self.watch(path, …)``.
+    A request whose path is a plain variable is a helper's own (counted where the helper is called)."""
     found: set[str] = set()
     tree = ast.parse(Path(kube.__file__).read_text())
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
             continue
-        if node.func.attr == "watch" and node.args:
-            found.add(f"watch {kube._describe('GET', _path(node.args[0]), None)[1]}")
-            continue
-        if node.func.attr != "request" or len(node.args) < 2 or not isinstance(node.args[0], ast.Constant):
-            continue
-        verb, resource = kube._describe(str(node.args[0].value), _path(node.args[1]), None)
-        found.add(f"{verb} {resource}")
+        attr, args = node.func.attr, node.args
+        if attr == "watch":
+            found.add(f"watch {describe('GET', _path(args[0]), None)[1]}")
+        elif attr in ("_get", "_items") and not isinstance(args[0], ast.Name):
+            found.add(" ".join(describe("GET", _path(args[0]), None)))
+        elif (
+            attr == "request"
+            and len(args) >= 2
+            and isinstance(args[0], ast.Constant)
+            and not isinstance(args[1], ast.Name)
+        ):
+            found.add(" ".join(describe(str(args[0].value), _path(args[1]), None)))
     return found
 
 
 def _path(target: ast.expr) -> str:
-    """A request's path as the code writes it: a constant, or an f-string whose fields read ``x``."""
+    """A request's path as the code writes it: a constant, a module constant's ``.format(x)``, or an f-string
+    whose fields read ``x`` (or are such a ``.format``)."""
+    if (
+        isinstance(target, ast.Call)
+        and isinstance(target.func, ast.Attribute)
+        and target.func.attr == "format"
+    ):
+        assert isinstance(target.func.value, ast.Name)
+        return str(getattr(kube, target.func.value.id)).replace("{}", "x")
     if isinstance(target, ast.JoinedStr):
-        return "".join(str(part.value) if isinstance(part, ast.Constant) else "x" for part in target.values)
+        return "".join(
+            str(part.value)
+            if isinstance(part, ast.Constant)
+            else _path(part.value)
+            if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Call)
+            else "x"
+            for part in target.values
+        )
     assert isinstance(target, ast.Constant)
     return str(target.value)
 
