@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import math
-import re
 import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -28,6 +25,18 @@ import structlog
 from queue_processor import tasks
 from queue_processor.config import default
 from queue_processor.kube import AFTER_CORDONS, REPLICA_RANK, KubeClient, NotSentError, rank_urgent
+from queue_processor.lease_objects import (
+    HELD_BY_REPLICA_S,
+    HOLDER_LABEL,
+    LEASE_LABEL,
+    expired,
+    held_lease,
+    holder_of,
+    label_value,
+    lease_name,
+    new_lease,
+    replica_lease_name,
+)
 from queue_processor.lease_watch import REPLICA_ANNOTATION, LeaseWatch
 from queue_processor.outcomes import ClaimLost, KubeError
 
@@ -50,125 +59,17 @@ __all__ = [
 
 log = structlog.get_logger("queue_processor.leases")
 
-_MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"
-
 #: How many times one write re-reads the Lease and writes again after a 409 that left it ours.
 RENEW_ATTEMPTS = 3
 
 #: Seconds before a failed renewal of the replica Lease is tried again (or a renewal period, when shorter).
 RENEW_RETRY_S = 2.0
 
-#: ``leaseDurationSeconds`` of a node Lease held by a replica Lease: what an earlier version, which judges a
-#: node Lease by its own ``renewTime``, reads as its duration (an hour: longer than any drain).
-HELD_BY_REPLICA_S = 3600
-
-#: The label naming a node Lease's holder (:func:`label_value`): what a batch of releases selects by.
-HOLDER_LABEL = "queue-processor/holder"
-
-#: The label naming the node Lease itself (:func:`label_value`): what a batch selects each by (``in (…)``).
-LEASE_LABEL = "queue-processor/lease"
-
 #: Seconds a released node Lease waits for others to be released with it (one request for all).
 RELEASE_BATCH_S = 0.5
 
 #: The most node Leases one request deletes (the selector names each in 21 characters of the URL).
 RELEASE_BATCH_MAX = 50
-
-
-def _object_name(name: str) -> str:
-    return re.sub(r"[^a-z0-9.-]", "-", name.lower())[:253].rstrip(".-")
-
-
-def lease_name(node: str) -> str:
-    """``queue-processor-<node>``, made a valid object name (lower case, at most 253 characters)."""
-    return _object_name("queue-processor-" + node)
-
-
-def replica_lease_name(identity: str) -> str:
-    """``queue-processor.replica.<identity>``, made a valid object name, never a node Lease's."""
-    return _object_name("queue-processor.replica." + identity)
-
-
-def label_value(text: str) -> str:
-    """A label value standing for ``text``, which may not fit one: 20 hex digits of its BLAKE2b digest."""
-    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _parse(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.strptime(value, _MICRO).replace(tzinfo=UTC)
-    except ValueError:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def _holder(lease: dict[str, Any] | None) -> str | None:
-    holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
-    return str(holder) if holder else None
-
-
-def _expired(lease: dict[str, Any], default_s: int) -> bool:
-    """Whether the Lease's last renewal (or acquisition) + its ``leaseDurationSeconds`` is past."""
-    spec = lease.get("spec") or {}
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
-    duration = int(spec.get("leaseDurationSeconds") or default_s)
-    return renewed is None or renewed + timedelta(seconds=duration) < _now()
-
-
-def _new_lease(
-    name: str,
-    namespace: str,
-    holder: str,
-    duration_s: int,
-    annotations: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A Lease to create, held by ``holder`` from now for ``duration_s`` seconds."""
-    now = _now().strftime(_MICRO)
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if annotations:
-        metadata["annotations"] = annotations
-    if labels:
-        metadata["labels"] = labels
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": metadata,
-        "spec": {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": duration_s,
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseTransitions": 0,
-        },
-    }
-
-
-def _held(
-    lease: dict[str, Any],
-    holder: str,
-    duration_s: int,
-    annotations: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """``lease`` as ``holder`` writes it on its resourceVersion: renewed (and acquired, if someone else's)."""
-    now = _now().strftime(_MICRO)
-    metadata = dict(lease.get("metadata") or {})
-    if annotations:
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-    if labels:
-        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
-    spec = dict(lease.get("spec") or {})
-    if spec.get("holderIdentity") != holder:
-        spec["acquireTime"] = now
-        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-    spec.update(holderIdentity=holder, leaseDurationSeconds=duration_s, renewTime=now)
-    return {**lease, "metadata": metadata, "spec": spec}
 
 
 class ReplicaLease:
@@ -231,21 +132,21 @@ class ReplicaLease:
                     if self.lease is None:
                         self.lease = await leases.kube.create_lease(
                             leases.namespace,
-                            _new_lease(self.name, leases.namespace, leases.holder, leases.duration_s),
+                            new_lease(self.name, leases.namespace, leases.holder, leases.duration_s),
                         )
                     else:
                         self.lease = await leases.kube.replace_lease(
-                            leases.namespace, _held(self.lease, leases.holder, leases.duration_s)
+                            leases.namespace, held_lease(self.lease, leases.holder, leases.duration_s)
                         )
                 except KubeError as exc:
                     if exc.status not in (404, 409) or (exc.status == 404 and self.lease is None):
                         raise
                     current = await leases.kube.get_lease(leases.namespace, self.name)
-                    if _holder(current) != leases.holder and _holder(self.lease) == leases.holder:
+                    if holder_of(current) != leases.holder and holder_of(self.lease) == leases.holder:
                         # Ours, and no longer: whatever it named may have been taken.
                         self._end_epoch(
                             f"the replica's Lease {self.name} was "
-                            + (f"rewritten by {_holder(current)!r}" if current is not None else "deleted")
+                            + (f"rewritten by {holder_of(current)!r}" if current is not None else "deleted")
                         )
                     self.lease = current  # written again on its resourceVersion (or created again)
                     continue
@@ -316,7 +217,7 @@ class ReplicaLease:
         try:
             async with asyncio.timeout(timeout_s):  # a cancelled write waits for its answer: bounded here
                 await tasks.stop(renewer, renewal)
-                if _holder(self.lease) == leases.holder:
+                if holder_of(self.lease) == leases.holder:
                     await leases.kube.delete_lease(leases.namespace, self.name)
                     self.lease = None
         except (KubeError, TimeoutError) as exc:
@@ -407,9 +308,8 @@ class NodeLeases:
         self.clock = clock
         self.replica = ReplicaLease(self)
         self._claiming: Counter[str] = Counter()  # node Lease name → claims of it being made
-        self._pending: dict[
-            str, tuple[dict[str, Any], int]
-        ] = {}  # released, not yet sent: name → (Lease, epoch)
+        # Released, not yet sent: name → (Lease, epoch).
+        self._pending: dict[str, tuple[dict[str, Any], int]] = {}
         self._sending: dict[str, asyncio.Future[None]] = {}  # in a batch being sent: name → its answer
         self._hurry = asyncio.Event()  # send the pending releases without waiting (a full batch, a flush)
         self._flushing = 0  # flush() calls waiting
@@ -438,50 +338,8 @@ class NodeLeases:
             if sending is not None:
                 await asyncio.shield(sending)
             await replica.fresh()
-            epoch = replica.epoch
-            existing: dict[str, Any] | None = None
-            for _ in range(2):  # a Lease deleted between the refused create and the read is created again
-                try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-                    claimed = Claim(
-                        self,
-                        await self.kube.create_lease(
-                            self.namespace,
-                            _new_lease(
-                                name,
-                                self.namespace,
-                                self.holder,
-                                HELD_BY_REPLICA_S,
-                                self._annotations(),
-                                self._labels(name),
-                            ),
-                        ),
-                        epoch,
-                    )
-                    return claimed
-                except KubeError as exc:
-                    if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
-                        raise
-                existing = await self.kube.get_lease(self.namespace, name)
-                if existing is not None:
-                    break
-            if existing is None or await self._held_by_another(existing):
-                return None
-            try:
-                claimed = Claim(
-                    self,
-                    await self.kube.replace_lease(
-                        self.namespace,
-                        _held(
-                            existing, self.holder, HELD_BY_REPLICA_S, self._annotations(), self._labels(name)
-                        ),
-                    ),
-                    epoch,
-                )
-                return claimed
-            except KubeError as exc:
-                if exc.status == 409:  # another replica created or took it first
-                    return None
-                raise
+            claimed = await self._take(name, replica.epoch)
+            return claimed
         finally:
             replica._claiming -= 1
             self._claiming[name] -= 1
@@ -489,6 +347,37 @@ class NodeLeases:
                 del self._claiming[name]
             if claimed is None and unreleased is not None:
                 replica.unreleased.setdefault(name, unreleased)
+
+    async def _take(self, name: str, epoch: int) -> Claim | None:
+        """Create the node Lease ``name``, or take it over when no live replica holds it: the claim, or ``None``
+        when another replica holds it or wins the race. Raises :class:`KubeError`."""
+        existing: dict[str, Any] | None = None
+        for _ in range(2):  # a Lease deleted between the refused create and the read is created again
+            try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
+                body = new_lease(
+                    name,
+                    self.namespace,
+                    self.holder,
+                    HELD_BY_REPLICA_S,
+                    self._annotations(),
+                    self._labels(name),
+                )
+                return Claim(self, await self.kube.create_lease(self.namespace, body), epoch)
+            except KubeError as exc:
+                if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
+                    raise
+            existing = await self.kube.get_lease(self.namespace, name)
+            if existing is not None:
+                break
+        if existing is None or await self._held_by_another(existing):
+            return None
+        taken = held_lease(existing, self.holder, HELD_BY_REPLICA_S, self._annotations(), self._labels(name))
+        try:
+            return Claim(self, await self.kube.replace_lease(self.namespace, taken), epoch)
+        except KubeError as exc:
+            if exc.status == 409:  # another replica created or took it first
+                return None
+            raise
 
     def held_elsewhere(self, node: str) -> bool:
         """Whether another replica holds node ``node``'s Lease, as :attr:`watch` shows: ``True`` too while the copy
@@ -526,7 +415,7 @@ class NodeLeases:
                 lease = await self.kube.get_lease(self.namespace, replica)
             except KubeError:
                 return True
-            lapsed = lease is None or _holder(lease) != holder or _expired(lease, self.duration_s)
+            lapsed = lease is None or holder_of(lease) != holder or expired(lease, self.duration_s)
         for found in (self._lapsed, self._live):  # holders of other processes come and go: keep the recent
             for old in [key for key, at in found.items() if now - at >= self.duration_s]:
                 del found[old]
@@ -540,16 +429,14 @@ class NodeLeases:
         or makes it. ``True`` when released, gone, or no longer ours; ``False`` when the API server did not answer
         (logged)."""
         for _ in range(RENEW_ATTEMPTS):
-            if lease is None or _holder(lease) != self.holder:
-                return True
-            if self._claimed(str((lease.get("metadata") or {}).get("name"))):
+            if lease is None or holder_of(lease) != self.holder:
                 return True
             metadata = lease.get("metadata") or {}
-            name = str(metadata.get("name"))
+            name, version = str(metadata.get("name")), metadata.get("resourceVersion")
+            if name in self._claiming or any(claim.name == name for claim in self.replica.claims):
+                return True
             try:
-                await self.kube.delete_lease(
-                    self.namespace, name, resource_version=metadata.get("resourceVersion")
-                )
+                await self.kube.delete_lease(self.namespace, name, resource_version=version)
                 return True
             except KubeError as exc:
                 if exc.status != 409:
@@ -565,10 +452,8 @@ class NodeLeases:
     def _batchable(self, lease: dict[str, Any]) -> bool:
         """Whether ``lease`` carries this replica's labels as written here (a batch's selector finds it)."""
         metadata = lease.get("metadata") or {}
-        return (metadata.get("labels") or {}) == {
-            **(metadata.get("labels") or {}),
-            **self._labels(metadata["name"]),
-        }
+        labels = metadata.get("labels") or {}
+        return bool(labels == {**labels, **self._labels(metadata["name"])})
 
     def _release_later(self, lease: dict[str, Any], epoch: int) -> None:
         """Queue ``lease`` (held by a claim of ``epoch`` just given up) for the next batch of releases."""
@@ -675,22 +560,19 @@ class NodeLeases:
             if not self._flushing:
                 self._hurry.clear()
 
-    def _claimed(self, name: str) -> bool:
-        return name in self._claiming or any(claim.name == name for claim in self.replica.claims)
-
     async def _held_by_another(self, lease: dict[str, Any]) -> bool:
-        holder = _holder(lease)
+        holder = holder_of(lease)
         if holder is None or holder == self.holder:
             return False
         named = ((lease.get("metadata") or {}).get("annotations") or {}).get(REPLICA_ANNOTATION)
         identity, slash, _ = holder.rpartition("/")
         if not named or not slash or replica_lease_name(identity) != named:
             # An earlier version's Lease (renewed by its holder, maybe with our annotation): judged by its renewal.
-            return not _expired(lease, self.duration_s)
+            return not expired(lease, self.duration_s)
         if named == self.replica.name:  # our pod's earlier process: what it held is ours to take
             return False
         replica = await self.kube.get_lease(self.namespace, named)
-        return replica is not None and _holder(replica) == holder and not _expired(replica, self.duration_s)
+        return replica is not None and holder_of(replica) == holder and not expired(replica, self.duration_s)
 
     def _annotations(self) -> dict[str, str]:
         return {REPLICA_ANNOTATION: self.replica.name}
