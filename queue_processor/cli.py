@@ -394,7 +394,7 @@ def explain(
     """
     from queue_processor.drain.explain import explain_node
     from queue_processor.drain.filters import DrainOptions
-    from queue_processor.drain.order import DrainOrder
+    from queue_processor.drain.plan import DrainOrder
     from queue_processor.kube import KubeClient, load_api_client
     from queue_processor.outcomes import KubeError
 

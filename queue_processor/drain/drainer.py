@@ -20,22 +20,23 @@ import structlog
 
 from queue_processor import tasks
 from queue_processor.config import default
-from queue_processor.drain.bounds import DrainBounds
 from queue_processor.drain.budgets import budget_arithmetic
-from queue_processor.drain.evictions import Evictions, Running, failed, raise_failed, settled
+from queue_processor.drain.evictions import LEAST_SLOTS, Evictions, Running, failed, raise_failed, settled
 from queue_processor.drain.filters import DrainOptions, pod_key
 from queue_processor.drain.node_writes import NodeWrites
-from queue_processor.drain.order import DRAIN_POLICY_ANNOTATION, DrainPolicy, granted_grace
 from queue_processor.drain.plan import (
+    DRAIN_POLICY_ANNOTATION,
     WAVE_PAD_S,
+    DrainBounds,
     DrainPod,
+    DrainPolicy,
     DrainTiming,
     PolicyNotice,
     WavePlan,
+    granted_grace,
     join_plans,
     plan_waves,
 )
-from queue_processor.drain.slots import LEAST_SLOTS
 from queue_processor.drain.summary import (
     DrainResult,
     Eviction,

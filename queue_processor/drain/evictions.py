@@ -1,32 +1,210 @@
-"""One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction
-queue: slots for evictions in flight, a gate per workload whose PodDisruptionBudget refused, 429s retried with
-backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first."""
+"""One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
+429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
+
+Across every drain: :class:`Slots` bound the evictions waiting for their first request (the pods not started wait as
+data, not as suspended tasks in the rate limiter's line; the drain started first goes first), and
+:class:`BudgetGates` hold the pods of a workload whose PodDisruptionBudget refused a moment ago (they wait for the
+budget to reopen instead of spending requests on 429s; the pod's controller owner stands for the budget, as a 429
+names the budget, not the pods it selects).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import random
+import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from queue_processor.config import default
-from queue_processor.drain.bounds import DrainBounds
 from queue_processor.drain.budgets import budget_of
-from queue_processor.drain.gates import BudgetGates
-from queue_processor.drain.order import granted_grace
-from queue_processor.drain.plan import WAVE_PAD_S, DrainPod, DrainTiming
-from queue_processor.drain.slots import LEAST_SLOTS, Slot, Slots
+from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, granted_grace
 from queue_processor.drain.summary import Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient, NotSentError
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import EvictionOutcome, KubeError, SurgeResult
+
+__all__ = [
+    "EVICTION_RETRY_S",
+    "GATE_FIRST_S",
+    "GATE_FORGET_S",
+    "GATE_MOST_S",
+    "LEAST_SLOTS",
+    "BudgetGates",
+    "Closed",
+    "Evictions",
+    "Running",
+    "Slot",
+    "Slots",
+    "evictions_in_flight",
+    "failed",
+    "raise_failed",
+    "settled",
+]
+
+#: The fewest slots, whatever the QPS.
+LEAST_SLOTS = 64
+
+
+def evictions_in_flight(qps: float, burst: int) -> int:
+    """The slots for KUBE_API_QPS ``qps`` and KUBE_API_BURST ``burst``: two seconds of tokens or the burst, at
+    least :data:`LEAST_SLOTS`. Fewer leaves tokens unused while answers travel; more is memory spent waiting."""
+    return max(LEAST_SLOTS, int(2 * qps), burst)
+
+
+class Slots:
+    """A first-come-first-served counting gate of ``size`` slots; ``ValueError`` when below 1. One event loop."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("size must be >= 1")
+        self.size = size
+        self.free = size
+        self._line: deque[tuple[int, asyncio.Future[int]]] = deque()
+
+    async def take(self, wanted: int) -> int:
+        """Wait behind every earlier caller until a slot is free, then take as many as are free up to ``wanted``
+        (≥ 1); how many. A caller cancelled while waiting takes none and raises ``CancelledError``."""
+        wanted = max(1, wanted)
+        if not self._line and self.free >= 1:
+            count = min(wanted, self.free)
+            self.free -= count
+            return count
+        turn: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (wanted, turn)
+        self._line.append(entry)
+        try:
+            return await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.give(turn.result())  # its turn came as it was cancelled: the slots go on
+            else:
+                with contextlib.suppress(ValueError):  # skipped already by _serve
+                    self._line.remove(entry)
+            raise
+
+    def give(self, count: int = 1) -> None:
+        """Return ``count`` slots taken with :meth:`take`, serving the head of the line."""
+        self.free += count
+        self._serve()
+
+    def _serve(self) -> None:
+        while self._line and self.free >= 1:
+            wanted, turn = self._line.popleft()
+            if turn.done():  # cancelled, its caller not yet resumed to leave the line: skipped
+                continue
+            count = min(wanted, self.free)
+            self.free -= count
+            turn.set_result(count)
+
+
+class Slot:
+    """One slot of ``slots``, held by one eviction until its first request is answered."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots: Slots | None = slots
+
+    def release(self) -> None:
+        """Give the slot back, the first time only."""
+        if self._slots is not None:
+            self._slots.give(1)
+            self._slots = None
+
+    def ended(self, _task: object) -> None:
+        """:meth:`release`, as a done callback of the eviction's task (which may be cancelled before it runs)."""
+        self.release()
+
+
+#: How long a budget stays closed after its first refusal (seconds; kubectl retries after 5 s).
+GATE_FIRST_S = 1.0
+
+#: The longest closing (seconds), reached by doubling while the budget refuses the pods tried at each reopening.
+GATE_MOST_S = 10.0
+
+#: A budget that refused nothing for this long (seconds) is forgotten, with the owners learnt for it.
+GATE_FORGET_S = 300.0
+
+
+@dataclass
+class Closed:
+    """A closed budget: when it reopens (a clock reading), this closing's length (seconds), the 429's message."""
+
+    budget: str
+    until: float
+    length_s: float
+    message: str
+
+
+@dataclass
+class _Budget:
+    until: float  # when it reopens
+    length_s: float  # how long its last closing lasted; 0 after an accepted eviction
+    message: str
+    last: float  # when it last refused
+
+
+class BudgetGates:
+    """Budgets that refused lately and the owners they cover; times are caller clock readings (seconds). One
+    event loop; not thread-safe."""
+
+    def __init__(self) -> None:
+        self._budgets: dict[str, _Budget] = {}
+        self._owners: dict[str, str] = {}  # controller owner uid → the budget that refused one of its pods
+
+    def closed(self, owner: str | None, now: float) -> Closed | None:
+        """The budget closed on ``owner``'s pods, or ``None`` when they may be tried now (no ``owner``: always)."""
+        name = None if owner is None else self._owners.get(owner)
+        budget = None if name is None else self._budgets.get(name)
+        if name is None or budget is None or budget.until <= now:
+            return None
+        return Closed(name, budget.until, budget.length_s, budget.message)
+
+    def refused(self, owner: str | None, budget: str, message: str, now: float) -> None:
+        """A 429 of ``budget`` for a pod of ``owner``: link them and close the budget unless closed, for
+        :data:`GATE_FIRST_S`, or twice the last closing (up to :data:`GATE_MOST_S`) when it refuses again right
+        after."""
+        if owner is not None:
+            self._owners[sys.intern(owner)] = budget
+        state = self._budgets.get(budget)
+        if state is None:
+            self._forget(now)
+            state = self._budgets[budget] = _Budget(now, 0.0, message, now)
+        state.last = now
+        if state.until <= now:
+            again = state.length_s > 0 and now - state.until <= state.length_s
+            state.length_s = min(state.length_s * 2, GATE_MOST_S) if again else GATE_FIRST_S
+            state.until = now + state.length_s
+            state.message = message
+
+    def accepted(self, owner: str | None) -> None:
+        """An eviction of ``owner``'s pod was accepted: reset its budget's backoff and unlink the owner."""
+        name = None if owner is None else self._owners.pop(owner, None)
+        state = None if name is None else self._budgets.get(name)
+        if state is not None:
+            state.length_s = 0.0
+
+    def _forget(self, now: float) -> None:
+        stale = {name for name, state in self._budgets.items() if now - state.last > GATE_FORGET_S}
+        if stale:
+            for name in stale:
+                del self._budgets[name]
+            self._owners = {owner: name for owner, name in self._owners.items() if name not in stale}
+
+    def __len__(self) -> int:
+        """How many budgets are remembered."""
+        return len(self._budgets)
+
 
 #: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
 EVICTION_RETRY_S = (1.0, 10.0)
@@ -37,7 +215,7 @@ log = structlog.get_logger("queue_processor.drain")
 class Evictions:
     """Evictions of every drain of the process through ``kube``: ``grace_s`` POD_TERMINATION_GRACE_PERIOD,
     ``timing`` the drain timing, ``clock`` monotonic seconds, ``in_flight`` evictions waiting for their first
-    answer at once (:func:`~queue_processor.drain.slots.evictions_in_flight`)."""
+    answer at once (:func:`~queue_processor.drain.evictions.evictions_in_flight`)."""
 
     def __init__(
         self,
@@ -58,7 +236,7 @@ class Evictions:
         self.blocked: Counter[str] = Counter()
         """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
         self.gates = BudgetGates()
-        """Budgets that refused a moment ago; their workloads' pods wait (:mod:`~queue_processor.drain.gates`)."""
+        """Budgets that refused a moment ago; their workloads' pods wait (:mod:`~queue_processor.drain.evictions`)."""
         self.surges = Surges(kube)
 
     async def launch(
@@ -133,7 +311,7 @@ class Evictions:
     ) -> Eviction:
         """Evict one pod, retrying with backoff until :meth:`DrainBounds.final`: how it ended. While its workload's
         budget is closed (:attr:`gates`) it waits without its slot, with jitter, counted as refused (``past_gate``:
-        not the first time); the grace asked is :func:`~queue_processor.drain.order.granted_grace`'s."""
+        not the first time); the grace asked is :func:`~queue_processor.drain.plan.granted_grace`'s."""
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
         first = past_gate

@@ -68,8 +68,7 @@ from random import Random
 from typing import Any, Literal
 
 from queue_processor.drain.drainer import LOOKED_AGAIN, WAVE_TIME_UP
-from queue_processor.drain.evictions import EVICTION_RETRY_S
-from queue_processor.drain.gates import GATE_MOST_S
+from queue_processor.drain.evictions import EVICTION_RETRY_S, GATE_MOST_S
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.cluster import ClusterSpec, drain_of
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions

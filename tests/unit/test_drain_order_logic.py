@@ -1,4 +1,4 @@
-"""The pure pieces of drain order and deadline-aware grace (queue_processor.drain.order)."""
+"""The pure pieces of drain order and deadline-aware grace (queue_processor.drain.plan)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_processor.drain.order import (
+from queue_processor.drain.plan import (
     DEFAULT_GRACE_S,
     DrainOrder,
     DrainPolicy,

@@ -14,8 +14,7 @@ import structlog.testing
 from queue_processor.drain.drainer import WAVE_TIME_UP, DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.evictions import Running, settled
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.order import DrainOrder
-from queue_processor.drain.plan import DrainPod
+from queue_processor.drain.plan import DrainOrder, DrainPod
 from queue_processor.drain.summary import Eviction
 from queue_processor.kube import NotSentError
 from queue_processor.observe.metrics import Metrics

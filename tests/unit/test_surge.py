@@ -23,7 +23,7 @@ from queue_processor.config import load_settings
 from queue_processor.drain import surge as surge_module
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.order import DRAIN_POLICY_ANNOTATION
+from queue_processor.drain.plan import DRAIN_POLICY_ANNOTATION
 from queue_processor.drain.surge import (
     SURGE_RECORD_ANNOTATION,
     Surge,

@@ -1,11 +1,11 @@
-"""PodDisruptionBudget gates (:mod:`queue_processor.drain.gates`): pure bookkeeping on a given clock."""
+"""PodDisruptionBudget gates (:mod:`queue_processor.drain.evictions`): pure bookkeeping on a given clock."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_processor.drain.gates import GATE_FIRST_S, GATE_FORGET_S, GATE_MOST_S, BudgetGates
+from queue_processor.drain.evictions import GATE_FIRST_S, GATE_FORGET_S, GATE_MOST_S, BudgetGates
 
 MESSAGE = "Cannot evict pod as it would violate the pod's disruption budget."
 

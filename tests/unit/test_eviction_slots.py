@@ -1,5 +1,5 @@
 """The gate that bounds the evictions waiting for their first answer across drains
-(:class:`queue_processor.drain.slots.Slots`): first come first served, a large request served whole, a caller
+(:class:`queue_processor.drain.evictions.Slots`): first come first served, a large request served whole, a caller
 cancelled in line taking nothing and holding no one back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from queue_processor.drain.slots import LEAST_SLOTS, Slot, Slots, evictions_in_flight
+from queue_processor.drain.evictions import LEAST_SLOTS, Slot, Slots, evictions_in_flight
 
 
 def test_the_slots_are_two_seconds_of_tokens_and_the_burst_at_least() -> None:
