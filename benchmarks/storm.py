@@ -6,8 +6,34 @@ ReplicaSets with PodDisruptionBudgets (maxUnavailable ``--pdb``), a DaemonSet an
 controller is ``queue-processor run`` in a subprocess (its own memory, its own event loop), configured by the
 sandbox's env file; time runs at ``--scale`` (a 120 s notice lasts 120 x scale seconds).
 
+Two modes, printed (``mode: ...``) and in the JSON (``"mode"``):
+
+- start-up (the default, the figures of docs/benchmarks.md so far): the N warnings are queued before the
+  controllers start; the clock (``seconds_total``) runs from the controllers' start;
+- ``--warm``, as in production: the controllers start first, and the burst is published (as fast as the
+  sandbox publishes: ``publish_seconds``) once each is warm: it answers /readyz (its first ReceiveMessage was
+  answered: it consumes; the API server reached), its metrics count the opening of its watches of nodes and
+  pods (and Leases with NODE_LEASES; a watch opens after its start-up list: the watched copies are filled), and
+  it made no Kubernetes request for KUBE_API_BURST / KUBE_API_QPS seconds (at least 1 s: its token bucket full
+  again). The clock runs from the first warning's publication, and the request counts (``kube_requests_*``,
+  ``qps_floor_seconds``, 429s) and ``sandbox_cpu_seconds`` from then too: the start-up's lists and watches are
+  not in them (``kube_requests_each``, ``cpu_seconds`` and ``peak_rss_mib`` are the processes' whole lives in
+  both modes). ``startup_seconds`` is the controllers' start to warm: ~20 s more than in start-up mode, since
+  the first ReceiveMessage on the empty queue is answered when its long poll (WaitTimeSeconds) ends; the burst
+  then meets a long poll in flight, as in production. ``published ... from <UTC>`` gives the burst's start, to
+  read the controllers' logs (``--log``) against.
+
 Measured in the same run:
 
+- per node, exact (no histogram, no sampling; ``benchmarks/storm_moments.py``), p50, p99 and max of
+  ``detect_to_cordon`` (``p50_detect_to_cordon_s``, ``p99_…``, ``max_…``, over ``detect_to_cordon_nodes``):
+  the node's ``spec.unschedulable`` written in the API server (the emulation's store; on the real control plane
+  the audit log's ``stageTimestamp`` of the controller's first node write answered 200) minus the moment its
+  warning's publication returned (the message in the queue); in start-up mode it includes the controllers'
+  start-up; and of ``cordon_to_drained`` (``p50_cordon_to_drained_s``…, over ``cordon_to_drained_nodes``): from
+  that cordon to the last application pod bound to the node gone from the API server (the emulation's store, the
+  pod's grace period included; on the real plane when the sandbox's pod informer saw it deleted), nodes with an
+  application pod left not counted;
 - ``floor_seconds``: receive + delete of N messages from the same moto queue, with no processing;
 - ``seconds_total``: from publishing the N warnings to every message settled (queue empty);
 - ``p99_receive_to_cordon_s``: 99th percentile of receive → cordon, from the controller's
@@ -66,7 +92,7 @@ p99 receive→cordon ≤ 1 s, all drained within the notice, ≤ 2 x pods + 10 r
 0 tasks left.
 
 Usage: ``python benchmarks/storm.py [--nodes 1000] [--spare 250] [--scale 1.0] [--qps 200] [--pdb 30%]
-[--replicas 1|1,2,3] [--kubernetes emulated|real] [--set NAME=VALUE ...]``
+[--replicas 1|1,2,3] [--kubernetes emulated|real] [--warm] [--set NAME=VALUE ...]``
 """
 
 from __future__ import annotations
@@ -77,6 +103,7 @@ import os
 import signal
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +119,7 @@ from queue_processor_sandbox.processes import (
     total,
 )
 from queue_processor_sandbox.run import judge
+from storm_moments import Moments, is_application_pod
 
 
 def floor_seconds(sandbox: Sandbox, count: int) -> float:
@@ -172,6 +200,104 @@ def _wait_ready(controller: Process, timeout_s: float = 120.0) -> None:
     raise SystemExit("controller not ready in time")
 
 
+def _wait_warm(
+    controller: Process, watched: set[str], qps: float, burst: float, timeout_s: float = 120.0
+) -> None:
+    """Until the controller is warm, as a controller that has run for a while is when a burst comes: it answers
+    /readyz (its first ReceiveMessage answered: it consumes; the API server reached), its metrics count the
+    opening of a watch of each resource in ``watched`` (``queue_processor_kube_requests_total{verb="watch",
+    code="200"}``: a watch opens after its start-up list, so the watched copies are filled), and it has made no
+    Kubernetes request for ``burst / qps`` seconds (at least 1 s, at most 15 s in all: its start-up lists are
+    over and its client's token bucket is full again). Raises ``SystemExit`` when it exits first or a watch does
+    not open within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    _wait_ready(controller, timeout_s)
+    requests = ("queue_processor_kube_requests",)
+    while True:
+        samples = scrape(controller.metrics_port, names=requests).get(
+            "queue_processor_kube_requests_total", []
+        )
+        opened = {
+            labels.get("resource", "")
+            for labels, value in samples
+            if labels.get("verb") == "watch" and labels.get("code") == "200" and value
+        }
+        if watched <= opened:
+            break
+        if controller.process.poll() is not None:
+            raise SystemExit(f"controller exited with {controller.process.returncode}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"controller's watches of {sorted(watched - opened)} not open in time")
+        time.sleep(0.2)
+    quiet_s, quiet_until = max(1.0, burst / qps), time.monotonic() + 15.0
+    last, since = -1.0, time.monotonic()
+    while time.monotonic() < quiet_until:
+        count = total(scrape(controller.metrics_port, names=requests), "queue_processor_kube_requests_total")
+        if count != last:
+            last, since = count, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
+    print(f"warm: the controller's Kubernetes requests did not stop for {quiet_s:g} s in 15 s: going on")
+
+
+def _launch(sandbox: Sandbox, workdir: Path, replicas: int, settings: dict[str, str]) -> list[QueueProcessor]:
+    """Start ``replicas`` controller processes (``queue-processor run``, ``POD_NAME=storm-<index>``)."""
+    return [
+        QueueProcessor(sandbox, workdir / f"controller-{index}.log", POD_NAME=f"storm-{index}", **settings)
+        for index in range(replicas)
+    ]
+
+
+def _before(sandbox: Sandbox, plane: Any) -> dict[str, Any]:
+    """The counters the storm's figures are deltas of, read when its clock starts."""
+    return {
+        "kube": sum(sandbox.kube.requests.values()),
+        "kinds": dict(sandbox.kube.requests),
+        "refused": _refused(sandbox),
+        "apiserver": parse_metrics(plane.metrics()) if plane is not None else {},
+        "plane_cpu": (
+            {name: _cpu_seconds(pid) for name, pid in plane.pids().items()} if plane is not None else {}
+        ),
+        "sandbox_cpu": time.process_time(),
+    }
+
+
+def _print_latency(figures: dict[str, Any], real: bool) -> None:
+    """The mode and the per-node latencies, for a reader (the JSON line carries them too)."""
+
+    def seconds(key: str) -> str:
+        return "-" if figures[key] is None else f"{figures[key]:.3f} s"
+
+    mode = figures["mode"]
+    print(
+        f"mode: {mode} ("
+        + (
+            "the controllers consuming, watches open, when the burst was published"
+            if mode == "warm"
+            else "the burst queued before the controllers started"
+        )
+        + f"); published in {figures['publish_seconds']:.2f} s, controllers ready after "
+        f"{figures['startup_seconds']:.2f} s"
+    )
+    cordon_source = "the API server's audit log" if real else "the emulation's store"
+    print(
+        f"detect -> cordon (warning published -> node unschedulable, {cordon_source}), "
+        f"{figures['detect_to_cordon_nodes']} nodes: p50 {seconds('p50_detect_to_cordon_s')}, "
+        f"p99 {seconds('p99_detect_to_cordon_s')}, max {seconds('max_detect_to_cordon_s')}"
+    )
+    gone_source = "the sandbox's pod informer" if real else "the emulation's store"
+    print(
+        f"cordon -> drained (node unschedulable -> its last application pod gone, {gone_source}), "
+        f"{figures['cordon_to_drained_nodes']} nodes: p50 {seconds('p50_cordon_to_drained_s')}, "
+        f"p99 {seconds('p99_cordon_to_drained_s')}, max {seconds('max_cordon_to_drained_s')}"
+    )
+    print(
+        f"receive -> cordon (the controller's histogram, interpolated): p99 {figures['p99_receive_to_cordon_s']} s, "
+        f"in {figures['p99_receive_to_cordon_bucket'] or '-'}"
+    )
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU a process has used, in seconds (``/proc/<pid>/stat`` utime and stime, proc(5)); 0.0
     when it is gone."""
@@ -231,6 +357,12 @@ def main() -> None:
     )
     ap.add_argument("--log", type=Path, default=None, help="keep the controllers' logs (info level) here")
     ap.add_argument("--timeline", action="store_true", help="print cordoned/evicted/deleted over time")
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="start the controllers first and publish the burst once each is warm (consuming, its watches open, "
+        "its start-up requests over), as in production; default: the burst is queued before they start",
+    )
     ap.add_argument("--pdb", default="30%", help="maxUnavailable of every PodDisruptionBudget (default 30%%)")
     ap.add_argument(
         "--kubernetes",
@@ -262,6 +394,7 @@ def main() -> None:
     one = next((run for run in runs if run["replicas"] == 1), None)
     summary: dict[str, Any] = {
         "replica_counts": counts,
+        "mode": "warm" if args.warm else "start-up",
         "seconds_total": {run["replicas"]: run["seconds_total"] for run in runs},
         "p99_receive_to_cordon_s": {run["replicas"]: run["p99_receive_to_cordon_s"] for run in runs},
         "nodes_drained_twice": {run["replicas"]: run["nodes_drained_twice"] for run in runs},
@@ -287,9 +420,7 @@ def _application_pods(sandbox: Sandbox, nodes: set[str]) -> set[str]:
     return {
         pod["metadata"]["uid"]
         for pod in sandbox.kube.objects("pods")
-        if pod["spec"].get("nodeName") in nodes
-        and not any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
-        and "kubernetes.io/config.mirror" not in (pod["metadata"].get("annotations") or {})
+        if pod["spec"].get("nodeName") in nodes and is_application_pod(pod)
     }
 
 
@@ -333,34 +464,54 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             **({"NODE_LEASES": "true"} if replicas > 1 else {}),
             **dict(setting.split("=", 1) for setting in args.set),
         }
-        # The storm is in the queue before the controllers start (the issue: "N Spot warnings in the
-        # queue"); each notice runs from its publication, so the time they wait counts against the drains.
+        # Start-up mode: the storm is in the queue before the controllers start (the issue: "N Spot warnings in
+        # the queue"); each notice runs from its publication, so the time they wait counts against the drains.
+        # Warm mode: the controllers run, consuming with their watches open, when the burst is published.
         targets = sandbox.instances[: args.nodes]
         storm_pods = _application_pods(sandbox, {instance.private_dns_name for instance in targets})
-        published_at = time.perf_counter()
-        for instance in targets:
-            sandbox.aws.spot_interruption(instance.instance_id)
-        published = time.perf_counter() - published_at
-        kube_before = sum(sandbox.kube.requests.values())
-        kinds_before = dict(sandbox.kube.requests)
-        refused_before = _refused(sandbox)
-        apiserver_before = parse_metrics(plane.metrics()) if plane is not None else {}
-        plane_cpu_before = (
-            {name: _cpu_seconds(pid) for name, pid in plane.pids().items()} if plane is not None else {}
+        moments = Moments(
+            sandbox,
+            [instance.private_dns_name for instance in targets],
+            plane,
+            sandbox.controller_username if plane is not None else "",
         )
-        sandbox_cpu_before = time.process_time()
-        started = time.perf_counter()
-        started_monotonic = time.monotonic()
-        processes = [
-            QueueProcessor(
-                sandbox, Path(workdir) / f"controller-{index}.log", POD_NAME=f"storm-{index}", **settings
-            )
-            for index in range(replicas)
-        ]
+        processes: list[QueueProcessor] = []
         try:
-            for process in processes:
-                _wait_ready(process)
-            ready = time.perf_counter() - started
+            launched = time.perf_counter()
+            if args.warm:
+                processes = _launch(sandbox, Path(workdir), replicas, settings)
+                watched = {"nodes", "pods"} | ({"leases"} if settings.get("NODE_LEASES") == "true" else set())
+                for process in processes:
+                    _wait_warm(
+                        process, watched, float(settings["KUBE_API_QPS"]), float(settings["KUBE_API_BURST"])
+                    )
+                ready = time.perf_counter() - launched
+                before = _before(sandbox, plane)
+            moments.start()
+            published_at, published_monotonic = time.perf_counter(), time.monotonic()
+            for instance in targets:
+                sandbox.aws.spot_interruption(instance.instance_id)
+                moments.published[instance.private_dns_name] = time.time()
+            published = time.perf_counter() - published_at
+            print(
+                f"published {args.nodes} warnings from "
+                f"{datetime.fromtimestamp(time.time() - published, UTC).isoformat(timespec='milliseconds')} "
+                f"in {published:.2f} s"
+            )
+            if args.warm:
+                started = published_at  # the clock runs from the burst
+                started_monotonic = published_monotonic
+            else:
+                before = _before(sandbox, plane)
+                started = time.perf_counter()  # the clock runs from the controllers' start
+                started_monotonic = time.monotonic()
+                processes = _launch(sandbox, Path(workdir), replicas, settings)
+                for process in processes:
+                    _wait_ready(process)
+                ready = time.perf_counter() - started
+            kube_before, kinds_before, refused_before = before["kube"], before["kinds"], before["refused"]
+            apiserver_before, plane_cpu_before = before["apiserver"], before["plane_cpu"]
+            sandbox_cpu_before = before["sandbox_cpu"]
             timeline: list[str] = []
             first_received: float | None = None
             last_received: float | None = None
@@ -434,15 +585,19 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
             # the summed floor does, and shows what an uneven split of the queue among replicas costs.
             requests_each = [int(total(samples, "queue_processor_kube_requests_total")) for samples in each]
             p99 = _p99(metrics.get("queue_processor_event_to_cordon_seconds_bucket", []))
+            moments.stop()
+            latency = moments.figures()
             cordon_floor = args.nodes / aggregate_qps
             cordon_requests = grown.get("get nodes", 0) + grown.get("patch nodes", 0)
             cordon_path = cordon_requests + grown.get("create leases", 0)  # each cordon waits for its claim
             figures: dict[str, Any] = {
                 "nodes": args.nodes,
                 "replicas": replicas,
+                "mode": "warm" if args.warm else "start-up",
                 "seconds_total": round(seconds, 2),
                 "floor_seconds": round(floor, 2),
                 "ratio_to_floor": round(seconds / floor, 2) if floor else None,
+                **latency,
                 "p99_receive_to_cordon_s": p99,
                 "p99_receive_to_cordon_bucket": _p99_bucket(
                     metrics.get("queue_processor_event_to_cordon_seconds_bucket", [])
@@ -543,7 +698,9 @@ def storm(args: argparse.Namespace, replicas: int, plane: Any) -> dict[str, Any]
                 figures["kube_requests_per_node_without_429s"] = round(
                     (sum(by_code.values()) - by_code.get("429", 0)) / args.nodes, 2
                 )
+            _print_latency(figures, plane is not None)
         finally:
+            moments.stop()
             for process in processes:
                 try:
                     process.stop(signal.SIGTERM, 30)
