@@ -423,35 +423,40 @@ def explain(
     if output == "json":
         click.echo(json.dumps(explanation.as_json()))
     else:
-        table = Table(title=f"{explanation.node}{' (cordoned)' if explanation.unschedulable else ''}")
-        for column in (
-            "pod",
-            "verdict",
-            "policy",
-            "wave",
-            "grace",
-            "ready",
-            "PodDisruptionBudgets",
-            "dry-run eviction",
-        ):
-            table.add_column(column, overflow="fold")
-        for pod in explanation.pods:
-            table.add_row(
-                f"{pod.namespace}/{pod.name}",
-                pod.verdict if pod.reason == "ok" else f"{pod.verdict}: {pod.reason}",
-                pod.policy,
-                str(pod.wave or ""),
-                f"{pod.grace_s} s" if pod.wave else "",
-                "yes" if pod.ready else "no",
-                "\n".join(pod.budgets),
-                pod.eviction,
-            )
-        console = Console()
-        console.print(table)
-        console.print(explanation.summary)
+        _print_explanation(explanation)
     blocked = any(p.blocked for p in explanation.pods) or any(p.verdict == "error" for p in explanation.pods)
     if blocked:
         raise click.exceptions.Exit(1)
+
+
+def _print_explanation(explanation: Any) -> None:
+    """``queue-processor explain``'s table: one row per pod, then the summary."""
+    table = Table(title=f"{explanation.node}{' (cordoned)' if explanation.unschedulable else ''}")
+    for column in (
+        "pod",
+        "verdict",
+        "policy",
+        "wave",
+        "grace",
+        "ready",
+        "PodDisruptionBudgets",
+        "dry-run eviction",
+    ):
+        table.add_column(column, overflow="fold")
+    for pod in explanation.pods:
+        table.add_row(
+            f"{pod.namespace}/{pod.name}",
+            pod.verdict if pod.reason == "ok" else f"{pod.verdict}: {pod.reason}",
+            pod.policy,
+            str(pod.wave or ""),
+            f"{pod.grace_s} s" if pod.wave else "",
+            "yes" if pod.ready else "no",
+            "\n".join(pod.budgets),
+            pod.eviction,
+        )
+    console = Console()
+    console.print(table)
+    console.print(explanation.summary)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 
 import structlog
@@ -20,37 +20,33 @@ import structlog
 from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.deadlines import drain_deadline, instance_end, leaves_time
+from queue_processor.cordon import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, PRE_DRAIN_KINDS, Cordons
+from queue_processor.deadlines import drain_deadline, instance_end
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
-from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.handover import events_in, missing
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     Event,
-    ScheduledChangeEvent,
     StateChangeEvent,
 )
 from queue_processor.kube import AFTER_CORDONS, rank_urgent
 from queue_processor.launch import Launches
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats
-from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder
+from queue_processor.nodes import InstanceResolver, NodeFinder
 from queue_processor.observe.events import (
     CANCEL_DRAIN,
-    CORDON,
     CORDON_AND_DRAIN,
     CORDON_AND_DRAIN_ERROR,
     POD_DELETED_AT_DEADLINE,
     POD_EVICTION,
-    PRE_DRAIN,
-    RECEIVED_REASONS,
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.observe.webhook import ASG_TAG, Webhook, node_facts
+from queue_processor.observe.webhook import Webhook, node_facts
 from queue_processor.outcomes import (
     ClaimLost,
     ErrorWhere,
@@ -59,7 +55,7 @@ from queue_processor.outcomes import (
     OperationOutcome,
 )
 from queue_processor.steps import INSTANCE_ENDED, Collaborators, OperationContext, Outcome, Step, Steps
-from queue_processor.turns import Turns, turn_limit
+from queue_processor.turns import DrainTurns, Turns
 from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
 
 __all__ = [
@@ -72,29 +68,11 @@ __all__ = [
 
 log = structlog.get_logger("queue_processor.handler")
 
-OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
-
 #: Seconds to wait, after evicting our own pod, for the kubelet's SIGTERM before requeuing the node's messages.
 LEAVE_WAIT_S = 60.0
 
 #: Seconds before our instance's end by which we leave our drained node: SIGTERM and shutdown take that long.
 LEAVE_LEAD_S = 10.0
-
-EXCLUDE_FROM_LB_LABEL = (
-    "node.kubernetes.io/exclude-from-external-load-balancers",
-    "aws-node-termination-handler",
-)
-
-#: Kinds NTH gives a PreDrain task (the kind's taint); a Capacity Reservation interruption counts as Spot.
-PRE_DRAIN_KINDS = frozenset(
-    {
-        EventKind.SPOT_INTERRUPTION,
-        EventKind.REBALANCE_RECOMMENDATION,
-        EventKind.ASG_TERMINATE_LIFECYCLE,
-        EventKind.SCHEDULED_CHANGE,
-        EventKind.CAPACITY_RESERVATION_INTERRUPTION,
-    }
-)
 
 
 class Handler(Steps):
@@ -116,6 +94,15 @@ class Handler(Steps):
     ) -> None:
         super().__init__(Collaborators(settings, resolver, finder, heartbeats, recorder, observer, clock))
         self.drainer = drainer
+        self.cordons = Cordons(
+            settings,
+            drainer.writes,
+            finder=finder,
+            resolver=resolver,
+            observer=observer,
+            clock=clock,
+            event=self.event,
+        )
         self.leases = leases
         self.webhook = webhook
         self.launches = Launches(
@@ -129,6 +116,14 @@ class Handler(Steps):
         self._one_ended = asyncio.Event()  # set (and replaced) whenever one of them ends
         self.turns = Turns(observer)
         """Drains per group, and those that wait for a turn (DRAIN_BUDGET_NON_URGENT)."""
+        self.drain_turns = DrainTurns(
+            settings,
+            self.turns,
+            drainer=drainer,
+            lifecycle=heartbeats.lifecycle,
+            park=lambda message_ids: self.park(message_ids),
+            taint_joined=self.cordons.taint_joined,
+        )
         self._holding: dict[str, OperationContext] = {}  # node Lease name → the operation holding it here
         if leases is not None:
             leases.watch.on_handed = self._handed
@@ -200,7 +195,7 @@ class Handler(Steps):
         if claimed is not None:
             return claimed
         ctx.bind(node=ctx.node)
-        if not await self.step(ctx, Step.CORDON, self._cordon(ctx)):
+        if not await self.step(ctx, Step.CORDON, self.cordons.cordon(ctx)):
             return await self._no_node(ctx)
         rank_urgent(AFTER_CORDONS)  # the rest of the operation waits for others' claims and cordons
         ctx.bind(node=ctx.node)
@@ -351,55 +346,6 @@ class Handler(Steps):
             for event in ctx.operation.events
         )
 
-    async def _cordon(self, ctx: OperationContext) -> bool:
-        """PreDrain and cordon in one write; ``False`` when there is no such node (an assumed name is looked up)."""
-        operation, info = ctx.operation, ctx.info
-        assert info is not None
-        taints, labels = self._pre_drain(operation)
-        ctx.tainted = set(operation.kinds)  # the kinds whose taints go out with the cordon
-        about, writes = self._about(operation, info), self.drainer.writes
-        if not await writes.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
-            node = await self.finder.find(info) if ctx.assumed else None
-            if node is None:
-                return False
-            ctx.node = str(node["metadata"]["name"])
-            if not await writes.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
-                return False
-        for _ in taints:
-            self.observer.node_action(NodeAction.TAINT, True)
-        if labels:
-            self.observer.node_action(NodeAction.EXCLUDE_FROM_LB, True)
-        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
-            self.observer.node_action(NodeAction.PRE_DRAIN, True)
-        if self.settings.cordon_only:
-            self.observer.node_action(NodeAction.CORDON, True)
-        self.observer.cordoned(self.clock() - operation.started_at)
-        ctx.log.info("cordoned", node=ctx.node)
-        for kind in operation.kinds:  # NTH's Event for each interruption taken up, then its steps'
-            event_id = operation.event_of(kind).event_id
-            text = f"{kind} {event_id} for instance {operation.instance_id}"
-            await self.event(ctx, RECEIVED_REASONS[kind], text)
-        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
-            await self.event(ctx, *PRE_DRAIN)
-        if self.settings.cordon_only:
-            await self.event(ctx, *CORDON)
-        return True
-
-    @staticmethod
-    def _about(operation: NodeOperation, info: InstanceInfo) -> CordonRecord:
-        """The instance facts recorded with our cordon (:mod:`queue_processor.drain.record`): its ID, its
-        ``LaunchTime`` (another later one means stopped and started since), whether bound for a warm pool, when."""
-        return CordonRecord(
-            instance_id=operation.instance_id,
-            launch_time=info.launch_time.isoformat() if info.launch_time is not None else "",
-            warm_pool=any(action.destination == "WarmPool" for action in operation.terminate_actions),
-            since=datetime.now(UTC).isoformat(timespec="seconds"),
-        )
-
-    def _recorded(self, ctx: OperationContext) -> CordonRecord | None:
-        """The instance facts every write of ours on the node records (:meth:`_about`)."""
-        return self._about(ctx.operation, ctx.info) if ctx.info is not None else None
-
     async def _notify(self, ctx: OperationContext) -> None:
         """The webhook, as NTH sends it (:meth:`~queue_processor.observe.webhook.Webhook.notify_operation`)."""
         operation = ctx.operation
@@ -411,105 +357,13 @@ class Handler(Steps):
                 self.clock() - operation.started_at,
             )
 
-    def _pre_drain(self, operation: NodeOperation) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
-        """PreDrain's node changes, sent with the cordon: NTH's taint per kind (TAINT_NODE; value: the event ID) and
-        the exclude-from-load-balancers label, only where absent (as NTH: a value may be another's)."""
-        labels: dict[str, str] = {}
-        if self.settings.exclude_from_load_balancers and not self.settings.cordon_only:
-            labels = dict([EXCLUDE_FROM_LB_LABEL])
-        return self._taints(operation, operation.kinds), labels
-
-    def _taints(self, operation: NodeOperation, kinds: list[EventKind]) -> list[tuple[str, str, str]]:
-        if not self.settings.taint_node:
-            return []
-        taints: list[tuple[str, str, str]] = []
-        for kind in kinds:
-            event = operation.event_of(kind)
-            if event.taint_key is not None:  # the kind's own (kinds/<kind>.py); NTH's keys
-                taints.append((event.taint_key, event.event_id, self.settings.taint_effect))
-        return taints
-
-    async def _taint_joined(self, ctx: OperationContext) -> None:
-        """Taint the node for the kinds that joined since its last taints (TAINT_NODE)."""
-        new = [kind for kind in ctx.operation.kinds if kind not in ctx.tainted]
-        for key, value, effect in self._taints(ctx.operation, new):
-            await self.drainer.writes.taint(ctx.node, key, value, effect, about=self._recorded(ctx))
-            self.observer.node_action(NodeAction.TAINT, True)
-        ctx.tainted.update(new)
-
     async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult | None:
-        """:meth:`_drain` in the group's turn (:meth:`_turn`); ``None`` when started again meanwhile."""
-        async with self._turn(ctx) as waited:
+        """:meth:`_drain` in the group's turn (:meth:`~queue_processor.turns.DrainTurns.turn`); ``None`` when
+        started again meanwhile."""
+        async with self.drain_turns.turn(ctx) as waited:
             if waited and await self._started_again(ctx, fresh=True):
                 return None
             return await self._drain(ctx)
-
-    @asynccontextmanager
-    async def _turn(self, ctx: OperationContext) -> AsyncIterator[bool]:
-        """With DRAIN_BUDGET_NON_URGENT: count the drain in its group; when all its events leave time, first wait
-        for a turn (:class:`~queue_processor.turns.Turns`), cordoned, messages parked, Lease kept. Yields whether it
-        waited; an urgent event joining or a scheduled change becoming due ends the wait."""
-        spec = self.settings.drain_budget_non_urgent
-        if not spec:
-            yield False
-            return
-        operation = ctx.operation
-        grace = self.settings.node_termination_grace_period
-
-        def urgent() -> bool:
-            return not leaves_time(operation.events, grace_period_s=grace, wall=datetime.now(UTC))
-
-        def recheck_s() -> float | None:
-            wall = datetime.now(UTC)
-            due = [
-                (event.start_time - wall).total_seconds() - grace
-                for event in operation.events
-                if isinstance(event, ScheduledChangeEvent)
-            ]
-            return max(min(due), 0.0) + 0.01 if due else None
-
-        group, size = await self._group(ctx, sized=not urgent() and spec.strip().endswith("%"))
-        limit = turn_limit(spec, size)
-        logged = False
-
-        async def waiting() -> None:
-            nonlocal logged
-            self.park(list(operation.messages))
-            if not logged:
-                logged = True
-                ctx.log.info("waiting for a turn to drain: its events leave time", group=group, limit=limit)
-
-        async with self.turns.turn(
-            group, limit, urgent=urgent, joined=operation.joined, waiting=waiting, recheck_s=recheck_s
-        ) as waited:
-            if waited:
-                ctx.log.info("a turn to drain came", group=group, urgent=urgent())
-                await self._taint_joined(ctx)
-            yield waited
-
-    async def _group(self, ctx: OperationContext, *, sized: bool) -> tuple[str, int | None]:
-        """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, its size (``None``: unknown): its
-        DRAIN_BUDGET_GROUP_LABEL value (sized from the watched copy of the nodes, never a LIST), else its Auto
-        Scaling group (DescribeAutoScalingGroups); ``""`` for neither. Raises nothing but ``CancelledError``."""
-        label = self.settings.drain_budget_group_label
-        try:
-            if label:
-                watched = self.drainer.nodes
-                node = watched.get(ctx.node) if watched is not None else None
-                if node is None:
-                    node = await self.drainer.kube.get_node(ctx.node)
-                value = str(((node or {}).get("metadata") or {}).get("labels", {}).get(label, ""))
-                if not value:
-                    return "", None
-                size = watched.labelled(label, value) if sized and watched is not None else None
-                return f"{label}={value}", size
-            group = (ctx.info.tags if ctx.info is not None else {}).get(ASG_TAG, "")
-            if not group or not sized:
-                return group, None
-            return group, await self.heartbeats.lifecycle.group_size(group)
-        except Exception as exc:
-            ctx.log.warning("cannot read the node's group for DRAIN_BUDGET_NON_URGENT", error=repr(exc))
-            return "", None
 
     async def _drain(self, ctx: OperationContext) -> DrainResult:
         """Evict the node's pods until the deadline (tightened by joining events: :meth:`_joiners`); how it ended."""
@@ -549,6 +403,11 @@ class Handler(Steps):
         finally:
             await tasks.stop(watcher)
         self.observer.drained(kind, result.outcome, self.clock() - started)
+        await self._report(ctx, result)
+        return result
+
+    async def _report(self, ctx: OperationContext, result: DrainResult) -> None:
+        """Log, count and record (Events) how a drain ended."""
         figures = {
             "drain_id": result.drain_id,
             "evicted": result.evicted,
@@ -564,14 +423,13 @@ class Handler(Steps):
             text = f"{CORDON_AND_DRAIN_ERROR}: drain incomplete, will retry: {result.reason}"
             await self.event(ctx, "CordonAndDrainError", text, warning=True)
             if (
-                EventKind.ASG_TERMINATE_LIFECYCLE in operation.kinds
+                EventKind.ASG_TERMINATE_LIFECYCLE in ctx.operation.kinds
             ):  # NTH's EarlyExit task for lifecycle hooks
                 await self.event(ctx, *CANCEL_DRAIN)
-            return result
+            return
         self.observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
         ctx.log.info("drained", skipped=len(result.skipped), **figures)
         await self.event(ctx, *CORDON_AND_DRAIN)
-        return result
 
     async def _leave(self, ctx: OperationContext) -> bool:
         """Leave the drained node our own pod runs on: evict our pod last, so the kubelet's SIGTERM starts our
@@ -633,24 +491,8 @@ class Handler(Steps):
                     if bounds.instance_end is None
                     else round(bounds.instance_end - now, 1),
                 )
-            await self._record_start(ctx)
-            await self._taint_joined(ctx)
-
-    async def _record_start(self, ctx: OperationContext) -> None:
-        """When a joining event finds the instance started since the cordon, record the new ``LaunchTime``, or the
-        check for instances back in service would take that start for a return."""
-        if ctx.info is None or ctx.node is None:
-            return
-        try:
-            now = await self.resolver.get(ctx.operation.instance_id, fresh=True)
-        except Exception as exc:  # the joins after this one must still tighten the bounds
-            ctx.log.warning("instance not read as an event joined: its record unchanged", error=repr(exc))
-            return
-        if now is None or now.launch_time is None or now.launch_time == ctx.info.launch_time:
-            return
-        ctx.info = now
-        if not await self.drainer.writes.cordon(ctx.node, about=self._recorded(ctx)):
-            ctx.log.info("node gone while an event joined: nothing to record")
+            await self.cordons.record_start(ctx)
+            await self.cordons.taint_joined(ctx)
 
     async def _post_drain(self, ctx: OperationContext) -> Outcome:
         """Complete the lifecycle actions, taint joined kinds, add the out-of-service taint
@@ -659,9 +501,11 @@ class Handler(Steps):
         await self.completion_delay()
         await self.complete_actions(ctx, claim=ctx.claim)
         try:
-            await self._taint_joined(ctx)
+            await self.cordons.taint_joined(ctx)
             if settings.enable_out_of_service_taint and not settings.cordon_only:
-                await self.drainer.writes.taint(ctx.node, *OUT_OF_SERVICE_TAINT, about=self._recorded(ctx))
+                await self.drainer.writes.taint(
+                    ctx.node, *OUT_OF_SERVICE_TAINT, about=self.cordons.recorded(ctx)
+                )
                 self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
         except KubeError as exc:
             if exc.status != 404:

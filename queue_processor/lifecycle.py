@@ -378,15 +378,7 @@ class Heartbeats:
             group=action.auto_scaling_group_name,
             hook=action.lifecycle_hook_name,
         )
-        retry_s = RETRY_S[0]
-        while True:  # the interval: a throttled hook read is tried again, never given up
-            try:
-                interval_s = await self.lifecycle.interval_s(action)
-                break
-            except Exception as exc:  # throttled or unreachable after retries (denials are answered None)
-                bound.warning("reading the lifecycle hook failed: retrying", error=repr(exc))
-                await asyncio.sleep(retry_s)
-                retry_s = min(retry_s * 2, RETRY_S[1])
+        interval_s = await self._interval_s(action, bound)
         if interval_s is None:
             return
         deadline = self.clock() + self.lifecycle.until_s()
@@ -407,16 +399,11 @@ class Heartbeats:
                 return
             await self.sleep(min(wait_s, remaining))
             beat = self._beats.get(action.action_key)
-            if beat is not None and beat.visible_at is not None and self.clock() >= beat.visible_at:
-                # Back in the queue, held by nobody: wait for a receive, up to DEFER_MAX or the requeue's margin.
-                assert beat.requeued_until is not None
-                limit = last_ok + (1.0 + DEFER_MAX) * interval_s
-                await self._until_held(beat, min(beat.requeued_until, limit))
-                if not beat.held.is_set() and await self.lifecycle.waiting(action) is False:
-                    # Nobody holds its message: another replica may have received it and completed the action.
-                    self._mark_over(action.action_key)
-                    bound.info("lifecycle action is over: heartbeats stop")
-                    return
+            if beat is not None and await self._over_while_requeued(
+                action, beat, last_ok + (1.0 + DEFER_MAX) * interval_s
+            ):
+                bound.info("lifecycle action is over: heartbeats stop")
+                return
             if beat is not None and beat.requeued_until is not None and self.clock() >= beat.requeued_until:
                 bound.info("requeued lifecycle action not received again: heartbeats stop")
                 return
@@ -444,6 +431,31 @@ class Heartbeats:
                 bound.info("lifecycle action is over: heartbeats stop")
                 return
             wait_s, retry_s, last_ok = interval_s, RETRY_S[0], self.clock()
+
+    async def _interval_s(self, action: AsgLifecycleEvent, bound: Any) -> float | None:
+        """The hook's heartbeat interval (seconds; ``None``: not ours to beat); a throttled hook read is tried
+        again, never given up."""
+        retry_s = RETRY_S[0]
+        while True:
+            try:
+                return await self.lifecycle.interval_s(action)
+            except Exception as exc:  # throttled or unreachable after retries (denials are answered None)
+                bound.warning("reading the lifecycle hook failed: retrying", error=repr(exc))
+                await asyncio.sleep(retry_s)
+                retry_s = min(retry_s * 2, RETRY_S[1])
+
+    async def _over_while_requeued(self, action: AsgLifecycleEvent, beat: _Beat, limit: float) -> bool:
+        """When the action's message is back in the queue, held by nobody: wait for a receive, up to ``limit`` or
+        the requeue's margin; ``True`` (marked over) when still nobody holds it and the action is over (another
+        replica may have received it and completed the action)."""
+        if beat.visible_at is None or self.clock() < beat.visible_at:
+            return False
+        assert beat.requeued_until is not None
+        await self._until_held(beat, min(beat.requeued_until, limit))
+        if beat.held.is_set() or await self.lifecycle.waiting(action) is not False:
+            return False
+        self._mark_over(action.action_key)
+        return True
 
     async def _until_held(self, beat: _Beat, until: float) -> None:
         """Wait until a receive holds the beat's message again or the clock reads ``until``."""
