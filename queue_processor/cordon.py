@@ -16,26 +16,16 @@ from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder
 from queue_processor.observe.events import CORDON, PRE_DRAIN, RECEIVED_REASONS
 from queue_processor.observe.observer import Observer
 from queue_processor.outcomes import NodeAction
+from queue_processor.rules import RULES, pre_drains
 from queue_processor.steps import OperationContext
 
-__all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "PRE_DRAIN_KINDS", "Cordons"]
+__all__ = ["EXCLUDE_FROM_LB_LABEL", "OUT_OF_SERVICE_TAINT", "Cordons"]
 
 OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
 
 EXCLUDE_FROM_LB_LABEL = (
     "node.kubernetes.io/exclude-from-external-load-balancers",
     "aws-node-termination-handler",
-)
-
-#: Kinds NTH gives a PreDrain task (the kind's taint); a Capacity Reservation interruption counts as Spot.
-PRE_DRAIN_KINDS = frozenset(
-    {
-        EventKind.SPOT_INTERRUPTION,
-        EventKind.REBALANCE_RECOMMENDATION,
-        EventKind.ASG_TERMINATE_LIFECYCLE,
-        EventKind.SCHEDULED_CHANGE,
-        EventKind.CAPACITY_RESERVATION_INTERRUPTION,
-    }
 )
 
 
@@ -80,7 +70,7 @@ class Cordons:
             self.observer.node_action(NodeAction.TAINT, True)
         if labels:
             self.observer.node_action(NodeAction.EXCLUDE_FROM_LB, True)
-        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
+        if pre_drains(operation.kinds):
             self.observer.node_action(NodeAction.PRE_DRAIN, True)
         if self.settings.cordon_only:
             self.observer.node_action(NodeAction.CORDON, True)
@@ -90,7 +80,7 @@ class Cordons:
             event_id = operation.event_of(kind).event_id
             text = f"{kind} {event_id} for instance {operation.instance_id}"
             await self.event(ctx, RECEIVED_REASONS[kind], text)
-        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
+        if pre_drains(operation.kinds):
             await self.event(ctx, *PRE_DRAIN)
         if self.settings.cordon_only:
             await self.event(ctx, *CORDON)
@@ -124,9 +114,9 @@ class Cordons:
             return []
         taints: list[tuple[str, str, str]] = []
         for kind in kinds:
-            event = operation.event_of(kind)
-            if event.taint_key is not None:  # the kind's own (kinds/<kind>.py); NTH's keys
-                taints.append((event.taint_key, event.event_id, self.settings.taint_effect))
+            key = RULES[kind].taint_key
+            if key is not None:
+                taints.append((key, operation.event_of(kind).event_id, self.settings.taint_effect))
         return taints
 
     async def taint_joined(self, ctx: OperationContext) -> None:

@@ -9,27 +9,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from queue_processor.events import EventKind
 from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, ScheduledChangeEvent
+from queue_processor.rules import RULES
 
 __all__ = ["drain_deadline", "instance_end", "launch_ready_deadline", "leaves_time", "notice_end"]
 
 
 def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetime) -> bool:
-    """Whether every one of ``events`` leaves time for DRAIN_BUDGET_NON_URGENT: a rebalance recommendation, or a
-    scheduled change starting over ``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) after ``wall``. Anything else,
-    and an empty list, does not."""
+    """Whether every one of ``events`` leaves time for DRAIN_BUDGET_NON_URGENT (:data:`~queue_processor.rules.RULES`):
+    a kind that always does (a rebalance recommendation), or one that does when its start is over ``grace_period_s``
+    (NODE_TERMINATION_GRACE_PERIOD) after ``wall`` (a scheduled change). Anything else, and an empty list, does
+    not."""
     if not events:
         return False
     for event in events:
-        if event.kind is EventKind.REBALANCE_RECOMMENDATION:
-            continue
-        if (
-            isinstance(event, ScheduledChangeEvent)
-            and (event.start_time - wall).total_seconds() > grace_period_s
-        ):
-            continue
-        return False
+        rule = RULES[event.kind].leaves_time
+        far = (event.start_time - wall).total_seconds() > grace_period_s
+        if not (rule == "always" or (rule == "when-far" and far)):
+            return False
     return True
 
 
@@ -37,7 +34,7 @@ def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_a
     """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice, ``None`` without one. A
     notice already over by ``wall`` is measured from ``started_at`` with its own length instead: a drain cut to
     nothing could never succeed."""
-    notices = [event for event in events if event.notice]
+    notices = [event for event in events if RULES[event.kind].notice]
     if not notices:
         return None
     first = min(notices, key=lambda event: event.start_time)

@@ -10,7 +10,7 @@ import hashlib
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, ClassVar, NamedTuple, TypeVar
+from typing import Annotated, NamedTuple, TypeVar
 
 from pydantic import (
     AliasPath,
@@ -108,11 +108,6 @@ class BaseEvent(BaseModel):
 
     # extra="ignore": the wire format has many fields we do not read. frozen: events are shared by tasks.
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
-
-    #: NTH's taint key for this kind (TAINT_NODE), ``None`` for a kind that is never tainted for.
-    taint_key: ClassVar[str | None] = None
-    #: Whether ``start_time`` is when the instance is reclaimed, a deadline no drain runs past.
-    notice: ClassVar[bool] = False
 
     detail_type: str | None = Field(default=None, alias="detail-type", exclude=True, repr=False)
     source: str | None = Field(default=None, exclude=True, repr=False)

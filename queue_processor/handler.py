@@ -20,7 +20,7 @@ import structlog
 from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.cordon import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, PRE_DRAIN_KINDS, Cordons
+from queue_processor.cordon import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Cordons
 from queue_processor.deadlines import drain_deadline, instance_end
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
@@ -54,6 +54,7 @@ from queue_processor.outcomes import (
     NodeAction,
     OperationOutcome,
 )
+from queue_processor.rules import pre_drains
 from queue_processor.steps import INSTANCE_ENDED, Collaborators, OperationContext, Outcome, Step, Steps
 from queue_processor.turns import DrainTurns, Turns
 from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
@@ -227,7 +228,7 @@ class Handler(Steps):
         operation, info = ctx.operation, ctx.info
         node = (info.private_dns_name if info is not None else None) or operation.instance_id
         ctx.log.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only, node=node)
-        if not PRE_DRAIN_KINDS.isdisjoint(operation.kinds):
+        if pre_drains(operation.kinds):
             self.observer.node_action(NodeAction.PRE_DRAIN, True)
         only = self.settings.cordon_only
         self.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)

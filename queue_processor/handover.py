@@ -16,8 +16,8 @@ from typing import Any
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
-from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLifecycleEvent, Event
+from queue_processor.kinds import Event
+from queue_processor.rules import RULES
 
 __all__ = ["HANDOVER_PREFIX", "annotation", "events_in", "handed", "missing"]
 
@@ -36,7 +36,7 @@ def _events() -> TypeAdapter[Any]:
 def handed(event: Event) -> bool:
     """Whether ``event`` is handed to the holder: not a lifecycle action (its heartbeats belong to its message's
     replica) nor a rebalance recommendation (it brings nothing the drain lacks)."""
-    return not isinstance(event, AsgLifecycleEvent) and event.kind is not EventKind.REBALANCE_RECOMMENDATION
+    return RULES[event.kind].handed_over
 
 
 def annotation(event: Event) -> tuple[str, str]:

@@ -6,7 +6,7 @@ fields in EventBridge's ``detail``, or at the top level of the hook's own notifi
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
@@ -65,7 +65,6 @@ class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
     detail_type: Literal["EC2 Instance-terminate Lifecycle Action"] = Field(
         default="EC2 Instance-terminate Lifecycle Action", alias="detail-type", exclude=True, repr=False
     )
-    taint_key: ClassVar[str | None] = "aws-node-termination-handler/asg-lifecycle-termination"
 
     kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE] = EventKind.ASG_TERMINATE_LIFECYCLE
     lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_TERMINATING"] = Field(

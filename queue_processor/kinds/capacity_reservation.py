@@ -5,7 +5,7 @@ Format: "Monitor interruptible Capacity Reservations with EventBridge", "Monitor
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import AliasChoices, AwareDatetime, Field, computed_field
 
@@ -22,8 +22,6 @@ class CapacityReservationInterruptionEvent(BaseEvent):
         exclude=True,
         repr=False,
     )
-    taint_key: ClassVar[str | None] = "aws-node-termination-handler/capacity-reservation-interruption"
-    notice: ClassVar[bool] = True
 
     kind: Literal[EventKind.CAPACITY_RESERVATION_INTERRUPTION] = EventKind.CAPACITY_RESERVATION_INTERRUPTION
     instance_id: NonEmptyStr = Field(validation_alias=detail_alias("instance-id"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import lru_cache
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, computed_field
 
@@ -20,8 +20,6 @@ from queue_processor.outcomes import PoisonClass, SkipClass
 
 class ScheduledChangeEvent(BaseEvent):
     """One affected instance of an AWS Health EC2 ``scheduledChange`` event; the identity key is ``event_arn``."""
-
-    taint_key: ClassVar[str | None] = "aws-node-termination-handler/scheduled-maintenance"
 
     kind: Literal[EventKind.SCHEDULED_CHANGE] = EventKind.SCHEDULED_CHANGE
     scheduled_start_time: AwareDatetime

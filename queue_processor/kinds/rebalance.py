@@ -4,7 +4,7 @@ Format: "EC2 instance rebalance recommendations" (EC2 User Guide).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -18,7 +18,6 @@ class RebalanceRecommendationEvent(BaseEvent):
     detail_type: Literal["EC2 Instance Rebalance Recommendation"] = Field(
         default="EC2 Instance Rebalance Recommendation", alias="detail-type", exclude=True, repr=False
     )
-    taint_key: ClassVar[str | None] = "aws-node-termination-handler/rebalance-recommendation"
 
     kind: Literal[EventKind.REBALANCE_RECOMMENDATION] = EventKind.REBALANCE_RECOMMENDATION
     instance_id: NonEmptyStr = Field(validation_alias=detail_alias("instance-id"))

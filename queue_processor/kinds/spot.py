@@ -5,7 +5,7 @@ Format: "Spot Instance interruption notices" (EC2 User Guide).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, computed_field
 
@@ -19,8 +19,6 @@ class SpotInterruptionEvent(BaseEvent):
     detail_type: Literal["EC2 Spot Instance Interruption Warning"] = Field(
         default="EC2 Spot Instance Interruption Warning", alias="detail-type", exclude=True, repr=False
     )
-    taint_key: ClassVar[str | None] = "aws-node-termination-handler/spot-itn"
-    notice: ClassVar[bool] = True
 
     kind: Literal[EventKind.SPOT_INTERRUPTION] = EventKind.SPOT_INTERRUPTION
     instance_id: NonEmptyStr = Field(validation_alias=detail_alias("instance-id"))

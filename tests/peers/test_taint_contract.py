@@ -18,12 +18,7 @@ import pytest
 from queue_processor.config import Settings
 from queue_processor.events import EventKind, make_event_id
 from queue_processor.handler import OUT_OF_SERVICE_TAINT
-from queue_processor.kinds import (
-    AsgTerminateLifecycleEvent,
-    RebalanceRecommendationEvent,
-    ScheduledChangeEvent,
-    SpotInterruptionEvent,
-)
+from queue_processor.rules import RULES
 from tests.conftest import REQUIRE_REAL_CLUSTER, ROOT
 
 NTH_MODULE = "github.com/aws/aws-node-termination-handler"
@@ -57,10 +52,10 @@ def go_constants(source: str) -> dict[str, str]:
 
 def test_our_taints_are_nths() -> None:
     node = go_constants(nth_source("pkg/node/node.go"))
-    assert SpotInterruptionEvent.taint_key == node["SpotInterruptionTaint"]
-    assert ScheduledChangeEvent.taint_key == node["ScheduledMaintenanceTaint"]
-    assert AsgTerminateLifecycleEvent.taint_key == node["ASGLifecycleTerminationTaint"]
-    assert RebalanceRecommendationEvent.taint_key == node["RebalanceRecommendationTaint"]
+    assert RULES[EventKind.SPOT_INTERRUPTION].taint_key == node["SpotInterruptionTaint"]
+    assert RULES[EventKind.SCHEDULED_CHANGE].taint_key == node["ScheduledMaintenanceTaint"]
+    assert RULES[EventKind.ASG_TERMINATE_LIFECYCLE].taint_key == node["ASGLifecycleTerminationTaint"]
+    assert RULES[EventKind.REBALANCE_RECOMMENDATION].taint_key == node["RebalanceRecommendationTaint"]
     assert (
         node["OutOfServiceTaintKey"],
         node["OutOfServiceTaintValue"],

@@ -43,6 +43,7 @@ from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import KubeError
+from queue_processor.rules import RULES
 from queue_processor_gotemplate import Struct, parse
 from queue_processor_sandbox.kube_logic import parse_label_selector
 
@@ -551,8 +552,8 @@ async def test_taint_node_keeps_other_taints_and_taints_kinds_that_join_during_t
     assert outcome is Outcome.DONE
     assert world.taint_keys() == {
         "dedicated",
-        operation.first.taint_key,
-        terminate().taint_key,
+        RULES[operation.first.kind].taint_key,
+        RULES[terminate().kind].taint_key,
     }
     assert world.autoscaling.made("CompleteLifecycleAction") == ["tok-1"]
 
@@ -562,7 +563,7 @@ async def test_out_of_service_taint_after_the_drain_keeps_the_others(env: Any) -
     operation = world.receive(spot())
     assert operation is not None
     await world.run(operation)
-    assert world.taint_keys() == {OUT_OF_SERVICE_TAINT[0], operation.first.taint_key}
+    assert world.taint_keys() == {OUT_OF_SERVICE_TAINT[0], RULES[operation.first.kind].taint_key}
 
 
 async def test_use_provider_id_finds_the_node_before_cordoning(env: Any) -> None:
