@@ -8,7 +8,6 @@ is on the operation's EarlyExit ``AsyncExitStack``, cancelled and awaited when t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -457,23 +456,32 @@ class Handler(Steps):
 
     async def _last_to_leave(self, ctx: OperationContext) -> None:
         """DESIGN.md rule 16: our shutdown cancels the other operations here, so wait until none is left, but no
-        later than :data:`LEAVE_LEAD_S` before our instance's end nor one drain deadline from now."""
+        later than :data:`LEAVE_LEAD_S` before our instance's end nor one drain deadline from now, as the events
+        say at each wake (one that joins may bring the end nearer)."""
         operation = ctx.operation
-        leave_by = self._deadline(operation)
-        end = self._instance_end(operation)
-        if end is not None:
-            leave_by = min(leave_by, end - LEAVE_LEAD_S)
+        deadline = self._deadline(operation)
+
+        def leave_by() -> float:
+            end = self._instance_end(operation)
+            return min(deadline, self._deadline(operation), *(() if end is None else (end - LEAVE_LEAD_S,)))
+
         if self._running > 1:
             ctx.log.info(
                 "our own node is drained: staying until the other drains here end",
                 operations=self._running - 1,
-                leave_in_s=round(max(0.0, leave_by - self.clock()), 1),
+                leave_in_s=round(max(0.0, leave_by() - self.clock()), 1),
             )
-        while self._running > 1 and (left := leave_by - self.clock()) > 0:
-            ended = self._one_ended
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await ended.wait()
+        while self._running > 1 and (left := leave_by() - self.clock()) > 0:
+            operation.joined.clear()  # the drain's watcher of joins has stopped: this wait is the only one
+            waits = {
+                asyncio.ensure_future(self._one_ended.wait()),
+                asyncio.ensure_future(operation.joined.wait()),
+            }
+            try:
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
         if self._running > 1:
             ctx.log.warning("leaving our own node at its last moment", operations=self._running - 1)
 

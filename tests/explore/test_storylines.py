@@ -51,6 +51,9 @@ PINNED: dict[int, str] = {
     2159: "a warm pool's stop and return in one second, two replicas: the stop's two messages (stopping, "
     "stopped) reached the replica that had not drained it; the second joined while EC2 was read for the first, and "
     "the join alone made it cordon the returned node (returned): events that join are judged as the first was",
+    2345: "our own node drained, we stayed for the other drains here, bounded by the deadline as it was then; a "
+    "Spot warning for our instance joined, and its end came first: our pod went with the instance "
+    "(gone-undrained): the stay is bounded by what the operation's events say at each wake",
     332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
     "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
     "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "

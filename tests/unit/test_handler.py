@@ -20,6 +20,7 @@ import pytest
 import structlog
 from botocore.exceptions import ClientError
 
+from queue_processor import tasks
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
@@ -1749,3 +1750,26 @@ async def test_an_event_joining_after_a_start_records_the_instance_as_it_is_now(
     assert record is not None
     assert after.launch_time is not None
     assert record.launch_time == after.launch_time.isoformat()
+
+
+async def test_a_spot_warning_that_joins_while_we_stay_on_our_drained_node_bounds_the_stay(env: Any) -> None:
+    """Explorer seed 2345: our own node was drained and we stayed for the other drains here, bounded by the drain
+    deadline as it was then; a Spot warning for our instance joined meanwhile, and its end came before that bound:
+    our pod went with the instance. The stay is bounded by what the operation's events say now."""
+    world = World(settings(pod_name="qp-0", pod_namespace="apps"))
+    world.kube.add_pod("qp-0")
+    world.drainer.options = DrainOptions(own_pod=("apps", "qp-0"))
+    world.handler._running += 1  # another drain runs here for the whole test: we stay for it
+    operation = world.receive(rebalance())
+    assert operation is not None
+    with structlog.testing.capture_logs() as logs:
+        leaving = asyncio.create_task(world.handler.handle(operation))
+        await until(lambda: any(str(e["event"]).startswith("our own node is drained: staying") for e in logs))
+        assert "qp-0" not in world.kube.evicted
+        world.receive(spot("m-late", age_s=115))  # its notice ends in 5 s: sooner than LEAVE_LEAD_S
+        try:
+            await asyncio.wait_for(until(lambda: "qp-0" in world.kube.evicted), 30)
+        finally:
+            await tasks.stop(leaving)
+    assert sorted(world.kube.evicted) == ["qp-0", "web-0", "web-1", "web-2"]
+    await world.heartbeats.close()
