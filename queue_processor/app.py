@@ -71,8 +71,7 @@ async def run_controller(
 ) -> None:
     """Run until ``stop`` is set. ``kubeconfig`` overrides the in-cluster / KUBECONFIG lookup, ``serve`` starts
     the probe and metrics server, ``started`` gets the :class:`Controller` once it consumes. Raises
-    :class:`~queue_processor.outcomes.StartupError` when the kubeconfig cannot be used, a port cannot be bound
-    or SQS refuses the first receives for good; what may heal is retried, with /readyz failing meanwhile."""
+    :class:`~queue_processor.outcomes.StartupError` when the kubeconfig, a port or SQS is unusable for good."""
     before = asyncio.all_tasks()  # the caller's own (a sandbox running us in its loop): not ours to count
     metrics = Metrics(__version__)
     async with AwsClients(settings, observer=metrics) as aws:

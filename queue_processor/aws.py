@@ -1,7 +1,5 @@
 """The controller's AWS clients (aiobotocore); botocore's retries are off and :func:`call` retries instead
-("Error retries and exponential backoff in AWS", AWS General Reference). Other errors reach the caller at once,
-which classifies them (DESIGN.md rule 4).
-"""
+("Error retries and exponential backoff in AWS", AWS General Reference). Other errors reach the caller at once."""
 
 from __future__ import annotations
 
@@ -107,8 +105,7 @@ async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
 
 
 async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Iterable[U]], /) -> list[U]:
-    """What ``pick`` takes from every page of a paginated read, retried like :func:`call` as a whole;
-    ``pages`` returns a fresh page iterator. Each page is let go once picked, so one page is held at a time."""
+    """What ``pick`` takes from each page of ``pages()`` (fresh, one held at a time), retried like :func:`call`."""
     async for attempt in _retrying():
         with attempt:
             return [item async for page in pages() for item in pick(page)]

@@ -1,8 +1,7 @@
 """The event store: deduplication by event ID and one operation per instance and mode (pure, no I/O).
 
-However SQS and EventBridge repeat and however many kinds one instance brings, a node is drained **once**, every
-message that asked for it is acknowledged when that drain ends, and every lifecycle action among them is completed
-(DESIGN.md rule 2): a message with an unsettled action is requeued, never deleted.
+However SQS and EventBridge repeat and however many kinds one instance brings, a node is drained **once**, and every
+message asking for it acknowledged when that drain ends, every lifecycle action among them completed (DESIGN.md rule 2).
 """
 
 from __future__ import annotations
@@ -219,9 +218,8 @@ class EventStore:
         return Admission(kind, operation)
 
     def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
-        """End an operation; on success remember its event IDs (but those of unsettled lifecycle actions). Returns
-        the messages with no operation left: DELETE when all theirs succeeded and their actions are settled, else
-        REQUEUE. Raises ``KeyError`` for an operation not in flight."""
+        """End an operation, remembering a success's event IDs (not unsettled actions'); the messages with none left:
+        DELETE when all theirs succeeded, actions settled, else REQUEUE. ``KeyError`` for one not in flight."""
         if self._operations.get(operation.key) is not operation:
             raise KeyError(f"no operation in flight for {operation.key}")
         del self._operations[operation.key]

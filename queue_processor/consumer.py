@@ -1,8 +1,6 @@
 """The SQS side: long-poll receive loops (asking only for what the in-flight budget has room for, DESIGN.md rule 6),
 parsing, and new operations handed to the :class:`Handler` in tasks owned here; holding, visibility and settlement
-are the ledger's (:mod:`queue_processor.settlement`). No message and no AWS error ends a loop: errors are logged and
-counted, and the loop goes on after a pause.
-"""
+are the ledger's (:mod:`queue_processor.settlement`). No message and no AWS error ends a loop (logged, counted)."""
 
 from __future__ import annotations
 
@@ -65,9 +63,8 @@ RELEASES_AT_SHUTDOWN_S = 1.0
 
 
 class Consumer:
-    """Consumes ``queue_urls`` with ``sqs`` (an aiobotocore SQS client) for ``handler``; ``store`` coalesces the
-    events, :attr:`ledger` holds the messages (budget, visibility and backoff arguments as in
-    :class:`~queue_processor.settlement.Ledger`); ``loops_per_queue`` polls of ``wait_s`` seconds run per queue."""
+    """Consumes ``queue_urls`` with ``sqs`` for ``handler``; ``store`` coalesces events, :attr:`ledger` holds messages
+    (:class:`~.settlement.Ledger`'s arguments); ``loops_per_queue`` polls of ``wait_s`` seconds run per queue."""
 
     def __init__(
         self,
@@ -138,8 +135,7 @@ class Consumer:
         return self.answered_at > 0.0 and self.failed_at <= self.answered_at
 
     def alive(self, max_idle_s: float = 120.0) -> bool:
-        """Liveness: every receive loop runs, and one iterated within ``max_idle_s`` seconds or waits for a slot (a
-        long drain holding the budget must not get the pod restarted)."""
+        """Liveness: every receive loop runs, and one iterated within ``max_idle_s`` seconds or waits for a slot."""
         if not self._loops or any(task.done() for task in self._loops):
             return False
         return time.monotonic() - self.loop_heartbeat < max_idle_s or self.ledger.slots.waiting > 0
@@ -150,10 +146,9 @@ class Consumer:
         return len(self._operations) + len(self._settling)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
-        """EarlyExit for everything: stop receiving, cancel every operation and heartbeat, make held messages
-        visible at once, and let open long polls end (an abandoned one may still take messages), making what they
-        bring visible too. Takes at most ``timeout_s`` seconds (SHUTDOWN_TIMEOUT_SEC; ``None``: unbounded), then
-        cancels what is left. Raises nothing."""
+        """EarlyExit for everything: stop receiving, cancel every operation and heartbeat, make held messages and
+        those open long polls still bring visible at once. At most ``timeout_s`` seconds (SHUTDOWN_TIMEOUT_SEC;
+        ``None``: unbounded), then cancels what is left. Raises nothing."""
         self._stopping.set()
         try:
             async with asyncio.timeout(timeout_s):

@@ -128,8 +128,7 @@ class Cordons:
         ctx.tainted.update(new)
 
     async def record_start(self, ctx: OperationContext) -> None:
-        """When a joining event finds the instance started since the cordon, record the new ``LaunchTime``, or the
-        check for instances back in service would take that start for a return."""
+        """Record a ``LaunchTime`` newer than the cordon's, lest the return check take that start for a return."""
         if ctx.info is None or ctx.node is None:
             return
         try:

@@ -16,10 +16,8 @@ __all__ = ["drain_deadline", "instance_end", "launch_ready_deadline", "leaves_ti
 
 
 def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetime) -> bool:
-    """Whether every one of ``events`` leaves time for DRAIN_BUDGET_NON_URGENT (:data:`~queue_processor.rules.RULES`):
-    a kind that always does (a rebalance recommendation), or one that does when its start is over ``grace_period_s``
-    (NODE_TERMINATION_GRACE_PERIOD) after ``wall`` (a scheduled change). Anything else, and an empty list, does
-    not."""
+    """Whether every one of ``events`` (at least one) leaves time for DRAIN_BUDGET_NON_URGENT
+    (:data:`~queue_processor.rules.RULES`): always, or when its start is over ``grace_period_s`` after ``wall``."""
     if not events:
         return False
     for event in events:
@@ -31,9 +29,8 @@ def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetim
 
 
 def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
-    """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice, ``None`` without one. A
-    notice already over by ``wall`` is measured from ``started_at`` with its own length instead: a drain cut to
-    nothing could never succeed."""
+    """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice, ``None`` without one; one
+    over by ``wall`` is measured from ``started_at`` with its own length (a drain cut to nothing never succeeds)."""
     notices = [event for event in events if RULES[event.kind].notice]
     if not notices:
         return None
@@ -48,8 +45,7 @@ def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_a
 def drain_deadline(
     events: Sequence[Event], *, grace_period_s: float, now: float, wall: datetime, started_at: float
 ) -> float:
-    """``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) from ``now``, never past :func:`notice_end`; other kinds
-    never shorten a drain."""
+    """``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) from ``now``, never past :func:`notice_end`."""
     deadline = now + grace_period_s
     end = notice_end(events, now=now, wall=wall, started_at=started_at)
     return deadline if end is None else min(deadline, end)
@@ -57,8 +53,7 @@ def drain_deadline(
 
 def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
     """When the instance goes (on ``now``'s clock): the earliest of :func:`notice_end` and the start of a scheduled
-    change still to come; ``None`` when no event says. Grace periods and DELETE_AT_DEADLINE act before it
-    (GRACE_DEADLINE_MARGIN, DELETE_AT_DEADLINE_LEAD)."""
+    change still to come; ``None`` when no event says."""
     ends = [
         end for end in (notice_end(events, now=now, wall=wall, started_at=started_at),) if end is not None
     ]
@@ -70,8 +65,7 @@ def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started
 
 def launch_ready_deadline(events: Sequence[Event], *, timeout_s: float, now: float, wall: datetime) -> float:
     """When (on ``now``'s clock) the launch actions have waited ``timeout_s`` (LAUNCH_READY_TIMEOUT_SEC) for their
-    node, counted from the earliest action's event time so every receive and replica agrees; an action time ahead of
-    ``wall`` counts as now."""
+    node, from the earliest action's event time (every replica agrees; one ahead of ``wall`` counts as now)."""
     started = min(
         (event.time for event in events if isinstance(event, AsgLaunchLifecycleEvent)), default=None
     )

@@ -102,9 +102,8 @@ class SqsMessageRef(BaseModel):
 
 
 class BaseEvent(BaseModel):
-    """Fields every event carries: ``instance_id`` as given (shape not checked), ``time`` when AWS emitted it
-    (timezone required), ``source_id`` the message's own ID, ``message`` (``None`` when parsed from a file).
-    Validation runs no Python code: every check is pydantic-core's."""
+    """Fields every event carries: ``instance_id`` as given (shape not checked), ``time`` when AWS emitted it (aware),
+    ``source_id`` the message's own ID, ``message`` (``None`` when parsed from a file). Checks: pydantic-core's only."""
 
     # extra="ignore": the wire format has many fields we do not read. frozen: events are shared by tasks.
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
@@ -134,8 +133,7 @@ class BaseEvent(BaseModel):
         return self.time
 
     def attach(self, message: SqsMessageRef) -> None:
-        """Record the SQS message this event came from (the parser does, after validation). Raises
-        ``ValueError`` when the event already has a different one."""
+        """Record the SQS message this event came from; ``ValueError`` when it already has a different one."""
         if self.message is not None and self.message != message:
             raise ValueError(f"event {self.event_id} already came from message {self.message.message_id}")
         # Frozen model: the field is written where pydantic keeps field values.
@@ -143,9 +141,8 @@ class BaseEvent(BaseModel):
 
 
 def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
-    """``"<kind>-<20 hex digits>"``: at most 54 characters of ``[a-z0-9-]``, so a valid label or taint value.
-    ``key`` names the occurrence whatever the serialisation: the lifecycle action token (shared by both forms
-    of one action), the AWS Health ``eventArn``, otherwise the EventBridge ``id``."""
+    """``"<kind>-<20 hex digits>"``: at most 54 characters of ``[a-z0-9-]``, a valid label or taint value. ``key``:
+    the lifecycle action token (shared by both forms), the AWS Health ``eventArn``, else the EventBridge ``id``."""
     # EventKind is a str: joined as it is (.value goes through enum's slower descriptor).
     digest = hashlib.blake2b("\x1f".join((kind, instance_id, key)).encode(), digest_size=10).hexdigest()
     return str.__add__(kind, "-" + digest)

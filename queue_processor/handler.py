@@ -1,7 +1,6 @@
 """The per-node drain pipeline: resolve → claim → PreDrain + cordon → drain → PostDrain; EarlyExit on error.
 
-Each step is a method over the operation's :class:`~queue_processor.steps.OperationContext`; whatever a step starts
-is on the operation's EarlyExit ``AsyncExitStack``, cancelled and awaited when the operation ends. Launches go to
+Each step is a method over the operation's :class:`~queue_processor.steps.OperationContext`. Launches go to
 :class:`~queue_processor.launch.Launches`; heartbeats start on receipt (:meth:`Handler.received`).
 """
 
@@ -358,8 +357,7 @@ class Handler(Steps):
             )
 
     async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult | None:
-        """:meth:`_drain` in the group's turn (:meth:`~queue_processor.turns.DrainTurns.turn`); ``None`` when
-        started again meanwhile."""
+        """:meth:`_drain` in the group's turn (:meth:`~.turns.DrainTurns.turn`); ``None`` if started again meanwhile."""
         async with self.drain_turns.turn(ctx) as waited:
             if waited and await self._started_again(ctx, fresh=True):
                 return None
@@ -432,10 +430,9 @@ class Handler(Steps):
         await self.event(ctx, *CORDON_AND_DRAIN)
 
     async def _leave(self, ctx: OperationContext) -> bool:
-        """Leave the drained node our own pod runs on: evict our pod last, so the kubelet's SIGTERM starts our
-        shutdown, which makes every held message visible at once for a successor. ``True`` when evicted but no
-        SIGTERM came within :data:`LEAVE_WAIT_S` (requeue); ``False`` when a PodDisruptionBudget refused the
-        eviction until the deadline (complete, and go with the instance)."""
+        """Evict our own pod last, so the kubelet's SIGTERM starts our shutdown (held messages visible at once for a
+        successor). ``True`` when evicted but no SIGTERM came within :data:`LEAVE_WAIT_S` (requeue); ``False`` when a
+        PodDisruptionBudget refused it until the deadline (complete, and go with the instance)."""
         namespace, name = self.settings.pod_namespace or "default", self.settings.pod_name
         await self._last_to_leave(ctx)
         # Logged first: the kubelet's SIGTERM can cancel us before the eviction's answer comes back.
@@ -524,9 +521,9 @@ class Handler(Steps):
         return Outcome.DONE
 
     async def _no_node(self, ctx: OperationContext) -> Outcome:
-        """No Node for the instance: DONE, its actions completed, when the instance is gone, with
-        DELETE_SQS_MSG_IF_NODE_NOT_FOUND, or when it ran LAUNCH_READY_TIMEOUT_SEC since its ``LaunchTime`` without
-        one (DESIGN.md rule 9); else RETRY, a node may still register."""
+        """No Node for the instance: DONE, actions completed, when the instance is gone, with
+        DELETE_SQS_MSG_IF_NODE_NOT_FOUND, or LAUNCH_READY_TIMEOUT_SEC after its ``LaunchTime`` (DESIGN.md rule 9);
+        else RETRY, a node may still register."""
         log = ctx.log
         if await self.instance_gone(ctx.operation):
             log.info("instance terminated and its node gone: nothing to drain")

@@ -2,9 +2,7 @@
 
 With NODE_LEASES, a replica that received an event for a node whose Lease another holds writes it onto the Lease as
 an annotation (:func:`annotation`); the holder joins it to its operation (:func:`events_in`), so its drain takes the
-nearer end at once (DESIGN.md rule 13). The message stays with the replica that received it, which waits for the
-Lease and then finishes the operation.
-"""
+nearer end at once (DESIGN.md rule 13). The message stays with its receiver, which waits for the Lease."""
 
 from __future__ import annotations
 
@@ -34,14 +32,12 @@ def _events() -> TypeAdapter[Any]:
 
 
 def handed(event: Event) -> bool:
-    """Whether ``event`` is handed to the holder: not a lifecycle action (its heartbeats belong to its message's
-    replica) nor a rebalance recommendation (it brings nothing the drain lacks)."""
+    """Whether ``event`` is handed to the holder (:class:`~queue_processor.rules.KindRules`' ``handed_over``)."""
     return RULES[event.kind].handed_over
 
 
 def annotation(event: Event) -> tuple[str, str]:
-    """The annotation that hands ``event`` over: its key and its value (the event's fields as compact JSON,
-    without its SQS message, which stays with the replica that received it)."""
+    """The annotation that hands ``event`` over: its key and its value (its fields as compact JSON, no SQS message)."""
     fields = event.model_dump(mode="json", exclude={"message", "event_id", "start_time"})
     fields["detail-type"] = event.detail_type  # part of the identity of an event without a source ID
     return HANDOVER_PREFIX + event.event_id, json.dumps(fields, separators=(",", ":"), sort_keys=True)

@@ -1,10 +1,8 @@
-"""The controller's Kubernetes client: the ``kubernetes`` client's HTTP machinery behind bounded thread pools
-and a QPS/burst limit (:mod:`~queue_processor.ratelimit`), speaking JSON dicts (decoding models costs too much per
-pod list). Connection errors, 429s and 5xx are retried with jittered backoff, a Retry-After honoured; evictions are
-not (their 429 and 500 mean "PodDisruptionBudget": the drain decides). Watches: :mod:`~queue_processor.watch.stream`.
-
-Documents: Kubernetes API reference (core/v1 Node, Pod, Event; policy/v1 Eviction; coordination.k8s.io/v1 Lease),
-"API-initiated Eviction".
+"""The Kubernetes client: the ``kubernetes`` client's HTTP machinery behind bounded thread pools and a QPS/burst
+limit (:mod:`~queue_processor.ratelimit`), speaking JSON dicts (models cost too much per pod list). Connection errors,
+429s and 5xx are retried with jittered backoff (Retry-After honoured); evictions are not (their 429 and 500 mean a
+PodDisruptionBudget: the drain decides). Watches: :mod:`~queue_processor.watch.stream`. Documents: API reference
+(core/v1 Node, Pod, Event; policy/v1 Eviction; coordination.k8s.io/v1 Lease), "API-initiated Eviction".
 """
 
 from __future__ import annotations
@@ -66,8 +64,7 @@ PATCH_TYPES = {
 #: Threads (and connections) reserved for urgent calls: node reads and cordons, and Lease calls.
 URGENT_THREADS = 16
 
-#: Threads for the replica's own upkeep (:data:`REPLICA_RANK`): ranks order tokens, not threads, and a renewal
-#: queued behind a slow API server's claims and cordons would let every claim lapse.
+#: Threads for the replica's upkeep (:data:`REPLICA_RANK`): a renewal behind claims and cordons lets claims lapse.
 REPLICA_THREADS = 2
 
 #: Watch connections the controller keeps open (pod deletions, nodes).
@@ -77,9 +74,8 @@ WATCHES = 2
 def load_api_client(
     kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS + REPLICA_THREADS + WATCHES
 ) -> client.ApiClient:
-    """An ApiClient from the in-cluster service account, else ``kubeconfig`` (or ``KUBECONFIG``), with one of
-    ``pool_size`` connections per thread and watch (fewer: "Connection pool is full"). Raises
-    :class:`~queue_processor.outcomes.StartupError` when neither is usable."""
+    """An ApiClient from the in-cluster service account, else ``kubeconfig`` (or ``KUBECONFIG``), ``pool_size``
+    connections (one per thread and watch). Raises :class:`~queue_processor.outcomes.StartupError` if neither works."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = pool_size
     # Only a connection that failed before the request went out is retried here; KubeClient makes the rest.
@@ -169,10 +165,9 @@ class KubeClient:
         agent: str | None = None,
         sending: Callable[[], bool] | None = None,
     ) -> Any:
-        """One API request; the decoded JSON answer. ``retry=False`` retries nothing; ``urgent`` requests pass the
-        rate limiter first and run on threads of their own; ``agent`` is appended to the User-Agent (``drain/<id>``,
-        for the audit log). ``sending`` is asked at each attempt once the token came (maybe seconds later):
-        ``False`` gives it back and raises :class:`NotSentError`."""
+        """One API request; the decoded JSON answer. ``urgent``: first through the rate limiter, own threads;
+        ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``sending``: asked once the
+        token came, ``False`` gives it back and raises :class:`NotSentError`."""
         if not retry:
             return await self._once(method, path, query, body, content_type, urgent, agent, sending)
         async for attempt in AsyncRetrying(
@@ -292,9 +287,8 @@ class KubeClient:
         )
 
     async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[Obj], str]]:
-        """Every Node, ``limit`` at a time ("Retrieving large results sets in chunks", API concepts); yields
-        each page's items and the list's resourceVersion. Urgent: claims and cordons wait for them at start-up.
-        Raises :class:`KubeError` (410 when a continue token expired: list again)."""
+        """Every Node, ``limit`` at a time ("Retrieving large results sets in chunks", API concepts): each page's
+        items and the list's resourceVersion. Raises :class:`KubeError` (410: continue token expired, list again)."""
         token = ""
         while True:
             query = {"limit": str(limit), **({"continue": token} if token else {})}
@@ -317,16 +311,13 @@ class KubeClient:
         metadata_only: bool = False,
         keep: Keep | None = None,
     ) -> str:
-        """One watch of the collection ``path`` from ``resource_version``, read by a daemon thread, until the
-        server ends it after ``timeout_s`` seconds; returns the last resourceVersion seen. ``deliver`` gets, in
-        the loop, the ``{"type", "object"}`` events of each chunk (server bookmarks left out; a chunk whose last
-        line was not delivered ends with a ``BOOKMARK`` carrying the resourceVersion reached). ``opened`` is
-        called once the server accepted it; ``keep`` filters events in the thread (:data:`Keep`).
-
-        Raises :class:`KubeError`: 410 when the resourceVersion is too old (list again, "Efficient detection of
-        changes" in API concepts); an error answer's status; 0 when the connection failed or sent a line that is
-        not an event (watch on); 0 with reason ``WatchReceiverError`` when ``deliver``, ``opened`` or ``keep``
-        raised. Cancelling it closes the connection."""
+        """One watch of ``path`` from ``resource_version``, read by a daemon thread until the server ends it after
+        ``timeout_s`` seconds; the last resourceVersion seen. ``deliver`` gets, in the loop, each chunk's
+        ``{"type", "object"}`` events (no server bookmarks; a chunk whose last line was dropped ends with a
+        ``BOOKMARK`` at the resourceVersion reached); ``opened`` is called once accepted; ``keep`` filters in the
+        thread. Raises :class:`KubeError`: 410 when the resourceVersion is too old (list again, "Efficient
+        detection of changes"); an error answer's status; 0 when the connection failed or sent a non-event; 0 with
+        reason ``WatchReceiverError`` when a callback raised. Cancelling it closes the connection."""
         await self.limiter.acquire()
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[str] = loop.create_future()
@@ -425,10 +416,9 @@ class KubeClient:
         drain: str | None = None,
         sending: Callable[[], bool] | None = None,
     ) -> None:
-        """POST a policy/v1 Eviction (``grace_s`` seconds; ``dry_run``: ``dryRun=All``; ``drain`` and ``sending``
-        as :meth:`request` takes ``agent`` and ``sending``); not retried. Raises :class:`KubeError`: 429 when a
-        PodDisruptionBudget allows no disruption now (named in :attr:`KubeError.causes`), 500 when several
-        budgets match the pod, 404 when it is gone; :class:`NotSentError`."""
+        """POST a policy/v1 Eviction (``grace_s`` seconds; ``drain``, ``sending``: :meth:`request`'s ``agent``,
+        ``sending``); not retried. Raises :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption
+        (named in :attr:`KubeError.causes`), 500 when several match the pod, 404 when gone; :class:`NotSentError`."""
         body: Obj = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",

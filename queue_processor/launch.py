@@ -126,8 +126,7 @@ class Launches(Steps):
             info = await self.resolver.get(operation.instance_id)
 
     async def _find(self, info: InstanceInfo) -> dict[str, Any] | None:
-        """The instance's node: from the watched copy of the nodes while it is current (hundreds of launches polling
-        must not spend the KUBE_API_QPS evictions need), else looked up."""
+        """The instance's node: from the watched copy while current (polls must not spend the evictions' QPS)."""
         watched = self.drainer.nodes
         if watched is not None:
             await watched.first_answer(FIRST_COPY_WAIT_S)
@@ -179,9 +178,8 @@ class Launches(Steps):
         return leases is not None and await leases.held_elsewhere_now(ctx.node)
 
     async def _drains_over(self, ctx: OperationContext, deadline: float) -> bool:
-        """Poll (0.1 s backing off to 2 s) until no drain of the node runs here or elsewhere, at most until
-        ``deadline`` (:attr:`clock` seconds); whether none runs. A late duplicate of a stop can drain the node as
-        the instance comes back: uncordoning it under that drain would evict pods from a node in service."""
+        """Poll (0.1 s backing off to 2 s) until no drain of the node runs here or elsewhere (a stop's late duplicate
+        may drain it as it returns), at most until ``deadline`` (:attr:`clock` seconds); whether none runs."""
         poll = 0.1
         try:
             while await self._being_drained_now(ctx):
@@ -208,8 +206,7 @@ class Launches(Steps):
         return Outcome.DONE
 
     async def _not_ready(self, ctx: OperationContext, registered: bool) -> Outcome:
-        """LAUNCH_READY_TIMEOUT_SEC passed without a Ready node: complete each action with its hook's DefaultResult
-        now, as Auto Scaling would at its timeout, rather than heartbeat a broken instance on."""
+        """LAUNCH_READY_TIMEOUT_SEC passed without a Ready node: complete each action with its hook's DefaultResult."""
         self.observer.operation_outcome(OperationOutcome.LAUNCH_NOT_READY)
         operation = ctx.operation
         for action in operation.unsettled():

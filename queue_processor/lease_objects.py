@@ -24,8 +24,7 @@ __all__ = [
     "replica_lease_name",
 ]
 
-#: ``leaseDurationSeconds`` of a node Lease held by a replica Lease: what an earlier version, which judges a
-#: node Lease by its own ``renewTime``, reads as its duration (an hour: longer than any drain).
+#: ``leaseDurationSeconds`` of a node Lease held by a replica Lease (earlier versions judge by it): over any drain.
 HELD_BY_REPLICA_S = 3600
 
 #: The label naming a node Lease's holder (:func:`label_value`): what a batch of releases selects by.

@@ -3,8 +3,7 @@
 A replica whose node Lease another holds waits for its release (:meth:`LeaseWatch.released`) instead of
 requeuing its message (each receive counts towards the dead-letter redrive); the holder learns at once of events
 handed to it (:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
-
-Kubernetes documents: "Efficient detection of changes" (API concepts); "Leases" (Kubernetes concepts).
+Documents: "Efficient detection of changes" (API concepts); "Leases" (Kubernetes concepts).
 """
 
 from __future__ import annotations
@@ -64,9 +63,8 @@ class LeaseWatch(Watched):
         return dict(self._handed.get(name) or {}) if self.live else {}
 
     async def released(self, name: str, holder: str | None, within_s: float) -> None:
-        """Return once Lease ``name`` is no longer held by ``holder`` (``None``: at its next change), or after
-        ``within_s`` seconds (:data:`UNWATCHED_POLL_S` at most when ``holder`` is ``None`` or the copy is not
-        current). Raises nothing but ``CancelledError``."""
+        """Return once Lease ``name`` is no longer held by ``holder`` (``None``: at its next change, waiting at most
+        :data:`UNWATCHED_POLL_S`, as when unwatched), or after ``within_s`` seconds. Raises only ``CancelledError``."""
         if not self.live or holder is None:
             within_s = min(within_s, UNWATCHED_POLL_S)
         if not self.live:

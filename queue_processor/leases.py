@@ -1,12 +1,10 @@
-"""Per-node coordination.k8s.io/v1 Leases making a node's drain exclusive among replicas (DESIGN.md rule 6;
-the design: docs/architecture.md, "Claim").
+"""Per-node coordination.k8s.io/v1 Leases ("Leases", Kubernetes concepts) making a node's drain exclusive among
+replicas (DESIGN.md rule 6; docs/architecture.md, "Claim").
 
-A node's Lease, ``queue-processor-<node>``, is created by :meth:`NodeLeases.claim`, names the claiming replica's
-own Lease (:class:`ReplicaLease`, renewed while it holds any node) and is held while that one is renewed; it is
-deleted when released. Another replica takes it over once it is released or the replica Lease it names lapsed;
-writes rely on optimistic concurrency (409: another replica won). A lapse loses every :class:`Claim` held.
-
-"Leases" (Kubernetes concepts, coordination.k8s.io/v1).
+A node's Lease, ``queue-processor-<node>``, created by :meth:`NodeLeases.claim`, names the claiming replica's own
+Lease (:class:`ReplicaLease`, renewed while it holds any node), is held while that one is renewed, and is deleted
+when released. Another replica takes it over once released or once the replica Lease it names lapsed; writes rely
+on optimistic concurrency (409: another replica won). A lapse loses every :class:`Claim` held.
 """
 
 from __future__ import annotations
@@ -225,10 +223,9 @@ class ReplicaLease:
 
 
 class Claim:
-    """A held node Lease; :meth:`release` it when the node's handling ends. ``lost`` is set when the replica
-    Lease lapses (or is found deleted or rewritten): another replica may have taken the node, and the operation
-    stops (EarlyExit). :meth:`confirm` it before anything that must not be done twice (an eviction, a lifecycle
-    completion)."""
+    """A held node Lease; :meth:`release` it when the node's handling ends. ``lost`` is set when the replica Lease
+    lapses (or is deleted or rewritten): the operation stops (EarlyExit). :meth:`confirm` it before anything that
+    must not be done twice (an eviction, a lifecycle completion)."""
 
     def __init__(self, leases: NodeLeases, lease: dict[str, Any], epoch: int) -> None:
         self._leases = leases
@@ -380,9 +377,8 @@ class NodeLeases:
             raise
 
     def held_elsewhere(self, node: str) -> bool:
-        """Whether another replica holds node ``node``'s Lease, as :attr:`watch` shows: ``True`` too while the copy
-        is not current (``False`` when the watch was refused), ``False`` for a holder :meth:`held_elsewhere_now`
-        found lapsed within the last renewal period."""
+        """Whether another replica holds ``node``'s Lease, as :attr:`watch` shows (not current: ``True`` unless the
+        watch was refused); ``False`` for a holder :meth:`held_elsewhere_now` found lapsed within a renewal period."""
         if not self.watch.live:
             return self.watch.refused is None
         holder = self.watch.holder(lease_name(node))
@@ -392,9 +388,8 @@ class NodeLeases:
         return lapsed is None or self.clock() - lapsed >= self.renew_every_s
 
     async def held_elsewhere_now(self, node: str) -> bool:
-        """:meth:`held_elsewhere`, with the holder's replica Lease confirmed current (read once per renewal period
-        at most): a killed replica's node Lease is free once its replica Lease lapsed, or when it was our pod's
-        earlier process. An error, a copy not current, or an earlier version's Lease: held."""
+        """:meth:`held_elsewhere`, the holder's replica Lease confirmed current (read at most once per renewal
+        period; lapsed, or our pod's earlier process: free). An error, a stale copy, an earlier version's: held."""
         if not self.held_elsewhere(node):
             return False
         name = lease_name(node)
@@ -425,9 +420,8 @@ class NodeLeases:
         return not lapsed
 
     async def clear(self, lease: dict[str, Any] | None) -> bool:
-        """Delete a node Lease on the resourceVersion we last wrote (a 409 re-reads it), unless a claim here holds
-        or makes it. ``True`` when released, gone, or no longer ours; ``False`` when the API server did not answer
-        (logged)."""
+        """Delete a node Lease on the resourceVersion we last wrote (a 409 re-reads it), unless a claim here holds or
+        makes it. ``True`` when released, gone, or not ours; ``False`` when the API server did not answer (logged)."""
         for _ in range(RENEW_ATTEMPTS):
             if lease is None or holder_of(lease) != self.holder:
                 return True
@@ -478,10 +472,9 @@ class NodeLeases:
             await self._send(batch)
 
     async def _send(self, batch: dict[str, tuple[dict[str, Any], int]]) -> None:
-        """Delete ``batch``'s Leases in one request selected by our holder label and each Lease's own, sent only
-        in the batch's epoch while the replica Lease is younger than two thirds of its duration (no other replica
-        can have taken one over; an earlier version's taker keeps our labels). Leases of an ended epoch or sharing a
-        held Lease's label, and a batch not sent or not answered, are released alone (:meth:`_clear_each`)."""
+        """Delete ``batch``'s Leases in one request (by our holder label and each one's), only in the batch's epoch
+        while the replica Lease is younger than two thirds of its duration (none can be taken over yet). Leases of an
+        ended epoch or sharing a held Lease's label, or of a batch unsent or unanswered: :meth:`_clear_each`."""
         self.replica.check()
         loop = asyncio.get_running_loop()
         epoch = self.replica.epoch

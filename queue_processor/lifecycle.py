@@ -1,10 +1,9 @@
 """Auto Scaling lifecycle actions: heartbeats from first receipt to the end, and CompleteLifecycleAction.
 
 Per "Amazon EC2 Auto Scaling lifecycle hooks" and the API Reference (RecordLifecycleActionHeartbeat,
-CompleteLifecycleAction, DescribeLifecycleHooks): a heartbeat restarts the hook's HeartbeatTimeout; an action
-completed, abandoned or timed out answers ``ValidationError: No active Lifecycle Action found``. :class:`Lifecycle`
-makes the calls; :class:`Heartbeats` beats each action from first receipt, through requeues, until it is completed
-or over, HEARTBEAT_UNTIL passes, or the controller shuts down.
+CompleteLifecycleAction, DescribeLifecycleHooks): a heartbeat restarts the hook's HeartbeatTimeout; an action over
+answers ``ValidationError: No active Lifecycle Action found``. :class:`Lifecycle` makes the calls; :class:`Heartbeats`
+beats each action, through requeues, until it is over, HEARTBEAT_UNTIL passes, or the controller shuts down.
 """
 
 from __future__ import annotations
@@ -75,8 +74,7 @@ class Lifecycle:
 
     async def group_size(self, group: str, *, ttl_s: float = 60.0) -> int | None:
         """Instances in Auto Scaling group ``group`` (DescribeAutoScalingGroups), read at most every ``ttl_s``
-        seconds by one caller at a time; on failure the last size, or ``None`` (logged). Raises only
-        ``CancelledError``."""
+        seconds, one caller at a time; on failure the last size, or ``None``. Raises only ``CancelledError``."""
         cached = self._sizes.get(group)
         if cached is not None and time.monotonic() - cached[0] < ttl_s:
             return cached[1]
@@ -181,9 +179,8 @@ class Lifecycle:
         return float(until) if until > 0 else MAX_HEARTBEAT_UNTIL_S
 
     async def waiting(self, action: AsgLifecycleEvent) -> bool | None:
-        """Whether the instance still waits in the hook's wait state (DescribeAutoScalingInstances
-        ``LifecycleState`` ``[Warmed:]Pending:Wait`` or ``[Warmed:]Terminating:Wait``); ``None`` when unknown
-        (logged once per error). Raises only ``CancelledError``."""
+        """Whether DescribeAutoScalingInstances says ``LifecycleState`` ``[Warmed:]Pending:Wait`` or
+        ``[Warmed:]Terminating:Wait`` (still in the hook); ``None`` when unknown. Raises only ``CancelledError``."""
         try:
             answer = await call(
                 self.autoscaling.describe_auto_scaling_instances, InstanceIds=[action.instance_id]
@@ -316,9 +313,8 @@ class Heartbeats:
         beat.confirmed.set()
 
     def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
-        """The action's message was requeued, back in the queue in ``visible_in_s`` seconds: beat on until then,
-        then only a beat the HeartbeatTimeout needs before a receive (:data:`DEFER_MAX`); stop ``for_s`` seconds
-        from now unless :meth:`start` is called again."""
+        """The action's message was requeued, visible in ``visible_in_s`` seconds: beat on until then, then only as
+        the HeartbeatTimeout needs (:data:`DEFER_MAX`); stop in ``for_s`` seconds unless :meth:`start` comes again."""
         beat = self._beats.get(action.action_key)
         if beat is not None:
             now = self.clock()
@@ -433,8 +429,7 @@ class Heartbeats:
             wait_s, retry_s, last_ok = interval_s, RETRY_S[0], self.clock()
 
     async def _interval_s(self, action: AsgLifecycleEvent, bound: Any) -> float | None:
-        """The hook's heartbeat interval (seconds; ``None``: not ours to beat); a throttled hook read is tried
-        again, never given up."""
+        """The hook's heartbeat interval (seconds; ``None``: not ours to beat); a failed read is retried forever."""
         retry_s = RETRY_S[0]
         while True:
             try:
@@ -445,9 +440,8 @@ class Heartbeats:
                 retry_s = min(retry_s * 2, RETRY_S[1])
 
     async def _over_while_requeued(self, action: AsgLifecycleEvent, beat: _Beat, limit: float) -> bool:
-        """When the action's message is back in the queue, held by nobody: wait for a receive, up to ``limit`` or
-        the requeue's margin; ``True`` (marked over) when still nobody holds it and the action is over (another
-        replica may have received it and completed the action)."""
+        """With the action's message back in the queue: wait for a receive, up to ``limit`` or the requeue's margin;
+        ``True`` (marked over) when still nobody holds it and the action is over (another replica completed it)."""
         if beat.visible_at is None or self.clock() < beat.visible_at:
             return False
         assert beat.requeued_until is not None

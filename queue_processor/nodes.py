@@ -74,9 +74,8 @@ def _instances(page: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[dict[str, Any]]:
-    """EC2 DescribeInstances of ``instance_ids``, retried as a whole (:func:`queue_processor.aws.collect`). An
-    ``instance-id`` filter leaves unknown IDs out where ``InstanceIds`` would fail them all with
-    ``InvalidInstanceID.NotFound``. Raises the AWS error when retries are exhausted or it is not retryable."""
+    """EC2 DescribeInstances of ``instance_ids`` by an ``instance-id`` filter (``InstanceIds`` would fail them all
+    with ``InvalidInstanceID.NotFound``), retried as a whole. Raises the AWS error after retries or if not retryable."""
     return await collect(
         lambda: ec2.get_paginator("describe_instances").paginate(
             Filters=[{"Name": "instance-id", "Values": instance_ids}]
@@ -90,9 +89,8 @@ TAGGED_PAGE_SIZE = 1000
 
 
 async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
-    """The IDs of every instance carrying the tag key ``tag`` (NTH's ``nth_tagged_instances``), from EC2
-    DescribeTags (NTH's DescribeInstances describes every instance in full: heavy on memory in a large fleet).
-    Raises the AWS error when retries are exhausted or it is not retryable."""
+    """The IDs of every instance carrying the tag key ``tag`` (NTH's ``nth_tagged_instances``), from EC2 DescribeTags
+    (lighter than NTH's DescribeInstances). Raises the AWS error after retries or if not retryable."""
     ids = await collect(
         lambda: ec2.get_paginator("describe_tags").paginate(
             Filters=[
@@ -117,9 +115,8 @@ def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
 
 
 class InstanceResolver:
-    """Batched, cached DescribeInstances (``describe``: one call for a list of IDs). IDs asked within
-    ``window_s`` go in one call of at most ``max_batch``, ``concurrency`` calls at once; answers are cached
-    ``ttl_s``, so the several messages of one instance cost one call. Times in seconds."""
+    """Batched, cached DescribeInstances (``describe``: one call for a list of IDs): IDs asked within ``window_s``
+    seconds go in one call of at most ``max_batch``, ``concurrency`` calls at once; answers cached ``ttl_s`` seconds."""
 
     def __init__(
         self,

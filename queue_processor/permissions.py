@@ -4,9 +4,8 @@ The single list the Helm chart's ClusterRole/Role and the Terraform module's IAM
 tests check it against the code: a call added to the code is added here, and those tests fail until it is granted.
 Less obvious uses: pods watch (metadata-only deletions), Events (in namespace ``default``), DescribeLifecycleHooks
 (a hook's HeartbeatTimeout), DescribeAutoScalingGroups (group sizes for DRAIN_BUDGET_NON_URGENT) and
-DescribeAutoScalingInstances (whether a lifecycle action still waits).
-
-Documents: "Using RBAC Authorization" (Kubernetes); "Service Authorization Reference" (AWS IAM).
+DescribeAutoScalingInstances (whether a lifecycle action still waits). Documents: "Using RBAC Authorization"
+(Kubernetes); "Service Authorization Reference" (AWS IAM).
 """
 
 from __future__ import annotations

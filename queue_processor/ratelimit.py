@@ -33,16 +33,13 @@ __all__ = [
 #: The longest a Retry-After is waited for (seconds): short of what the wait holds up (a cordon, a heartbeat).
 RETRY_AFTER_MAX_S = 10.0
 
-#: The rank of the replica's own upkeep, ahead of every operation's: its Lease's renewal (a late one loses every
-#: node held) and the watched copies' pages. The default outside any operation.
+#: The rank of the replica's own upkeep (Lease renewals, the watched copies' pages), ahead of every operation's.
 REPLICA_RANK: Final = -math.inf
 
-#: Orders urgent requests waiting for a token, lowest first: an operation's start (set by ``Handler.handle``, so
-#: the node received first is claimed and cordoned first), or one of the two bounds.
+#: Orders urgent requests waiting for a token, lowest first: an operation's start (``Handler.handle``), or a bound.
 URGENT_RANK: ContextVar[float] = ContextVar("queue_processor_urgent_rank", default=REPLICA_RANK)
 
-#: The rank of urgent work that may wait for every claim and cordon: what follows a cordon, launches, Lease
-#: releases, periodic checks (ranked by a start long past, it would hold later cordons back).
+#: The rank of urgent work that may wait for every claim and cordon: what follows a cordon, launches, releases.
 AFTER_CORDONS: Final = math.inf
 
 
@@ -56,10 +53,9 @@ _WHOLE = 1 - 1e-9
 
 
 class RateLimiter:
-    """A token bucket (client-go's flowcontrol): ``qps`` tokens per second, at most ``burst`` saved up;
-    ``clock`` returns seconds. ``urgent`` callers (cordons, Lease calls) take tokens before ordinary ones, in
-    order of :data:`URGENT_RANK`; each line is first come first served. Only the caller at the head sleeps
-    until the next token; the others wait to be woken, so thousands of waiters cost one timer."""
+    """A token bucket (client-go's flowcontrol): ``qps`` tokens per second, at most ``burst`` saved up; ``clock``
+    returns seconds. ``urgent`` callers take tokens first, by :data:`URGENT_RANK`; each line is first come first
+    served. Only the head sleeps until the next token; the others wait to be woken (thousands cost one timer)."""
 
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
@@ -99,8 +95,7 @@ class RateLimiter:
                 self._ordinary.remove(waiter)
 
     def _leave(self, waiter: _Waiter) -> None:
-        """``waiter`` leaves; the bucket's tokens go to the callers at the head at once (one per turn of the
-        loop would cap the rate on a busy loop), and the next head is woken to sleep until the next token."""
+        """``waiter`` leaves; the bucket's tokens go to the head callers at once, the next head sleeps for the next."""
         self._remove(waiter)
         self._refill()
         head = self._head()

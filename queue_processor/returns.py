@@ -1,9 +1,8 @@
 """Instances back in service: what we did to their nodes is undone (DESIGN.md rule 12).
 
-A node cordoned when its instance stopped or entered a warm pool keeps our cordon, taints and label when the
-instance comes back Ready. Every write of ours records on the Node what it changed
-(:mod:`queue_processor.drain.record`); :class:`Returns` undoes exactly that once the instance is back and no
-operation for it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``) is the launch path's.
+A node cordoned when its instance stopped or entered a warm pool keeps our changes when it comes back Ready;
+:class:`Returns` undoes exactly what we recorded (:mod:`queue_processor.drain.record`) once the instance is back and
+no operation for it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``) is the launch path's.
 """
 
 from __future__ import annotations
@@ -38,9 +37,8 @@ def came_back(record: CordonRecord, info: InstanceInfo | None, node: dict[str, A
 
 
 class Returns:
-    """The periodic check (see the module docstring), every ``interval_s`` (RETURN_CHECK_INTERVAL_SEC).
-    ``busy(instance_id)``: an operation for it runs here; ``leases``: whether another replica holds the node's
-    Lease; ``nodes``: the watched copy of the nodes, read instead of a LIST while current."""
+    """The periodic check every ``interval_s`` (RETURN_CHECK_INTERVAL_SEC). ``busy(instance_id)``: an operation for
+    it runs here; ``leases``: another replica's node Leases; ``nodes``: the watched copy, read instead of a LIST."""
 
     def __init__(
         self,
@@ -89,8 +87,7 @@ class Returns:
 
     async def check(self) -> list[str]:
         """One pass: the Ready nodes carrying our record (the watched copy, else one cached LIST), their instances
-        described (batched, fresh), and those back undone; returns the names undone. Raises :class:`KubeError` when
-        the nodes cannot be listed, the AWS error when the instances cannot be described."""
+        described afresh, those back undone; the names undone. Raises :class:`KubeError`, or the AWS error."""
         watched = self.nodes.all() if self.nodes is not None else None
         if watched is None:
             nodes = await self.kube.list_nodes(f"{RECORD_LABEL}=true", cached=True)

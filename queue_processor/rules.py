@@ -16,11 +16,10 @@ __all__ = ["RULES", "KindRules", "pre_drains"]
 @dataclass(frozen=True)
 class KindRules:
     """The rules of one kind. ``pre_drain``: NTH gives it a PreDrain task (its taint goes out with the cordon);
-    ``taint_key``: NTH's taint key for it (TAINT_NODE; value: the event ID), ``None`` when never tainted for;
-    ``notice``: its start time is when the instance is reclaimed (a deadline); ``leaves_time``: ``always``, when
-    its start is more than NODE_TERMINATION_GRACE_PERIOD away (``when-far``), or ``never``; ``handed_over``: a
-    replica that cannot claim the node hands it to the Lease's holder (a lifecycle action's heartbeats stay with
-    its message, and a rebalance recommendation brings nothing a drain lacks)."""
+    ``taint_key``: NTH's taint key (TAINT_NODE; value: the event ID), ``None``: never tainted; ``notice``: its start
+    time is when the instance is reclaimed (a deadline); ``leaves_time``: ``always``, ``when-far`` (its start more
+    than NODE_TERMINATION_GRACE_PERIOD away) or ``never``; ``handed_over``: a replica that cannot claim the node
+    hands it to the Lease's holder (not a lifecycle action: its heartbeats stay with its message)."""
 
     pre_drain: bool
     taint_key: str | None

@@ -48,9 +48,8 @@ def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
 
 class ProbeServer:
     """The HTTP server (:meth:`start`, :meth:`stop` or ``async with``). ``metrics_port`` / ``probes_port``: TCP
-    ports (0: any free port), ``None`` not to serve. ``shared`` serves all on one listener (``None``: when the
-    ports are equal). Raises ``ValueError`` for ``shared=True`` with two ports, or ``shared=False`` with one
-    non-zero port twice."""
+    ports (0: any free port; ``None``: not served). ``shared``: one listener (``None``: when the ports are equal).
+    Raises ``ValueError`` for ``shared=True`` with two ports, or ``shared=False`` with one non-zero port twice."""
 
     def __init__(
         self,

@@ -1,10 +1,9 @@
 """The settlement ledger: everything about a message this replica holds, from its receipt to its settlement.
 
-:class:`InFlightSlots` is the in-flight budget: at most ``size`` messages held at once, a slot per message ID
-keeping its newest receipt handle, returned exactly once (a poll reserves :class:`Room`, each message kept claims
-a slot). :class:`Ledger` keeps those slots, renews held messages' visibility and their actions' heartbeats every
-half visibility timeout (DESIGN.md rule 5), and deletes or requeues (with a backoff) a message whose operations
-have ended. Errors are logged and counted, never raised.
+:class:`InFlightSlots`, the in-flight budget: at most ``size`` messages held, a slot per message ID keeping its
+newest receipt handle, returned exactly once (a poll reserves a :class:`Room`, each message kept claims a slot).
+:class:`Ledger` renews held messages' visibility and their actions' heartbeats every half visibility timeout
+(DESIGN.md rule 5), and deletes or requeues (with a backoff) a message whose operations ended. Errors are logged.
 """
 
 from __future__ import annotations
@@ -110,8 +109,7 @@ class Ledger:
             self.slots.release(message_id)
 
     def park(self, message_ids: list[str]) -> None:
-        """Keep ``message_ids`` held but give their slots back: their operation waits for a turn, and must not keep
-        the Spot warnings behind it from being received (DESIGN.md rule 6)."""
+        """Keep ``message_ids`` held but give their slots back while their operation waits (DESIGN.md rule 6)."""
         for message_id in message_ids:
             self.slots.park(message_id)
 
@@ -134,8 +132,7 @@ class Ledger:
     # ------------------------------------------------------------------------------------ settlement
 
     async def poison(self, ref: SqsMessageRef) -> None:
-        """Hide a poison message for POISON_VISIBILITY_TIMEOUT_SEC, never deleting it: the queue's redrive policy
-        moves it to the dead-letter queue."""
+        """Hide a poison message for POISON_VISIBILITY_TIMEOUT_SEC, never deleting it (the redrive policy acts)."""
         await self._change_visibility(ref, self.poison_visibility_s)
 
     async def finish(self, operation: NodeOperation, *, succeeded: bool, letting_go: bool = False) -> None:
@@ -220,8 +217,7 @@ class Ledger:
     # ----------------------------------------------------------------------------------------- SQS calls
 
     async def _flush_deletes(self) -> None:
-        """Send the pending deletes after :data:`DELETE_WINDOW_S`. Every waiting :meth:`delete` gets an answer, also
-        when this task dies: what was not sent is answered as not deleted (logged, counted)."""
+        """Send the pending deletes after :data:`DELETE_WINDOW_S`; if this task dies, those not sent count as failed."""
         taken: list[tuple[SqsMessageRef, asyncio.Future[bool]]] = []
         try:
             await asyncio.sleep(DELETE_WINDOW_S)
@@ -317,9 +313,8 @@ class Ledger:
             await self.renew_held()
 
     async def _receive_anew(self, queue_url: str, refs: list[SqsMessageRef]) -> list[SqsMessageRef]:
-        """Those of ``refs`` whose visibility may be renewed. A receipt held for almost :data:`SQS_HOLD_MAX_S` (less
-        two visibility timeouts) is made visible at once, to be received anew, rather than SQS refusing the renewal
-        and showing the message at a moment nobody chose."""
+        """Those of ``refs`` whose visibility may be renewed; one held for almost :data:`SQS_HOLD_MAX_S` (less two
+        visibility timeouts) is made visible now, to be received anew, before SQS refuses its renewal."""
         limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
         now = time.monotonic()
         expiring = [ref for ref in refs if now - self._received.get(ref.receipt_handle, now) >= limit]
@@ -334,9 +329,8 @@ class Ledger:
         return [ref for ref in refs if ref not in expiring]
 
     async def renew_held(self) -> None:
-        """Renew every held message's visibility (batches of 10), ordered with settlement: a message whose
-        operations ended is left out, and :meth:`_settle` waits for a batch in flight that carries its message, so a
-        renewal never lands after a requeue or a delete."""
+        """Renew every held message's visibility (batches of 10), never after its requeue or delete: ended ones are
+        left out, and :meth:`_settle` waits for a batch in flight carrying its message."""
         loop = asyncio.get_running_loop()
         refs = self.held()
         renewals = {ref.message_id: loop.create_future() for ref in refs}
@@ -426,8 +420,7 @@ class InFlightSlots:
 
     @asynccontextmanager
     async def room(self, at_most: int) -> AsyncIterator[Room]:
-        """Wait until a slot is free, reserve up to ``at_most`` (≥ 1) and yield them as a :class:`Room`; every slot
-        not claimed is free again on exit."""
+        """Wait for a free slot, reserve up to ``at_most`` (≥ 1) as a :class:`Room`; those not claimed free on exit."""
         self.waiting += 1
         try:
             while self._free <= 0:
@@ -450,8 +443,7 @@ class InFlightSlots:
             room.unclaimed = 0
 
     def park(self, message_id: str) -> bool:
-        """Keep the message held, receipt too, but give its slot back (its operation waits for a turn). ``False``
-        when it holds no slot or is parked already."""
+        """Keep the message held but give its slot back (its operation waits); ``False`` if it has none (or parked)."""
         if message_id not in self._held or message_id in self._parked:
             return False
         self._parked.add(message_id)

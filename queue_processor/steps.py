@@ -232,13 +232,9 @@ class Steps:
         return info
 
     async def _started_again(self, ctx: OperationContext, *, fresh: bool = False) -> bool:
-        """Whether the instance was started again since everything a drain is about, leaving nothing to drain: its
-        ``LaunchTime`` is later than every message's ``SentTimestamp``, or, after only stops, EC2 says it runs with
-        no ``LaunchTime`` or one no earlier than the last stop's second (a warm pool's return: "Warm pools for
-        Amazon EC2 Auto Scaling"). Lifecycle actions always drain (one can outlive a stop and start). Events that
-        join while EC2 is read are judged as well (a new run's own warning drains; a stop's second message does
-        not). EC2 is read fresh when the cache is not to be trusted: a redelivery, a message older than
-        :data:`LATE_S`, stops only, or ``fresh``."""
+        """Whether the instance was started again since its messages, leaving nothing to drain: its ``LaunchTime``
+        is later than every ``SentTimestamp`` or, after stops only, it runs again (a warm pool's return, "Warm pools
+        for Amazon EC2 Auto Scaling"). Lifecycle actions always drain; events joining meanwhile are judged too."""
         operation, info = ctx.operation, ctx.info
         evaluated: list[Event] = []
         while len(evaluated) != len(operation.events):
@@ -259,9 +255,8 @@ class Steps:
     async def _launched_since(
         self, ctx: OperationContext, info: InstanceInfo, events: list[Event], *, fresh: bool
     ) -> InstanceInfo | None:
-        """``info``, or EC2 read again when the cache is not to be trusted, if it shows a start after ``events``
-        (see :meth:`_started_again`), else ``None``; what was read again becomes ``ctx.info`` (a cordon records
-        it)."""
+        """``info``, or EC2 read afresh (a redelivery, a message older than :data:`LATE_S`, stops only, ``fresh``),
+        if it shows a start after ``events``, else ``None``; a fresh read becomes ``ctx.info`` (a cordon records it)."""
         stops_only = all(
             isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped") for event in events
         )
@@ -290,8 +285,7 @@ class Steps:
             await asyncio.sleep(self.settings.complete_lifecycle_action_delay_seconds)
 
     async def complete_actions(self, ctx: OperationContext, *, claim: Claim | None) -> None:
-        """Complete every unsettled lifecycle action with CONTINUE until none is left (actions that join meanwhile
-        too); with a Lease, it is confirmed first."""
+        """Complete every unsettled lifecycle action with CONTINUE, joiners too; with a Lease, confirmed first."""
         operation = ctx.operation
         while pending := operation.unsettled():
             for action in pending:

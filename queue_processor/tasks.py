@@ -1,6 +1,5 @@
 """Tasks with an owner: started by name with :func:`spawn`, ended by whoever started them with :func:`stop`
-(DESIGN.md rule 3). A cancellation of the caller while it waits goes on to the tasks and is raised.
-"""
+(DESIGN.md rule 3). A cancellation of the caller while it waits goes on to the tasks and is raised."""
 
 from __future__ import annotations
 

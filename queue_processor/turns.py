@@ -69,9 +69,8 @@ class Turns:
         recheck_s: Callable[[], float | None] = lambda: None,
     ) -> AsyncIterator[bool]:
         """Count a drain of ``group`` as running for the block; first, unless ``limit`` is ``None`` or ``urgent()``,
-        wait while the drains running and ahead in line reach ``limit``. ``joined`` being set, or ``recheck_s()``
-        seconds passing, makes it ask ``urgent()`` again; ``waiting()`` (idempotent) is awaited before each wait.
-        Yields whether it waited; a cancellation gives its place up."""
+        wait while those running and ahead reach ``limit``, asking ``urgent()`` again when ``joined`` is set or after
+        ``recheck_s()`` seconds; ``waiting()`` (idempotent) is awaited before each wait. Yields whether it waited."""
         waited = False
         counted = False
         if limit is not None and not urgent():
@@ -149,9 +148,8 @@ class DrainTurns:
 
     @asynccontextmanager
     async def turn(self, ctx: OperationContext) -> AsyncIterator[bool]:
-        """With DRAIN_BUDGET_NON_URGENT: count the drain in its group; when all its events leave time, first wait
-        for a turn (:class:`Turns`), cordoned, messages parked, Lease kept. Yields whether it
-        waited; an urgent event joining or a scheduled change becoming due ends the wait."""
+        """Count the drain in its group; when all its events leave time, first wait for a turn (cordoned, messages
+        parked, Lease kept) until an urgent event joins or a scheduled change is due. Yields whether it waited."""
         spec = self.settings.drain_budget_non_urgent
         if not spec:
             yield False

@@ -1,8 +1,7 @@
 """Drain one node with kubectl-drain semantics ("Safely Drain a Node"), as kubectl's ``RunNodeDrain``: list its
 pods, plan (:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait
-until they are gone or the deadline, delete what is left at the deadline when asked, and summarise
-(:mod:`~queue_processor.drain.summary`). DRAIN_BUDGET bounds the nodes drained at once. One code path whatever
-USE_APISERVER_CACHE says (DESIGN.md rule 1).
+until they are gone or the deadline, delete what is left then when asked, summarise (:mod:`~.drain.summary`).
+One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1).
 """
 
 from __future__ import annotations
@@ -125,12 +124,11 @@ class Drainer:
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
     ) -> DrainResult:
         """Evict the node's pods and wait until they are gone or the deadline (a ``clock`` reading, or
-        :class:`DrainBounds` that may tighten), after taking a drain-budget slot. ``guard`` is awaited before each
-        eviction and raises to stop the drain (:meth:`queue_processor.leases.Claim.confirm`); with ``lost()`` true a
-        stopped drain leaves its surges to the node's new owner. Callbacks, which must not raise: ``evicted`` and
-        ``deleted(namespace, name)``, and ``noticed(namespace, name, reason, message)`` once per workload and value
-        whose drain annotation cannot be followed. Raises :class:`KubeError` when the pods cannot be listed, and what
-        ``guard`` raises."""
+        :class:`DrainBounds` that may tighten), in a drain-budget slot. ``guard`` runs before each eviction and raises
+        to stop the drain (:meth:`queue_processor.leases.Claim.confirm`); with ``lost()`` true surges are left to the
+        node's new owner. Callbacks must not raise: ``evicted``/``deleted(namespace, name)``, ``noticed(namespace,
+        name, reason, message)`` once per workload and value whose drain annotation cannot be followed. Raises
+        :class:`KubeError` when the pods cannot be listed, and what ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
         async with self.budget:
             self.draining += 1
@@ -416,9 +414,8 @@ class Drainer:
         evictions: Iterable[asyncio.Task[Any]] = (),
         following: Waiting | None = None,
     ) -> set[tuple[tuple[str, str], Any]]:
-        """Wait until none of ``waiting`` is left, ``deadline()`` passes or an eviction failed; those left. Covered by
-        the watch it wakes as pods go, else re-lists with backoff; a covered wait ending with pods left lists once
-        more."""
+        """Wait until none of ``waiting`` is left, ``deadline()`` passes or an eviction failed; those left. Woken by the
+        watch when covered (then one last list if pods are left), else re-listing with backoff."""
         departures = self.departures
         poll = 0.05
         while waiting:

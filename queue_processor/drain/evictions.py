@@ -1,11 +1,10 @@
 """One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
 429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
 
-Across every drain: :class:`Slots` bound the evictions waiting for their first request (the pods not started wait as
-data, not as suspended tasks in the rate limiter's line; the drain started first goes first), and
-:class:`BudgetGates` hold the pods of a workload whose PodDisruptionBudget refused a moment ago (they wait for the
-budget to reopen instead of spending requests on 429s; the pod's controller owner stands for the budget, as a 429
-names the budget, not the pods it selects).
+Across every drain: :class:`Slots` bound the evictions waiting for their first request (pods not started wait as
+data, not as tasks in the rate limiter's line; first drain first), and :class:`BudgetGates` hold a workload's pods
+while its PodDisruptionBudget refused a moment ago, instead of spending requests on 429s (the controller owner stands
+for the budget: a 429 names the budget, not its pods).
 """
 
 from __future__ import annotations
@@ -155,8 +154,7 @@ class _Budget:
 
 
 class BudgetGates:
-    """Budgets that refused lately and the owners they cover; times are caller clock readings (seconds). One
-    event loop; not thread-safe."""
+    """Budgets that refused lately and the owners they cover; times: caller clock readings (seconds). One loop."""
 
     def __init__(self) -> None:
         self._budgets: dict[str, _Budget] = {}
@@ -172,8 +170,7 @@ class BudgetGates:
 
     def refused(self, owner: str | None, budget: str, message: str, now: float) -> None:
         """A 429 of ``budget`` for a pod of ``owner``: link them and close the budget unless closed, for
-        :data:`GATE_FIRST_S`, or twice the last closing (up to :data:`GATE_MOST_S`) when it refuses again right
-        after."""
+        :data:`GATE_FIRST_S`, or twice the last closing (up to :data:`GATE_MOST_S`) when it refuses again at once."""
         if owner is not None:
             self._owners[sys.intern(owner)] = budget
         state = self._budgets.get(budget)
@@ -213,9 +210,8 @@ log = structlog.get_logger("queue_processor.drain")
 
 
 class Evictions:
-    """Evictions of every drain of the process through ``kube``: ``grace_s`` POD_TERMINATION_GRACE_PERIOD,
-    ``timing`` the drain timing, ``clock`` monotonic seconds, ``in_flight`` evictions waiting for their first
-    answer at once (:func:`~queue_processor.drain.evictions.evictions_in_flight`)."""
+    """Evictions of every drain through ``kube``: ``grace_s`` POD_TERMINATION_GRACE_PERIOD, ``clock`` monotonic
+    seconds, ``in_flight`` evictions awaiting their first answer at once (:func:`evictions_in_flight`)."""
 
     def __init__(
         self,
@@ -248,8 +244,7 @@ class Evictions:
         before: asyncio.Task[None] | None = None,
     ) -> None:
         """Start ``entries``' evictions into ``running``: surges at once, the others as :attr:`slots` free up, after
-        ``before`` (the previous wave's launcher) and ``guard`` each turn, until one fails. Raises what ``guard``
-        raises."""
+        ``before`` (the previous wave's launcher) and ``guard`` each turn, until one fails (raised)."""
         if before is not None:
             await before
         rest = [entry for entry in entries if entry.surge is None]
@@ -310,8 +305,7 @@ class Evictions:
         past_gate: bool = False,
     ) -> Eviction:
         """Evict one pod, retrying with backoff until :meth:`DrainBounds.final`: how it ended. While its workload's
-        budget is closed (:attr:`gates`) it waits without its slot, with jitter, counted as refused (``past_gate``:
-        not the first time); the grace asked is :func:`~queue_processor.drain.plan.granted_grace`'s."""
+        budget is closed (:attr:`gates`) it waits without its slot, counted as refused (``past_gate``: not at first)."""
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
         first = past_gate
@@ -416,10 +410,9 @@ class Evictions:
         held: list[Surge],
         wave_by: Callable[[], float] | None = None,
     ) -> Surge | None:
-        """Scale the pod's Deployment up (:mod:`queue_processor.drain.surge`) and wait for the replica, until the
-        eviction must start for the pod's grace plus :data:`WAVE_PAD_S` to end before the drain's last moment and
-        ``wave_by``. The surge to take back (in ``held`` from before its write) or ``None``. Raises what ``guard``
-        raises."""
+        """Scale the pod's Deployment up (:mod:`queue_processor.drain.surge`) and wait for the replica until the
+        eviction must start (:meth:`_evict_by`). The surge to take back (in ``held`` from before its write) or
+        ``None``. Raises what ``guard`` raises."""
         namespace, name = entry.key
         evict_by = self._evict_by(entry, bounds, wave_by)
         fallback = functools.partial(self._fallback, f"{namespace}/{name}")
@@ -483,8 +476,7 @@ class Evictions:
     def _evict_by(
         self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
     ) -> Callable[[], float]:
-        """When a surge pod's eviction must start: its wave's or the drain's last moment less its grace and
-        :data:`WAVE_PAD_S`."""
+        """When a surge pod's eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
         graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
 
         def evict_by() -> float:

@@ -1,7 +1,6 @@
 """``queue-processor explain NODE``: what would block a drain of a node now (read-only, with the caller's credentials):
 per pod the filters' verdict, drain policy, wave, grace, the PodDisruptionBudgets selecting it with their arithmetic,
-and the answer to a dry-run eviction (``dryRun=All``, as ``kubectl drain --dry-run=server``).
-"""
+and the answer to a dry-run eviction (``dryRun=All``, as ``kubectl drain --dry-run=server``)."""
 
 from __future__ import annotations
 

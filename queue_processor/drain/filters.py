@@ -1,10 +1,9 @@
 """Which pods of a node a drain evicts: kubectl-drain's pod filters (``k8s.io/kubectl/pkg/drain``), pure.
 
-Each filter of :data:`FILTERS` says evict, skip or error for one pod; the first that is not EVICT decides. Pods are
-API JSON dicts; missing or mistyped fields count as absent, so no filter raises. Unlike kubectl, on purpose: a pod
-whose controller is a DaemonSet is never evicted, even when the DaemonSet is gone or the pod finished; a terminating
-pod is only waited for, not evicted again; every warning is kept in the reason, not only the last.
-"""
+Each filter of :data:`FILTERS` says evict, skip or error for one pod; the first not EVICT decides. Pods are API JSON
+dicts; missing or mistyped fields count as absent (no filter raises). Unlike kubectl, on purpose: a DaemonSet's pod
+is never evicted (even with the DaemonSet gone or the pod finished); a terminating pod is only waited for; every
+warning is kept in the reason."""
 
 from __future__ import annotations
 

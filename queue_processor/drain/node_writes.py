@@ -34,11 +34,9 @@ class NodeWrites:
         about: CordonRecord | None = None,
     ) -> bool:
         """Mark the node unschedulable and, in the same write, add ``taints`` (``(key, value, effect)``) and the
-        ``labels_if_absent`` it lacks, recording the change in its
-        :class:`~queue_processor.drain.record.CordonRecord` (with ``about``'s instance facts) for :meth:`undo`.
-        Idempotent. ``spec.taints`` has no patch merge key, so this is a read-modify-write on the read
-        ``resourceVersion``; a 409 is retried on a fresh read (:data:`TAINT_WRITE_ATTEMPTS`). ``False`` when the node
-        does not exist; raises :class:`KubeError` otherwise."""
+        ``labels_if_absent`` it lacks, recorded (with ``about``'s instance facts) for :meth:`undo`; idempotent. A
+        read-modify-write (``spec.taints`` has no patch merge key), retried on a 409 (:data:`TAINT_WRITE_ATTEMPTS`).
+        ``False`` when the node does not exist; raises :class:`KubeError` otherwise."""
         patch: dict[str, Any] = {"spec": {"unschedulable": True}}
         try:
             await self._read_modify_write(node, taints, patch, labels_if_absent or {}, about)
@@ -56,9 +54,8 @@ class NodeWrites:
         await self._read_modify_write(node, [(key, value, effect)], {}, {}, about)
 
     async def undo(self, node: str, decide: Callable[[dict[str, Any], CordonRecord], bool]) -> bool:
-        """Take back what the node's :class:`~queue_processor.drain.record.CordonRecord` says we changed, if
-        ``decide(node, record)`` agrees: ``True`` when undone, ``False`` when the node is gone, has no record or
-        ``decide`` declined. A 409 is retried as in :meth:`cordon`; raises :class:`KubeError` otherwise."""
+        """Take back what the node's record says we changed, if ``decide(node, record)`` agrees: ``True`` when undone,
+        ``False`` if the node is gone, has no record or ``decide`` declined; 409s retried, else :class:`KubeError`."""
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             current = await self.kube.get_node(node)
             record = CordonRecord.from_node(current) if current is not None else None

@@ -1,12 +1,10 @@
 """A drain's plan and its timing, pure but for :class:`DrainBounds`: which pods go in which wave with which grace.
 
 kubectl's filters (:mod:`~queue_processor.drain.filters`) choose the pods; DRAIN_ORDER=waves evicts *critical* pods
-(:func:`is_critical`) only once the others are gone or only their time is left, so log shippers, meshes and storage
-daemons outlive their users ("Pod Priority and Preemption"); ``all-at-once`` is kubectl's order.
-:data:`DRAIN_POLICY_ANNOTATION` picks a pod's :class:`DrainPolicy`. With a known instance end a grace period is cut to
-end ``margin`` seconds before it, so the pod is gone from the API server before the instance vanishes:
-``deleteOptions.gracePeriodSeconds`` ("API-initiated Eviction"), at least 1 s (0 would be a forced deletion, which
-only the deadline step does). :class:`DrainBounds`: when a drain must end, only ever nearer.
+(:func:`is_critical`) once the others are gone or only their time is left, so log shippers, meshes and storage
+daemons outlive their users ("Pod Priority and Preemption"). With a known instance end a grace period
+(``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds before it, at
+least 1 s (0 would be a forced deletion, which only the deadline step does).
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ class DrainPolicy(StrEnum):
 
 
 def drain_policy(pod: Mapping[str, Any]) -> tuple[DrainPolicy, str | None]:
-    """The pod's :class:`DrainPolicy`, and the annotation's value when it names none (the pod then gets
-    ``EVICT``). Surrounding blanks are ignored. Never raises."""
+    """The pod's :class:`DrainPolicy` (blanks ignored), and the annotation's value when it names none (``EVICT``)."""
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     value = annotations.get(DRAIN_POLICY_ANNOTATION) if isinstance(annotations, Mapping) else None
@@ -184,10 +181,9 @@ _DEFAULT_ORDER = DrainOrder(default("drain_order"))
 
 @dataclass(frozen=True)
 class DrainTiming:
-    """When and in which order a drain evicts (:mod:`queue_processor.drain.plan`), a field per setting: ``order``
-    DRAIN_ORDER, ``critical_priority`` DRAIN_CRITICAL_PRIORITY, ``grace_margin_s`` GRACE_DEADLINE_MARGIN (negative:
-    never cut), ``delete_at_deadline`` DELETE_AT_DEADLINE, ``delete_lead_s`` DELETE_AT_DEADLINE_LEAD, ``surge``
-    SURGE_DRAINS, ``relist_s`` DRAIN_RELIST_AFTER (0: never, also without settings); times in seconds."""
+    """How a drain evicts, a field per setting (seconds): ``order`` DRAIN_ORDER, ``critical_priority``
+    DRAIN_CRITICAL_PRIORITY, ``grace_margin_s`` GRACE_DEADLINE_MARGIN (negative: never cut), ``surge`` SURGE_DRAINS,
+    ``delete_at_deadline``/``delete_lead_s`` DELETE_AT_DEADLINE[_LEAD], ``relist_s`` DRAIN_RELIST_AFTER (0: never)."""
 
     order: DrainOrder = _DEFAULT_ORDER
     critical_priority: int = default("drain_critical_priority")
@@ -252,8 +248,7 @@ class WavePlan:
 def plan_waves(
     pods: list[dict[str, Any]], options: DrainOptions, timing: DrainTiming, grace_s: int
 ) -> WavePlan:
-    """The plan of a drain of ``pods`` (pure), with each pod's grace (``grace_s``; -1: its own); names, no pod
-    objects."""
+    """The plan of a drain of ``pods``, each pod's grace ``grace_s`` (-1: its own); names, no pod objects."""
     decisions = plan_drain(pods, options)
     evicting = {id(pod) for pod in decisions.evict}
     entries = [
@@ -316,8 +311,7 @@ def join_plans(first: WavePlan, later: WavePlan) -> WavePlan:
 
 class DrainBounds:
     """When a drain must end, only ever tightened (DESIGN.md rule 13): ``deadline`` and ``instance_end`` (``clock``
-    readings; ``None``: unknown). The running drain picks up a :meth:`tighten` at once: waits wake, graces are cut
-    again, waves and the deadline step re-planned. One asyncio loop owns it."""
+    readings; ``None``: unknown). A :meth:`tighten` wakes the drain's waits at once, to re-cut and re-plan. One loop."""
 
     def __init__(self, deadline: float, instance_end: float | None = None) -> None:
         self.deadline = deadline

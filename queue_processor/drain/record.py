@@ -3,9 +3,7 @@
 Each write of ours records in :data:`RECORD_ANNOTATION` only what it changed, so a cordon somebody else made is never
 undone. The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints`` (``[key, effect]``),
 ``replacedTaints`` (``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``, ``warmPool``, ``since``.
-EC2's ``LaunchTime`` is the latest launch or start ("Stop and start Amazon EC2 instances"): a different one later
-means a stop and start.
-"""
+EC2's ``LaunchTime`` is the latest launch or start ("Stop and start Amazon EC2 instances")."""
 
 from __future__ import annotations
 
@@ -93,9 +91,8 @@ def recorded(
     labels: Mapping[str, str],
     about: CordonRecord | None,
 ) -> CordonRecord | None:
-    """The record ``node`` (as read before our write) should carry after it: what it carries plus what the write
-    changes that the node lacked (``unschedulable``, ``taints`` as ``(key, effect)``, ``labels``), with
-    ``about``'s instance facts; ``None`` when there is nothing to record."""
+    """The record ``node`` (as read before our write) should carry after it: its own plus what the write adds
+    (``taints`` as ``(key, effect)``), with ``about``'s instance facts; ``None`` when there is nothing to record."""
     spec = node.get("spec") or {}
     present = {(t.get("key"), t.get("effect")): t for t in spec.get("taints") or []}
     existing = CordonRecord.from_node(node)

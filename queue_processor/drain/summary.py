@@ -146,9 +146,8 @@ async def causes(
     left: list[DrainPod],
     budget_status: Callable[[str], Awaitable[str | None]],
 ) -> list[str]:
-    """Why a drain did not finish, one line each: every budget that refused to the end (with its arithmetic
-    read now by ``budget_status(namespace/name)``), every failed eviction, and the pods evicted or being deleted
-    that did not terminate."""
+    """Why a drain did not finish, a line each: every budget that refused to the end (its arithmetic now from
+    ``budget_status(namespace/name)``), every failed eviction, the pods evicted or being deleted still there."""
     lines: list[str] = []
     by_budget: dict[str | None, list[Eviction]] = {}
     for outcome in blocked:

@@ -1,11 +1,10 @@
 """Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``).
 
-The drain scales the pod's Deployment up one replica, waits for one more *available* replica, evicts the pod through
-the Eviction API as usual, and scales back down once the eviction is accepted (why this way: docs/kinds.md,
-"Replacement before eviction"). :data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the
-read ``resourceVersion``, so concurrent surges count exactly, a count someone else set is never lowered, and a surge
-cut short by SIGKILL or a lost Lease is taken over or back. Deployments an HPA scales are not surged. Metric:
-``queue_processor_surges_total{result}``.
+The drain scales the pod's Deployment up one replica, waits for one more *available* replica, evicts the pod as
+usual, and scales back down once the eviction is accepted (docs/kinds.md, "Replacement before eviction").
+:data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the read ``resourceVersion``: surges
+count exactly, another's count is never lowered, a surge cut short (SIGKILL, lost Lease) is taken over or back.
+Deployments an HPA scales are not surged.
 """
 
 from __future__ import annotations
@@ -91,8 +90,7 @@ class SurgeRecord:
         return json.dumps(text, sort_keys=True)
 
     def rebase(self, replicas: int) -> bool:
-        """When ``replicas`` (``spec.replicas`` now) is not our last write's: make it ``base`` and undo every surge
-        in progress; ``True`` then."""
+        """``True``, making ``replicas`` the ``base`` and undoing every surge, when it is not our last write's."""
         if replicas == self.replicas:
             return False
         self.undone.update(self.pods)
@@ -211,10 +209,9 @@ class Surges:
         *,
         room_s: float = math.inf,
     ) -> Surge | SurgeResult:
-        """Scale ``namespace/deployment`` up one replica for pod ``name`` (``uid``, ``labels``), recorded, taking back
-        surges whose pods are gone: the :class:`Surge`, or the :class:`SurgeResult` why not (``NO_TIME`` when
-        ``minReadySeconds`` + :data:`SURGE_LEAST_S` exceed ``room_s`` seconds). A pod recorded already is not scaled
-        for twice. Never raises :class:`KubeError`."""
+        """Scale ``namespace/deployment`` up one replica for pod ``name`` (``uid``, ``labels``; once per pod),
+        recorded, taking back surges whose pods are gone: the :class:`Surge`, or the :class:`SurgeResult` why not
+        (``NO_TIME``: ``minReadySeconds`` + :data:`SURGE_LEAST_S` > ``room_s`` seconds). Never raises KubeError."""
         try:
             return await self._start(namespace, deployment, name, uid, labels, room_s)
         except KubeError as exc:

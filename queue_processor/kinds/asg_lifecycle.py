@@ -59,8 +59,7 @@ class AsgLifecycleEvent(BaseEvent):
 
 
 class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
-    """A terminate lifecycle action: drain, then complete it. ``start_time = time``: the instance waits in
-    ``Terminating:Wait`` until the action is completed or its heartbeat timeout passes."""
+    """A terminate lifecycle action: drain, then complete it. ``start_time = time`` (``Terminating:Wait`` from then)."""
 
     detail_type: Literal["EC2 Instance-terminate Lifecycle Action"] = Field(
         default="EC2 Instance-terminate Lifecycle Action", alias="detail-type", exclude=True, repr=False

@@ -1,9 +1,8 @@
 """Prometheus metrics of the controller: :class:`Metrics`, one per process, in a registry of its own.
 
-Names follow "Metric and label naming" (prometheus.io). ``actions_total`` and ``events_error_total`` are
-aws-node-termination-handler's (``pkg/observability/opentelemetry.go``), unprefixed so NTH's dashboards keep
-working; the others carry the ``queue_processor_`` prefix. Labels stay bounded: ``queue`` is the queue URL as
-configured, ``kind`` an event kind or :data:`KIND_SKIP` / :data:`KIND_POISON`, reasons an enum's value.
+Names follow "Metric and label naming" (prometheus.io). ``actions_total`` and ``events_error_total`` are NTH's
+(``pkg/observability/opentelemetry.go``), unprefixed so its dashboards keep working. Labels stay bounded: ``queue``
+is the queue URL as configured, ``kind`` an event kind or :data:`KIND_SKIP` / :data:`KIND_POISON`, reasons enums.
 """
 
 from __future__ import annotations
@@ -133,10 +132,8 @@ class _WithoutCreated(Collector):
 class Metrics(Observer):
     """The controller's metrics, one attribute each, in :attr:`registry`. ``version`` labels ``build_info``
     (default: the installed package's); ``process_metrics`` adds prometheus-client's process, platform and GC
-    collectors. ``event_to_cordon_seconds`` excludes AWS's delivery delay. ``drained_pods_total{grace}``:
-    ``own`` (the pod's whole grace period), ``cut`` (cut to end before the instance), ``outlasted`` (ending
-    after the instance: killed mid-grace).
-    """
+    collectors. ``event_to_cordon_seconds`` excludes AWS's delivery delay. ``drained_pods_total{grace}``: ``own``
+    (the whole grace), ``cut`` (cut to end before the instance), ``outlasted`` (killed mid-grace by its end)."""
 
     def __init__(self, version: str | None = None, *, process_metrics: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

@@ -31,9 +31,8 @@ __all__ = [
 
 
 class Observer(Protocol):
-    """What the pipeline reports; every method returns at once, never raises, and does nothing by default.
-    ``queue`` is a queue URL as configured, ``kind`` an event kind (or ``skip`` / ``poison``, or several kinds
-    joined by commas), durations are seconds."""
+    """What the pipeline reports; every method returns at once, never raises, and does nothing by default. ``queue``
+    is a queue URL as configured, ``kind`` an event kind (``skip``, ``poison``, or kinds joined by commas); seconds."""
 
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
         """A message was received, deleted or requeued."""

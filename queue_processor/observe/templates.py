@@ -1,10 +1,6 @@
-"""NTH's webhook data, as a Go template sees it, and the start-up check of a template (pure; imports only
-:mod:`queue_processor_gotemplate`): what the settings check and what :mod:`.webhook` renders over.
-
-NTH's ``combinedDrainData`` (``pkg/webhook`` of aws-node-termination-handler v1.25.6): the embedded
-``ec2metadata.NodeMetadata``, the embedded ``monitor.InterruptionEvent`` and the outer ``InstanceID`` and
-``InstanceType``, with their JSON names in the order encoding/json writes them.
-"""
+"""NTH's webhook data (``combinedDrainData``, ``pkg/webhook`` of aws-node-termination-handler v1.25.6), as a Go
+template sees it, and the start-up check of a template (pure; imports only :mod:`queue_processor_gotemplate`): what
+the settings check and what :mod:`.webhook` renders over."""
 
 from __future__ import annotations
 
@@ -16,9 +12,8 @@ from queue_processor_gotemplate import GoTime, NilMap, NilSlice, Struct, Templat
 __all__ = ["DATA_TYPE", "JSON_NAMES", "METADATA", "check_template", "nth_data"]
 
 # ``(JSON key, field)`` in the order encoding/json writes NTH's combinedDrainData: the embedded
-# ec2metadata.NodeMetadata (its json tags; its InstanceID and InstanceType lose to the outer fields), the
-# embedded monitor.InterruptionEvent (its func fields are tagged "-"), then the outer InstanceID and
-# InstanceType.
+# ec2metadata.NodeMetadata (json tags; its InstanceID and InstanceType lose to the outer fields), the embedded
+# monitor.InterruptionEvent (func fields tagged "-"), then the outer InstanceID and InstanceType.
 METADATA = (
     ("accountId", "AccountId"),
     ("instanceId", ""),

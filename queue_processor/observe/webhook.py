@@ -1,9 +1,8 @@
 """Webhook notifications (WEBHOOK_URL), as aws-node-termination-handler v1.25.6 sends them.
 
-One POST per interruption a node is drained for, after the drain whatever its result and before the lifecycle
-actions are completed: the template rendered over NTH's ``combinedDrainData`` (``pkg/webhook``; fields in
-docs/migration.md). As in NTH, 5 seconds and no retry; a failure is logged and counted, never fails a drain.
-"""
+One POST per interruption a node is drained for, after the drain (whatever its result) and before the lifecycle
+actions are completed: the template over NTH's ``combinedDrainData`` (``pkg/webhook``; fields in docs/migration.md).
+As in NTH, 5 seconds and no retry; a failure is logged and counted, never fails a drain."""
 
 from __future__ import annotations
 
@@ -112,9 +111,8 @@ def drain_data(
     received_wall: datetime | None = None,
     received_monotonic: float | None = None,
 ) -> Struct:
-    """NTH's ``combinedDrainData`` for ``event``; ``node_labels`` / ``pods`` ``None`` render as nil. An AWS
-    Health event's ``.StartTime`` is when it was received (``received_wall``; ``received_monotonic`` on
-    :func:`time.monotonic`'s clock gives Go's ``m=+…``), as NTH takes ``time.Now()``."""
+    """NTH's ``combinedDrainData`` for ``event``; ``node_labels`` / ``pods`` ``None`` render as nil. An AWS Health
+    event's ``.StartTime`` is ``received_wall`` (NTH's ``time.Now()``; ``received_monotonic`` gives Go's ``m=+…``)."""
     start = _go_time(event.time)
     if isinstance(event, ScheduledChangeEvent):
         wall = received_wall or datetime.now().astimezone()

@@ -2,9 +2,8 @@
 
 A drain takes a :class:`Ticket` *before* it lists its pods: while the stream has not broken since (same
 :attr:`Departures.epoch`) and fewer than :data:`MEMORY` deletions passed, every listed pod that went is remembered or
-will come as an event; otherwise the drain lists. Sources: "Efficient detection of changes", "Receiving resources as
-Tables or metadata only" (API concepts).
-"""
+will come as an event; otherwise the drain lists. API concepts: "Efficient detection of changes", "Receiving
+resources as Tables or metadata only"."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from queue_processor.watch.watched import WATCH_TIMEOUT_S, Watched
 
 __all__ = ["MEMORY", "Departures", "Ticket", "Waiting", "deletion"]
 
-#: Deleted pods' uids remembered, to cover a drain's ticket until its listed pods are registered; a ticket
-#: older than this many deletions is not trusted (the drain lists again).
+#: Deleted pods' uids remembered: a ticket older than this many deletions is not trusted (the drain lists again).
 MEMORY = 10_000
 
 Entry = tuple[tuple[str, str], Any]  # ((namespace, name), uid): a pod a drain waits for

@@ -1,10 +1,8 @@
 """The nodes as one watch sees them (listed in pages, then watched, as an informer does), as slim copies.
 
-A cordon's first attempt writes with the copy's resourceVersion instead of a GET: a stale copy answers 409 and the
-retry reads, so it costs a request, never a wrong write. The ``nth_tagged_nodes`` gauge and the check for instances
-back in service read it too. Only a live copy is handed out. Sources: "Efficient detection of changes", "Retrieving
-large results sets in chunks", "Resource versions" (API concepts).
-"""
+A cordon's first attempt writes with the copy's resourceVersion instead of a GET (a stale copy answers 409 and the
+retry reads). The ``nth_tagged_nodes`` gauge and the return check read it too. Only a live copy is handed out.
+API concepts: "Efficient detection of changes", "Retrieving large results sets in chunks", "Resource versions"."""
 
 from __future__ import annotations
 
@@ -109,9 +107,8 @@ class NodeCache(Watched):
         return counted[1]
 
     def find(self, dns_name: str, provider_id: str = "") -> dict[str, Any] | None:
-        """An instance's node as :class:`~queue_processor.nodes.NodeFinder` finds it: by ``provider_id``'s instance ID
-        when given, else by name or ``kubernetes.io/hostname`` (``dns_name`` or its first label); ``None`` if not
-        live."""
+        """An instance's node as :class:`~queue_processor.nodes.NodeFinder` finds it (by ``provider_id``'s instance ID,
+        else by name or hostname label: ``dns_name`` or its first label); ``None`` if not live."""
         if not self.live:
             return None
         if provider_id:
