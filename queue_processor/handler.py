@@ -19,11 +19,9 @@ from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.cordon import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Cordons
-from queue_processor.deadlines import drain_deadline, instance_end
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
 from queue_processor.events import EventKind
-from queue_processor.handover import events_in, missing
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
@@ -52,7 +50,7 @@ from queue_processor.outcomes import (
     NodeAction,
     OperationOutcome,
 )
-from queue_processor.rules import pre_drains
+from queue_processor.rules import drain_deadline, events_in, instance_end, missing, pre_drains
 from queue_processor.steps import INSTANCE_ENDED, Collaborators, OperationContext, Outcome, Step, Steps
 from queue_processor.turns import DrainTurns, Turns
 from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
@@ -276,7 +274,7 @@ class Handler(Steps):
 
     async def _claim_lease(self, ctx: OperationContext) -> tuple[Claim | None, bool]:
         """Claim the node's Lease, waiting while another replica holds it until the drain deadline, handing it the
-        events that bring the end nearer (:mod:`~queue_processor.handover`) and parking the messages. Returns the
+        events that bring the end nearer (:mod:`~queue_processor.rules`) and parking the messages. Returns the
         claim (``None``: still held) and whether it waited; raises :class:`KubeError`."""
         leases = self.leases
         assert leases is not None
@@ -553,7 +551,7 @@ class Handler(Steps):
         return Outcome.RETRY
 
     def _deadline(self, operation: NodeOperation) -> float:
-        """The operation's drain deadline now (:func:`~queue_processor.deadlines.drain_deadline`)."""
+        """The operation's drain deadline now (:func:`~queue_processor.rules.drain_deadline`)."""
         return drain_deadline(
             operation.events,
             grace_period_s=self.settings.node_termination_grace_period,
@@ -563,7 +561,7 @@ class Handler(Steps):
         )
 
     def _instance_end(self, operation: NodeOperation) -> float | None:
-        """When the operation's instance goes, as its events say now (:func:`~.deadlines.instance_end`)."""
+        """When the operation's instance goes, as its events say now (:func:`~.rules.instance_end`)."""
         return instance_end(
             operation.events, now=self.clock(), wall=datetime.now(UTC), started_at=operation.started_at
         )

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from queue_processor.deadlines import launch_ready_deadline
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
@@ -20,6 +19,7 @@ from queue_processor.nodes import InstanceInfo, node_ready
 from queue_processor.observe.events import RECEIVED_REASONS
 from queue_processor.outcomes import LifecycleResult, NodeAction, OperationOutcome
 from queue_processor.returns import came_back
+from queue_processor.rules import launch_ready_deadline
 from queue_processor.steps import (
     INSTANCE_ENDED,
     Collaborators,

@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from queue_processor.handover import HANDOVER_PREFIX
 from queue_processor.kube import KubeClient
+from queue_processor.rules import HANDOVER_PREFIX
 from queue_processor.watch.watched import WATCH_TIMEOUT_S, Watched
 
 __all__ = ["REPLICA_ANNOTATION", "UNWATCHED_POLL_S", "LeaseWatch"]

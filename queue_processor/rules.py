@@ -1,16 +1,45 @@
-"""What the controller does for each kind of event, in one pure table (as Karpenter's ``actionForMessage``): which
-kinds get NTH's PreDrain and which taint, which bring the instance's end (no drain runs past it), which leave time
-for DRAIN_BUDGET_NON_URGENT, and which are handed to the replica holding the node's Lease."""
+"""What the controller does for each kind of event, and when, in one pure module (as Karpenter's
+``actionForMessage``): the per-kind table :data:`RULES`; the deadline arithmetic of an operation; the events handed
+to the replica holding a node's Lease.
+
+Event times are AWS's wall clock (aware UTC, read against ``wall``); deadlines are returned on the monotonic clock
+(``now``), so a wall-clock step never moves a drain. The earliest event wins (DESIGN.md rule 13). With NODE_LEASES, a
+replica that cannot claim a node writes the events that bring its end nearer onto the Lease as annotations
+(:func:`annotation`); the holder joins them to its operation (:func:`events_in`); the message stays with its receiver.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from datetime import datetime
+from functools import cache
+from typing import Any, Literal
+
+import structlog
+from pydantic import TypeAdapter, ValidationError
 
 from queue_processor.events import EventKind
+from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, ScheduledChangeEvent
 
-__all__ = ["RULES", "KindRules", "pre_drains"]
+__all__ = [
+    "HANDOVER_PREFIX",
+    "RULES",
+    "KindRules",
+    "annotation",
+    "drain_deadline",
+    "events_in",
+    "handed",
+    "instance_end",
+    "launch_ready_deadline",
+    "leaves_time",
+    "missing",
+    "notice_end",
+    "pre_drains",
+]
+
+log = structlog.get_logger("queue_processor.rules")
 
 
 @dataclass(frozen=True)
@@ -71,3 +100,111 @@ RULES: dict[EventKind, KindRules] = {
 def pre_drains(kinds: Iterable[EventKind]) -> bool:
     """Whether any of ``kinds`` gets NTH's PreDrain task."""
     return any(RULES[kind].pre_drain for kind in kinds)
+
+
+def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetime) -> bool:
+    """Whether every one of ``events`` (at least one) leaves time for DRAIN_BUDGET_NON_URGENT
+    (:data:`~queue_processor.rules.RULES`): always, or when its start is over ``grace_period_s`` after ``wall``."""
+    if not events:
+        return False
+    for event in events:
+        rule = RULES[event.kind].leaves_time
+        far = (event.start_time - wall).total_seconds() > grace_period_s
+        if not (rule == "always" or (rule == "when-far" and far)):
+            return False
+    return True
+
+
+def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
+    """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice, ``None`` without one; one
+    over by ``wall`` is measured from ``started_at`` with its own length (a drain cut to nothing never succeeds)."""
+    notices = [event for event in events if RULES[event.kind].notice]
+    if not notices:
+        return None
+    first = min(notices, key=lambda event: event.start_time)
+    left = (first.start_time - wall).total_seconds()
+    if left <= 0:
+        length = (first.start_time - first.time).total_seconds()
+        left = length - (now - started_at)
+    return now + max(left, 0.0)
+
+
+def drain_deadline(
+    events: Sequence[Event], *, grace_period_s: float, now: float, wall: datetime, started_at: float
+) -> float:
+    """``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) from ``now``, never past :func:`notice_end`."""
+    deadline = now + grace_period_s
+    end = notice_end(events, now=now, wall=wall, started_at=started_at)
+    return deadline if end is None else min(deadline, end)
+
+
+def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
+    """When the instance goes (on ``now``'s clock): the earliest of :func:`notice_end` and the start of a scheduled
+    change still to come; ``None`` when no event says."""
+    ends = [
+        end for end in (notice_end(events, now=now, wall=wall, started_at=started_at),) if end is not None
+    ]
+    for event in events:
+        if isinstance(event, ScheduledChangeEvent) and event.start_time > wall:
+            ends.append(now + (event.start_time - wall).total_seconds())
+    return min(ends, default=None)
+
+
+def launch_ready_deadline(events: Sequence[Event], *, timeout_s: float, now: float, wall: datetime) -> float:
+    """When (on ``now``'s clock) the launch actions have waited ``timeout_s`` (LAUNCH_READY_TIMEOUT_SEC) for their
+    node, from the earliest action's event time (every replica agrees; one ahead of ``wall`` counts as now)."""
+    started = min(
+        (event.time for event in events if isinstance(event, AsgLaunchLifecycleEvent)), default=None
+    )
+    age = 0.0 if started is None else max((wall - started).total_seconds(), 0.0)
+    return now + max(timeout_s - age, 0.0)
+
+
+#: The annotation keys of events handed over: ``queue-processor/event.<event ID>`` (an event ID is at most 54
+#: characters of ``[a-z0-9-]``, so the name part stays within the 63 an annotation key allows).
+HANDOVER_PREFIX = "queue-processor/event."
+
+
+@cache
+def _events() -> TypeAdapter[Any]:
+    return TypeAdapter(Event)
+
+
+def handed(event: Event) -> bool:
+    """Whether ``event`` is handed to the holder (:class:`~queue_processor.rules.KindRules`' ``handed_over``)."""
+    return RULES[event.kind].handed_over
+
+
+def annotation(event: Event) -> tuple[str, str]:
+    """The annotation that hands ``event`` over: its key and its value (its fields as compact JSON, no SQS message)."""
+    fields = event.model_dump(mode="json", exclude={"message", "event_id", "start_time"})
+    fields["detail-type"] = event.detail_type  # part of the identity of an event without a source ID
+    return HANDOVER_PREFIX + event.event_id, json.dumps(fields, separators=(",", ":"), sort_keys=True)
+
+
+def events_in(annotations: Mapping[str, str] | None, instance_id: str) -> list[Event]:
+    """The events handed over in ``annotations`` (a Lease's) for ``instance_id``, in key order. A value that is
+    not an event, or one whose ID is not its key's, is logged and left out: it was not written by us."""
+    found: list[Event] = []
+    for key in sorted(annotations or {}):
+        if not key.startswith(HANDOVER_PREFIX):
+            continue
+        try:
+            event = _events().validate_json((annotations or {})[key])
+        except ValidationError as exc:
+            log.warning("an event handed over cannot be read: left out", key=key, error=str(exc))
+            continue
+        if HANDOVER_PREFIX + event.event_id != key:
+            log.warning("an event handed over does not match its key: left out", key=key)
+            continue
+        if event.instance_id == instance_id:
+            found.append(event)
+    return found
+
+
+def missing(events: Iterable[Event], annotations: Mapping[str, str] | None) -> dict[str, str]:
+    """The annotations handing over those of ``events`` that :func:`handed` names and ``annotations`` lack."""
+    present = annotations or {}
+    return dict(
+        pair for pair in (annotation(event) for event in events if handed(event)) if pair[0] not in present
+    )

@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 
 from queue_processor import tasks
 from queue_processor.config import Settings
-from queue_processor.deadlines import leaves_time
 from queue_processor.drain.drainer import Drainer
 from queue_processor.kinds import ScheduledChangeEvent
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import ASG_TAG
+from queue_processor.rules import leaves_time
 from queue_processor.steps import OperationContext
 
 __all__ = ["DrainTurns", "Turns", "turn_limit"]

@@ -6,13 +6,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from queue_processor.deadlines import drain_deadline, instance_end, launch_ready_deadline, notice_end
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     RebalanceRecommendationEvent,
     ScheduledChangeEvent,
     SpotInterruptionEvent,
 )
+from queue_processor.rules import drain_deadline, instance_end, launch_ready_deadline, notice_end
 
 WALL = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from queue_processor.deadlines import leaves_time
 from queue_processor.events import SqsMessageRef
 from queue_processor.kinds import RebalanceRecommendationEvent, ScheduledChangeEvent
 from queue_processor.leases import lease_name
 from queue_processor.nodes import InstanceInfo
+from queue_processor.rules import leaves_time
 from queue_processor.settlement import InFlightSlots
 from queue_processor.turns import Turns, turn_limit
 from tests.unit.test_handler import MANAGED, World, env, rebalance, settings, spot
