@@ -249,7 +249,7 @@ def _background(
                 parts.kube,
                 parts.drainer,
                 parts.resolver,
-                busy=parts.handler.draining,
+                busy=parts.handler.draining.here,
                 leases=parts.leases,
                 interval_s=settings.return_check_interval_sec,
                 observer=metrics,
@@ -291,7 +291,7 @@ async def _shut_down(
         tasks_left=len(left),
         task_names=left[:10],
         operations_left=parts.consumer.tasks,
-        heartbeats_left=parts.handler.heartbeats.running,
+        heartbeats_left=parts.handler.parts.heartbeats.running,
     )
 
 

@@ -19,12 +19,13 @@ from queue_processor.aws import call, error_code
 from queue_processor.coalesce import AdmissionKind, EventStore, NodeOperation
 from queue_processor.config import default
 from queue_processor.events import SqsMessageRef
-from queue_processor.handler import Handler, Outcome
+from queue_processor.handler import Handler
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
 from queue_processor.settlement import Ledger, Room
+from queue_processor.steps import Outcome
 
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient
@@ -171,7 +172,7 @@ class Consumer:
         held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
         # Settlements under way stop too: every message still held is made visible below anyway.
         await tasks.stop(*self._operations.values(), *self._settling)
-        leases = self.handler.leases
+        leases = self.handler.parts.leases
         if leases is not None:
             # Leases free before their messages are visible to another replica; a hung batch is left to close().
             with contextlib.suppress(TimeoutError):

@@ -1,7 +1,8 @@
 """The per-node drain pipeline: resolve → claim → PreDrain + cordon → drain → PostDrain; EarlyExit on error.
 
-Each step is a method over the operation's :class:`~queue_processor.steps.OperationContext`. Launches go to
-:class:`~queue_processor.launch.Launches`; heartbeats start on receipt (:meth:`Handler.received`).
+Each step is a function over the operation's :class:`~queue_processor.steps.OperationContext`; :class:`Handler`
+holds what the operations running here share (their count, the Leases they hold, the drain turns). Launches go to
+:func:`~queue_processor.launch.run_launch`; heartbeats start on receipt (:meth:`Handler.received`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import structlog
 from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
-from queue_processor.cordon import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Cordons
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
 from queue_processor.events import EventKind
@@ -29,7 +29,7 @@ from queue_processor.kinds import (
     StateChangeEvent,
 )
 from queue_processor.kube import AFTER_CORDONS, rank_urgent
-from queue_processor.launch import Launches
+from queue_processor.launch import Draining, run_launch
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceResolver, NodeFinder
@@ -50,18 +50,31 @@ from queue_processor.outcomes import (
     NodeAction,
     OperationOutcome,
 )
-from queue_processor.rules import drain_deadline, events_in, instance_end, missing, pre_drains
-from queue_processor.steps import INSTANCE_ENDED, Collaborators, OperationContext, Outcome, Step, Steps
-from queue_processor.turns import DrainTurns, Turns
+from queue_processor.rules import events_in, missing, pre_drains
+from queue_processor.steps import (
+    INSTANCE_ENDED,
+    OUT_OF_SERVICE_TAINT,
+    OperationContext,
+    Outcome,
+    Parts,
+    Step,
+    complete_actions,
+    completion_delay,
+    cordon,
+    guard,
+    instance_gone,
+    left_to_bootstrap,
+    record_event,
+    record_start,
+    report_step,
+    resolve,
+    started_again,
+    taint_joined,
+)
+from queue_processor.turns import Turns, drain_turn
 from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
 
-__all__ = [
-    "EXCLUDE_FROM_LB_LABEL",
-    "INSTANCE_ENDED",
-    "OUT_OF_SERVICE_TAINT",
-    "Handler",
-    "Outcome",
-]
+__all__ = ["Handler"]
 
 log = structlog.get_logger("queue_processor.handler")
 
@@ -72,7 +85,7 @@ LEAVE_WAIT_S = 60.0
 LEAVE_LEAD_S = 10.0
 
 
-class Handler(Steps):
+class Handler:
     """Runs operations (see the module docstring); ``clock`` returns monotonic seconds."""
 
     def __init__(
@@ -89,60 +102,30 @@ class Handler(Steps):
         observer: Observer = NULL_OBSERVER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(Collaborators(settings, resolver, finder, heartbeats, recorder, observer, clock))
-        self.drainer = drainer
-        self.cordons = Cordons(
-            settings,
-            drainer.writes,
-            finder=finder,
-            resolver=resolver,
-            observer=observer,
-            clock=clock,
-            event=self.event,
+        self.parts = Parts(
+            settings, resolver, finder, heartbeats, drainer, recorder, leases, webhook, observer, clock
         )
-        self.leases = leases
-        self.webhook = webhook
-        self.launches = Launches(
-            self.parts,
-            drainer=drainer,
-            draining=self.draining,
-            leases=leases,
-        )
-        self._draining: Counter[str] = Counter()  # instance ID → drain operations running here
+        self._drains: Counter[str] = Counter()  # instance ID → drain operations running here
+        self.draining = Draining(lambda instance_id: self._drains[instance_id] > 0)
+        """Whether a drain of an instance runs here, and the returns that wait for one to end."""
         self._running = 0  # operations running here, of every mode
         self._one_ended = asyncio.Event()  # set (and replaced) whenever one of them ends
         self.turns = Turns(observer)
         """Drains per group, and those that wait for a turn (DRAIN_BUDGET_NON_URGENT)."""
-        self.drain_turns = DrainTurns(
-            settings,
-            self.turns,
-            drainer=drainer,
-            lifecycle=heartbeats.lifecycle,
-            park=lambda message_ids: self.park(message_ids),
-            taint_joined=self.cordons.taint_joined,
-        )
         self._holding: dict[str, OperationContext] = {}  # node Lease name → the operation holding it here
         if leases is not None:
-            leases.watch.on_handed = self._handed
+            leases.watch.on_handed = self._join_handed_over
         self.park: Callable[[list[str]], None] = lambda message_ids: None
         """Gives the in-flight slots of a waiting operation's messages back (set by the consumer to
         :meth:`Ledger.park <queue_processor.settlement.Ledger.park>`)."""
 
-    # ------------------------------------------------------------------------------------------- receipt
-
     def received(self, event: Event) -> None:
         """Heartbeat a received event's lifecycle action when ours to complete; never waits on AWS."""
-        if not isinstance(event, AsgLifecycleEvent) or self.settings.dry_run:
+        if not isinstance(event, AsgLifecycleEvent) or self.parts.settings.dry_run:
             return
-        if isinstance(event, AsgLaunchLifecycleEvent) and self.left_to_bootstrap(event):
+        if isinstance(event, AsgLaunchLifecycleEvent) and left_to_bootstrap(self.parts.settings, event):
             return
-        self.heartbeats.start(event)
-
-    def draining(self, instance_id: str) -> bool:
-        """Whether a drain operation for ``instance_id`` runs here now."""
-        return self._draining[instance_id] > 0
-
-    # ---------------------------------------------------------------------------------------- operations
+        self.parts.heartbeats.start(event)
 
     async def handle(self, operation: NodeOperation) -> Outcome:
         """Run one operation: :attr:`Outcome.DONE` (acknowledge) or :attr:`Outcome.RETRY` (requeue). Raises only
@@ -154,142 +137,121 @@ class Handler(Steps):
             kind=str(operation.first.kind),
             event_id=operation.first.event_id,
         )
-        draining = operation.mode is Mode.DRAIN
-        self._draining[operation.instance_id] += draining
+        drain = operation.mode is Mode.DRAIN
+        self._drains[operation.instance_id] += drain
         self._running += 1
         try:
             async with AsyncExitStack() as early_exit:
-                ctx = OperationContext(operation, early_exit, bound)
+                ctx = OperationContext(self.parts, operation, early_exit, bound)
                 if operation.mode is Mode.LAUNCH:
-                    return await self.launches.run(ctx)
+                    return await run_launch(ctx, self.draining)
                 return await self._pipeline(ctx)
         except asyncio.CancelledError:
             raise
         except ClaimLost as exc:
             bound.warning("the node's Lease was lost: requeued", error=str(exc))
-            self.observer.operation_outcome(OperationOutcome.LEASE_LOST)
+            self.parts.observer.operation_outcome(OperationOutcome.LEASE_LOST)
             return Outcome.RETRY
         except Exception as exc:  # one operation must never take the controller down
             bound.error("operation failed", error=repr(exc))
-            self.observer.error(ErrorWhere.HANDLE)
+            self.parts.observer.error(ErrorWhere.HANDLE)
             return Outcome.RETRY
         finally:
-            self._draining[operation.instance_id] -= draining
-            if self._draining[operation.instance_id] <= 0:
-                del self._draining[operation.instance_id]
+            self._drains[operation.instance_id] -= drain
+            if self._drains[operation.instance_id] <= 0:
+                del self._drains[operation.instance_id]
             self._running -= 1
             self._one_ended.set()
             self._one_ended = asyncio.Event()
 
     async def _pipeline(self, ctx: OperationContext) -> Outcome:
         """resolve → claim → PreDrain + cordon → drain → PostDrain; DRY_RUN stops after resolve."""
-        info = await self.resolve(ctx)
+        settings = self.parts.settings
+        info = await resolve(ctx)
         if isinstance(info, Outcome):
             return info
-        if self.settings.dry_run:
-            return await self._dry_run(ctx)
-        claimed = await self._claim(ctx)
+        if settings.dry_run:
+            return await _dry_run(ctx)
+        claimed = await self._find_and_claim(ctx)
         if claimed is not None:
             return claimed
         ctx.bind(node=ctx.node)
-        if not await self.step(ctx, Step.CORDON, self.cordons.cordon(ctx)):
-            return await self._no_node(ctx)
+        if not await report_step(ctx, Step.CORDON, cordon(ctx)):
+            return await _no_node(ctx)
         rank_urgent(AFTER_CORDONS)  # the rest of the operation waits for others' claims and cordons
         ctx.bind(node=ctx.node)
-        if self.webhook is not None:
-            ctx.facts = await node_facts(self.drainer.kube, ctx.node)
-        if not self.settings.cordon_only:
+        if self.parts.webhook is not None:
+            ctx.facts = await node_facts(self.parts.drainer.kube, ctx.node)
+        if not settings.cordon_only:
             try:
-                result = await self.guarded(ctx, self._drain_in_turn(ctx))
+                result = await guard(ctx, self._drain_in_turn(ctx))
             except (asyncio.CancelledError, ClaimLost):
                 raise
             except Exception:
-                await self._notify(ctx)
+                await _notify(ctx)
                 raise
             if result is None:
                 return Outcome.DONE
-            await self._notify(ctx)
+            await _notify(ctx)
             if not result.completed:
                 return Outcome.RETRY
             own_pod = any(decision.reason == OWN_POD for decision in result.skipped)
-            if own_pod and await self.guarded(ctx, self._leave(ctx)):
+            if own_pod and await guard(ctx, self._leave(ctx)):
                 return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
-            await self._notify(ctx)
-        return await self.step(ctx, Step.POST_DRAIN, self._post_drain(ctx), guarded=True)
+            await _notify(ctx)
+        return await report_step(ctx, Step.POST_DRAIN, _post_drain(ctx), guarded=True)
 
-    async def _dry_run(self, ctx: OperationContext) -> Outcome:
-        """DRY_RUN, as NTH: nothing changes in Kubernetes, but the lifecycle actions are completed, the webhook sent
-        and NTH's actions counted, so a dry run never holds an instance until its hook times out."""
-        operation, info = ctx.operation, ctx.info
-        node = (info.private_dns_name if info is not None else None) or operation.instance_id
-        ctx.log.info("dry run: would cordon and drain", cordon_only=self.settings.cordon_only, node=node)
-        if pre_drains(operation.kinds):
-            self.observer.node_action(NodeAction.PRE_DRAIN, True)
-        only = self.settings.cordon_only
-        self.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)
-        await self._notify(ctx)
-        await self.completion_delay()
-        await self.complete_actions(ctx, claim=None)
-        self.observer.node_action(NodeAction.POST_DRAIN, True)
-        return Outcome.DONE
-
-    async def _claim(self, ctx: OperationContext) -> Outcome | None:
+    async def _find_and_claim(self, ctx: OperationContext) -> Outcome | None:
         """The node (``ctx.node``) and, with NODE_LEASES, its claimed Lease (``ctx.claim``); ``None`` when claimed,
-        else the outcome. Without Leases a node named by its private DNS name is assumed (:meth:`_cordon`)."""
-        info = ctx.info
+        else the outcome. Without Leases a node named by its private DNS name is assumed (and looked up if the
+        cordon misses)."""
+        info, parts = ctx.info, self.parts
         assert info is not None
-        by_name = not self.settings.use_provider_id and bool(info.private_dns_name)
-        watched = self.drainer.nodes
+        by_name = not parts.settings.use_provider_id and bool(info.private_dns_name)
+        watched = parts.drainer.nodes
         if watched is not None and by_name:  # the provider-ID lookup reads no copy: it does not wait for one
             await watched.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
-        if (
-            by_name
-            and watched is not None
-            and self._ended(ctx)
-            and watched.absent(info.private_dns_name or "")
-        ):
+        if by_name and watched is not None and _ended(ctx) and watched.absent(info.private_dns_name or ""):
             # Ended, and absent from the watched copy: no GET and LIST to learn what the copy knows.
-            return await self._no_node(ctx)
-        if self.leases is None and by_name:
+            return await _no_node(ctx)
+        if parts.leases is None and by_name:
             ctx.node, ctx.assumed = info.private_dns_name or "", True
             return None
         if by_name and watched is not None and watched.get(info.private_dns_name) is not None:
             ctx.node = info.private_dns_name  # the watched copy knows the node: no read to learn its name
         else:
-            node = await self.finder.find(info)
+            node = await parts.finder.find(info)
             if node is None:
-                return await self._no_node(ctx)
+                return await _no_node(ctx)
             ctx.node = str(node["metadata"]["name"])
-        if self.leases is not None:
-            claim, waited = await self._claim_lease(ctx)
+        if parts.leases is not None:
+            claim, waited = await self._claim_lease(ctx, parts.leases)
             if claim is None:
                 ctx.log.info("another replica holds the node's Lease: requeued", node=ctx.node)
-                self.observer.operation_outcome(OperationOutcome.LEASE_HELD)
+                parts.observer.operation_outcome(OperationOutcome.LEASE_HELD)
                 return Outcome.RETRY
-            await self._hold(ctx, claim)
-            if waited and await self._started_again(ctx, fresh=True):
+            await self._hold(ctx, claim, parts.leases)
+            if waited and await started_again(ctx, fresh=True):
                 return Outcome.DONE  # the other replica drained it for a stop the instance is back from
         return None
 
-    async def _claim_lease(self, ctx: OperationContext) -> tuple[Claim | None, bool]:
+    async def _claim_lease(self, ctx: OperationContext, leases: NodeLeases) -> tuple[Claim | None, bool]:
         """Claim the node's Lease, waiting while another replica holds it until the drain deadline, handing it the
-        events that bring the end nearer (:mod:`~queue_processor.rules`) and parking the messages. Returns the
-        claim (``None``: still held) and whether it waited; raises :class:`KubeError`."""
-        leases = self.leases
-        assert leases is not None
-        name, until = lease_name(ctx.node), self._deadline(ctx.operation)
+        events that bring the end nearer (:func:`~queue_processor.rules.missing`) and parking the messages. Returns
+        the claim (``None``: still held) and whether it waited; raises :class:`KubeError`."""
+        name, until = lease_name(ctx.node), ctx.deadline()
         handed: set[str] = set()
         waited = False
         while (claim := await leases.claim(ctx.node)) is None:
-            left = until - self.clock()
+            left = until - self.parts.clock()
             if left <= 0:
                 return None, waited
             holder = leases.watch.holder(name)
             new = missing(ctx.operation.events, {**leases.watch.handed(name), **dict.fromkeys(handed, "")})
             if new:
                 try:
-                    await self.drainer.kube.patch_lease(
+                    await self.parts.drainer.kube.patch_lease(
                         leases.namespace, name, {"metadata": {"annotations": new}}
                     )
                     handed.update(new)
@@ -303,144 +265,49 @@ class Handler(Steps):
             await leases.watch.released(name, holder, min(left, leases.duration_s))
         return claim, waited
 
-    async def _hold(self, ctx: OperationContext, claim: Claim) -> None:
+    async def _hold(self, ctx: OperationContext, claim: Claim, leases: NodeLeases) -> None:
         """Enter ``claim`` on the EarlyExit stack; the events handed over on it join the operation."""
         ctx.claim = await ctx.early_exit.enter_async_context(claim)
         self._holding[claim.name] = ctx
-        ctx.early_exit.callback(self._let_go, claim.name, ctx)
-        assert self.leases is not None  # a claim is made with NODE_LEASES only
+        ctx.early_exit.callback(self._release_hold, claim.name, ctx)
         annotations = (claim.lease.get("metadata") or {}).get("annotations") or {}
-        self._join_handed(ctx, {**annotations, **self.leases.watch.handed(claim.name)})
+        _join_handed(ctx, {**annotations, **leases.watch.handed(claim.name)})
 
-    def _let_go(self, name: str, ctx: OperationContext) -> None:
+    def _release_hold(self, name: str, ctx: OperationContext) -> None:
         if self._holding.get(name) is ctx:
             del self._holding[name]
 
-    def _handed(self, name: str, annotations: Mapping[str, str]) -> None:
+    def _join_handed_over(self, name: str, annotations: Mapping[str, str]) -> None:
         """The Lease watch saw the events handed over on Lease ``name`` change: they join its operation."""
         ctx = self._holding.get(name)
         if ctx is not None:
-            self._join_handed(ctx, annotations)
-
-    @staticmethod
-    def _join_handed(ctx: OperationContext, annotations: Mapping[str, str]) -> None:
-        for event in events_in(annotations, ctx.operation.instance_id):
-            if ctx.operation.add(event):
-                ctx.log.info(
-                    "an event handed over by another replica joins the operation",
-                    joined_kind=str(event.kind),
-                    joined_event_id=event.event_id,
-                )
-
-    @staticmethod
-    def _ended(ctx: OperationContext) -> bool:
-        """Whether EC2 (resolved state or a state change) says the instance is shutting down or gone."""
-        info = ctx.info
-        if info is not None and info.state in INSTANCE_ENDED:
-            return True
-        return any(
-            isinstance(event, StateChangeEvent) and event.state in INSTANCE_ENDED
-            for event in ctx.operation.events
-        )
-
-    async def _notify(self, ctx: OperationContext) -> None:
-        """The webhook, as NTH sends it (:meth:`~queue_processor.observe.webhook.Webhook.notify_operation`)."""
-        operation = ctx.operation
-        if self.webhook is not None and ctx.info is not None:
-            await self.webhook.notify_operation(
-                [operation.event_of(kind) for kind in operation.kinds],
-                ctx.info,
-                ctx.facts,
-                self.clock() - operation.started_at,
-            )
+            _join_handed(ctx, annotations)
 
     async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult | None:
-        """:meth:`_drain` in the group's turn (:meth:`~.turns.DrainTurns.turn`); ``None`` if started again meanwhile."""
-        async with self.drain_turns.turn(ctx) as waited:
-            if waited and await self._started_again(ctx, fresh=True):
+        """:func:`_drain`, with DRAIN_BUDGET_NON_URGENT in the group's turn (:func:`~.turns.drain_turn`); ``None``
+        if the instance started again while it waited."""
+        if not self.parts.settings.drain_budget_non_urgent:
+            return await _drain(ctx)
+        async with drain_turn(ctx, self.turns, self.park) as waited:
+            if waited and await started_again(ctx, fresh=True):
                 return None
-            return await self._drain(ctx)
-
-    async def _drain(self, ctx: OperationContext) -> DrainResult:
-        """Evict the node's pods until the deadline (tightened by joining events: :meth:`_joiners`); how it ended."""
-        operation, node = ctx.operation, ctx.node
-        started = self.clock()
-        kind = str(operation.first.kind)
-        bounds = DrainBounds(self._deadline(operation), self._instance_end(operation))
-        watcher = ctx.spawn(self._joiners(ctx, bounds), name=f"joiners-{node}")
-        recorder = self.recorder if self.recorder is not None and self.recorder.enabled else None
-
-        async def evicted(namespace: str, name: str) -> None:
-            assert recorder is not None
-            await recorder.record_pod(namespace, name, POD_EVICTION[0], POD_EVICTION[1].format(node=node))
-
-        async def deleted(namespace: str, name: str) -> None:
-            assert recorder is not None
-            reason, text = POD_DELETED_AT_DEADLINE
-            await recorder.record_pod(namespace, name, reason, text.format(node=node), warning=True)
-
-        async def noticed(namespace: str, name: str, reason: str, message: str) -> None:
-            assert recorder is not None
-            await recorder.record_pod(namespace, name, reason, message, warning=True)
-
-        try:
-            result = await self.drainer.drain(
-                node,
-                bounds,
-                guard=ctx.claim.confirm if ctx.claim is not None else None,
-                lost=ctx.claim.lost.is_set if ctx.claim is not None else None,
-                evicted=evicted if recorder is not None else None,
-                deleted=deleted if recorder is not None else None,
-                noticed=noticed if recorder is not None else None,
-            )
-        except asyncio.CancelledError:
-            self.observer.drained(kind, "cancelled", self.clock() - started)
-            raise
-        finally:
-            await tasks.stop(watcher)
-        self.observer.drained(kind, result.outcome, self.clock() - started)
-        await self._report(ctx, result)
-        return result
-
-    async def _report(self, ctx: OperationContext, result: DrainResult) -> None:
-        """Log, count and record (Events) how a drain ended."""
-        figures = {
-            "drain_id": result.drain_id,
-            "evicted": result.evicted,
-            "waves": result.waves,
-            "cut_short": result.cut_short,
-            "deleted_at_deadline": result.deleted_at_deadline,
-        }
-        if not result.completed:
-            self.observer.node_action(NodeAction.CORDON_AND_DRAIN, False)
-            ctx.log.warning(
-                "drain incomplete: requeued", reason=result.reason, causes=result.causes, **figures
-            )
-            text = f"{CORDON_AND_DRAIN_ERROR}: drain incomplete, will retry: {result.reason}"
-            await self.event(ctx, "CordonAndDrainError", text, warning=True)
-            if (
-                EventKind.ASG_TERMINATE_LIFECYCLE in ctx.operation.kinds
-            ):  # NTH's EarlyExit task for lifecycle hooks
-                await self.event(ctx, *CANCEL_DRAIN)
-            return
-        self.observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
-        ctx.log.info("drained", skipped=len(result.skipped), **figures)
-        await self.event(ctx, *CORDON_AND_DRAIN)
+            return await _drain(ctx)
 
     async def _leave(self, ctx: OperationContext) -> bool:
         """Evict our own pod last, so the kubelet's SIGTERM starts our shutdown (held messages visible at once for a
         successor). ``True`` when evicted but no SIGTERM came within :data:`LEAVE_WAIT_S` (requeue); ``False`` when a
         PodDisruptionBudget refused it until the deadline (complete, and go with the instance)."""
-        namespace, name = self.settings.pod_namespace or "default", self.settings.pod_name
+        settings = self.parts.settings
+        namespace, name = settings.pod_namespace or "default", settings.pod_name
         await self._last_to_leave(ctx)
         # Logged first: the kubelet's SIGTERM can cancel us before the eviction's answer comes back.
         ctx.log.info("leaving our own node: evicting our own pod, last", pod=f"{namespace}/{name}")
-        if not await self.drainer.evictions.evict_last(namespace, name, self._deadline(ctx.operation)):
+        if not await self.parts.drainer.evictions.evict_last(namespace, name, ctx.deadline()):
             ctx.log.warning(
                 "our own pod could not be evicted before the deadline: completing and going with the node"
             )
             return False
-        self.observer.node_action(NodeAction.LEAVE, True)
+        self.parts.observer.node_action(NodeAction.LEAVE, True)
         ctx.log.info(
             "our own pod evicted, last: its shutdown releases our messages, this node's actions go to our successor",
             pod=f"{namespace}/{name}",
@@ -453,20 +320,20 @@ class Handler(Steps):
         """DESIGN.md rule 16: our shutdown cancels the other operations here, so wait until none is left, but no
         later than :data:`LEAVE_LEAD_S` before our instance's end nor one drain deadline from now, as the events
         say at each wake (one that joins may bring the end nearer)."""
-        operation = ctx.operation
-        deadline = self._deadline(operation)
+        operation, clock = ctx.operation, self.parts.clock
+        deadline = ctx.deadline()
 
         def leave_by() -> float:
-            end = self._instance_end(operation)
-            return min(deadline, self._deadline(operation), *(() if end is None else (end - LEAVE_LEAD_S,)))
+            end = ctx.instance_end()
+            return min(deadline, ctx.deadline(), *(() if end is None else (end - LEAVE_LEAD_S,)))
 
         if self._running > 1:
             ctx.log.info(
                 "our own node is drained: staying until the other drains here end",
                 operations=self._running - 1,
-                leave_in_s=round(max(0.0, leave_by() - self.clock()), 1),
+                leave_in_s=round(max(0.0, leave_by() - clock()), 1),
             )
-        while self._running > 1 and (left := leave_by() - self.clock()) > 0:
+        while self._running > 1 and (left := leave_by() - clock()) > 0:
             operation.joined.clear()  # the drain's watcher of joins has stopped: this wait is the only one
             waits = {
                 asyncio.ensure_future(self._one_ended.wait()),
@@ -480,88 +347,186 @@ class Handler(Steps):
         if self._running > 1:
             ctx.log.warning("leaving our own node at its last moment", operations=self._running - 1)
 
-    async def _joiners(self, ctx: OperationContext, bounds: DrainBounds) -> None:
-        """On each joining event: tighten the drain's bounds, record a restart, taint the new kinds."""
-        operation = ctx.operation
-        while True:
-            await operation.joined.wait()
-            operation.joined.clear()
-            if bounds.tighten(self._deadline(operation), self._instance_end(operation)):
-                now = self.clock()
-                ctx.log.info(
-                    "a joining event brings the drain's end nearer",
-                    deadline_in_s=round(bounds.deadline - now, 1),
-                    instance_end_in_s=None
-                    if bounds.instance_end is None
-                    else round(bounds.instance_end - now, 1),
-                )
-            await self.cordons.record_start(ctx)
-            await self.cordons.taint_joined(ctx)
 
-    async def _post_drain(self, ctx: OperationContext) -> Outcome:
-        """Complete the lifecycle actions, taint joined kinds, add the out-of-service taint
-        (ENABLE_OUT_OF_SERVICE_TAINT, not with CORDON_ONLY). A node gone by then went with its instance: success."""
-        settings = self.settings
-        await self.completion_delay()
-        await self.complete_actions(ctx, claim=ctx.claim)
-        try:
-            await self.cordons.taint_joined(ctx)
-            if settings.enable_out_of_service_taint and not settings.cordon_only:
-                await self.drainer.writes.taint(
-                    ctx.node, *OUT_OF_SERVICE_TAINT, about=self.cordons.recorded(ctx)
-                )
-                self.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
-            ctx.log.info("node gone once its actions were completed: nothing left to taint")
-        await self.complete_actions(ctx, claim=ctx.claim)  # actions that joined during the taints
-        return Outcome.DONE
-
-    async def _no_node(self, ctx: OperationContext) -> Outcome:
-        """No Node for the instance: DONE, actions completed, when the instance is gone, with
-        DELETE_SQS_MSG_IF_NODE_NOT_FOUND, or LAUNCH_READY_TIMEOUT_SEC after its ``LaunchTime`` (DESIGN.md rule 9);
-        else RETRY, a node may still register."""
-        log = ctx.log
-        if await self.instance_gone(ctx.operation):
-            log.info("instance terminated and its node gone: nothing to drain")
-            self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
-            await self.complete_actions(ctx, claim=None)
-            return Outcome.DONE
-        if self.settings.delete_sqs_msg_if_node_not_found:
-            log.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
-            self.observer.operation_outcome(OperationOutcome.NODE_NOT_FOUND)
-            await self.complete_actions(ctx, claim=None)
-            return Outcome.DONE
-        timeout_s = self.settings.launch_ready_timeout_sec
-        launched = ctx.info.launch_time if ctx.info is not None else None
-        running_s = None if launched is None else (datetime.now(UTC) - launched).total_seconds()
-        if running_s is not None and running_s >= timeout_s:
-            log.info(
-                "no node registered for the instance: nothing to drain, its lifecycle actions completed",
-                running_s=running_s,
-                launch_ready_timeout_s=timeout_s,
+def _join_handed(ctx: OperationContext, annotations: Mapping[str, str]) -> None:
+    for event in events_in(annotations, ctx.operation.instance_id):
+        if ctx.operation.add(event):
+            ctx.log.info(
+                "an event handed over by another replica joins the operation",
+                joined_kind=str(event.kind),
+                joined_event_id=event.event_id,
             )
-            self.observer.operation_outcome(OperationOutcome.NO_NODE)
-            await self.complete_actions(ctx, claim=None)
-            return Outcome.DONE
+
+
+def _ended(ctx: OperationContext) -> bool:
+    """Whether EC2 (resolved state or a state change) says the instance is shutting down or gone."""
+    if ctx.info is not None and ctx.info.state in INSTANCE_ENDED:
+        return True
+    return any(
+        isinstance(event, StateChangeEvent) and event.state in INSTANCE_ENDED
+        for event in ctx.operation.events
+    )
+
+
+async def _dry_run(ctx: OperationContext) -> Outcome:
+    """DRY_RUN, as NTH: nothing changes in Kubernetes, but the lifecycle actions are completed, the webhook sent
+    and NTH's actions counted, so a dry run never holds an instance until its hook times out."""
+    operation, info, parts = ctx.operation, ctx.info, ctx.parts
+    only = parts.settings.cordon_only
+    node = (info.private_dns_name if info is not None else None) or operation.instance_id
+    ctx.log.info("dry run: would cordon and drain", cordon_only=only, node=node)
+    if pre_drains(operation.kinds):
+        parts.observer.node_action(NodeAction.PRE_DRAIN, True)
+    parts.observer.node_action(NodeAction.CORDON if only else NodeAction.CORDON_AND_DRAIN, True)
+    await _notify(ctx)
+    await completion_delay(ctx)
+    await complete_actions(ctx, claim=None)
+    parts.observer.node_action(NodeAction.POST_DRAIN, True)
+    return Outcome.DONE
+
+
+async def _notify(ctx: OperationContext) -> None:
+    """The webhook, as NTH sends it (:meth:`~queue_processor.observe.webhook.Webhook.notify_operation`)."""
+    operation, webhook = ctx.operation, ctx.parts.webhook
+    if webhook is not None and ctx.info is not None:
+        await webhook.notify_operation(
+            [operation.event_of(kind) for kind in operation.kinds],
+            ctx.info,
+            ctx.facts,
+            ctx.parts.clock() - operation.started_at,
+        )
+
+
+async def _drain(ctx: OperationContext) -> DrainResult:
+    """Evict the node's pods until the deadline (tightened by joining events: :func:`_follow_joins`); how it ended."""
+    operation, node, parts = ctx.operation, ctx.node, ctx.parts
+    started = parts.clock()
+    kind = str(operation.first.kind)
+    bounds = DrainBounds(ctx.deadline(), ctx.instance_end())
+    watcher = ctx.spawn(_follow_joins(ctx, bounds), name=f"joiners-{node}")
+    recorder = parts.recorder if parts.recorder is not None and parts.recorder.enabled else None
+
+    async def evicted(namespace: str, name: str) -> None:
+        assert recorder is not None
+        await recorder.record_pod(namespace, name, POD_EVICTION[0], POD_EVICTION[1].format(node=node))
+
+    async def deleted(namespace: str, name: str) -> None:
+        assert recorder is not None
+        reason, text = POD_DELETED_AT_DEADLINE
+        await recorder.record_pod(namespace, name, reason, text.format(node=node), warning=True)
+
+    async def noticed(namespace: str, name: str, reason: str, message: str) -> None:
+        assert recorder is not None
+        await recorder.record_pod(namespace, name, reason, message, warning=True)
+
+    try:
+        result = await parts.drainer.drain(
+            node,
+            bounds,
+            guard=ctx.claim.confirm if ctx.claim is not None else None,
+            lost=ctx.claim.lost.is_set if ctx.claim is not None else None,
+            evicted=evicted if recorder is not None else None,
+            deleted=deleted if recorder is not None else None,
+            noticed=noticed if recorder is not None else None,
+        )
+    except asyncio.CancelledError:
+        parts.observer.drained(kind, "cancelled", parts.clock() - started)
+        raise
+    finally:
+        await tasks.stop(watcher)
+    parts.observer.drained(kind, result.outcome, parts.clock() - started)
+    await _report(ctx, result)
+    return result
+
+
+async def _report(ctx: OperationContext, result: DrainResult) -> None:
+    """Log, count and record (Events) how a drain ended."""
+    figures = {
+        "drain_id": result.drain_id,
+        "evicted": result.evicted,
+        "waves": result.waves,
+        "cut_short": result.cut_short,
+        "deleted_at_deadline": result.deleted_at_deadline,
+    }
+    observer = ctx.parts.observer
+    if not result.completed:
+        observer.node_action(NodeAction.CORDON_AND_DRAIN, False)
+        ctx.log.warning("drain incomplete: requeued", reason=result.reason, causes=result.causes, **figures)
+        text = f"{CORDON_AND_DRAIN_ERROR}: drain incomplete, will retry: {result.reason}"
+        await record_event(ctx, "CordonAndDrainError", text, warning=True)
+        if (
+            EventKind.ASG_TERMINATE_LIFECYCLE in ctx.operation.kinds
+        ):  # NTH's EarlyExit task for lifecycle hooks
+            await record_event(ctx, *CANCEL_DRAIN)
+        return
+    observer.node_action(NodeAction.CORDON_AND_DRAIN, True)
+    ctx.log.info("drained", skipped=len(result.skipped), **figures)
+    await record_event(ctx, *CORDON_AND_DRAIN)
+
+
+async def _follow_joins(ctx: OperationContext, bounds: DrainBounds) -> None:
+    """On each joining event: tighten the drain's bounds, record a restart, taint the new kinds."""
+    operation, clock = ctx.operation, ctx.parts.clock
+    while True:
+        await operation.joined.wait()
+        operation.joined.clear()
+        if bounds.tighten(ctx.deadline(), ctx.instance_end()):
+            now = clock()
+            end = bounds.instance_end
+            ctx.log.info(
+                "a joining event brings the drain's end nearer",
+                deadline_in_s=round(bounds.deadline - now, 1),
+                instance_end_in_s=None if end is None else round(end - now, 1),
+            )
+        await record_start(ctx)
+        await taint_joined(ctx)
+
+
+async def _post_drain(ctx: OperationContext) -> Outcome:
+    """Complete the lifecycle actions, taint joined kinds, add the out-of-service taint
+    (ENABLE_OUT_OF_SERVICE_TAINT, not with CORDON_ONLY). A node gone by then went with its instance: success."""
+    settings, parts = ctx.parts.settings, ctx.parts
+    await completion_delay(ctx)
+    await complete_actions(ctx, claim=ctx.claim)
+    try:
+        await taint_joined(ctx)
+        if settings.enable_out_of_service_taint and not settings.cordon_only:
+            await parts.drainer.writes.taint(ctx.node, *OUT_OF_SERVICE_TAINT, about=ctx.cordon_record())
+            parts.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+        ctx.log.info("node gone once its actions were completed: nothing left to taint")
+    await complete_actions(ctx, claim=ctx.claim)  # actions that joined during the taints
+    return Outcome.DONE
+
+
+async def _no_node(ctx: OperationContext) -> Outcome:
+    """No Node for the instance: DONE, actions completed, when the instance is gone, with
+    DELETE_SQS_MSG_IF_NODE_NOT_FOUND, or LAUNCH_READY_TIMEOUT_SEC after its ``LaunchTime`` (DESIGN.md rule 9);
+    else RETRY, a node may still register."""
+    log, settings, observer = ctx.log, ctx.parts.settings, ctx.parts.observer
+    if await instance_gone(ctx):
+        log.info("instance terminated and its node gone: nothing to drain")
+        observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
+        await complete_actions(ctx, claim=None)
+        return Outcome.DONE
+    if settings.delete_sqs_msg_if_node_not_found:
+        log.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
+        observer.operation_outcome(OperationOutcome.NODE_NOT_FOUND)
+        await complete_actions(ctx, claim=None)
+        return Outcome.DONE
+    timeout_s = settings.launch_ready_timeout_sec
+    launched = ctx.info.launch_time if ctx.info is not None else None
+    running_s = None if launched is None else (datetime.now(UTC) - launched).total_seconds()
+    if running_s is not None and running_s >= timeout_s:
         log.info(
-            "no node for the instance yet: requeued", running_s=running_s, launch_ready_timeout_s=timeout_s
+            "no node registered for the instance: nothing to drain, its lifecycle actions completed",
+            running_s=running_s,
+            launch_ready_timeout_s=timeout_s,
         )
-        return Outcome.RETRY
-
-    def _deadline(self, operation: NodeOperation) -> float:
-        """The operation's drain deadline now (:func:`~queue_processor.rules.drain_deadline`)."""
-        return drain_deadline(
-            operation.events,
-            grace_period_s=self.settings.node_termination_grace_period,
-            now=self.clock(),
-            wall=datetime.now(UTC),
-            started_at=operation.started_at,
-        )
-
-    def _instance_end(self, operation: NodeOperation) -> float | None:
-        """When the operation's instance goes, as its events say now (:func:`~.rules.instance_end`)."""
-        return instance_end(
-            operation.events, now=self.clock(), wall=datetime.now(UTC), started_at=operation.started_at
-        )
+        observer.operation_outcome(OperationOutcome.NO_NODE)
+        await complete_actions(ctx, claim=None)
+        return Outcome.DONE
+    log.info("no node for the instance yet: requeued", running_s=running_s, launch_ready_timeout_s=timeout_s)
+    return Outcome.RETRY

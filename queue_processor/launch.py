@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.events import EventKind
-from queue_processor.leases import NodeLeases
 from queue_processor.nodes import InstanceInfo, node_ready
 from queue_processor.observe.events import RECEIVED_REASONS
 from queue_processor.outcomes import LifecycleResult, NodeAction, OperationOutcome
@@ -22,204 +21,201 @@ from queue_processor.returns import came_back
 from queue_processor.rules import launch_ready_deadline
 from queue_processor.steps import (
     INSTANCE_ENDED,
-    Collaborators,
     OperationContext,
     Outcome,
     Step,
-    Steps,
-    settle_all,
+    complete_actions,
+    completion_delay,
+    left_to_bootstrap,
+    record_event,
+    report_step,
+    resolve,
 )
 from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
 
-__all__ = ["Launches"]
+__all__ = ["Draining", "run_launch"]
 
 
-class Launches(Steps):
-    """Runs launch operations (see the module docstring). ``draining(instance_id)`` and ``leases`` (NODE_LEASES)
-    tell whether the node is being drained here or elsewhere: such a node is never uncordoned."""
+@dataclass
+class Draining:
+    """What tells a launch whether its node is being drained here: ``here(instance_id)``; ``waiting``, the nodes
+    whose return waits for a drain of them to end (here or on another replica)."""
 
-    def __init__(
-        self,
-        parts: Collaborators,
-        *,
-        drainer: Drainer,
-        draining: Callable[[str], bool],
-        leases: NodeLeases | None = None,
-    ) -> None:
-        super().__init__(parts)
-        self.drainer = drainer
-        self.draining = draining
-        self.leases = leases
-        self.waiting: set[str] = set()
-        """The nodes whose return waits for a drain of them to end (here or on another replica)."""
+    here: Callable[[str], bool]
+    waiting: set[str] = field(default_factory=set)
 
-    async def run(self, ctx: OperationContext) -> Outcome:
-        """The launch operation of ``ctx`` to its end."""
-        settings, operation = self.settings, ctx.operation
-        for action in operation.launch_actions:
-            if self.left_to_bootstrap(action):
-                operation.settled[action.action_key] = "left-to-bootstrap"
-        if not operation.unsettled():
-            ctx.log.info("launch into a warm pool: left to the instance's bootstrap")
-            return Outcome.DONE
-        resolved = await self.resolve(ctx)
-        if isinstance(resolved, Outcome):
-            return resolved
-        deadline = launch_ready_deadline(
-            operation.events,
-            timeout_s=settings.launch_ready_timeout_sec,
-            now=self.clock(),
-            wall=datetime.now(UTC),
-        )
-        node = await self._ready_node(ctx, resolved, deadline)
-        if isinstance(node, Outcome):
-            return node
-        ctx.node = str(node["metadata"]["name"])
-        ctx.bind(node=ctx.node)
-        await self.completion_delay()
-        if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
-            ctx.log.info("dry run: the node is Ready, its launch actions completed")
-            await self.complete_actions(ctx, claim=None)
-            self.observer.node_action(NodeAction.POST_DRAIN, True)
-            return Outcome.DONE
-        text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"
-        await self.event(ctx, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text)
-        if settings.uncordon_on_return:
-            await self._undo_on_return(ctx, deadline)
-        await self.step(
-            ctx, Step.POST_DRAIN, self.complete_actions(ctx, claim=None)
-        )  # NTH's launch PostDrain
+
+async def run_launch(ctx: OperationContext, draining: Draining) -> Outcome:
+    """The launch operation of ``ctx`` to its end (see the module docstring). A node being drained, here
+    (``draining``) or elsewhere (the Leases), is never uncordoned."""
+    parts, operation = ctx.parts, ctx.operation
+    settings = parts.settings
+    for action in operation.launch_actions:
+        if left_to_bootstrap(settings, action):
+            operation.settled[action.action_key] = "left-to-bootstrap"
+    if not operation.unsettled():
+        ctx.log.info("launch into a warm pool: left to the instance's bootstrap")
         return Outcome.DONE
+    resolved = await resolve(ctx)
+    if isinstance(resolved, Outcome):
+        return resolved
+    deadline = launch_ready_deadline(
+        operation.events,
+        timeout_s=settings.launch_ready_timeout_sec,
+        now=parts.clock(),
+        wall=datetime.now(UTC),
+    )
+    node = await _ready_node(ctx, resolved, deadline)
+    if isinstance(node, Outcome):
+        return node
+    ctx.node = str(node["metadata"]["name"])
+    ctx.bind(node=ctx.node)
+    await completion_delay(ctx)
+    if settings.dry_run:  # nothing to change in Kubernetes: the action is completed, as NTH does
+        ctx.log.info("dry run: the node is Ready, its launch actions completed")
+        await complete_actions(ctx, claim=None)
+        parts.observer.node_action(NodeAction.POST_DRAIN, True)
+        return Outcome.DONE
+    text = f"{operation.first.kind} {operation.first.event_id} for instance {operation.instance_id}"
+    await record_event(ctx, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text)
+    if settings.uncordon_on_return:
+        await _undo_on_return(ctx, draining, deadline)
+    await report_step(ctx, Step.POST_DRAIN, complete_actions(ctx, claim=None))  # NTH's launch PostDrain
+    return Outcome.DONE
 
-    async def _ready_node(
-        self, ctx: OperationContext, info: InstanceInfo | None, deadline: float
-    ) -> dict[str, Any] | Outcome:
-        """Poll (0.1 s backing off to 5 s) until the node is registered and Ready, at most until ``deadline``
-        (:attr:`clock` seconds); the node, or the outcome when the launch ended otherwise."""
-        operation = ctx.operation
-        poll = 0.1
-        while True:
-            if info is None or info.state in INSTANCE_ENDED:
-                return await self._ended(ctx, info)
-            for open_action in operation.unsettled():
-                if self.heartbeats.over(open_action):
-                    operation.settled[open_action.action_key] = LifecycleResult.NO_ACTIVE_ACTION
-                    ctx.log.info(
-                        "launch action already over: acknowledged", hook=open_action.lifecycle_hook_name
-                    )
-            if not operation.unsettled():
-                self.observer.operation_outcome(OperationOutcome.ACTION_OVER)
-                return Outcome.DONE
-            node = await self._find(info)
-            if node is not None and node_ready(node):
-                ctx.info = info
-                return node
-            if self.clock() >= deadline:
-                if self.drainer.nodes is not None:  # the watched copy may lag (a paused process): ask once
-                    node = await self.finder.find(info)
-                    if node is not None and node_ready(node):
-                        ctx.info = info
-                        return node
-                return await self._not_ready(ctx, node is not None)
-            await asyncio.sleep(min(poll, max(deadline - self.clock(), 0.0)))
-            poll = min(poll * 1.5, 5.0)
-            info = await self.resolver.get(operation.instance_id)
 
-    async def _find(self, info: InstanceInfo) -> dict[str, Any] | None:
-        """The instance's node: from the watched copy while current (polls must not spend the evictions' QPS)."""
-        watched = self.drainer.nodes
-        if watched is not None:
-            await watched.first_answer(FIRST_COPY_WAIT_S)
-            if watched.live:
-                provider = info.provider_id if self.settings.use_provider_id else ""
-                return watched.find(info.private_dns_name, provider)
-        return await self.finder.find(info)
+async def _ready_node(
+    ctx: OperationContext, info: InstanceInfo | None, deadline: float
+) -> dict[str, Any] | Outcome:
+    """Poll (0.1 s backing off to 5 s) until the node is registered and Ready, at most until ``deadline``
+    (monotonic seconds); the node, or the outcome when the launch ended otherwise."""
+    operation, parts = ctx.operation, ctx.parts
+    poll = 0.1
+    while True:
+        if info is None or info.state in INSTANCE_ENDED:
+            return await _ended(ctx, info)
+        for open_action in operation.unsettled():
+            if parts.heartbeats.over(open_action):
+                operation.settled[open_action.action_key] = LifecycleResult.NO_ACTIVE_ACTION
+                ctx.log.info("launch action already over: acknowledged", hook=open_action.lifecycle_hook_name)
+        if not operation.unsettled():
+            parts.observer.operation_outcome(OperationOutcome.ACTION_OVER)
+            return Outcome.DONE
+        node = await _find(ctx, info)
+        if node is not None and node_ready(node):
+            ctx.info = info
+            return node
+        if parts.clock() >= deadline:
+            if parts.drainer.nodes is not None:  # the watched copy may lag (a paused process): ask once
+                node = await parts.finder.find(info)
+                if node is not None and node_ready(node):
+                    ctx.info = info
+                    return node
+            return await _not_ready(ctx, node is not None)
+        await asyncio.sleep(min(poll, max(deadline - parts.clock(), 0.0)))
+        poll = min(poll * 1.5, 5.0)
+        info = await parts.resolver.get(operation.instance_id)
 
-    async def _undo_on_return(self, ctx: OperationContext, deadline: float) -> None:
-        """Undo what we did to the Ready node when it carries our record for this instance (DESIGN.md rule 12), once
-        no drain of it runs (:meth:`_drains_over`): a launch out of a warm pool proves the return, another launch
-        only a start since our cordon (:func:`~queue_processor.returns.came_back`)."""
-        operation = ctx.operation
-        watched = self.drainer.nodes
-        copy = watched.get(ctx.node) if watched is not None else None
-        if copy is not None and copy["metadata"]["labels"].get(RECORD_LABEL) != "true":
-            return  # the watched copy shows no record of ours: nothing to undo, no read
-        from_pool = any(action.origin == "WarmPool" for action in operation.launch_actions)
-        if not await self._drains_over(ctx, deadline):
-            ctx.log.warning(
-                "a drain of the node still runs: left cordoned for the check for instances back in service",
-                timeout_s=self.settings.launch_ready_timeout_sec,
-            )
-            return
 
-        def decide(found: dict[str, Any], record: CordonRecord) -> bool:
-            if record.instance_id != operation.instance_id or self._being_drained(ctx):
-                return False
-            return node_ready(found) and (from_pool or came_back(record, ctx.info, found))
+async def _find(ctx: OperationContext, info: InstanceInfo) -> dict[str, Any] | None:
+    """The instance's node: from the watched copy while current (polls must not spend the evictions' QPS)."""
+    watched = ctx.parts.drainer.nodes
+    if watched is not None:
+        await watched.first_answer(FIRST_COPY_WAIT_S)
+        if watched.live:
+            provider = info.provider_id if ctx.parts.settings.use_provider_id else ""
+            return watched.find(info.private_dns_name, provider)
+    return await ctx.parts.finder.find(info)
 
-        if await self.drainer.writes.undo(ctx.node, decide):
-            self.observer.node_action(NodeAction.UNCORDON, True)
-            ctx.log.info(
-                "instance back in service: our cordon, taints and label undone", from_warm_pool=from_pool
-            )
 
-    def _being_drained(self, ctx: OperationContext) -> bool:
-        """Whether a drain of the node runs here or on another replica (as the watched Leases say)."""
-        leases = self.leases
-        return self.draining(ctx.operation.instance_id) or (
-            leases is not None and leases.held_elsewhere(ctx.node)
+async def _undo_on_return(ctx: OperationContext, draining: Draining, deadline: float) -> None:
+    """Undo what we did to the Ready node when it carries our record for this instance (DESIGN.md rule 12), once
+    no drain of it runs (:func:`_drains_over`): a launch out of a warm pool proves the return, another launch
+    only a start since our cordon (:func:`~queue_processor.returns.came_back`)."""
+    operation, parts = ctx.operation, ctx.parts
+    watched = parts.drainer.nodes
+    copy = watched.get(ctx.node) if watched is not None else None
+    if copy is not None and copy["metadata"]["labels"].get(RECORD_LABEL) != "true":
+        return  # the watched copy shows no record of ours: nothing to undo, no read
+    from_pool = any(action.origin == "WarmPool" for action in operation.launch_actions)
+    if not await _drains_over(ctx, draining, deadline):
+        ctx.log.warning(
+            "a drain of the node still runs: left cordoned for the check for instances back in service",
+            timeout_s=parts.settings.launch_ready_timeout_sec,
+        )
+        return
+
+    def decide(found: dict[str, Any], record: CordonRecord) -> bool:
+        leases = parts.leases
+        drained_elsewhere = leases is not None and leases.held_elsewhere(ctx.node)
+        if (
+            record.instance_id != operation.instance_id
+            or draining.here(operation.instance_id)
+            or drained_elsewhere
+        ):
+            return False
+        return node_ready(found) and (from_pool or came_back(record, ctx.info, found))
+
+    if await parts.drainer.writes.undo(ctx.node, decide):
+        parts.observer.node_action(NodeAction.UNCORDON, True)
+        ctx.log.info(
+            "instance back in service: our cordon, taints and label undone", from_warm_pool=from_pool
         )
 
-    async def _being_drained_now(self, ctx: OperationContext) -> bool:
-        """:meth:`_being_drained`, a holder on another replica confirmed alive."""
-        leases = self.leases
-        if self.draining(ctx.operation.instance_id):
+
+async def _drains_over(ctx: OperationContext, draining: Draining, deadline: float) -> bool:
+    """Poll (0.1 s backing off to 2 s) until no drain of the node runs here or elsewhere (a stop's late duplicate
+    may drain it as it returns; a holder on another replica confirmed alive), at most until ``deadline``
+    (monotonic seconds); whether none runs."""
+    leases, clock = ctx.parts.leases, ctx.parts.clock
+
+    async def being_drained() -> bool:
+        if draining.here(ctx.operation.instance_id):
             return True
         return leases is not None and await leases.held_elsewhere_now(ctx.node)
 
-    async def _drains_over(self, ctx: OperationContext, deadline: float) -> bool:
-        """Poll (0.1 s backing off to 2 s) until no drain of the node runs here or elsewhere (a stop's late duplicate
-        may drain it as it returns), at most until ``deadline`` (:attr:`clock` seconds); whether none runs."""
-        poll = 0.1
-        try:
-            while await self._being_drained_now(ctx):
-                left = deadline - self.clock()
-                if left <= 0:
-                    return False
-                if ctx.node not in self.waiting:
-                    self.waiting.add(ctx.node)
-                    ctx.log.info("a drain of the node runs: its return waits for it")
-                await asyncio.sleep(min(poll, left))
-                poll = min(poll * 1.5, 2.0)
-            return True
-        finally:
-            self.waiting.discard(ctx.node)
+    poll = 0.1
+    try:
+        while await being_drained():
+            left = deadline - clock()
+            if left <= 0:
+                return False
+            if ctx.node not in draining.waiting:
+                draining.waiting.add(ctx.node)
+                ctx.log.info("a drain of the node runs: its return waits for it")
+            await asyncio.sleep(min(poll, left))
+            poll = min(poll * 1.5, 2.0)
+        return True
+    finally:
+        draining.waiting.discard(ctx.node)
 
-    async def _ended(self, ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
-        """The launching instance ended, and its actions with it: heartbeats stop, messages acknowledged."""
-        ctx.log.info("launching instance terminated: its launch actions are over", state=info and info.state)
-        operation = ctx.operation
-        for action in operation.unsettled():
-            await self.heartbeats.stop(action)
-        settle_all(operation, "instance-gone")
-        self.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
-        return Outcome.DONE
 
-    async def _not_ready(self, ctx: OperationContext, registered: bool) -> Outcome:
-        """LAUNCH_READY_TIMEOUT_SEC passed without a Ready node: complete each action with its hook's DefaultResult."""
-        self.observer.operation_outcome(OperationOutcome.LAUNCH_NOT_READY)
-        operation = ctx.operation
-        for action in operation.unsettled():
-            result = await self.heartbeats.lifecycle.default_result(
-                action.auto_scaling_group_name, action.lifecycle_hook_name
-            )
-            ctx.log.warning(
-                "node not Ready in time: launch action completed with its hook's DefaultResult",
-                timeout_s=self.settings.launch_ready_timeout_sec,
-                registered=registered,
-                hook=action.lifecycle_hook_name,
-                result=result,
-            )
-            outcome = await self.heartbeats.complete(action, result)
-            operation.settled[action.action_key] = outcome
-        return Outcome.DONE
+async def _ended(ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
+    """The launching instance ended, and its actions with it: heartbeats stop, messages acknowledged."""
+    ctx.log.info("launching instance terminated: its launch actions are over", state=info and info.state)
+    operation = ctx.operation
+    for action in operation.unsettled():
+        await ctx.parts.heartbeats.stop(action)
+    for action in operation.unsettled():
+        operation.settled[action.action_key] = "instance-gone"
+    ctx.parts.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
+    return Outcome.DONE
+
+
+async def _not_ready(ctx: OperationContext, registered: bool) -> Outcome:
+    """LAUNCH_READY_TIMEOUT_SEC passed without a Ready node: complete each action with its hook's DefaultResult."""
+    parts, operation = ctx.parts, ctx.operation
+    parts.observer.operation_outcome(OperationOutcome.LAUNCH_NOT_READY)
+    for action in operation.unsettled():
+        result = await parts.heartbeats.lifecycle.default_result(
+            action.auto_scaling_group_name, action.lifecycle_hook_name
+        )
+        ctx.log.warning(
+            "node not Ready in time: launch action completed with its hook's DefaultResult",
+            timeout_s=parts.settings.launch_ready_timeout_sec,
+            registered=registered,
+            hook=action.lifecycle_hook_name,
+            result=result,
+        )
+        operation.settled[action.action_key] = await parts.heartbeats.complete(action, result)
+    return Outcome.DONE

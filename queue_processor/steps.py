@@ -1,12 +1,13 @@
-"""What the steps of an operation share: its context, the step wrapper and the helpers of both paths
-(:mod:`queue_processor.handler`, :mod:`queue_processor.launch`). Every task a step starts goes through
-:meth:`OperationContext.spawn`: cancelled and awaited however the operation ends (DESIGN.md rule 3).
+"""The steps both paths share (:mod:`queue_processor.handler`, :mod:`queue_processor.launch`), as functions over one
+operation's :class:`OperationContext`: resolve the instance, PreDrain and cordon its node in one write (NTH's taint per
+kind, the exclude-from-load-balancers label, the record of what we changed: :mod:`~queue_processor.drain.record`),
+complete its lifecycle actions, record Events. Every task a step starts goes through :meth:`OperationContext.spawn`:
+cancelled and awaited however the operation ends (DESIGN.md rule 3).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -17,9 +18,11 @@ from typing import Any, TypeVar
 from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
+from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.record import CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, StateChangeEvent
-from queue_processor.leases import Claim
+from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
 from queue_processor.observe.events import (
@@ -29,21 +32,25 @@ from queue_processor.observe.events import (
     CORDON_ERROR,
     POST_DRAIN,
     POST_DRAIN_ERROR,
+    PRE_DRAIN,
+    RECEIVED_REASONS,
     NodeEventRecorder,
 )
 from queue_processor.observe.observer import Observer
-from queue_processor.observe.webhook import NO_FACTS, NodeFacts
+from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook
 from queue_processor.outcomes import ClaimLost, NodeAction, OperationOutcome
+from queue_processor.rules import RULES, drain_deadline, instance_end, pre_drains
 
 __all__ = [
+    "EXCLUDE_FROM_LB_LABEL",
     "INSTANCE_ENDED",
+    "OUT_OF_SERVICE_TAINT",
     "STEP_EVENTS",
-    "Collaborators",
     "OperationContext",
     "Outcome",
+    "Parts",
     "Step",
     "StepEvents",
-    "Steps",
 ]
 
 T = TypeVar("T")
@@ -53,6 +60,13 @@ LATE_S = 60.0
 
 #: EC2 states of an instance that has ended: its node never comes back and its lifecycle actions are over.
 INSTANCE_ENDED = ("shutting-down", "terminated")
+
+OUT_OF_SERVICE_TAINT = ("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")
+
+EXCLUDE_FROM_LB_LABEL = (
+    "node.kubernetes.io/exclude-from-external-load-balancers",
+    "aws-node-termination-handler",
+)
 
 
 class Outcome(StrEnum):
@@ -65,7 +79,7 @@ class Outcome(StrEnum):
 
 
 class Step(StrEnum):
-    """The steps :meth:`Steps.step` reports (keys of :data:`STEP_EVENTS`)."""
+    """The steps :func:`report_step` reports (keys of :data:`STEP_EVENTS`)."""
 
     CORDON = "cordon"
     """PreDrain and cordon (NTH's CordonError with CORDON_ONLY, else CordonAndDrainError, on failure)."""
@@ -103,10 +117,28 @@ STEP_EVENTS: dict[Step, StepEvents] = {
 
 
 @dataclass
+class Parts:
+    """What the steps talk to; ``clock`` returns monotonic seconds; ``recorder`` ``None``: no Events; ``leases``
+    ``None``: no NODE_LEASES; ``webhook`` ``None``: none configured."""
+
+    settings: Settings
+    resolver: InstanceResolver
+    finder: NodeFinder
+    heartbeats: Heartbeats
+    drainer: Drainer
+    recorder: NodeEventRecorder | None
+    leases: NodeLeases | None
+    webhook: Webhook | None
+    observer: Observer
+    clock: Callable[[], float]
+
+
+@dataclass
 class OperationContext:
     """One operation as its steps see it: ``node`` once found (``assumed``: the private DNS name, not read),
     ``claim`` its Lease, ``tainted`` the kinds whose taints the node carries, ``facts`` for the webhook."""
 
+    parts: Parts
     operation: NodeOperation
     early_exit: AsyncExitStack
     log: Any
@@ -128,199 +160,291 @@ class OperationContext:
         self.early_exit.push_async_callback(tasks.stop, task)
         return task
 
+    def deadline(self) -> float:
+        """The drain deadline as the operation's events say now (:func:`~queue_processor.rules.drain_deadline`)."""
+        operation = self.operation
+        return drain_deadline(
+            operation.events,
+            grace_period_s=self.parts.settings.node_termination_grace_period,
+            now=self.parts.clock(),
+            wall=datetime.now(UTC),
+            started_at=operation.started_at,
+        )
 
-@dataclass(frozen=True)
-class Collaborators:
-    """What both paths talk to; ``clock`` returns monotonic seconds, ``recorder`` ``None``: no Events."""
+    def instance_end(self) -> float | None:
+        """When the instance goes, as its events say now (:func:`~queue_processor.rules.instance_end`)."""
+        operation = self.operation
+        return instance_end(
+            operation.events, now=self.parts.clock(), wall=datetime.now(UTC), started_at=operation.started_at
+        )
 
-    settings: Settings
-    resolver: InstanceResolver
-    finder: NodeFinder
-    heartbeats: Heartbeats
-    recorder: NodeEventRecorder | None
-    observer: Observer
-    clock: Callable[[], float] = time.monotonic
+    def cordon_record(self) -> CordonRecord | None:
+        """The instance facts every write of ours on the node records (:mod:`queue_processor.drain.record`): its ID,
+        its ``LaunchTime`` (another later one means stopped and started since), whether bound for a warm pool, when."""
+        if self.info is None:
+            return None
+        launch_time = self.info.launch_time
+        return CordonRecord(
+            instance_id=self.operation.instance_id,
+            launch_time=launch_time.isoformat() if launch_time is not None else "",
+            warm_pool=any(action.destination == "WarmPool" for action in self.operation.terminate_actions),
+            since=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
 
 
-class Steps:
-    """The helpers the drain and launch paths share; each :class:`Collaborators` field is an attribute."""
+# ------------------------------------------------------------------------------------------------ the wrapper
 
-    def __init__(self, parts: Collaborators) -> None:
-        self.parts = parts
-        self.settings = parts.settings
-        self.resolver = parts.resolver
-        self.finder = parts.finder
-        self.heartbeats = parts.heartbeats
-        self.recorder = parts.recorder
-        self.observer = parts.observer
-        self.clock = parts.clock
 
-    # -------------------------------------------------------------------------------------- the wrapper
-
-    async def step(
-        self, ctx: OperationContext, step: Step, work: Awaitable[T], *, guarded: bool = False
-    ) -> T:
-        """Run ``work`` (guarded by the Lease when ``guarded``) and report it, as NTH, from :data:`STEP_EVENTS`, on
-        failure too. Raises what ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
-        events = STEP_EVENTS[step]
-        try:
-            result = await (self.guarded(ctx, work) if guarded else work)
-        except (asyncio.CancelledError, ClaimLost):
-            raise
-        except Exception as exc:
-            if events.action is not None:
-                self.observer.node_action(events.action, False)
-            reason, text = events.failure(self.settings)
-            await self.event(ctx, reason, f"{text}: {exc}", warning=True)
-            raise
+async def report_step(ctx: OperationContext, step: Step, work: Awaitable[T], *, guarded: bool = False) -> T:
+    """Run ``work`` (guarded by the Lease when ``guarded``) and report it, as NTH, from :data:`STEP_EVENTS`, on
+    failure too. Raises what ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
+    events, observer = STEP_EVENTS[step], ctx.parts.observer
+    try:
+        result = await (guard(ctx, work) if guarded else work)
+    except (asyncio.CancelledError, ClaimLost):
+        raise
+    except Exception as exc:
         if events.action is not None:
-            self.observer.node_action(events.action, True)
-        if events.success is not None:
-            await self.event(ctx, *events.success)
-        return result
+            observer.node_action(events.action, False)
+        reason, text = events.failure(ctx.parts.settings)
+        await record_event(ctx, reason, f"{text}: {exc}", warning=True)
+        raise
+    if events.action is not None:
+        observer.node_action(events.action, True)
+    if events.success is not None:
+        await record_event(ctx, *events.success)
+    return result
 
-    async def guarded(self, ctx: OperationContext, work: Awaitable[T]) -> T:
-        """Await ``work``; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost."""
-        claim = ctx.claim
-        if claim is None:
-            return await work
-        task = ctx.spawn(_awaited(work), name=f"step-{ctx.node}", awaited=True)  # raised below, by result()
-        lost = ctx.spawn(claim.lost.wait(), name=f"lease-lost-{ctx.node}")
-        try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await tasks.stop(task, lost)
-        if task.cancelled() and lost.done() and not lost.cancelled():
-            raise ClaimLost(f"Lease {claim.name} was lost")
-        return task.result()
 
-    # -------------------------------------------------------------------------------------- shared steps
+async def guard(ctx: OperationContext, work: Awaitable[T]) -> T:
+    """Await ``work``; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost."""
+    claim = ctx.claim
+    if claim is None:
+        return await work
+    task = ctx.spawn(_awaited(work), name=f"step-{ctx.node}", awaited=True)  # raised below, by result()
+    lost = ctx.spawn(claim.lost.wait(), name=f"lease-lost-{ctx.node}")
+    try:
+        await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await tasks.stop(task, lost)
+    if task.cancelled() and lost.done() and not lost.cancelled():
+        raise ClaimLost(f"Lease {claim.name} was lost")
+    return task.result()
 
-    def left_to_bootstrap(self, action: AsgLaunchLifecycleEvent) -> bool:
-        """Whether a launch action is left to the bootstrap (warm pool, no COMPLETE_WARM_POOL_LAUNCH)."""
-        return action.destination == "WarmPool" and not self.settings.complete_warm_pool_launch
 
-    async def resolve(self, ctx: OperationContext) -> InstanceInfo | Outcome:
-        """The instance as EC2 describes it (also ``ctx.info``), or the outcome when there is nothing to do: unknown
-        to EC2, not managed, or started again (:meth:`_started_again`)."""
-        operation, log = ctx.operation, ctx.log
-        # A launch is a start: it changed the LaunchTime a cached answer has, which the next cordon records.
-        info = await self.resolver.get(operation.instance_id, fresh=operation.mode is Mode.LAUNCH)
-        if info is None:
-            self.observer.operation_outcome(OperationOutcome.UNKNOWN_INSTANCE)
-            if operation.mode is Mode.DRAIN:
-                log.info("instance unknown to EC2: nothing to drain, its lifecycle actions completed")
-                await self.complete_actions(ctx, claim=None)
-            else:  # never CONTINUE a launch for an instance EC2 cannot show: left to the hook's default
-                log.info("instance unknown to EC2: its launch actions are left to their hook's timeout")
-                await self.stop_heartbeats(operation, "unknown-instance")
-            return Outcome.DONE
-        settings = self.settings
-        if not is_managed(
-            info,
-            check=settings.check_tag_before_draining,
-            tag=settings.managed_tag,
-            value=settings.managed_tag_value,
-        ):
-            log.info("instance not managed: ignored", managed_tag=settings.managed_tag)
-            self.observer.operation_outcome(OperationOutcome.UNMANAGED)
-            await self.stop_heartbeats(operation, "unmanaged")
-            return Outcome.DONE
-        ctx.info = info
-        if await self._started_again(ctx):
-            return Outcome.DONE
+# ------------------------------------------------------------------------------------------- the instance
+
+
+def left_to_bootstrap(settings: Settings, action: AsgLaunchLifecycleEvent) -> bool:
+    """Whether a launch action is left to the bootstrap (warm pool, no COMPLETE_WARM_POOL_LAUNCH)."""
+    return action.destination == "WarmPool" and not settings.complete_warm_pool_launch
+
+
+async def resolve(ctx: OperationContext) -> InstanceInfo | Outcome:
+    """The instance as EC2 describes it (also ``ctx.info``), or the outcome when there is nothing to do: unknown
+    to EC2, not managed, or started again (:func:`started_again`)."""
+    operation, log, parts = ctx.operation, ctx.log, ctx.parts
+    # A launch is a start: it changed the LaunchTime a cached answer has, which the next cordon records.
+    info = await parts.resolver.get(operation.instance_id, fresh=operation.mode is Mode.LAUNCH)
+    if info is None:
+        parts.observer.operation_outcome(OperationOutcome.UNKNOWN_INSTANCE)
+        if operation.mode is Mode.DRAIN:
+            log.info("instance unknown to EC2: nothing to drain, its lifecycle actions completed")
+            await complete_actions(ctx, claim=None)
+        else:  # never CONTINUE a launch for an instance EC2 cannot show: left to the hook's default
+            log.info("instance unknown to EC2: its launch actions are left to their hook's timeout")
+            await stop_heartbeats(ctx, "unknown-instance")
+        return Outcome.DONE
+    settings = parts.settings
+    tag = settings.managed_tag
+    if not is_managed(
+        info, check=settings.check_tag_before_draining, tag=tag, value=settings.managed_tag_value
+    ):
+        log.info("instance not managed: ignored", managed_tag=tag)
+        parts.observer.operation_outcome(OperationOutcome.UNMANAGED)
+        await stop_heartbeats(ctx, "unmanaged")
+        return Outcome.DONE
+    ctx.info = info
+    if await started_again(ctx):
+        return Outcome.DONE
+    return info
+
+
+async def started_again(ctx: OperationContext, *, fresh: bool = False) -> bool:
+    """Whether the instance was started again since its messages, leaving nothing to drain: its ``LaunchTime``
+    is later than every ``SentTimestamp`` or, after stops only, it runs again (a warm pool's return, "Warm pools
+    for Amazon EC2 Auto Scaling"). Lifecycle actions always drain; events joining meanwhile are judged too."""
+    operation, info = ctx.operation, ctx.info
+    evaluated: list[Event] = []
+    while len(evaluated) != len(operation.events):
+        evaluated = list(operation.events)
+        if operation.mode is not Mode.DRAIN or info is None or operation.lifecycle_actions:
+            return False  # a terminate action can outlive a stop and start (Spot hibernates it meanwhile)
+        info = await _launched_since(ctx, info, evaluated, fresh=fresh)
+    if info is None:
+        return False
+    ctx.log.info(
+        "instance started again since the interruption: nothing to drain",
+        state=info.state,
+        launch_time=info.launch_time and info.launch_time.isoformat(),
+    )
+    ctx.parts.observer.operation_outcome(OperationOutcome.STARTED_AGAIN)
+    return True
+
+
+async def _launched_since(
+    ctx: OperationContext, info: InstanceInfo, events: list[Event], *, fresh: bool
+) -> InstanceInfo | None:
+    """``info``, or EC2 read afresh (a redelivery, a message older than :data:`LATE_S`, stops only, ``fresh``),
+    if it shows a start after ``events``, else ``None``; a fresh read becomes ``ctx.info`` (a cordon records it)."""
+    stops_only = all(
+        isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped") for event in events
+    )
+    newest = max(map(_sent, events))
+    if _launched_after(info, newest):
         return info
+    retried = any(event.message is not None and event.message.receive_count > 1 for event in events)
+    late = datetime.now(UTC) - newest > timedelta(seconds=LATE_S)
+    if not (stops_only or retried or late or fresh):
+        return None
+    now = await ctx.parts.resolver.get(ctx.operation.instance_id, fresh=True)
+    if now is None:
+        return None
+    ctx.info = now
+    # LaunchTime is reported to the second; an earlier one is EC2's eventual consistency after a stop.
+    running_again = (
+        stops_only
+        and now.state in ("pending", "running")
+        and (now.launch_time is None or now.launch_time >= newest.replace(microsecond=0))
+    )
+    return now if running_again or _launched_after(now, newest) else None
 
-    async def _started_again(self, ctx: OperationContext, *, fresh: bool = False) -> bool:
-        """Whether the instance was started again since its messages, leaving nothing to drain: its ``LaunchTime``
-        is later than every ``SentTimestamp`` or, after stops only, it runs again (a warm pool's return, "Warm pools
-        for Amazon EC2 Auto Scaling"). Lifecycle actions always drain; events joining meanwhile are judged too."""
-        operation, info = ctx.operation, ctx.info
-        evaluated: list[Event] = []
-        while len(evaluated) != len(operation.events):
-            evaluated = list(operation.events)
-            if operation.mode is not Mode.DRAIN or info is None or operation.lifecycle_actions:
-                return False  # a terminate action can outlive a stop and start (Spot hibernates it meanwhile)
-            info = await self._launched_since(ctx, info, evaluated, fresh=fresh)
-        if info is None:
-            return False
-        ctx.log.info(
-            "instance started again since the interruption: nothing to drain",
-            state=info.state,
-            launch_time=info.launch_time and info.launch_time.isoformat(),
-        )
-        self.observer.operation_outcome(OperationOutcome.STARTED_AGAIN)
+
+async def instance_gone(ctx: OperationContext) -> bool:
+    """Whether the instance is shutting down or terminated (its state changes, else DescribeInstances)."""
+    operation = ctx.operation
+    if any(isinstance(e, StateChangeEvent) and e.state in INSTANCE_ENDED for e in operation.events):
         return True
+    info = await ctx.parts.resolver.get(operation.instance_id, fresh=True)
+    return info is None or info.state in INSTANCE_ENDED
 
-    async def _launched_since(
-        self, ctx: OperationContext, info: InstanceInfo, events: list[Event], *, fresh: bool
-    ) -> InstanceInfo | None:
-        """``info``, or EC2 read afresh (a redelivery, a message older than :data:`LATE_S`, stops only, ``fresh``),
-        if it shows a start after ``events``, else ``None``; a fresh read becomes ``ctx.info`` (a cordon records it)."""
-        stops_only = all(
-            isinstance(event, StateChangeEvent) and event.state in ("stopping", "stopped") for event in events
-        )
-        newest = max(map(_sent, events))
-        if _launched_after(info, newest):
-            return info
-        retried = any(event.message is not None and event.message.receive_count > 1 for event in events)
-        late = datetime.now(UTC) - newest > timedelta(seconds=LATE_S)
-        if not (stops_only or retried or late or fresh):
-            return None
-        now = await self.resolver.get(ctx.operation.instance_id, fresh=True)
-        if now is None:
-            return None
-        ctx.info = now
-        # LaunchTime is reported to the second; an earlier one is EC2's eventual consistency after a stop.
-        running_again = (
-            stops_only
-            and now.state in ("pending", "running")
-            and (now.launch_time is None or now.launch_time >= newest.replace(microsecond=0))
-        )
-        return now if running_again or _launched_after(now, newest) else None
 
-    async def completion_delay(self) -> None:
-        """Wait COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS before completing, as NTH."""
-        if self.settings.complete_lifecycle_action_delay_seconds > 0:
-            await asyncio.sleep(self.settings.complete_lifecycle_action_delay_seconds)
+# --------------------------------------------------------------------------------------- PreDrain and cordon
 
-    async def complete_actions(self, ctx: OperationContext, *, claim: Claim | None) -> None:
-        """Complete every unsettled lifecycle action with CONTINUE, joiners too; with a Lease, confirmed first."""
-        operation = ctx.operation
-        while pending := operation.unsettled():
-            for action in pending:
-                if claim is not None:
-                    await claim.confirm()
-                result = await self.heartbeats.complete(action, "CONTINUE")
-                operation.settled[action.action_key] = result
-                launch = operation.mode is Mode.LAUNCH
-                self.observer.node_action(
-                    NodeAction.LAUNCH_READY if launch else NodeAction.LIFECYCLE_COMPLETE, True
-                )
-                ctx.log.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
 
-    async def stop_heartbeats(self, operation: NodeOperation, how: str) -> None:
-        """The operation's actions are not ours: stop their heartbeats and settle them as ``how``."""
-        for action in operation.lifecycle_actions:
-            await self.heartbeats.stop(action)
-        settle_all(operation, how)
+async def cordon(ctx: OperationContext) -> bool:
+    """PreDrain and cordon in one write; ``False`` when there is no such node (an assumed name is looked up)."""
+    operation, info, parts = ctx.operation, ctx.info, ctx.parts
+    assert info is not None
+    taints, labels = node_taints(ctx, operation.kinds), {}
+    if parts.settings.exclude_from_load_balancers and not parts.settings.cordon_only:
+        labels = dict([EXCLUDE_FROM_LB_LABEL])  # only where absent, as NTH: a value may be another's
+    ctx.tainted = set(operation.kinds)  # the kinds whose taints go out with the cordon
+    about, writes = ctx.cordon_record(), parts.drainer.writes
+    if not await writes.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
+        node = await parts.finder.find(info) if ctx.assumed else None
+        if node is None:
+            return False
+        ctx.node = str(node["metadata"]["name"])
+        if not await writes.cordon(ctx.node, taints=taints, labels_if_absent=labels, about=about):
+            return False
+    observer, cordon_only, pre_drain = parts.observer, parts.settings.cordon_only, pre_drains(operation.kinds)
+    for _ in taints:
+        observer.node_action(NodeAction.TAINT, True)
+    if labels:
+        observer.node_action(NodeAction.EXCLUDE_FROM_LB, True)
+    if pre_drain:
+        observer.node_action(NodeAction.PRE_DRAIN, True)
+    if cordon_only:
+        observer.node_action(NodeAction.CORDON, True)
+    observer.cordoned(parts.clock() - operation.started_at)
+    ctx.log.info("cordoned", node=ctx.node)
+    for kind in operation.kinds:  # NTH's Event for each interruption taken up, then its steps'
+        text = f"{kind} {operation.event_of(kind).event_id} for instance {operation.instance_id}"
+        await record_event(ctx, RECEIVED_REASONS[kind], text)
+    if pre_drain:
+        await record_event(ctx, *PRE_DRAIN)
+    if cordon_only:
+        await record_event(ctx, *CORDON)
+    return True
 
-    async def event(self, ctx: OperationContext, reason: str, message: str, *, warning: bool = False) -> None:
-        """Record an Event on the operation's node with NTH's per-node annotations."""
-        if self.recorder is None:
-            return
-        facts = {"local-hostname": ctx.node}
-        if ctx.info is not None:
-            zone = ctx.info.availability_zone
-            facts |= {"instance-id": ctx.info.instance_id, "availability-zone": zone, "region": zone[:-1]}
-        await self.recorder.record(ctx.node, reason, message, warning=warning, facts=facts)
 
-    async def instance_gone(self, operation: NodeOperation) -> bool:
-        """Whether the instance is shutting down or terminated (its state changes, else DescribeInstances)."""
-        if any(isinstance(e, StateChangeEvent) and e.state in INSTANCE_ENDED for e in operation.events):
-            return True
-        info = await self.resolver.get(operation.instance_id, fresh=True)
-        return info is None or info.state in INSTANCE_ENDED
+def node_taints(ctx: OperationContext, kinds: list[EventKind]) -> list[tuple[str, str, str]]:
+    """NTH's taint for each of ``kinds`` that has one (TAINT_NODE; value: the event ID): (key, value, effect)."""
+    settings = ctx.parts.settings
+    if not settings.taint_node:
+        return []
+    keys = [(RULES[kind].taint_key, kind) for kind in kinds]
+    return [(key, ctx.operation.event_of(kind).event_id, settings.taint_effect) for key, kind in keys if key]
+
+
+async def taint_joined(ctx: OperationContext) -> None:
+    """Taint the node for the kinds that joined since its last taints (TAINT_NODE)."""
+    new = [kind for kind in ctx.operation.kinds if kind not in ctx.tainted]
+    for key, value, effect in node_taints(ctx, new):
+        await ctx.parts.drainer.writes.taint(ctx.node, key, value, effect, about=ctx.cordon_record())
+        ctx.parts.observer.node_action(NodeAction.TAINT, True)
+    ctx.tainted.update(new)
+
+
+async def record_start(ctx: OperationContext) -> None:
+    """Record a ``LaunchTime`` newer than the cordon's, lest the return check take that start for a return."""
+    if ctx.info is None or ctx.node is None:
+        return
+    try:
+        now = await ctx.parts.resolver.get(ctx.operation.instance_id, fresh=True)
+    except Exception as exc:  # the joins after this one must still tighten the bounds
+        ctx.log.warning("instance not read as an event joined: its record unchanged", error=repr(exc))
+        return
+    if now is None or now.launch_time is None or now.launch_time == ctx.info.launch_time:
+        return
+    ctx.info = now
+    if not await ctx.parts.drainer.writes.cordon(ctx.node, about=ctx.cordon_record()):
+        ctx.log.info("node gone while an event joined: nothing to record")
+
+
+# ------------------------------------------------------------------------------------ lifecycle and Events
+
+
+async def completion_delay(ctx: OperationContext) -> None:
+    """Wait COMPLETE_LIFECYCLE_ACTION_DELAY_SECONDS before completing, as NTH."""
+    if (delay := ctx.parts.settings.complete_lifecycle_action_delay_seconds) > 0:
+        await asyncio.sleep(delay)
+
+
+async def complete_actions(ctx: OperationContext, *, claim: Claim | None) -> None:
+    """Complete every unsettled lifecycle action with CONTINUE, joiners too; with a Lease, confirmed first."""
+    operation = ctx.operation
+    action_done = NodeAction.LAUNCH_READY if operation.mode is Mode.LAUNCH else NodeAction.LIFECYCLE_COMPLETE
+    while pending := operation.unsettled():
+        for action in pending:
+            if claim is not None:
+                await claim.confirm()
+            result = await ctx.parts.heartbeats.complete(action, "CONTINUE")
+            operation.settled[action.action_key] = result
+            ctx.parts.observer.node_action(action_done, True)
+            ctx.log.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
+
+
+async def stop_heartbeats(ctx: OperationContext, how: str) -> None:
+    """The operation's actions are not ours: stop their heartbeats and settle the open ones as ``how``."""
+    operation = ctx.operation
+    for action in operation.lifecycle_actions:
+        await ctx.parts.heartbeats.stop(action)
+    for action in operation.unsettled():
+        operation.settled[action.action_key] = how
+
+
+async def record_event(ctx: OperationContext, reason: str, message: str, *, warning: bool = False) -> None:
+    """Record an Event on the operation's node with NTH's per-node annotations."""
+    recorder = ctx.parts.recorder
+    if recorder is None:
+        return
+    facts = {"local-hostname": ctx.node}
+    if ctx.info is not None:
+        zone = ctx.info.availability_zone
+        facts |= {"instance-id": ctx.info.instance_id, "availability-zone": zone, "region": zone[:-1]}
+    await recorder.record(ctx.node, reason, message, warning=warning, facts=facts)
 
 
 def _sent(event: Event) -> datetime:
@@ -331,12 +455,6 @@ def _sent(event: Event) -> datetime:
 
 def _launched_after(info: InstanceInfo, when: datetime) -> bool:
     return info.launch_time is not None and info.launch_time > when
-
-
-def settle_all(operation: NodeOperation, how: str) -> None:
-    """Settle every unsettled lifecycle action of ``operation`` as ``how``."""
-    for action in operation.unsettled():
-        operation.settled[action.action_key] = how
 
 
 async def _awaited(work: Awaitable[T]) -> T:

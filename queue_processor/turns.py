@@ -14,16 +14,13 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 from queue_processor import tasks
-from queue_processor.config import Settings
-from queue_processor.drain.drainer import Drainer
 from queue_processor.kinds import ScheduledChangeEvent
-from queue_processor.lifecycle import Lifecycle
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import ASG_TAG
 from queue_processor.rules import leaves_time
-from queue_processor.steps import OperationContext
+from queue_processor.steps import OperationContext, taint_joined
 
-__all__ = ["DrainTurns", "Turns", "turn_limit"]
+__all__ = ["Turns", "drain_turn", "node_group", "turn_limit"]
 
 
 def turn_limit(spec: str, group_size: int | None) -> int | None:
@@ -125,89 +122,68 @@ class Turns:
                 waiter.set()
 
 
-class DrainTurns:
-    """DRAIN_BUDGET_NON_URGENT for an operation: its node's group and the wait for a turn in ``turns``. ``park``
-    gives a waiting operation's messages' in-flight slots back; ``taint_joined`` taints the kinds that joined."""
+@asynccontextmanager
+async def drain_turn(
+    ctx: OperationContext, turns: Turns, park: Callable[[list[str]], None]
+) -> AsyncIterator[bool]:
+    """DRAIN_BUDGET_NON_URGENT for an operation: count the drain in its node's group in ``turns``; when all its
+    events leave time, first wait for a turn (cordoned, messages parked by ``park``, Lease kept) until an urgent event
+    joins or a scheduled change is due. Yields whether it waited."""
+    settings, operation = ctx.parts.settings, ctx.operation
+    spec, grace = settings.drain_budget_non_urgent, settings.node_termination_grace_period
 
-    def __init__(
-        self,
-        settings: Settings,
-        turns: Turns,
-        *,
-        drainer: Drainer,
-        lifecycle: Lifecycle,
-        park: Callable[[list[str]], None],
-        taint_joined: Callable[[OperationContext], Awaitable[None]],
-    ) -> None:
-        self.settings = settings
-        self.turns = turns
-        self.drainer = drainer
-        self.lifecycle = lifecycle
-        self.park = park
-        self.taint_joined = taint_joined
+    def urgent() -> bool:
+        return not leaves_time(operation.events, grace_period_s=grace, wall=datetime.now(UTC))
 
-    @asynccontextmanager
-    async def turn(self, ctx: OperationContext) -> AsyncIterator[bool]:
-        """Count the drain in its group; when all its events leave time, first wait for a turn (cordoned, messages
-        parked, Lease kept) until an urgent event joins or a scheduled change is due. Yields whether it waited."""
-        spec = self.settings.drain_budget_non_urgent
-        if not spec:
-            yield False
-            return
-        operation = ctx.operation
-        grace = self.settings.node_termination_grace_period
+    def recheck_s() -> float | None:
+        wall = datetime.now(UTC)
+        due = [
+            (event.start_time - wall).total_seconds() - grace
+            for event in operation.events
+            if isinstance(event, ScheduledChangeEvent)
+        ]
+        return max(min(due), 0.0) + 0.01 if due else None
 
-        def urgent() -> bool:
-            return not leaves_time(operation.events, grace_period_s=grace, wall=datetime.now(UTC))
+    group, size = await node_group(ctx, sized=not urgent() and spec.strip().endswith("%"))
+    limit = turn_limit(spec, size)
+    logged = False
 
-        def recheck_s() -> float | None:
-            wall = datetime.now(UTC)
-            due = [
-                (event.start_time - wall).total_seconds() - grace
-                for event in operation.events
-                if isinstance(event, ScheduledChangeEvent)
-            ]
-            return max(min(due), 0.0) + 0.01 if due else None
+    async def waiting() -> None:
+        nonlocal logged
+        park(list(operation.messages))
+        if not logged:
+            logged = True
+            ctx.log.info("waiting for a turn to drain: its events leave time", group=group, limit=limit)
 
-        group, size = await self.group(ctx, sized=not urgent() and spec.strip().endswith("%"))
-        limit = turn_limit(spec, size)
-        logged = False
+    async with turns.turn(
+        group, limit, urgent=urgent, joined=operation.joined, waiting=waiting, recheck_s=recheck_s
+    ) as waited:
+        if waited:
+            ctx.log.info("a turn to drain came", group=group, urgent=urgent())
+            await taint_joined(ctx)
+        yield waited
 
-        async def waiting() -> None:
-            nonlocal logged
-            self.park(list(operation.messages))
-            if not logged:
-                logged = True
-                ctx.log.info("waiting for a turn to drain: its events leave time", group=group, limit=limit)
 
-        async with self.turns.turn(
-            group, limit, urgent=urgent, joined=operation.joined, waiting=waiting, recheck_s=recheck_s
-        ) as waited:
-            if waited:
-                ctx.log.info("a turn to drain came", group=group, urgent=urgent())
-                await self.taint_joined(ctx)
-            yield waited
-
-    async def group(self, ctx: OperationContext, *, sized: bool) -> tuple[str, int | None]:
-        """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, its size (``None``: unknown): its
-        DRAIN_BUDGET_GROUP_LABEL value (sized from the watched copy of the nodes, never a LIST), else its Auto
-        Scaling group (DescribeAutoScalingGroups); ``""`` for neither. Raises nothing but ``CancelledError``."""
-        label = self.settings.drain_budget_group_label
-        try:
-            if label:
-                watched = self.drainer.nodes
-                node = watched.get(ctx.node) if watched is not None else None
-                if node is None:
-                    node = await self.drainer.kube.get_node(ctx.node)
-                value = str(((node or {}).get("metadata") or {}).get("labels", {}).get(label, ""))
-                if not value:
-                    return "", None
-                size = watched.labelled(label, value) if sized and watched is not None else None
-                return f"{label}={value}", size
-            group = (ctx.info.tags if ctx.info is not None else {}).get(ASG_TAG, "")
-            if not group or not sized:
-                return group, None
-            return group, await self.lifecycle.group_size(group)
-        except Exception as exc:
-            ctx.log.warning("cannot read the node's group for DRAIN_BUDGET_NON_URGENT", error=repr(exc))
-            return "", None
+async def node_group(ctx: OperationContext, *, sized: bool) -> tuple[str, int | None]:
+    """The node's group for DRAIN_BUDGET_NON_URGENT and, when ``sized``, its size (``None``: unknown): its
+    DRAIN_BUDGET_GROUP_LABEL value (sized from the watched copy of the nodes, never a LIST), else its Auto
+    Scaling group (DescribeAutoScalingGroups); ``""`` for neither. Raises nothing but ``CancelledError``."""
+    label, drainer = ctx.parts.settings.drain_budget_group_label, ctx.parts.drainer
+    try:
+        if label:
+            watched = drainer.nodes
+            node = watched.get(ctx.node) if watched is not None else None
+            if node is None:
+                node = await drainer.kube.get_node(ctx.node)
+            value = str(((node or {}).get("metadata") or {}).get("labels", {}).get(label, ""))
+            if not value:
+                return "", None
+            size = watched.labelled(label, value) if sized and watched is not None else None
+            return f"{label}={value}", size
+        group = (ctx.info.tags if ctx.info is not None else {}).get(ASG_TAG, "")
+        if not group or not sized:
+            return group, None
+        return group, await ctx.parts.heartbeats.lifecycle.group_size(group)
+    except Exception as exc:
+        ctx.log.warning("cannot read the node's group for DRAIN_BUDGET_NON_URGENT", error=repr(exc))
+        return "", None

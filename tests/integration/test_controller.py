@@ -266,7 +266,7 @@ async def test_a_requeued_action_is_heartbeated_through_its_backoff_and_not_afte
     calls = sandbox.aws.calls(instance_id)
     completed_at = next(c.time for c in calls if c.operation == "CompleteLifecycleAction" and c.ok)
     assert not [c for c in calls if c.operation == "RecordLifecycleActionHeartbeat" and c.time > completed_at]
-    assert running.controller.handler.heartbeats.running == 0
+    assert running.controller.handler.parts.heartbeats.running == 0
 
 
 async def test_after_a_stop_every_message_in_flight_stays_visible(sandbox: Sandbox) -> None:
@@ -294,7 +294,7 @@ async def test_no_heartbeat_after_shutdown(sandbox: Sandbox) -> None:
     async with controller(sandbox, node_termination_grace_period=30) as running:
         (action,) = sandbox.aws.terminate_instance(instance_id)
         await until(lambda: heartbeats(sandbox, instance_id) >= 1, timeout_s=30, what="a heartbeat")
-    assert running.controller.handler.heartbeats.running == 0
+    assert running.controller.handler.parts.heartbeats.running == 0
     beats = heartbeats(sandbox, instance_id)
     await asyncio.sleep(6.0)  # more than a heartbeat interval (5 s)
     assert heartbeats(sandbox, instance_id) == beats, "a heartbeat was sent after the controller stopped"
@@ -720,7 +720,7 @@ async def test_a_warm_pool_return_waits_until_another_replica_s_drain_of_its_nod
             )
             held = await other.claim(node)  # the duplicate's drain, on the other replica
             assert held is not None
-            launches = running.controller.handler.launches
+            launches = running.controller.handler.draining
             (back,) = sandbox.aws.launch_instances(instance.asg_name, 1, origin="WarmPool")
             assert back.instance_id == instance.instance_id
             (returning,) = sandbox.aws.actions(instance.instance_id, status="open")

@@ -17,8 +17,8 @@ import pytest
 
 from queue_processor.config import Settings
 from queue_processor.events import EventKind, make_event_id
-from queue_processor.handler import OUT_OF_SERVICE_TAINT
 from queue_processor.rules import RULES
+from queue_processor.steps import OUT_OF_SERVICE_TAINT
 from tests.conftest import REQUIRE_REAL_CLUSTER, ROOT
 
 NTH_MODULE = "github.com/aws/aws-node-termination-handler"

@@ -17,11 +17,11 @@ from queue_processor.coalesce import EventStore, NodeOperation
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.consumer import Consumer
 from queue_processor.events import SqsMessageRef
-from queue_processor.handler import Outcome
 from queue_processor.kinds import AsgLifecycleEvent
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import Metrics
 from queue_processor.settlement import requeue_backoff_s
+from queue_processor.steps import Outcome
 
 
 def test_requeue_backoff_grows_with_receives_and_is_capped() -> None:
@@ -40,7 +40,7 @@ async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None
 
     consumer = Consumer(
         NeverAnswers(),
-        SimpleNamespace(leases=None),  # type: ignore[arg-type]  # no message ever arrives
+        SimpleNamespace(parts=SimpleNamespace(leases=None)),  # type: ignore[arg-type]  # no message ever arrives
         EventStore(),
         heartbeats=Heartbeats(None),
         queue_urls=["q"],
@@ -83,7 +83,7 @@ async def test_an_empty_receive_counts_as_an_answer() -> None:
     metrics = Metrics(process_metrics=False)
     consumer = Consumer(
         Empty(),
-        SimpleNamespace(leases=None),  # type: ignore[arg-type]  # no message arrives
+        SimpleNamespace(parts=SimpleNamespace(leases=None)),  # type: ignore[arg-type]  # no message arrives
         EventStore(),
         heartbeats=Heartbeats(None),
         queue_urls=["q"],
@@ -118,7 +118,7 @@ async def test_readiness_follows_the_latest_receive() -> None:
     sqs = Scripted()
     consumer = Consumer(
         sqs,
-        SimpleNamespace(leases=None),  # type: ignore[arg-type]  # no message arrives
+        SimpleNamespace(parts=SimpleNamespace(leases=None)),  # type: ignore[arg-type]  # no message arrives
         EventStore(),
         heartbeats=Heartbeats(None),
         queue_urls=["q"],
@@ -284,7 +284,7 @@ class FakeHandler:
         self.handled: list[NodeOperation] = []
         self.gate: asyncio.Event | None = None
         self.cancelled = 0
-        self.leases: Any = None
+        self.parts: Any = SimpleNamespace(leases=None)
 
     def received(self, event: Any) -> None:
         if isinstance(event, AsgLifecycleEvent):
@@ -566,7 +566,7 @@ async def test_shutdown_sends_the_node_lease_releases_before_it_lets_the_message
         async def flush(self) -> None:
             visible_at_flush.append(len(running.sqs.visibility))
 
-    running.handler.leases = Releases()
+    running.handler.parts.leases = Releases()
     running.handler.gate = asyncio.Event()  # the operation never ends by itself
     running.consumer.start()
     running.sqs.deliver(terminate_body())

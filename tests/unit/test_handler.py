@@ -27,7 +27,7 @@ from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.record import CordonRecord
 from queue_processor.events import SqsMessageRef
-from queue_processor.handler import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Handler, Outcome
+from queue_processor.handler import Handler
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
@@ -45,6 +45,7 @@ from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import KubeError
 from queue_processor.rules import RULES
+from queue_processor.steps import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Outcome
 from queue_processor_gotemplate import Struct, parse
 from queue_processor_sandbox.kube_logic import parse_label_selector
 
@@ -992,8 +993,8 @@ async def test_a_lease_lost_mid_drain_cancels_the_operation_and_nothing_is_compl
 
     async def taken_over(name: str) -> None:
         if name == "web-1":  # the process was paused for longer than its replica Lease lasts
-            assert world.handler.leases is not None
-            world.handler.leases.replica.renewed_at -= 61
+            assert world.handler.parts.leases is not None
+            world.handler.parts.leases.replica.renewed_at -= 61
             lease = world.kube.leases[lease_name(NODE)]  # and another replica took the node's Lease
             lease["spec"]["holderIdentity"] = "replica-b"
             world.kube._bump(lease)
@@ -1364,7 +1365,7 @@ async def test_a_skewed_notice_still_gets_a_drain_and_never_more_than_the_grace_
     drain = world.drainer.drain
 
     async def recording(node: str, bounds: DrainBounds, **kwargs: Any) -> Any:
-        deadlines.append(bounds.deadline - world.handler.clock())
+        deadlines.append(bounds.deadline - world.handler.parts.clock())
         return await drain(node, bounds, **kwargs)
 
     world.drainer.drain = recording  # type: ignore[method-assign]
@@ -1405,7 +1406,7 @@ async def test_the_drain_is_told_when_the_instance_ends(
     drain = world.drainer.drain
 
     async def recording(node: str, bounds: DrainBounds, **kwargs: Any) -> Any:
-        now, end = world.handler.clock(), bounds.instance_end
+        now, end = world.handler.parts.clock(), bounds.instance_end
         seen.append((bounds.deadline - now, None if end is None else end - now))
         return await drain(node, bounds, **kwargs)
 
@@ -1434,7 +1435,7 @@ class SeenWebhook(Webhook):
 
 def with_webhook(world: World) -> SeenWebhook:
     webhook = SeenWebhook(world)
-    world.handler.webhook = webhook
+    world.handler.parts.webhook = webhook
     return webhook
 
 
@@ -1569,7 +1570,7 @@ async def test_the_provider_id_lookup_does_not_wait_for_the_watched_copy(env: An
             return await super().first_answer(timeout_s)
 
     world.drainer.writes.nodes = Recorded(world.kube)  # type: ignore[assignment]
-    finder = world.handler.finder
+    finder = world.handler.parts.finder
     find = finder.find
 
     async def recorded_find(info: InstanceInfo) -> dict[str, Any] | None:

@@ -73,7 +73,7 @@ LAYERS: list[set[str]] = [
     },
     {"queue_processor.returns"},
     {"queue_processor.steps", "queue_processor.settlement"},
-    {"queue_processor.launch", "queue_processor.cordon", "queue_processor.turns"},
+    {"queue_processor.launch", "queue_processor.turns"},
     {"queue_processor.handler"},
     {"queue_processor.consumer", "queue_processor.server"},
     {"queue_processor.app"},

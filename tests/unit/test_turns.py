@@ -140,7 +140,7 @@ async def test_rebalance_drains_wait_their_turn_cordoned_and_a_spot_warning_star
     env: Any,
 ) -> None:
     world = World(settings(drain_budget_non_urgent="2"))
-    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.handler.parts.resolver = Instances()  # type: ignore[assignment]
     world.kube.pods.clear()
     for index in range(4):
         world.kube.add_node(f"node-{index}")
@@ -208,7 +208,7 @@ async def _two_rebalance_drains_one_waiting(
     a rebalance recommendation for each, run until the second waits its turn; each eviction awaits
     ``held(pod)`` first. The world and the two runs (tasks)."""
     world = World(settings(drain_budget_non_urgent="1", node_leases=True), leases=True)
-    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.handler.parts.resolver = Instances()  # type: ignore[assignment]
     world.kube.pods.clear()
     for index in range(2):
         world.kube.add_node(f"node-{index}")
@@ -261,7 +261,7 @@ async def test_a_waiting_drain_keeps_its_node_lease_and_a_warning_handed_over_en
         kube=world.kube,
         identity="replica-b",
     )
-    other.handler.resolver = Instances()  # type: ignore[assignment]
+    other.handler.parts.resolver = Instances()  # type: ignore[assignment]
     handed = other.receive(spot("m-spot", f"i-{waiting}"))
     assert handed is not None
     elsewhere = asyncio.create_task(other.run(handed))  # B cannot claim: it hands the warning over, and waits
@@ -311,7 +311,7 @@ def _holders(world: World) -> dict[str, Any]:
 
 async def test_a_group_size_that_cannot_be_read_counts_a_percentage_as_one(env: Any) -> None:
     world = World(settings(drain_budget_non_urgent="50%"))
-    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.handler.parts.resolver = Instances()  # type: ignore[assignment]
     world.kube.pods.clear()
     world.kube.add_node("node-0")
     world.kube.add_pod("web-0", "node-0")
@@ -368,7 +368,7 @@ async def test_a_labelled_group_is_sized_from_the_watched_nodes_not_a_list_per_d
     from queue_processor.watch.node_cache import NodeCache, slim
 
     world = World(settings(drain_budget_non_urgent="50%", drain_budget_group_label="pool"))
-    world.handler.resolver = Instances()  # type: ignore[assignment]
+    world.handler.parts.resolver = Instances()  # type: ignore[assignment]
     world.kube.pods.clear()
     for index in range(4):
         world.kube.add_node(f"node-{index}", pool="blue")
@@ -444,7 +444,7 @@ async def test_a_turn_that_comes_after_the_instance_was_started_again_drains_not
                 )
             return info
 
-    world.handler.resolver = StartedAgain()  # type: ignore[assignment]
+    world.handler.parts.resolver = StartedAgain()  # type: ignore[assignment]
     gate.set()
     outcomes = [str(outcome) for outcome, _ in await asyncio.gather(*runs)]
     assert outcomes == ["done", "done"]
