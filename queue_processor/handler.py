@@ -196,7 +196,7 @@ class Handler:
             if not result.completed:
                 return Outcome.RETRY
             own_pod = any(decision.reason == OWN_POD for decision in result.skipped)
-            if own_pod and await guard(ctx, self._leave(ctx)):
+            if own_pod and await guard(ctx, self._leave_own_node(ctx)):
                 return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
             await _notify(ctx)
@@ -212,7 +212,12 @@ class Handler:
         watched = parts.drainer.nodes
         if watched is not None and by_name:  # the provider-ID lookup reads no copy: it does not wait for one
             await watched.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
-        if by_name and watched is not None and _ended(ctx) and watched.absent(info.private_dns_name or ""):
+        if (
+            by_name
+            and watched is not None
+            and _instance_ended(ctx)
+            and watched.absent(info.private_dns_name or "")
+        ):
             # Ended, and absent from the watched copy: no GET and LIST to learn what the copy knows.
             return await _no_node(ctx)
         if parts.leases is None and by_name:
@@ -293,13 +298,13 @@ class Handler:
                 return None
             return await _drain(ctx)
 
-    async def _leave(self, ctx: OperationContext) -> bool:
+    async def _leave_own_node(self, ctx: OperationContext) -> bool:
         """Evict our own pod last, so the kubelet's SIGTERM starts our shutdown (held messages visible at once for a
         successor). ``True`` when evicted but no SIGTERM came within :data:`LEAVE_WAIT_S` (requeue); ``False`` when a
         PodDisruptionBudget refused it until the deadline (complete, and go with the instance)."""
         settings = self.parts.settings
         namespace, name = settings.pod_namespace or "default", settings.pod_name
-        await self._last_to_leave(ctx)
+        await self._wait_for_the_others(ctx)
         # Logged first: the kubelet's SIGTERM can cancel us before the eviction's answer comes back.
         ctx.log.info("leaving our own node: evicting our own pod, last", pod=f"{namespace}/{name}")
         if not await self.parts.drainer.evictions.evict_last(namespace, name, ctx.deadline()):
@@ -316,7 +321,7 @@ class Handler:
         ctx.log.warning("our own pod was evicted but no SIGTERM came: requeued", waited_s=LEAVE_WAIT_S)
         return True
 
-    async def _last_to_leave(self, ctx: OperationContext) -> None:
+    async def _wait_for_the_others(self, ctx: OperationContext) -> None:
         """DESIGN.md rule 16: our shutdown cancels the other operations here, so wait until none is left, but no
         later than :data:`LEAVE_LEAD_S` before our instance's end nor one drain deadline from now, as the events
         say at each wake (one that joins may bring the end nearer)."""
@@ -358,7 +363,7 @@ def _join_handed(ctx: OperationContext, annotations: Mapping[str, str]) -> None:
             )
 
 
-def _ended(ctx: OperationContext) -> bool:
+def _instance_ended(ctx: OperationContext) -> bool:
     """Whether EC2 (resolved state or a state change) says the instance is shutting down or gone."""
     if ctx.info is not None and ctx.info.state in INSTANCE_ENDED:
         return True

@@ -93,7 +93,7 @@ async def _ready_node(
     poll = 0.1
     while True:
         if info is None or info.state in INSTANCE_ENDED:
-            return await _ended(ctx, info)
+            return await _launch_over(ctx, info)
         for open_action in operation.unsettled():
             if parts.heartbeats.over(open_action):
                 operation.settled[open_action.action_key] = LifecycleResult.NO_ACTIVE_ACTION
@@ -190,7 +190,7 @@ async def _drains_over(ctx: OperationContext, draining: Draining, deadline: floa
         draining.waiting.discard(ctx.node)
 
 
-async def _ended(ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
+async def _launch_over(ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
     """The launching instance ended, and its actions with it: heartbeats stop, messages acknowledged."""
     ctx.log.info("launching instance terminated: its launch actions are over", state=info and info.state)
     operation = ctx.operation
