@@ -57,7 +57,6 @@ from queue_processor.steps import (
     OperationContext,
     Outcome,
     Parts,
-    Step,
     complete_actions,
     completion_delay,
     cordon,
@@ -176,7 +175,7 @@ class Handler:
         if claimed is not None:
             return claimed
         ctx.bind(node=ctx.node)
-        if not await report_step(ctx, Step.CORDON, cordon(ctx)):
+        if not await report_step(ctx, cordon(ctx), post_drain=False):
             return await _no_node(ctx)
         rank_urgent(AFTER_CORDONS)  # the rest of the operation waits for others' claims and cordons
         ctx.bind(node=ctx.node)
@@ -200,7 +199,7 @@ class Handler:
                 return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
             await _notify(ctx)
-        return await report_step(ctx, Step.POST_DRAIN, _post_drain(ctx), guarded=True)
+        return await report_step(ctx, _post_drain(ctx), post_drain=True, guarded=True)
 
     async def _find_and_claim(self, ctx: OperationContext) -> Outcome | None:
         """The node (``ctx.node``) and, with NODE_LEASES, its claimed Lease (``ctx.claim``); ``None`` when claimed,

@@ -23,7 +23,6 @@ from queue_processor.steps import (
     INSTANCE_ENDED,
     OperationContext,
     Outcome,
-    Step,
     complete_actions,
     completion_delay,
     left_to_bootstrap,
@@ -80,7 +79,7 @@ async def run_launch(ctx: OperationContext, draining: Draining) -> Outcome:
     await record_event(ctx, RECEIVED_REASONS[EventKind.ASG_LAUNCH_LIFECYCLE], text)
     if settings.uncordon_on_return:
         await _undo_on_return(ctx, draining, deadline)
-    await report_step(ctx, Step.POST_DRAIN, complete_actions(ctx, claim=None))  # NTH's launch PostDrain
+    await report_step(ctx, complete_actions(ctx, claim=None), post_drain=True)  # NTH's launch PostDrain
     return Outcome.DONE
 
 

@@ -45,12 +45,9 @@ __all__ = [
     "EXCLUDE_FROM_LB_LABEL",
     "INSTANCE_ENDED",
     "OUT_OF_SERVICE_TAINT",
-    "STEP_EVENTS",
     "OperationContext",
     "Outcome",
     "Parts",
-    "Step",
-    "StepEvents",
 ]
 
 T = TypeVar("T")
@@ -76,44 +73,6 @@ class Outcome(StrEnum):
     """Acknowledge: drained, or nothing to do."""
     RETRY = "retry"
     """EarlyExit: make the messages visible again after a backoff."""
-
-
-class Step(StrEnum):
-    """The steps :func:`report_step` reports (keys of :data:`STEP_EVENTS`)."""
-
-    CORDON = "cordon"
-    """PreDrain and cordon (NTH's CordonError with CORDON_ONLY, else CordonAndDrainError, on failure)."""
-    POST_DRAIN = "post-drain"
-    """The lifecycle actions completed after a drain, or after a launching node turned Ready."""
-
-
-@dataclass(frozen=True)
-class StepEvents:
-    """How a step is reported: ``action``, NTH's action counted (``actions_total``; ``None``: none); ``success``,
-    the (reason, message) of its Event; ``failure(settings)``, those of its warning Event."""
-
-    action: NodeAction | None
-    success: tuple[str, str] | None
-    failure: Callable[[Settings], tuple[str, str]]
-
-
-#: The steps' Events, as NTH records them (aws-node-termination-handler's pkg/observability/k8s-events.go).
-STEP_EVENTS: dict[Step, StepEvents] = {
-    Step.CORDON: StepEvents(
-        action=None,
-        success=None,
-        failure=lambda s: (
-            (f"{CORDON[0]}Error", CORDON_ERROR)
-            if s.cordon_only
-            else (f"{CORDON_AND_DRAIN[0]}Error", CORDON_AND_DRAIN_ERROR)
-        ),
-    ),
-    Step.POST_DRAIN: StepEvents(
-        action=NodeAction.POST_DRAIN,
-        success=POST_DRAIN,
-        failure=lambda _: ("PostDrainError", POST_DRAIN_ERROR),
-    ),
-}
 
 
 @dataclass
@@ -195,24 +154,31 @@ class OperationContext:
 # ------------------------------------------------------------------------------------------------ the wrapper
 
 
-async def report_step(ctx: OperationContext, step: Step, work: Awaitable[T], *, guarded: bool = False) -> T:
-    """Run ``work`` (guarded by the Lease when ``guarded``) and report it, as NTH, from :data:`STEP_EVENTS`, on
-    failure too. Raises what ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
-    events, observer = STEP_EVENTS[step], ctx.parts.observer
+async def report_step(
+    ctx: OperationContext, work: Awaitable[T], *, post_drain: bool, guarded: bool = False
+) -> T:
+    """Run ``work`` (guarded by the Lease when ``guarded``) and report it as NTH does (its
+    pkg/observability/k8s-events.go): the cordon's failure as CordonError (CORDON_ONLY) or CordonAndDrainError;
+    PostDrain (``post_drain``) counted in ``actions_total`` and recorded as PostDrain or PostDrainError. Raises what
+    ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
+    observer = ctx.parts.observer
     try:
         result = await (guard(ctx, work) if guarded else work)
     except (asyncio.CancelledError, ClaimLost):
         raise
     except Exception as exc:
-        if events.action is not None:
-            observer.node_action(events.action, False)
-        reason, text = events.failure(ctx.parts.settings)
+        if post_drain:
+            observer.node_action(NodeAction.POST_DRAIN, False)
+            reason, text = "PostDrainError", POST_DRAIN_ERROR
+        elif ctx.parts.settings.cordon_only:
+            reason, text = f"{CORDON[0]}Error", CORDON_ERROR
+        else:
+            reason, text = f"{CORDON_AND_DRAIN[0]}Error", CORDON_AND_DRAIN_ERROR
         await record_event(ctx, reason, f"{text}: {exc}", warning=True)
         raise
-    if events.action is not None:
-        observer.node_action(events.action, True)
-    if events.success is not None:
-        await record_event(ctx, *events.success)
+    if post_drain:
+        observer.node_action(NodeAction.POST_DRAIN, True)
+        await record_event(ctx, *POST_DRAIN)
     return result
 
 
