@@ -63,9 +63,11 @@ from queue_processor.steps import (
     guard,
     instance_gone,
     left_to_bootstrap,
+    nothing_to_drain,
     record_event,
     record_start,
     report_step,
+    requeue,
     resolve,
     started_again,
     taint_joined,
@@ -232,9 +234,8 @@ class Handler:
         if parts.leases is not None:
             claim, waited = await self._claim_lease(ctx, parts.leases)
             if claim is None:
-                ctx.log.info("another replica holds the node's Lease: requeued", node=ctx.node)
-                parts.observer.operation_outcome(OperationOutcome.LEASE_HELD)
-                return Outcome.RETRY
+                message = "another replica holds the node's Lease: requeued"
+                return requeue(ctx, message, OperationOutcome.LEASE_HELD, node=ctx.node)
             await self._hold(ctx, claim, parts.leases)
             if waited and await started_again(ctx, fresh=True):
                 return Outcome.DONE  # the other replica drained it for a stop the instance is back from
@@ -509,28 +510,18 @@ async def _no_node(ctx: OperationContext) -> Outcome:
     """No Node for the instance: DONE, actions completed, when the instance is gone, with
     DELETE_SQS_MSG_IF_NODE_NOT_FOUND, or LAUNCH_READY_TIMEOUT_SEC after its ``LaunchTime`` (DESIGN.md rule 9);
     else RETRY, a node may still register."""
-    log, settings, observer = ctx.log, ctx.parts.settings, ctx.parts.observer
+    settings = ctx.parts.settings
     if await instance_gone(ctx):
-        log.info("instance terminated and its node gone: nothing to drain")
-        observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
-        await complete_actions(ctx, claim=None)
-        return Outcome.DONE
+        message = "instance terminated and its node gone: nothing to drain"
+        return await nothing_to_drain(ctx, OperationOutcome.INSTANCE_GONE, message)
     if settings.delete_sqs_msg_if_node_not_found:
-        log.info("no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)")
-        observer.operation_outcome(OperationOutcome.NODE_NOT_FOUND)
-        await complete_actions(ctx, claim=None)
-        return Outcome.DONE
+        message = "no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)"
+        return await nothing_to_drain(ctx, OperationOutcome.NODE_NOT_FOUND, message)
     timeout_s = settings.launch_ready_timeout_sec
     launched = ctx.info.launch_time if ctx.info is not None else None
     running_s = None if launched is None else (datetime.now(UTC) - launched).total_seconds()
+    times = {"running_s": running_s, "launch_ready_timeout_s": timeout_s}
     if running_s is not None and running_s >= timeout_s:
-        log.info(
-            "no node registered for the instance: nothing to drain, its lifecycle actions completed",
-            running_s=running_s,
-            launch_ready_timeout_s=timeout_s,
-        )
-        observer.operation_outcome(OperationOutcome.NO_NODE)
-        await complete_actions(ctx, claim=None)
-        return Outcome.DONE
-    log.info("no node for the instance yet: requeued", running_s=running_s, launch_ready_timeout_s=timeout_s)
-    return Outcome.RETRY
+        message = "no node registered for the instance: nothing to drain, its lifecycle actions completed"
+        return await nothing_to_drain(ctx, OperationOutcome.NO_NODE, message, **times)
+    return requeue(ctx, "no node for the instance yet: requeued", None, **times)

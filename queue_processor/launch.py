@@ -26,6 +26,7 @@ from queue_processor.steps import (
     complete_actions,
     completion_delay,
     left_to_bootstrap,
+    not_ours,
     record_event,
     report_step,
     resolve,
@@ -191,14 +192,10 @@ async def _drains_over(ctx: OperationContext, draining: Draining, deadline: floa
 
 async def _launch_over(ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
     """The launching instance ended, and its actions with it: heartbeats stop, messages acknowledged."""
-    ctx.log.info("launching instance terminated: its launch actions are over", state=info and info.state)
-    operation = ctx.operation
-    for action in operation.unsettled():
-        await ctx.parts.heartbeats.stop(action)
-    for action in operation.unsettled():
-        operation.settled[action.action_key] = "instance-gone"
-    ctx.parts.observer.operation_outcome(OperationOutcome.INSTANCE_GONE)
-    return Outcome.DONE
+    message = "launching instance terminated: its launch actions are over"
+    return await not_ours(
+        ctx, OperationOutcome.INSTANCE_GONE, message, "instance-gone", state=info and info.state
+    )
 
 
 async def _not_ready(ctx: OperationContext, registered: bool) -> Outcome:

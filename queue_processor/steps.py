@@ -209,27 +209,22 @@ def left_to_bootstrap(settings: Settings, action: AsgLaunchLifecycleEvent) -> bo
 async def resolve(ctx: OperationContext) -> InstanceInfo | Outcome:
     """The instance as EC2 describes it (also ``ctx.info``), or the outcome when there is nothing to do: unknown
     to EC2, not managed, or started again (:func:`started_again`)."""
-    operation, log, parts = ctx.operation, ctx.log, ctx.parts
+    operation, parts = ctx.operation, ctx.parts
     # A launch is a start: it changed the LaunchTime a cached answer has, which the next cordon records.
     info = await parts.resolver.get(operation.instance_id, fresh=operation.mode is Mode.LAUNCH)
-    if info is None:
-        parts.observer.operation_outcome(OperationOutcome.UNKNOWN_INSTANCE)
-        if operation.mode is Mode.DRAIN:
-            log.info("instance unknown to EC2: nothing to drain, its lifecycle actions completed")
-            await complete_actions(ctx, claim=None)
-        else:  # never CONTINUE a launch for an instance EC2 cannot show: left to the hook's default
-            log.info("instance unknown to EC2: its launch actions are left to their hook's timeout")
-            await stop_heartbeats(ctx, "unknown-instance")
-        return Outcome.DONE
+    if info is None and operation.mode is Mode.DRAIN:
+        message = "instance unknown to EC2: nothing to drain, its lifecycle actions completed"
+        return await nothing_to_drain(ctx, OperationOutcome.UNKNOWN_INSTANCE, message)
+    if info is None:  # never CONTINUE a launch for an instance EC2 cannot show: left to the hook's default
+        message = "instance unknown to EC2: its launch actions are left to their hook's timeout"
+        return await not_ours(ctx, OperationOutcome.UNKNOWN_INSTANCE, message, "unknown-instance")
     settings = parts.settings
     tag = settings.managed_tag
     if not is_managed(
         info, check=settings.check_tag_before_draining, tag=tag, value=settings.managed_tag_value
     ):
-        log.info("instance not managed: ignored", managed_tag=tag)
-        parts.observer.operation_outcome(OperationOutcome.UNMANAGED)
-        await stop_heartbeats(ctx, "unmanaged")
-        return Outcome.DONE
+        message = "instance not managed: ignored"
+        return await not_ours(ctx, OperationOutcome.UNMANAGED, message, "unmanaged", managed_tag=tag)
     ctx.info = info
     if await started_again(ctx):
         return Outcome.DONE
@@ -392,13 +387,41 @@ async def complete_actions(ctx: OperationContext, *, claim: Claim | None) -> Non
             ctx.log.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
 
 
-async def stop_heartbeats(ctx: OperationContext, how: str) -> None:
-    """The operation's actions are not ours: stop their heartbeats and settle the open ones as ``how``."""
+async def nothing_to_drain(
+    ctx: OperationContext, outcome: OperationOutcome, message: str, **fields: Any
+) -> Outcome:
+    """DONE, nothing left to drain (counted as ``outcome``, logged as ``message`` with ``fields``): the operation's
+    lifecycle actions are completed with CONTINUE."""
+    ctx.log.info(message, **fields)
+    ctx.parts.observer.operation_outcome(outcome)
+    await complete_actions(ctx, claim=None)
+    return Outcome.DONE
+
+
+async def not_ours(
+    ctx: OperationContext, outcome: OperationOutcome, message: str, how: str, **fields: Any
+) -> Outcome:
+    """DONE, the operation is not ours to finish (counted as ``outcome``, logged as ``message`` with ``fields``): its
+    actions' heartbeats stop and the open ones are settled as ``how``, left to their hook."""
+    ctx.log.info(message, **fields)
+    ctx.parts.observer.operation_outcome(outcome)
     operation = ctx.operation
     for action in operation.lifecycle_actions:
         await ctx.parts.heartbeats.stop(action)
     for action in operation.unsettled():
         operation.settled[action.action_key] = how
+    return Outcome.DONE
+
+
+def requeue(
+    ctx: OperationContext, message: str, outcome: OperationOutcome | None = None, **fields: Any
+) -> Outcome:
+    """RETRY, the operation cannot finish now (counted as ``outcome`` when given, logged as ``message`` with
+    ``fields``): EarlyExit, its messages visible again after a backoff."""
+    ctx.log.info(message, **fields)
+    if outcome is not None:
+        ctx.parts.observer.operation_outcome(outcome)
+    return Outcome.RETRY
 
 
 async def record_event(ctx: OperationContext, reason: str, message: str, *, warning: bool = False) -> None:
