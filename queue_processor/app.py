@@ -22,7 +22,7 @@ from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.evictions import evictions_in_flight
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.handler import Handler
-from queue_processor.kube import AFTER_CORDONS, KubeClient, load_api_client, rank_urgent
+from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import (
@@ -36,6 +36,7 @@ from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import StartupError
+from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.returns import Returns
 from queue_processor.server import ProbeServer
 from queue_processor.watch.departures import Departures

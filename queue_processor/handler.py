@@ -28,7 +28,6 @@ from queue_processor.kinds import (
     Event,
     StateChangeEvent,
 )
-from queue_processor.kube import AFTER_CORDONS, rank_urgent
 from queue_processor.launch import Draining, run_launch
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats
@@ -50,6 +49,7 @@ from queue_processor.outcomes import (
     NodeAction,
     OperationOutcome,
 )
+from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.rules import events_in, missing, pre_drains
 from queue_processor.steps import (
     INSTANCE_ENDED,

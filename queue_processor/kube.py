@@ -1,7 +1,7 @@
 """The Kubernetes client: the ``kubernetes`` client's HTTP machinery behind bounded thread pools and a QPS/burst
-limit (:mod:`~queue_processor.ratelimit`), speaking JSON dicts (models cost too much per pod list). Connection errors,
-429s and 5xx are retried with jittered backoff (Retry-After honoured); evictions are not (their 429 and 500 mean a
-PodDisruptionBudget: the drain decides). Watches: :mod:`~queue_processor.watch.stream`. Documents: API reference
+limit, speaking JSON dicts (models cost too much per pod list). Connection errors, 429s and 5xx are retried with
+jittered backoff (Retry-After honoured); evictions are not (their 429 and 500 mean a PodDisruptionBudget: the drain
+decides). Rate limit, retry wait, watch thread: :mod:`~queue_processor.rest`. Documents: API reference
 (core/v1 Node, Pod, Event; policy/v1 Eviction; coordination.k8s.io/v1 Lease), "API-initiated Eviction".
 """
 
@@ -24,31 +24,22 @@ from queue_processor import __version__
 from queue_processor.config import default
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import KubeError, NotSentError, StartupError
-from queue_processor.ratelimit import (
-    AFTER_CORDONS,
+from queue_processor.rest import (
     REPLICA_RANK,
     URGENT_RANK,
+    Keep,
+    Obj,
     RateLimiter,
-    rank_urgent,
+    WatchStream,
+    describe,
+    error_of,
+    read_watch,
     retry_wait,
     retryable,
+    seconds_of,
 )
-from queue_processor.watch.stream import Keep, Obj, WatchStream, describe, error_of, read_watch, seconds_of
 
-__all__ = [
-    "AFTER_CORDONS",
-    "METADATA_ONLY",
-    "REPLICA_RANK",
-    "REPLICA_THREADS",
-    "URGENT_RANK",
-    "Keep",
-    "KubeClient",
-    "KubeError",
-    "NotSentError",
-    "RateLimiter",
-    "load_api_client",
-    "rank_urgent",
-]
+__all__ = ["KubeClient", "load_api_client"]
 
 #: Accept header of metadata-only reads and watches ("Receiving resources as Tables or metadata only", API concepts).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"

@@ -22,7 +22,7 @@ import structlog
 
 from queue_processor import tasks
 from queue_processor.config import default
-from queue_processor.kube import AFTER_CORDONS, REPLICA_RANK, KubeClient, NotSentError, rank_urgent
+from queue_processor.kube import KubeClient
 from queue_processor.lease_objects import (
     HELD_BY_REPLICA_S,
     HOLDER_LABEL,
@@ -36,7 +36,8 @@ from queue_processor.lease_objects import (
     replica_lease_name,
 )
 from queue_processor.lease_watch import REPLICA_ANNOTATION, LeaseWatch
-from queue_processor.outcomes import ClaimLost, KubeError
+from queue_processor.outcomes import ClaimLost, KubeError, NotSentError
+from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, rank_urgent
 
 __all__ = [
     "HELD_BY_REPLICA_S",

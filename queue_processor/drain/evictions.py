@@ -28,9 +28,9 @@ from queue_processor.drain.budgets import budget_of
 from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, granted_grace
 from queue_processor.drain.summary import Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
-from queue_processor.kube import KubeClient, NotSentError
+from queue_processor.kube import KubeClient
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.outcomes import EvictionOutcome, KubeError, SurgeResult
+from queue_processor.outcomes import EvictionOutcome, KubeError, NotSentError, SurgeResult
 
 __all__ = [
     "EVICTION_RETRY_S",

@@ -12,7 +12,8 @@ from typing import Any
 import structlog
 
 from queue_processor import tasks
-from queue_processor.kube import REPLICA_RANK, KubeError, rank_urgent
+from queue_processor.outcomes import KubeError
+from queue_processor.rest import REPLICA_RANK, rank_urgent
 
 __all__ = ["REFUSED", "RETRY_MAX_S", "RETRY_S", "WATCH_TIMEOUT_S", "Watched"]
 

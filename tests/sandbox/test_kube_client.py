@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from queue_processor.kube import URGENT_THREADS, KubeClient, load_api_client, rank_urgent
+from queue_processor.kube import URGENT_THREADS, KubeClient, load_api_client
 from queue_processor.outcomes import KubeError
+from queue_processor.rest import rank_urgent
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.kube import KubeSandbox
 

@@ -18,7 +18,8 @@ import pytest
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.record import CordonRecord
-from queue_processor.kube import KubeClient, KubeError
+from queue_processor.kube import KubeClient
+from queue_processor.outcomes import KubeError
 from queue_processor.watch.node_cache import NodeCache, slim, slim_event
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster

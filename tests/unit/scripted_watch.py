@@ -7,7 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from queue_processor.kube import Keep, KubeError
+from queue_processor.outcomes import KubeError
+from queue_processor.rest import Keep
 
 Deliver = Callable[[list[dict[str, Any]]], None]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from queue_processor.kube import KubeError
+from queue_processor.outcomes import KubeError
 from queue_processor.watch import departures as departures_module
 from queue_processor.watch import watched
 from queue_processor.watch.departures import Departures, deletion

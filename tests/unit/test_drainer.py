@@ -16,9 +16,8 @@ from queue_processor.drain.evictions import Running, settled
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.plan import DrainOrder, DrainPod
 from queue_processor.drain.summary import Eviction
-from queue_processor.kube import NotSentError
 from queue_processor.observe.metrics import Metrics
-from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
+from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, NotSentError
 from tests.unit.test_handler import NODE, FakeKube
 
 

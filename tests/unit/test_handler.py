@@ -37,13 +37,13 @@ from queue_processor.kinds import (
     SpotInterruptionEvent,
     StateChangeEvent,
 )
-from queue_processor.kube import URGENT_RANK, NotSentError, rank_urgent
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
-from queue_processor.outcomes import KubeError
+from queue_processor.outcomes import KubeError, NotSentError
+from queue_processor.rest import URGENT_RANK, rank_urgent
 from queue_processor.rules import RULES
 from queue_processor.steps import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Outcome
 from queue_processor_gotemplate import Struct, parse

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from queue_processor.kube import URGENT_RANK, RateLimiter
+from queue_processor.rest import URGENT_RANK, RateLimiter
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         now[1] += 1
         await real_sleep(0)
 
-    monkeypatch.setattr("queue_processor.kube.asyncio.sleep", sleep)
+    monkeypatch.setattr("queue_processor.rest.asyncio.sleep", sleep)
     return now
 
 

@@ -31,8 +31,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.observe.templates",
         "queue_processor.observe.observer",
         "queue_processor.kinds.base",
-        "queue_processor.ratelimit",
-        "queue_processor.watch.stream",
+        "queue_processor.rest",
     },
     {
         "queue_processor.config",

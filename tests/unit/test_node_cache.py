@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from queue_processor.drain.record import RECORD_ANNOTATION
-from queue_processor.kube import KubeError
+from queue_processor.outcomes import KubeError
 from queue_processor.watch import node_cache, watched
 from queue_processor.watch.node_cache import NodeCache, slim, slim_event
 from tests.unit.scripted_watch import ScriptedWatch

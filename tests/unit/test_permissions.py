@@ -14,7 +14,7 @@ import botocore.session
 from botocore import xform_name
 
 from queue_processor import kube, permissions
-from queue_processor.watch.stream import describe
+from queue_processor.rest import describe
 
 PACKAGE = Path(permissions.__file__).parent
 

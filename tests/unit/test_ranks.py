@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from queue_processor import app
-from queue_processor.kube import URGENT_RANK
+from queue_processor.rest import URGENT_RANK
 from queue_processor.returns import Returns
 
 

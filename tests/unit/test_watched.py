@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from queue_processor.kube import REPLICA_RANK, URGENT_RANK, rank_urgent
+from queue_processor.rest import REPLICA_RANK, URGENT_RANK, rank_urgent
 from queue_processor.watch.watched import Watched
 
 
