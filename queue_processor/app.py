@@ -39,8 +39,7 @@ from queue_processor.outcomes import StartupError
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.returns import Returns
 from queue_processor.server import ProbeServer
-from queue_processor.watch.departures import Departures
-from queue_processor.watch.node_cache import NodeCache
+from queue_processor.watch import Departures, NodeCache
 
 __all__ = ["Controller", "run_controller"]
 

@@ -73,7 +73,7 @@ from queue_processor.steps import (
     taint_joined,
 )
 from queue_processor.turns import Turns, drain_turn
-from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
+from queue_processor.watch import FIRST_COPY_WAIT_S
 
 __all__ = ["Handler"]
 

@@ -31,7 +31,7 @@ from queue_processor.steps import (
     report_step,
     resolve,
 )
-from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S
+from queue_processor.watch import FIRST_COPY_WAIT_S
 
 __all__ = ["Draining", "run_launch"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from queue_processor.kube import KubeClient
 from queue_processor.rules import HANDOVER_PREFIX
-from queue_processor.watch.watched import WATCH_TIMEOUT_S, Watched
+from queue_processor.watch import Watched
 
 __all__ = ["REPLICA_ANNOTATION", "UNWATCHED_POLL_S", "LeaseWatch"]
 
@@ -36,10 +36,8 @@ class LeaseWatch(Watched):
         "handed over reach a holder only through its own receive (grant leases list and watch)"
     )
 
-    def __init__(
-        self, kube: KubeClient, namespace: str, selector: str, *, timeout_s: float = WATCH_TIMEOUT_S
-    ) -> None:
-        super().__init__(timeout_s=timeout_s)
+    def __init__(self, kube: KubeClient, namespace: str, selector: str) -> None:
+        super().__init__()
         self.kube = kube
         self.namespace = namespace
         self.selector = selector

@@ -22,7 +22,7 @@ from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import NodeAction
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
-from queue_processor.watch.node_cache import NodeCache
+from queue_processor.watch import NodeCache
 
 __all__ = ["Returns", "came_back"]
 

@@ -50,8 +50,7 @@ from queue_processor.kube import KubeClient
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, EvictionOutcome, KubeError
-from queue_processor.watch.departures import Departures, Ticket, Waiting
-from queue_processor.watch.node_cache import NodeCache
+from queue_processor.watch import Departures, NodeCache, Ticket, Waiting
 
 __all__ = ["LOOKED_AGAIN", "WAVE_TIME_UP", "DrainBounds", "DrainResult", "DrainTiming", "Drainer"]
 

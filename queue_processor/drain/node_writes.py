@@ -11,7 +11,7 @@ from typing import Any
 from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
-from queue_processor.watch.node_cache import FIRST_COPY_WAIT_S, NodeCache
+from queue_processor.watch import FIRST_COPY_WAIT_S, NodeCache
 
 #: Attempts of a node write, each on a fresh read after a 409 Conflict.
 TAINT_WRITE_ATTEMPTS = 8

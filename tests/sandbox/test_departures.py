@@ -15,7 +15,7 @@ import pytest
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.kube import KubeClient
-from queue_processor.watch.departures import Departures
+from queue_processor.watch import Departures
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox

@@ -20,7 +20,7 @@ from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.record import CordonRecord
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
-from queue_processor.watch.node_cache import NodeCache, slim, slim_event
+from queue_processor.watch import NodeCache, slim, slim_event
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox

@@ -17,7 +17,7 @@ from queue_processor.drain.record import RECORD_LABEL, CordonRecord
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.returns import Returns
-from queue_processor.watch.node_cache import NodeCache
+from queue_processor.watch import NodeCache
 from queue_processor_sandbox.cluster import KubeCluster
 from tests.sandbox.conftest import Requests
 from tests.sandbox.test_node_cache import until

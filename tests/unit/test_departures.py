@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from queue_processor import watch as departures_module
+from queue_processor import watch as watched
 from queue_processor.outcomes import KubeError
-from queue_processor.watch import departures as departures_module
-from queue_processor.watch import watched
-from queue_processor.watch.departures import Departures, deletion
+from queue_processor.watch import Departures, deletion
 from tests.unit.scripted_watch import ScriptedWatch
 
 

@@ -1628,7 +1628,7 @@ async def test_a_launch_waits_for_its_node_on_the_watched_copy_without_a_request
     """Issue 47.9: each poll for a launching instance's node was a GET and a LIST, urgent: some 300 launches at
     once (Capacity Rebalancing during a fleet-wide rebalance) filled KUBE_API_QPS and left evictions no token
     until those nodes were Ready. The watched copy of the nodes has the Ready condition: no request at all."""
-    from queue_processor.watch.node_cache import NodeCache, slim
+    from queue_processor.watch import NodeCache, slim
 
     world = World(settings(launch_ready_timeout_sec=900))
     del world.kube.nodes[NODE]  # not registered yet
@@ -1662,7 +1662,7 @@ async def test_a_launch_whose_window_is_over_reads_its_node_once_before_giving_u
     """Explorer seed 2151: a replica paused past a launch's window woke to its watched copy of the nodes, which
     had not caught up with the node registered and Ready meanwhile, and completed the action with the hook's
     DefaultResult (ABANDON: the Ready instance was terminated). The window's end reads the node itself."""
-    from queue_processor.watch.node_cache import NodeCache
+    from queue_processor.watch import NodeCache
 
     world = World(settings(launch_ready_timeout_sec=60))
     world.kube.nodes[NODE]["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}

@@ -365,7 +365,7 @@ async def test_a_labelled_group_is_sized_from_the_watched_nodes_not_a_list_per_d
     """Issue 47.6: with DRAIN_BUDGET_GROUP_LABEL and a percentage, every drain that leaves time read its node and
     LISTed its whole group (a fleet-wide rebalance: O(N²) transfer, each list parsed on the event loop). The
     group and its size now come from the watched copy of the nodes: no node request at all."""
-    from queue_processor.watch.node_cache import NodeCache, slim
+    from queue_processor.watch import NodeCache, slim
 
     world = World(settings(drain_budget_non_urgent="50%", drain_budget_group_label="pool"))
     world.handler.parts.resolver = Instances()  # type: ignore[assignment]

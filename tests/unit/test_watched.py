@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from queue_processor.rest import REPLICA_RANK, URGENT_RANK, rank_urgent
-from queue_processor.watch.watched import Watched
+from queue_processor.watch import Watched
 
 
 class Scripted(Watched):

@@ -1,0 +1,465 @@
+"""The API server's collections watched into local copies, each by one watch for the process's life (a
+:class:`Watched`, as client-go's reflector: read, then watched from the last event's resourceVersion; a 410 Gone or an
+event that fails to apply reads again; a refusal, :data:`REFUSED`, is logged once). :class:`NodeCache`: the nodes as
+slim copies (a cordon's first write uses the copy's resourceVersion instead of a GET; a stale copy answers 409 and the
+retry reads; the ``nth_tagged_nodes`` gauge and the return check read it too; only a live copy is handed out).
+:class:`Departures`: the pod deletions a drain waits for, through one metadata-only watch of every pod: a drain takes
+a :class:`Ticket` *before* it lists its pods; while the stream has not broken since (same :attr:`Departures.epoch`)
+and fewer than :data:`MEMORY` deletions passed, every listed pod that went is remembered or will come as an event;
+otherwise the drain lists. API concepts: "Efficient detection of changes", "Retrieving large results sets in
+chunks", "Resource versions", "Receiving resources as Tables or metadata only".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from queue_processor import tasks
+from queue_processor.drain.record import RECORD_ANNOTATION
+from queue_processor.kube import KubeClient
+from queue_processor.outcomes import KubeError
+from queue_processor.rest import REPLICA_RANK, rank_urgent
+
+log = structlog.get_logger(__name__)
+
+#: One connection's ``timeoutSeconds`` (seconds), jittered up to a fifth down so replicas do not reconnect together.
+WATCH_TIMEOUT_S = 300.0
+
+#: After a failed connection: the first wait before the next (seconds), doubled up to :data:`RETRY_MAX_S`.
+RETRY_S = 0.5
+RETRY_MAX_S = 30.0
+
+#: Answers meaning no watch (no RBAC right, or no watches): logged once, retried (the right may come later).
+REFUSED = frozenset({401, 403, 404, 405})
+
+
+class Watched:
+    """The loop of one watch: a subclass gives :meth:`_begin`, :meth:`_watch` and :meth:`_apply`. ``name`` names the
+    task, ``refusal`` is the warning of a refusal. Raises nothing: failures are retried with backoff."""
+
+    name = "watch"
+    refusal = "cannot watch"
+
+    def __init__(self) -> None:
+        self.live = False
+        """Whether the watch's stream runs now (or resumes from where it stopped)."""
+        self.refused: KubeError | None = None
+        """The API server's refusal of the read or the watch, if it refused."""
+        self.answered = asyncio.Event()
+        """Set once the watch is open or refused (its first answer)."""
+        self._rv = ""  # where the watch resumes: the first read's resourceVersion, then each event's
+        self._task: asyncio.Task[None] | None = None
+        self._started_at = 0.0  # the event loop's time at start()
+
+    def start(self) -> None:
+        """Start the watch (the controller does at start-up); idempotent."""
+        if self._task is None:
+            self._started_at = asyncio.get_running_loop().time()
+            self._task = tasks.spawn(self._run(), name=self.name)
+
+    async def first_answer(self, within_s: float) -> bool:
+        """Wait for the first answer (open or refused), not past ``within_s`` seconds after :meth:`start`: ``True`` when
+        it answered (``False`` at once when not started). Raises only ``CancelledError``."""
+        if self.answered.is_set():
+            return True
+        if self._task is None:
+            return False
+        left = self._started_at + within_s - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        try:
+            # Not wait_for: it may swallow a cancellation that comes in the same turn as the answer.
+            async with asyncio.timeout(left):
+                await self.answered.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop the watch (its connection is shut)."""
+        await tasks.stop(self._task)
+        self._task = None
+        self.live = False
+
+    async def _begin(self) -> str:
+        """Read the collection's state; returns the resourceVersion to watch from. Raises :class:`KubeError`."""
+        raise NotImplementedError
+
+    async def _watch(self, rv: str, timeout_s: float) -> str:
+        """One connection from ``rv`` into :meth:`_receive`; the last resourceVersion seen. Raises KubeError."""
+        raise NotImplementedError
+
+    def _apply(self, events: list[dict[str, Any]]) -> None:
+        """The ``{"type", "object"}`` events of one chunk (called in the event loop)."""
+        raise NotImplementedError
+
+    def _set_live(self, live: bool) -> None:
+        """The stream runs (``True``: the watch answered) or is broken."""
+        if live:
+            self.answered.set()
+        self.live = live
+
+    def _opened(self) -> None:
+        self._set_live(True)
+
+    def _receive(self, events: list[dict[str, Any]]) -> None:
+        try:
+            self._apply(events)
+        except Exception:
+            # Part of the chunk may be applied: read everything again (the client ends the connection).
+            log.exception("watch event not applied; reading again", watch=self.name)
+            self._rv = ""
+            self._set_live(False)
+            raise
+        for event in events:
+            rv = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+            if rv:
+                self._rv = str(rv)
+
+    async def _run(self) -> None:
+        rank_urgent(REPLICA_RANK)
+        delay = RETRY_S
+        while True:
+            try:
+                if not self._rv:
+                    self._rv = await self._begin()
+                timeout_s = WATCH_TIMEOUT_S * random.uniform(0.8, 1.0)
+                self._rv = await self._watch(self._rv, timeout_s) or self._rv
+                delay = RETRY_S
+                continue
+            except KubeError as exc:
+                self._set_live(False)
+                if exc.status == 410:  # too old: read again and watch from there
+                    self._rv = ""
+                    continue
+                if exc.reason == "WatchReceiverError" and self._rv:
+                    # The watch thread could not keep an event: read again, as for one not applied.
+                    log.warning("watch event not kept; reading again", watch=self.name, error=exc.message)
+                    self._rv = ""
+                if exc.status in REFUSED and self.refused is None:
+                    self.refused = exc
+                    self.answered.set()
+                    log.warning(self.refusal, status=exc.status, error=exc.message)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
+#: Nodes per page of the start-up list.
+PAGE = 500
+
+#: How long after the copy's start a claim or cordon waits for its first answer (seconds) before it reads its
+#: node with a GET: at start-up those urgent GETs would hold the copy's own pages back (docs/benchmarks.md).
+FIRST_COPY_WAIT_S = 5.0
+
+#: The well-known label the kubelet sets to the node's hostname.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def slim(node: dict[str, Any]) -> dict[str, Any]:
+    """The part of a Node we read (pure): name, resourceVersion, labels, our record annotation; ``spec``'s
+    ``unschedulable``, ``taints``, ``providerID``; the ``Ready`` condition's status. Idempotent."""
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    annotations = metadata.get("annotations") or {}
+    kept: dict[str, Any] = {
+        "name": metadata.get("name"),
+        "resourceVersion": metadata.get("resourceVersion"),
+        "labels": dict(metadata.get("labels") or {}),
+    }
+    if RECORD_ANNOTATION in annotations:
+        kept["annotations"] = {RECORD_ANNOTATION: annotations[RECORD_ANNOTATION]}
+    kept_spec: dict[str, Any] = {}
+    if spec.get("providerID"):
+        kept_spec["providerID"] = spec["providerID"]
+    if spec.get("unschedulable"):
+        kept_spec["unschedulable"] = True
+    if spec.get("taints"):
+        kept_spec["taints"] = [dict(taint) for taint in spec["taints"]]
+    slimmed: dict[str, Any] = {"metadata": kept, "spec": kept_spec}
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = [{"type": "Ready", "status": c.get("status")} for c in conditions if c.get("type") == "Ready"]
+    if ready:
+        slimmed["status"] = {"conditions": ready}
+    return slimmed
+
+
+def instance_of(provider_id: str) -> str:
+    """The EC2 instance ID at the end of a node's ``spec.providerID`` (``aws:///<zone>/<instance ID>``)."""
+    return str(provider_id).rsplit("/", 1)[-1]
+
+
+def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
+    """What the watch thread keeps of a node event (:data:`~queue_processor.rest.Keep`): added or modified as
+    :func:`slim`, deleted as name and resourceVersion, else nothing. Raises what :func:`slim` raises."""
+    kind = event.get("type")
+    node = event.get("object")
+    if not isinstance(node, dict):
+        return None
+    if kind == "DELETED":
+        metadata = node.get("metadata") or {}
+        kept = {"name": metadata.get("name"), "resourceVersion": metadata.get("resourceVersion")}
+        return {"type": kind, "object": {"metadata": kept}}
+    if kind in ("ADDED", "MODIFIED"):
+        return {"type": kind, "object": slim(node)}
+    return None
+
+
+class NodeCache(Watched):
+    """The watched nodes, started by :meth:`start`, ended by :meth:`close`. Raises nothing: a failed list or
+    watch is retried with backoff, and meanwhile the lookups answer ``None``."""
+
+    name = "node-cache"
+    refusal = "cannot list and watch nodes: cordons read each node first (grant nodes watch)"
+
+    def __init__(self, kube: KubeClient) -> None:
+        super().__init__()
+        self.kube = kube
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._hostnames: dict[str, set[str]] = {}  # kubernetes.io/hostname label → names of the nodes with it
+        self._counted: dict[tuple[str, str], tuple[float, int]] = {}  # (label, value) → (when, nodes)
+        self._instances: dict[str, str] = {}  # instance ID (the end of spec.providerID) → node name
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The slim copy of node ``name``, or ``None`` when not live or unknown. Write with its resourceVersion."""
+        if not self.live:
+            return None
+        return self._nodes.get(name)
+
+    def all(self) -> list[dict[str, Any]] | None:
+        """Every node's slim copy, or ``None`` while the copy is not current."""
+        return list(self._nodes.values()) if self.live else None
+
+    def labelled(self, label: str, value: str, *, ttl_s: float = 60.0) -> int | None:
+        """How many nodes carry ``label=value``, counted at most every ``ttl_s`` seconds; ``None`` while not live."""
+        if not self.live:
+            return None
+        now = time.monotonic()
+        counted = self._counted.get((label, value))
+        if counted is None or now - counted[0] >= ttl_s:
+            size = sum(1 for node in self._nodes.values() if node["metadata"]["labels"].get(label) == value)
+            counted = self._counted[(label, value)] = (now, size)
+        return counted[1]
+
+    def find(self, dns_name: str, provider_id: str = "") -> dict[str, Any] | None:
+        """An instance's node as :class:`~queue_processor.nodes.NodeFinder` finds it (by ``provider_id``'s instance ID,
+        else by name or hostname label: ``dns_name`` or its first label); ``None`` if not live."""
+        if not self.live:
+            return None
+        if provider_id:
+            name = self._instances.get(instance_of(provider_id))
+            return self._nodes.get(name) if name is not None else None
+        found = self._nodes.get(dns_name)
+        if found is not None:
+            return found
+        for hostname in (dns_name, dns_name.split(".")[0]):
+            names = self._hostnames.get(hostname)
+            if names:
+                return self._nodes.get(min(names))
+        return None
+
+    def absent(self, dns_name: str) -> bool:
+        """Whether the live copy has no node for private DNS name ``dns_name`` (by name or hostname label, as
+        :meth:`find`); ``False`` while not live."""
+        return self.live and self.find(dns_name) is None
+
+    async def _begin(self) -> str:
+        """Every node, page by page, as slim copies; the list's resourceVersion."""
+        self._nodes, self._hostnames, self._instances = {}, {}, {}
+        rv = ""
+        async for items, version in self.kube.node_pages(PAGE):
+            rv = rv or version
+            for node in items:
+                self._put(slim(node))
+        return rv
+
+    def _put(self, kept: dict[str, Any]) -> None:
+        name = str(kept["metadata"]["name"])
+        self._drop(name)
+        self._nodes[name] = kept
+        hostname = kept["metadata"]["labels"].get(HOSTNAME_LABEL)
+        if hostname:
+            self._hostnames.setdefault(hostname, set()).add(name)
+        provider = kept["spec"].get("providerID")
+        if provider:
+            self._instances[instance_of(provider)] = name
+
+    def _drop(self, name: str) -> None:
+        old = self._nodes.pop(name, None)
+        provider = None if old is None else old["spec"].get("providerID")
+        if provider and self._instances.get(instance_of(provider)) == name:
+            del self._instances[instance_of(provider)]
+        hostname = None if old is None else old["metadata"]["labels"].get(HOSTNAME_LABEL)
+        names = self._hostnames.get(hostname) if hostname else None
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._hostnames[hostname]  # type: ignore[arg-type]  # not None: names came from it
+
+    async def _watch(self, rv: str, timeout_s: float) -> str:
+        return await self.kube.watch_nodes(
+            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=slim_event
+        )
+
+    def _apply(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            node = event.get("object") or {}
+            name = (node.get("metadata") or {}).get("name")
+            if name is None:
+                continue
+            if event.get("type") == "DELETED":
+                self._drop(name)
+            elif event.get("type") in ("ADDED", "MODIFIED"):
+                self._put(node)  # slimmed by the watch thread (slim_event)
+
+
+#: Deleted pods' uids remembered: a ticket older than this many deletions is not trusted (the drain lists again).
+MEMORY = 10_000
+
+Entry = tuple[tuple[str, str], Any]  # ((namespace, name), uid): a pod a drain waits for
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """The watch's :attr:`Departures.epoch` and deletions seen when a drain was about to list its pods."""
+
+    epoch: int
+    seen: int
+
+
+@dataclass(eq=False)
+class Waiting:
+    """One drain's pods (``pending``: (key, uid), emptied as they go), the ticket of its last list, and
+    ``changed``, set when a pod went or the watch stopped or started."""
+
+    pending: set[Entry]
+    ticket: Ticket | None
+    uids: tuple[Any, ...] = ()
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    current: bool = False
+    """Whether the deletions remembered at its ticket were applied: from then on each one reaches it directly."""
+
+
+def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
+    """What the watch thread keeps of a pod event (:data:`~queue_processor.rest.Keep`): a deletion as
+    ``{"type": "DELETED", "object": {"metadata": {"uid", "resourceVersion"}}}``, nothing of other events."""
+    if event.get("type") != "DELETED":
+        return None
+    obj = event.get("object")
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(metadata, dict) or metadata.get("uid") is None:
+        return None
+    kept = {"uid": metadata["uid"], "resourceVersion": metadata.get("resourceVersion")}
+    return {"type": "DELETED", "object": {"metadata": kept}}
+
+
+class Departures(Watched):
+    """The watch of pod deletions, started by :meth:`start` or the first :meth:`ticket`, ended by :meth:`close`. Raises
+    nothing: failures are retried, and the drains list meanwhile."""
+
+    name = "pod-departures"
+    refusal = "cannot watch pods: drains list their nodes' pods instead (grant pods watch)"
+
+    def __init__(self, kube: KubeClient, *, memory: int = MEMORY) -> None:
+        super().__init__()
+        self.kube = kube
+        self.memory = memory
+        self.epoch = 0
+        """Starts of the watch from a fresh resourceVersion: a ticket of an earlier epoch is not trusted."""
+        self.seen = 0
+        """Deletions seen since the process started."""
+        self._gone: dict[Any, int] = {}  # uid -> its number among the deletions seen, oldest first
+        self._waiting: dict[Any, list[Waiting]] = {}
+
+    def ticket(self) -> Ticket | None:
+        """Take one before listing pods; ``None`` while the watch does not run (this call starts it)."""
+        self.start()
+        return Ticket(self.epoch, self.seen) if self.live else None
+
+    def covers(self, waiting: Waiting) -> bool:
+        """Whether every deletion of ``waiting``'s pods since its ticket is known or will come as an event."""
+        ticket = waiting.ticket
+        return (
+            ticket is not None
+            and self.live
+            and ticket.epoch == self.epoch
+            and (waiting.current or self.seen - ticket.seen < self.memory)
+        )
+
+    @contextlib.contextmanager
+    def waiting(self, pending: set[Entry], ticket: Ticket | None) -> Iterator[Waiting]:
+        """Follow ``pending`` (copied) while the block runs; ``ticket`` was taken before the list that found them."""
+        wait = Waiting(set(pending), ticket, tuple({uid for _, uid in pending}))
+        for uid in wait.uids:
+            self._waiting.setdefault(uid, []).append(wait)
+        self._forget_gone(wait)
+        try:
+            yield wait
+        finally:
+            for uid in wait.uids:
+                waits = self._waiting.get(uid)
+                if waits is not None:
+                    with contextlib.suppress(ValueError):
+                        waits.remove(wait)
+                    if not waits:
+                        del self._waiting[uid]
+
+    def listed(self, wait: Waiting, ticket: Ticket | None, present: set[Entry]) -> None:
+        """A list of the node's pods, taken after ``ticket``, found ``present``: what is not there has gone."""
+        wait.pending &= present
+        wait.ticket, wait.current = ticket, False
+        self._forget_gone(wait)
+
+    def _forget_gone(self, wait: Waiting) -> None:
+        """Drop from ``wait.pending`` the pods seen deleted; mark it current when the memory covers its ticket."""
+        for entry in [entry for entry in wait.pending if entry[1] in self._gone]:
+            wait.pending.discard(entry)
+            wait.changed.set()
+        if self.covers(wait):
+            wait.current = True
+
+    async def _begin(self) -> str:
+        """A fresh start: tickets taken before it are not trusted."""
+        rv = await self.kube.pods_version()
+        self.epoch += 1
+        self.live = False
+        self._set_live(True)
+        return rv
+
+    async def _watch(self, rv: str, timeout_s: float) -> str:
+        return await self.kube.watch_pods(
+            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=deletion
+        )
+
+    def _set_live(self, live: bool) -> None:
+        """The stream runs (``True``) or is broken; either way every drain looks again."""
+        changed = live != self.live
+        super()._set_live(live)
+        if not changed:
+            return
+        for waits in self._waiting.values():
+            for wait in waits:
+                wait.changed.set()
+
+    def _apply(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if event.get("type") != "DELETED":
+                continue
+            uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
+            if uid is None or uid in self._gone:
+                continue
+            self.seen += 1
+            self._gone[uid] = self.seen
+            if len(self._gone) > self.memory:
+                del self._gone[next(iter(self._gone))]
+            for wait in self._waiting.get(uid, ()):
+                for entry in [entry for entry in wait.pending if entry[1] == uid]:
+                    wait.pending.discard(entry)
+                wait.changed.set()
