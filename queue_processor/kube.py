@@ -8,6 +8,7 @@ decides). Rate limit, retry wait, watch thread: :mod:`~queue_processor.rest`. Do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -41,18 +42,18 @@ from queue_processor.rest import (
 
 __all__ = ["KubeClient", "load_api_client"]
 
+#: A watch's receiver of each chunk's events (:meth:`KubeClient.watch`).
+Deliver = Callable[[list[Obj]], None]
+
 #: Accept header of metadata-only reads and watches ("Receiving resources as Tables or metadata only", API concepts).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
+#: Content types of a Node's patch (strategic merge) and of the others' (RFC 7386 merge patch).
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 
-PATCH_TYPES = {
-    "strategic": "application/strategic-merge-patch+json",
-    "merge": "application/merge-patch+json",
-    "json": "application/json-patch+json",
-}
-
-
-#: Threads (and connections) reserved for urgent calls: node reads and cordons, and Lease calls.
+#: Threads (and connections) for drain traffic; reserved for urgent calls (node reads and cordons, and Lease calls).
+THREADS = 32
 URGENT_THREADS = 16
 
 #: Threads for the replica's upkeep (:data:`REPLICA_RANK`): a renewal behind claims and cordons lets claims lapse.
@@ -61,41 +62,38 @@ REPLICA_THREADS = 2
 #: Watch connections the controller keeps open (pod deletions, nodes).
 WATCHES = 2
 
-
-def load_api_client(
-    kubeconfig: str | None = None, *, pool_size: int = 32 + URGENT_THREADS + REPLICA_THREADS + WATCHES
-) -> client.ApiClient:
-    """An ApiClient from the in-cluster service account, else ``kubeconfig`` (or ``KUBECONFIG``), ``pool_size``
-    connections (one per thread and watch). Raises :class:`~queue_processor.outcomes.StartupError` if neither works."""
-    configuration = client.Configuration()
-    configuration.connection_pool_maxsize = pool_size
-    # Only a connection that failed before the request went out is retried here; KubeClient makes the rest.
-    configuration.retries = urllib3.Retry(
-        total=2, connect=2, read=False, status=0, other=0, redirect=0, respect_retry_after_header=False
-    )
-    if kubeconfig is None:
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return _named(client.ApiClient(configuration))
-        except config.ConfigException:
-            pass
-    path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-    try:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except Exception as exc:  # a missing file, YAML that does not parse, a context that is not there
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StartupError(
-            f"KUBECONFIG={path}: not in a cluster (no service account) and the kubeconfig cannot be used: "
-            f"{first}"
-        ) from None
-    return _named(client.ApiClient(configuration))
-
+#: Seconds one request may take, connecting and reading.
+REQUEST_TIMEOUT_S = 30.0
 
 #: The User-Agent of every request (what the API server's audit log records as ``userAgent``).
 USER_AGENT = f"queue-processor/{__version__}"
 
 
-def _named(api: client.ApiClient) -> client.ApiClient:
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An ApiClient from the in-cluster service account, else ``kubeconfig`` (or ``KUBECONFIG``), a connection per
+    thread and watch. Raises :class:`~queue_processor.outcomes.StartupError` if neither works."""
+    configuration = client.Configuration()
+    configuration.connection_pool_maxsize = THREADS + URGENT_THREADS + REPLICA_THREADS + WATCHES
+    # Only a connection that failed before the request went out is retried here; KubeClient makes the rest.
+    configuration.retries = urllib3.Retry(
+        total=2, connect=2, read=False, status=0, other=0, redirect=0, respect_retry_after_header=False
+    )
+    in_cluster = False
+    if kubeconfig is None:
+        with contextlib.suppress(config.ConfigException):
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            in_cluster = True
+    if not in_cluster:
+        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        try:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # a missing file, YAML that does not parse, a context that is not there
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StartupError(
+                f"KUBECONFIG={path}: not in a cluster (no service account) and the kubeconfig cannot be used: "
+                f"{first}"
+            ) from None
+    api = client.ApiClient(configuration)
     api.user_agent = USER_AGENT
     return api
 
@@ -105,8 +103,8 @@ _LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
 
 
 class KubeClient:
-    """JSON access to the API server: ``threads`` for drain traffic, more for urgent calls; ``observer`` is told
-    every request. Every call that fails raises :class:`KubeError`."""
+    """JSON access to the API server: ``threads`` for drain traffic, more for urgent calls; ``attempts`` per
+    retried request; ``observer`` is told every request. Every call that fails raises :class:`KubeError`."""
 
     def __init__(
         self,
@@ -114,22 +112,19 @@ class KubeClient:
         *,
         qps: float = default("kube_api_qps"),
         burst: int = default("kube_api_burst"),
-        threads: int = 32,
-        timeout_s: float = 30.0,
+        threads: int = THREADS,
         attempts: int = 4,
         observer: Observer = NULL_OBSERVER,
     ) -> None:
         self.api = api_client
         self.limiter = RateLimiter(qps, burst)
-        self.timeout_s = timeout_s
         self.attempts = attempts
         self.observer = observer
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         # Threads of their own: urgent calls must not queue behind drain traffic, nor the replica's behind those.
-        self._urgent_pool = ThreadPoolExecutor(max_workers=URGENT_THREADS, thread_name_prefix="kube-urgent")
-        self._replica_pool = ThreadPoolExecutor(
-            max_workers=REPLICA_THREADS, thread_name_prefix="kube-replica"
-        )
+        self._pools = {
+            pool: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kube{pool}")
+            for pool, workers in (("", threads), ("-urgent", URGENT_THREADS), ("-replica", REPLICA_THREADS))
+        }
         self.answered_at = 0.0
         """``time.monotonic()`` of the last answer from the API server (for readiness)."""
         self.unreachable_at = 0.0
@@ -137,9 +132,8 @@ class KubeClient:
 
     def close(self, *, wait: bool = True) -> None:
         """Shut the thread pools and connections down; without ``wait``, abandon the calls in progress."""
-        self._pool.shutdown(wait=wait, cancel_futures=not wait)
-        self._urgent_pool.shutdown(wait=wait, cancel_futures=not wait)
-        self._replica_pool.shutdown(wait=wait, cancel_futures=not wait)
+        for pool in self._pools.values():
+            pool.shutdown(wait=wait, cancel_futures=not wait)
         if wait:
             self.api.close()  # type: ignore[no-untyped-call]
 
@@ -150,53 +144,53 @@ class KubeClient:
         *,
         query: Mapping[str, str] | None = None,
         body: Any = None,
-        content_type: str | None = None,
+        content_type: str = "application/json",
         retry: bool = True,
         urgent: bool = False,
         agent: str | None = None,
         sending: Callable[[], bool] | None = None,
-    ) -> Any:
-        """One API request; the decoded JSON answer. ``urgent``: first through the rate limiter, own threads;
-        ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``sending``: asked once the
-        token came, ``False`` gives it back and raises :class:`NotSentError`."""
-        if not retry:
-            return await self._once(method, path, query, body, content_type, urgent, agent, sending)
+    ) -> Obj:
+        """One API request; the decoded JSON answer (``{}`` when empty). ``urgent``: first through the rate limiter,
+        own threads; ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``sending``: asked
+        once the token came, ``False`` gives it back and raises :class:`NotSentError`."""
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(retryable),
             wait=retry_wait,
-            stop=stop_after_attempt(self.attempts),
+            stop=stop_after_attempt(self.attempts if retry else 1),
             reraise=True,
         ):
             with attempt:
-                return await self._once(method, path, query, body, content_type, urgent, agent, sending)
+                await self.limiter.acquire(urgent=urgent)
+                if sending is not None and not sending():
+                    self.limiter.give_back()
+                    raise NotSentError(f"{method} {path}")
+                data = await self._send(method, path, query, body, content_type, urgent, agent)
+                answer: Obj = json.loads(data) if data else {}
+                return answer
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _once(
+    async def _send(
         self,
         method: str,
         path: str,
         query: Mapping[str, str] | None,
         body: Any,
-        content_type: str | None,
-        urgent: bool = False,
-        agent: str | None = None,
-        sending: Callable[[], bool] | None = None,
-    ) -> Any:
-        await self.limiter.acquire(urgent=urgent)
-        if sending is not None and not sending():
-            self.limiter.give_back()
-            raise NotSentError(f"{method} {path}")
-        loop = asyncio.get_running_loop()
-        if not urgent:
-            pool = self._pool
-        else:
-            pool = self._replica_pool if URGENT_RANK.get() == REPLICA_RANK else self._urgent_pool
-        sent = loop.run_in_executor(pool, self._call, method, path, query, body, content_type, agent)
+        content_type: str,
+        urgent: bool,
+        agent: str | None,
+    ) -> bytes:
+        """Send one request in a pool's thread: the answer's body. Raises :class:`KubeError`."""
+        pool = self._pools[
+            "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
+        ]
+        sent = asyncio.get_running_loop().run_in_executor(
+            pool, self._call, method, path, query, body, content_type, agent
+        )
         try:
             status, data, retry_after = await asyncio.shield(sent)
         except asyncio.CancelledError:
-            # A thread cannot be stopped: a cancelled write returns once answered (at most ``timeout_s``) so that
-            # a later drain of the node does not overlap with it; a second cancellation ends that wait.
+            # A thread cannot be stopped: a cancelled write returns once answered (at most REQUEST_TIMEOUT_S) so
+            # that a later drain of the node does not overlap with it; a second cancellation ends that wait.
             if method != "GET" and not sent.done():
                 await asyncio.wait({sent})
             raise
@@ -208,7 +202,7 @@ class KubeClient:
             self.unreachable_at = time.monotonic()
         if status >= 400 or status == 0:
             raise error_of(status, data, retry_after)
-        return json.loads(data) if data else None
+        return data
 
     def _call(
         self,
@@ -216,12 +210,12 @@ class KubeClient:
         path: str,
         query: Mapping[str, str] | None,
         body: Any,
-        content_type: str | None,
-        agent: str | None = None,
+        content_type: str,
+        agent: str | None,
     ) -> tuple[int, bytes, float | None]:
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
+            headers["Content-Type"] = content_type
         try:
             params = self.api.param_serialize(
                 method,
@@ -233,7 +227,7 @@ class KubeClient:
             )
             if agent:  # the client's default headers win over header_params: set it on the serialized ones
                 params[2]["User-Agent"] = f"{self.api.user_agent} {agent}"
-            response = self.api.call_api(*params, _request_timeout=self.timeout_s)
+            response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT_S)
             response.read()  # type: ignore[no-untyped-call]
             return (
                 int(response.status),
@@ -243,39 +237,13 @@ class KubeClient:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
 
-    async def watch_pods(
-        self,
-        resource_version: str,
-        deliver: Callable[[list[Obj]], None],
-        *,
-        timeout_s: float,
-        opened: Callable[[], None] | None = None,
-        keep: Keep | None = None,
-    ) -> str:
-        """A metadata-only watch of every pod (:meth:`watch`)."""
-        return await self.watch(
-            "/api/v1/pods",
-            resource_version,
-            deliver,
-            timeout_s=timeout_s,
-            opened=opened,
-            metadata_only=True,
-            keep=keep,
-        )
+    async def watch_pods(self, resource_version: str, deliver: Deliver, **options: Any) -> str:
+        """A metadata-only watch of every pod (:meth:`watch`, its keyword ``options``)."""
+        return await self.watch("/api/v1/pods", resource_version, deliver, metadata_only=True, **options)
 
-    async def watch_nodes(
-        self,
-        resource_version: str,
-        deliver: Callable[[list[Obj]], None],
-        *,
-        timeout_s: float,
-        opened: Callable[[], None] | None = None,
-        keep: Keep | None = None,
-    ) -> str:
-        """A watch of every Node (:meth:`watch`)."""
-        return await self.watch(
-            "/api/v1/nodes", resource_version, deliver, timeout_s=timeout_s, opened=opened, keep=keep
-        )
+    async def watch_nodes(self, resource_version: str, deliver: Deliver, **options: Any) -> str:
+        """A watch of every Node (:meth:`watch`, its keyword ``options``)."""
+        return await self.watch("/api/v1/nodes", resource_version, deliver, **options)
 
     async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[Obj], str]]:
         """Every Node, ``limit`` at a time ("Retrieving large results sets in chunks", API concepts): each page's
@@ -294,7 +262,7 @@ class KubeClient:
         self,
         path: str,
         resource_version: str,
-        deliver: Callable[[list[Obj]], None],
+        deliver: Deliver,
         *,
         timeout_s: float,
         opened: Callable[[], None] | None = None,
@@ -351,12 +319,11 @@ class KubeClient:
     async def _get(self, path: str, *, urgent: bool = False) -> Obj | None:
         """The object at ``path``, or ``None`` when it does not exist (404)."""
         try:
-            found: Obj = await self.request("GET", path, urgent=urgent)
+            return await self.request("GET", path, urgent=urgent)
         except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
-        return found
 
     async def _items(
         self, path: str, query: Mapping[str, str] | None = None, *, urgent: bool = False
@@ -376,12 +343,11 @@ class KubeClient:
             query["resourceVersion"] = "0"
         return await self._items("/api/v1/nodes", query, urgent=True)
 
-    async def patch_node(self, name: str, patch: Any, patch_type: str = "strategic") -> Obj:
-        """Patch a Node (``strategic``, ``merge`` or ``json`` patch); the Node after it."""
-        node: Obj = await self.request(
-            "PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=PATCH_TYPES[patch_type], urgent=True
+    async def patch_node(self, name: str, patch: Any) -> Obj:
+        """Strategic-merge-patch a Node; the Node after it."""
+        return await self.request(
+            "PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=STRATEGIC_PATCH, urgent=True
         )
-        return node
 
     # ------------------------------------------------------------------------------------------- pods
 
@@ -462,14 +428,13 @@ class KubeClient:
     async def patch_deployment(self, namespace: str, name: str, patch: Obj) -> Obj:
         """Merge-patch (RFC 7386) an apps/v1 Deployment; the Deployment after it. Not retried; a
         ``metadata.resourceVersion`` in ``patch`` is a precondition (:class:`KubeError` 409 when stale)."""
-        deployment: Obj = await self.request(
+        return await self.request(
             "PATCH",
             f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
             body=patch,
-            content_type=PATCH_TYPES["merge"],
+            content_type=MERGE_PATCH,
             retry=False,
         )
-        return deployment
 
     async def list_hpas(self, namespace: str) -> list[Obj]:
         """Every autoscaling/v2 HorizontalPodAutoscaler of ``namespace``."""
@@ -488,80 +453,41 @@ class KubeClient:
 
     async def create_lease(self, namespace: str, lease: Obj) -> Obj:
         """Create a Lease; :class:`KubeError` 409 when it exists (also after a retried create that had landed)."""
-        created: Obj = await self.request(
-            "POST",
-            _LEASES.format(namespace),
-            body=lease,
-            urgent=True,
-        )
-        return created
+        return await self.request("POST", _LEASES.format(namespace), body=lease, urgent=True)
 
     async def replace_lease(self, namespace: str, lease: Obj) -> Obj:
         """Replace a Lease; :class:`KubeError` 409 when its resourceVersion is stale."""
         name = lease["metadata"]["name"]
-        replaced: Obj = await self.request(
-            "PUT",
-            f"{_LEASES.format(namespace)}/{name}",
-            body=lease,
-            retry=False,
-            urgent=True,
+        return await self.request(
+            "PUT", f"{_LEASES.format(namespace)}/{name}", body=lease, retry=False, urgent=True
         )
-        return replaced
 
     async def patch_lease(self, namespace: str, name: str, patch: Obj) -> Obj:
         """Merge-patch (RFC 7386) a Lease; the Lease after it. :class:`KubeError` 404 when it is gone."""
-        patched: Obj = await self.request(
-            "PATCH",
-            f"{_LEASES.format(namespace)}/{name}",
-            body=patch,
-            content_type=PATCH_TYPES["merge"],
-            urgent=True,
+        return await self.request(
+            "PATCH", f"{_LEASES.format(namespace)}/{name}", body=patch, content_type=MERGE_PATCH, urgent=True
         )
-        return patched
 
     async def list_leases(self, namespace: str, label_selector: str) -> tuple[list[Obj], str]:
         """The Leases of ``namespace`` that ``label_selector`` selects, and the list's resourceVersion."""
-        answer: Obj = await self.request(
-            "GET",
-            _LEASES.format(namespace),
-            query={"labelSelector": label_selector},
-            urgent=True,
+        answer = await self.request(
+            "GET", _LEASES.format(namespace), query={"labelSelector": label_selector}, urgent=True
         )
         version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
         return list(answer.get("items") or []), version
 
     async def watch_leases(
-        self,
-        namespace: str,
-        label_selector: str,
-        resource_version: str,
-        deliver: Callable[[list[Obj]], None],
-        *,
-        timeout_s: float,
-        opened: Callable[[], None] | None = None,
+        self, namespace: str, label_selector: str, resource_version: str, deliver: Deliver, **options: Any
     ) -> str:
-        """A watch of the Leases of ``namespace`` that ``label_selector`` selects (:meth:`watch`)."""
-        return await self.watch(
-            _LEASES.format(namespace),
-            resource_version,
-            deliver,
-            timeout_s=timeout_s,
-            opened=opened,
-            query={"labelSelector": label_selector},
-        )
+        """A watch of the Leases of ``namespace`` that ``label_selector`` selects (:meth:`watch`, ``options``)."""
+        query = {"labelSelector": label_selector}
+        return await self.watch(_LEASES.format(namespace), resource_version, deliver, query=query, **options)
 
     async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
         """Delete a Lease (if still at ``resource_version`` when given, else 409); one already gone is fine."""
-        body = None
-        if resource_version is not None:
-            body = {"preconditions": {"resourceVersion": resource_version}}
+        body = None if resource_version is None else {"preconditions": {"resourceVersion": resource_version}}
         try:
-            await self.request(
-                "DELETE",
-                f"{_LEASES.format(namespace)}/{name}",
-                body=body,
-                urgent=True,
-            )
+            await self.request("DELETE", f"{_LEASES.format(namespace)}/{name}", body=body, urgent=True)
         except KubeError as exc:
             if exc.status != 404:
                 raise
@@ -571,7 +497,7 @@ class KubeClient:
     ) -> list[str]:
         """Delete the Leases ``label_selector`` selects in one request ("Delete Collection", API reference, Lease
         v1); the names deleted. ``sending`` as :meth:`request`. Raises :class:`KubeError`, :class:`NotSentError`."""
-        deleted: Obj = await self.request(
+        deleted = await self.request(
             "DELETE",
             _LEASES.format(namespace),
             query={"labelSelector": label_selector},
