@@ -29,7 +29,8 @@ from queue_processor.kinds import (
     StateChangeEvent,
 )
 from queue_processor.launch import Draining, run_launch
-from queue_processor.leases import Claim, NodeLeases, lease_name
+from queue_processor.lease_watch import lease_name
+from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceResolver, NodeFinder
 from queue_processor.observe.events import (

@@ -23,10 +23,12 @@ import structlog
 from queue_processor import tasks
 from queue_processor.config import default
 from queue_processor.kube import KubeClient
-from queue_processor.lease_objects import (
+from queue_processor.lease_watch import (
     HELD_BY_REPLICA_S,
     HOLDER_LABEL,
     LEASE_LABEL,
+    REPLICA_ANNOTATION,
+    LeaseWatch,
     expired,
     held_lease,
     holder_of,
@@ -35,26 +37,10 @@ from queue_processor.lease_objects import (
     new_lease,
     replica_lease_name,
 )
-from queue_processor.lease_watch import REPLICA_ANNOTATION, LeaseWatch
 from queue_processor.outcomes import ClaimLost, KubeError, NotSentError
 from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, rank_urgent
 
-__all__ = [
-    "HELD_BY_REPLICA_S",
-    "HOLDER_LABEL",
-    "LEASE_LABEL",
-    "RELEASE_BATCH_MAX",
-    "RELEASE_BATCH_S",
-    "RENEW_ATTEMPTS",
-    "RENEW_RETRY_S",
-    "REPLICA_ANNOTATION",
-    "Claim",
-    "ClaimLost",
-    "NodeLeases",
-    "ReplicaLease",
-    "lease_name",
-    "replica_lease_name",
-]
+__all__ = ["Claim", "NodeLeases", "ReplicaLease"]
 
 log = structlog.get_logger("queue_processor.leases")
 

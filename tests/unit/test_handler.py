@@ -37,7 +37,8 @@ from queue_processor.kinds import (
     SpotInterruptionEvent,
     StateChangeEvent,
 )
-from queue_processor.leases import Claim, NodeLeases, lease_name
+from queue_processor.lease_watch import lease_name
+from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.metrics import Metrics

@@ -19,7 +19,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.tasks",
         "queue_processor.events",
         "queue_processor.permissions",
-        "queue_processor.lease_objects",
         "queue_processor.drain",
         "queue_processor.drain.filters",
         "queue_processor.drain.record",
