@@ -326,9 +326,10 @@ class KubeClient:
             raise
 
     async def _items(
-        self, path: str, query: Mapping[str, str] | None = None, *, urgent: bool = False
+        self, path: str, query: Mapping[str, str] | None = None, *, urgent: bool = False, cached: bool = False
     ) -> list[Obj]:
-        """The items of the list at ``path``."""
+        """The items of the list at ``path``; ``cached`` reads the API server's cache (cheaper, maybe stale)."""
+        query = {**(query or {}), **({"resourceVersion": "0"} if cached else {})}
         answer = await self.request("GET", path, query=query, urgent=urgent)
         return list(answer.get("items") or [])
 
@@ -339,9 +340,7 @@ class KubeClient:
     async def list_nodes(self, label_selector: str | None = None, *, cached: bool = False) -> list[Obj]:
         """Every Node (matching ``label_selector``); ``cached`` reads the API server's cache."""
         query = {"labelSelector": label_selector} if label_selector else {}
-        if cached:
-            query["resourceVersion"] = "0"
-        return await self._items("/api/v1/nodes", query, urgent=True)
+        return await self._items("/api/v1/nodes", query, urgent=True, cached=cached)
 
     async def patch_node(self, name: str, patch: Any) -> Obj:
         """Strategic-merge-patch a Node; the Node after it."""
@@ -353,10 +352,7 @@ class KubeClient:
 
     async def pods_on_node(self, node: str, *, cached: bool = False) -> list[Obj]:
         """The pods bound to ``node``; ``cached`` reads the API server's cache (cheaper, maybe stale)."""
-        query = {"fieldSelector": f"spec.nodeName={node}"}
-        if cached:
-            query["resourceVersion"] = "0"
-        return await self._items("/api/v1/pods", query)
+        return await self._items("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}, cached=cached)
 
     async def pods_version(self) -> str:
         """The pods' current resourceVersion (a quorum list of one pod): where a watch of all pods starts."""

@@ -196,9 +196,7 @@ class LeaseWatch(Watched):
         for lease in items:
             self._put(lease)
         for name in names | set(self._holders):
-            self._wake(name)
-            if self._handed.get(name, {}) != handed.get(name, {}):
-                self._tell(name)
+            self._changed(name, handed.get(name, {}))
         return version
 
     async def _watch(self, rv: str, timeout_s: float) -> str:
@@ -213,31 +211,25 @@ class LeaseWatch(Watched):
             if name is None or event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
                 continue
             before = self._handed.get(name, {})
-            if event.get("type") == "DELETED":
-                self._holders.pop(name, None)
-                self._handed.pop(name, None)
-                self._replicas.pop(name, None)
-            else:
+            self._drop(name)
+            if event.get("type") != "DELETED":
                 self._put(event["object"])
-            self._wake(name)
-            if self._handed.get(name, {}) != before:
-                self._tell(name)
+            self._changed(name, before)
 
     def _put(self, lease: dict[str, Any]) -> None:
         metadata = lease.get("metadata") or {}
         name = str(metadata["name"])
         self._holders[name] = holder_of(lease)
         annotations = metadata.get("annotations") or {}
-        replica = annotations.get(REPLICA_ANNOTATION)
-        if replica:
-            self._replicas[name] = str(replica)
-        else:
-            self._replicas.pop(name, None)
+        if annotations.get(REPLICA_ANNOTATION):
+            self._replicas[name] = str(annotations[REPLICA_ANNOTATION])
         handed = {key: str(value) for key, value in annotations.items() if key.startswith(HANDOVER_PREFIX)}
         if handed:
             self._handed[name] = handed
-        else:
-            self._handed.pop(name, None)
+
+    def _drop(self, name: str) -> None:
+        for copy in (self._holders, self._handed, self._replicas):
+            copy.pop(name, None)
 
     def _set_live(self, live: bool) -> None:
         super()._set_live(live)
@@ -250,7 +242,9 @@ class LeaseWatch(Watched):
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _tell(self, name: str) -> None:
-        handed = self._handed.get(name)
-        if self.on_handed is not None and handed:
-            self.on_handed(name, dict(handed))
+    def _changed(self, name: str, handed: dict[str, str]) -> None:
+        """Wake the waiters of Lease ``name``; tell its hand-over annotations when they changed from ``handed``."""
+        self._wake(name)
+        now = self._handed.get(name)
+        if now and now != handed and self.on_handed is not None:
+            self.on_handed(name, dict(now))

@@ -336,16 +336,10 @@ class NodeLeases:
         """Create the node Lease ``name``, or take it over when no live replica holds it: the claim, or ``None``
         when another replica holds it or wins the race. Raises :class:`KubeError`."""
         existing: dict[str, Any] | None = None
+        marks = ({REPLICA_ANNOTATION: self.replica.name}, self._labels(name))  # its annotations and labels
         for _ in range(2):  # a Lease deleted between the refused create and the read is created again
             try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-                body = new_lease(
-                    name,
-                    self.namespace,
-                    self.holder,
-                    HELD_BY_REPLICA_S,
-                    self._annotations(),
-                    self._labels(name),
-                )
+                body = new_lease(name, self.namespace, self.holder, HELD_BY_REPLICA_S, *marks)
                 return Claim(self, await self.kube.create_lease(self.namespace, body), epoch)
             except KubeError as exc:
                 if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
@@ -355,7 +349,7 @@ class NodeLeases:
                 break
         if existing is None or await self._held_by_another(existing):
             return None
-        taken = held_lease(existing, self.holder, HELD_BY_REPLICA_S, self._annotations(), self._labels(name))
+        taken = held_lease(existing, self.holder, HELD_BY_REPLICA_S, *marks)
         try:
             return Claim(self, await self.kube.replace_lease(self.namespace, taken), epoch)
         except KubeError as exc:
@@ -417,14 +411,13 @@ class NodeLeases:
             if name in self._claiming or any(claim.name == name for claim in self.replica.claims):
                 return True
             try:
-                await self.kube.delete_lease(self.namespace, name, resource_version=version)
-                return True
-            except KubeError as exc:
-                if exc.status != 409:
-                    log.warning("lease release failed", lease=name, error=str(exc))
-                    return False
-            try:
-                lease = await self.kube.get_lease(self.namespace, name)
+                try:
+                    await self.kube.delete_lease(self.namespace, name, resource_version=version)
+                    return True
+                except KubeError as exc:
+                    if exc.status != 409:
+                        raise
+                lease = await self.kube.get_lease(self.namespace, name)  # 409: changed since, read it again
             except KubeError as exc:
                 log.warning("lease release failed", lease=name, error=str(exc))
                 return False
@@ -553,9 +546,6 @@ class NodeLeases:
             return False
         replica = await self.kube.get_lease(self.namespace, named)
         return replica is not None and holder_of(replica) == holder and not expired(replica, self.duration_s)
-
-    def _annotations(self) -> dict[str, str]:
-        return {REPLICA_ANNOTATION: self.replica.name}
 
     def _labels(self, name: str) -> dict[str, str]:
         return {HOLDER_LABEL: label_value(self.holder), LEASE_LABEL: label_value(name)}

@@ -74,34 +74,26 @@ class RateLimiter:
             heapq.heappop(urgent)
         return urgent[0][2] if urgent else self._ordinary[0] if self._ordinary else None
 
-    def _pop_head(self) -> None:
-        if self._urgent:
-            heapq.heappop(self._urgent)
-        else:
-            self._ordinary.popleft()
-
-    def _remove(self, waiter: _Waiter) -> None:
-        """Take ``waiter`` out of its line; an urgent one is only marked (removal from a heap's middle is slow)."""
+    def _leave(self, waiter: _Waiter) -> None:
+        """``waiter`` leaves its line; the bucket's tokens go to the head callers at once, the next head sleeps for the
+        next. An urgent one is only marked (removal from a heap's middle is slow): :meth:`_head` drops it on top."""
         if waiter.urgent:
-            waiter.gone = True  # the caller's _leave finds the head next, which drops it if it is on top
+            waiter.gone = True
         else:
             with contextlib.suppress(ValueError):
                 self._ordinary.remove(waiter)
-
-    def _leave(self, waiter: _Waiter) -> None:
-        """``waiter`` leaves; the bucket's tokens go to the head callers at once, the next head sleeps for the next."""
-        self._remove(waiter)
         self._refill()
         head = self._head()
         while head is not None and self._tokens >= _WHOLE:
-            self._pop_head()
+            if self._urgent:
+                heapq.heappop(self._urgent)
+            else:
+                self._ordinary.popleft()
             self._tokens -= 1
             head.granted = True
-            if not head.turn.done():
-                head.turn.set_result(None)
+            _wake(head)
             head = self._head()
-        if head is not None and not head.turn.done():
-            head.turn.set_result(None)
+        _wake(head)
 
     async def acquire(self, *, urgent: bool = False) -> None:
         """Take one token, waiting in line for it when the bucket is empty (see the class)."""
@@ -137,9 +129,7 @@ class RateLimiter:
     def give_back(self) -> None:
         """Return a token :meth:`acquire` gave and no request used, to the caller at the head."""
         self._tokens += 1
-        head = self._head()
-        if head is not None and not head.turn.done():
-            head.turn.set_result(None)
+        _wake(self._head())
 
 
 class _Waiter:
@@ -152,6 +142,12 @@ class _Waiter:
         self.granted = False
         self.gone = False  # it left the line: an urgent waiter still in the heap is skipped
         self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+def _wake(waiter: _Waiter | None) -> None:
+    """Resolve ``waiter``'s turn (it is at the head, or was given a token)."""
+    if waiter is not None and not waiter.turn.done():
+        waiter.turn.set_result(None)
 
 
 def retryable(exc: BaseException) -> bool:
@@ -174,10 +170,6 @@ Obj = dict[str, Any]
 
 #: What a watch keeps of each event, run in its thread (:meth:`KubeClient.watch`); ``None`` drops it.
 Keep = Callable[[Obj], Obj | None]
-
-
-class KeepError(Exception):
-    """A watch's ``keep`` raised (in the watch thread)."""
 
 
 class WatchStream:
@@ -276,8 +268,6 @@ def read_watch(
         stream.end(rv)
     except KubeError as exc:
         stream.fail(exc)
-    except KeepError as exc:
-        stream.fail(KubeError(0, "WatchReceiverError", str(exc)))
     except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
         if not stream.closed:
             stream.call(unanswered)
@@ -289,7 +279,8 @@ def read_watch(
 
 def _events_of(lines: list[bytes], rv: str, keep: Keep | None) -> tuple[list[Obj], str]:
     """The events of one chunk's whole ``lines`` that ``keep`` keeps, and the resourceVersion reached. Raises
-    :class:`KubeError` for an ``ERROR`` event, ``ValueError`` for a line that is not an event, :class:`KeepError`."""
+    :class:`KubeError` for an ``ERROR`` event or when ``keep`` raised (reason ``WatchReceiverError``), ``ValueError``
+    for a line that is not an event."""
     events = []
     passed = False  # the chunk's last line was not delivered (a bookmark, or dropped by keep)
     for line in lines:
@@ -308,7 +299,7 @@ def _events_of(lines: list[bytes], rv: str, keep: Keep | None) -> tuple[list[Obj
         try:
             kept = event if keep is None else keep(event)
         except Exception as exc:  # ours, not the server's: the watch ends as a receiver's failure
-            raise KeepError(f"{type(exc).__name__}: {exc}") from exc
+            raise KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}") from exc
         passed = kept is None
         if kept is not None:
             events.append(kept)

@@ -229,9 +229,7 @@ class NodeCache(Watched):
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The slim copy of node ``name``, or ``None`` when not live or unknown. Write with its resourceVersion."""
-        if not self.live:
-            return None
-        return self._nodes.get(name)
+        return self._nodes.get(name) if self.live else None
 
     def all(self) -> list[dict[str, Any]] | None:
         """Every node's slim copy, or ``None`` while the copy is not current."""
@@ -376,7 +374,7 @@ class Departures(Watched):
         self.seen = 0
         """Deletions seen since the process started."""
         self._gone: dict[Any, int] = {}  # uid -> its number among the deletions seen, oldest first
-        self._waiting: dict[Any, list[Waiting]] = {}
+        self._waiting: dict[Any, set[Waiting]] = {}
 
     def ticket(self) -> Ticket | None:
         """Take one before listing pods; ``None`` while the watch does not run (this call starts it)."""
@@ -398,18 +396,16 @@ class Departures(Watched):
         """Follow ``pending`` (copied) while the block runs; ``ticket`` was taken before the list that found them."""
         wait = Waiting(set(pending), ticket, tuple({uid for _, uid in pending}))
         for uid in wait.uids:
-            self._waiting.setdefault(uid, []).append(wait)
+            self._waiting.setdefault(uid, set()).add(wait)
         self._forget_gone(wait)
         try:
             yield wait
         finally:
             for uid in wait.uids:
-                waits = self._waiting.get(uid)
-                if waits is not None:
-                    with contextlib.suppress(ValueError):
-                        waits.remove(wait)
-                    if not waits:
-                        del self._waiting[uid]
+                waits = self._waiting.get(uid, set())
+                waits.discard(wait)
+                if not waits:
+                    self._waiting.pop(uid, None)
 
     def listed(self, wait: Waiting, ticket: Ticket | None, present: set[Entry]) -> None:
         """A list of the node's pods, taken after ``ticket``, found ``present``: what is not there has gone."""
