@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -289,10 +290,18 @@ class KubeClient:
             "timeoutSeconds": str(int(timeout_s)),
         }
         accept = METADATA_ONLY if metadata_only else "application/json"
-        answered = lambda status: self._answered(path, status)  # noqa: E731
         thread = threading.Thread(
             target=read_watch,
-            args=(self.api, path, params, accept, timeout_s, stream, keep, answered, self._unanswered),
+            args=(
+                self.api,
+                path,
+                params,
+                accept,
+                timeout_s,
+                stream,
+                keep,
+                functools.partial(self._answered, path),
+            ),
             name="kube-watch",
             daemon=True,
         )
@@ -303,12 +312,13 @@ class KubeClient:
             stream.close()
 
     def _answered(self, path: str, status: int) -> None:
+        """A watch of ``path`` was answered with ``status`` (0: no answer, the API server is unreachable)."""
+        if not status:
+            self.unreachable_at = time.monotonic()
+            return
         self.observer.kube_request("watch", describe("GET", path, None)[1], status)
         if status == 200:
             self.answered_at = time.monotonic()
-
-    def _unanswered(self) -> None:
-        self.unreachable_at = time.monotonic()
 
     # ------------------------------------------------------------------------------------------ nodes
 

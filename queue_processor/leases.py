@@ -69,7 +69,6 @@ class ReplicaLease:
         self.renewed_at = -math.inf
         self.epoch = 0
         self.claims: set[Claim] = set()
-        self._claiming = 0  # claims in progress, which may be waiting for the renewal in flight
         self._renewal: asyncio.Task[KubeError | None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._lapse: asyncio.TimerHandle | None = None
@@ -187,7 +186,7 @@ class ReplicaLease:
             self._unwatch_lapse()
             renewer, self._renewer = self._renewer, None
             renewal = None
-            if self._claiming == 0:  # a claim that comes meanwhile starts a write of its own
+            if not self._leases._claiming:  # a claim that comes meanwhile starts a write of its own
                 renewal, self._renewal = self._renewal, None
             await tasks.stop(renewer, renewal)
 
@@ -270,7 +269,7 @@ class Claim:
 class NodeLeases:
     """Node Lease claims for ``identity`` (the pod name) in ``namespace``: the replica Lease lapses ``duration_s``
     whole seconds after its last renewal, renewed every ``renew_every_s`` (default: a third). The holder is
-    ``<identity>/<incarnation>`` (default: random), telling this process from an earlier one of the same pod."""
+    ``<identity>/<random>``, telling this process from an earlier one of the same pod."""
 
     def __init__(
         self,
@@ -280,13 +279,12 @@ class NodeLeases:
         identity: str,
         duration_s: int = default("node_lease_duration_sec"),
         renew_every_s: float | None = None,
-        incarnation: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.namespace = namespace or "default"
         self.identity = identity
-        self.holder = f"{identity}/{incarnation or secrets.token_hex(4)}"
+        self.holder = f"{identity}/{secrets.token_hex(4)}"
         self.duration_s = int(duration_s)
         self.renew_every_s = renew_every_s if renew_every_s is not None else self.duration_s / 3
         self.clock = clock
@@ -310,7 +308,6 @@ class NodeLeases:
         renewed first when due). Raises :class:`KubeError` when the API server cannot be reached."""
         name = lease_name(node)
         replica = self.replica
-        replica._claiming += 1
         # An earlier release not answered, or not yet sent: this claim takes the Lease over (the release goes
         # back if it fails); one being sent is waited for (it deletes the Lease: this claim creates it again).
         pending = self._pending.pop(name, None)
@@ -325,7 +322,6 @@ class NodeLeases:
             claimed = await self._take(name, replica.epoch)
             return claimed
         finally:
-            replica._claiming -= 1
             self._claiming[name] -= 1
             if self._claiming[name] <= 0:
                 del self._claiming[name]

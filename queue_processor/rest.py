@@ -201,16 +201,11 @@ class WatchStream:
         try:
             fn(*args)
         except Exception as exc:  # the receiver could not take the events: the watch ends with that
-            self._settle("", KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}"))
+            self.settle("", KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}"))
             self.close()
 
-    def end(self, rv: str) -> None:
-        self.call(self._settle, rv, None)
-
-    def fail(self, exc: BaseException) -> None:
-        self.call(self._settle, "", exc)
-
-    def _settle(self, rv: str, exc: BaseException | None) -> None:
+    def settle(self, rv: str, exc: BaseException | None = None) -> None:
+        """End the watch at ``rv``, or with ``exc`` (in the loop: through :meth:`call`)."""
         if self.ended.done():
             return
         if exc is None:
@@ -235,10 +230,9 @@ def read_watch(
     stream: WatchStream,
     keep: Keep | None,
     answered: Callable[[int], None],
-    unanswered: Callable[[], None],
 ) -> None:
     """The watch thread: connect with ``api`` (an ApiClient), read chunks of lines, hand their events to the loop,
-    end ``stream``. ``answered(status)`` and ``unanswered()`` run in the loop."""
+    end ``stream``. ``answered(status)`` runs in the loop (status 0: no answer)."""
     rv = str(query["resourceVersion"])
     try:
         params = api.param_serialize(
@@ -265,13 +259,13 @@ def read_watch(
             events, rv = _events_of(lines, rv, keep)
             if events:
                 stream.call(stream.deliver, events)
-        stream.end(rv)
+        stream.call(stream.settle, rv)
     except KubeError as exc:
-        stream.fail(exc)
+        stream.call(stream.settle, "", exc)
     except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
         if not stream.closed:
-            stream.call(unanswered)
-        stream.fail(KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
+            stream.call(answered, 0)
+        stream.call(stream.settle, "", KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
     finally:
         if stream.response is not None:
             stream.response.close()
