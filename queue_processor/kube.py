@@ -165,45 +165,31 @@ class KubeClient:
                 if sending is not None and not sending():
                     self.limiter.give_back()
                     raise NotSentError(f"{method} {path}")
-                data = await self._send(method, path, query, body, content_type, urgent, agent)
+                pool = self._pools[
+                    "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
+                ]
+                call = (method, path, query, body, content_type, agent)
+                sent = asyncio.get_running_loop().run_in_executor(pool, self._call, *call)
+                try:
+                    status, data, retry_after = await asyncio.shield(sent)
+                except asyncio.CancelledError:
+                    # A thread cannot be stopped: a cancelled write returns once answered (at most
+                    # REQUEST_TIMEOUT_S) so that a later drain of the node does not overlap with it; a second
+                    # cancellation ends that wait.
+                    if method != "GET" and not sent.done():
+                        await asyncio.wait({sent})
+                    raise
+                verb, resource = describe(method, path, query)
+                self.observer.kube_request(verb, resource, status or None)
+                if status:
+                    self.answered_at = time.monotonic()
+                else:
+                    self.unreachable_at = time.monotonic()
+                if status >= 400 or status == 0:
+                    raise error_of(status, data, retry_after)
                 answer: Obj = json.loads(data) if data else {}
                 return answer
         raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        query: Mapping[str, str] | None,
-        body: Any,
-        content_type: str,
-        urgent: bool,
-        agent: str | None,
-    ) -> bytes:
-        """Send one request in a pool's thread: the answer's body. Raises :class:`KubeError`."""
-        pool = self._pools[
-            "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
-        ]
-        sent = asyncio.get_running_loop().run_in_executor(
-            pool, self._call, method, path, query, body, content_type, agent
-        )
-        try:
-            status, data, retry_after = await asyncio.shield(sent)
-        except asyncio.CancelledError:
-            # A thread cannot be stopped: a cancelled write returns once answered (at most REQUEST_TIMEOUT_S) so
-            # that a later drain of the node does not overlap with it; a second cancellation ends that wait.
-            if method != "GET" and not sent.done():
-                await asyncio.wait({sent})
-            raise
-        verb, resource = describe(method, path, query)
-        self.observer.kube_request(verb, resource, status or None)
-        if status:
-            self.answered_at = time.monotonic()
-        else:
-            self.unreachable_at = time.monotonic()
-        if status >= 400 or status == 0:
-            raise error_of(status, data, retry_after)
-        return data
 
     def _call(
         self,

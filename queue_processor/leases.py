@@ -496,10 +496,8 @@ class NodeLeases:
                     await self._clear_each(together)
                 self._answer(together, batch_answer)
             for name, lease in alone.items():
-                try:
-                    await self._clear_each({name: lease})
-                finally:
-                    self._answer([name], answers[name])
+                await self._clear_each({name: lease})
+                self._answer([name], answers[name])
         finally:
             for name, answer in answers.items():
                 self._answer([name], answer)
