@@ -55,11 +55,6 @@ def label_value(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
-def now_utc() -> datetime:
-    """The wall clock now, aware UTC (what a Lease's times are read against)."""
-    return datetime.now(UTC)
-
-
 def parse_time(value: str | None) -> datetime | None:
     """A Lease's MicroTime (``acquireTime``, ``renewTime``), aware UTC; ``None`` when absent."""
     if not value:
@@ -81,7 +76,7 @@ def expired(lease: dict[str, Any], default_s: int) -> bool:
     spec = lease.get("spec") or {}
     renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     duration = int(spec.get("leaseDurationSeconds") or default_s)
-    return renewed is None or renewed + timedelta(seconds=duration) < now_utc()
+    return renewed is None or renewed + timedelta(seconds=duration) < datetime.now(UTC)
 
 
 def new_lease(
@@ -93,7 +88,11 @@ def new_lease(
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Lease to create, held by ``holder`` from now for ``duration_s`` seconds."""
-    spec = {"holderIdentity": holder, "acquireTime": now_utc().strftime(_MICRO), "leaseTransitions": 0}
+    spec = {
+        "holderIdentity": holder,
+        "acquireTime": datetime.now(UTC).strftime(_MICRO),
+        "leaseTransitions": 0,
+    }
     metadata = {"name": name, "namespace": namespace}
     lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
     return held_lease(lease, holder, duration_s, annotations, labels)
@@ -107,7 +106,7 @@ def held_lease(
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``lease`` as ``holder`` writes it on its resourceVersion: renewed (and acquired, if someone else's)."""
-    now = now_utc().strftime(_MICRO)
+    now = datetime.now(UTC).strftime(_MICRO)
     metadata = dict(lease.get("metadata") or {})
     if annotations:
         metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
