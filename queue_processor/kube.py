@@ -179,7 +179,7 @@ class KubeClient:
                     if method != "GET" and not sent.done():
                         await asyncio.wait({sent})
                     raise
-                verb, resource = describe(method, path, query)
+                verb, resource = describe(method, path)
                 self.observer.kube_request(verb, resource, status or None)
                 if status:
                     self.answered_at = time.monotonic()
@@ -302,7 +302,7 @@ class KubeClient:
         if not status:
             self.unreachable_at = time.monotonic()
             return
-        self.observer.kube_request("watch", describe("GET", path, None)[1], status)
+        self.observer.kube_request("watch", describe("GET", path)[1], status)
         if status == 200:
             self.answered_at = time.monotonic()
 

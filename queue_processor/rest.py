@@ -302,7 +302,8 @@ def _events_of(lines: list[bytes], rv: str, keep: Keep | None) -> tuple[list[Obj
     return events, rv
 
 
-def describe(method: str, path: str, query: Mapping[str, str] | None) -> tuple[str, str]:
+def describe(method: str, path: str) -> tuple[str, str]:
+    """The RBAC verb and resource (``pods/eviction``) of a request: what the permissions list names."""
     parts = [p for p in path.split("/") if p]
     rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
     if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) != 2:

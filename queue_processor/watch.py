@@ -291,15 +291,16 @@ class NodeCache(Watched):
 
     def _drop(self, name: str) -> None:
         old = self._nodes.pop(name, None)
-        provider = None if old is None else old["spec"].get("providerID")
+        if old is None:
+            return
+        provider = old["spec"].get("providerID")
         if provider and self._instances.get(instance_of(provider)) == name:
             del self._instances[instance_of(provider)]
-        hostname = None if old is None else old["metadata"]["labels"].get(HOSTNAME_LABEL)
-        names = self._hostnames.get(hostname) if hostname else None
-        if names is not None:
-            names.discard(name)
-            if not names:
-                del self._hostnames[hostname]  # type: ignore[arg-type]  # not None: names came from it
+        hostname = old["metadata"]["labels"].get(HOSTNAME_LABEL)
+        names = self._hostnames.get(hostname, set())
+        names.discard(name)
+        if not names:
+            self._hostnames.pop(hostname, None)
 
     async def _watch(self, rv: str, timeout_s: float) -> str:
         return await self.kube.watch_nodes(

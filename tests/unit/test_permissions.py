@@ -76,16 +76,16 @@ def _kube_requests() -> set[str]:
             continue
         attr, args = node.func.attr, node.args
         if attr == "watch":
-            found.add(f"watch {describe('GET', _path(args[0]), None)[1]}")
+            found.add(f"watch {describe('GET', _path(args[0]))[1]}")
         elif attr in ("_get", "_items") and not isinstance(args[0], ast.Name):
-            found.add(" ".join(describe("GET", _path(args[0]), None)))
+            found.add(" ".join(describe("GET", _path(args[0]))))
         elif (
             attr == "request"
             and len(args) >= 2
             and isinstance(args[0], ast.Constant)
             and not isinstance(args[1], ast.Name)
         ):
-            found.add(" ".join(describe(str(args[0].value), _path(args[1]), None)))
+            found.add(" ".join(describe(str(args[0].value), _path(args[1]))))
     return found
 
 
