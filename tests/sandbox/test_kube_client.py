@@ -55,7 +55,7 @@ async def test_the_replica_lease_is_renewed_while_every_urgent_thread_waits_on_a
     tmp_path: Path,
 ) -> None:
     """A storm on a slow API server: its claims and cordons fill the urgent threads and more queue for them.
-    The replica Lease's renewal (queue_processor.kube.REPLICA_RANK) has threads of its own: queued behind
+    The replica Lease's renewal (queue_processor.rest.REPLICA_RANK) has threads of its own: queued behind
     them, it would let every claim the replica holds lapse."""
     name = "ip-10-0-0-1.ec2.internal"
     with KubeSandbox(SandboxClock(1.0)) as sandbox:

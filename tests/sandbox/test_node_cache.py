@@ -1,4 +1,4 @@
-"""The watched copy of the nodes (:mod:`queue_processor.watch.node_cache`), on both API servers (the emulation
+"""The watched copy of the nodes (:mod:`queue_processor.watch`), on both API servers (the emulation
 must agree with the real one): the nodes are listed page by page and followed by a watch; a cordon writes on
 the copy without reading the node (one request, not two); a copy behind the server is answered 409 and the
 cordon writes again on a fresh read, keeping what the other writer set."""

@@ -1,4 +1,4 @@
-"""A scripted Kubernetes client for the unit tests of the watches (queue_processor.watch.watched and its
+"""A scripted Kubernetes client for the unit tests of the watches (queue_processor.watch and its
 subclasses): each watch connection takes the next step of a script."""
 
 from __future__ import annotations

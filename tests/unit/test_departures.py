@@ -1,4 +1,4 @@
-"""The watch of pod deletions (queue_processor.watch.departures), on a scripted client: when a drain may trust
+"""The watch of pod deletions (queue_processor.watch), on a scripted client: when a drain may trust
 what the watch saw (a ticket of the current epoch, deletions remembered since), and when it must list again
 (the watch restarted after a 410, broke, or forgot)."""
 

@@ -888,7 +888,7 @@ async def test_a_lease_held_until_the_deadline_requeues(env: Any) -> None:
 
 def rank_requests(world: World) -> list[tuple[str, float]]:
     """Record the name each urgent call of ``world``'s API server is about (a node, a Lease, a label selector
-    of Leases) and the rank it was made at (queue_processor.kube.URGENT_RANK)."""
+    of Leases) and the rank it was made at (queue_processor.rest.URGENT_RANK)."""
     ranks: list[tuple[str, float]] = []
     kube = world.kube
     create, replace, patch = kube.create_lease, kube.replace_lease, kube.patch_node
@@ -925,7 +925,7 @@ def rank_requests(world: World) -> list[tuple[str, float]]:
 async def test_an_operation_s_claim_and_cordon_rank_by_its_start_and_the_replica_lease_first(
     env: Any,
 ) -> None:
-    """In a storm the urgent requests wait for tokens in order of rank (queue_processor.kube.URGENT_RANK):
+    """In a storm the urgent requests wait for tokens in order of rank (queue_processor.rest.URGENT_RANK):
     an operation's claim and cordon carry its start, so the node received first is cordoned first; what it
     does after its cordon (a kind that joins: its taint) and its Lease's release wait for every other
     operation's claim and cordon; the replica Lease's write, though a claim asked for it, ranks ahead of
@@ -1502,7 +1502,7 @@ async def test_each_interruption_taken_up_gets_its_own_webhook_as_in_nth(env: An
 
 
 class NodesCopy:
-    """A current watched copy of the fake's nodes (:class:`queue_processor.watch.node_cache.NodeCache`)."""
+    """A current watched copy of the fake's nodes (:class:`queue_processor.watch.NodeCache`)."""
 
     live = True
 

@@ -1,4 +1,4 @@
-"""The watched copy of the nodes (queue_processor.watch.node_cache) on a scripted client: what it keeps of a
+"""The watched copy of the nodes (queue_processor.watch) on a scripted client: what it keeps of a
 node, when it lists again (a 410), and that a refusal leaves cordons reading the node as before."""
 
 from __future__ import annotations

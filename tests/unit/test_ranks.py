@@ -1,4 +1,4 @@
-"""The rank the controller's periodic checks make their urgent requests at (queue_processor.kube.URGENT_RANK):
+"""The rank the controller's periodic checks make their urgent requests at (queue_processor.rest.URGENT_RANK):
 behind every operation's claim and cordon, though they start before any operation, at the replica's rank."""
 
 from __future__ import annotations

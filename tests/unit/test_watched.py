@@ -1,4 +1,4 @@
-"""The wait for a watch's first answer (:meth:`queue_processor.watch.watched.Watched.first_answer`): a claim or a
+"""The wait for a watch's first answer (:meth:`queue_processor.watch.Watched.first_answer`): a claim or a
 cordon at start-up waits for the watched copy of the nodes, bounded, and never for a watch that was not
 started."""
 
@@ -13,7 +13,7 @@ from queue_processor.watch import Watched
 
 class Scripted(Watched):
     """A watch whose first read waits for ``read`` and whose connection opens at once and then idles;
-    ``ranks`` records the rank its reads were made at (queue_processor.kube.URGENT_RANK)."""
+    ``ranks`` records the rank its reads were made at (queue_processor.rest.URGENT_RANK)."""
 
     def __init__(self) -> None:
         super().__init__()
