@@ -1,6 +1,6 @@
 """Drain one node with kubectl-drain semantics ("Safely Drain a Node"), as kubectl's ``RunNodeDrain``: list its
 pods, plan (:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait
-until they are gone or the deadline, delete what is left then when asked, summarise (:mod:`~.drain.summary`).
+until they are gone or the deadline, delete what is left then when asked, summarise.
 One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1).
 """
 
@@ -29,20 +29,17 @@ from queue_processor.drain.plan import (
     DrainBounds,
     DrainPod,
     DrainPolicy,
+    DrainResult,
     DrainTiming,
+    Eviction,
     PolicyNotice,
+    Tally,
     WavePlan,
+    causes,
+    grace_verdicts,
     granted_grace,
     join_plans,
     plan_waves,
-)
-from queue_processor.drain.summary import (
-    DrainResult,
-    Eviction,
-    Tally,
-    causes,
-    finished,
-    grace_verdicts,
     summarise,
 )
 from queue_processor.drain.surge import Surge
@@ -165,7 +162,7 @@ class Drainer:
         listed = self.clock()
         planned, done = await run(set(), self.use_cache)
         relist_s = self.timing.relist_s
-        if relist_s > 0 and not planned.refused and finished(done):
+        if relist_s > 0 and not planned.refused and done.finished():
             # A pod the scheduler bound just before it saw the cordon shows up after the first list.
             await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}

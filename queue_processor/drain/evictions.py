@@ -25,8 +25,7 @@ import structlog
 
 from queue_processor.config import default
 from queue_processor.drain.budgets import budget_of
-from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, granted_grace
-from queue_processor.drain.summary import Eviction
+from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction, granted_grace
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient, NotSentError
 from queue_processor.observe.observer import NULL_OBSERVER, Observer

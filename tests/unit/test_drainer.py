@@ -15,7 +15,7 @@ from queue_processor.drain.drainer import WAVE_TIME_UP, DrainBounds, Drainer, Dr
 from queue_processor.drain.evictions import Running, settled
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.plan import DrainOrder, DrainPod
-from queue_processor.drain.summary import Eviction
+from queue_processor.drain.plan import Eviction
 from queue_processor.kube import NotSentError
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
