@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +19,15 @@ import structlog
 from queue_processor import tasks
 from queue_processor.config import default
 from queue_processor.drain.budgets import budget_arithmetic
-from queue_processor.drain.evictions import LEAST_SLOTS, Evictions, Running, failed, raise_failed, settled
+from queue_processor.drain.evictions import (
+    LEAST_SLOTS,
+    DrainRun,
+    Evictions,
+    Running,
+    failed,
+    raise_failed,
+    settled,
+)
 from queue_processor.drain.filters import DrainOptions, pod_key
 from queue_processor.drain.node_writes import NodeWrites
 from queue_processor.drain.plan import (
@@ -47,7 +54,7 @@ from queue_processor.kube import KubeClient
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, EvictionOutcome, KubeError
-from queue_processor.watch.departures import Departures, Ticket, Waiting
+from queue_processor.watch.departures import Departures, Waiting
 from queue_processor.watch.node_cache import NodeCache
 
 __all__ = ["LOOKED_AGAIN", "WAVE_TIME_UP", "DrainBounds", "DrainResult", "DrainTiming", "Drainer"]
@@ -127,47 +134,31 @@ class Drainer:
         name, reason, message)`` once per workload and value whose drain annotation cannot be followed. Raises
         :class:`KubeError` when the pods cannot be listed, and what ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
+        run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, evicted, deleted)
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, bounds, guard, lost, evicted, deleted, noticed)
+                return await self._drain(node, run, noticed)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
 
     async def _drain(
-        self,
-        node: str,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        lost: Callable[[], bool] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        deleted: Callable[[str, str], Awaitable[None]] | None,
-        noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        self, node: str, run: DrainRun, noticed: Callable[[str, str, str, str], Awaitable[None]] | None
     ) -> DrainResult:
         """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
-        drain_id = uuid.uuid4().hex[:12]
-        execute = functools.partial(
-            self._execute,
-            node,
-            bounds=bounds,
-            guard=guard,
-            evicted=evicted,
-            deleted=deleted,
-            drain_id=drain_id,
-            lost=lost,
-        )
-        run = functools.partial(self._pass, node, execute, noticed)
+        bounds = run.bounds
         listed = self.clock()
-        planned, done = await run(set(), self.use_cache)
+        planned, done = await self._pass(node, run, noticed, set(), self.use_cache)
         relist_s = self.timing.relist_s
         if relist_s > 0 and not planned.refused and done.finished():
             # A pod the scheduler bound just before it saw the cordon shows up after the first list.
             await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
+            seen |= {((d.namespace, d.name), None) for d in planned.skipped}
             # From the API server's watch cache: seconds after the cordon it has the binding, at no etcd read.
-            later, more = await run(seen | {((d.namespace, d.name), None) for d in planned.skipped}, True)
+            later, more = await self._pass(node, run, noticed, seen, True)
             if any(later.waves):
                 log.info(
                     LOOKED_AGAIN,
@@ -175,17 +166,17 @@ class Drainer:
                     pods=sorted(f"{e.key[0]}/{e.key[1]}" for wave in later.waves for e in wave),
                 )
             planned, done = join_plans(planned, later), Tally.joined(done, more)
-        return summarise(planned, done, drain_id)
+        return summarise(planned, done, run.drain_id)
 
     async def _pass(
         self,
         node: str,
-        execute: Callable[..., Awaitable[Tally]],
+        run: DrainRun,
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None,
         seen: set[tuple[tuple[str, str], Any]],
         cached: bool,
     ) -> tuple[WavePlan, Tally]:
-        """List the node's pods (``cached``: ``resourceVersion=0``), and plan and ``execute`` those not ``seen``."""
+        """List the node's pods (``cached``: ``resourceVersion=0``), and plan and execute those not ``seen``."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
         ticket = self.departures.ticket() if self.departures is not None and not cached else None
         pods = [
@@ -200,20 +191,14 @@ class Drainer:
             return planned, Tally()
         await self._report(planned.notices, noticed)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
-        with self._following(entries, ticket) as following:
-            done = await execute(planned=planned, following=following)
+        departures = self.departures
+        with (
+            contextlib.nullcontext()
+            if departures is None
+            else departures.waiting(entries, ticket) as following
+        ):
+            done = await self._execute(node, replace(run, accepted={}, held=[]), planned, following)
         return planned, done
-
-    @contextlib.contextmanager
-    def _following(
-        self, entries: set[tuple[tuple[str, str], Any]], ticket: Ticket | None
-    ) -> Iterator[Waiting | None]:
-        """The drain's pods followed by the watch of deletions while it runs (``None`` without one)."""
-        if self.departures is None:
-            yield None
-            return
-        with self.departures.waiting(entries, ticket) as following:
-            yield following
 
     async def _report(
         self, notices: list[PolicyNotice], noticed: Callable[[str, str, str, str], Awaitable[None]] | None
@@ -247,77 +232,45 @@ class Drainer:
                 reason = UNKNOWN_DRAIN_POLICY if notice.why == "unknown" else SURGE_NOT_POSSIBLE
                 await noticed(notice.namespace, notice.name, reason, message)
 
-    async def _execute(
-        self,
-        node: str,
-        planned: WavePlan,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        deleted: Callable[[str, str], Awaitable[None]] | None,
-        drain_id: str,
-        following: Waiting | None = None,
-        *,
-        lost: Callable[[], bool] | None = None,
-    ) -> Tally:
+    async def _execute(self, node: str, run: DrainRun, planned: WavePlan, following: Waiting | None) -> Tally:
         """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
         running = Running([])  # its evictions grow as each wave's launcher starts them
-        accepted: dict[tuple[str, str], Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
-        held: list[Surge] = []  # surges of this drain: taken back when it ends, if not before
-        recut = tasks.spawn(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
-        start = functools.partial(
-            self.evictions.evict,
-            bounds=bounds,
-            guard=guard,
-            evicted=evicted,
-            accepted=accepted,
-            drain_id=drain_id,
-            held=held,
-        )
+        recut = tasks.spawn(self._recut(run, by_key), name=f"recut-{node}")
         try:
-            await self._run_waves(node, planned, bounds, running, start, guard, following)
+            await self._run_waves(node, planned, run, running, following)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
-            final = lambda: bounds.final(self.timing)[0]  # noqa: E731
-            left = dict(await self._wait_gone(node, waiting, final, bounds, following=following))
+            final = lambda: run.bounds.final(self.timing)[0]  # noqa: E731
+            left = dict(await self._wait_gone(node, waiting, final, run.bounds, following=following))
         except BaseException as exc:
             # One stop for all, so a second cancellation cannot leave evictions running (a cancelled launcher
             # starts nothing more). Surges stay when the Lease is lost: the node's new owner takes them over.
             await tasks.stop(*running)
-            if not isinstance(exc, ClaimLost) and not (lost is not None and lost()):
-                await self._take_back(held)
+            if not isinstance(exc, ClaimLost) and not (run.lost is not None and run.lost()):
+                await self._take_back(run.held)
             raise
         finally:
             await tasks.stop(recut)
-        outcomes = [accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
-        return await self._conclude(outcomes, by_key, left, bounds, held, deleted)
+        outcomes = [run.accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
+        return await self._conclude(outcomes, by_key, left, run)
 
     async def _run_waves(
-        self,
-        node: str,
-        planned: WavePlan,
-        bounds: DrainBounds,
-        running: Running,
-        start: Callable[..., Coroutine[Any, Any, Eviction]],
-        guard: Callable[[], Awaitable[None]] | None,
-        following: Waiting | None,
+        self, node: str, planned: WavePlan, run: DrainRun, running: Running, following: Waiting | None
     ) -> None:
-        """Start each wave's evictions after the previous wave's (``start(entry, slot, wave_by=...)``) and wait for
-        its pods to go until its bound, when a later wave keeps time for itself; then wait for every eviction."""
+        """Start each wave's evictions after the previous wave's and wait for its pods to go until its bound, when
+        a later wave keeps time for itself; then wait for every eviction."""
         launchers = running.launchers
         for index, wave in enumerate(planned.waves):
             raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
             before = launchers[-1] if launchers else None
             later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
-            wave_by = self._wave_bound(bounds, later) if later else None
+            wave_by = self._wave_bound(run.bounds, later) if later else None
             evicting = [entry for entry in wave if entry.evict]
-            launch = self.evictions.launch(
-                evicting, functools.partial(start, wave_by=wave_by), running, guard, before
-            )
+            launch = self.evictions.launch(evicting, run, running, before, wave_by)
             launchers.append(tasks.spawn(launch, name=f"evictions-{node}", awaited=True))
             if wave_by is not None:
                 pods = {(e.key, e.uid) for e in wave}
-                behind = await self._wait_gone(node, pods, wave_by, bounds, running, following)
+                behind = await self._wait_gone(node, pods, wave_by, run.bounds, running, following)
                 if behind and not any(failed(task) for task in running):
                     names = sorted(f"{key[0]}/{key[1]}" for key, _ in behind)
                     log.info(WAVE_TIME_UP, node=node, wave=index + 1, pods=names)
@@ -342,21 +295,19 @@ class Drainer:
         outcomes: list[Eviction],
         by_key: dict[tuple[str, str], DrainPod],
         left: dict[tuple[str, str], Any],
-        bounds: DrainBounds,
-        held: list[Surge],
-        deleted: Callable[[str, str], Awaitable[None]] | None,
+        run: DrainRun,
     ) -> Tally:
         """After the waits: grace verdicts, the deadline step if due, surges taken back, and the causes."""
         for outcome in outcomes:
             by_key[outcome.key].granted_s, by_key[outcome.key].cut = outcome.grace_s, outcome.cut
-        graces = grace_verdicts(outcomes, left, bounds.instance_end)
+        graces = grace_verdicts(outcomes, left, run.bounds.instance_end)
         for grace in graces.values():
             self.observer.pod_drained(grace)
         removed = 0
         refused: list[str] = []  # deletions at the deadline the API server refused
-        if left and bounds.final(self.timing)[1]:
-            left, removed, refused = await self._delete_at_deadline(left, deleted)
-        await self._take_back(held)  # those whose pod was not evicted: kept until the deadline step
+        if left and run.bounds.final(self.timing)[1]:
+            left, removed, refused = await self._delete_at_deadline(left, run.deleted)
+        await self._take_back(run.held)  # those whose pod was not evicted: kept until the deadline step
         blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
         erred = any(o.result is EvictionOutcome.ERROR for o in outcomes)
         stuck = [by_key[key] for key in left]
@@ -372,17 +323,12 @@ class Drainer:
         for surge in held:
             await self.evictions.surges.end(surge)
 
-    async def _recut(
-        self,
-        bounds: DrainBounds,
-        pods: Mapping[tuple[str, str], DrainPod],
-        accepted: dict[tuple[str, str], Eviction],
-        drain_id: str,
-    ) -> None:
+    async def _recut(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
         """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
+        accepted = run.accepted
         while True:
-            await bounds.tightening()
-            end = bounds.instance_end
+            await run.bounds.tightening()
+            end = run.bounds.instance_end
             if end is None:
                 continue
             for key, outcome in list(accepted.items()):
@@ -392,7 +338,7 @@ class Drainer:
                 if not cut or self.clock() + grace >= outcome.at + outcome.grace_s:
                     continue
                 with contextlib.suppress(KubeError):
-                    await self.kube.evict(key[0], key[1], grace, drain=drain_id)
+                    await self.kube.evict(key[0], key[1], grace, drain=run.drain_id)
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
     def _reserve(self, later: list[DrainPod], final: float, instance_end: float | None) -> float:

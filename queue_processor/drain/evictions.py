@@ -17,8 +17,8 @@ import random
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -39,6 +39,7 @@ __all__ = [
     "LEAST_SLOTS",
     "BudgetGates",
     "Closed",
+    "DrainRun",
     "Evictions",
     "Running",
     "Slot",
@@ -208,6 +209,27 @@ EVICTION_RETRY_S = (1.0, 10.0)
 log = structlog.get_logger("queue_processor.drain")
 
 
+@dataclass
+class DrainRun:
+    """One drain as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>`` User-Agent);
+    ``guard``, ``lost``, ``evicted``, ``deleted`` as :meth:`Drainer.drain` takes them; the evictions the API server
+    ``accepted`` (as last given) and the surges ``held`` (taken back when the drain ends, if not before)."""
+
+    bounds: DrainBounds
+    drain_id: str = ""
+    guard: Callable[[], Awaitable[None]] | None = None
+    lost: Callable[[], bool] | None = None
+    evicted: Callable[[str, str], Awaitable[None]] | None = None
+    deleted: Callable[[str, str], Awaitable[None]] | None = None
+    accepted: dict[tuple[str, str], Eviction] = field(default_factory=dict)
+    held: list[Surge] = field(default_factory=list)
+
+    async def confirm(self) -> None:
+        """Run the guard (raises to stop the drain)."""
+        if self.guard is not None:
+            await self.guard()
+
+
 class Evictions:
     """Evictions of every drain through ``kube``: ``grace_s`` POD_TERMINATION_GRACE_PERIOD, ``clock`` monotonic
     seconds, ``in_flight`` evictions awaiting their first answer at once (:func:`evictions_in_flight`)."""
@@ -237,81 +259,55 @@ class Evictions:
     async def launch(
         self,
         entries: list[DrainPod],
-        start: Callable[[DrainPod, Slot | None], Coroutine[Any, Any, Eviction]],
+        run: DrainRun,
         running: Running,
-        guard: Callable[[], Awaitable[None]] | None = None,
         before: asyncio.Task[None] | None = None,
+        wave_by: Callable[[], float] | None = None,
     ) -> None:
-        """Start ``entries``' evictions into ``running``: surges at once, the others as :attr:`slots` free up, after
-        ``before`` (the previous wave's launcher) and ``guard`` each turn, until one fails (raised)."""
+        """Start ``entries``' evictions (:meth:`evict`) into ``running``: surges at once, the others as :attr:`slots`
+        free up, after ``before`` (the previous wave's launcher) and the guard each turn, until one fails (raised)."""
         if before is not None:
             await before
         rest = [entry for entry in entries if entry.surge is None]
         for entry in entries:
             if entry.surge is not None:
-                running.add(asyncio.create_task(start(entry, None)))
+                running.add(asyncio.create_task(self.evict(entry, None, run, wave_by)))
         while rest:
-            if guard is not None:
-                await guard()
+            await run.confirm()
             count = await self.slots.take(len(rest))
             if any(failed(task) for task in running):  # the drain ends (a guard raised): no more start
                 self.slots.give(count)
                 return
             for entry in rest[:count]:
                 slot = Slot(self.slots)
-                task = asyncio.create_task(start(entry, slot))
+                task = asyncio.create_task(self.evict(entry, slot, run, wave_by))
                 task.add_done_callback(slot.ended)  # also when it is cancelled before it ever ran
                 running.add(task)
             del rest[:count]
 
     async def evict(
-        self,
-        entry: DrainPod,
-        slot: Slot | None,
-        *,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        accepted: dict[tuple[str, str], Eviction],
-        drain_id: str,
-        held: list[Surge],
-        wave_by: Callable[[], float] | None = None,
+        self, entry: DrainPod, slot: Slot | None, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Eviction:
         """Evict one pod (:meth:`evict_until`), after its replacement when it asks for a surge (:meth:`surge`);
         ``wave_by``: when its wave must be gone (``None``: the last wave)."""
-        surge = (
-            None
-            if entry.surge is None
-            else await self.surge(entry, entry.surge, bounds, guard, held, wave_by)
-        )
-        outcome = await self.evict_until(
-            entry, bounds, guard, evicted, accepted, drain_id, slot, past_gate=surge is not None
-        )
+        surge = None if entry.surge is None else await self.surge(entry, run, wave_by)
+        outcome = await self.evict_until(entry, run, slot, past_gate=surge is not None)
         if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
             await self.surges.end(surge)  # at once: a ReplicaSet that sees the pod go adds a pod of its own
         return outcome
 
     async def evict_until(
-        self,
-        entry: DrainPod,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        accepted: dict[tuple[str, str], Eviction],
-        drain_id: str,
-        slot: Slot | None = None,
-        *,
-        past_gate: bool = False,
+        self, entry: DrainPod, run: DrainRun, slot: Slot | None = None, *, past_gate: bool = False
     ) -> Eviction:
         """Evict one pod, retrying with backoff until :meth:`DrainBounds.final`: how it ended. While its workload's
         budget is closed (:attr:`gates`) it waits without its slot, counted as refused (``past_gate``: not at first)."""
+        bounds = run.bounds
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
         first = past_gate
         try:
             while True:
-                if guard is not None:
-                    await guard()
+                await run.confirm()
                 closed = None if first else self.gates.closed(entry.owner, self.clock())
                 if closed is not None:
                     if slot is not None:
@@ -329,7 +325,7 @@ class Evictions:
                 granted = grace if cut or self.grace_s >= 0 else None
                 gated, first = not first, False
                 try:
-                    await self._send(entry, granted, drain_id, slot, gated)
+                    await self._send(entry, granted, run.drain_id, slot, gated)
                 except NotSentError:  # its budget refused another pod of the workload while it waited for QPS
                     continue
                 except KubeError as exc:
@@ -346,7 +342,7 @@ class Evictions:
                     tightened = await bounds.sleep(delay * random.uniform(0.8, 1.2))
                     delay = EVICTION_RETRY_S[0] if tightened else min(delay * 2, EVICTION_RETRY_S[1])
                     continue  # a new end: try again now, with the new grace
-                return await self._accepted(entry, evicted, accepted, grace, cut)
+                return await self._accepted(entry, run, grace, cut)
         finally:
             self._blocking(blocking, -1)
 
@@ -377,20 +373,13 @@ class Evictions:
             return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
         return self._evicted(entry, EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
 
-    async def _accepted(
-        self,
-        entry: DrainPod,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        accepted: dict[tuple[str, str], Eviction],
-        grace_s: int,
-        cut: bool,
-    ) -> Eviction:
+    async def _accepted(self, entry: DrainPod, run: DrainRun, grace_s: int, cut: bool) -> Eviction:
         """The eviction's end when the API server took it."""
         self.gates.accepted(entry.owner)
-        if evicted is not None:
-            await evicted(*entry.key)
+        if run.evicted is not None:
+            await run.evicted(*entry.key)
         outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace_s, cut=cut)
-        accepted[entry.key] = outcome
+        run.accepted[entry.key] = outcome
         return outcome
 
     def _recount(self, current: str | None, budget: str | None) -> str | None:
@@ -401,25 +390,19 @@ class Evictions:
         return budget
 
     async def surge(
-        self,
-        entry: DrainPod,
-        deployment: str,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        held: list[Surge],
-        wave_by: Callable[[], float] | None = None,
+        self, entry: DrainPod, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Surge | None:
         """Scale the pod's Deployment up (:mod:`queue_processor.drain.surge`) and wait for the replica until the
-        eviction must start (:meth:`_evict_by`). The surge to take back (in ``held`` from before its write) or
-        ``None``. Raises what ``guard`` raises."""
+        eviction must start (:meth:`_evict_by`). The surge to take back (in ``run.held`` from before its write) or
+        ``None``. Raises what the guard raises."""
         namespace, name = entry.key
-        evict_by = self._evict_by(entry, bounds, wave_by)
+        deployment, held = str(entry.surge), run.held
+        evict_by = self._evict_by(entry, run.bounds, wave_by)
         fallback = functools.partial(self._fallback, f"{namespace}/{name}")
         if evict_by() - self.clock() < SURGE_LEAST_S:
             fallback(SurgeResult.NO_TIME, "too little time before the eviction must start")
             return None
-        if guard is not None:
-            await guard()
+        await run.confirm()
         provisional = Surge(namespace, deployment, str(entry.uid), name)
         held.append(provisional)
         started = await self.surges.start(
@@ -437,25 +420,19 @@ class Evictions:
         if evict_by() - self.clock() < started.min_ready_s + SURGE_LEAST_S:
             fallback(SurgeResult.NO_TIME, "too little time for the Deployment's minReadySeconds")
             return started
-        return await self._wait_replacement(started, evict_by, bounds, guard, held)
+        return await self._wait_replacement(started, evict_by, run)
 
     async def _wait_replacement(
-        self,
-        started: Surge,
-        evict_by: Callable[[], float],
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        held: list[Surge],
+        self, started: Surge, evict_by: Callable[[], float], run: DrainRun
     ) -> Surge | None:
         """Poll the surged Deployment until its replacement is available or ``evict_by()``; as :meth:`surge`."""
         pod = f"{started.namespace}/{started.name}"
         poll = 0.25
         while self.clock() < evict_by():
-            if guard is not None:
-                await guard()
+            await run.confirm()
             ready = await self.surges.ready(started)
             if ready is None:
-                held.remove(started)
+                run.held.remove(started)
                 self._fallback(
                     pod, SurgeResult.UNAVAILABLE, "the Deployment is gone or no longer records the surge"
                 )
@@ -464,7 +441,7 @@ class Evictions:
                 self.observer.surge(SurgeResult.SURGED)
                 log.info("surge: the replacement is available: evicting", pod=pod)
                 return started
-            await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
+            await run.bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
             poll = min(poll * 1.5, 2.0)
         if self.surges.undone(started):
             self._fallback(pod, SurgeResult.UNDONE, "the owner set the Deployment's replica count back")
