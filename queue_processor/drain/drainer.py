@@ -28,21 +28,23 @@ from queue_processor.drain.evictions import (
     raise_failed,
     settled,
 )
-from queue_processor.drain.filters import DrainOptions, PodDecision, pod_key
 from queue_processor.drain.node_writes import NodeWrites
 from queue_processor.drain.plan import (
     DRAIN_POLICY_ANNOTATION,
     WAVE_PAD_S,
     DrainBounds,
+    DrainOptions,
     DrainPod,
     DrainPolicy,
     DrainTiming,
     Eviction,
+    PodDecision,
     PolicyNotice,
     WavePlan,
     granted_grace,
     join_plans,
     plan_waves,
+    pod_key,
 )
 from queue_processor.drain.surge import Surge
 from queue_processor.kube import KubeClient

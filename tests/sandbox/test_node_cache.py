@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.plan import DrainOptions
 from queue_processor.drain.record import CordonRecord
 from queue_processor.kube import KubeClient, KubeError
 from queue_processor.watch.node_cache import NodeCache, slim, slim_event

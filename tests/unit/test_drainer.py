@@ -13,8 +13,7 @@ import structlog.testing
 
 from queue_processor.drain.drainer import WAVE_TIME_UP, DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.evictions import DrainRun, Running, settled
-from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.plan import DrainOrder, DrainPod, Eviction
+from queue_processor.drain.plan import DrainOptions, DrainOrder, DrainPod, Eviction
 from queue_processor.kube import NotSentError
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError

@@ -22,7 +22,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.lease_objects",
         "queue_processor.drain",
         "queue_processor.watch",
-        "queue_processor.drain.filters",
         "queue_processor.drain.record",
         "queue_processor.observe",
         "queue_processor.observe.logs",
@@ -54,7 +53,6 @@ LAYERS: list[set[str]] = [
     {
         "queue_processor.parse",
         "queue_processor.coalesce",
-        "queue_processor.drain.budgets",
         "queue_processor.watch.departures",
         "queue_processor.watch.node_cache",
         "queue_processor.drain.surge",
@@ -63,7 +61,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.leases",
     },
     {"queue_processor.drain.plan"},
-    {"queue_processor.drain.node_writes"},
+    {"queue_processor.drain.node_writes", "queue_processor.drain.budgets"},
     {"queue_processor.drain.evictions"},
     {
         "queue_processor.drain.drainer",
