@@ -137,36 +137,28 @@ GATE_FORGET_S = 300.0
 
 @dataclass
 class Closed:
-    """A closed budget: when it reopens (a clock reading), this closing's length (seconds), the 429's message."""
+    """A budget that refused lately: when it reopens (a clock reading), its last closing's length (seconds; 0 after
+    an accepted eviction), the last 429's message, and when it last refused."""
 
     budget: str
     until: float
     length_s: float
     message: str
-
-
-@dataclass
-class _Budget:
-    until: float  # when it reopens
-    length_s: float  # how long its last closing lasted; 0 after an accepted eviction
-    message: str
-    last: float  # when it last refused
+    last: float = 0.0
 
 
 class BudgetGates:
     """Budgets that refused lately and the owners they cover; times: caller clock readings (seconds). One loop."""
 
     def __init__(self) -> None:
-        self._budgets: dict[str, _Budget] = {}
+        self._budgets: dict[str, Closed] = {}
         self._owners: dict[str, str] = {}  # controller owner uid → the budget that refused one of its pods
 
     def closed(self, owner: str | None, now: float) -> Closed | None:
         """The budget closed on ``owner``'s pods, or ``None`` when they may be tried now (no ``owner``: always)."""
         name = None if owner is None else self._owners.get(owner)
         budget = None if name is None else self._budgets.get(name)
-        if name is None or budget is None or budget.until <= now:
-            return None
-        return Closed(name, budget.until, budget.length_s, budget.message)
+        return None if budget is None or budget.until <= now else budget
 
     def refused(self, owner: str | None, budget: str, message: str, now: float) -> None:
         """A 429 of ``budget`` for a pod of ``owner``: link them and close the budget unless closed, for
@@ -176,7 +168,7 @@ class BudgetGates:
         state = self._budgets.get(budget)
         if state is None:
             self._forget(now)
-            state = self._budgets[budget] = _Budget(now, 0.0, message, now)
+            state = self._budgets[budget] = Closed(budget, now, 0.0, message)
         state.last = now
         if state.until <= now:
             again = state.length_s > 0 and now - state.until <= state.length_s
