@@ -175,45 +175,6 @@ def summarise(planned: WavePlan, done: Tally, drain_id: str) -> DrainResult:
     )
 
 
-async def causes(
-    blocked: list[Eviction],
-    outcomes: list[Eviction],
-    left: list[DrainPod],
-    budget_status: Callable[[str], Awaitable[str | None]],
-) -> list[str]:
-    """Why a drain did not finish, a line each: every budget that refused to the end (its arithmetic now from
-    ``budget_status(namespace/name)``), every failed eviction, the pods evicted or being deleted still there."""
-    lines: list[str] = []
-    by_budget: dict[str | None, list[Eviction]] = {}
-    for outcome in blocked:
-        by_budget.setdefault(outcome.budget, []).append(outcome)
-    for budget, refused in by_budget.items():
-        names = names_of(f"{o.key[0]}/{o.key[1]}" for o in refused)
-        if budget is None:
-            lines.append(f"a PodDisruptionBudget refuses the eviction of {names}: {refused[0].detail}")
-            continue
-        lines.append(
-            f"PodDisruptionBudget {budget} refuses the eviction of {names}: "
-            + (await budget_status(budget) or refused[0].detail)
-        )
-    lines += [
-        f"eviction of {o.key[0]}/{o.key[1]} failed: {o.detail}"
-        for o in outcomes
-        if o.result is EvictionOutcome.ERROR
-    ]
-    evicted = {o.key: o for o in outcomes if o.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE)}
-    stuck = sorted((e for e in left if e.key in evicted or not e.evict), key=lambda e: e.key)
-    if stuck:
-        names = names_of(
-            f"{e.key[0]}/{e.key[1]} (grace {e.granted_s if e.granted_s is not None else e.grace_s} s)"
-            if e.evict
-            else f"{e.key[0]}/{e.key[1]} (being deleted before the drain)"
-            for e in stuck
-        )
-        lines.append(f"evicted pods did not terminate: {names}")
-    return lines
-
-
 def names_of(names: Iterable[str], most: int = 5) -> str:
     """``a, b, c`` (at most ``most`` names, then ``and N more``)."""
     listed = list(names)
@@ -461,14 +422,7 @@ class Drainer:
         if left and run.bounds.final(self.timing)[1]:
             left, removed, refused = await self._delete_at_deadline(left, run.deleted)
         await self._take_back(run.held)  # those whose pod was not evicted: kept until the deadline step
-        blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
-        erred = any(o.result is EvictionOutcome.ERROR for o in outcomes)
-        stuck = [by_key[key] for key in left]
-        why = (
-            await causes(blocked, outcomes, stuck, self._budget_status) + refused
-            if blocked or erred or left
-            else []
-        )
+        why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
         return Tally(outcomes, graces, len(left), removed, why)
 
     async def _take_back(self, held: list[Surge]) -> None:
@@ -574,11 +528,38 @@ class Drainer:
         kept = {key: uid for (key, uid), ok in zip(left.items(), done, strict=True) if ok is False}
         return kept, sum(1 for ok in done if ok), refused
 
-    async def _budget_status(self, budget: str) -> str | None:
-        """The arithmetic of ``budget`` (``namespace/name``) now, or ``None`` when it cannot be read."""
-        namespace, _, name = budget.partition("/")
-        try:
-            pdb = await self.kube.get_pdb(namespace, name)
-        except KubeError:
-            return None
-        return None if pdb is None else budget_arithmetic(pdb)
+    async def _causes(self, outcomes: list[Eviction], left: list[DrainPod]) -> list[str]:
+        """Why a drain did not finish, a line each: every budget that refused to the end (with its arithmetic now, when
+        it can be read), every failed eviction, the pods evicted or being deleted still there."""
+        lines: list[str] = []
+        by_budget: dict[str | None, list[Eviction]] = {}
+        for outcome in outcomes:
+            if outcome.result is EvictionOutcome.PDB_BLOCKED:
+                by_budget.setdefault(outcome.budget, []).append(outcome)
+        for budget, refused in by_budget.items():
+            names = names_of(f"{o.key[0]}/{o.key[1]}" for o in refused)
+            if budget is None:
+                lines.append(f"a PodDisruptionBudget refuses the eviction of {names}: {refused[0].detail}")
+                continue
+            namespace, _, name = budget.partition("/")
+            pdb = None
+            with contextlib.suppress(KubeError):
+                pdb = await self.kube.get_pdb(namespace, name)
+            status = budget_arithmetic(pdb) if pdb is not None else refused[0].detail
+            lines.append(f"PodDisruptionBudget {budget} refuses the eviction of {names}: {status}")
+        lines += [
+            f"eviction of {o.key[0]}/{o.key[1]} failed: {o.detail}"
+            for o in outcomes
+            if o.result is EvictionOutcome.ERROR
+        ]
+        evicted = {o.key for o in outcomes if o.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE)}
+        stuck = sorted((e for e in left if e.key in evicted or not e.evict), key=lambda e: e.key)
+        if stuck:
+            names = names_of(
+                f"{e.key[0]}/{e.key[1]} (grace {e.granted_s if e.granted_s is not None else e.grace_s} s)"
+                if e.evict
+                else f"{e.key[0]}/{e.key[1]} (being deleted before the drain)"
+                for e in stuck
+            )
+            lines.append(f"evicted pods did not terminate: {names}")
+        return lines
