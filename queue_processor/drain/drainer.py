@@ -41,7 +41,6 @@ from queue_processor.drain.plan import (
     PodDecision,
     PolicyNotice,
     WavePlan,
-    granted_grace,
     join_plans,
     plan_waves,
     pod_key,
@@ -392,17 +391,12 @@ class Drainer:
 
     def _wave_bound(self, bounds: DrainBounds, later: list[DrainPod]) -> Callable[[], float]:
         """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves."""
-        # Planned once per bounds version: re-planned every poll it would keep pushing the next wave later.
-        kept: dict[int, float] = {}
 
         def wave_bound() -> float:
-            if bounds.version not in kept:
-                final = bounds.final(self.timing)[0]
-                kept.clear()
-                kept[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
-            return kept[bounds.version]
+            final = bounds.final(self.timing)[0]
+            return final - self._reserve(later, final, bounds)
 
-        return wave_bound
+        return bounds.fixed(wave_bound)  # re-planned every poll it would keep pushing the next wave later
 
     async def _conclude(
         self,
@@ -441,18 +435,17 @@ class Drainer:
             for key, outcome in list(accepted.items()):
                 if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
                     continue
-                grace, cut = granted_grace(pods[key].grace_s, end - self.clock(), self.timing.grace_margin_s)
+                grace, cut = run.bounds.grace(pods[key].grace_s, self.timing, self.clock())
                 if not cut or self.clock() + grace >= outcome.at + outcome.grace_s:
                     continue
                 with contextlib.suppress(KubeError):
                     await self.kube.evict(key[0], key[1], grace, drain=run.drain_id)
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
-    def _reserve(self, later: list[DrainPod], final: float, instance_end: float | None) -> float:
+    def _reserve(self, later: list[DrainPod], final: float, bounds: DrainBounds) -> float:
         """Seconds kept for the later waves: their longest grace plus :data:`WAVE_PAD_S`, at most half the time left."""
         now = self.clock()
-        until_end = None if instance_end is None else instance_end - now
-        longest = max(granted_grace(e.grace_s, until_end, self.timing.grace_margin_s)[0] for e in later)
+        longest = max(bounds.grace(e.grace_s, self.timing, now)[0] for e in later)
         return min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
 
     async def _wait_gone(

@@ -25,7 +25,7 @@ import structlog
 
 from queue_processor.config import default
 from queue_processor.drain.budgets import budget_of
-from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction, granted_grace
+from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient, NotSentError
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -312,8 +312,7 @@ class Evictions:
                         min(closed.until + spread, bounds.final(self.timing)[0]) - self.clock()
                     )
                     continue
-                until_end = None if bounds.instance_end is None else bounds.instance_end - self.clock()
-                grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
+                grace, cut = bounds.grace(entry.grace_s, self.timing, self.clock())
                 granted = grace if cut or self.grace_s >= 0 else None
                 gated, first = not first, False
                 try:
@@ -445,20 +444,13 @@ class Evictions:
         self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
     ) -> Callable[[], float]:
         """When a surge pod's eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
-        graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
+        # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
+        grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
 
         def evict_by() -> float:
-            # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
-            if bounds.version not in graces:
-                end = bounds.instance_end
-                until_end = None if end is None else end - self.clock()
-                graces.clear()
-                graces[bounds.version] = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)[
-                    0
-                ]
             final = bounds.final(self.timing)[0]
             by = final if wave_by is None else min(final, wave_by())
-            return by - graces[bounds.version] - WAVE_PAD_S
+            return by - grace() - WAVE_PAD_S
 
         return evict_by
 

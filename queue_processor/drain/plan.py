@@ -567,6 +567,23 @@ class DrainBounds:
         """Wait until the bounds tighten next."""
         await self._tightened.wait()
 
+    def grace(self, own_s: int, timing: DrainTiming, now: float) -> tuple[int, bool]:
+        """:func:`granted_grace` of ``own_s`` (seconds) at ``now`` (a ``clock`` reading) for the instance's end."""
+        end = self.instance_end
+        return granted_grace(own_s, None if end is None else end - now, timing.grace_margin_s)
+
+    def fixed(self, compute: Callable[[], float]) -> Callable[[], float]:
+        """``compute`` computed once per version of the bounds (a wait polling it does not move it)."""
+        kept: dict[int, float] = {}
+
+        def value() -> float:
+            if self.version not in kept:
+                kept.clear()
+                kept[self.version] = compute()
+            return kept[self.version]
+
+        return value
+
 
 @dataclass(frozen=True)
 class Eviction:
