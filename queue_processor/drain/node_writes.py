@@ -7,9 +7,10 @@ cordon somebody else made is never undone. The JSON (:meth:`CordonRecord.to_json
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,11 +34,6 @@ class CordonRecord:
     launch_time: str = ""
     warm_pool: bool = False
     since: str = ""
-
-    @property
-    def changed(self) -> bool:
-        """Whether anything is recorded to undo."""
-        return self.unschedulable or bool(self.taints) or bool(self.replaced) or bool(self.labels)
 
     def to_json(self) -> str:
         """The annotation's value (see the module)."""
@@ -82,36 +78,36 @@ class CordonRecord:
             return None
 
 
-def recorded(
+def cordon_patch(
     node: Mapping[str, Any],
     *,
     unschedulable: bool,
-    taints: Iterable[tuple[str, str]],
-    labels: Mapping[str, str],
-    about: CordonRecord | None,
-) -> CordonRecord | None:
-    """The record ``node`` (as read before our write) should carry after it: its own plus what the write adds
-    (``taints`` as ``(key, effect)``), with ``about``'s instance facts; ``None`` when there is nothing to record."""
-    spec = node.get("spec") or {}
+    taints: Sequence[tuple[str, str, str]] = (),
+    labels: Mapping[str, str] | None = None,
+    about: CordonRecord | None = None,
+) -> dict[str, Any]:
+    """The strategic-merge patch of our write on ``node`` (as read now), with its ``resourceVersion`` so a concurrent
+    change answers 409: ``unschedulable`` if asked, ``taints`` (``(key, value, effect)``, the node's others kept: the
+    list has no patch merge key), the ``labels`` it lacks, and the node's record plus what this write adds (with
+    ``about``'s instance facts), when there is something to record."""
+    metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
+    ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
+    wanted = sorted({(taint["key"], taint["effect"]) for taint in ours})
     present = {(t.get("key"), t.get("effect")): t for t in spec.get("taints") or []}
     existing = CordonRecord.from_node(node)
     record = existing or CordonRecord()
     known = set(record.taints) | {(key, effect) for key, _, effect in record.replaced}
-    wanted = [taint for taint in taints if taint not in known]
-    added_taints = [taint for taint in wanted if taint not in present]
-    replaced = [
-        (str(key), str(present[(key, effect)].get("value") or ""), str(effect))
-        for key, effect in wanted
-        if (key, effect) in present
-    ]
-    current_labels = (node.get("metadata") or {}).get("labels") or {}
-    added_labels = {key: value for key, value in labels.items() if key not in current_labels}
+    new = [taint for taint in wanted if taint not in known]
+    added = {key: value for key, value in (labels or {}).items() if key not in (metadata.get("labels") or {})}
     record = replace(
         record,
         unschedulable=record.unschedulable or (unschedulable and not spec.get("unschedulable")),
-        taints=record.taints + tuple(added_taints),
-        replaced=record.replaced + tuple(replaced),
-        labels={**record.labels, **added_labels},
+        taints=record.taints + tuple(taint for taint in new if taint not in present),
+        replaced=record.replaced
+        + tuple(
+            (str(k), str(present[(k, e)].get("value") or ""), str(e)) for k, e in new if (k, e) in present
+        ),
+        labels={**record.labels, **added},
     )
     if about is not None:
         record = replace(
@@ -121,9 +117,19 @@ def recorded(
             warm_pool=about.warm_pool,
             since=record.since or about.since,
         )
-    if existing is None and not record.changed:
-        return None
-    return record
+    patch: dict[str, Any] = {
+        "metadata": {"resourceVersion": metadata.get("resourceVersion")},
+        "spec": {"unschedulable": True} if unschedulable else {},
+    }
+    if existing is not None or record.unschedulable or record.taints or record.replaced or record.labels:
+        patch["metadata"]["annotations"] = {RECORD_ANNOTATION: record.to_json()}
+        added = {**added, RECORD_LABEL: "true"}
+    if added:
+        patch["metadata"]["labels"] = added
+    if ours:
+        kept = [t for t in spec.get("taints") or [] if (t.get("key"), t.get("effect")) not in wanted]
+        patch["spec"]["taints"] = kept + ours
+    return patch
 
 
 def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
@@ -182,14 +188,20 @@ class NodeWrites:
         ``labels_if_absent`` it lacks, recorded (with ``about``'s instance facts) for :meth:`undo`; idempotent. A
         read-modify-write (``spec.taints`` has no patch merge key), retried on a 409 (:data:`TAINT_WRITE_ATTEMPTS`).
         ``False`` when the node does not exist; raises :class:`KubeError` otherwise."""
-        return await self._write(node, taints, labels_if_absent or {}, about, unschedulable=True)
+        body = functools.partial(
+            cordon_patch, unschedulable=True, taints=taints, labels=labels_if_absent, about=about
+        )
+        return await self._patch(node, body, cached=True)
 
     async def taint(
         self, node: str, key: str, value: str, effect: str, *, about: CordonRecord | None = None
     ) -> None:
         """Add (or update) one taint, keeping the others, as :meth:`cordon`; recorded with ``about``'s instance
         facts when new. Raises :class:`KubeError` (404: the node is gone)."""
-        if not await self._write(node, [(key, value, effect)], {}, about, unschedulable=False):
+        body = functools.partial(
+            cordon_patch, unschedulable=False, taints=[(key, value, effect)], about=about
+        )
+        if not await self._patch(node, body, cached=True):
             raise KubeError(404, "NotFound", f'nodes "{node}" not found')
 
     async def undo(self, node: str, decide: Callable[[dict[str, Any], CordonRecord], bool]) -> bool:
@@ -201,41 +213,6 @@ class NodeWrites:
             return None if record is None or not decide(current, record) else undo_patch(current, record)
 
         return await self._patch(node, undo_body, cached=False)
-
-    async def _write(
-        self,
-        node: str,
-        taints: Sequence[tuple[str, str, str]],
-        labels_if_absent: Mapping[str, str],
-        about: CordonRecord | None,
-        *,
-        unschedulable: bool,
-    ) -> bool:
-        ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
-        identities = {(taint["key"], taint["effect"]) for taint in ours}
-
-        def write_body(current: dict[str, Any]) -> dict[str, Any]:
-            present = (current.get("metadata") or {}).get("labels") or {}
-            metadata: dict[str, Any] = {"resourceVersion": current["metadata"]["resourceVersion"]}
-            labels = {key: value for key, value in labels_if_absent.items() if key not in present}
-            spec: dict[str, Any] = {"unschedulable": True} if unschedulable else {}
-            record = recorded(
-                current, unschedulable=unschedulable, taints=sorted(identities), labels=labels, about=about
-            )
-            if record is not None:
-                metadata["annotations"] = {RECORD_ANNOTATION: record.to_json()}
-                labels = {**labels, RECORD_LABEL: "true"}
-            if labels:
-                metadata["labels"] = labels
-            if taints:
-                spec["taints"] = [
-                    taint
-                    for taint in (current.get("spec") or {}).get("taints") or []
-                    if (taint.get("key"), taint.get("effect")) not in identities
-                ] + ours
-            return {"metadata": metadata, "spec": spec}
-
-        return await self._patch(node, write_body, cached=True)
 
     async def _patch(
         self, node: str, body_of: Callable[[dict[str, Any]], dict[str, Any] | None], *, cached: bool
