@@ -462,27 +462,23 @@ class Drainer:
         departures = self.departures
         poll = 0.05
         while waiting:
-            covered = following is not None and departures is not None and departures.covers(following)
+            covered = (
+                following
+                if following is not None and departures is not None and departures.covers(following)
+                else None
+            )
             if following is not None:
                 following.changed.clear()
-            if covered and following is not None:
-                waiting &= following.pending
-            else:
-                waiting &= await self._present(node, following)
-            ended = not waiting or self.clock() >= deadline()
-            if not ended and any(failed(task) for task in evictions):
-                ended = True
-            if ended:
+            waiting &= covered.pending if covered else await self._present(node, following)
+            if not waiting or self.clock() >= deadline() or any(failed(task) for task in evictions):
                 if waiting and covered:
                     waiting &= await self._present(node, following)  # the last word is a list
                 break
             remaining = max(0.0, deadline() - self.clock())
-            if following is None:
-                if not await bounds.sleep(min(poll, remaining)):
-                    poll = min(poll * 1.5, 2.0)
-            elif covered:  # until a pod goes, the watch stops, or the bounds tighten
-                await bounds.sleep(remaining, wake=following.changed)
-            elif not await bounds.sleep(min(poll, remaining), wake=following.changed):
+            wake = None if following is None else following.changed
+            if covered:  # until a pod goes, the watch stops, or the bounds tighten
+                await bounds.sleep(remaining, wake=wake)
+            elif not await bounds.sleep(min(poll, remaining), wake=wake):
                 poll = min(poll * 1.5, 2.0)
         return waiting
 
