@@ -114,15 +114,11 @@ class Slot:
     def __init__(self, slots: Slots) -> None:
         self._slots: Slots | None = slots
 
-    def release(self) -> None:
-        """Give the slot back, the first time only."""
+    def release(self, _task: object = None) -> None:
+        """Give the slot back, the first time only; also a done callback of the eviction's task."""
         if self._slots is not None:
             self._slots.give(1)
             self._slots = None
-
-    def ended(self, _task: object) -> None:
-        """:meth:`release`, as a done callback of the eviction's task (which may be cancelled before it runs)."""
-        self.release()
 
 
 #: How long a budget stays closed after its first refusal (seconds; kubectl retries after 5 s).
@@ -273,7 +269,7 @@ class Evictions:
             for entry in rest[:count]:
                 slot = Slot(self.slots)
                 task = asyncio.create_task(self.evict(entry, slot, run, wave_by))
-                task.add_done_callback(slot.ended)  # also when it is cancelled before it ever ran
+                task.add_done_callback(slot.release)  # also when it is cancelled before it ever ran
                 running.add(task)
             del rest[:count]
 
