@@ -475,10 +475,12 @@ class Drainer:
                     waiting &= await self._present(node, following)  # the last word is a list
                 break
             remaining = max(0.0, deadline() - self.clock())
-            wake = None if following is None else following.changed
             if covered:  # until a pod goes, the watch stops, or the bounds tighten
-                await bounds.sleep(remaining, wake=wake)
-            elif not await bounds.sleep(min(poll, remaining), wake=wake):
+                await bounds.sleep(remaining, wake=covered.changed)
+            elif following is None:
+                if not await bounds.sleep(min(poll, remaining)):
+                    poll = min(poll * 1.5, 2.0)
+            elif not await bounds.sleep(min(poll, remaining), wake=following.changed):
                 poll = min(poll * 1.5, 2.0)
         return waiting
 
