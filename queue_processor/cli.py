@@ -393,8 +393,7 @@ def explain(
     drain, 2 when the node is not found or the cluster cannot be read (one line on stderr).
     """
     from queue_processor.drain.explain import explain_node
-    from queue_processor.drain.filters import DrainOptions
-    from queue_processor.drain.plan import DrainOrder
+    from queue_processor.drain.plan import DrainOptions, DrainOrder
     from queue_processor.kube import KubeClient, load_api_client
     from queue_processor.outcomes import KubeError
 

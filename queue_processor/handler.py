@@ -20,7 +20,7 @@ from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
-from queue_processor.drain.filters import OWN_POD
+from queue_processor.drain.plan import OWN_POD
 from queue_processor.events import EventKind
 from queue_processor.kinds import (
     AsgLaunchLifecycleEvent,

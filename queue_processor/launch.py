@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from queue_processor.drain.record import RECORD_LABEL, CordonRecord
+from queue_processor.drain.node_writes import CordonRecord
+from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.events import EventKind
 from queue_processor.nodes import InstanceInfo, node_ready
 from queue_processor.observe.events import RECEIVED_REASONS

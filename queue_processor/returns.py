@@ -15,7 +15,8 @@ from typing import Any
 import structlog
 
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.record import RECORD_LABEL, CordonRecord
+from queue_processor.drain.node_writes import CordonRecord
+from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.leases import NodeLeases
 from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready

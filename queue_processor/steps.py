@@ -19,7 +19,7 @@ from queue_processor import tasks
 from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.record import CordonRecord
+from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.events import EventKind
 from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, StateChangeEvent
 from queue_processor.leases import Claim, NodeLeases

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from queue_processor.drain.filters import is_terminating
+from queue_processor.drain.plan import is_terminating
 from queue_processor.outcomes import KubeError
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Drain one node with kubectl-drain semantics ("Safely Drain a Node"), as kubectl's ``RunNodeDrain``: list its
 pods, plan (:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait
-until they are gone or the deadline, delete what is left then when asked, summarise (:mod:`~.drain.summary`).
+until they are gone or the deadline, delete what is left then when asked, summarise.
 One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1).
 """
 
@@ -8,49 +8,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
-from dataclasses import replace
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import structlog
 
 from queue_processor import tasks
 from queue_processor.config import default
 from queue_processor.drain.budgets import budget_arithmetic
-from queue_processor.drain.evictions import LEAST_SLOTS, Evictions, Running, failed, raise_failed, settled
-from queue_processor.drain.filters import DrainOptions, pod_key
+from queue_processor.drain.evictions import (
+    LEAST_SLOTS,
+    DrainRun,
+    Evictions,
+    Running,
+    failed,
+    raise_failed,
+    settled,
+)
 from queue_processor.drain.node_writes import NodeWrites
 from queue_processor.drain.plan import (
     DRAIN_POLICY_ANNOTATION,
     WAVE_PAD_S,
     DrainBounds,
+    DrainOptions,
     DrainPod,
     DrainPolicy,
     DrainTiming,
+    Eviction,
+    PodDecision,
     PolicyNotice,
     WavePlan,
-    granted_grace,
     join_plans,
     plan_waves,
-)
-from queue_processor.drain.summary import (
-    DrainResult,
-    Eviction,
-    Tally,
-    causes,
-    finished,
-    grace_verdicts,
-    summarise,
+    pod_key,
 )
 from queue_processor.drain.surge import Surge
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
-from queue_processor.outcomes import ClaimLost, EvictionOutcome, KubeError
-from queue_processor.watch import Departures, NodeCache, Ticket, Waiting
+from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError
+from queue_processor.watch import Departures, NodeCache, Waiting
 
 __all__ = ["LOOKED_AGAIN", "WAVE_TIME_UP", "DrainBounds", "DrainResult", "DrainTiming", "Drainer"]
 
@@ -61,6 +61,123 @@ LOOKED_AGAIN = "looked again: pods bound to the node after its first list"
 WAVE_TIME_UP = "a wave's time is up: the next wave starts with pods of it still on the node"
 
 log = structlog.get_logger("queue_processor.drain")
+
+
+@dataclass
+class DrainResult:
+    """How a drain ended: ``completed`` when every pod to evict is gone, else ``reason``; ``outcome`` says which. Pod
+    counts: ``evicted`` (``cut_short`` with a cut grace), ``blocked`` (by a budget to the end), ``failed``,
+    ``skipped`` (by the filters), ``finished_grace``/``outlasted`` (:func:`grace_verdicts`), ``deleted_at_deadline``,
+    ``remaining``; ``waves``: pods per wave; ``causes``; ``drain_id``: its evictions' ``drain/<id>`` User-Agent."""
+
+    completed: bool
+    outcome: DrainOutcome = DrainOutcome.TIMEOUT
+    reason: str | None = None
+    evicted: int = 0
+    blocked: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped: list[PodDecision] = field(default_factory=list)
+    remaining: int = 0
+    cut_short: int = 0
+    finished_grace: int = 0
+    outlasted: int = 0
+    deleted_at_deadline: int = 0
+    waves: list[int] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    drain_id: str = ""
+
+
+Grace = Literal["own", "cut", "outlasted"]
+
+
+def grace_verdicts(
+    outcomes: list[Eviction], left: Mapping[tuple[str, str], Any], instance_end: float | None
+) -> dict[tuple[str, str], Grace]:
+    """How each evicted pod's grace went (pure): ``cut``, ``own`` (all of it before the instance's end, or, that
+    unknown, gone by the drain's end) or ``outlasted`` (killed mid-grace when the instance goes)."""
+    verdicts: dict[tuple[str, str], Grace] = {}
+    for outcome in outcomes:
+        if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
+            continue
+        if outcome.cut:
+            verdicts[outcome.key] = "cut"
+        elif instance_end is not None:
+            verdicts[outcome.key] = "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
+        elif outcome.key not in left:
+            verdicts[outcome.key] = "own"
+    return verdicts
+
+
+@dataclass
+class Tally:
+    """What a drain's execution saw (evictions with re-cuts, grace verdicts, counts, causes)."""
+
+    outcomes: list[Eviction] = field(default_factory=list)
+    graces: dict[tuple[str, str], Grace] = field(default_factory=dict)
+    remaining: int = 0
+    deleted: int = 0
+    causes: list[str] = field(default_factory=list)
+
+    def joined(self, later: Tally) -> Tally:
+        """What two passes of one drain saw, together."""
+        return Tally(
+            self.outcomes + later.outcomes,
+            {**self.graces, **later.graces},
+            self.remaining + later.remaining,
+            self.deleted + later.deleted,
+            self.causes + later.causes,
+        )
+
+    def finished(self) -> bool:
+        """Whether a pass ended with every pod gone and no eviction failed."""
+        return not self.remaining and not any(o.result is EvictionOutcome.ERROR for o in self.outcomes)
+
+
+def summarise(planned: WavePlan, done: Tally, drain_id: str) -> DrainResult:
+    """The :class:`DrainResult` of a drain (pure): built once, from its plan and what its execution saw."""
+    if planned.refused:
+        names = ", ".join(f"{d.namespace}/{d.name} ({d.reason})" for d in planned.refused)
+        return DrainResult(
+            completed=False,
+            outcome=DrainOutcome.ERROR,
+            reason=f"cannot drain: {names}",
+            skipped=planned.skipped,
+            causes=[f"the drain filters refuse {names}"],
+            drain_id=drain_id,
+        )
+    evicted = [o for o in done.outcomes if o.result is EvictionOutcome.EVICTED]
+    failed = [
+        f"{o.key[0]}/{o.key[1]}: {o.detail}" for o in done.outcomes if o.result is EvictionOutcome.ERROR
+    ]
+    if failed or done.remaining:
+        outcome = DrainOutcome.ERROR if failed else DrainOutcome.TIMEOUT
+    else:
+        outcome = DrainOutcome.DELETED if done.deleted else DrainOutcome.DRAINED
+    verdicts = list(done.graces.values())
+    return DrainResult(
+        completed=done.finished(),
+        outcome=outcome,
+        reason=None if done.finished() else "; ".join(done.causes),
+        evicted=len(evicted),
+        blocked=sum(1 for o in done.outcomes if o.result is EvictionOutcome.PDB_BLOCKED),
+        failed=failed,
+        skipped=planned.skipped,
+        remaining=done.remaining,
+        cut_short=sum(1 for o in evicted if o.cut),
+        finished_grace=verdicts.count("own"),
+        outlasted=verdicts.count("outlasted"),
+        deleted_at_deadline=done.deleted,
+        waves=[len(wave) for wave in planned.waves],
+        causes=done.causes,
+        drain_id=drain_id,
+    )
+
+
+def names_of(names: Iterable[str], most: int = 5) -> str:
+    """``a, b, c`` (at most ``most`` names, then ``and N more``)."""
+    listed = list(names)
+    shown = ", ".join(listed[:most])
+    return shown + (f" and {len(listed) - most} more" if len(listed) > most else "")
 
 
 class Drainer:
@@ -129,47 +246,31 @@ class Drainer:
         name, reason, message)`` once per workload and value whose drain annotation cannot be followed. Raises
         :class:`KubeError` when the pods cannot be listed, and what ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
+        run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, evicted, deleted)
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, bounds, guard, lost, evicted, deleted, noticed)
+                return await self._drain(node, run, noticed)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
 
     async def _drain(
-        self,
-        node: str,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        lost: Callable[[], bool] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        deleted: Callable[[str, str], Awaitable[None]] | None,
-        noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        self, node: str, run: DrainRun, noticed: Callable[[str, str, str, str], Awaitable[None]] | None
     ) -> DrainResult:
         """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
-        drain_id = uuid.uuid4().hex[:12]
-        execute = functools.partial(
-            self._execute,
-            node,
-            bounds=bounds,
-            guard=guard,
-            evicted=evicted,
-            deleted=deleted,
-            drain_id=drain_id,
-            lost=lost,
-        )
-        run = functools.partial(self._pass, node, execute, noticed)
+        bounds = run.bounds
         listed = self.clock()
-        planned, done = await run(set(), self.use_cache)
+        planned, done = await self._pass(node, run, noticed, set(), self.use_cache)
         relist_s = self.timing.relist_s
-        if relist_s > 0 and not planned.refused and finished(done):
+        if relist_s > 0 and not planned.refused and done.finished():
             # A pod the scheduler bound just before it saw the cordon shows up after the first list.
             await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
+            seen |= {((d.namespace, d.name), None) for d in planned.skipped}
             # From the API server's watch cache: seconds after the cordon it has the binding, at no etcd read.
-            later, more = await run(seen | {((d.namespace, d.name), None) for d in planned.skipped}, True)
+            later, more = await self._pass(node, run, noticed, seen, True)
             if any(later.waves):
                 log.info(
                     LOOKED_AGAIN,
@@ -177,17 +278,17 @@ class Drainer:
                     pods=sorted(f"{e.key[0]}/{e.key[1]}" for wave in later.waves for e in wave),
                 )
             planned, done = join_plans(planned, later), Tally.joined(done, more)
-        return summarise(planned, done, drain_id)
+        return summarise(planned, done, run.drain_id)
 
     async def _pass(
         self,
         node: str,
-        execute: Callable[..., Awaitable[Tally]],
+        run: DrainRun,
         noticed: Callable[[str, str, str, str], Awaitable[None]] | None,
         seen: set[tuple[tuple[str, str], Any]],
         cached: bool,
     ) -> tuple[WavePlan, Tally]:
-        """List the node's pods (``cached``: ``resourceVersion=0``), and plan and ``execute`` those not ``seen``."""
+        """List the node's pods (``cached``: ``resourceVersion=0``), and plan and execute those not ``seen``."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
         ticket = self.departures.ticket() if self.departures is not None and not cached else None
         pods = [
@@ -202,20 +303,14 @@ class Drainer:
             return planned, Tally()
         await self._report(planned.notices, noticed)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
-        with self._following(entries, ticket) as following:
-            done = await execute(planned=planned, following=following)
+        departures = self.departures
+        with (
+            contextlib.nullcontext()
+            if departures is None
+            else departures.waiting(entries, ticket) as following
+        ):
+            done = await self._execute(node, replace(run, accepted={}, held=[]), planned, following)
         return planned, done
-
-    @contextlib.contextmanager
-    def _following(
-        self, entries: set[tuple[tuple[str, str], Any]], ticket: Ticket | None
-    ) -> Iterator[Waiting | None]:
-        """The drain's pods followed by the watch of deletions while it runs (``None`` without one)."""
-        if self.departures is None:
-            yield None
-            return
-        with self.departures.waiting(entries, ticket) as following:
-            yield following
 
     async def _report(
         self, notices: list[PolicyNotice], noticed: Callable[[str, str, str, str], Awaitable[None]] | None
@@ -249,77 +344,45 @@ class Drainer:
                 reason = UNKNOWN_DRAIN_POLICY if notice.why == "unknown" else SURGE_NOT_POSSIBLE
                 await noticed(notice.namespace, notice.name, reason, message)
 
-    async def _execute(
-        self,
-        node: str,
-        planned: WavePlan,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        deleted: Callable[[str, str], Awaitable[None]] | None,
-        drain_id: str,
-        following: Waiting | None = None,
-        *,
-        lost: Callable[[], bool] | None = None,
-    ) -> Tally:
+    async def _execute(self, node: str, run: DrainRun, planned: WavePlan, following: Waiting | None) -> Tally:
         """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
         running = Running([])  # its evictions grow as each wave's launcher starts them
-        accepted: dict[tuple[str, str], Eviction] = {}  # evictions the API server took, as last given
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
-        held: list[Surge] = []  # surges of this drain: taken back when it ends, if not before
-        recut = tasks.spawn(self._recut(bounds, by_key, accepted, drain_id), name=f"recut-{node}")
-        start = functools.partial(
-            self.evictions.evict,
-            bounds=bounds,
-            guard=guard,
-            evicted=evicted,
-            accepted=accepted,
-            drain_id=drain_id,
-            held=held,
-        )
+        recut = tasks.spawn(self._recut(run, by_key), name=f"recut-{node}")
         try:
-            await self._run_waves(node, planned, bounds, running, start, guard, following)
+            await self._run_waves(node, planned, run, running, following)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
-            final = lambda: bounds.final(self.timing)[0]  # noqa: E731
-            left = dict(await self._wait_gone(node, waiting, final, bounds, following=following))
+            final = lambda: run.bounds.final(self.timing)[0]  # noqa: E731
+            left = dict(await self._wait_gone(node, waiting, final, run.bounds, following=following))
         except BaseException as exc:
             # One stop for all, so a second cancellation cannot leave evictions running (a cancelled launcher
             # starts nothing more). Surges stay when the Lease is lost: the node's new owner takes them over.
             await tasks.stop(*running)
-            if not isinstance(exc, ClaimLost) and not (lost is not None and lost()):
-                await self._take_back(held)
+            if not isinstance(exc, ClaimLost) and not (run.lost is not None and run.lost()):
+                await self._take_back(run.held)
             raise
         finally:
             await tasks.stop(recut)
-        outcomes = [accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
-        return await self._conclude(outcomes, by_key, left, bounds, held, deleted)
+        outcomes = [run.accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
+        return await self._conclude(outcomes, by_key, left, run)
 
     async def _run_waves(
-        self,
-        node: str,
-        planned: WavePlan,
-        bounds: DrainBounds,
-        running: Running,
-        start: Callable[..., Coroutine[Any, Any, Eviction]],
-        guard: Callable[[], Awaitable[None]] | None,
-        following: Waiting | None,
+        self, node: str, planned: WavePlan, run: DrainRun, running: Running, following: Waiting | None
     ) -> None:
-        """Start each wave's evictions after the previous wave's (``start(entry, slot, wave_by=...)``) and wait for
-        its pods to go until its bound, when a later wave keeps time for itself; then wait for every eviction."""
+        """Start each wave's evictions after the previous wave's and wait for its pods to go until its bound, when
+        a later wave keeps time for itself; then wait for every eviction."""
         launchers = running.launchers
         for index, wave in enumerate(planned.waves):
             raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
             before = launchers[-1] if launchers else None
             later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
-            wave_by = self._wave_bound(bounds, later) if later else None
+            wave_by = self._wave_bound(run.bounds, later) if later else None
             evicting = [entry for entry in wave if entry.evict]
-            launch = self.evictions.launch(
-                evicting, functools.partial(start, wave_by=wave_by), running, guard, before
-            )
+            launch = self.evictions.launch(evicting, run, running, before, wave_by)
             launchers.append(tasks.spawn(launch, name=f"evictions-{node}", awaited=True))
             if wave_by is not None:
                 pods = {(e.key, e.uid) for e in wave}
-                behind = await self._wait_gone(node, pods, wave_by, bounds, running, following)
+                behind = await self._wait_gone(node, pods, wave_by, run.bounds, running, following)
                 if behind and not any(failed(task) for task in running):
                     names = sorted(f"{key[0]}/{key[1]}" for key, _ in behind)
                     log.info(WAVE_TIME_UP, node=node, wave=index + 1, pods=names)
@@ -327,46 +390,32 @@ class Drainer:
 
     def _wave_bound(self, bounds: DrainBounds, later: list[DrainPod]) -> Callable[[], float]:
         """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves."""
-        # Planned once per bounds version: re-planned every poll it would keep pushing the next wave later.
-        kept: dict[int, float] = {}
 
         def wave_bound() -> float:
-            if bounds.version not in kept:
-                final = bounds.final(self.timing)[0]
-                kept.clear()
-                kept[bounds.version] = final - self._reserve(later, final, bounds.instance_end)
-            return kept[bounds.version]
+            final = bounds.final(self.timing)[0]
+            return final - self._reserve(later, final, bounds)
 
-        return wave_bound
+        return bounds.fixed(wave_bound)  # re-planned every poll it would keep pushing the next wave later
 
     async def _conclude(
         self,
         outcomes: list[Eviction],
         by_key: dict[tuple[str, str], DrainPod],
         left: dict[tuple[str, str], Any],
-        bounds: DrainBounds,
-        held: list[Surge],
-        deleted: Callable[[str, str], Awaitable[None]] | None,
+        run: DrainRun,
     ) -> Tally:
         """After the waits: grace verdicts, the deadline step if due, surges taken back, and the causes."""
         for outcome in outcomes:
             by_key[outcome.key].granted_s, by_key[outcome.key].cut = outcome.grace_s, outcome.cut
-        graces = grace_verdicts(outcomes, left, bounds.instance_end)
+        graces = grace_verdicts(outcomes, left, run.bounds.instance_end)
         for grace in graces.values():
             self.observer.pod_drained(grace)
         removed = 0
         refused: list[str] = []  # deletions at the deadline the API server refused
-        if left and bounds.final(self.timing)[1]:
-            left, removed, refused = await self._delete_at_deadline(left, deleted)
-        await self._take_back(held)  # those whose pod was not evicted: kept until the deadline step
-        blocked = [o for o in outcomes if o.result is EvictionOutcome.PDB_BLOCKED]
-        erred = any(o.result is EvictionOutcome.ERROR for o in outcomes)
-        stuck = [by_key[key] for key in left]
-        why = (
-            await causes(blocked, outcomes, stuck, self._budget_status) + refused
-            if blocked or erred or left
-            else []
-        )
+        if left and run.bounds.final(self.timing)[1]:
+            left, removed, refused = await self._delete_at_deadline(left, run.deleted)
+        await self._take_back(run.held)  # those whose pod was not evicted: kept until the deadline step
+        why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
         return Tally(outcomes, graces, len(left), removed, why)
 
     async def _take_back(self, held: list[Surge]) -> None:
@@ -374,34 +423,28 @@ class Drainer:
         for surge in held:
             await self.evictions.surges.end(surge)
 
-    async def _recut(
-        self,
-        bounds: DrainBounds,
-        pods: Mapping[tuple[str, str], DrainPod],
-        accepted: dict[tuple[str, str], Eviction],
-        drain_id: str,
-    ) -> None:
+    async def _recut(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
         """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
+        accepted = run.accepted
         while True:
-            await bounds.tightening()
-            end = bounds.instance_end
+            await run.bounds.tightening()
+            end = run.bounds.instance_end
             if end is None:
                 continue
             for key, outcome in list(accepted.items()):
                 if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
                     continue
-                grace, cut = granted_grace(pods[key].grace_s, end - self.clock(), self.timing.grace_margin_s)
+                grace, cut = run.bounds.grace(pods[key].grace_s, self.timing, self.clock())
                 if not cut or self.clock() + grace >= outcome.at + outcome.grace_s:
                     continue
                 with contextlib.suppress(KubeError):
-                    await self.kube.evict(key[0], key[1], grace, drain=drain_id)
+                    await self.kube.evict(key[0], key[1], grace, drain=run.drain_id)
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
-    def _reserve(self, later: list[DrainPod], final: float, instance_end: float | None) -> float:
+    def _reserve(self, later: list[DrainPod], final: float, bounds: DrainBounds) -> float:
         """Seconds kept for the later waves: their longest grace plus :data:`WAVE_PAD_S`, at most half the time left."""
         now = self.clock()
-        until_end = None if instance_end is None else instance_end - now
-        longest = max(granted_grace(e.grace_s, until_end, self.timing.grace_margin_s)[0] for e in later)
+        longest = max(bounds.grace(e.grace_s, self.timing, now)[0] for e in later)
         return min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
 
     async def _wait_gone(
@@ -418,26 +461,24 @@ class Drainer:
         departures = self.departures
         poll = 0.05
         while waiting:
-            covered = following is not None and departures is not None and departures.covers(following)
+            covered = (
+                following
+                if following is not None and departures is not None and departures.covers(following)
+                else None
+            )
             if following is not None:
                 following.changed.clear()
-            if covered and following is not None:
-                waiting &= following.pending
-            else:
-                waiting &= await self._present(node, following)
-            ended = not waiting or self.clock() >= deadline()
-            if not ended and any(failed(task) for task in evictions):
-                ended = True
-            if ended:
+            waiting &= covered.pending if covered else await self._present(node, following)
+            if not waiting or self.clock() >= deadline() or any(failed(task) for task in evictions):
                 if waiting and covered:
                     waiting &= await self._present(node, following)  # the last word is a list
                 break
             remaining = max(0.0, deadline() - self.clock())
-            if following is None:
+            if covered:  # until a pod goes, the watch stops, or the bounds tighten
+                await bounds.sleep(remaining, wake=covered.changed)
+            elif following is None:
                 if not await bounds.sleep(min(poll, remaining)):
                     poll = min(poll * 1.5, 2.0)
-            elif covered:  # until a pod goes, the watch stops, or the bounds tighten
-                await bounds.sleep(remaining, wake=following.changed)
             elif not await bounds.sleep(min(poll, remaining), wake=following.changed):
                 poll = min(poll * 1.5, 2.0)
         return waiting
@@ -477,11 +518,38 @@ class Drainer:
         kept = {key: uid for (key, uid), ok in zip(left.items(), done, strict=True) if ok is False}
         return kept, sum(1 for ok in done if ok), refused
 
-    async def _budget_status(self, budget: str) -> str | None:
-        """The arithmetic of ``budget`` (``namespace/name``) now, or ``None`` when it cannot be read."""
-        namespace, _, name = budget.partition("/")
-        try:
-            pdb = await self.kube.get_pdb(namespace, name)
-        except KubeError:
-            return None
-        return None if pdb is None else budget_arithmetic(pdb)
+    async def _causes(self, outcomes: list[Eviction], left: list[DrainPod]) -> list[str]:
+        """Why a drain did not finish, a line each: every budget that refused to the end (with its arithmetic now, when
+        it can be read), every failed eviction, the pods evicted or being deleted still there."""
+        lines: list[str] = []
+        by_budget: dict[str | None, list[Eviction]] = {}
+        for outcome in outcomes:
+            if outcome.result is EvictionOutcome.PDB_BLOCKED:
+                by_budget.setdefault(outcome.budget, []).append(outcome)
+        for budget, refused in by_budget.items():
+            names = names_of(f"{o.key[0]}/{o.key[1]}" for o in refused)
+            if budget is None:
+                lines.append(f"a PodDisruptionBudget refuses the eviction of {names}: {refused[0].detail}")
+                continue
+            namespace, _, name = budget.partition("/")
+            pdb = None
+            with contextlib.suppress(KubeError):
+                pdb = await self.kube.get_pdb(namespace, name)
+            status = budget_arithmetic(pdb) if pdb is not None else refused[0].detail
+            lines.append(f"PodDisruptionBudget {budget} refuses the eviction of {names}: {status}")
+        lines += [
+            f"eviction of {o.key[0]}/{o.key[1]} failed: {o.detail}"
+            for o in outcomes
+            if o.result is EvictionOutcome.ERROR
+        ]
+        evicted = {o.key for o in outcomes if o.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE)}
+        stuck = sorted((e for e in left if e.key in evicted or not e.evict), key=lambda e: e.key)
+        if stuck:
+            names = names_of(
+                f"{e.key[0]}/{e.key[1]} (grace {e.granted_s if e.granted_s is not None else e.grace_s} s)"
+                if e.evict
+                else f"{e.key[0]}/{e.key[1]} (being deleted before the drain)"
+                for e in stuck
+            )
+            lines.append(f"evicted pods did not terminate: {names}")
+        return lines

@@ -17,16 +17,15 @@ import random
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from queue_processor.config import default
 from queue_processor.drain.budgets import budget_of
-from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, granted_grace
-from queue_processor.drain.summary import Eviction
+from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -40,6 +39,7 @@ __all__ = [
     "LEAST_SLOTS",
     "BudgetGates",
     "Closed",
+    "DrainRun",
     "Evictions",
     "Running",
     "Slot",
@@ -114,15 +114,11 @@ class Slot:
     def __init__(self, slots: Slots) -> None:
         self._slots: Slots | None = slots
 
-    def release(self) -> None:
-        """Give the slot back, the first time only."""
+    def release(self, _task: object = None) -> None:
+        """Give the slot back, the first time only; also a done callback of the eviction's task."""
         if self._slots is not None:
             self._slots.give(1)
             self._slots = None
-
-    def ended(self, _task: object) -> None:
-        """:meth:`release`, as a done callback of the eviction's task (which may be cancelled before it runs)."""
-        self.release()
 
 
 #: How long a budget stays closed after its first refusal (seconds; kubectl retries after 5 s).
@@ -137,36 +133,28 @@ GATE_FORGET_S = 300.0
 
 @dataclass
 class Closed:
-    """A closed budget: when it reopens (a clock reading), this closing's length (seconds), the 429's message."""
+    """A budget that refused lately: when it reopens (a clock reading), its last closing's length (seconds; 0 after
+    an accepted eviction), the last 429's message, and when it last refused."""
 
     budget: str
     until: float
     length_s: float
     message: str
-
-
-@dataclass
-class _Budget:
-    until: float  # when it reopens
-    length_s: float  # how long its last closing lasted; 0 after an accepted eviction
-    message: str
-    last: float  # when it last refused
+    last: float = 0.0
 
 
 class BudgetGates:
     """Budgets that refused lately and the owners they cover; times: caller clock readings (seconds). One loop."""
 
     def __init__(self) -> None:
-        self._budgets: dict[str, _Budget] = {}
+        self._budgets: dict[str, Closed] = {}
         self._owners: dict[str, str] = {}  # controller owner uid → the budget that refused one of its pods
 
     def closed(self, owner: str | None, now: float) -> Closed | None:
         """The budget closed on ``owner``'s pods, or ``None`` when they may be tried now (no ``owner``: always)."""
         name = None if owner is None else self._owners.get(owner)
         budget = None if name is None else self._budgets.get(name)
-        if name is None or budget is None or budget.until <= now:
-            return None
-        return Closed(name, budget.until, budget.length_s, budget.message)
+        return None if budget is None or budget.until <= now else budget
 
     def refused(self, owner: str | None, budget: str, message: str, now: float) -> None:
         """A 429 of ``budget`` for a pod of ``owner``: link them and close the budget unless closed, for
@@ -176,7 +164,7 @@ class BudgetGates:
         state = self._budgets.get(budget)
         if state is None:
             self._forget(now)
-            state = self._budgets[budget] = _Budget(now, 0.0, message, now)
+            state = self._budgets[budget] = Closed(budget, now, 0.0, message)
         state.last = now
         if state.until <= now:
             again = state.length_s > 0 and now - state.until <= state.length_s
@@ -209,6 +197,27 @@ EVICTION_RETRY_S = (1.0, 10.0)
 log = structlog.get_logger("queue_processor.drain")
 
 
+@dataclass
+class DrainRun:
+    """One drain as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>`` User-Agent);
+    ``guard``, ``lost``, ``evicted``, ``deleted`` as :meth:`Drainer.drain` takes them; the evictions the API server
+    ``accepted`` (as last given) and the surges ``held`` (taken back when the drain ends, if not before)."""
+
+    bounds: DrainBounds
+    drain_id: str = ""
+    guard: Callable[[], Awaitable[None]] | None = None
+    lost: Callable[[], bool] | None = None
+    evicted: Callable[[str, str], Awaitable[None]] | None = None
+    deleted: Callable[[str, str], Awaitable[None]] | None = None
+    accepted: dict[tuple[str, str], Eviction] = field(default_factory=dict)
+    held: list[Surge] = field(default_factory=list)
+
+    async def confirm(self) -> None:
+        """Run the guard (raises to stop the drain)."""
+        if self.guard is not None:
+            await self.guard()
+
+
 class Evictions:
     """Evictions of every drain through ``kube``: ``grace_s`` POD_TERMINATION_GRACE_PERIOD, ``clock`` monotonic
     seconds, ``in_flight`` evictions awaiting their first answer at once (:func:`evictions_in_flight`)."""
@@ -238,81 +247,55 @@ class Evictions:
     async def launch(
         self,
         entries: list[DrainPod],
-        start: Callable[[DrainPod, Slot | None], Coroutine[Any, Any, Eviction]],
+        run: DrainRun,
         running: Running,
-        guard: Callable[[], Awaitable[None]] | None = None,
         before: asyncio.Task[None] | None = None,
+        wave_by: Callable[[], float] | None = None,
     ) -> None:
-        """Start ``entries``' evictions into ``running``: surges at once, the others as :attr:`slots` free up, after
-        ``before`` (the previous wave's launcher) and ``guard`` each turn, until one fails (raised)."""
+        """Start ``entries``' evictions (:meth:`evict`) into ``running``: surges at once, the others as :attr:`slots`
+        free up, after ``before`` (the previous wave's launcher) and the guard each turn, until one fails (raised)."""
         if before is not None:
             await before
         rest = [entry for entry in entries if entry.surge is None]
         for entry in entries:
             if entry.surge is not None:
-                running.add(asyncio.create_task(start(entry, None)))
+                running.add(asyncio.create_task(self.evict(entry, None, run, wave_by)))
         while rest:
-            if guard is not None:
-                await guard()
+            await run.confirm()
             count = await self.slots.take(len(rest))
             if any(failed(task) for task in running):  # the drain ends (a guard raised): no more start
                 self.slots.give(count)
                 return
             for entry in rest[:count]:
                 slot = Slot(self.slots)
-                task = asyncio.create_task(start(entry, slot))
-                task.add_done_callback(slot.ended)  # also when it is cancelled before it ever ran
+                task = asyncio.create_task(self.evict(entry, slot, run, wave_by))
+                task.add_done_callback(slot.release)  # also when it is cancelled before it ever ran
                 running.add(task)
             del rest[:count]
 
     async def evict(
-        self,
-        entry: DrainPod,
-        slot: Slot | None,
-        *,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        accepted: dict[tuple[str, str], Eviction],
-        drain_id: str,
-        held: list[Surge],
-        wave_by: Callable[[], float] | None = None,
+        self, entry: DrainPod, slot: Slot | None, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Eviction:
         """Evict one pod (:meth:`evict_until`), after its replacement when it asks for a surge (:meth:`surge`);
         ``wave_by``: when its wave must be gone (``None``: the last wave)."""
-        surge = (
-            None
-            if entry.surge is None
-            else await self.surge(entry, entry.surge, bounds, guard, held, wave_by)
-        )
-        outcome = await self.evict_until(
-            entry, bounds, guard, evicted, accepted, drain_id, slot, past_gate=surge is not None
-        )
+        surge = None if entry.surge is None else await self.surge(entry, run, wave_by)
+        outcome = await self.evict_until(entry, run, slot, past_gate=surge is not None)
         if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
             await self.surges.end(surge)  # at once: a ReplicaSet that sees the pod go adds a pod of its own
         return outcome
 
     async def evict_until(
-        self,
-        entry: DrainPod,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        accepted: dict[tuple[str, str], Eviction],
-        drain_id: str,
-        slot: Slot | None = None,
-        *,
-        past_gate: bool = False,
+        self, entry: DrainPod, run: DrainRun, slot: Slot | None = None, *, past_gate: bool = False
     ) -> Eviction:
         """Evict one pod, retrying with backoff until :meth:`DrainBounds.final`: how it ended. While its workload's
         budget is closed (:attr:`gates`) it waits without its slot, counted as refused (``past_gate``: not at first)."""
+        bounds = run.bounds
         delay = EVICTION_RETRY_S[0]
         blocking: str | None = None  # the PodDisruptionBudget whose refusal this pod counts in, if any
         first = past_gate
         try:
             while True:
-                if guard is not None:
-                    await guard()
+                await run.confirm()
                 closed = None if first else self.gates.closed(entry.owner, self.clock())
                 if closed is not None:
                     if slot is not None:
@@ -325,12 +308,11 @@ class Evictions:
                         min(closed.until + spread, bounds.final(self.timing)[0]) - self.clock()
                     )
                     continue
-                until_end = None if bounds.instance_end is None else bounds.instance_end - self.clock()
-                grace, cut = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)
+                grace, cut = bounds.grace(entry.grace_s, self.timing, self.clock())
                 granted = grace if cut or self.grace_s >= 0 else None
                 gated, first = not first, False
                 try:
-                    await self._send(entry, granted, drain_id, slot, gated)
+                    await self._send(entry, granted, run.drain_id, slot, gated)
                 except NotSentError:  # its budget refused another pod of the workload while it waited for QPS
                     continue
                 except KubeError as exc:
@@ -347,7 +329,7 @@ class Evictions:
                     tightened = await bounds.sleep(delay * random.uniform(0.8, 1.2))
                     delay = EVICTION_RETRY_S[0] if tightened else min(delay * 2, EVICTION_RETRY_S[1])
                     continue  # a new end: try again now, with the new grace
-                return await self._accepted(entry, evicted, accepted, grace, cut)
+                return await self._accepted(entry, run, grace, cut)
         finally:
             self._blocking(blocking, -1)
 
@@ -378,20 +360,13 @@ class Evictions:
             return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
         return self._evicted(entry, EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
 
-    async def _accepted(
-        self,
-        entry: DrainPod,
-        evicted: Callable[[str, str], Awaitable[None]] | None,
-        accepted: dict[tuple[str, str], Eviction],
-        grace_s: int,
-        cut: bool,
-    ) -> Eviction:
+    async def _accepted(self, entry: DrainPod, run: DrainRun, grace_s: int, cut: bool) -> Eviction:
         """The eviction's end when the API server took it."""
         self.gates.accepted(entry.owner)
-        if evicted is not None:
-            await evicted(*entry.key)
+        if run.evicted is not None:
+            await run.evicted(*entry.key)
         outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace_s, cut=cut)
-        accepted[entry.key] = outcome
+        run.accepted[entry.key] = outcome
         return outcome
 
     def _recount(self, current: str | None, budget: str | None) -> str | None:
@@ -402,25 +377,19 @@ class Evictions:
         return budget
 
     async def surge(
-        self,
-        entry: DrainPod,
-        deployment: str,
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        held: list[Surge],
-        wave_by: Callable[[], float] | None = None,
+        self, entry: DrainPod, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Surge | None:
         """Scale the pod's Deployment up (:mod:`queue_processor.drain.surge`) and wait for the replica until the
-        eviction must start (:meth:`_evict_by`). The surge to take back (in ``held`` from before its write) or
-        ``None``. Raises what ``guard`` raises."""
+        eviction must start (:meth:`_evict_by`). The surge to take back (in ``run.held`` from before its write) or
+        ``None``. Raises what the guard raises."""
         namespace, name = entry.key
-        evict_by = self._evict_by(entry, bounds, wave_by)
+        deployment, held = str(entry.surge), run.held
+        evict_by = self._evict_by(entry, run.bounds, wave_by)
         fallback = functools.partial(self._fallback, f"{namespace}/{name}")
         if evict_by() - self.clock() < SURGE_LEAST_S:
             fallback(SurgeResult.NO_TIME, "too little time before the eviction must start")
             return None
-        if guard is not None:
-            await guard()
+        await run.confirm()
         provisional = Surge(namespace, deployment, str(entry.uid), name)
         held.append(provisional)
         started = await self.surges.start(
@@ -438,25 +407,19 @@ class Evictions:
         if evict_by() - self.clock() < started.min_ready_s + SURGE_LEAST_S:
             fallback(SurgeResult.NO_TIME, "too little time for the Deployment's minReadySeconds")
             return started
-        return await self._wait_replacement(started, evict_by, bounds, guard, held)
+        return await self._wait_replacement(started, evict_by, run)
 
     async def _wait_replacement(
-        self,
-        started: Surge,
-        evict_by: Callable[[], float],
-        bounds: DrainBounds,
-        guard: Callable[[], Awaitable[None]] | None,
-        held: list[Surge],
+        self, started: Surge, evict_by: Callable[[], float], run: DrainRun
     ) -> Surge | None:
         """Poll the surged Deployment until its replacement is available or ``evict_by()``; as :meth:`surge`."""
         pod = f"{started.namespace}/{started.name}"
         poll = 0.25
         while self.clock() < evict_by():
-            if guard is not None:
-                await guard()
+            await run.confirm()
             ready = await self.surges.ready(started)
             if ready is None:
-                held.remove(started)
+                run.held.remove(started)
                 self._fallback(
                     pod, SurgeResult.UNAVAILABLE, "the Deployment is gone or no longer records the surge"
                 )
@@ -465,7 +428,7 @@ class Evictions:
                 self.observer.surge(SurgeResult.SURGED)
                 log.info("surge: the replacement is available: evicting", pod=pod)
                 return started
-            await bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
+            await run.bounds.sleep(min(poll, max(0.0, evict_by() - self.clock())))
             poll = min(poll * 1.5, 2.0)
         if self.surges.undone(started):
             self._fallback(pod, SurgeResult.UNDONE, "the owner set the Deployment's replica count back")
@@ -477,20 +440,13 @@ class Evictions:
         self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
     ) -> Callable[[], float]:
         """When a surge pod's eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
-        graces: dict[int, int] = {}  # bounds version → the grace the pod is kept for
+        # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
+        grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
 
         def evict_by() -> float:
-            # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
-            if bounds.version not in graces:
-                end = bounds.instance_end
-                until_end = None if end is None else end - self.clock()
-                graces.clear()
-                graces[bounds.version] = granted_grace(entry.grace_s, until_end, self.timing.grace_margin_s)[
-                    0
-                ]
             final = bounds.final(self.timing)[0]
             by = final if wave_by is None else min(final, wave_by())
-            return by - graces[bounds.version] - WAVE_PAD_S
+            return by - grace() - WAVE_PAD_S
 
         return evict_by
 

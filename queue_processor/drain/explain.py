@@ -9,8 +9,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready, selector_matches
-from queue_processor.drain.filters import DrainOptions, Verdict, plan_drain
-from queue_processor.drain.plan import SYSTEM_CLUSTER_CRITICAL, DrainOrder, drain_policy, own_grace, wave_of
+from queue_processor.drain.plan import (
+    SYSTEM_CLUSTER_CRITICAL,
+    DrainOptions,
+    DrainOrder,
+    Verdict,
+    drain_policy,
+    own_grace,
+    plan_drain,
+    wave_of,
+)
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 

@@ -1,17 +1,168 @@
-"""Node writes of a drain: cordon, taints and labels in one write, recorded in the node's
-:class:`~queue_processor.drain.record.CordonRecord`, and their undo; a 409 Conflict is retried on a fresh read."""
+"""Node writes of a drain: cordon, taints and labels in one write, and their undo; a 409 Conflict is retried on a
+fresh read. Each write records in :data:`~queue_processor.drain.record.RECORD_ANNOTATION` only what it changed, so a
+cordon somebody else made is never undone. The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints``
+(``[key, effect]``), ``replacedTaints`` (``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``,
+``warmPool``, ``since``. EC2's ``LaunchTime`` is the latest launch or start ("Stop and start Amazon EC2 instances")."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
+from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 from queue_processor.watch import FIRST_COPY_WAIT_S, NodeCache
+
+
+@dataclass(frozen=True)
+class CordonRecord:
+    """What the controller changed on one Node (``unschedulable``, ``taints`` added, ``replaced`` others' taints,
+    ``labels`` added) and the instance then: ``instance_id``, ``launch_time`` and ``since`` (ISO 8601, ``""``:
+    unknown), ``warm_pool`` (cordoned for a move into a warm pool)."""
+
+    unschedulable: bool = False
+    taints: tuple[tuple[str, str], ...] = ()
+    replaced: tuple[tuple[str, str, str], ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    instance_id: str = ""
+    launch_time: str = ""
+    warm_pool: bool = False
+    since: str = ""
+
+    def to_json(self) -> str:
+        """The annotation's value (see the module)."""
+        return json.dumps(
+            {
+                "unschedulable": self.unschedulable,
+                "taints": [list(taint) for taint in self.taints],
+                "replacedTaints": [list(taint) for taint in self.replaced],
+                "labels": dict(self.labels),
+                "instanceID": self.instance_id,
+                "launchTime": self.launch_time,
+                "warmPool": self.warm_pool,
+                "since": self.since,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_node(cls, node: Mapping[str, Any]) -> CordonRecord | None:
+        """The record on ``node`` (API JSON), or ``None`` when it carries none or an unreadable one (not guessed)."""
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        text = annotations.get(RECORD_ANNOTATION)
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(
+                unschedulable=bool(data.get("unschedulable")),
+                taints=tuple((str(key), str(effect)) for key, effect in data.get("taints") or []),
+                replaced=tuple(
+                    (str(key), str(value), str(effect))
+                    for key, value, effect in data.get("replacedTaints") or []
+                ),
+                labels={str(key): str(value) for key, value in (data.get("labels") or {}).items()},
+                instance_id=str(data.get("instanceID") or ""),
+                launch_time=str(data.get("launchTime") or ""),
+                warm_pool=bool(data.get("warmPool")),
+                since=str(data.get("since") or ""),
+            )
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+
+def cordon_patch(
+    node: Mapping[str, Any],
+    *,
+    unschedulable: bool,
+    taints: Sequence[tuple[str, str, str]] = (),
+    labels: Mapping[str, str] | None = None,
+    about: CordonRecord | None = None,
+) -> dict[str, Any]:
+    """The strategic-merge patch of our write on ``node`` (as read now), with its ``resourceVersion`` so a concurrent
+    change answers 409: ``unschedulable`` if asked, ``taints`` (``(key, value, effect)``, the node's others kept: the
+    list has no patch merge key), the ``labels`` it lacks, and the node's record plus what this write adds (with
+    ``about``'s instance facts), when there is something to record."""
+    metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
+    ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
+    wanted = sorted({(taint["key"], taint["effect"]) for taint in ours})
+    present = {(t.get("key"), t.get("effect")): t for t in spec.get("taints") or []}
+    existing = CordonRecord.from_node(node)
+    record = existing or CordonRecord()
+    known = set(record.taints) | {(key, effect) for key, _, effect in record.replaced}
+    new = [taint for taint in wanted if taint not in known]
+    added = {key: value for key, value in (labels or {}).items() if key not in (metadata.get("labels") or {})}
+    record = replace(
+        record,
+        unschedulable=record.unschedulable or (unschedulable and not spec.get("unschedulable")),
+        taints=record.taints + tuple(taint for taint in new if taint not in present),
+        replaced=record.replaced
+        + tuple(
+            (str(k), str(present[(k, e)].get("value") or ""), str(e)) for k, e in new if (k, e) in present
+        ),
+        labels={**record.labels, **added},
+    )
+    if about is not None:
+        record = replace(
+            record,
+            instance_id=about.instance_id or record.instance_id,
+            launch_time=about.launch_time or record.launch_time,
+            warm_pool=about.warm_pool,
+            since=record.since or about.since,
+        )
+    patch: dict[str, Any] = {
+        "metadata": {"resourceVersion": metadata.get("resourceVersion")},
+        "spec": {"unschedulable": True} if unschedulable else {},
+    }
+    if existing is not None or record.unschedulable or record.taints or record.replaced or record.labels:
+        patch["metadata"]["annotations"] = {RECORD_ANNOTATION: record.to_json()}
+        added = {**added, RECORD_LABEL: "true"}
+    if added:
+        patch["metadata"]["labels"] = added
+    if ours:
+        kept = [t for t in spec.get("taints") or [] if (t.get("key"), t.get("effect")) not in wanted]
+        patch["spec"]["taints"] = kept + ours
+    return patch
+
+
+def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
+    """The strategic-merge patch undoing ``record`` on ``node`` (as read now), with its ``resourceVersion`` so a
+    concurrent change answers 409: our cordon, our taints (replaced ones restored; the list has no patch merge
+    key), our labels still holding our value, and the record go; what others set stays."""
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    current_labels = metadata.get("labels") or {}
+    labels: dict[str, Any] = {
+        key: None for key, value in record.labels.items() if current_labels.get(key) == value
+    }
+    labels[RECORD_LABEL] = None
+    patch: dict[str, Any] = {
+        "metadata": {
+            "resourceVersion": metadata.get("resourceVersion"),
+            "annotations": {RECORD_ANNOTATION: None},
+            "labels": labels,
+        },
+        "spec": {},
+    }
+    if record.unschedulable:
+        patch["spec"]["unschedulable"] = False
+    ours = set(record.taints) | {(key, effect) for key, _, effect in record.replaced}
+    taints = spec.get("taints") or []
+    kept = [t for t in taints if (t.get("key"), t.get("effect")) not in ours]
+    restored = [{"key": key, "value": value, "effect": effect} for key, value, effect in record.replaced]
+    if len(kept) != len(taints) or restored:
+        patch["spec"]["taints"] = kept + [
+            {k: v for k, v in taint.items() if v or k != "value"} for taint in restored
+        ]
+    return patch
+
 
 #: Attempts of a node write, each on a fresh read after a 409 Conflict.
 TAINT_WRITE_ATTEMPTS = 8
@@ -37,32 +188,50 @@ class NodeWrites:
         ``labels_if_absent`` it lacks, recorded (with ``about``'s instance facts) for :meth:`undo`; idempotent. A
         read-modify-write (``spec.taints`` has no patch merge key), retried on a 409 (:data:`TAINT_WRITE_ATTEMPTS`).
         ``False`` when the node does not exist; raises :class:`KubeError` otherwise."""
-        patch: dict[str, Any] = {"spec": {"unschedulable": True}}
-        try:
-            await self._read_modify_write(node, taints, patch, labels_if_absent or {}, about)
-        except KubeError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        body = functools.partial(
+            cordon_patch, unschedulable=True, taints=taints, labels=labels_if_absent, about=about
+        )
+        return await self._patch(node, body, cached=True)
 
     async def taint(
         self, node: str, key: str, value: str, effect: str, *, about: CordonRecord | None = None
     ) -> None:
         """Add (or update) one taint, keeping the others, as :meth:`cordon`; recorded with ``about``'s instance
         facts when new. Raises :class:`KubeError` (404: the node is gone)."""
-        await self._read_modify_write(node, [(key, value, effect)], {}, {}, about)
+        body = functools.partial(
+            cordon_patch, unschedulable=False, taints=[(key, value, effect)], about=about
+        )
+        if not await self._patch(node, body, cached=True):
+            raise KubeError(404, "NotFound", f'nodes "{node}" not found')
 
     async def undo(self, node: str, decide: Callable[[dict[str, Any], CordonRecord], bool]) -> bool:
         """Take back what the node's record says we changed, if ``decide(node, record)`` agrees: ``True`` when undone,
         ``False`` if the node is gone, has no record or ``decide`` declined; 409s retried, else :class:`KubeError`."""
+
+        def undo_body(current: dict[str, Any]) -> dict[str, Any] | None:
+            record = CordonRecord.from_node(current)
+            return None if record is None or not decide(current, record) else undo_patch(current, record)
+
+        return await self._patch(node, undo_body, cached=False)
+
+    async def _patch(
+        self, node: str, body_of: Callable[[dict[str, Any]], dict[str, Any] | None], *, cached: bool
+    ) -> bool:
+        """Patch the node with ``body_of(node as read)`` (``None``: nothing to write), each 409 Conflict retried on
+        a fresh read (:data:`TAINT_WRITE_ATTEMPTS`); ``cached``: the first attempt writes on the watched copy. ``True``
+        once written, ``False`` when the node is gone or there is nothing to write; raises :class:`KubeError`."""
         for attempt in range(TAINT_WRITE_ATTEMPTS):
-            current = await self.kube.get_node(node)
-            record = CordonRecord.from_node(current) if current is not None else None
-            if current is None or record is None or not decide(current, record):
+            current = None
+            if attempt == 0 and cached and self.nodes is not None:  # a stale copy answers 409: the next reads
+                await self.nodes.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
+                current = self.nodes.get(node)
+            if current is None:
+                current = await self.kube.get_node(node)
+            body = None if current is None else body_of(current)
+            if body is None:
                 return False
             try:
-                await self.kube.patch_node(node, undo_patch(current, record))
+                await self.kube.patch_node(node, body)
                 return True
             except KubeError as exc:
                 if exc.status == 404:
@@ -71,54 +240,3 @@ class NodeWrites:
                     raise
                 await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         return False  # pragma: no cover - the loop returns or raises
-
-    async def _read_modify_write(
-        self,
-        node: str,
-        taints: Sequence[tuple[str, str, str]],
-        patch: dict[str, Any],
-        labels_if_absent: Mapping[str, str],
-        about: CordonRecord | None = None,
-    ) -> None:
-        ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
-        identities = {(taint["key"], taint["effect"]) for taint in ours}
-        for attempt in range(TAINT_WRITE_ATTEMPTS):
-            # First attempt: the watched copy, no read (a stale copy answers 409 and the next attempt reads).
-            if attempt == 0 and self.nodes is not None:
-                await self.nodes.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
-            current = self.nodes.get(node) if attempt == 0 and self.nodes is not None else None
-            if current is None:
-                current = await self.kube.get_node(node)
-            if current is None:
-                raise KubeError(404, "NotFound", f'nodes "{node}" not found')
-            kept = [
-                taint
-                for taint in (current.get("spec") or {}).get("taints") or []
-                if (taint.get("key"), taint.get("effect")) not in identities
-            ]
-            present = (current.get("metadata") or {}).get("labels") or {}
-            metadata: dict[str, Any] = {"resourceVersion": current["metadata"]["resourceVersion"]}
-            labels = {key: value for key, value in labels_if_absent.items() if key not in present}
-            spec = dict(patch.get("spec", {}))
-            record = recorded(
-                current,
-                unschedulable=bool(spec.get("unschedulable")),
-                taints=sorted(identities),
-                labels=labels,
-                about=about,
-            )
-            if record is not None:
-                metadata["annotations"] = {RECORD_ANNOTATION: record.to_json()}
-                labels = {**labels, RECORD_LABEL: "true"}
-            if labels:
-                metadata["labels"] = labels
-            if taints:
-                spec["taints"] = kept + ours
-            body = {**patch, "metadata": metadata, "spec": spec}
-            try:
-                await self.kube.patch_node(node, body)
-                return
-            except KubeError as exc:
-                if exc.status != 409 or attempt == TAINT_WRITE_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))

@@ -1,8 +1,11 @@
-"""A drain's plan and its timing, pure but for :class:`DrainBounds`: which pods go in which wave with which grace.
+"""A drain's plan, pure but for :class:`DrainBounds`: which pods go, in which wave, with which grace.
 
-kubectl's filters (:mod:`~queue_processor.drain.filters`) choose the pods; DRAIN_ORDER=waves evicts *critical* pods
-(:func:`is_critical`) once the others are gone or only their time is left, so log shippers, meshes and storage
-daemons outlive their users ("Pod Priority and Preemption"). With a known instance end a grace period
+kubectl-drain's pod filters (``k8s.io/kubectl/pkg/drain``): each of :data:`FILTERS` says evict, skip or error for one
+pod; the first not EVICT decides. Pods are API JSON dicts; missing or mistyped fields count as absent (no filter
+raises). Unlike kubectl, on purpose: a DaemonSet's pod is never evicted (even with the DaemonSet gone or the pod
+finished); a terminating pod is only waited for; every warning is kept in the reason. DRAIN_ORDER=waves evicts
+*critical* pods (:func:`is_critical`) once the others are gone or only their time is left, so log shippers, meshes
+and storage daemons outlive their users ("Pod Priority and Preemption"). With a known instance end a grace period
 (``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds before it, at
 least 1 s (0 would be a forced deletion, which only the deadline step does).
 """
@@ -13,37 +16,281 @@ import asyncio
 import contextlib
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from queue_processor.config import Settings, default
-from queue_processor.drain.filters import DrainOptions, PodDecision, controller_of, plan_drain, pod_key
+from queue_processor.outcomes import EvictionOutcome
 
-__all__ = [
-    "CRITICAL_CLASSES",
-    "DEFAULT_GRACE_S",
-    "DRAIN_POLICY_ANNOTATION",
-    "SYSTEM_CLUSTER_CRITICAL",
-    "WAVE_PAD_S",
-    "DrainBounds",
-    "DrainOrder",
-    "DrainPod",
-    "DrainPolicy",
-    "DrainTiming",
-    "PolicyNotice",
-    "WavePlan",
-    "drain_policy",
-    "granted_grace",
-    "is_critical",
-    "join_plans",
-    "own_grace",
-    "plan_waves",
-    "wave_of",
-    "waves",
-    "workload_of",
-]
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+"""Annotation the kubelet puts on a static pod's API mirror ("Static Pods")."""
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class DrainOptions:
+    """A drain's switches (kubectl ``Helper`` fields, NTH's defaults). When false, each of the first three makes a
+    matching pod an error: ``ignore_daemonsets`` (IGNORE_DAEMON_SETS), ``delete_emptydir_data`` (DELETE_LOCAL_DATA),
+    ``force`` (pods without a controller). ``own_pod``: ``(namespace, name)`` never evicted;
+    ``skip_wait_for_delete_timeout_s``: a pod deleted longer ago is not waited for (0: off)."""
+
+    ignore_daemonsets: bool = True
+    delete_emptydir_data: bool = True
+    force: bool = True
+    own_pod: tuple[str, str] | None = None
+    skip_wait_for_delete_timeout_s: float = 0
+
+
+class Verdict(StrEnum):
+    """What a drain does with one pod: evict it, leave it (skip), or refuse to drain the node (error)."""
+
+    EVICT = "evict"
+    SKIP = "skip"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class PodDecision:
+    """The verdict on one pod: ``reason`` is the deciding filter's message, then the warnings passed (``"ok"``: none);
+    ``awaiting_deletion``: a SKIP pod being deleted, still waited for; ``pod``: the dict (not copied, not compared)."""
+
+    namespace: str
+    name: str
+    verdict: Verdict
+    reason: str
+    pod: dict[str, Any] = field(repr=False, compare=False)
+    awaiting_deletion: bool = False
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """The decisions on every pod of a node, in the order the pods were given, one per pod."""
+
+    decisions: tuple[PodDecision, ...]
+
+    @property
+    def evict(self) -> list[dict[str, Any]]:
+        """The pods to evict."""
+        return [d.pod for d in self.decisions if d.verdict is Verdict.EVICT]
+
+    @property
+    def skipped(self) -> list[PodDecision]:
+        """The decisions of pods the drain leaves alone (own, mirror, DaemonSet-managed, terminating)."""
+        return [d for d in self.decisions if d.verdict is Verdict.SKIP]
+
+    @property
+    def errors(self) -> list[PodDecision]:
+        """The decisions that forbid the drain."""
+        return [d for d in self.decisions if d.verdict is Verdict.ERROR]
+
+    @property
+    def wait_for(self) -> list[dict[str, Any]]:
+        """The pods to wait for: those evicted and those being deleted (unless past the skip-wait timeout)."""
+        return [d.pod for d in self.decisions if d.verdict is Verdict.EVICT or d.awaiting_deletion]
+
+
+@dataclass(frozen=True)
+class FilterStatus:
+    """One filter's ``verdict`` on a pod, its ``message`` (a warning on an EVICT) and ``awaiting_deletion``."""
+
+    verdict: Verdict
+    message: str = ""
+    awaiting_deletion: bool = False
+
+
+OK = FilterStatus(Verdict.EVICT)
+
+PodFilter = Callable[[Mapping[str, Any], DrainOptions, datetime], FilterStatus]
+"""A filter: ``(pod, options, now) -> FilterStatus``; pure, never raises."""
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _items(value: object) -> list[Mapping[str, Any]]:
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _mapping(pod.get("metadata"))
+
+
+def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """``(namespace, name)`` of a pod (``metadata.namespace``, ``metadata.name``); ``""`` for a missing one."""
+    metadata = _metadata(pod)
+    namespace, name = metadata.get("namespace"), metadata.get("name")
+    return (namespace if isinstance(namespace, str) else "", name if isinstance(name, str) else "")
+
+
+def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The first ``metadata.ownerReferences`` entry with ``controller: true``, or ``None``."""
+    for reference in _items(_metadata(pod).get("ownerReferences")):
+        if reference.get("controller") is True:
+            return reference
+    return None
+
+
+def is_daemonset_pod(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's controller reference is of kind ``DaemonSet``."""
+    controller = controller_of(pod)
+    return controller is not None and controller.get("kind") == "DaemonSet"
+
+
+def is_mirror_pod(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod carries :data:`MIRROR_POD_ANNOTATION` (a static pod's mirror)."""
+    return MIRROR_POD_ANNOTATION in _mapping(_metadata(pod).get("annotations"))
+
+
+def is_terminating(pod: Mapping[str, Any]) -> bool:
+    """Whether ``metadata.deletionTimestamp`` is set (the pod is being deleted)."""
+    return _metadata(pod).get("deletionTimestamp") is not None
+
+
+def deletion_timestamp(pod: Mapping[str, Any]) -> datetime | None:
+    """``metadata.deletionTimestamp`` as an aware datetime (naive means UTC), or ``None`` if unset or unreadable."""
+    value = _metadata(pod).get("deletionTimestamp")
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def is_finished(pod: Mapping[str, Any]) -> bool:
+    """Whether ``status.phase`` is ``Succeeded`` or ``Failed``."""
+    phase = _mapping(pod.get("status")).get("phase")
+    return isinstance(phase, str) and phase in FINISHED_PHASES
+
+
+def has_local_storage(pod: Mapping[str, Any]) -> bool:
+    """Whether one of ``spec.volumes`` is an ``emptyDir`` (its data goes with the pod)."""
+    return any(
+        volume.get("emptyDir") is not None for volume in _items(_mapping(pod.get("spec")).get("volumes"))
+    )
+
+
+#: The reason :func:`own_pod_filter` gives: the handler evicts that pod itself, last, once the rest is drained.
+OWN_POD = "own-pod"
+
+
+def own_pod_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
+    """SKIP the controller's own pod (``options.own_pod``): the handler evicts it last, once the node is drained."""
+    if options.own_pod is not None and pod_key(pod) == tuple(options.own_pod):
+        return FilterStatus(Verdict.SKIP, OWN_POD)
+    return OK
+
+
+def mirror_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
+    """SKIP mirror (static) pods: the kubelet owns them; the API server cannot delete them."""
+    if is_mirror_pod(pod):
+        return FilterStatus(Verdict.SKIP, "mirror: mirror (static) pod")
+    return OK
+
+
+def daemonset_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
+    """DaemonSet-managed pods: SKIP with ``ignore_daemonsets``, else ERROR; a finished one is always SKIP. The
+    DaemonSet controller ignores unschedulable nodes and would recreate an evicted pod at once ("DaemonSet")."""
+    if not is_daemonset_pod(pod):
+        return OK
+    if options.ignore_daemonsets:
+        return FilterStatus(Verdict.SKIP, "daemonset: DaemonSet-managed pod")
+    if is_finished(pod):
+        return FilterStatus(Verdict.SKIP, "daemonset: finished DaemonSet-managed pod")
+    return FilterStatus(
+        Verdict.ERROR,
+        "daemonset: cannot delete DaemonSet-managed Pods (set IGNORE_DAEMON_SETS=true to skip them)",
+    )
+
+
+def terminating_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
+    """Pods being deleted: SKIP the eviction and wait for them, unless deleted longer than
+    ``skip_wait_for_delete_timeout_s`` (> 0) ago (an unreadable deletionTimestamp counts as recent)."""
+    if not is_terminating(pod):
+        return OK
+    timeout = options.skip_wait_for_delete_timeout_s
+    deleted_at = deletion_timestamp(pod)
+    if timeout > 0 and deleted_at is not None and (now - deleted_at).total_seconds() > timeout:
+        return FilterStatus(
+            Verdict.SKIP,
+            f"terminating: deleted more than {timeout:g}s ago, not waited for (skip-wait timeout)",
+        )
+    return FilterStatus(Verdict.SKIP, "terminating: already being deleted", awaiting_deletion=True)
+
+
+def finished_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
+    """EVICT Succeeded and Failed pods, noting their phase; the later filters let them through, as kubectl does."""
+    if is_finished(pod):
+        return FilterStatus(Verdict.EVICT, f"finished: {_mapping(pod.get('status')).get('phase')}")
+    return OK
+
+
+def local_storage_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
+    """Running pods with an emptyDir volume: EVICT with a warning with ``delete_emptydir_data``, else ERROR."""
+    if not has_local_storage(pod) or is_finished(pod):
+        return OK
+    if options.delete_emptydir_data:
+        return FilterStatus(Verdict.EVICT, "local-storage: uses emptyDir (its data is deleted)")
+    return FilterStatus(
+        Verdict.ERROR,
+        "local-storage: cannot delete Pods with local storage (set DELETE_LOCAL_DATA=true to delete their emptyDir)",
+    )
+
+
+def unreplicated_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
+    """Running pods without a controller: EVICT with a warning with ``force``, else ERROR."""
+    if is_finished(pod) or controller_of(pod) is not None:
+        return OK
+    if options.force:
+        return FilterStatus(Verdict.EVICT, "unreplicated: no controller")
+    return FilterStatus(
+        Verdict.ERROR, "unreplicated: cannot delete Pods that declare no controller (force is off)"
+    )
+
+
+FILTERS: tuple[PodFilter, ...] = (
+    own_pod_filter,
+    mirror_filter,
+    daemonset_filter,
+    terminating_filter,
+    finished_filter,
+    local_storage_filter,
+    unreplicated_filter,
+)
+"""The filters in the order :func:`plan_drain` runs them; the first that does not say EVICT decides."""
+
+
+def _decide(pod: dict[str, Any], options: DrainOptions, now: datetime) -> PodDecision:
+    namespace, name = pod_key(pod)
+    warnings: list[str] = []
+    for pod_filter in FILTERS:
+        status = pod_filter(pod, options, now)
+        if status.verdict is not Verdict.EVICT:
+            reason = "; ".join([status.message, *warnings])
+            return PodDecision(namespace, name, status.verdict, reason, pod, status.awaiting_deletion)
+        if status.message:
+            warnings.append(status.message)
+    return PodDecision(namespace, name, Verdict.EVICT, "; ".join(warnings) or "ok", pod)
+
+
+def plan_drain(
+    pods: Iterable[dict[str, Any]], options: DrainOptions, *, now: datetime | None = None
+) -> DrainPlan:
+    """One :class:`PodDecision` per pod, in input order, by :data:`FILTERS`; ``now`` (naive means UTC; default: now) is
+    what deletionTimestamps are compared with. Never raises on a pod."""
+    if now is None:
+        now = datetime.now(UTC)
+    elif now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    return DrainPlan(tuple(_decide(pod, options, now) for pod in pods))
+
 
 #: spec.priority of the ``system-cluster-critical`` PriorityClass (``system-node-critical`` is 2000001000).
 SYSTEM_CLUSTER_CRITICAL = 2_000_000_000
@@ -80,9 +327,7 @@ class DrainPolicy(StrEnum):
 
 def drain_policy(pod: Mapping[str, Any]) -> tuple[DrainPolicy, str | None]:
     """The pod's :class:`DrainPolicy` (blanks ignored), and the annotation's value when it names none (``EVICT``)."""
-    metadata = pod.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    value = annotations.get(DRAIN_POLICY_ANNOTATION) if isinstance(annotations, Mapping) else None
+    value = _mapping(_metadata(pod).get("annotations")).get(DRAIN_POLICY_ANNOTATION)
     if value is None:
         return DrainPolicy.EVICT, None
     text = str(value).strip()
@@ -95,21 +340,12 @@ def drain_policy(pod: Mapping[str, Any]) -> tuple[DrainPolicy, str | None]:
 def workload_of(pod: Mapping[str, Any]) -> str:
     """``namespace/Kind/name`` of the pod's controller owner (a ReplicaSet ``<deployment>-<pod-template-hash>``
     counts as its Deployment), or ``namespace/Pod/name`` without one. Never raises."""
-    metadata = pod.get("metadata")
-    if not isinstance(metadata, Mapping):
-        return "default/Pod/None"
+    metadata, controller = _metadata(pod), controller_of(pod)
     namespace = str(metadata.get("namespace") or "default")
-    owners = metadata.get("ownerReferences")
-    controllers = (
-        [o for o in owners if isinstance(o, Mapping) and o.get("controller")]
-        if isinstance(owners, list)
-        else []
-    )
-    if not controllers:
+    if controller is None:
         return f"{namespace}/Pod/{metadata.get('name')}"
-    kind, name = str(controllers[0].get("kind")), str(controllers[0].get("name"))
-    labels = metadata.get("labels")
-    template_hash = labels.get("pod-template-hash") if isinstance(labels, Mapping) else None
+    kind, name = str(controller.get("kind")), str(controller.get("name"))
+    template_hash = _mapping(metadata.get("labels")).get("pod-template-hash")
     if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
         return f"{namespace}/Deployment/{name.removesuffix(f'-{template_hash}')}"
     return f"{namespace}/{kind}/{name}"
@@ -117,9 +353,7 @@ def workload_of(pod: Mapping[str, Any]) -> str:
 
 def is_critical(pod: Mapping[str, Any], threshold: int = SYSTEM_CLUSTER_CRITICAL) -> bool:
     """Whether ``pod``'s priority class is in :data:`CRITICAL_CLASSES` or ``spec.priority`` ≥ ``threshold``."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return False
+    spec = _mapping(pod.get("spec"))
     if spec.get("priorityClassName") in CRITICAL_CLASSES:
         return True
     priority = spec.get("priority")
@@ -128,26 +362,8 @@ def is_critical(pod: Mapping[str, Any], threshold: int = SYSTEM_CLUSTER_CRITICAL
 
 def wave_of(pod: Mapping[str, Any], order: DrainOrder, threshold: int = SYSTEM_CLUSTER_CRITICAL) -> int:
     """The wave ``pod`` is evicted in: 1 when critical (with ``waves``) or annotated ``last``, else 0."""
-    if drain_policy(pod)[0] is DrainPolicy.LAST:
-        return 1
-    return 1 if order is DrainOrder.WAVES and is_critical(pod, threshold) else 0
-
-
-_T = TypeVar("_T")
-
-
-def waves(
-    items: Sequence[_T],
-    order: DrainOrder,
-    threshold: int = SYSTEM_CLUSTER_CRITICAL,
-    *,
-    pod_of: Callable[[_T], Mapping[str, Any]],
-) -> list[list[_T]]:
-    """``items`` split into non-empty waves in eviction order, input order kept; ``pod_of`` gives an item's pod."""
-    split: list[list[_T]] = [[], []]
-    for item in items:
-        split[wave_of(pod_of(item), order, threshold)].append(item)
-    return [wave for wave in split if wave]
+    last = drain_policy(pod)[0] is DrainPolicy.LAST
+    return 1 if last or (order is DrainOrder.WAVES and is_critical(pod, threshold)) else 0
 
 
 def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
@@ -155,8 +371,7 @@ def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
     ≥ 0, else its ``terminationGracePeriodSeconds`` (:data:`DEFAULT_GRACE_S` when absent or mistyped)."""
     if override_s >= 0:
         return override_s
-    spec = pod.get("spec")
-    value = spec.get("terminationGracePeriodSeconds") if isinstance(spec, Mapping) else None
+    value = _mapping(pod.get("spec")).get("terminationGracePeriodSeconds")
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return DEFAULT_GRACE_S
@@ -168,9 +383,7 @@ def granted_grace(own_s: int, until_end_s: float | None, margin_s: float) -> tup
     if until_end_s is None or margin_s < 0:
         return own_s, False
     room = max(1, math.floor(until_end_s - margin_s))
-    if own_s <= room:
-        return own_s, False
-    return room, True
+    return (own_s, False) if own_s <= room else (room, True)
 
 
 #: Seconds added to the longest grace of the waves still to come, when a wave's wait is cut short for them.
@@ -222,6 +435,9 @@ class DrainPod:
     labels: Mapping[str, str] | None = None
 
 
+Why = Literal["unknown", "surge-off", "cannot-surge"]
+
+
 @dataclass(frozen=True)
 class PolicyNotice:
     """A pod whose ``queue-processor/drain`` annotation ``value`` cannot be followed, its ``workload``, and
@@ -231,7 +447,7 @@ class PolicyNotice:
     name: str
     workload: str
     value: str
-    why: Literal["unknown", "surge-off", "cannot-surge"] = "unknown"
+    why: Why = "unknown"
 
 
 @dataclass(frozen=True)
@@ -250,40 +466,30 @@ def plan_waves(
 ) -> WavePlan:
     """The plan of a drain of ``pods``, each pod's grace ``grace_s`` (-1: its own); names, no pod objects."""
     decisions = plan_drain(pods, options)
-    evicting = {id(pod) for pod in decisions.evict}
-    entries = [
-        DrainPod(
-            key=pod_key(pod),
-            uid=pod["metadata"].get("uid"),
-            grace_s=own_grace(pod, grace_s),
-            evict=id(pod) in evicting,
-            owner=_owner_uid(pod),
-        )
-        for pod in decisions.wait_for
-    ]
-    groups = waves(
-        list(zip(entries, decisions.wait_for, strict=True)),
-        timing.order,
-        timing.critical_priority,
-        pod_of=lambda item: item[1],
-    )
+    split: list[list[DrainPod]] = [[], []]
     notices = []
-    for entry, pod in zip(entries, decisions.wait_for, strict=True):
+    for decision in decisions.decisions:
+        pod, evict = decision.pod, decision.verdict is Verdict.EVICT
+        if not evict and not decision.awaiting_deletion:
+            continue
+        entry = DrainPod(
+            (decision.namespace, decision.name), pod["metadata"].get("uid"), own_grace(pod, grace_s), evict
+        )
+        entry.owner = _owner_uid(pod)
+        split[wave_of(pod, timing.order, timing.critical_priority)].append(entry)
         policy, unknown = drain_policy(pod)
-        namespace, name = pod_key(pod)
         workload = workload_of(pod)
-        if unknown is not None:
-            notices.append(PolicyNotice(namespace, name, workload, unknown))
-        elif policy is DrainPolicy.SURGE and entry.evict:
-            kind, _, deployment = workload.split("/", 1)[1].partition("/")
-            if not timing.surge:
-                notices.append(PolicyNotice(namespace, name, workload, policy.value, "surge-off"))
-            elif kind != "Deployment":
-                notices.append(PolicyNotice(namespace, name, workload, policy.value, "cannot-surge"))
-            else:
-                entry.surge, entry.labels = deployment, dict(pod["metadata"].get("labels") or {})
+        kind, _, deployment = workload.split("/", 1)[1].partition("/")
+        why: Why | None = "unknown" if unknown is not None else None
+        if policy is DrainPolicy.SURGE and evict and timing.surge and kind == "Deployment":
+            entry.surge, entry.labels = deployment, dict(pod["metadata"].get("labels") or {})
+        elif policy is DrainPolicy.SURGE and evict:
+            why = "cannot-surge" if timing.surge else "surge-off"
+        if why is not None:
+            value = policy.value if unknown is None else unknown
+            notices.append(PolicyNotice(decision.namespace, decision.name, workload, value, why))
     return WavePlan(
-        waves=[[entry for entry, _ in group] for group in groups],
+        waves=[wave for wave in split if wave],
         skipped=[replace(decision, pod={}) for decision in decisions.skipped],
         refused=[replace(decision, pod={}) for decision in decisions.errors],
         notices=notices,
@@ -360,3 +566,33 @@ class DrainBounds:
     async def tightening(self) -> None:
         """Wait until the bounds tighten next."""
         await self._tightened.wait()
+
+    def grace(self, own_s: int, timing: DrainTiming, now: float) -> tuple[int, bool]:
+        """:func:`granted_grace` of ``own_s`` (seconds) at ``now`` (a ``clock`` reading) for the instance's end."""
+        end = self.instance_end
+        return granted_grace(own_s, None if end is None else end - now, timing.grace_margin_s)
+
+    def fixed(self, compute: Callable[[], float]) -> Callable[[], float]:
+        """``compute`` computed once per version of the bounds (a wait polling it does not move it)."""
+        kept: dict[int, float] = {}
+
+        def value() -> float:
+            if self.version not in kept:
+                kept.clear()
+                kept[self.version] = compute()
+            return kept[self.version]
+
+        return value
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """How one pod's eviction ended: outcome, detail, last refusing budget, grace given and when (``clock``)."""
+
+    key: tuple[str, str]
+    result: EvictionOutcome
+    detail: str
+    budget: str | None = None
+    grace_s: int | None = None
+    cut: bool = False
+    at: float = 0.0

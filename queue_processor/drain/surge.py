@@ -97,14 +97,11 @@ class SurgeRecord:
         self.pods, self.base, self.replicas = {}, replicas, replicas
         return True
 
-    def take_back(self, replicas: int) -> int:
-        """``replicas`` less the one replica a surge added, unless it is gone already (not above ``base``)."""
-        return replicas - 1 if replicas > self.base else replicas
-
     def drop(self, uid: str, replicas: int) -> int:
-        """Remove the surge ``uid``: the count it leaves (one less for a surge whose replica is in it)."""
-        if self.pods.pop(uid, None) is not None:
-            replicas = self.take_back(replicas)
+        """Remove the surge ``uid``: the count it leaves (one less for a surge whose replica is in it, unless that
+        replica is gone already: not above ``base``)."""
+        if self.pods.pop(uid, None) is not None and replicas > self.base:
+            replicas -= 1
         self.undone.pop(uid, None)
         return replicas
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.filters import DrainOptions
+from queue_processor.drain.plan import DrainOptions
 from queue_processor.kube import KubeClient
 from queue_processor.watch import Departures
 from queue_processor_sandbox.clock import SandboxClock

@@ -18,9 +18,8 @@ from click.testing import CliRunner
 
 from queue_processor.cli import main
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
-from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.plan import DRAIN_POLICY_ANNOTATION as DRAIN
-from queue_processor.drain.plan import DrainOrder
+from queue_processor.drain.plan import DrainOptions, DrainOrder
 from queue_processor.kube import KubeClient
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.record import CordonRecord
+from queue_processor.drain.node_writes import CordonRecord
+from queue_processor.drain.plan import DrainOptions
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 from queue_processor.watch import NodeCache, slim, slim_event

@@ -11,8 +11,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from queue_processor.drain.node_writes import NodeWrites
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord
+from queue_processor.drain.node_writes import CordonRecord, NodeWrites
+from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor_sandbox.cluster import KubeCluster
 

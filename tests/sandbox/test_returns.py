@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 from queue_processor import tasks
 from queue_processor.drain.drainer import Drainer
-from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.record import RECORD_LABEL, CordonRecord
+from queue_processor.drain.node_writes import CordonRecord
+from queue_processor.drain.plan import DrainOptions
+from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.returns import Returns

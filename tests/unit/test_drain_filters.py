@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queue_processor.drain.filters import (
+from queue_processor.drain.plan import (
     FILTERS,
     MIRROR_POD_ANNOTATION,
     DrainOptions,

@@ -9,20 +9,28 @@ from hypothesis import strategies as st
 
 from queue_processor.drain.plan import (
     DEFAULT_GRACE_S,
+    DrainOptions,
     DrainOrder,
     DrainPolicy,
+    DrainTiming,
     drain_policy,
     granted_grace,
     is_critical,
     own_grace,
+    plan_waves,
     wave_of,
-    waves,
     workload_of,
 )
 
 
 def pod(name: str, **spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": spec}
+
+
+def waves(pods: list[dict[str, Any]], order: DrainOrder) -> list[list[str]]:
+    """The names of ``pods`` in each wave a drain plans for them (:func:`plan_waves`)."""
+    planned = plan_waves(pods, DrainOptions(), DrainTiming(order=order), -1)
+    return [[entry.key[1] for entry in wave] for wave in planned.waves]
 
 
 def test_the_system_classes_and_high_priorities_are_critical() -> None:
@@ -42,13 +50,10 @@ def test_waves_put_critical_pods_last_and_keep_the_order_within_a_wave() -> None
         pod("logs", priorityClassName="system-node-critical"),
         pod("b"),
     ]
-    names = [
-        [p["metadata"]["name"] for p in wave] for wave in waves(pods, DrainOrder.WAVES, pod_of=lambda p: p)
-    ]
-    assert names == [["a", "b"], ["mesh", "logs"]]
-    assert len(waves(pods, DrainOrder.ALL_AT_ONCE, pod_of=lambda p: p)) == 1
-    assert waves([pod("a")], DrainOrder.WAVES, pod_of=lambda p: p) == [[pod("a")]]  # no empty wave
-    assert waves([], DrainOrder.WAVES, pod_of=lambda p: p) == []
+    assert waves(pods, DrainOrder.WAVES) == [["a", "b"], ["mesh", "logs"]]
+    assert len(waves(pods, DrainOrder.ALL_AT_ONCE)) == 1
+    assert waves([pod("a")], DrainOrder.WAVES) == [["a"]]  # no empty wave
+    assert waves([], DrainOrder.WAVES) == []
 
 
 def test_own_grace_is_the_override_else_the_pods_else_the_default() -> None:
@@ -108,8 +113,7 @@ def test_a_drain_policy_is_always_one_of_the_known_or_reported(value: str) -> No
 def test_last_puts_a_pod_in_the_last_wave_whatever_its_priority_and_the_order() -> None:
     pods = [annotated("agent", "last"), pod("web"), annotated("cache", "lats")]
     for order in DrainOrder:
-        groups = waves(pods, order, pod_of=lambda p: p)
-        assert [[p["metadata"]["name"] for p in wave] for wave in groups] == [["web", "cache"], ["agent"]]
+        assert waves(pods, order) == [["web", "cache"], ["agent"]]
         assert wave_of(pods[0], order) == 1
 
 

@@ -12,10 +12,8 @@ import pytest
 import structlog.testing
 
 from queue_processor.drain.drainer import WAVE_TIME_UP, DrainBounds, Drainer, DrainTiming
-from queue_processor.drain.evictions import Running, settled
-from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.plan import DrainOrder, DrainPod
-from queue_processor.drain.summary import Eviction
+from queue_processor.drain.evictions import DrainRun, Running, settled
+from queue_processor.drain.plan import DrainOptions, DrainOrder, DrainPod, Eviction
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, NotSentError
 from tests.unit.test_handler import NODE, FakeKube
@@ -601,10 +599,10 @@ async def test_a_pod_whose_replacement_came_first_is_tried_once_whatever_its_bud
     drainer.evictions.gates.refused("rs-web-uid", "apps/web", "refused", 100.0)
     entry = DrainPod(key=("apps", "web-1"), uid="web-1", grace_s=30, evict=True, owner="rs-web-uid")
     bounds = DrainBounds(deadline=100.0)
-    held = await drainer.evictions.evict_until(entry, bounds, None, None, {}, "d", past_gate=True)
+    held = await drainer.evictions.evict_until(entry, DrainRun(bounds, "d"), past_gate=True)
     assert kube.sent == ["web-1"]
     assert held.result is EvictionOutcome.PDB_BLOCKED
-    gated = await drainer.evictions.evict_until(entry, bounds, None, None, {}, "d")
+    gated = await drainer.evictions.evict_until(entry, DrainRun(bounds, "d"))
     assert kube.sent == ["web-1"]  # not sent again: the gate is closed
     assert gated.result is EvictionOutcome.PDB_BLOCKED
 

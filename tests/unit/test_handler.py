@@ -24,8 +24,8 @@ from queue_processor import tasks
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
-from queue_processor.drain.filters import DrainOptions
-from queue_processor.drain.record import CordonRecord
+from queue_processor.drain.node_writes import CordonRecord
+from queue_processor.drain.plan import DrainOptions
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler
 from queue_processor.kinds import (

@@ -20,7 +20,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.events",
         "queue_processor.permissions",
         "queue_processor.drain",
-        "queue_processor.drain.filters",
         "queue_processor.drain.record",
         "queue_processor.observe",
         "queue_processor.observe.logs",
@@ -51,14 +50,13 @@ LAYERS: list[set[str]] = [
     {
         "queue_processor.parse",
         "queue_processor.coalesce",
-        "queue_processor.drain.budgets",
         "queue_processor.drain.surge",
         "queue_processor.nodes",
         "queue_processor.observe.events",
         "queue_processor.leases",
     },
     {"queue_processor.drain.plan"},
-    {"queue_processor.drain.summary", "queue_processor.drain.node_writes"},
+    {"queue_processor.drain.node_writes", "queue_processor.drain.budgets"},
     {"queue_processor.drain.evictions"},
     {
         "queue_processor.drain.drainer",

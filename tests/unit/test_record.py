@@ -10,7 +10,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL, CordonRecord, recorded, undo_patch
+from queue_processor.drain.node_writes import CordonRecord, cordon_patch, undo_patch
+from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 
 LB = ("node.kubernetes.io/exclude-from-external-load-balancers", "aws-node-termination-handler")
 ABOUT = CordonRecord(instance_id="i-1", launch_time="2026-11-25T10:00:00+00:00", since="2026-11-25T11:00:00")
@@ -44,19 +45,8 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 def write(current: dict[str, Any], taints: list[tuple[str, str]], labels: dict[str, str]) -> dict[str, Any]:
     """Our cordon as the drainer writes it: unschedulable, our taints, labels the node lacks, and the record."""
-    ours = {(k, e) for k, e in taints}
-    kept = [t for t in current["spec"]["taints"] if (t["key"], t["effect"]) not in ours]
-    added = {k: v for k, v in labels.items() if k not in current["metadata"]["labels"]}
-    record = recorded(current, unschedulable=True, taints=taints, labels=added, about=ABOUT)
-    metadata: dict[str, Any] = {"labels": dict(added)}
-    if record is not None:
-        metadata["annotations"] = {RECORD_ANNOTATION: record.to_json()}
-        metadata["labels"][RECORD_LABEL] = "true"
-    spec = {
-        "unschedulable": True,
-        "taints": kept + [{"key": k, "value": "ev-1", "effect": e} for k, e in taints],
-    }
-    return merge(current, {"metadata": metadata, "spec": spec})
+    ours = [(k, "ev-1", e) for k, e in taints]
+    return merge(current, cordon_patch(current, unschedulable=True, taints=ours, labels=labels, about=ABOUT))
 
 
 def undo(current: dict[str, Any]) -> dict[str, Any]:
@@ -108,13 +98,16 @@ def test_a_label_whose_value_somebody_changed_since_is_kept() -> None:
 
 def test_nothing_is_recorded_when_our_write_changes_nothing() -> None:
     cordoned = node(unschedulable=True, taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}])
-    assert recorded(cordoned, unschedulable=True, taints=[], labels={}, about=ABOUT) is None
+    patch = cordon_patch(cordoned, unschedulable=True, taints=[], labels={}, about=ABOUT)
+    assert "annotations" not in patch["metadata"]
+    assert CordonRecord.from_node(merge(cordoned, patch)) is None
 
 
 def test_a_second_write_adds_to_the_record_and_keeps_its_first_facts() -> None:
     first = write(node(), [("a", "NoSchedule")], {})
     later = CordonRecord(instance_id="i-1", launch_time="2026-11-25T12:00:00+00:00", since="later")
-    record = recorded(first, unschedulable=True, taints=[("b", "NoExecute")], labels={}, about=later)
+    patch = cordon_patch(first, unschedulable=True, taints=[("b", "v", "NoExecute")], labels={}, about=later)
+    record = CordonRecord.from_node(merge(first, patch))
     assert record is not None
     assert record.unschedulable  # still ours: the first write set it
     assert record.taints == (("a", "NoSchedule"), ("b", "NoExecute"))
