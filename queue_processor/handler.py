@@ -235,8 +235,12 @@ class Handler:
         if parts.leases is not None:
             claim, waited = await self._claim_lease(ctx, parts.leases)
             if claim is None:
-                message = "another replica holds the node's Lease: requeued"
-                return requeue(ctx, message, OperationOutcome.LEASE_HELD, node=ctx.node)
+                return requeue(
+                    ctx,
+                    "another replica holds the node's Lease: requeued",
+                    OperationOutcome.LEASE_HELD,
+                    node=ctx.node,
+                )
             await self._hold(ctx, claim, parts.leases)
             if waited and await started_again(ctx, fresh=True):
                 return Outcome.DONE  # the other replica drained it for a stop the instance is back from
@@ -513,16 +517,24 @@ async def _no_node(ctx: OperationContext) -> Outcome:
     else RETRY, a node may still register."""
     settings = ctx.parts.settings
     if await instance_gone(ctx):
-        message = "instance terminated and its node gone: nothing to drain"
-        return await nothing_to_drain(ctx, OperationOutcome.INSTANCE_GONE, message)
+        return await nothing_to_drain(
+            ctx, "instance terminated and its node gone: nothing to drain", OperationOutcome.INSTANCE_GONE
+        )
     if settings.delete_sqs_msg_if_node_not_found:
-        message = "no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)"
-        return await nothing_to_drain(ctx, OperationOutcome.NODE_NOT_FOUND, message)
+        return await nothing_to_drain(
+            ctx,
+            "no node for the instance: acknowledged (DELETE_SQS_MSG_IF_NODE_NOT_FOUND)",
+            OperationOutcome.NODE_NOT_FOUND,
+        )
     timeout_s = settings.launch_ready_timeout_sec
     launched = ctx.info.launch_time if ctx.info is not None else None
     running_s = None if launched is None else (datetime.now(UTC) - launched).total_seconds()
     times = {"running_s": running_s, "launch_ready_timeout_s": timeout_s}
     if running_s is not None and running_s >= timeout_s:
-        message = "no node registered for the instance: nothing to drain, its lifecycle actions completed"
-        return await nothing_to_drain(ctx, OperationOutcome.NO_NODE, message, **times)
+        return await nothing_to_drain(
+            ctx,
+            "no node registered for the instance: nothing to drain, its lifecycle actions completed",
+            OperationOutcome.NO_NODE,
+            **times,
+        )
     return requeue(ctx, "no node for the instance yet: requeued", None, **times)

@@ -193,9 +193,12 @@ async def _drains_over(ctx: OperationContext, draining: Draining, deadline: floa
 
 async def _launch_over(ctx: OperationContext, info: InstanceInfo | None) -> Outcome:
     """The launching instance ended, and its actions with it: heartbeats stop, messages acknowledged."""
-    message = "launching instance terminated: its launch actions are over"
     return await not_ours(
-        ctx, OperationOutcome.INSTANCE_GONE, message, "instance-gone", state=info and info.state
+        ctx,
+        "launching instance terminated: its launch actions are over",
+        OperationOutcome.INSTANCE_GONE,
+        "instance-gone",
+        state=info and info.state,
     )
 
 

@@ -213,18 +213,26 @@ async def resolve(ctx: OperationContext) -> InstanceInfo | Outcome:
     # A launch is a start: it changed the LaunchTime a cached answer has, which the next cordon records.
     info = await parts.resolver.get(operation.instance_id, fresh=operation.mode is Mode.LAUNCH)
     if info is None and operation.mode is Mode.DRAIN:
-        message = "instance unknown to EC2: nothing to drain, its lifecycle actions completed"
-        return await nothing_to_drain(ctx, OperationOutcome.UNKNOWN_INSTANCE, message)
+        return await nothing_to_drain(
+            ctx,
+            "instance unknown to EC2: nothing to drain, its lifecycle actions completed",
+            OperationOutcome.UNKNOWN_INSTANCE,
+        )
     if info is None:  # never CONTINUE a launch for an instance EC2 cannot show: left to the hook's default
-        message = "instance unknown to EC2: its launch actions are left to their hook's timeout"
-        return await not_ours(ctx, OperationOutcome.UNKNOWN_INSTANCE, message, "unknown-instance")
+        return await not_ours(
+            ctx,
+            "instance unknown to EC2: its launch actions are left to their hook's timeout",
+            OperationOutcome.UNKNOWN_INSTANCE,
+            "unknown-instance",
+        )
     settings = parts.settings
     tag = settings.managed_tag
     if not is_managed(
         info, check=settings.check_tag_before_draining, tag=tag, value=settings.managed_tag_value
     ):
-        message = "instance not managed: ignored"
-        return await not_ours(ctx, OperationOutcome.UNMANAGED, message, "unmanaged", managed_tag=tag)
+        return await not_ours(
+            ctx, "instance not managed: ignored", OperationOutcome.UNMANAGED, "unmanaged", managed_tag=tag
+        )
     ctx.info = info
     if await started_again(ctx):
         return Outcome.DONE
@@ -388,7 +396,7 @@ async def complete_actions(ctx: OperationContext, *, claim: Claim | None) -> Non
 
 
 async def nothing_to_drain(
-    ctx: OperationContext, outcome: OperationOutcome, message: str, **fields: Any
+    ctx: OperationContext, message: str, outcome: OperationOutcome, **fields: Any
 ) -> Outcome:
     """DONE, nothing left to drain (counted as ``outcome``, logged as ``message`` with ``fields``): the operation's
     lifecycle actions are completed with CONTINUE."""
@@ -399,7 +407,7 @@ async def nothing_to_drain(
 
 
 async def not_ours(
-    ctx: OperationContext, outcome: OperationOutcome, message: str, how: str, **fields: Any
+    ctx: OperationContext, message: str, outcome: OperationOutcome, how: str, **fields: Any
 ) -> Outcome:
     """DONE, the operation is not ours to finish (counted as ``outcome``, logged as ``message`` with ``fields``): its
     actions' heartbeats stop and the open ones are settled as ``how``, left to their hook."""

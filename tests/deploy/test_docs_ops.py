@@ -246,8 +246,13 @@ def alert_rules() -> dict[str, tuple[str, str]]:
 
 @functools.cache
 def log_messages() -> set[str]:
-    """Every message the package logs (structlog's first argument), whitespace collapsed."""
-    call = re.compile(r'\.(?:debug|info|warning|error|exception|critical)\(\s*"((?:[^"\\]|\\.)*)"', re.S)
+    """Every message the package logs (structlog's first argument, or the message an operation's end is logged
+    with: ``steps.nothing_to_drain``, ``not_ours``, ``requeue``), whitespace collapsed."""
+    call = re.compile(
+        r'(?:\.(?:debug|info|warning|error|exception|critical)|\b(?:nothing_to_drain|not_ours|requeue))'
+        r'\(\s*(?:ctx,\s*)?"((?:[^"\\]|\\.)*)"',
+        re.S,
+    )
     found = set()
     for path in (ROOT / "queue_processor").rglob("*.py"):
         found.update(" ".join(m.split()) for m in call.findall(path.read_text()))
