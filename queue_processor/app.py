@@ -5,6 +5,7 @@ asked to stop, then shuts down (stop receiving, EarlyExit for everything in flig
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 from collections.abc import Callable
@@ -48,7 +49,8 @@ log = structlog.get_logger("queue_processor.app")
 
 @dataclass
 class Controller:
-    """The running pieces, for tests and the sandbox command to look at."""
+    """The running pieces, built by :func:`_assemble` before anything starts; for tests and the sandbox command
+    to look at."""
 
     consumer: Consumer
     handler: Handler
@@ -58,7 +60,10 @@ class Controller:
     drainer: Drainer
     resolver: InstanceResolver
     metrics: Metrics
-    server: ProbeServer | None
+    departures: Departures
+    nodes: NodeCache
+    leases: NodeLeases | None
+    server: ProbeServer | None = None
 
 
 async def run_controller(
@@ -82,58 +87,29 @@ async def run_controller(
             observer=metrics,
         )
         parts = _assemble(settings, aws, kube, metrics)
-        consumer, handler = parts.consumer, parts.handler
-        server = await _serve(settings, metrics, consumer, kube) if serve else None
-        parts.departures.start()
-        parts.nodes.start()
-        if parts.leases is not None:
-            parts.leases.watch.start()
-        consumer.start()
-        background = _background(settings, aws.ec2, parts, metrics, gauges=server is not None)
+        if serve:
+            parts.server = await _serve(settings, metrics, parts.consumer, kube)
+        for watch in (parts.departures, parts.nodes, *([parts.leases.watch] if parts.leases else [])):
+            watch.start()
+        parts.consumer.start()
+        background = _background(settings, aws.ec2, parts)
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
         if started is not None:
-            controller = Controller(
-                consumer,
-                handler,
-                parts.store,
-                kube,
-                parts.lifecycle,
-                parts.drainer,
-                parts.resolver,
-                metrics,
-                server,
-            )
-            started(controller)
+            started(parts)
         stopped = asyncio.ensure_future(stop.wait())
         try:
-            waiting: set[asyncio.Future[Any]] = {stopped, consumer.refused}
+            waiting: set[asyncio.Future[Any]] = {stopped, parts.consumer.refused}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-            await _shut_down(settings, parts, server, background, before)
-        if consumer.refused.done():
-            raise StartupError(consumer.refused.result())
+            await _shut_down(settings, parts, background, before)
+        if parts.consumer.refused.done():
+            raise StartupError(parts.consumer.refused.result())
 
 
-@dataclass
-class _Parts:
-    """The pipeline's pieces, built by :func:`_assemble` before anything starts."""
-
-    kube: KubeClient
-    resolver: InstanceResolver
-    lifecycle: Lifecycle
-    departures: Departures
-    nodes: NodeCache
-    drainer: Drainer
-    leases: NodeLeases | None
-    handler: Handler
-    store: EventStore
-    consumer: Consumer
-
-
-def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Metrics) -> _Parts:
+def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Metrics) -> Controller:
     """Build the pipeline from the settings (nothing starts here)."""
-    resolver = InstanceResolver(lambda ids: describe_instances(aws.ec2, ids))
+    resolver = InstanceResolver(functools.partial(describe_instances, aws.ec2))
     lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
     departures, nodes = Departures(kube), NodeCache(kube)
     drainer = _drainer(settings, kube, metrics, departures, nodes)
@@ -187,7 +163,9 @@ def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Me
         poison_visibility_s=settings.poison_visibility_timeout_sec,
         requeue_base_s=settings.requeue_backoff_base_sec,
     )
-    return _Parts(kube, resolver, lifecycle, departures, nodes, drainer, leases, handler, store, consumer)
+    return Controller(
+        consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, departures, nodes, leases
+    )
 
 
 def _drainer(
@@ -231,16 +209,12 @@ async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube:
     return server
 
 
-def _background(
-    settings: Settings, ec2: Any, parts: _Parts, metrics: Metrics, *, gauges: bool
-) -> list[asyncio.Task[None] | None]:
+def _background(settings: Settings, ec2: Any, parts: Controller) -> list[asyncio.Task[None] | None]:
     """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
     check (UNCORDON_ON_RETURN, not in dry run)."""
     tagged = (
-        tasks.spawn(
-            _tagged_gauges(ec2, parts.kube, parts.nodes, settings.managed_tag, metrics), name="nth-tagged"
-        )
-        if gauges and settings.enable_prometheus_server
+        tasks.spawn(_tagged_gauges(ec2, parts, settings.managed_tag), name="nth-tagged")
+        if parts.server is not None and settings.enable_prometheus_server
         else None
     )
     returns = (
@@ -252,7 +226,7 @@ def _background(
                 busy=parts.handler.draining.here,
                 leases=parts.leases,
                 interval_s=settings.return_check_interval_sec,
-                observer=metrics,
+                observer=parts.metrics,
                 nodes=parts.nodes,
             ).run(),
             name="returns",
@@ -265,8 +239,7 @@ def _background(
 
 async def _shut_down(
     settings: Settings,
-    parts: _Parts,
-    server: ProbeServer | None,
+    parts: Controller,
     background: list[asyncio.Task[None] | None],
     before: set[asyncio.Task[Any]],
 ) -> None:
@@ -280,8 +253,8 @@ async def _shut_down(
     await parts.resolver.close()
     await parts.departures.close()
     await parts.nodes.close()
-    if server is not None:
-        await server.stop()
+    if parts.server is not None:
+        await parts.server.stop()
     parts.kube.close(wait=False)
     left = sorted(
         task.get_name() for task in asyncio.all_tasks() - before if task is not asyncio.current_task()
@@ -299,16 +272,17 @@ async def _shut_down(
 TAGGED_GAUGES_PERIOD_S = 30.0
 
 
-async def _tagged_gauges(ec2: Any, kube: KubeClient, watched: NodeCache, tag: str, metrics: Metrics) -> None:
+async def _tagged_gauges(ec2: Any, parts: Controller, tag: str) -> None:
     """Refresh NTH's ``nth_tagged_*`` gauges; a failed refresh leaves them as they were, as in NTH."""
     rank_urgent(AFTER_CORDONS)
+    metrics = parts.metrics
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)
         try:
             instances = await tagged_instances(ec2, tag)
-            nodes = watched.all()
+            nodes = parts.nodes.all()
             if nodes is None:
-                nodes = await kube.list_nodes(cached=True)
+                nodes = await parts.kube.list_nodes(cached=True)
         except Exception as exc:  # a refresh must never take the controller down
             log.warning("nth_tagged gauges not refreshed", error=repr(exc))
             continue

@@ -58,7 +58,7 @@ def record_one_of_each(metrics: Metrics) -> None:
     metrics.evictions.labels(result="pdb-blocked").inc()
     metrics.kube_requests.labels(verb="patch", resource="nodes", code="200").inc()
     metrics.aws_requests.labels(service="sqs", operation="ReceiveMessage", result="ok").inc()
-    metrics.mark_receive(QUEUE, at=1_700_000_000.5)
+    metrics.receive_answered(QUEUE, at=1_700_000_000.5)
     metrics.drain_blocked("apps/web", 2)
     metrics.deleted_at_deadline()
 
