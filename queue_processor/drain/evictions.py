@@ -29,7 +29,7 @@ from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainT
 from queue_processor.drain.summary import Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient, NotSentError
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import EvictionOutcome, KubeError, SurgeResult
 
 __all__ = [

@@ -1,4 +1,6 @@
-"""Prometheus metrics of the controller: :class:`Metrics`, one per process, in a registry of its own.
+"""What the pipeline reports, :class:`Observer` (called where a decision is made, with an enum value of
+:mod:`queue_processor.outcomes`; :data:`NULL_OBSERVER` is the default, so tests and tools build components without
+metrics), and its Prometheus implementation, :class:`Metrics`, one per process, in a registry of its own.
 
 Names follow "Metric and label naming" (prometheus.io). ``actions_total`` and ``events_error_total`` are NTH's
 (``pkg/observability/opentelemetry.go``), unprefixed so its dashboards keep working. Labels stay bounded: ``queue``
@@ -10,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -27,7 +29,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from queue_processor import __version__
-from queue_processor.observe.observer import Observer
 from queue_processor.outcomes import (
     NTH_NODE_ACTIONS,
     SQS_MONITOR,
@@ -46,7 +47,16 @@ from queue_processor.outcomes import (
     SurgeResult,
 )
 
-__all__ = ["BLOCKED_BUDGETS_MAX", "FAMILIES", "OTHER_BUDGETS", "PREFIX", "Metrics"]
+__all__ = [
+    "BLOCKED_BUDGETS_MAX",
+    "FAMILIES",
+    "NULL_OBSERVER",
+    "OTHER_BUDGETS",
+    "PREFIX",
+    "Metrics",
+    "NullObserver",
+    "Observer",
+]
 
 #: Prefix of every metric that is not one of NTH's.
 PREFIX: Final = "queue_processor"
@@ -153,6 +163,103 @@ _TYPES: Final[dict[str, type[Counter | Gauge | Histogram]]] = {
 }
 
 
+class Observer(Protocol):
+    """What the pipeline reports; every method returns at once, never raises, and does nothing by default. ``queue``
+    is a queue URL as configured, ``kind`` an event kind (``skip``, ``poison``, or kinds joined by commas); seconds."""
+
+    def message(self, queue: str, fate: MessageFate, kind: str) -> None:
+        """A message was received, deleted or requeued."""
+        return
+
+    def poison(self, queue: str, reason_class: PoisonClass) -> None:
+        """A poison message was left to the redrive policy."""
+        return
+
+    def skipped(self, queue: str, reason_class: SkipClass) -> None:
+        """A valid message that is not acted on was deleted."""
+        return
+
+    def receive_answered(self, queue: str) -> None:
+        """SQS answered a ReceiveMessage call on ``queue`` (with messages or none)."""
+        return
+
+    def error(self, where: ErrorWhere) -> None:
+        """A step failed (``queue_processor_errors_total``; NTH's ``events_error_total`` for the monitor's)."""
+        return
+
+    def in_flight(self, messages: int, operations: int) -> None:
+        """Messages held and operations under way, now."""
+        return
+
+    def draining(self, nodes: int) -> None:
+        """Nodes being drained, now (bounded by DRAIN_BUDGET)."""
+        return
+
+    def drains_waiting(self, group: str, drains: int) -> None:
+        """Drains of ``group`` waiting for a turn now (DRAIN_BUDGET_NON_URGENT)."""
+        return
+
+    def node_action(self, action: NodeAction, ok: bool) -> None:
+        """An action on a node succeeded (``ok``) or failed."""
+        return
+
+    def operation_outcome(self, outcome: OperationOutcome) -> None:
+        """An operation ended without a drain."""
+        return
+
+    def cordoned(self, seconds: float) -> None:
+        """A node was cordoned ``seconds`` after its operation's first message was received."""
+        return
+
+    def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
+        """A node's drain of the given event kind ended with ``result`` after ``seconds``."""
+        return
+
+    def eviction(self, result: EvictionOutcome) -> None:
+        """One pod's eviction ended with ``result``."""
+        return
+
+    def drain_blocked(self, budget: str, pods: int) -> None:
+        """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains."""
+        return
+
+    def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
+        """How an evicted pod's grace period went (see :class:`~queue_processor.observe.metrics.Metrics`)."""
+        return
+
+    def deleted_at_deadline(self) -> None:
+        """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
+        return
+
+    def surge(self, result: SurgeResult) -> None:
+        """A pod annotated ``queue-processor/drain: surge`` got its replacement first, or why not."""
+        return
+
+    def heartbeat(self, result: HeartbeatResult) -> None:
+        """A heartbeat was sent (or, ``hook-unreadable``, cannot be)."""
+        return
+
+    def lifecycle_completion(self, result: LifecycleResult) -> None:
+        """A CompleteLifecycleAction call ended with ``result``."""
+        return
+
+    def kube_request(self, verb: str, resource: str, status: int | None) -> None:
+        """A Kubernetes API request; ``status`` is the HTTP status, ``None`` when no response came."""
+        return
+
+    def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
+        """An AWS API request: ``service`` as botocore names it (``sqs``), ``operation`` (``ReceiveMessage``)."""
+        return
+
+
+class NullObserver(Observer):
+    """An :class:`Observer` that reports nowhere (the default of every component)."""
+
+
+#: The observer of components built without one.
+NULL_OBSERVER: Observer = NullObserver()
+
+
 class _WithoutCreated(Collector):
     """``registry`` without prometheus-client's ``*_created`` samples (one more series per child; NTH had none)."""
 
@@ -226,7 +333,6 @@ class Metrics(Observer):
         self._blocked_series: set[str] = set()
 
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
-        """Count a message received, deleted or requeued."""
         counter = {
             MessageFate.RECEIVED: self.messages_received,
             MessageFate.DELETED: self.messages_deleted,
@@ -235,11 +341,9 @@ class Metrics(Observer):
         counter.labels(queue, kind).inc()
 
     def poison(self, queue: str, reason_class: PoisonClass) -> None:
-        """Count a poison message under its class."""
         self.messages_poison.labels(queue=queue, reason=reason_class).inc()
 
     def skipped(self, queue: str, reason_class: SkipClass) -> None:
-        """Count a skipped message under its class."""
         self.messages_skipped.labels(queue=queue, reason_class=reason_class).inc()
 
     def error(self, where: ErrorWhere) -> None:
@@ -249,37 +353,30 @@ class Metrics(Observer):
             self.events_error.labels(event_error_where=SQS_MONITOR).inc()
 
     def in_flight(self, messages: int, operations: int) -> None:
-        """Set the in-flight gauges."""
         self.in_flight_messages.set(messages)
         self.in_flight_operations.set(operations)
 
     def draining(self, nodes: int) -> None:
-        """Set ``draining_nodes``."""
         self.draining_nodes.set(nodes)
 
     def drains_waiting(self, group: str, drains: int) -> None:
-        """Set ``drains_waiting{group}``."""
         self.waiting_drains.labels(group=group).set(drains)
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
-        """Count ``action`` in NTH's ``actions_total`` (:data:`NODE_ACTIONS`) or ours, ``success`` when ``ok``."""
+        """Count ``action`` in NTH's ``actions_total`` (``NTH_NODE_ACTIONS``) or ours, ``success`` when ``ok``."""
         counter = self.actions if action in NTH_NODE_ACTIONS else self.node_actions
         counter.labels(node_action=action, node_status="success" if ok else "error").inc()
 
     def operation_outcome(self, outcome: OperationOutcome) -> None:
-        """Count an operation that ended without a drain."""
         self.operation_outcomes.labels(outcome=outcome).inc()
 
     def cordoned(self, seconds: float) -> None:
-        """Observe ``event_to_cordon_seconds``."""
         self.event_to_cordon.observe(seconds)
 
     def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
-        """Observe ``drain_duration_seconds{kind, result}``."""
         self.drain_duration.labels(kind, str(result)).observe(seconds)
 
     def eviction(self, result: EvictionOutcome) -> None:
-        """Count one pod's eviction by how it ended."""
         self.evictions.labels(result=result).inc()
 
     def drain_blocked(self, budget: str, pods: int) -> None:
@@ -297,15 +394,12 @@ class Metrics(Observer):
         self._blocked_series = set(wanted)
 
     def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
-        """Count one evicted pod under ``grace``."""
         self.drained_pods.labels(grace=grace).inc()
 
     def deleted_at_deadline(self) -> None:
-        """Count one pod deleted at its instance's end."""
         self.deleted_at_deadline_pods.inc()
 
     def surge(self, result: SurgeResult) -> None:
-        """Count one surge-annotated pod under ``result``."""
         self.surges.labels(result=result).inc()
 
     def heartbeat(self, result: HeartbeatResult) -> None:
@@ -315,7 +409,6 @@ class Metrics(Observer):
             self.node_action(NodeAction.HEARTBEAT, result is HeartbeatResult.OK)
 
     def lifecycle_completion(self, result: LifecycleResult) -> None:
-        """Count a CompleteLifecycleAction call."""
         self.lifecycle_completions.labels(result=result).inc()
 
     def kube_request(self, verb: str, resource: str, status: int | None) -> None:
@@ -323,7 +416,6 @@ class Metrics(Observer):
         self.kube_requests.labels(verb, resource, str(status) if status else "error").inc()
 
     def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
-        """Count an AWS API request."""
         self.aws_requests.labels(service, operation, result).inc()
 
     def receive_answered(self, queue: str, at: float | None = None) -> None:

@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     },
     {
         "queue_processor.observe.templates",
-        "queue_processor.observe.observer",
+        "queue_processor.observe.metrics",
         "queue_processor.kinds.base",
         "queue_processor.ratelimit",
         "queue_processor.watch.stream",
@@ -47,7 +47,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.kinds",
         "queue_processor.kube",
         "queue_processor.aws",
-        "queue_processor.observe.metrics",
     },
     {"queue_processor.watch.watched", "queue_processor.rules"},
     {"queue_processor.lease_watch"},
