@@ -132,10 +132,10 @@ def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Me
         heartbeats=heartbeats,
         drainer=drainer,
         recorder=NodeEventRecorder(
-            kube,
-            enabled=settings.emit_kubernetes_events,
-            annotations=parse_annotations(settings.kubernetes_events_extra_annotations),
-        ),
+            kube, annotations=parse_annotations(settings.kubernetes_events_extra_annotations)
+        )
+        if settings.emit_kubernetes_events
+        else None,
         leases=leases,
         webhook=Webhook(
             webhook_url,
