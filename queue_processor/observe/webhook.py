@@ -73,13 +73,9 @@ def nth_event_id(event: Event) -> str:
     return NTH_KINDS[event.kind][1] + ident.encode().hex()
 
 
-def _go_time(moment: datetime) -> GoTime:
-    return GoTime(moment)
-
-
 def nth_description(event: Event) -> str:
     """NTH's ``.Description`` (``pkg/monitor/sqsevent``), with its trailing space and newline."""
-    at = _go_time(event.time)
+    at = GoTime(event.time)
     instance = event.instance_id
     match event.kind:
         case EventKind.SPOT_INTERRUPTION:
@@ -113,7 +109,7 @@ def drain_data(
 ) -> Struct:
     """NTH's ``combinedDrainData`` for ``event``; ``node_labels`` / ``pods`` ``None`` render as nil. An AWS Health
     event's ``.StartTime`` is ``received_wall`` (NTH's ``time.Now()``; ``received_monotonic`` gives Go's ``m=+…``)."""
-    start = _go_time(event.time)
+    start = GoTime(event.time)
     if isinstance(event, ScheduledChangeEvent):
         wall = received_wall or datetime.now().astimezone()
         at = received_monotonic if received_monotonic is not None else time.monotonic()
@@ -170,7 +166,7 @@ async def node_facts(kube: KubeClient, node: str) -> NodeFacts:
 
 
 class Webhook:
-    """Posts notifications to ``url`` (no-op when empty); ``failures`` counts those not sent. ``template_file``
+    """Posts notifications to ``url``; ``failures`` counts those not sent. ``template_file``
     is read again for each request: a mounted ConfigMap may change."""
 
     def __init__(
@@ -204,8 +200,6 @@ class Webhook:
         self, events: Sequence[Event], info: InstanceInfo, facts: NodeFacts, age_s: float
     ) -> None:
         """One request per event (the first of each kind) of an operation taken up ``age_s`` seconds ago."""
-        if not self.url:
-            return
         wall = datetime.now().astimezone() - timedelta(seconds=age_s)
         for event in events:
             data = drain_data(
@@ -220,8 +214,6 @@ class Webhook:
 
     async def notify(self, data: Struct) -> None:
         """POST the template rendered over ``data`` (:func:`drain_data`)."""
-        if not self.url:
-            return
         source = await self._source()
         try:
             body = self._template(source).execute(data) if source is not None else None
