@@ -7,6 +7,7 @@ probe restarts the container: a liveness check must fail only when a restart wou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,8 +30,8 @@ _SHUTDOWN_TIMEOUT_S: Final = 2.0
 _log = get_logger()
 
 
-def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
-    """Run ``checks`` (every one, even after a failure): ``(all passed, JSON body)``."""
+async def _probe(checks: dict[str, Check], request: web.Request) -> web.Response:
+    """Run ``checks`` (every one, even after a failure): 200 when all pass, else 503, with the JSON body."""
     results: dict[str, bool] = {}
     errors: dict[str, str] = {}
     for name, check in checks.items():
@@ -43,7 +44,7 @@ def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
     body: dict[str, Any] = {"status": "failing" if failing else "ok", "checks": results, "failing": failing}
     if errors:
         body["errors"] = errors
-    return not failing, body
+    return web.json_response(body, status=503 if failing else 200)
 
 
 class ProbeServer:
@@ -100,14 +101,6 @@ class ProbeServer:
         if name in checks:
             raise ValueError(f"check {name!r} is registered already")
         checks[name] = fn
-
-    def liveness(self) -> tuple[bool, dict[str, Any]]:
-        """Run the liveness checks now: ``(all passed, the /healthz JSON body)``."""
-        return _evaluate(self._liveness)
-
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Run the readiness checks now: ``(all passed, the /readyz JSON body)``."""
-        return _evaluate(self._readiness)
 
     @property
     def shared(self) -> bool:
@@ -176,8 +169,8 @@ class ProbeServer:
         if metrics:
             app.router.add_get("/metrics", self._handle_metrics)
         if probes:
-            app.router.add_get("/healthz", self._handle_healthz)
-            app.router.add_get("/readyz", self._handle_readyz)
+            app.router.add_get("/healthz", functools.partial(_probe, self._liveness))
+            app.router.add_get("/readyz", functools.partial(_probe, self._readiness))
         return app
 
     async def _listen(self, app: web.Application, port: int) -> int:
@@ -188,16 +181,6 @@ class ProbeServer:
         await web.TCPSite(runner, self.host, port).start()
         address = runner.addresses[0]
         return int(address[1])
-
-    async def _handle_healthz(self, request: web.Request) -> web.Response:
-        return self._probe_response(*self.liveness())
-
-    async def _handle_readyz(self, request: web.Request) -> web.Response:
-        return self._probe_response(*self.readiness())
-
-    @staticmethod
-    def _probe_response(ok: bool, body: dict[str, Any]) -> web.Response:
-        return web.json_response(body, status=200 if ok else 503)
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.render(request.headers.get("Accept", ""))
