@@ -350,16 +350,15 @@ def _read(paths: Iterable[str]) -> Iterable[tuple[str, bytes | None, str | None]
             yield path, None, exc.strerror or str(exc)
 
 
+def _format_option(default: str, help_text: str) -> Callable[[F], F]:
+    """``--format``: ``json`` or ``table``."""
+    choice = click.Choice(["json", "table"] if default == "json" else ["table", "json"])
+    return click.option("--format", "output", type=choice, default=default, show_default=True, help=help_text)
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True, metavar="PATH...")
-@click.option(
-    "--format",
-    "output",
-    type=click.Choice(["json", "table"]),
-    default="json",
-    show_default=True,
-    help="json: one JSON object per file on its own line; table: a table for people.",
-)
+@_format_option("json", "json: one JSON object per file on its own line; table: a table for people.")
 def inspect(paths: tuple[str, ...], output: str) -> None:
     """Show what the controller would make of SQS message bodies: one file per body, '-' for stdin.
 
@@ -384,18 +383,11 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
             click.echo(json.dumps(_result_json(path, result)))
             continue
         name = Path(path).name if path != "-" else path
-        if not result.events:
-            table.add_row(name, result.outcome, "", "", "", "", result.reason or "")
-        for event in result.events:
-            table.add_row(
-                name,
-                result.outcome,
-                event.kind,
-                event.instance_id,
-                event.event_id,
-                event.start_time.isoformat(),
-                "",
-            )
+        rows: list[tuple[str, ...]] = [
+            (e.kind, e.instance_id, e.event_id, e.start_time.isoformat(), "") for e in result.events
+        ]
+        for row in rows or [("", "", "", "", result.reason or "")]:
+            table.add_row(name, result.outcome, *row)
     if output == "table":
         Console().print(table)
     if unreadable:
@@ -423,13 +415,8 @@ def _setting_option(name: str, help_text: str, **kwargs: Any) -> Callable[[F], F
     default=None,
     help="kubeconfig to read the cluster with [env: KUBECONFIG; default: in-cluster, else ~/.kube/config].",
 )
-@click.option(
-    "--format",
-    "output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table: for people; json: one JSON object (node, found, unschedulable, pods, summary).",
+@_format_option(
+    "table", "table: for people; json: one JSON object (node, found, unschedulable, pods, summary)."
 )
 @_setting_option("drain_order", "DRAIN_ORDER, for the wave column [env: DRAIN_ORDER].")
 @_setting_option(
