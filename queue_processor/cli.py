@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
+import structlog
 from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
@@ -26,7 +27,7 @@ from queue_processor import __version__
 from queue_processor.app import run_controller
 from queue_processor.config import Settings, default, env_name, load_settings, notes
 from queue_processor.kinds import Event
-from queue_processor.observe.logs import configure_logging, get_logger
+from queue_processor.observe.logs import configure_logging
 from queue_processor.outcomes import ConfigError, StartupError
 from queue_processor.parse import ParseResult, parse
 
@@ -173,7 +174,7 @@ def run(**flags: Any) -> None:
     settings = _load(flags)
     configure_logging(settings.log_level, settings.json_logging)
     for line in nth_settings_ignored(os.environ):
-        get_logger().warning(line)
+        structlog.get_logger("queue_processor.cli").warning(line)
     try:
         _run_to_end(settings)
     except StartupError as exc:

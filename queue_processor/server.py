@@ -11,9 +11,9 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import structlog
 from aiohttp import web
 
-from queue_processor.observe.logs import get_logger
 from queue_processor.observe.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ Check = Callable[[], bool]
 #: Seconds ``stop()`` lets an in-flight request finish before its connection is closed.
 _SHUTDOWN_TIMEOUT_S: Final = 2.0
 
-_log = get_logger()
+_log = structlog.get_logger("queue_processor.server")
 
 
 async def _probe(checks: dict[str, Check], request: web.Request) -> web.Response:
