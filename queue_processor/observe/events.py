@@ -42,7 +42,6 @@ RECEIVED_REASONS: dict[EventKind, str] = {
 
 #: NTH's (reason, message) of each step's success; a failure is ``<reason>Error``, ``<error message>: <why>``.
 PRE_DRAIN = ("PreDrain", "Pre-drain task successfully executed")
-PRE_DRAIN_ERROR = "There was a problem executing the pre-drain task"
 CORDON = ("Cordon", "Node successfully cordoned")
 CORDON_ERROR = "There was a problem while trying to cordon the node"
 CORDON_AND_DRAIN = ("CordonAndDrain", "Node successfully cordoned and drained")

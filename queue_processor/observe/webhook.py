@@ -73,29 +73,26 @@ def nth_event_id(event: Event) -> str:
     return NTH_KINDS[event.kind][1] + ident.encode().hex()
 
 
+#: NTH's ``.Description`` of each kind (``pkg/monitor/sqsevent``), with its trailing space and newline.
+NTH_DESCRIPTIONS: dict[EventKind, str] = {
+    EventKind.SPOT_INTERRUPTION: "Spot Interruption notice for instance {instance} was sent at {at} \n",
+    EventKind.ASG_TERMINATE_LIFECYCLE: "ASG Lifecycle Termination event received. Instance will be interrupted "
+    "at {at} \n",
+    EventKind.ASG_LAUNCH_LIFECYCLE: "ASG Lifecycle Launch event received. Instance was started at {at} \n",
+    EventKind.REBALANCE_RECOMMENDATION: "Rebalance recommendation event received. Instance {instance} will be "
+    "cordoned at {at} \n",
+    EventKind.STATE_CHANGE: "EC2 State Change event received. Instance {instance} went into {state} at {at} \n",
+    EventKind.SCHEDULED_CHANGE: "AWS Health scheduled change event received. Instance {instance} will be "
+    "interrupted at {at} \n",
+    EventKind.CAPACITY_RESERVATION_INTERRUPTION: "Capacity Reservation interruption notice for instance {instance} "
+    "was sent at {at} \n",
+}
+
+
 def nth_description(event: Event) -> str:
-    """NTH's ``.Description`` (``pkg/monitor/sqsevent``), with its trailing space and newline."""
-    at = GoTime(event.time)
-    instance = event.instance_id
-    match event.kind:
-        case EventKind.SPOT_INTERRUPTION:
-            text = f"Spot Interruption notice for instance {instance} was sent at {at}"
-        case EventKind.ASG_TERMINATE_LIFECYCLE:
-            text = f"ASG Lifecycle Termination event received. Instance will be interrupted at {at}"
-        case EventKind.ASG_LAUNCH_LIFECYCLE:
-            text = f"ASG Lifecycle Launch event received. Instance was started at {at}"
-        case EventKind.REBALANCE_RECOMMENDATION:
-            text = f"Rebalance recommendation event received. Instance {instance} will be cordoned at {at}"
-        case EventKind.STATE_CHANGE:
-            state = event.state if isinstance(event, StateChangeEvent) else ""
-            text = f"EC2 State Change event received. Instance {instance} went into {state} at {at}"
-        case EventKind.SCHEDULED_CHANGE:
-            text = (
-                f"AWS Health scheduled change event received. Instance {instance} will be interrupted at {at}"
-            )
-        case _:
-            text = f"Capacity Reservation interruption notice for instance {instance} was sent at {at}"
-    return text + " \n"
+    """NTH's ``.Description`` of ``event`` (:data:`NTH_DESCRIPTIONS`)."""
+    state = event.state if isinstance(event, StateChangeEvent) else ""
+    return NTH_DESCRIPTIONS[event.kind].format(instance=event.instance_id, at=GoTime(event.time), state=state)
 
 
 def drain_data(
