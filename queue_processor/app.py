@@ -86,25 +86,27 @@ async def run_controller(
             burst=settings.kube_api_burst,
             observer=metrics,
         )
-        parts = _assemble(settings, aws, kube, metrics)
+        controller = _assemble(settings, aws, kube, metrics)
         if serve:
-            parts.server = await _serve(settings, metrics, parts.consumer, kube)
-        for watch in (parts.departures, parts.nodes, *([parts.leases.watch] if parts.leases else [])):
-            watch.start()
-        parts.consumer.start()
-        background = _background(settings, aws.ec2, parts)
+            controller.server = await _serve(settings, metrics, controller.consumer, kube)
+        controller.departures.start()
+        controller.nodes.start()
+        if controller.leases is not None:
+            controller.leases.watch.start()
+        controller.consumer.start()
+        background = _background(settings, aws.ec2, controller)
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
         if started is not None:
-            started(parts)
+            started(controller)
         stopped = asyncio.ensure_future(stop.wait())
         try:
-            waiting: set[asyncio.Future[Any]] = {stopped, parts.consumer.refused}
+            waiting: set[asyncio.Future[Any]] = {stopped, controller.consumer.refused}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-            await _shut_down(settings, parts, background, before)
-        if parts.consumer.refused.done():
-            raise StartupError(parts.consumer.refused.result())
+            await _shut_down(settings, controller, background, before)
+        if controller.consumer.refused.done():
+            raise StartupError(controller.consumer.refused.result())
 
 
 def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Metrics) -> Controller:
@@ -209,25 +211,25 @@ async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube:
     return server
 
 
-def _background(settings: Settings, ec2: Any, parts: Controller) -> list[asyncio.Task[None] | None]:
+def _background(settings: Settings, ec2: Any, controller: Controller) -> list[asyncio.Task[None] | None]:
     """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
     check (UNCORDON_ON_RETURN, not in dry run)."""
     tagged = (
-        tasks.spawn(_tagged_gauges(ec2, parts, settings.managed_tag), name="nth-tagged")
-        if parts.server is not None and settings.enable_prometheus_server
+        tasks.spawn(_tagged_gauges(ec2, controller, settings.managed_tag), name="nth-tagged")
+        if controller.server is not None and settings.enable_prometheus_server
         else None
     )
     returns = (
         tasks.spawn(
             Returns(
-                parts.kube,
-                parts.drainer,
-                parts.resolver,
-                busy=parts.handler.draining.here,
-                leases=parts.leases,
+                controller.kube,
+                controller.drainer,
+                controller.resolver,
+                busy=controller.handler.draining.here,
+                leases=controller.leases,
                 interval_s=settings.return_check_interval_sec,
-                observer=parts.metrics,
-                nodes=parts.nodes,
+                observer=controller.metrics,
+                nodes=controller.nodes,
             ).run(),
             name="returns",
         )
@@ -239,7 +241,7 @@ def _background(settings: Settings, ec2: Any, parts: Controller) -> list[asyncio
 
 async def _shut_down(
     settings: Settings,
-    parts: Controller,
+    controller: Controller,
     background: list[asyncio.Task[None] | None],
     before: set[asyncio.Task[Any]],
 ) -> None:
@@ -247,15 +249,17 @@ async def _shut_down(
     log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
     # Bounded whatever AWS or the API server does: a request stuck in a worker thread is abandoned.
     await tasks.stop(*background)
-    await parts.consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
-    if parts.leases is not None:  # the operations have ended: what the replica Lease held is free at once
-        await parts.leases.close()
-    await parts.resolver.close()
-    await parts.departures.close()
-    await parts.nodes.close()
-    if parts.server is not None:
-        await parts.server.stop()
-    parts.kube.close(wait=False)
+    await controller.consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
+    if (
+        controller.leases is not None
+    ):  # the operations have ended: what the replica Lease held is free at once
+        await controller.leases.close()
+    await controller.resolver.close()
+    await controller.departures.close()
+    await controller.nodes.close()
+    if controller.server is not None:
+        await controller.server.stop()
+    controller.kube.close(wait=False)
     left = sorted(
         task.get_name() for task in asyncio.all_tasks() - before if task is not asyncio.current_task()
     )
@@ -263,8 +267,8 @@ async def _shut_down(
         "stopped",
         tasks_left=len(left),
         task_names=left[:10],
-        operations_left=parts.consumer.tasks,
-        heartbeats_left=parts.handler.parts.heartbeats.running,
+        operations_left=controller.consumer.tasks,
+        heartbeats_left=controller.handler.parts.heartbeats.running,
     )
 
 
@@ -272,17 +276,17 @@ async def _shut_down(
 TAGGED_GAUGES_PERIOD_S = 30.0
 
 
-async def _tagged_gauges(ec2: Any, parts: Controller, tag: str) -> None:
+async def _tagged_gauges(ec2: Any, controller: Controller, tag: str) -> None:
     """Refresh NTH's ``nth_tagged_*`` gauges; a failed refresh leaves them as they were, as in NTH."""
     rank_urgent(AFTER_CORDONS)
-    metrics = parts.metrics
+    metrics = controller.metrics
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)
         try:
             instances = await tagged_instances(ec2, tag)
-            nodes = parts.nodes.all()
+            nodes = controller.nodes.all()
             if nodes is None:
-                nodes = await parts.kube.list_nodes(cached=True)
+                nodes = await controller.kube.list_nodes(cached=True)
         except Exception as exc:  # a refresh must never take the controller down
             log.warning("nth_tagged gauges not refreshed", error=repr(exc))
             continue
