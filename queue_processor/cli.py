@@ -34,16 +34,18 @@ from queue_processor.parse import ParseResult, parse
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _flag(name: str) -> str:
+    """The flag of the setting ``name`` (``--name/--no-name`` for a switch)."""
+    flag = "--" + name.replace("_", "-")
+    return f"{flag}/--no-{flag[2:]}" if Settings.model_fields[name].annotation is bool else flag
+
+
 def _settings_options(command: F) -> F:
     for name, info in reversed(Settings.model_fields.items()):
-        flag = "--" + name.replace("_", "-")
         unit = f" ({notes(name)['unit']})" if notes(name)["unit"] else ""
         help_text = f"{info.description}{unit} [env: {env_name(name)}]"
-        if info.annotation is bool:
-            option = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help_text)
-        else:
-            option = click.option(flag, name, default=None, metavar="VALUE", help=help_text)
-        command = option(command)
+        metavar = None if info.annotation is bool else "VALUE"
+        command = click.option(_flag(name), name, default=None, metavar=metavar, help=help_text)(command)
     return command
 
 
@@ -397,14 +399,11 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
 
 def _setting_option(name: str, help_text: str, **kwargs: Any) -> Callable[[F], F]:
     """A flag for the setting ``name``: its variable, its default, its choices."""
-    flag = "--" + name.replace("_", "-")
     annotation = Settings.model_fields[name].annotation
-    if annotation is bool:
-        flag = f"{flag}/--no-{flag[2:]}"
-    elif get_origin(annotation) is Literal:
+    if get_origin(annotation) is Literal:
         kwargs["type"] = click.Choice(get_args(annotation))
     return click.option(
-        flag, envvar=env_name(name), default=default(name), show_default=True, help=help_text, **kwargs
+        _flag(name), envvar=env_name(name), default=default(name), show_default=True, help=help_text, **kwargs
     )
 
 
