@@ -215,7 +215,10 @@ def _background(settings: Settings, ec2: Any, controller: Controller) -> list[as
     """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
     check (UNCORDON_ON_RETURN, not in dry run)."""
     tagged = (
-        tasks.spawn(_tagged_gauges(ec2, controller, settings.managed_tag), name="nth-tagged")
+        tasks.spawn(
+            _tagged_gauges(ec2, controller.kube, controller.nodes, settings.managed_tag, controller.metrics),
+            name="nth-tagged",
+        )
         if controller.server is not None and settings.enable_prometheus_server
         else None
     )
@@ -276,17 +279,16 @@ async def _shut_down(
 TAGGED_GAUGES_PERIOD_S = 30.0
 
 
-async def _tagged_gauges(ec2: Any, controller: Controller, tag: str) -> None:
+async def _tagged_gauges(ec2: Any, kube: KubeClient, watched: NodeCache, tag: str, metrics: Metrics) -> None:
     """Refresh NTH's ``nth_tagged_*`` gauges; a failed refresh leaves them as they were, as in NTH."""
     rank_urgent(AFTER_CORDONS)
-    metrics = controller.metrics
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)
         try:
             instances = await tagged_instances(ec2, tag)
-            nodes = controller.nodes.all()
+            nodes = watched.all()
             if nodes is None:
-                nodes = await controller.kube.list_nodes(cached=True)
+                nodes = await kube.list_nodes(cached=True)
         except Exception as exc:  # a refresh must never take the controller down
             log.warning("nth_tagged gauges not refreshed", error=repr(exc))
             continue
