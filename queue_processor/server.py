@@ -70,7 +70,7 @@ class ProbeServer:
             raise ValueError(f"shared=False but both servers would bind port {metrics_port}")
         self.metrics = metrics
         self.host = host
-        self._shared = shared and both
+        self.shared = shared and both  # metrics and probes on one listener
         self._wanted: dict[str, int | None] = {"metrics": metrics_port, "probes": probes_port}
         self._bound: dict[str, int] = {}
         self._liveness: dict[str, Check] = {}
@@ -79,13 +79,12 @@ class ProbeServer:
         self._started = False
 
     @classmethod
-    def from_settings(cls, settings: Settings, metrics: Metrics, *, host: str = "0.0.0.0") -> ProbeServer:
+    def from_settings(cls, settings: Settings, metrics: Metrics) -> ProbeServer:
         """The server ``settings`` ask for (ENABLE_PROMETHEUS_SERVER, ENABLE_PROBES_SERVER and their ports)."""
         return cls(
             metrics,
             metrics_port=settings.prometheus_server_port if settings.enable_prometheus_server else None,
             probes_port=settings.probes_server_port if settings.enable_probes_server else None,
-            host=host,
         )
 
     def add_liveness(self, name: str, fn: Check) -> None:
@@ -101,11 +100,6 @@ class ProbeServer:
         if name in checks:
             raise ValueError(f"check {name!r} is registered already")
         checks[name] = fn
-
-    @property
-    def shared(self) -> bool:
-        """Whether metrics and probes are served on one listener."""
-        return self._shared
 
     @property
     def metrics_port(self) -> int | None:
@@ -130,7 +124,7 @@ class ProbeServer:
         self._started = True
         metrics_port, probes_port = self._wanted["metrics"], self._wanted["probes"]
         try:
-            if self._shared:
+            if self.shared:
                 assert metrics_port is not None
                 port = await self._listen(self._app(metrics=True, probes=True), metrics_port)
                 self._bound = {"metrics": port, "probes": port}
