@@ -5,6 +5,7 @@ asked to stop, then shuts down (stop receiving, EarlyExit for everything in flig
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 from collections.abc import Callable
@@ -48,7 +49,8 @@ log = structlog.get_logger("queue_processor.app")
 
 @dataclass
 class Controller:
-    """The running pieces, for tests and the sandbox command to look at."""
+    """The running pieces, built by :func:`_assemble` before anything starts; for tests and the sandbox command
+    to look at."""
 
     consumer: Consumer
     handler: Handler
@@ -58,7 +60,10 @@ class Controller:
     drainer: Drainer
     resolver: InstanceResolver
     metrics: Metrics
-    server: ProbeServer | None
+    departures: Departures
+    nodes: NodeCache
+    leases: NodeLeases | None
+    server: ProbeServer | None = None
 
 
 async def run_controller(
@@ -81,59 +86,32 @@ async def run_controller(
             burst=settings.kube_api_burst,
             observer=metrics,
         )
-        parts = _assemble(settings, aws, kube, metrics)
-        consumer, handler = parts.consumer, parts.handler
-        server = await _serve(settings, metrics, consumer, kube) if serve else None
-        parts.departures.start()
-        parts.nodes.start()
-        if parts.leases is not None:
-            parts.leases.watch.start()
-        consumer.start()
-        background = _background(settings, aws.ec2, parts, metrics, gauges=server is not None)
+        controller = _assemble(settings, aws, kube, metrics)
+        if serve:
+            controller.server = await _serve(settings, metrics, controller.consumer, kube)
+        controller.departures.start()
+        controller.nodes.start()
+        if controller.leases is not None:
+            controller.leases.watch.start()
+        controller.consumer.start()
+        background = _background(settings, aws.ec2, controller)
         log.info("consuming", queues=settings.all_queue_urls, drain_budget=settings.drain_budget)
         if started is not None:
-            controller = Controller(
-                consumer,
-                handler,
-                parts.store,
-                kube,
-                parts.lifecycle,
-                parts.drainer,
-                parts.resolver,
-                metrics,
-                server,
-            )
             started(controller)
         stopped = asyncio.ensure_future(stop.wait())
         try:
-            waiting: set[asyncio.Future[Any]] = {stopped, consumer.refused}
+            waiting: set[asyncio.Future[Any]] = {stopped, controller.consumer.refused}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-            await _shut_down(settings, parts, server, background, before)
-        if consumer.refused.done():
-            raise StartupError(consumer.refused.result())
+            await _shut_down(settings, controller, background, before)
+        if controller.consumer.refused.done():
+            raise StartupError(controller.consumer.refused.result())
 
 
-@dataclass
-class _Parts:
-    """The pipeline's pieces, built by :func:`_assemble` before anything starts."""
-
-    kube: KubeClient
-    resolver: InstanceResolver
-    lifecycle: Lifecycle
-    departures: Departures
-    nodes: NodeCache
-    drainer: Drainer
-    leases: NodeLeases | None
-    handler: Handler
-    store: EventStore
-    consumer: Consumer
-
-
-def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Metrics) -> _Parts:
+def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Metrics) -> Controller:
     """Build the pipeline from the settings (nothing starts here)."""
-    resolver = InstanceResolver(lambda ids: describe_instances(aws.ec2, ids))
+    resolver = InstanceResolver(functools.partial(describe_instances, aws.ec2))
     lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
     departures, nodes = Departures(kube), NodeCache(kube)
     drainer = _drainer(settings, kube, metrics, departures, nodes)
@@ -156,10 +134,10 @@ def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Me
         heartbeats=heartbeats,
         drainer=drainer,
         recorder=NodeEventRecorder(
-            kube,
-            enabled=settings.emit_kubernetes_events,
-            annotations=parse_annotations(settings.kubernetes_events_extra_annotations),
-        ),
+            kube, annotations=parse_annotations(settings.kubernetes_events_extra_annotations)
+        )
+        if settings.emit_kubernetes_events
+        else None,
         leases=leases,
         webhook=Webhook(
             webhook_url,
@@ -187,7 +165,9 @@ def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Me
         poison_visibility_s=settings.poison_visibility_timeout_sec,
         requeue_base_s=settings.requeue_backoff_base_sec,
     )
-    return _Parts(kube, resolver, lifecycle, departures, nodes, drainer, leases, handler, store, consumer)
+    return Controller(
+        consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, departures, nodes, leases
+    )
 
 
 def _drainer(
@@ -231,29 +211,28 @@ async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube:
     return server
 
 
-def _background(
-    settings: Settings, ec2: Any, parts: _Parts, metrics: Metrics, *, gauges: bool
-) -> list[asyncio.Task[None] | None]:
+def _background(settings: Settings, ec2: Any, controller: Controller) -> list[asyncio.Task[None] | None]:
     """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
     check (UNCORDON_ON_RETURN, not in dry run)."""
     tagged = (
         tasks.spawn(
-            _tagged_gauges(ec2, parts.kube, parts.nodes, settings.managed_tag, metrics), name="nth-tagged"
+            _tagged_gauges(ec2, controller.kube, controller.nodes, settings.managed_tag, controller.metrics),
+            name="nth-tagged",
         )
-        if gauges and settings.enable_prometheus_server
+        if controller.server is not None and settings.enable_prometheus_server
         else None
     )
     returns = (
         tasks.spawn(
             Returns(
-                parts.kube,
-                parts.drainer,
-                parts.resolver,
-                busy=parts.handler.draining.here,
-                leases=parts.leases,
+                controller.kube,
+                controller.drainer,
+                controller.resolver,
+                busy=controller.handler.draining.here,
+                leases=controller.leases,
                 interval_s=settings.return_check_interval_sec,
-                observer=metrics,
-                nodes=parts.nodes,
+                observer=controller.metrics,
+                nodes=controller.nodes,
             ).run(),
             name="returns",
         )
@@ -265,8 +244,7 @@ def _background(
 
 async def _shut_down(
     settings: Settings,
-    parts: _Parts,
-    server: ProbeServer | None,
+    controller: Controller,
     background: list[asyncio.Task[None] | None],
     before: set[asyncio.Task[Any]],
 ) -> None:
@@ -274,15 +252,17 @@ async def _shut_down(
     log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
     # Bounded whatever AWS or the API server does: a request stuck in a worker thread is abandoned.
     await tasks.stop(*background)
-    await parts.consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
-    if parts.leases is not None:  # the operations have ended: what the replica Lease held is free at once
-        await parts.leases.close()
-    await parts.resolver.close()
-    await parts.departures.close()
-    await parts.nodes.close()
-    if server is not None:
-        await server.stop()
-    parts.kube.close(wait=False)
+    await controller.consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
+    if (
+        controller.leases is not None
+    ):  # the operations have ended: what the replica Lease held is free at once
+        await controller.leases.close()
+    await controller.resolver.close()
+    await controller.departures.close()
+    await controller.nodes.close()
+    if controller.server is not None:
+        await controller.server.stop()
+    controller.kube.close(wait=False)
     left = sorted(
         task.get_name() for task in asyncio.all_tasks() - before if task is not asyncio.current_task()
     )
@@ -290,8 +270,8 @@ async def _shut_down(
         "stopped",
         tasks_left=len(left),
         task_names=left[:10],
-        operations_left=parts.consumer.tasks,
-        heartbeats_left=parts.handler.parts.heartbeats.running,
+        operations_left=controller.consumer.tasks,
+        heartbeats_left=controller.handler.parts.heartbeats.running,
     )
 
 

@@ -16,7 +16,7 @@ from botocore.loaders import JSONFileLoader, Loader
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from queue_processor.config import Settings
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import AwsResult
 from queue_processor.permissions import AWS_API_CALLS
 
@@ -114,7 +114,7 @@ async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Ite
 
 class _CallCounter:
     """botocore ``after-call``/``after-call-error`` handlers reporting each request of one client's
-    ``service`` to an :class:`~queue_processor.observe.observer.Observer`."""
+    ``service`` to an :class:`~queue_processor.observe.metrics.Observer`."""
 
     def __init__(self, service: str, observer: Observer) -> None:
         self.service = service

@@ -1,14 +1,13 @@
 """Settings: environment variables (and CLI flags), validated once at start-up; times in seconds.
 
 Names and defaults follow aws-node-termination-handler (NTH); each field's ``nth`` note states a difference
-(``docs/configuration.md``, from :func:`configuration_markdown`). An empty variable counts as unset.
+(``docs/configuration.md``, from :func:`queue_processor.cli.configuration_markdown`). An empty variable counts as unset.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AliasChoices,
@@ -28,11 +27,10 @@ from queue_processor_gotemplate import TemplateError
 __all__ = [
     "REQUEUE_MAX_S",
     "Settings",
-    "configuration_markdown",
     "default",
     "env_name",
     "load_settings",
-    "nth_settings_ignored",
+    "notes",
     "parse_annotations",
     "queue_account",
     "region_from_queue_url",
@@ -40,34 +38,6 @@ __all__ = [
 
 #: The longest requeue backoff (seconds): SQS's 15-minute limit on a message's hidden delay kept as a bound.
 REQUEUE_MAX_S = 900
-
-_IMDS_ONLY = "NTH's IMDS mode only: queue-processor reads the queue, every kind of message in it is handled"
-#: NTH's variables that mean nothing here, and what replaces them (docs/migration.md, "not needed").
-NTH_IGNORED: dict[str, str] = {
-    "ENABLE_SQS_TERMINATION_DRAINING": "queue-processor has no other mode",
-    "WORKERS": "IN_FLIGHT_BUDGET bounds the messages handled at once and DRAIN_BUDGET the nodes drained at once",
-    "LOG_FORMAT_VERSION": "there is one structured log format (JSON_LOGGING)",
-    "NODE_NAME": "queue-processor does not depend on the node it runs on",
-    "PROBES_SERVER_ENDPOINT": "the probe paths are fixed: /healthz and /readyz",
-    "INSTANCE_METADATA_URL": _IMDS_ONLY,
-    "METADATA_TRIES": _IMDS_ONLY,
-    "UPTIME_FROM_FILE": _IMDS_ONLY,
-    "ENABLE_SPOT_INTERRUPTION_DRAINING": _IMDS_ONLY,
-    "ENABLE_SCHEDULED_EVENT_DRAINING": _IMDS_ONLY,
-    "ENABLE_REBALANCE_MONITORING": _IMDS_ONLY,
-    "ENABLE_REBALANCE_DRAINING": _IMDS_ONLY,
-    "ENABLE_ASG_LIFECYCLE_DRAINING": _IMDS_ONLY,
-}
-
-
-def nth_settings_ignored(environ: Mapping[str, str]) -> list[str]:
-    """One warning line per :data:`NTH_IGNORED` variable set in ``environ``, naming what replaces it."""
-    return [
-        f"{name} is aws-node-termination-handler's and is ignored: {instead}"
-        for name, instead in NTH_IGNORED.items()
-        if environ.get(name, "").strip()
-    ]
-
 
 # NTH's webhook defaults (pkg/config/config.go).
 DEFAULT_WEBHOOK_HEADERS = {"Content-type": "application/json"}
@@ -86,14 +56,6 @@ def parse_annotations(text: str) -> dict[str, str]:
             raise ValueError(f"{pair!r} is not key=value")
         annotations[key.strip()] = value.strip()
     return annotations
-
-
-def _check_webhook_template(text: str) -> None:
-    """NTH's start-up check: the template parses and executes over empty data; ``ValueError`` if not."""
-    try:
-        check_template(text)
-    except TemplateError as exc:
-        raise ValueError(str(exc)) from None
 
 
 # sqs.<region>.amazonaws.com[.cn], <region>.queue.amazonaws.com (legacy), and VPC endpoint host names.
@@ -585,22 +547,29 @@ class Settings(BaseSettings):
             return [url.strip() for url in value.split(",") if url.strip()]
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "taint_effect", mode="before")
     @classmethod
-    def _lower_level(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
+    def _match_case(cls, value: Any, info: ValidationInfo) -> Any:
+        """Any case of a choice names it (``NOSCHEDULE`` is ``NoSchedule``)."""
+        choices = {
+            choice.lower(): choice for choice in get_args(cls.model_fields[str(info.field_name)].annotation)
+        }
+        return choices.get(value.lower(), value) if isinstance(value, str) else value
 
-    @field_validator("taint_effect", mode="before")
+    @field_validator("queue_url", "queue_urls", "aws_endpoint", "webhook_url")
     @classmethod
-    def _taint_effect_case(cls, value: Any) -> Any:
-        effects = {effect.lower(): effect for effect in ("NoSchedule", "PreferNoSchedule", "NoExecute")}
-        return effects.get(value.lower(), value) if isinstance(value, str) else value
-
-    @field_validator("queue_url", "aws_endpoint")
-    @classmethod
-    def _check_url(cls, value: str) -> str:
-        if value and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http(s) URL")
+    def _check_urls(cls, value: Any, info: ValidationInfo) -> Any:
+        """http(s) URLs; a queue is not a FIFO queue ("Amazon SQS FIFO queues"): one held message holds back its
+        whole group."""
+        urls = value if isinstance(value, list) else [value]
+        for url in (u.get_secret_value() if isinstance(u, SecretStr) else u for u in urls):
+            if url and not re.match(r"^https?://[^/\s]+", url):
+                raise ValueError("must be an http(s) URL")
+            if str(info.field_name).startswith("queue_url") and url.rstrip("/").endswith(".fifo"):
+                raise ValueError(
+                    f"{url} is a FIFO queue: one held or requeued message would hold back every later message of "
+                    "its group, Spot warnings included; use a standard queue (as the Terraform module creates)"
+                )
         return value
 
     @field_validator("kubernetes_events_extra_annotations")
@@ -609,65 +578,31 @@ class Settings(BaseSettings):
         parse_annotations(value)
         return value
 
-    @field_validator("webhook_template")
+    @field_validator("webhook_template", "webhook_template_file")
     @classmethod
     def _check_template(cls, value: str, info: ValidationInfo) -> str:
-        url = info.data.get("webhook_url")
-        if url is not None and url.get_secret_value():
-            _check_webhook_template(value)
-        return value
-
-    @field_validator("webhook_template_file")
-    @classmethod
-    def _check_template_file(cls, value: str, info: ValidationInfo) -> str:
-        if value:
+        """NTH's start-up check (with a WEBHOOK_URL): the template parses and executes over empty data."""
+        text = value
+        if info.field_name == "webhook_template_file" and value:
             try:
                 with open(value, encoding="utf-8") as file:
                     text = file.read()
             except OSError as exc:
                 raise ValueError(f"cannot be read: {exc.strerror or exc}") from None
-            url = info.data.get("webhook_url")
-            if url is not None and url.get_secret_value():
-                _check_webhook_template(text)
+        url = info.data.get("webhook_url")
+        if text and url is not None and url.get_secret_value():
+            try:
+                check_template(text)
+            except TemplateError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
-    @field_validator("webhook_url")
+    @field_validator("heartbeat_interval", "heartbeat_until")
     @classmethod
-    def _check_webhook_url(cls, value: SecretStr) -> SecretStr:
-        if value.get_secret_value():
-            cls._check_url(value.get_secret_value())
-        return value
-
-    @field_validator("queue_urls")
-    @classmethod
-    def _check_urls(cls, value: list[str]) -> list[str]:
-        for url in value:
-            cls._check_url(url)
-            cls._check_standard(url)
-        return value
-
-    @field_validator("queue_url")
-    @classmethod
-    def _check_standard(cls, value: str) -> str:
-        """Refuse a FIFO queue ("Amazon SQS FIFO queues"): one held message holds back its whole group."""
-        if value.rstrip("/").endswith(".fifo"):
-            raise ValueError(
-                f"{value} is a FIFO queue: one held or requeued message would hold back every later message of "
-                "its group, Spot warnings included; use a standard queue (as the Terraform module creates)"
-            )
-        return value
-
-    @field_validator("heartbeat_interval")
-    @classmethod
-    def _check_interval(cls, value: int) -> int:
-        if value not in (-1, 0) and not 30 <= value <= 3600:
+    def _check_heartbeat(cls, value: int, info: ValidationInfo) -> int:
+        if info.field_name == "heartbeat_interval" and value not in (-1, 0) and not 30 <= value <= 3600:
             raise ValueError("must be -1 (automatic), 0 (off) or 30-3600 seconds")
-        return value
-
-    @field_validator("heartbeat_until")
-    @classmethod
-    def _check_until(cls, value: int) -> int:
-        if value != -1 and not 60 <= value <= 172800:
+        if info.field_name == "heartbeat_until" and value != -1 and not 60 <= value <= 172800:
             raise ValueError("must be -1 (until handled) or 60-172800 seconds")
         return value
 
@@ -677,11 +612,7 @@ class Settings(BaseSettings):
             raise ValueError("QUEUE_URL is not set: give the URL of the SQS queue to consume")
         if self.heartbeat_interval == 0 and self.heartbeat_until != -1:
             raise ValueError("HEARTBEAT_UNTIL is set but HEARTBEAT_INTERVAL=0 turns heartbeats off")
-        if (
-            self.heartbeat_interval > 0
-            and self.heartbeat_until != -1
-            and self.heartbeat_interval > self.heartbeat_until
-        ):
+        if self.heartbeat_until != -1 and self.heartbeat_interval > self.heartbeat_until:
             raise ValueError(
                 f"HEARTBEAT_INTERVAL={self.heartbeat_interval} must be at most "
                 f"HEARTBEAT_UNTIL={self.heartbeat_until}"
@@ -725,32 +656,26 @@ def env_name(field: str) -> str:
     return field.upper()
 
 
+def notes(field: str) -> dict[str, Any]:
+    """What :func:`_field` noted on the Settings field ``field``: ``nth``, ``unit``, ``aliases``, ``secret``."""
+    extra = Settings.model_fields[field].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
 def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
+    aliases = {alias.lower(): field for field in Settings.model_fields for alias in notes(field)["aliases"]}
     parts = []
     for error in exc.errors(include_url=False):
         message = str(error["msg"]).removeprefix("Value error, ")
-        loc = error["loc"]
-        if not loc:
+        if not error["loc"]:
             parts.append(message)
             continue
-        field = _field_of(str(loc[0]))
-        meta = Settings.model_fields[field].json_schema_extra if field in Settings.model_fields else None
-        secret = isinstance(meta, dict) and bool(meta.get("secret"))
+        field = aliases.get(str(error["loc"][0]).lower(), str(error["loc"][0]).lower())
         value = given.get(field, error.get("input"))
+        secret = field in Settings.model_fields and notes(field)["secret"]
         shown = "" if secret or isinstance(value, dict) else f"={value}"
         parts.append(f"{env_name(field)}{shown}: {message}")
     return "; ".join(parts)
-
-
-def _field_of(name: str) -> str:
-    name = name.lower()
-    if name in Settings.model_fields:
-        return name
-    for field, info in Settings.model_fields.items():
-        extra = info.json_schema_extra
-        if isinstance(extra, dict) and name in [str(alias).lower() for alias in extra.get("aliases", [])]:  # type: ignore[union-attr]
-            return field
-    return name
 
 
 def default(name: str) -> Any:
@@ -771,70 +696,3 @@ def load_settings(**overrides: Any) -> Settings:
         match = re.search(r'field "(\w+)"', str(exc))
         name = env_name(match.group(1)) if match else "a setting"
         raise ConfigError(f"{name}: cannot be decoded (a JSON value is expected)") from None
-
-
-def configuration_markdown() -> str:
-    """``docs/configuration.md``: every setting with its variable, CLI flag, default, unit and NTH note."""
-    lines = [
-        "# Configuration reference",
-        "",
-        "<!-- Generated by `queue-processor config --reference`; `make docs` rewrites it and a test fails when",
-        "     it is stale. Edit the descriptions in queue_processor/config.py. -->",
-        "",
-        "Every setting is an environment variable and a command-line flag (`queue-processor config --help` lists",
-        "them; a flag wins over the variable). An empty variable counts as unset. Times are in seconds. A bad",
-        "value stops start-up with one line naming the variable; `queue-processor config` checks a set of",
-        "settings the same way without starting anything. The last column says how each setting relates to",
-        "aws-node-termination-handler (NTH).",
-        "",
-        "| variable | flag | default | unit | description | NTH |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, info in Settings.model_fields.items():
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        aliases = [str(alias) for alias in extra.get("aliases", [])]  # type: ignore[union-attr]
-        variable = f"`{env_name(name)}`" + "".join(f"<br>`{alias}`" for alias in aliases)
-        default = info.default
-        if isinstance(default, SecretStr):
-            default = default.get_secret_value()
-        if isinstance(default, bool):
-            shown = str(default).lower()
-        elif isinstance(default, dict):
-            shown = "`" + ", ".join(f"{k}: {v}" for k, v in default.items()) + "`"
-        elif default in ("", []):
-            shown = "(none)"
-        elif isinstance(default, str) and len(default) > 40:
-            shown = "NTH's template"
-        else:
-            shown = f"`{default}`"
-        description = str(info.description).replace("|", "\\|")
-        nth = str(extra.get("nth", "same")).replace("|", "\\|")
-        flag = f"`--{name.replace('_', '-')}`"
-        lines.append(f"| {variable} | {flag} | {shown} | {extra.get('unit', '')} | {description} | {nth} |")
-    lines += ANNOTATIONS_MARKDOWN
-    return "\n".join(lines)
-
-
-#: The annotations users set, as docs/configuration.md lists them (after the settings).
-ANNOTATIONS_MARKDOWN = [
-    "",
-    "## Annotations",
-    "",
-    "Set on a workload's pod template (so every pod of it carries them); nothing is asked of the cluster",
-    "otherwise. NTH has none of them.",
-    "",
-    "| annotation | on | values | what it does |",
-    "|---|---|---|---|",
-    "| `queue-processor/drain` | pods | `evict` (default), `last`, `surge` | `last`: the pod is evicted in the last "
-    "wave, once the node's other pods are gone, whatever its priority and whatever `DRAIN_ORDER` (a log shipper or "
-    "an agent that must outlive the pods it serves, without a cluster-wide PriorityClass). `surge` (a "
-    "Deployment's pods, with `SURGE_DRAINS=true`): the Deployment is scaled one replica up and the pod is evicted "
-    "once the Deployment has one more available replica, then the count is taken back (docs/kinds.md, "
-    '"Replacement before eviction"); without `SURGE_DRAINS`, or on a pod that is not a Deployment\'s (a '
-    "StatefulSet cannot surge), it is reported once per workload as below and the pod is evicted. Any other value is "
-    "reported once per workload and value (a warning log line `unknown drain policy: evicted as by default`, and "
-    "with `EMIT_KUBERNETES_EVENTS` a Warning Event `UnknownDrainPolicy` on the first pod) and the pod is evicted "
-    "as without the annotation; a drain never fails for it. `queue-processor explain NODE` shows each pod's "
-    "policy. |",
-    "",
-]

@@ -21,7 +21,7 @@ from queue_processor.config import default
 from queue_processor.events import SqsMessageRef
 from queue_processor.handler import Handler
 from queue_processor.lifecycle import Heartbeats
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
 from queue_processor.settlement import Ledger, Room

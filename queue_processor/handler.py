@@ -41,7 +41,7 @@ from queue_processor.observe.events import (
     POD_EVICTION,
     NodeEventRecorder,
 )
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import Webhook, node_facts
 from queue_processor.outcomes import (
     ClaimLost,

@@ -24,7 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from queue_processor import __version__
 from queue_processor.config import default
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import KubeError, NotSentError, StartupError
 from queue_processor.rest import (
     REPLICA_RANK,

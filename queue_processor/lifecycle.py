@@ -24,7 +24,7 @@ from queue_processor.aws import call, error_code, is_no_active_action, is_retrya
 from queue_processor.config import Settings
 from queue_processor.events import ActionKey
 from queue_processor.kinds import AsgLifecycleEvent
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import HeartbeatResult, LifecycleResult
 
 if TYPE_CHECKING:  # the stubs are a development dependency

@@ -20,7 +20,7 @@ from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.leases import NodeLeases
 from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import NodeAction
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.watch import NodeCache

@@ -7,12 +7,13 @@ probe restarts the container: a liveness check must fail only when a restart wou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import structlog
 from aiohttp import web
 
-from queue_processor.observe.logs import get_logger
 from queue_processor.observe.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -26,11 +27,11 @@ Check = Callable[[], bool]
 #: Seconds ``stop()`` lets an in-flight request finish before its connection is closed.
 _SHUTDOWN_TIMEOUT_S: Final = 2.0
 
-_log = get_logger()
+_log = structlog.get_logger("queue_processor.server")
 
 
-def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
-    """Run ``checks`` (every one, even after a failure): ``(all passed, JSON body)``."""
+async def _probe(checks: dict[str, Check], request: web.Request) -> web.Response:
+    """Run ``checks`` (every one, even after a failure): 200 when all pass, else 503, with the JSON body."""
     results: dict[str, bool] = {}
     errors: dict[str, str] = {}
     for name, check in checks.items():
@@ -43,7 +44,7 @@ def _evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
     body: dict[str, Any] = {"status": "failing" if failing else "ok", "checks": results, "failing": failing}
     if errors:
         body["errors"] = errors
-    return not failing, body
+    return web.json_response(body, status=503 if failing else 200)
 
 
 class ProbeServer:
@@ -69,7 +70,7 @@ class ProbeServer:
             raise ValueError(f"shared=False but both servers would bind port {metrics_port}")
         self.metrics = metrics
         self.host = host
-        self._shared = shared and both
+        self.shared = shared and both  # metrics and probes on one listener
         self._wanted: dict[str, int | None] = {"metrics": metrics_port, "probes": probes_port}
         self._bound: dict[str, int] = {}
         self._liveness: dict[str, Check] = {}
@@ -78,13 +79,12 @@ class ProbeServer:
         self._started = False
 
     @classmethod
-    def from_settings(cls, settings: Settings, metrics: Metrics, *, host: str = "0.0.0.0") -> ProbeServer:
+    def from_settings(cls, settings: Settings, metrics: Metrics) -> ProbeServer:
         """The server ``settings`` ask for (ENABLE_PROMETHEUS_SERVER, ENABLE_PROBES_SERVER and their ports)."""
         return cls(
             metrics,
             metrics_port=settings.prometheus_server_port if settings.enable_prometheus_server else None,
             probes_port=settings.probes_server_port if settings.enable_probes_server else None,
-            host=host,
         )
 
     def add_liveness(self, name: str, fn: Check) -> None:
@@ -100,19 +100,6 @@ class ProbeServer:
         if name in checks:
             raise ValueError(f"check {name!r} is registered already")
         checks[name] = fn
-
-    def liveness(self) -> tuple[bool, dict[str, Any]]:
-        """Run the liveness checks now: ``(all passed, the /healthz JSON body)``."""
-        return _evaluate(self._liveness)
-
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Run the readiness checks now: ``(all passed, the /readyz JSON body)``."""
-        return _evaluate(self._readiness)
-
-    @property
-    def shared(self) -> bool:
-        """Whether metrics and probes are served on one listener."""
-        return self._shared
 
     @property
     def metrics_port(self) -> int | None:
@@ -137,7 +124,7 @@ class ProbeServer:
         self._started = True
         metrics_port, probes_port = self._wanted["metrics"], self._wanted["probes"]
         try:
-            if self._shared:
+            if self.shared:
                 assert metrics_port is not None
                 port = await self._listen(self._app(metrics=True, probes=True), metrics_port)
                 self._bound = {"metrics": port, "probes": port}
@@ -176,8 +163,8 @@ class ProbeServer:
         if metrics:
             app.router.add_get("/metrics", self._handle_metrics)
         if probes:
-            app.router.add_get("/healthz", self._handle_healthz)
-            app.router.add_get("/readyz", self._handle_readyz)
+            app.router.add_get("/healthz", functools.partial(_probe, self._liveness))
+            app.router.add_get("/readyz", functools.partial(_probe, self._readiness))
         return app
 
     async def _listen(self, app: web.Application, port: int) -> int:
@@ -188,16 +175,6 @@ class ProbeServer:
         await web.TCPSite(runner, self.host, port).start()
         address = runner.addresses[0]
         return int(address[1])
-
-    async def _handle_healthz(self, request: web.Request) -> web.Response:
-        return self._probe_response(*self.liveness())
-
-    async def _handle_readyz(self, request: web.Request) -> web.Response:
-        return self._probe_response(*self.readiness())
-
-    @staticmethod
-    def _probe_response(ok: bool, body: dict[str, Any]) -> web.Response:
-        return web.json_response(body, status=200 if ok else 503)
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.render(request.headers.get("Accept", ""))

@@ -24,7 +24,7 @@ from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import SqsMessageRef
 from queue_processor.kinds import AsgLifecycleEvent
 from queue_processor.lifecycle import Heartbeats
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
 
 if TYPE_CHECKING:  # the stubs are a development dependency

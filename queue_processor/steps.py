@@ -36,7 +36,7 @@ from queue_processor.observe.events import (
     RECEIVED_REASONS,
     NodeEventRecorder,
 )
-from queue_processor.observe.observer import Observer
+from queue_processor.observe.metrics import Observer
 from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook
 from queue_processor.outcomes import ClaimLost, NodeAction, OperationOutcome
 from queue_processor.rules import RULES, drain_deadline, instance_end, pre_drains

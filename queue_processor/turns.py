@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from queue_processor import tasks
 from queue_processor.kinds import ScheduledChangeEvent
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import ASG_TAG
 from queue_processor.rules import leaves_time
 from queue_processor.steps import OperationContext, taint_joined

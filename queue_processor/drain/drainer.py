@@ -48,7 +48,7 @@ from queue_processor.drain.plan import (
 from queue_processor.drain.surge import Surge
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
-from queue_processor.observe.observer import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError
 from queue_processor.watch import Departures, NodeCache, Waiting
 

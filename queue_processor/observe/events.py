@@ -1,12 +1,11 @@
 """Kubernetes Events ("Event" v1) on nodes and pods, when EMIT_KUBERNETES_EVENTS, with the reasons, messages and
 annotations of aws-node-termination-handler v1.25.6 (``pkg/observability/k8s-events.go``). Best effort: an
-Event that cannot be written is logged and counted, never a reason to fail a drain.
+Event that cannot be written is logged, never a reason to fail a drain.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 
@@ -43,7 +42,6 @@ RECEIVED_REASONS: dict[EventKind, str] = {
 
 #: NTH's (reason, message) of each step's success; a failure is ``<reason>Error``, ``<error message>: <why>``.
 PRE_DRAIN = ("PreDrain", "Pre-drain task successfully executed")
-PRE_DRAIN_ERROR = "There was a problem executing the pre-drain task"
 CORDON = ("Cordon", "Node successfully cordoned")
 CORDON_ERROR = "There was a problem while trying to cordon the node"
 CORDON_AND_DRAIN = ("CordonAndDrain", "Node successfully cordoned and drained")
@@ -65,24 +63,15 @@ POD_DELETED_AT_DEADLINE = (
 
 
 class NodeEventRecorder:
-    """Writes core/v1 Events, when ``enabled``: about Nodes into ``namespace``, about pods into theirs.
-    ``component`` is the Event's source; ``annotations`` go on every Event."""
+    """Writes core/v1 Events (source ``queue-processor``): about Nodes into ``default``, about pods into theirs;
+    ``annotations`` go on every Event. Built only with EMIT_KUBERNETES_EVENTS."""
 
-    def __init__(
-        self,
-        kube: KubeClient,
-        *,
-        enabled: bool,
-        namespace: str = "default",
-        component: str = "queue-processor",
-        annotations: dict[str, str] | None = None,
-    ) -> None:
+    #: Always: a recorder exists only when Events are wanted.
+    enabled = True
+
+    def __init__(self, kube: KubeClient, *, annotations: dict[str, str] | None = None) -> None:
         self.kube = kube
-        self.enabled = enabled
-        self.namespace = namespace
-        self.component = component
         self.annotations = dict(annotations or {})
-        self.failures = 0
 
     async def record(
         self,
@@ -95,27 +84,25 @@ class NodeEventRecorder:
     ) -> None:
         """One Event on ``node``; ``facts`` (NTH's per-node annotations) win over the extra ones, as in NTH."""
         involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}  # kubectl's node events
-        await self._create(self.namespace, node, involved, reason, message, warning, facts)
+        await self._create("default", involved, reason, message, warning, facts)
 
     async def record_pod(
         self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
     ) -> None:
         """One Event on the pod ``namespace/name``, in its namespace."""
         involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
-        await self._create(namespace, name, involved, reason, message, warning, None)
+        await self._create(namespace, involved, reason, message, warning)
 
     async def _create(
         self,
         namespace: str,
-        name: str,
-        involved: dict[str, Any],
+        involved: dict[str, str],
         reason: str,
         message: str,
         warning: bool,
-        facts: dict[str, str] | None,
+        facts: dict[str, str] | None = None,
     ) -> None:
-        if not self.enabled:
-            return
+        name = involved["name"]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         annotations = {**self.annotations, **(facts or {})}
         event = {
@@ -130,14 +117,13 @@ class NodeEventRecorder:
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
-            "source": {"component": self.component},
+            "source": {"component": "queue-processor"},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
-            "reportingComponent": self.component,
+            "reportingComponent": "queue-processor",
         }
         try:
             await self.kube.create_event(namespace, event)
         except KubeError as exc:
-            self.failures += 1
             log.warning("could not record a Kubernetes Event", object=name, reason=reason, error=str(exc))

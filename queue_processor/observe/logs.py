@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Final, TextIO
+from typing import Final, TextIO
 
 import structlog
 from structlog.tracebacks import ExceptionDictTransformer
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-__all__ = ["CONVENTION_KEYS", "configure_logging", "get_logger"]
+__all__ = ["CONVENTION_KEYS", "configure_logging"]
 
 #: SQS message ID, event ID (:func:`~queue_processor.events.make_event_id`), EC2 instance ID, node name, kind.
 CONVENTION_KEYS: Final = ("message_id", "event_id", "instance_id", "node", "kind")
 
-_LEVELS: Final = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "warn": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
 _FIRST_KEYS: Final = ("timestamp", "level", "logger", "event", *CONVENTION_KEYS)
 # Marks the root handler this module installs, so that a second configure_logging replaces it.
 _HANDLER_MARK: Final = "_queue_processor_handler"
@@ -53,10 +45,9 @@ def _shared_processors() -> list[Processor]:
 def configure_logging(level: str, json: bool, *, stream: TextIO | None = None) -> None:
     """Log at ``level`` (LOG_LEVEL) and up, as JSON lines when ``json``, to ``stream`` (default: stderr); a
     second call replaces the first's handler. Raises ``ValueError`` for an unknown level."""
-    try:
-        numeric = _LEVELS[level.lower()]
-    except KeyError:
-        raise ValueError(f"unknown log level {level!r}: use one of debug, info, warning, error") from None
+    numeric = logging.getLevelNamesMapping().get(level.upper())
+    if numeric is None:
+        raise ValueError(f"unknown log level {level!r}: use one of debug, info, warning, error")
 
     renderer: Processor
     if json:
@@ -97,8 +88,3 @@ def configure_logging(level: str, json: bool, *, stream: TextIO | None = None) -
         # Safe: the chain never changes (the handler renders), so a cached logger follows a reconfiguration.
         cache_logger_on_first_use=True,
     )
-
-
-def get_logger(**bound: Any) -> structlog.stdlib.BoundLogger:
-    """A structlog logger named after the calling module, ``bound`` keys on every line; lazy (import time is fine)."""
-    return structlog.stdlib.get_logger(**bound)

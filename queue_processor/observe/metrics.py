@@ -1,8 +1,10 @@
-"""Prometheus metrics of the controller: :class:`Metrics`, one per process, in a registry of its own.
+"""What the pipeline reports, :class:`Observer` (called where a decision is made, with an enum value of
+:mod:`queue_processor.outcomes`; :data:`NULL_OBSERVER` is the default, so tests and tools build components without
+metrics), and its Prometheus implementation, :class:`Metrics`, one per process, in a registry of its own.
 
 Names follow "Metric and label naming" (prometheus.io). ``actions_total`` and ``events_error_total`` are NTH's
 (``pkg/observability/opentelemetry.go``), unprefixed so its dashboards keep working. Labels stay bounded: ``queue``
-is the queue URL as configured, ``kind`` an event kind or :data:`KIND_SKIP` / :data:`KIND_POISON`, reasons enums.
+is the queue URL as configured, ``kind`` an event kind or ``skip`` / ``poison``, reasons enums.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from prometheus_client import (
     CollectorRegistry,
@@ -27,7 +29,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from queue_processor import __version__
-from queue_processor.observe.observer import Observer
 from queue_processor.outcomes import (
     NTH_NODE_ACTIONS,
     SQS_MONITOR,
@@ -48,71 +49,189 @@ from queue_processor.outcomes import (
 
 __all__ = [
     "BLOCKED_BUDGETS_MAX",
-    "DRAIN_BUCKETS",
-    "ERROR_WHERE",
-    "EVENT_TO_CORDON_BUCKETS",
-    "KIND_POISON",
-    "KIND_SKIP",
-    "MONITOR_ERRORS",
-    "NODE_ACTIONS",
+    "FAMILIES",
+    "NULL_OBSERVER",
     "OTHER_BUDGETS",
-    "OUR_NODE_ACTIONS",
     "PREFIX",
     "Metrics",
-    "NodeStatus",
+    "Observer",
 ]
 
 #: Prefix of every metric that is not one of NTH's.
 PREFIX: Final = "queue_processor"
+#: NTH's metrics, unprefixed.
+NTH_FAMILIES: Final = frozenset({"actions", "events_error", "nth_tagged_instances", "nth_tagged_nodes"})
 
-#: ``kind`` label of a message that was skipped (valid, not acted on) or poison (not understood).
-KIND_SKIP: Final = "skip"
-KIND_POISON: Final = "poison"
-
-#: ``node_action`` values of NTH's ``actions_total``, created at zero.
-NODE_ACTIONS: Final = tuple(action.value for action in NodeAction if action in NTH_NODE_ACTIONS)
-#: ``node_action`` values of ``queue_processor_node_actions_total`` (ours), created at zero.
-OUR_NODE_ACTIONS: Final = tuple(action.value for action in NodeAction if action not in NTH_NODE_ACTIONS)
-#: ``where`` values of ``queue_processor_errors_total``, created at zero.
-ERROR_WHERE: Final = tuple(where.value for where in ErrorWhere)
-#: The steps whose errors NTH counts in ``events_error_total{event_error_where="SQS_MONITOR"}``.
-MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
-
-#: Buckets of ``event_to_cordon_seconds``: 10 ms to 120 s, dense from 1 to 10 s to tell 3.5 s from 4 s.
-EVENT_TO_CORDON_BUCKETS: Final = (
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    1.5,
-    2,
-    2.5,
-    3,
-    3.5,
-    4,
-    5,
-    7.5,
-    10,
-    15,
-    20,
-    30,
-    60,
-    90,
-    120,
-)
+#: Buckets of the histograms: ``event_to_cordon_seconds`` 10 ms to 120 s, dense from 1 to 10 s to tell 3.5 s
+#: from 4 s; ``drain_duration_seconds`` 0.5 s to 600 s.
+BUCKETS: Final = {
+    "event_to_cordon_seconds": (
+        *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 7.5, 10),
+        *(15, 20, 30, 60, 90, 120),
+    ),
+    "drain_duration_seconds": (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 450, 600),
+}
 #: Most PodDisruptionBudgets with a ``drain_blocked`` series of their own (the first by name).
 BLOCKED_BUDGETS_MAX: Final = 50
 #: The ``pdb`` label value of the budgets beyond :data:`BLOCKED_BUDGETS_MAX`.
 OTHER_BUDGETS: Final = "other"
 
-#: Buckets of ``drain_duration_seconds``: 0.5 s to 600 s.
-DRAIN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 450, 600)
+#: Every metric in exposition order, two lines each: ``attribute type name label...``, then its help.
+FAMILIES: Final = """
+actions counter actions node_action node_status
+    Actions taken on nodes (NTH-compatible).
+events_error counter events_error event_error_where
+    Errors while processing events, by where they happened (NTH-compatible).
+nth_tagged_instances gauge nth_tagged_instances
+    Instances carrying MANAGED_TAG, whatever their state (NTH-compatible; every 30 s).
+nth_tagged_nodes gauge nth_tagged_nodes
+    Nodes whose providerID names an instance carrying MANAGED_TAG (NTH-compatible; every 30 s).
+node_actions counter node_actions node_action node_status
+    Actions on nodes NTH has no name for, by result.
+errors counter errors where
+    Failed steps, by where they failed.
+messages_received counter messages_received queue kind
+    SQS messages received, by event kind.
+messages_deleted counter messages_deleted queue kind
+    SQS messages deleted (acknowledged), by event kind.
+messages_requeued counter messages_requeued queue kind
+    SQS messages made visible again after a backoff.
+messages_poison counter messages_poison queue reason
+    Poison SQS messages left to the redrive policy, by reason class.
+messages_skipped counter messages_skipped queue reason_class
+    Valid SQS messages acknowledged without action, by reason class.
+event_to_cordon histogram event_to_cordon_seconds
+    Seconds from receiving an event's message to the node being cordoned.
+drain_duration histogram drain_duration_seconds kind result
+    Seconds a node's drain took, by event kind and result.
+in_flight_messages gauge in_flight_messages
+    SQS messages received and not yet settled.
+in_flight_operations gauge in_flight_operations
+    Per-node operations under way.
+draining_nodes gauge draining_nodes
+    Nodes being drained.
+waiting_drains gauge drains_waiting group
+    Drains of events that leave time waiting for a turn (DRAIN_BUDGET_NON_URGENT), by group.
+heartbeats counter heartbeats result
+    RecordLifecycleActionHeartbeat calls, by result.
+lifecycle_completions counter lifecycle_completions result
+    CompleteLifecycleAction calls, by result.
+operation_outcomes counter operation_outcomes outcome
+    Operations that ended without a drain, by why.
+evictions counter evictions result
+    Pod eviction requests, by result.
+drain_blocked_pods gauge drain_blocked pdb
+    Pods whose eviction a PodDisruptionBudget refuses now, by budget (namespace/name).
+deleted_at_deadline_pods counter pods_deleted_at_deadline
+    Pods still on a node at its instance's end deleted by DELETE_AT_DEADLINE.
+surges counter surges result
+    Pods annotated queue-processor/drain: surge, by whether their replacement was available first.
+drained_pods counter drained_pods grace
+    Evicted pods by how their grace period went: own, cut (to end before the instance), outlasted.
+kube_requests counter kube_requests verb resource code
+    Kubernetes API requests.
+aws_requests counter aws_requests service operation result
+    AWS API calls.
+last_receive_timestamp gauge last_receive_timestamp_seconds queue
+    Unix time of the last ReceiveMessage call SQS answered.
+build_info gauge build_info version
+    Build information; always 1.
+"""
 
-NodeStatus = Literal["success", "error"]
-"""``node_status`` of NTH's ``actions_total``."""
+#: Label values whose series start at zero, so rate() sees a series before its first increment.
+ZERO_SERIES: Final[dict[str, Iterable[Iterable[str]]]] = {
+    "surges": [(result,) for result in SurgeResult],
+    "drained_pods": [("own",), ("cut",), ("outlasted",)],
+    "actions": [(a, s) for s in ("success", "error") for a in NodeAction if a in NTH_NODE_ACTIONS],
+    "node_actions": [(a, s) for s in ("success", "error") for a in NodeAction if a not in NTH_NODE_ACTIONS],
+    "events_error": [(SQS_MONITOR,)],
+    "errors": [(where,) for where in ErrorWhere],
+    "heartbeats": [(result,) for result in HeartbeatResult],
+    "operation_outcomes": [(outcome,) for outcome in OperationOutcome],
+    "lifecycle_completions": [(result,) for result in LifecycleResult],
+    "evictions": [(result,) for result in EvictionOutcome],
+}
+#: The steps whose errors NTH counts in ``events_error_total{event_error_where="SQS_MONITOR"}``.
+MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
+
+
+_TYPES: Final[dict[str, type[Counter | Gauge | Histogram]]] = {
+    "counter": Counter,
+    "gauge": Gauge,
+    "histogram": Histogram,
+}
+
+
+class Observer:
+    """What the pipeline reports; every method returns at once, never raises, and does nothing by default. ``queue``
+    is a queue URL as configured, ``kind`` an event kind (``skip``, ``poison``, or kinds joined by commas); seconds."""
+
+    def message(self, queue: str, fate: MessageFate, kind: str) -> None:
+        """A message was received, deleted or requeued."""
+
+    def poison(self, queue: str, reason_class: PoisonClass) -> None:
+        """A poison message was left to the redrive policy."""
+
+    def skipped(self, queue: str, reason_class: SkipClass) -> None:
+        """A valid message that is not acted on was deleted."""
+
+    def receive_answered(self, queue: str) -> None:
+        """SQS answered a ReceiveMessage call on ``queue`` (with messages or none)."""
+
+    def error(self, where: ErrorWhere) -> None:
+        """A step failed (``queue_processor_errors_total``; NTH's ``events_error_total`` for the monitor's)."""
+
+    def in_flight(self, messages: int, operations: int) -> None:
+        """Messages held and operations under way, now."""
+
+    def draining(self, nodes: int) -> None:
+        """Nodes being drained, now (bounded by DRAIN_BUDGET)."""
+
+    def drains_waiting(self, group: str, drains: int) -> None:
+        """Drains of ``group`` waiting for a turn now (DRAIN_BUDGET_NON_URGENT)."""
+
+    def node_action(self, action: NodeAction, ok: bool) -> None:
+        """An action on a node succeeded (``ok``) or failed."""
+
+    def operation_outcome(self, outcome: OperationOutcome) -> None:
+        """An operation ended without a drain."""
+
+    def cordoned(self, seconds: float) -> None:
+        """A node was cordoned ``seconds`` after its operation's first message was received."""
+
+    def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
+        """A node's drain of the given event kind ended with ``result`` after ``seconds``."""
+
+    def eviction(self, result: EvictionOutcome) -> None:
+        """One pod's eviction ended with ``result``."""
+
+    def drain_blocked(self, budget: str, pods: int) -> None:
+        """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains."""
+
+    def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
+        """How an evicted pod's grace period went (see :class:`~queue_processor.observe.metrics.Metrics`)."""
+
+    def deleted_at_deadline(self) -> None:
+        """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
+
+    def surge(self, result: SurgeResult) -> None:
+        """A pod annotated ``queue-processor/drain: surge`` got its replacement first, or why not."""
+
+    def heartbeat(self, result: HeartbeatResult) -> None:
+        """A heartbeat was sent (or, ``hook-unreadable``, cannot be)."""
+
+    def lifecycle_completion(self, result: LifecycleResult) -> None:
+        """A CompleteLifecycleAction call ended with ``result``."""
+
+    def kube_request(self, verb: str, resource: str, status: int | None) -> None:
+        """A Kubernetes API request; ``status`` is the HTTP status, ``None`` when no response came."""
+
+    def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
+        """An AWS API request: ``service`` as botocore names it (``sqs``), ``operation`` (``ReceiveMessage``)."""
+
+
+#: The observer of components built without one: it reports nowhere.
+NULL_OBSERVER = Observer()
 
 
 class _WithoutCreated(Collector):
@@ -130,164 +249,64 @@ class _WithoutCreated(Collector):
 
 
 class Metrics(Observer):
-    """The controller's metrics, one attribute each, in :attr:`registry`. ``version`` labels ``build_info``
-    (default: the installed package's); ``process_metrics`` adds prometheus-client's process, platform and GC
-    collectors. ``event_to_cordon_seconds`` excludes AWS's delivery delay. ``drained_pods_total{grace}``: ``own``
-    (the whole grace), ``cut`` (cut to end before the instance), ``outlasted`` (killed mid-grace by its end)."""
+    """The controller's metrics (:data:`FAMILIES`), one attribute each, in :attr:`registry`. ``version`` labels
+    ``build_info`` (default: the installed package's); ``process_metrics`` adds prometheus-client's process,
+    platform and GC collectors. ``event_to_cordon_seconds`` excludes AWS's delivery delay.
+    ``drained_pods_total{grace}``: ``own`` (the whole grace), ``cut`` (cut to end before the instance),
+    ``outlasted`` (killed mid-grace by its end)."""
+
+    actions: Counter
+    events_error: Counter
+    nth_tagged_instances: Gauge
+    nth_tagged_nodes: Gauge
+    node_actions: Counter
+    errors: Counter
+    messages_received: Counter
+    messages_deleted: Counter
+    messages_requeued: Counter
+    messages_poison: Counter
+    messages_skipped: Counter
+    event_to_cordon: Histogram
+    drain_duration: Histogram
+    in_flight_messages: Gauge
+    in_flight_operations: Gauge
+    draining_nodes: Gauge
+    waiting_drains: Gauge
+    heartbeats: Counter
+    lifecycle_completions: Counter
+    operation_outcomes: Counter
+    evictions: Counter
+    drain_blocked_pods: Gauge
+    deleted_at_deadline_pods: Counter
+    surges: Counter
+    drained_pods: Counter
+    kube_requests: Counter
+    aws_requests: Counter
+    last_receive_timestamp: Gauge
+    build_info: Gauge
 
     def __init__(self, version: str | None = None, *, process_metrics: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        registry = self.registry
-        self._exposed = _WithoutCreated(registry)
+        self._exposed = _WithoutCreated(self.registry)
         if process_metrics:
-            ProcessCollector(registry=registry)
-            PlatformCollector(registry=registry)
-            GCCollector(registry=registry)
-
-        self.actions = Counter(
-            "actions",
-            "Actions taken on nodes (NTH-compatible).",
-            ["node_action", "node_status"],
-            registry=registry,
-        )
-        self.events_error = Counter(
-            "events_error",
-            "Errors while processing events, by where they happened (NTH-compatible).",
-            ["event_error_where"],
-            registry=registry,
-        )
-
-        self.nth_tagged_instances = Gauge(
-            "nth_tagged_instances",
-            "Instances carrying MANAGED_TAG, whatever their state (NTH-compatible; every 30 s).",
-            registry=registry,
-        )
-        self.nth_tagged_nodes = Gauge(
-            "nth_tagged_nodes",
-            "Nodes whose providerID names an instance carrying MANAGED_TAG (NTH-compatible; every 30 s).",
-            registry=registry,
-        )
-
-        def counter(name: str, doc: str, labels: list[str]) -> Counter:
-            return Counter(name, doc, labels, namespace=PREFIX, registry=registry)
-
-        def gauge(name: str, doc: str, labels: list[str] | None = None) -> Gauge:
-            return Gauge(name, doc, labels or [], namespace=PREFIX, registry=registry)
-
-        self.node_actions = counter(
-            "node_actions", "Actions on nodes NTH has no name for, by result.", ["node_action", "node_status"]
-        )
-        self.errors = counter("errors", "Failed steps, by where they failed.", ["where"])
-        self.messages_received = counter(
-            "messages_received", "SQS messages received, by event kind.", ["queue", "kind"]
-        )
-        self.messages_deleted = counter(
-            "messages_deleted", "SQS messages deleted (acknowledged), by event kind.", ["queue", "kind"]
-        )
-        self.messages_requeued = counter(
-            "messages_requeued", "SQS messages made visible again after a backoff.", ["queue", "kind"]
-        )
-        self.messages_poison = counter(
-            "messages_poison",
-            "Poison SQS messages left to the redrive policy, by reason class.",
-            ["queue", "reason"],
-        )
-        self.messages_skipped = counter(
-            "messages_skipped",
-            "Valid SQS messages acknowledged without action, by reason class.",
-            ["queue", "reason_class"],
-        )
-        self.event_to_cordon = Histogram(
-            "event_to_cordon_seconds",
-            "Seconds from receiving an event's message to the node being cordoned.",
-            namespace=PREFIX,
-            buckets=EVENT_TO_CORDON_BUCKETS,
-            registry=registry,
-        )
-        self.drain_duration = Histogram(
-            "drain_duration_seconds",
-            "Seconds a node's drain took, by event kind and result.",
-            ["kind", "result"],
-            namespace=PREFIX,
-            buckets=DRAIN_BUCKETS,
-            registry=registry,
-        )
-        self.in_flight_messages = gauge("in_flight_messages", "SQS messages received and not yet settled.")
-        self.in_flight_operations = gauge("in_flight_operations", "Per-node operations under way.")
-        self.draining_nodes = gauge("draining_nodes", "Nodes being drained.")
-        self.waiting_drains = gauge(
-            "drains_waiting",
-            "Drains of events that leave time waiting for a turn (DRAIN_BUDGET_NON_URGENT), by group.",
-            ["group"],
-        )
-        self.heartbeats = counter(
-            "heartbeats", "RecordLifecycleActionHeartbeat calls, by result.", ["result"]
-        )
-        self.lifecycle_completions = counter(
-            "lifecycle_completions", "CompleteLifecycleAction calls, by result.", ["result"]
-        )
-        self.operation_outcomes = counter(
-            "operation_outcomes", "Operations that ended without a drain, by why.", ["outcome"]
-        )
-        self.evictions = counter("evictions", "Pod eviction requests, by result.", ["result"])
-        self.drain_blocked_pods = gauge(
-            "drain_blocked",
-            "Pods whose eviction a PodDisruptionBudget refuses now, by budget (namespace/name).",
-            ["pdb"],
-        )
+            for collector in (ProcessCollector, PlatformCollector, GCCollector):
+                collector(registry=self.registry)
+        rows = FAMILIES.strip().splitlines()
+        for row, doc in zip(rows[::2], rows[1::2], strict=True):
+            attribute, kind, name, *labels = row.split()
+            namespace = "" if name in NTH_FAMILIES else PREFIX
+            options: dict[str, Any] = {"buckets": BUCKETS[name]} if kind == "histogram" else {}
+            family = _TYPES[kind](
+                name, doc.strip(), labels, namespace=namespace, registry=self.registry, **options
+            )
+            setattr(self, attribute, family)
+            for values in ZERO_SERIES.get(attribute, ()):
+                family.labels(*values)
+        self.build_info.labels(version=version or __version__).set(1)
         self._blocked: dict[str, int] = {}
         self._blocked_series: set[str] = set()
-        self.deleted_at_deadline_pods = counter(
-            "pods_deleted_at_deadline",
-            "Pods still on a node at its instance's end deleted by DELETE_AT_DEADLINE.",
-            [],
-        )
-        self.surges = counter(
-            "surges",
-            "Pods annotated queue-processor/drain: surge, by whether their replacement was available first.",
-            ["result"],
-        )
-        for result in SurgeResult:
-            self.surges.labels(result=result)
-        self.drained_pods = counter(
-            "drained_pods",
-            "Evicted pods by how their grace period went: own, cut (to end before the instance), outlasted.",
-            ["grace"],
-        )
-        for grace in ("own", "cut", "outlasted"):
-            self.drained_pods.labels(grace=grace)
-        self.kube_requests = counter(
-            "kube_requests", "Kubernetes API requests.", ["verb", "resource", "code"]
-        )
-        self.aws_requests = counter("aws_requests", "AWS API calls.", ["service", "operation", "result"])
-        self.last_receive_timestamp = gauge(
-            "last_receive_timestamp_seconds",
-            "Unix time of the last ReceiveMessage call SQS answered.",
-            ["queue"],
-        )
-        self.build_info = gauge("build_info", "Build information; always 1.", ["version"])
-        self.build_info.labels(version=version or __version__).set(1)
-
-        # Known label values start at zero, so rate() sees a series before its first increment.
-        for status in ("success", "error"):
-            for action in NODE_ACTIONS:
-                self.actions.labels(node_action=action, node_status=status)
-            for action in OUR_NODE_ACTIONS:
-                self.node_actions.labels(node_action=action, node_status=status)
-        self.events_error.labels(event_error_where=SQS_MONITOR)
-        for where in ERROR_WHERE:
-            self.errors.labels(where=where)
-        for heartbeat in HeartbeatResult:
-            self.heartbeats.labels(result=heartbeat)
-        for outcome in OperationOutcome:
-            self.operation_outcomes.labels(outcome=outcome)
-        for completion in LifecycleResult:
-            self.lifecycle_completions.labels(result=completion)
-        for eviction in EvictionOutcome:
-            self.evictions.labels(result=eviction)
 
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
-        """Count a message received, deleted or requeued."""
         counter = {
             MessageFate.RECEIVED: self.messages_received,
             MessageFate.DELETED: self.messages_deleted,
@@ -296,16 +315,10 @@ class Metrics(Observer):
         counter.labels(queue, kind).inc()
 
     def poison(self, queue: str, reason_class: PoisonClass) -> None:
-        """Count a poison message under its class."""
         self.messages_poison.labels(queue=queue, reason=reason_class).inc()
 
     def skipped(self, queue: str, reason_class: SkipClass) -> None:
-        """Count a skipped message under its class."""
         self.messages_skipped.labels(queue=queue, reason_class=reason_class).inc()
-
-    def receive_answered(self, queue: str) -> None:
-        """Set ``last_receive_timestamp_seconds{queue}`` to now."""
-        self.mark_receive(queue)
 
     def error(self, where: ErrorWhere) -> None:
         """Count ``where`` in ``errors_total``, and in NTH's ``events_error_total`` for :data:`MONITOR_ERRORS`."""
@@ -314,38 +327,30 @@ class Metrics(Observer):
             self.events_error.labels(event_error_where=SQS_MONITOR).inc()
 
     def in_flight(self, messages: int, operations: int) -> None:
-        """Set the in-flight gauges."""
         self.in_flight_messages.set(messages)
         self.in_flight_operations.set(operations)
 
     def draining(self, nodes: int) -> None:
-        """Set ``draining_nodes``."""
         self.draining_nodes.set(nodes)
 
     def drains_waiting(self, group: str, drains: int) -> None:
-        """Set ``drains_waiting{group}``."""
         self.waiting_drains.labels(group=group).set(drains)
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
-        """Count ``action`` in NTH's ``actions_total`` (:data:`NODE_ACTIONS`) or ours, ``success`` when ``ok``."""
-        status: NodeStatus = "success" if ok else "error"
+        """Count ``action`` in NTH's ``actions_total`` (``NTH_NODE_ACTIONS``) or ours, ``success`` when ``ok``."""
         counter = self.actions if action in NTH_NODE_ACTIONS else self.node_actions
-        counter.labels(node_action=action, node_status=status).inc()
+        counter.labels(node_action=action, node_status="success" if ok else "error").inc()
 
     def operation_outcome(self, outcome: OperationOutcome) -> None:
-        """Count an operation that ended without a drain."""
         self.operation_outcomes.labels(outcome=outcome).inc()
 
     def cordoned(self, seconds: float) -> None:
-        """Observe ``event_to_cordon_seconds``."""
         self.event_to_cordon.observe(seconds)
 
     def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
-        """Observe ``drain_duration_seconds{kind, result}``."""
         self.drain_duration.labels(kind, str(result)).observe(seconds)
 
     def eviction(self, result: EvictionOutcome) -> None:
-        """Count one pod's eviction by how it ended."""
         self.evictions.labels(result=result).inc()
 
     def drain_blocked(self, budget: str, pods: int) -> None:
@@ -363,15 +368,12 @@ class Metrics(Observer):
         self._blocked_series = set(wanted)
 
     def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
-        """Count one evicted pod under ``grace``."""
         self.drained_pods.labels(grace=grace).inc()
 
     def deleted_at_deadline(self) -> None:
-        """Count one pod deleted at its instance's end."""
         self.deleted_at_deadline_pods.inc()
 
     def surge(self, result: SurgeResult) -> None:
-        """Count one surge-annotated pod under ``result``."""
         self.surges.labels(result=result).inc()
 
     def heartbeat(self, result: HeartbeatResult) -> None:
@@ -381,7 +383,6 @@ class Metrics(Observer):
             self.node_action(NodeAction.HEARTBEAT, result is HeartbeatResult.OK)
 
     def lifecycle_completion(self, result: LifecycleResult) -> None:
-        """Count a CompleteLifecycleAction call."""
         self.lifecycle_completions.labels(result=result).inc()
 
     def kube_request(self, verb: str, resource: str, status: int | None) -> None:
@@ -389,10 +390,9 @@ class Metrics(Observer):
         self.kube_requests.labels(verb, resource, str(status) if status else "error").inc()
 
     def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
-        """Count an AWS API request."""
         self.aws_requests.labels(service, operation, result).inc()
 
-    def mark_receive(self, queue: str, at: float | None = None) -> None:
+    def receive_answered(self, queue: str, at: float | None = None) -> None:
         """Set ``last_receive_timestamp_seconds{queue}`` to Unix time ``at`` (seconds; default: now)."""
         self.last_receive_timestamp.labels(queue=queue).set(time.time() if at is None else at)
 

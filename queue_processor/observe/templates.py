@@ -55,27 +55,14 @@ DATA_TYPE = "webhook.combinedDrainData"
 def nth_data(fields: Mapping[str, Any]) -> Struct:
     """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as
     in NTH's queue mode (no instance metadata)."""
-    values: dict[str, Any] = {name: "" for _, name in METADATA if name}
+    values: dict[str, Any] = {name: "" for _, name in JSON_NAMES if name}
     values |= {
-        "EventID": "",
-        "Kind": "",
-        "Monitor": "",
-        "Description": "",
-        "State": "",
-        "AutoScalingGroupName": "",
-        "NodeName": "",
         "NodeLabels": NilMap(),
         "Pods": NilSlice(),
-        "ProviderID": "",
-        "IsManaged": False,
         "StartTime": GoTime.zero(),
         "EndTime": GoTime.zero(),
-        "NodeProcessed": False,
-        "InProgress": False,
-        "InstanceID": "",
-        "InstanceType": "",
     }
-    values |= fields
+    values |= {"IsManaged": False, "NodeProcessed": False, "InProgress": False, **fields}
     return Struct(DATA_TYPE, values, JSON_NAMES)
 
 

@@ -73,33 +73,26 @@ def nth_event_id(event: Event) -> str:
     return NTH_KINDS[event.kind][1] + ident.encode().hex()
 
 
-def _go_time(moment: datetime) -> GoTime:
-    return GoTime(moment)
+#: NTH's ``.Description`` of each kind (``pkg/monitor/sqsevent``), with its trailing space and newline.
+NTH_DESCRIPTIONS: dict[EventKind, str] = {
+    EventKind.SPOT_INTERRUPTION: "Spot Interruption notice for instance {instance} was sent at {at} \n",
+    EventKind.ASG_TERMINATE_LIFECYCLE: "ASG Lifecycle Termination event received. Instance will be interrupted "
+    "at {at} \n",
+    EventKind.ASG_LAUNCH_LIFECYCLE: "ASG Lifecycle Launch event received. Instance was started at {at} \n",
+    EventKind.REBALANCE_RECOMMENDATION: "Rebalance recommendation event received. Instance {instance} will be "
+    "cordoned at {at} \n",
+    EventKind.STATE_CHANGE: "EC2 State Change event received. Instance {instance} went into {state} at {at} \n",
+    EventKind.SCHEDULED_CHANGE: "AWS Health scheduled change event received. Instance {instance} will be "
+    "interrupted at {at} \n",
+    EventKind.CAPACITY_RESERVATION_INTERRUPTION: "Capacity Reservation interruption notice for instance {instance} "
+    "was sent at {at} \n",
+}
 
 
 def nth_description(event: Event) -> str:
-    """NTH's ``.Description`` (``pkg/monitor/sqsevent``), with its trailing space and newline."""
-    at = _go_time(event.time)
-    instance = event.instance_id
-    match event.kind:
-        case EventKind.SPOT_INTERRUPTION:
-            text = f"Spot Interruption notice for instance {instance} was sent at {at}"
-        case EventKind.ASG_TERMINATE_LIFECYCLE:
-            text = f"ASG Lifecycle Termination event received. Instance will be interrupted at {at}"
-        case EventKind.ASG_LAUNCH_LIFECYCLE:
-            text = f"ASG Lifecycle Launch event received. Instance was started at {at}"
-        case EventKind.REBALANCE_RECOMMENDATION:
-            text = f"Rebalance recommendation event received. Instance {instance} will be cordoned at {at}"
-        case EventKind.STATE_CHANGE:
-            state = event.state if isinstance(event, StateChangeEvent) else ""
-            text = f"EC2 State Change event received. Instance {instance} went into {state} at {at}"
-        case EventKind.SCHEDULED_CHANGE:
-            text = (
-                f"AWS Health scheduled change event received. Instance {instance} will be interrupted at {at}"
-            )
-        case _:
-            text = f"Capacity Reservation interruption notice for instance {instance} was sent at {at}"
-    return text + " \n"
+    """NTH's ``.Description`` of ``event`` (:data:`NTH_DESCRIPTIONS`)."""
+    state = event.state if isinstance(event, StateChangeEvent) else ""
+    return NTH_DESCRIPTIONS[event.kind].format(instance=event.instance_id, at=GoTime(event.time), state=state)
 
 
 def drain_data(
@@ -113,7 +106,7 @@ def drain_data(
 ) -> Struct:
     """NTH's ``combinedDrainData`` for ``event``; ``node_labels`` / ``pods`` ``None`` render as nil. An AWS Health
     event's ``.StartTime`` is ``received_wall`` (NTH's ``time.Now()``; ``received_monotonic`` gives Go's ``m=+…``)."""
-    start = _go_time(event.time)
+    start = GoTime(event.time)
     if isinstance(event, ScheduledChangeEvent):
         wall = received_wall or datetime.now().astimezone()
         at = received_monotonic if received_monotonic is not None else time.monotonic()
@@ -170,7 +163,7 @@ async def node_facts(kube: KubeClient, node: str) -> NodeFacts:
 
 
 class Webhook:
-    """Posts notifications to ``url`` (no-op when empty); ``failures`` counts those not sent. ``template_file``
+    """Posts notifications to ``url``; ``failures`` counts those not sent. ``template_file``
     is read again for each request: a mounted ConfigMap may change."""
 
     def __init__(
@@ -204,8 +197,6 @@ class Webhook:
         self, events: Sequence[Event], info: InstanceInfo, facts: NodeFacts, age_s: float
     ) -> None:
         """One request per event (the first of each kind) of an operation taken up ``age_s`` seconds ago."""
-        if not self.url:
-            return
         wall = datetime.now().astimezone() - timedelta(seconds=age_s)
         for event in events:
             data = drain_data(
@@ -220,8 +211,6 @@ class Webhook:
 
     async def notify(self, data: Struct) -> None:
         """POST the template rendered over ``data`` (:func:`drain_data`)."""
-        if not self.url:
-            return
         source = await self._source()
         try:
             body = self._template(source).execute(data) if source is not None else None

@@ -249,7 +249,7 @@ def log_messages() -> set[str]:
     """Every message the package logs (structlog's first argument, or the message an operation's end is logged
     with: ``steps.nothing_to_drain``, ``not_ours``, ``requeue``), whitespace collapsed."""
     call = re.compile(
-        r'(?:\.(?:debug|info|warning|error|exception|critical)|\b(?:nothing_to_drain|not_ours|requeue))'
+        r"(?:\.(?:debug|info|warning|error|exception|critical)|\b(?:nothing_to_drain|not_ours|requeue))"
         r'\(\s*(?:ctx,\s*)?"((?:[^"\\]|\\.)*)"',
         re.S,
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from queue_processor.kube import KubeClient, load_api_client
-from queue_processor.observe.observer import Observer
+from queue_processor.observe.metrics import Observer
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
 from queue_processor_sandbox.kube import KubeSandbox

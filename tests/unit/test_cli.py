@@ -13,8 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from queue_processor import __version__, cli
-from queue_processor.cli import main
-from queue_processor.config import configuration_markdown
+from queue_processor.cli import configuration_markdown, main
 from tests.conftest import ROOT
 
 SPOT = json.dumps(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from queue_processor.config import Settings, configuration_markdown, env_name
+from queue_processor.cli import configuration_markdown
+from queue_processor.config import Settings, env_name
 from tests.conftest import ROOT
 
 DOC = ROOT / "docs" / "configuration.md"

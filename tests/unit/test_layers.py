@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     },
     {
         "queue_processor.observe.templates",
-        "queue_processor.observe.observer",
+        "queue_processor.observe.metrics",
         "queue_processor.kinds.base",
         "queue_processor.rest",
     },
@@ -43,7 +43,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.kinds",
         "queue_processor.kube",
         "queue_processor.aws",
-        "queue_processor.observe.metrics",
     },
     {"queue_processor.watch", "queue_processor.rules"},
     {"queue_processor.lease_watch"},
@@ -174,10 +173,9 @@ MODULE_MOST_LINES = 600
 FUNCTION_MOST_LINES = 60
 
 #: The modules and functions over those bounds today, each at most as long as it is now: the bounds hold for
-#: every other, and these may only shrink. ``Metrics.__init__`` is a table of metric definitions.
+#: every other, and these may only shrink.
 OVER_BOUNDS: dict[str, int] = {
-    "queue_processor.config": 840,
-    "queue_processor.observe.metrics:Metrics.__init__": 150,
+    "queue_processor.config": 698,
 }
 
 

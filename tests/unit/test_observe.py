@@ -14,7 +14,7 @@ import pytest
 import structlog
 
 from queue_processor.config import Settings, parse_annotations
-from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging, get_logger
+from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging
 from queue_processor.observe.metrics import BLOCKED_BUDGETS_MAX, OTHER_BUDGETS, Metrics
 from queue_processor.outcomes import ErrorWhere, NodeAction, PoisonClass, SkipClass
 from queue_processor.parse import MAX_MESSAGE_BYTES, parse
@@ -58,7 +58,7 @@ def record_one_of_each(metrics: Metrics) -> None:
     metrics.evictions.labels(result="pdb-blocked").inc()
     metrics.kube_requests.labels(verb="patch", resource="nodes", code="200").inc()
     metrics.aws_requests.labels(service="sqs", operation="ReceiveMessage", result="ok").inc()
-    metrics.mark_receive(QUEUE, at=1_700_000_000.5)
+    metrics.receive_answered(QUEUE, at=1_700_000_000.5)
     metrics.drain_blocked("apps/web", 2)
     metrics.deleted_at_deadline()
 
@@ -342,7 +342,7 @@ def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
 def test_json_lines_carry_bound_keys_timestamp_and_level() -> None:
     out = io.StringIO()
     configure_logging("info", json=True, stream=out)
-    log = get_logger(message_id="m-1", kind="spot-interruption")
+    log = structlog.stdlib.get_logger(message_id="m-1", kind="spot-interruption")
     log.bind(event_id="spot-interruption-0123", instance_id="i-0abc").info("cordoned", node="ip-10-0-0-1")
     log.debug("not shown at info")
     (line,) = json_lines(out)
@@ -364,7 +364,7 @@ def test_json_lines_carry_bound_keys_timestamp_and_level() -> None:
 def test_contextvars_and_exceptions_in_json() -> None:
     out = io.StringIO()
     configure_logging("debug", json=True, stream=out)
-    log = get_logger()
+    log = structlog.stdlib.get_logger()
     with structlog.contextvars.bound_contextvars(message_id="m-2"):
         try:
             raise RuntimeError("boom")
@@ -394,7 +394,7 @@ def test_stdlib_logging_goes_through_the_same_renderer_and_level() -> None:
 def test_configure_logging_is_idempotent_and_switches_renderer() -> None:
     first, second = io.StringIO(), io.StringIO()
     configure_logging("info", json=True, stream=first)
-    log = get_logger(node="n-1")
+    log = structlog.stdlib.get_logger(node="n-1")
     log.info("one")
     configure_logging("info", json=True, stream=first)
     configure_logging("info", json=False, stream=second)
