@@ -32,7 +32,7 @@ from queue_processor.config import (
     load_settings,
     nth_settings_ignored,
 )
-from queue_processor.kinds import Event
+from queue_processor.events import Event
 from queue_processor.observe.logs import configure_logging, get_logger
 from queue_processor.outcomes import ConfigError, StartupError
 from queue_processor.parse import ParseResult, parse

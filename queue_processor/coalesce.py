@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
-from queue_processor.events import ActionKey, EventKind
-from queue_processor.kinds import (
+from queue_processor.events import (
+    ActionKey,
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
+    EventKind,
 )
 
 __all__ = ["Admission", "EventStore", "MessageOutcome", "Mode", "NodeOperation", "Settlement"]

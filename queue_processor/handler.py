@@ -21,11 +21,11 @@ from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
-from queue_processor.events import EventKind
-from queue_processor.kinds import (
+from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     Event,
+    EventKind,
     StateChangeEvent,
 )
 from queue_processor.kube import AFTER_CORDONS, rank_urgent

@@ -22,8 +22,7 @@ from botocore.exceptions import ClientError
 from queue_processor import tasks
 from queue_processor.aws import call, error_code, is_no_active_action, is_retryable
 from queue_processor.config import Settings
-from queue_processor.events import ActionKey
-from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.events import ActionKey, AsgLifecycleEvent
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import HeartbeatResult, LifecycleResult
 

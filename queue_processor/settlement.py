@@ -21,8 +21,7 @@ from queue_processor import tasks
 from queue_processor.aws import call
 from queue_processor.coalesce import EventStore, MessageOutcome, NodeOperation, Settlement
 from queue_processor.config import REQUEUE_MAX_S, default
-from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.events import AsgLifecycleEvent, SqsMessageRef
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate

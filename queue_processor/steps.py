@@ -20,8 +20,7 @@ from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.record import CordonRecord
-from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, StateChangeEvent
+from queue_processor.events import AsgLaunchLifecycleEvent, Event, EventKind, StateChangeEvent
 from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed

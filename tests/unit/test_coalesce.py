@@ -9,13 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, Mode
-from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import (
+from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
     RebalanceRecommendationEvent,
     SpotInterruptionEvent,
+    SqsMessageRef,
     StateChangeEvent,
 )
 

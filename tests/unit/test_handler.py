@@ -26,17 +26,17 @@ from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.record import CordonRecord
-from queue_processor.events import SqsMessageRef
-from queue_processor.handler import Handler
-from queue_processor.kinds import (
+from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
     RebalanceRecommendationEvent,
     ScheduledChangeEvent,
     SpotInterruptionEvent,
+    SqsMessageRef,
     StateChangeEvent,
 )
+from queue_processor.handler import Handler
 from queue_processor.kube import URGENT_RANK, NotSentError, rank_urgent
 from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle

@@ -30,21 +30,14 @@ LAYERS: list[set[str]] = [
     {
         "queue_processor.observe.templates",
         "queue_processor.observe.observer",
-        "queue_processor.kinds.base",
+        "queue_processor.parse",
         "queue_processor.ratelimit",
         "queue_processor.watch.stream",
     },
     {
         "queue_processor.config",
-        "queue_processor.kinds.asg_lifecycle",
-        "queue_processor.kinds.capacity_reservation",
-        "queue_processor.kinds.health",
-        "queue_processor.kinds.rebalance",
-        "queue_processor.kinds.spot",
-        "queue_processor.kinds.state_change",
     },
     {
-        "queue_processor.kinds",
         "queue_processor.kube",
         "queue_processor.aws",
         "queue_processor.observe.metrics",
@@ -52,7 +45,6 @@ LAYERS: list[set[str]] = [
     {"queue_processor.watch.watched", "queue_processor.rules"},
     {"queue_processor.lease_watch"},
     {
-        "queue_processor.parse",
         "queue_processor.coalesce",
         "queue_processor.drain.budgets",
         "queue_processor.watch.departures",
