@@ -16,9 +16,8 @@ from botocore.exceptions import NoCredentialsError
 
 from queue_processor import tasks
 from queue_processor.aws import call, error_code
-from queue_processor.coalesce import AdmissionKind, EventStore, NodeOperation
 from queue_processor.config import default
-from queue_processor.events import SqsMessageRef
+from queue_processor.events import AdmissionKind, EventStore, NodeOperation, SqsMessageRef
 from queue_processor.handler import Handler
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -191,7 +190,7 @@ class Consumer:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
             # Unclaimed room is free again however the block exits.
-            async with self.ledger.room(10) as room:
+            async with self.ledger.slots.room(10) as room:
                 if self._stopping.is_set():  # room taken while a shutdown began: no new poll
                     return
                 retry_in_s = await self._poll(queue_url, room)

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 import structlog
 
 from queue_processor import tasks
-from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.filters import OWN_POD
@@ -26,6 +25,8 @@ from queue_processor.events import (
     AsgLifecycleEvent,
     Event,
     EventKind,
+    Mode,
+    NodeOperation,
     StateChangeEvent,
 )
 from queue_processor.kube import AFTER_CORDONS, rank_urgent

@@ -12,16 +12,22 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import structlog
 
 from queue_processor import tasks
 from queue_processor.aws import call
-from queue_processor.coalesce import EventStore, MessageOutcome, NodeOperation, Settlement
 from queue_processor.config import REQUEUE_MAX_S, default
-from queue_processor.events import AsgLifecycleEvent, SqsMessageRef
+from queue_processor.events import (
+    AsgLifecycleEvent,
+    EventStore,
+    MessageOutcome,
+    NodeOperation,
+    Settlement,
+    SqsMessageRef,
+)
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
@@ -80,10 +86,6 @@ class Ledger:
         self._extending: dict[str, asyncio.Future[None]] = {}
 
     # ------------------------------------------------------------------------------------- holding
-
-    def room(self, at_most: int) -> AbstractAsyncContextManager[Room]:
-        """Room for one poll (:meth:`InFlightSlots.room`)."""
-        return self.slots.room(at_most)
 
     def take(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt

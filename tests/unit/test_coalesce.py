@@ -8,11 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, Mode
 from queue_processor.events import (
+    AdmissionKind,
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
+    EventStore,
+    MessageOutcome,
+    Mode,
     RebalanceRecommendationEvent,
     SpotInterruptionEvent,
     SqsMessageRef,

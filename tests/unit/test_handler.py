@@ -21,15 +21,18 @@ import structlog
 from botocore.exceptions import ClientError
 
 from queue_processor import tasks
-from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.filters import DrainOptions
 from queue_processor.drain.record import CordonRecord
 from queue_processor.events import (
+    AdmissionKind,
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
+    EventStore,
+    MessageOutcome,
+    NodeOperation,
     RebalanceRecommendationEvent,
     ScheduledChangeEvent,
     SpotInterruptionEvent,

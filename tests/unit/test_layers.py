@@ -45,7 +45,6 @@ LAYERS: list[set[str]] = [
     {"queue_processor.watch.watched", "queue_processor.rules"},
     {"queue_processor.lease_watch"},
     {
-        "queue_processor.coalesce",
         "queue_processor.drain.budgets",
         "queue_processor.watch.departures",
         "queue_processor.watch.node_cache",
