@@ -242,7 +242,10 @@ class Consumer:
             failed = 0
             for index, message in enumerate(messages):
                 if self._stopping.is_set():  # this replica is letting its messages go: these too
-                    await self._let_go(queue_url, messages[index:])
+                    log.info(
+                        "messages received during shutdown made visible again", messages=len(messages) - index
+                    )
+                    await self.ledger.make_visible(queue_url, [m["ReceiptHandle"] for m in messages[index:]])
                     return 0.0
                 try:
                     failed += not await self._take(queue_url, message, room)
@@ -256,11 +259,6 @@ class Consumer:
             return 0.0
         finally:
             self._polling.discard(current)
-
-    async def _let_go(self, queue_url: str, messages: list[MessageTypeDef]) -> None:
-        """Make messages a poll brought back during shutdown visible again at once."""
-        log.info("messages received during shutdown made visible again", messages=len(messages))
-        await self.ledger.make_visible(queue_url, [message["ReceiptHandle"] for message in messages])
 
     async def _take(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
         """Take one received message; one kept claims a slot of ``room`` until settled. ``False``: poison."""

@@ -184,8 +184,6 @@ class Lifecycle:
             answer = await call(
                 self.autoscaling.describe_auto_scaling_instances, InstanceIds=[action.instance_id]
             )
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             code = error_code(exc) or type(exc).__name__
             if code not in self._told:
@@ -205,8 +203,6 @@ class Lifecycle:
         (``No active Lifecycle Action``). Raises other AWS errors after retries."""
         try:
             await call(self.autoscaling.record_lifecycle_action_heartbeat, **action_params(action))
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             if is_no_active_action(exc):
                 self.observer.heartbeat(HeartbeatResult.VALIDATION_ERROR)
@@ -227,8 +223,6 @@ class Lifecycle:
                 LifecycleActionResult=result,
                 **action_params(action),
             )
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             if is_no_active_action(exc):
                 self.observer.lifecycle_completion(LifecycleResult.NO_ACTIVE_ACTION)

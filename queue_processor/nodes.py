@@ -233,15 +233,11 @@ def _aware(value: Any) -> datetime | None:
 
 class NodeFinder:
     """Finds the Node of an instance (see the module docstring). The providerID index (one cached node LIST) is
-    rebuilt when older than ``refresh_s``, or after a miss when older than ``miss_refresh_s`` (seconds)."""
+    rebuilt when older than 30 seconds, or after a miss when older than 2."""
 
-    def __init__(
-        self, kube: KubeClient, *, use_provider_id: bool, refresh_s: float = 30.0, miss_refresh_s: float = 2.0
-    ) -> None:
+    def __init__(self, kube: KubeClient, *, use_provider_id: bool) -> None:
         self.kube = kube
         self.use_provider_id = use_provider_id
-        self.refresh_s = refresh_s
-        self.miss_refresh_s = miss_refresh_s
         self._by_provider: dict[str, str] = {}
         self._indexed_at = -1e18
         self._index_lock = asyncio.Lock()
@@ -269,7 +265,7 @@ class NodeFinder:
     async def _provider_name(self, info: InstanceInfo, *, refresh: bool) -> str | None:
         async with self._index_lock:
             age = time.monotonic() - self._indexed_at
-            if age > self.refresh_s or (refresh and age > self.miss_refresh_s):
+            if age > 30.0 or (refresh and age > 2.0):
                 nodes = await self.kube.list_nodes(cached=True)
                 self._by_provider = {
                     (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes

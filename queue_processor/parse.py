@@ -128,11 +128,8 @@ def register(
 ) -> None:
     """Register ``finish`` (default: the validated model is the event) as what finishes a body of ``source``
     validated into ``model``, by the detail-types of ``model.detail_type``'s ``Literal``. Raises ``ValueError``
-    when that is not a ``Literal`` of strings or a detail-type is registered already (kinds are told apart by
-    detail-type alone)."""
+    when a detail-type is registered already (kinds are told apart by detail-type alone)."""
     values = get_args(model.model_fields["detail_type"].annotation)
-    if not values or not all(isinstance(value, str) for value in values):
-        raise ValueError(f"{model.__name__}.detail_type must be a Literal of detail-types")
     spec = KindSpec(source, model, finish, on_invalid)
     for detail_type in values:
         if any(detail_type == registered for _, registered in REGISTRY):
@@ -348,21 +345,10 @@ class LifecycleProbe(BaseModel):
     lifecycle_transition: str | None = Field(default=None, alias="LifecycleTransition")
     lifecycle_hook_name: str | None = Field(default=None, alias="LifecycleHookName")
 
-    @property
-    def is_test_notification(self) -> bool:
-        """Whether this is the ``autoscaling:TEST_NOTIFICATION`` sent when a hook is created."""
-        return TEST_NOTIFICATION in (self.event, self.lifecycle_transition)
-
-    @property
-    def looks_direct(self) -> bool:
-        """Whether a top-level object read this way is an Auto Scaling notification (sent straight to SQS)."""
-        if self.lifecycle_transition is not None or self.lifecycle_hook_name is not None:
-            return True
-        return self.event is not None and self.event.startswith("autoscaling:")
-
     def not_an_action(self, envelope: str) -> ParseResult[Any] | None:
         """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
-        if self.is_test_notification:
+        # The autoscaling:TEST_NOTIFICATION is sent when a hook is created.
+        if TEST_NOTIFICATION in (self.event, self.lifecycle_transition):
             return ParseResult.skip(SkipClass.TEST_NOTIFICATION, "Auto Scaling test notification", envelope)
         if self.lifecycle_transition is None:
             return ParseResult.skip(
@@ -583,7 +569,9 @@ def _other(
         if raw.sns_message is None:
             return ParseResult.poison(PoisonClass.MISSING_FIELD, "Message: Field required", "sns")
         return _parse(raw.sns_message, message, wrapped=True)
-    if raw.looks_direct:
+    # An Auto Scaling notification sent straight to SQS.
+    direct = raw.lifecycle_transition is not None or raw.lifecycle_hook_name is not None
+    if direct or (raw.event or "").startswith("autoscaling:"):
         return raw.not_an_action("asg-direct") or parse_direct(body, message)
     return ParseResult.poison(
         PoisonClass.UNKNOWN_SHAPE,

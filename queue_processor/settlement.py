@@ -205,11 +205,10 @@ class Ledger:
 
     async def release_held(self, refs: list[SqsMessageRef]) -> None:
         """Make ``refs`` (messages of any queues) visible again at once (shutdown)."""
-        by_queue: dict[str, list[str]] = {}
-        for ref in refs:
-            by_queue.setdefault(ref.queue_url, []).append(ref.receipt_handle)
-        for queue_url, handles in by_queue.items():
-            await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
+        for queue_url in dict.fromkeys(ref.queue_url for ref in refs):
+            await self.make_visible(
+                queue_url, [ref.receipt_handle for ref in refs if ref.queue_url == queue_url]
+            )
 
     async def make_visible(self, queue_url: str, receipt_handles: list[str]) -> None:
         """Make messages we do not keep visible at once (received too late, or during shutdown)."""
@@ -397,17 +396,13 @@ class InFlightSlots:
         if size < 1:
             raise ValueError(f"an in-flight budget of {size} slots: at least 1")
         self.size = size
-        self._free = size
+        self.free = size
+        """Slots neither reserved nor held."""
         self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
         self._parked: set[str] = set()  # held messages that gave their slot back (park)
         self._waiters: list[asyncio.Future[None]] = []
         self.waiting = 0
         """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
-
-    @property
-    def free(self) -> int:
-        """Slots neither reserved nor held."""
-        return self._free
 
     @property
     def held(self) -> int:
@@ -424,7 +419,7 @@ class InFlightSlots:
         """Wait for a free slot, reserve up to ``at_most`` (≥ 1) as a :class:`Room`; those not claimed free on exit."""
         self.waiting += 1
         try:
-            while self._free <= 0:
+            while self.free <= 0:
                 woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._waiters.append(woken)
                 try:
@@ -434,8 +429,8 @@ class InFlightSlots:
                         self._waiters.remove(woken)
         finally:
             self.waiting -= 1
-        taken = min(self._free, max(1, at_most))
-        self._free -= taken
+        taken = min(self.free, max(1, at_most))
+        self.free -= taken
         room = Room(self, taken)
         try:
             yield room
@@ -467,18 +462,16 @@ class InFlightSlots:
 
     def check(self) -> None:
         """Raise ``RuntimeError`` unless 0 ≤ free and free + held ≤ size (a slot counted twice)."""
-        if self._free < 0 or self._free + self.held > self.size:
-            raise RuntimeError(f"in-flight slots miscounted: {self._free} free, {self.held} held")
+        if self.free < 0 or self.free + self.held > self.size:
+            raise RuntimeError(f"in-flight slots miscounted: {self.free} free, {self.held} held")
 
     def _give_back(self, count: int) -> None:
+        """Free ``count`` slots (:meth:`check`) and wake every poller waiting for one; each checks again (the
+        first may take them all)."""
         if count <= 0:
             return
-        self._free += count
+        self.free += count
         self.check()
-        self._wake()
-
-    def _wake(self) -> None:
-        """Wake every poller waiting for a slot; each checks again (the first may take them all)."""
         waiters, self._waiters = self._waiters, []
         for woken in waiters:
             if not woken.done():
