@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -240,28 +240,44 @@ class Ledger:
         """DeleteMessageBatch for ``items``, 10 a call; each future gets whether SQS deleted it."""
         for start in range(0, len(items), 10):
             chunk = items[start : start + 10]
-            entries = [
-                {"Id": str(i), "ReceiptHandle": ref.receipt_handle} for i, (ref, _) in enumerate(chunk)
-            ]
-            try:
-                answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
-            except Exception as exc:
-                self.observer.error(ErrorWhere.DELETE)
-                log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
-                failed = set(range(len(chunk)))
-            else:
-                failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
-                for entry in answer.get("Failed") or []:
-                    self.observer.error(ErrorWhere.DELETE)
-                    log.warning(
-                        "delete failed",
-                        message_id=chunk[int(entry["Id"])][0].message_id,
-                        code=entry.get("Code"),
-                        error=entry.get("Message"),
-                    )
+            entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in chunk]
+            refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
+            for entry in refused or []:
+                log.warning(
+                    "delete failed",
+                    message_id=chunk[int(entry["Id"])][0].message_id,
+                    code=entry.get("Code"),
+                    error=entry.get("Message"),
+                )
+            failed = set(range(len(chunk))) if refused is None else {int(entry["Id"]) for entry in refused}
             for index, (_, future) in enumerate(chunk):
                 if not future.done():
                     future.set_result(index not in failed)
+
+    async def _batch(
+        self,
+        method: Callable[..., Awaitable[Any]],
+        queue_url: str,
+        entries: list[dict[str, Any]],
+        where: ErrorWhere,
+    ) -> list[Any] | None:
+        """One SQS batch call for ``entries`` (at most 10; each gets its index as ``Id``): the entries SQS refused,
+        or ``None`` when the call failed (logged). Each failure is counted under ``where``; nothing is raised."""
+        try:
+            answer = await call(
+                method,
+                QueueUrl=queue_url,
+                Entries=[{"Id": str(i), **entry} for i, entry in enumerate(entries)],
+            )
+        except Exception as exc:
+            self.observer.error(where)
+            event = "delete failed" if where is ErrorWhere.DELETE else "visibility change failed"
+            log.warning(event, queue=queue_url, messages=len(entries), error=repr(exc))
+            return None
+        refused = list(answer.get("Failed") or [])
+        for _ in refused:
+            self.observer.error(where)
+        return refused
 
     async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
         try:
@@ -282,26 +298,14 @@ class Ledger:
         changed: set[str] = set()
         for start in range(0, len(receipt_handles), 10):
             chunk = receipt_handles[start : start + 10]
-            entries = [
-                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
-                for i, handle in enumerate(chunk)
-            ]
-            try:
-                answer = await call(
-                    self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
-                )
-            except Exception as exc:
-                self.observer.error(where)
-                log.warning(
-                    "visibility change failed", queue=queue_url, messages=len(entries), error=repr(exc)
-                )
+            entries = [{"ReceiptHandle": handle, "VisibilityTimeout": seconds} for handle in chunk]
+            refused = await self._batch(self.sqs.change_message_visibility_batch, queue_url, entries, where)
+            if refused is None:
                 continue
-            failed = answer.get("Failed") or []
-            for entry in failed:
-                self.observer.error(where)
+            for entry in refused:
                 log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
-            refused = {int(entry["Id"]) for entry in failed}
-            changed.update(handle for i, handle in enumerate(chunk) if i not in refused)
+            failed = {int(entry["Id"]) for entry in refused}
+            changed.update(handle for i, handle in enumerate(chunk) if i not in failed)
         return changed
 
     # ------------------------------------------------------------------------------- visibility renewal
