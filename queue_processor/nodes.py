@@ -142,32 +142,26 @@ class InstanceResolver:
 
     async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
         """The instance, ``None`` when EC2 does not know it; ``fresh`` skips the cache. Raises as ``describe``."""
-        future = self._future(instance_id, fresh=fresh, now=time.monotonic())
-        self._start_batch()
-        return await future
+        return (await self.get_many([instance_id], fresh=fresh))[0]
 
     async def get_many(
         self, instance_ids: Sequence[str], *, fresh: bool = False
     ) -> list[InstanceInfo | None]:
-        """:meth:`get` of each of ``instance_ids``, in order, without a task each (callers ask for thousands)."""
+        """:meth:`get` of each of ``instance_ids``, in order, without a task each (callers ask for thousands):
+        answered from the cache (unless ``fresh``), else by the next batch."""
         now = time.monotonic()
-        futures = [self._future(instance_id, fresh=fresh, now=now) for instance_id in instance_ids]
-        self._start_batch()
-        return list(await asyncio.gather(*futures))
-
-    def _future(self, instance_id: str, *, fresh: bool, now: float) -> asyncio.Future[InstanceInfo | None]:
-        """The instance's future: answered from the cache (unless ``fresh``), else waiting for the next batch."""
-        future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
-        cached = self._cache.get(instance_id)
-        if not fresh and cached is not None and cached[0] > now:
-            future.set_result(cached[1])
-        else:
-            self._waiting.setdefault(instance_id, []).append(future)
-        return future
-
-    def _start_batch(self) -> None:
+        futures: list[asyncio.Future[InstanceInfo | None]] = []
+        for instance_id in instance_ids:
+            future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
+            cached = self._cache.get(instance_id)
+            if not fresh and cached is not None and cached[0] > now:
+                future.set_result(cached[1])
+            else:
+                self._waiting.setdefault(instance_id, []).append(future)
+            futures.append(future)
         if self._waiting and (self._flush is None or self._flush.done()):
             self._flush = tasks.spawn(self._run_batch(), name="describe-instances")
+        return list(await asyncio.gather(*futures))
 
     async def close(self) -> None:
         """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""

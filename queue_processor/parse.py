@@ -176,15 +176,11 @@ def describe_validation_error(exc: ValidationError, skip_loc: int = 0, *, direct
 class AffectedEntity(BaseModel):
     """One ``affectedEntities`` item; ``entityValue`` is the instance ID for EC2 events."""
 
-    model_config = ConfigDict(frozen=True)
-
     entity_value: str | None = Field(default=None, alias="entityValue")
 
 
 class HealthDetail(BaseModel):
     """The ``detail`` of an AWS Health event (the fields used here)."""
-
-    model_config = ConfigDict(frozen=True)
 
     service: str | None = None
     event_type_category: str | None = Field(default=None, alias="eventTypeCategory")
