@@ -515,12 +515,7 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         return ParseResult.invalid(exc, describe_validation_error(exc, skip_loc=1), "eventbridge")
     spec = BY_MODEL[type(validated)]
     if validated.source != spec.source:
-        if validated.source is None:
-            return ParseResult.poison(PoisonClass.MISSING_FIELD, "source: Field required", "eventbridge")
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_KIND,
-            f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on",
-        )
+        return _not_acted_on(validated.source, validated.detail_type)
     try:
         result: ParseResult[Event] = spec.finish(validated, message)
     except Poison as poison:
@@ -530,6 +525,16 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
             if event.message is None:
                 event.attach(message)
     return result
+
+
+def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[Any]:
+    """An EventBridge event of no registered kind: a skip, or poison without its ``source`` or ``detail-type``."""
+    for name, value in (("source", source), ("detail-type", detail_type)):
+        if value is None:
+            return ParseResult.poison(PoisonClass.MISSING_FIELD, f"{name}: Field required", "eventbridge")
+    return ParseResult.skip(
+        SkipClass.UNHANDLED_KIND, f"EventBridge event {source!r} / {detail_type!r} is not acted on"
+    )
 
 
 def _other(
@@ -545,14 +550,7 @@ def _other(
             result = _eventbridge(body, message)
             if result is not None:
                 return result
-        if raw.source is None:
-            return ParseResult.poison(PoisonClass.MISSING_FIELD, "source: Field required", "eventbridge")
-        if raw.detail_type is None:
-            return ParseResult.poison(PoisonClass.MISSING_FIELD, "detail-type: Field required", "eventbridge")
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_KIND,
-            f"EventBridge event {raw.source!r} / {raw.detail_type!r} is not acted on",
-        )
+        return _not_acted_on(raw.source, raw.detail_type)
     if raw.sns_type is not None:
         if wrapped:
             return ParseResult.poison(
