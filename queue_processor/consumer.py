@@ -17,7 +17,7 @@ from botocore.exceptions import NoCredentialsError
 from queue_processor import tasks
 from queue_processor.aws import call, error_code
 from queue_processor.config import default
-from queue_processor.events import AdmissionKind, EventStore, NodeOperation, SqsMessageRef
+from queue_processor.events import AdmissionKind, EventStore, Mode, NodeOperation, SqsMessageRef
 from queue_processor.handler import Handler
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.observer import NULL_OBSERVER, Observer
@@ -111,7 +111,7 @@ class Consumer:
         )
         """The settlement ledger: slots, receipt handles, visibility, settlement (:mod:`.settlement`)."""
         handler.park = self.ledger.park  # a drain waiting for its turn gives its messages' slots back
-        self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._operations: dict[tuple[str, Mode], asyncio.Task[None]] = {}
         # Operation tasks settling their messages (another of the same key may run meanwhile).
         self._settling: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -311,31 +311,27 @@ class Consumer:
 
     def _spawn(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` through the handler and settles its messages."""
-        key = (operation.instance_id, str(operation.mode))
-        task = tasks.spawn(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
-        self._operations[key] = task
-        task.add_done_callback(functools.partial(self._operation_ended, key, operation))
+        task = tasks.spawn(self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}")
+        self._operations[operation.key] = task
+        task.add_done_callback(functools.partial(self._operation_ended, operation))
 
-    def _operation_ended(
-        self, key: tuple[str, str], operation: NodeOperation, task: asyncio.Task[None]
-    ) -> None:
+    def _operation_ended(self, operation: NodeOperation, task: asyncio.Task[None]) -> None:
         """Drop the ended task; finish as failed an operation a shutdown cancelled before it ran."""
-        if self._operations.get(key) is task:
-            del self._operations[key]
+        if self._operations.get(operation.key) is task:
+            del self._operations[operation.key]
         self._settling.discard(task)
         if self.store.running(operation):
             for message_id, _ in self.store.finish(operation, succeeded=False).messages:
                 self.ledger.let_go(message_id)
 
     async def _run(self, operation: NodeOperation) -> None:
-        key = (operation.instance_id, str(operation.mode))
         succeeded = False
         try:
             succeeded = await self.handler.handle(operation) is Outcome.DONE
         finally:
             current = asyncio.current_task()
-            if self._operations.get(key) is current and current is not None:
-                del self._operations[key]
+            if self._operations.get(operation.key) is current and current is not None:
+                del self._operations[operation.key]
                 self._settling.add(current)
             # A shutdown makes every held message visible: then only their slots are returned.
             await self.ledger.finish(operation, succeeded=succeeded, letting_go=self._stopping.is_set())
