@@ -321,7 +321,7 @@ class Consumer:
             del self._operations[operation.key]
         self._settling.discard(task)
         if self.store.running(operation):
-            for message_id, _ in self.store.finish(operation, succeeded=False).messages:
+            for message_id, _ in self.store.finish(operation, succeeded=False):
                 self.ledger.let_go(message_id)
 
     async def _run(self, operation: NodeOperation) -> None:

@@ -446,13 +446,9 @@ class MessageOutcome(StrEnum):
     REQUEUE = "requeue"
 
 
-@dataclass(frozen=True)
-class Settlement:
-    """Messages whose every operation has ended, with what to do with each."""
-
-    messages: tuple[tuple[str, MessageOutcome], ...]
-    """(message ID, what to do with it) pairs; the receipt handles are the settlement ledger's
-    (:class:`~queue_processor.settlement.Ledger`)."""
+#: Messages whose every operation has ended: (message ID, what to do with it) pairs; the receipt handles are the
+#: settlement ledger's (:class:`~queue_processor.settlement.Ledger`).
+Settlement = tuple[tuple[str, MessageOutcome], ...]
 
 
 @dataclass
@@ -546,7 +542,7 @@ class EventStore:
                 settled.append(
                     (message_id, MessageOutcome.REQUEUE if state.failed else MessageOutcome.DELETE)
                 )
-        return Settlement(tuple(settled))
+        return tuple(settled)
 
     def _expire(self) -> None:
         now = self.clock()

@@ -140,7 +140,7 @@ class Ledger:
         """End ``operation`` in the store and :meth:`settle` what it leaves; ``letting_go``: only free slots."""
         settlement = self.store.finish(operation, succeeded=succeeded)
         if letting_go:
-            for message_id, _ in settlement.messages:
+            for message_id, _ in settlement:
                 self.let_go(message_id)
         else:
             await self.settle(settlement, operation)
@@ -148,9 +148,7 @@ class Ledger:
     async def settle(self, settlement: Settlement, operation: NodeOperation) -> None:
         """Settle every message of ``settlement`` at once; errors are logged and counted, slots returned."""
         # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
-        receipts = [
-            (message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement.messages
-        ]
+        receipts = [(message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement]
         results = await asyncio.gather(
             *(self._settle(message_id, ref, outcome, operation) for message_id, ref, outcome in receipts),
             return_exceptions=True,

@@ -421,7 +421,7 @@ class World:
         if self.leases is not None:
             await self.leases.flush()
         settlement = self.store.finish(operation, succeeded=outcome is Outcome.DONE)
-        return outcome, dict(settlement.messages)
+        return outcome, dict(settlement)
 
     def count(self, name: str, **labels: str) -> float:
         """A sample of the metrics the handler reported (0 when absent)."""
