@@ -207,6 +207,7 @@ class InstanceResolver:
 
 
 def _info(instance: dict[str, Any]) -> InstanceInfo:
+    launched = instance.get("LaunchTime")
     return InstanceInfo(
         instance_id=instance["InstanceId"],
         private_dns_name=instance.get("PrivateDnsName") or "",
@@ -214,15 +215,11 @@ def _info(instance: dict[str, Any]) -> InstanceInfo:
         state=(instance.get("State") or {}).get("Name", ""),
         tags={tag["Key"]: tag.get("Value", "") for tag in instance.get("Tags") or []},
         instance_type=instance.get("InstanceType") or "",
-        launch_time=_aware(instance.get("LaunchTime")),
+        # botocore's LaunchTime is a datetime, aware (UTC when naive).
+        launch_time=launched.replace(tzinfo=launched.tzinfo or UTC)
+        if isinstance(launched, datetime)
+        else None,
     )
-
-
-def _aware(value: Any) -> datetime | None:
-    """A timezone-aware datetime from botocore's ``LaunchTime`` (a datetime; UTC when naive), else ``None``."""
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 class NodeFinder:

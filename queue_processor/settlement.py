@@ -402,7 +402,7 @@ class InFlightSlots:
         """Slots neither reserved nor held."""
         self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
         self._parked: set[str] = set()  # held messages that gave their slot back (park)
-        self._waiters: list[asyncio.Future[None]] = []
+        self._freed = asyncio.Event()  # set and cleared at once: wakes every poller waiting then
         self.waiting = 0
         """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
 
@@ -422,13 +422,7 @@ class InFlightSlots:
         self.waiting += 1
         try:
             while self.free <= 0:
-                woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._waiters.append(woken)
-                try:
-                    await woken
-                finally:
-                    if woken in self._waiters:
-                        self._waiters.remove(woken)
+                await self._freed.wait()
         finally:
             self.waiting -= 1
         taken = min(self.free, max(1, at_most))
@@ -474,7 +468,5 @@ class InFlightSlots:
             return
         self.free += count
         self.check()
-        waiters, self._waiters = self._waiters, []
-        for woken in waiters:
-            if not woken.done():
-                woken.set_result(None)
+        self._freed.set()
+        self._freed.clear()
