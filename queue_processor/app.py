@@ -16,12 +16,12 @@ import structlog
 
 from queue_processor import __version__, tasks
 from queue_processor.aws import AwsClients
-from queue_processor.coalesce import EventStore
 from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
 from queue_processor.drain.drainer import Drainer, DrainTiming
 from queue_processor.drain.evictions import evictions_in_flight
 from queue_processor.drain.plan import DrainOptions
+from queue_processor.events import EventStore
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases

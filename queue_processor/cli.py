@@ -26,7 +26,7 @@ from rich.table import Table
 from queue_processor import __version__
 from queue_processor.app import run_controller
 from queue_processor.config import Settings, default, env_name, load_settings, notes
-from queue_processor.kinds import Event
+from queue_processor.events import Event
 from queue_processor.observe.logs import configure_logging
 from queue_processor.outcomes import ConfigError, StartupError
 from queue_processor.parse import ParseResult, parse

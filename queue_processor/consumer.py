@@ -16,9 +16,8 @@ from botocore.exceptions import NoCredentialsError
 
 from queue_processor import tasks
 from queue_processor.aws import call, error_code
-from queue_processor.coalesce import AdmissionKind, EventStore, NodeOperation
 from queue_processor.config import default
-from queue_processor.events import SqsMessageRef
+from queue_processor.events import AdmissionKind, EventStore, Mode, NodeOperation, SqsMessageRef
 from queue_processor.handler import Handler
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
@@ -112,7 +111,7 @@ class Consumer:
         )
         """The settlement ledger: slots, receipt handles, visibility, settlement (:mod:`.settlement`)."""
         handler.park = self.ledger.park  # a drain waiting for its turn gives its messages' slots back
-        self._operations: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._operations: dict[tuple[str, Mode], asyncio.Task[None]] = {}
         # Operation tasks settling their messages (another of the same key may run meanwhile).
         self._settling: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -191,7 +190,7 @@ class Consumer:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
             # Unclaimed room is free again however the block exits.
-            async with self.ledger.room(10) as room:
+            async with self.ledger.slots.room(10) as room:
                 if self._stopping.is_set():  # room taken while a shutdown began: no new poll
                     return
                 retry_in_s = await self._poll(queue_url, room)
@@ -243,7 +242,10 @@ class Consumer:
             failed = 0
             for index, message in enumerate(messages):
                 if self._stopping.is_set():  # this replica is letting its messages go: these too
-                    await self._let_go(queue_url, messages[index:])
+                    log.info(
+                        "messages received during shutdown made visible again", messages=len(messages) - index
+                    )
+                    await self.ledger.make_visible(queue_url, [m["ReceiptHandle"] for m in messages[index:]])
                     return 0.0
                 try:
                     failed += not await self._take(queue_url, message, room)
@@ -257,11 +259,6 @@ class Consumer:
             return 0.0
         finally:
             self._polling.discard(current)
-
-    async def _let_go(self, queue_url: str, messages: list[MessageTypeDef]) -> None:
-        """Make messages a poll brought back during shutdown visible again at once."""
-        log.info("messages received during shutdown made visible again", messages=len(messages))
-        await self.ledger.make_visible(queue_url, [message["ReceiptHandle"] for message in messages])
 
     async def _take(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
         """Take one received message; one kept claims a slot of ``room`` until settled. ``False``: poison."""
@@ -314,31 +311,27 @@ class Consumer:
 
     def _spawn(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` through the handler and settles its messages."""
-        key = (operation.instance_id, str(operation.mode))
-        task = tasks.spawn(self._run(operation), name=f"operation-{key[0]}-{key[1]}")
-        self._operations[key] = task
-        task.add_done_callback(functools.partial(self._operation_ended, key, operation))
+        task = tasks.spawn(self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}")
+        self._operations[operation.key] = task
+        task.add_done_callback(functools.partial(self._operation_ended, operation))
 
-    def _operation_ended(
-        self, key: tuple[str, str], operation: NodeOperation, task: asyncio.Task[None]
-    ) -> None:
+    def _operation_ended(self, operation: NodeOperation, task: asyncio.Task[None]) -> None:
         """Drop the ended task; finish as failed an operation a shutdown cancelled before it ran."""
-        if self._operations.get(key) is task:
-            del self._operations[key]
+        if self._operations.get(operation.key) is task:
+            del self._operations[operation.key]
         self._settling.discard(task)
         if self.store.running(operation):
-            for message_id, _ in self.store.finish(operation, succeeded=False).messages:
+            for message_id, _ in self.store.finish(operation, succeeded=False):
                 self.ledger.let_go(message_id)
 
     async def _run(self, operation: NodeOperation) -> None:
-        key = (operation.instance_id, str(operation.mode))
         succeeded = False
         try:
             succeeded = await self.handler.handle(operation) is Outcome.DONE
         finally:
             current = asyncio.current_task()
-            if self._operations.get(key) is current and current is not None:
-                del self._operations[key]
+            if self._operations.get(operation.key) is current and current is not None:
+                del self._operations[operation.key]
                 self._settling.add(current)
             # A shutdown makes every held message visible: then only their slots are returned.
             await self.ledger.finish(operation, succeeded=succeeded, letting_go=self._stopping.is_set())

@@ -1,18 +1,31 @@
-"""What every typed interruption event shares: :class:`BaseEvent`, its kind, identity and SQS message.
+"""The typed interruption events: :class:`BaseEvent` (kind, identity, SQS message) and one model per kind.
 
-An event is one affected instance of one message. The models live with their kinds (:mod:`queue_processor.kinds`):
-validation aliases read the wire format, field names build one in code (``SpotInterruptionEvent(...)``).
+An event is one affected instance of one message. Validation aliases read the wire format (the EC2 User Guide's
+"Spot Instance interruption notices", "EC2 instance rebalance recommendations", "EC2 instance state-change
+events", "Monitor interruptible Capacity Reservations with EventBridge"; "Amazon EC2 Auto Scaling lifecycle
+hooks", in EventBridge's ``detail`` or at the top level of a notification sent straight to SQS); field names build
+one in code (``SpotInterruptionEvent(...)``). Reading message bodies into them is :mod:`queue_processor.parse`'s.
+
+:class:`EventStore` (pure, no I/O) deduplicates them by event ID and keeps one :class:`NodeOperation` per instance
+and mode: however SQS and EventBridge repeat and however many kinds one instance brings, a node is drained **once**,
+every message asking for it acknowledged when that drain ends, every lifecycle action among them completed
+(DESIGN.md rule 2).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, NamedTuple, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import (
+    AliasChoices,
     AliasPath,
     AwareDatetime,
     BaseModel,
@@ -25,12 +38,26 @@ from pydantic import (
 __all__ = [
     "SPOT_NOTICE",
     "ActionKey",
+    "Admission",
+    "AdmissionKind",
+    "AsgLaunchLifecycleEvent",
+    "AsgLifecycleEvent",
+    "AsgTerminateLifecycleEvent",
     "BaseEvent",
+    "CapacityReservationInterruptionEvent",
+    "Event",
     "EventKind",
+    "EventStore",
+    "MessageOutcome",
+    "Mode",
+    "NodeOperation",
     "NonEmptyStr",
+    "RebalanceRecommendationEvent",
+    "ScheduledChangeEvent",
+    "Settlement",
+    "SpotInterruptionEvent",
     "SqsMessageRef",
-    "cached_field",
-    "detail_alias",
+    "StateChangeEvent",
     "make_event_id",
 ]
 
@@ -73,11 +100,6 @@ class cached_field(cached_property[T]):  # noqa: N801 - used like the decorator 
         value = self.func(instance)
         instance.__dict__[self.attrname or self.func.__name__] = value
         return value
-
-
-def detail_alias(key: str) -> AliasPath:
-    """The validation alias of ``key`` inside an EventBridge message's ``detail``."""
-    return AliasPath("detail", key)
 
 
 class ActionKey(NamedTuple):
@@ -146,3 +168,383 @@ def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
     # EventKind is a str: joined as it is (.value goes through enum's slower descriptor).
     digest = hashlib.blake2b("\x1f".join((kind, instance_id, key)).encode(), digest_size=10).hexdigest()
     return str.__add__(kind, "-" + digest)
+
+
+def _detail(key: str, *, top: bool = False, **field: Any) -> Any:
+    """A field read from ``detail.<key>``, or also from the top-level ``key`` (``top``: a notification sent
+    straight to SQS); ``field``: more of ``pydantic.Field``'s arguments."""
+    path = AliasPath("detail", key)
+    return Field(validation_alias=AliasChoices(path, key) if top else path, **field)
+
+
+def _detail_type(name: str) -> Any:
+    """The ``detail-type`` a model is told apart by when parsed (not dumped, not shown)."""
+    return Field(default=name, alias="detail-type", exclude=True, repr=False)
+
+
+class _InstanceEvent(BaseEvent):
+    """An EC2 event naming its instance in ``detail.instance-id``."""
+
+    instance_id: NonEmptyStr = _detail("instance-id")
+
+
+class SpotInterruptionEvent(_InstanceEvent):
+    """A Spot interruption warning; ``instance_action`` is ``terminate``, ``stop`` or ``hibernate``."""
+
+    detail_type: Literal["EC2 Spot Instance Interruption Warning"] = _detail_type(
+        "EC2 Spot Instance Interruption Warning"
+    )
+    kind: Literal[EventKind.SPOT_INTERRUPTION] = EventKind.SPOT_INTERRUPTION
+    instance_action: str | None = _detail("instance-action", default=None)
+
+    @computed_field
+    @cached_field
+    def start_time(self) -> datetime:
+        """The end of the two-minute notice: ``time + 120 s``."""
+        return self.time + SPOT_NOTICE
+
+
+class RebalanceRecommendationEvent(_InstanceEvent):
+    """A rebalance recommendation: ``detail`` = ``{"instance-id"}``; ``start_time = time`` (no deadline)."""
+
+    detail_type: Literal["EC2 Instance Rebalance Recommendation"] = _detail_type(
+        "EC2 Instance Rebalance Recommendation"
+    )
+    kind: Literal[EventKind.REBALANCE_RECOMMENDATION] = EventKind.REBALANCE_RECOMMENDATION
+
+
+class StateChangeEvent(_InstanceEvent):
+    """An instance state change (``detail.state``); ``start_time = time``."""
+
+    detail_type: Literal["EC2 Instance State-change Notification"] = _detail_type(
+        "EC2 Instance State-change Notification"
+    )
+    kind: Literal[EventKind.STATE_CHANGE] = EventKind.STATE_CHANGE
+    state: NonEmptyStr = _detail("state")
+
+
+class CapacityReservationInterruptionEvent(_InstanceEvent):
+    """An interruptible Capacity Reservation (or Capacity Block) reclaiming the instance, two minutes ahead."""
+
+    detail_type: Literal["EC2 Capacity Reservation Instance Interruption Warning"] = _detail_type(
+        "EC2 Capacity Reservation Instance Interruption Warning"
+    )
+    kind: Literal[EventKind.CAPACITY_RESERVATION_INTERRUPTION] = EventKind.CAPACITY_RESERVATION_INTERRUPTION
+    instance_termination_time: AwareDatetime | None = _detail("instance-termination-time", default=None)
+    instance_action: str | None = _detail("instance-action", default=None)
+    availability_zone_id: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            AliasPath("detail", "availability-zone-id"), AliasPath("detail", "azId")
+        ),
+    )
+
+    @computed_field
+    @cached_field
+    def start_time(self) -> datetime:
+        """``instance_termination_time``, else the end of a two-minute notice."""
+        return self.instance_termination_time or self.time + SPOT_NOTICE
+
+
+class AsgLifecycleEvent(BaseEvent):
+    """A lifecycle action in either format; ``origin``/``destination`` as in "Lifecycle hooks for instances in a
+    warm pool". The identity key is the action token: both forms of one action share an ``event_id``."""
+
+    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE, EventKind.ASG_LAUNCH_LIFECYCLE]
+    lifecycle_transition: str
+    instance_id: NonEmptyStr = _detail("EC2InstanceId", top=True)
+    time: AwareDatetime = Field(validation_alias=AliasChoices("time", "Time"))
+    source_id: str | None = Field(default=None, validation_alias=AliasChoices("id", "RequestId"))
+    auto_scaling_group_name: NonEmptyStr = _detail("AutoScalingGroupName", top=True)
+    lifecycle_hook_name: NonEmptyStr = _detail("LifecycleHookName", top=True)
+    lifecycle_action_token: str | None = _detail("LifecycleActionToken", top=True, default=None)
+    origin: str | None = _detail("Origin", top=True, default=None)
+    destination: str | None = _detail("Destination", top=True, default=None)
+    notification_metadata: str | None = _detail("NotificationMetadata", top=True, default=None)
+
+    def _identity_key(self) -> str:
+        return self.lifecycle_action_token or super()._identity_key()
+
+    @property
+    def action_key(self) -> ActionKey:
+        """``(token or instance ID, group, hook)``, as ``CompleteLifecycleAction`` addresses the action."""
+        return ActionKey(
+            self.lifecycle_action_token or self.instance_id,
+            self.auto_scaling_group_name,
+            self.lifecycle_hook_name,
+        )
+
+
+class AsgTerminateLifecycleEvent(AsgLifecycleEvent):
+    """A terminate lifecycle action: drain, then complete it. ``start_time = time`` (``Terminating:Wait`` from then)."""
+
+    detail_type: Literal["EC2 Instance-terminate Lifecycle Action"] = _detail_type(
+        "EC2 Instance-terminate Lifecycle Action"
+    )
+    kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE] = EventKind.ASG_TERMINATE_LIFECYCLE
+    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_TERMINATING"] = _detail(
+        "LifecycleTransition", top=True
+    )
+
+
+class AsgLaunchLifecycleEvent(AsgLifecycleEvent):
+    """A launch lifecycle action, into the group or a warm pool: wait for the node, then complete it."""
+
+    detail_type: Literal["EC2 Instance-launch Lifecycle Action"] = _detail_type(
+        "EC2 Instance-launch Lifecycle Action"
+    )
+    kind: Literal[EventKind.ASG_LAUNCH_LIFECYCLE] = EventKind.ASG_LAUNCH_LIFECYCLE
+    lifecycle_transition: Literal["autoscaling:EC2_INSTANCE_LAUNCHING"] = _detail(
+        "LifecycleTransition", top=True
+    )
+
+
+class ScheduledChangeEvent(BaseEvent):
+    """One affected instance of an AWS Health EC2 ``scheduledChange`` event; the identity key is ``event_arn``."""
+
+    kind: Literal[EventKind.SCHEDULED_CHANGE] = EventKind.SCHEDULED_CHANGE
+    scheduled_start_time: AwareDatetime
+    end_time: AwareDatetime | None = None
+    event_arn: str | None = None
+    event_type_code: str | None = None
+    #: The EventBridge envelope's ``id`` (NTH names the event after it; ``source_id`` is the ``eventArn``).
+    eventbridge_id: str | None = None
+
+    def _identity_key(self) -> str:
+        return self.event_arn or super()._identity_key()
+
+    @computed_field
+    @cached_field
+    def start_time(self) -> datetime:
+        """The Health event's ``startTime``."""
+        return self.scheduled_start_time
+
+
+Event = Annotated[
+    AsgTerminateLifecycleEvent
+    | AsgLaunchLifecycleEvent
+    | SpotInterruptionEvent
+    | RebalanceRecommendationEvent
+    | StateChangeEvent
+    | ScheduledChangeEvent
+    | CapacityReservationInterruptionEvent,
+    Field(discriminator="kind"),
+]
+"""Any event, discriminated by ``kind``."""
+
+
+A = TypeVar("A", bound=AsgLifecycleEvent)
+
+
+class Mode(StrEnum):
+    """What an operation does to its node."""
+
+    DRAIN = "drain"
+    """Cordon and drain (every kind but launch actions)."""
+    LAUNCH = "launch"
+    """Wait for the node to register and turn Ready, then complete the launch action(s)."""
+
+
+def mode_of(event: Event) -> Mode:
+    """The mode of the operation an event belongs to."""
+    return Mode.LAUNCH if event.kind is EventKind.ASG_LAUNCH_LIFECYCLE else Mode.DRAIN
+
+
+@dataclass
+class NodeOperation:
+    """Everything asked of one instance at once: its events (unique IDs) and the IDs of their messages, in arrival
+    order; ``started_at``: the store clock's reading (seconds); ``settled``: how each lifecycle action the handler
+    is finished with ended; ``joined``: set whenever an event joins (the handler clears it)."""
+
+    instance_id: str
+    mode: Mode
+    started_at: float
+    events: list[Event] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    settled: dict[ActionKey, str] = field(default_factory=dict)
+    joined: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
+
+    def unsettled(self) -> list[AsgLifecycleEvent]:
+        """Its lifecycle actions (terminate or launch) not settled yet."""
+        return [a for a in self.lifecycle_actions if a.action_key not in self.settled]
+
+    def _actions(self, kind: type[A]) -> list[A]:
+        """Its events of type ``kind``, one per :class:`ActionKey`."""
+        seen: dict[ActionKey, A] = {}
+        for event in self.events:
+            if isinstance(event, kind):
+                seen.setdefault(event.action_key, event)
+        return list(seen.values())
+
+    @property
+    def lifecycle_actions(self) -> list[AsgLifecycleEvent]:
+        """All its lifecycle actions, one per :class:`ActionKey`."""
+        return self._actions(AsgLifecycleEvent)
+
+    @property
+    def key(self) -> tuple[str, Mode]:
+        """``(instance_id, mode)``: at most one operation per key is in flight."""
+        return (self.instance_id, self.mode)
+
+    @property
+    def first(self) -> Event:
+        """The event that started the operation."""
+        return self.events[0]
+
+    @property
+    def kinds(self) -> list[EventKind]:
+        """The kinds of its events, without repeats, in arrival order."""
+        return list(dict.fromkeys(event.kind for event in self.events))
+
+    def add(self, event: Event) -> bool:
+        """Add ``event`` unless one of its ID is there (``True`` when added); a join sets :attr:`joined`."""
+        if any(existing.event_id == event.event_id for existing in self.events):
+            return False
+        if self.events:
+            self.joined.set()
+        self.events.append(event)
+        return True
+
+    def event_of(self, kind: EventKind) -> Event:
+        """The first of its events of ``kind``; raises ``StopIteration`` when it has none."""
+        return next(event for event in self.events if event.kind is kind)
+
+    @property
+    def terminate_actions(self) -> list[AsgTerminateLifecycleEvent]:
+        """Its ASG terminate lifecycle actions, one per :class:`ActionKey`."""
+        return self._actions(AsgTerminateLifecycleEvent)
+
+    @property
+    def launch_actions(self) -> list[AsgLaunchLifecycleEvent]:
+        """Its ASG launch lifecycle actions, one per :class:`ActionKey`."""
+        return self._actions(AsgLaunchLifecycleEvent)
+
+
+class AdmissionKind(StrEnum):
+    """What :meth:`EventStore.admit` made of an event."""
+
+    NEW = "new"
+    """It starts an operation: handle it."""
+    JOINED = "joined"
+    """It joined the operation in flight for its instance (or repeats one of its events)."""
+    DONE = "done"
+    """It repeats an event whose operation already succeeded: nothing to do."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The answer of :meth:`EventStore.admit`: ``kind``, and the operation it started or joined."""
+
+    kind: AdmissionKind
+    operation: NodeOperation | None
+
+
+class MessageOutcome(StrEnum):
+    """What to do with a message whose operations have all ended."""
+
+    DELETE = "delete"
+    REQUEUE = "requeue"
+
+
+#: Messages whose every operation has ended: (message ID, what to do with it) pairs; the receipt handles are the
+#: settlement ledger's (:class:`~queue_processor.settlement.Ledger`).
+Settlement = tuple[tuple[str, MessageOutcome], ...]
+
+
+@dataclass
+class _MessageState:
+    failed: bool = False
+    actions: set[ActionKey] = field(default_factory=set)  # the lifecycle actions it carries
+    operations: set[tuple[str, Mode]] = field(default_factory=set)  # the keys of its operations running
+
+
+class EventStore:
+    """Deduplication and coalescing; one asyncio loop. ``dedup_ttl_s``: seconds a success is remembered."""
+
+    def __init__(self, dedup_ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.dedup_ttl_s = dedup_ttl_s
+        self.clock = clock
+        self._operations: dict[tuple[str, Mode], NodeOperation] = {}
+        self._done: dict[str, float] = {}  # event_id → expiry
+        self._messages: dict[str, _MessageState] = {}
+
+    @property
+    def operations(self) -> list[NodeOperation]:
+        """The operations in flight."""
+        return list(self._operations.values())
+
+    def in_flight(self, message_id: str) -> bool:
+        """Whether a message still has an operation running."""
+        return message_id in self._messages
+
+    def actions_of(self, message_id: str) -> set[ActionKey]:
+        """The lifecycle actions a message in flight carries (empty for one not in flight)."""
+        state = self._messages.get(message_id)
+        return set(state.actions) if state is not None else set()
+
+    def running(self, operation: NodeOperation) -> bool:
+        """Whether ``operation`` is in flight (admitted and not finished)."""
+        return self._operations.get(operation.key) is operation
+
+    def held(self) -> list[str]:
+        """The IDs of every message that still has an operation running."""
+        return list(self._messages)
+
+    @property
+    def held_count(self) -> int:
+        """How many messages :meth:`held` would return."""
+        return len(self._messages)
+
+    def admit(self, event: Event) -> Admission:
+        """Take one event: whether it starts an operation, joins the one in flight, or repeats a succeeded one. Its
+        ``message`` is tracked until every operation it joined has ended."""
+        self._expire()
+        if event.event_id in self._done:
+            return Admission(AdmissionKind.DONE, None)
+        key = (event.instance_id, mode_of(event))
+        operation = self._operations.get(key)
+        kind = AdmissionKind.JOINED
+        if operation is None:
+            operation = NodeOperation(event.instance_id, key[1], self.clock())
+            self._operations[key] = operation
+            kind = AdmissionKind.NEW
+        operation.add(event)
+        message = event.message
+        if message is not None:
+            state = self._messages.setdefault(message.message_id, _MessageState())
+            if isinstance(event, AsgLifecycleEvent):
+                state.actions.add(event.action_key)
+            if key not in state.operations:  # the message's first event for this operation
+                state.operations.add(key)
+                operation.messages.append(message.message_id)
+        return Admission(kind, operation)
+
+    def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
+        """End an operation, remembering a success's event IDs (not unsettled actions'); the messages with none left:
+        DELETE when all theirs succeeded, actions settled, else REQUEUE. ``KeyError`` for one not in flight."""
+        if self._operations.get(operation.key) is not operation:
+            raise KeyError(f"no operation in flight for {operation.key}")
+        del self._operations[operation.key]
+        # An action the handler did not settle (it joined after the last completion) keeps its message.
+        unsettled = {action.action_key for action in operation.unsettled()}
+        if succeeded:
+            expiry = self.clock() + self.dedup_ttl_s
+            for event in operation.events:
+                if not (isinstance(event, AsgLifecycleEvent) and event.action_key not in operation.settled):
+                    self._done[event.event_id] = expiry
+        settled: list[tuple[str, MessageOutcome]] = []
+        for message_id in operation.messages:
+            state = self._messages[message_id]
+            state.failed = state.failed or not succeeded or bool(state.actions & unsettled)
+            state.operations.discard(operation.key)
+            if not state.operations:
+                del self._messages[message_id]
+                settled.append(
+                    (message_id, MessageOutcome.REQUEUE if state.failed else MessageOutcome.DELETE)
+                )
+        return tuple(settled)
+
+    def _expire(self) -> None:
+        now = self.clock()
+        if self._done and next(iter(self._done.values())) <= now:
+            self._done = {event_id: expiry for event_id, expiry in self._done.items() if expiry > now}

@@ -17,15 +17,16 @@ from datetime import UTC, datetime
 import structlog
 
 from queue_processor import tasks
-from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.plan import OWN_POD
-from queue_processor.events import EventKind
-from queue_processor.kinds import (
+from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     Event,
+    EventKind,
+    Mode,
+    NodeOperation,
     StateChangeEvent,
 )
 from queue_processor.launch import Draining, run_launch

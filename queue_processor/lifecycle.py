@@ -22,8 +22,7 @@ from botocore.exceptions import ClientError
 from queue_processor import tasks
 from queue_processor.aws import call, error_code, is_no_active_action, is_retryable
 from queue_processor.config import Settings
-from queue_processor.events import ActionKey
-from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.events import ActionKey, AsgLifecycleEvent
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import HeartbeatResult, LifecycleResult
 
@@ -185,8 +184,6 @@ class Lifecycle:
             answer = await call(
                 self.autoscaling.describe_auto_scaling_instances, InstanceIds=[action.instance_id]
             )
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             code = error_code(exc) or type(exc).__name__
             if code not in self._told:
@@ -206,8 +203,6 @@ class Lifecycle:
         (``No active Lifecycle Action``). Raises other AWS errors after retries."""
         try:
             await call(self.autoscaling.record_lifecycle_action_heartbeat, **action_params(action))
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             if is_no_active_action(exc):
                 self.observer.heartbeat(HeartbeatResult.VALIDATION_ERROR)
@@ -228,8 +223,6 @@ class Lifecycle:
                 LifecycleActionResult=result,
                 **action_params(action),
             )
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             if is_no_active_action(exc):
                 self.observer.lifecycle_completion(LifecycleResult.NO_ACTIVE_ACTION)

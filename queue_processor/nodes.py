@@ -142,32 +142,26 @@ class InstanceResolver:
 
     async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
         """The instance, ``None`` when EC2 does not know it; ``fresh`` skips the cache. Raises as ``describe``."""
-        future = self._future(instance_id, fresh=fresh, now=time.monotonic())
-        self._start_batch()
-        return await future
+        return (await self.get_many([instance_id], fresh=fresh))[0]
 
     async def get_many(
         self, instance_ids: Sequence[str], *, fresh: bool = False
     ) -> list[InstanceInfo | None]:
-        """:meth:`get` of each of ``instance_ids``, in order, without a task each (callers ask for thousands)."""
+        """:meth:`get` of each of ``instance_ids``, in order, without a task each (callers ask for thousands):
+        answered from the cache (unless ``fresh``), else by the next batch."""
         now = time.monotonic()
-        futures = [self._future(instance_id, fresh=fresh, now=now) for instance_id in instance_ids]
-        self._start_batch()
-        return list(await asyncio.gather(*futures))
-
-    def _future(self, instance_id: str, *, fresh: bool, now: float) -> asyncio.Future[InstanceInfo | None]:
-        """The instance's future: answered from the cache (unless ``fresh``), else waiting for the next batch."""
-        future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
-        cached = self._cache.get(instance_id)
-        if not fresh and cached is not None and cached[0] > now:
-            future.set_result(cached[1])
-        else:
-            self._waiting.setdefault(instance_id, []).append(future)
-        return future
-
-    def _start_batch(self) -> None:
+        futures: list[asyncio.Future[InstanceInfo | None]] = []
+        for instance_id in instance_ids:
+            future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
+            cached = self._cache.get(instance_id)
+            if not fresh and cached is not None and cached[0] > now:
+                future.set_result(cached[1])
+            else:
+                self._waiting.setdefault(instance_id, []).append(future)
+            futures.append(future)
         if self._waiting and (self._flush is None or self._flush.done()):
             self._flush = tasks.spawn(self._run_batch(), name="describe-instances")
+        return list(await asyncio.gather(*futures))
 
     async def close(self) -> None:
         """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""
@@ -213,6 +207,7 @@ class InstanceResolver:
 
 
 def _info(instance: dict[str, Any]) -> InstanceInfo:
+    launched = instance.get("LaunchTime")
     return InstanceInfo(
         instance_id=instance["InstanceId"],
         private_dns_name=instance.get("PrivateDnsName") or "",
@@ -220,28 +215,20 @@ def _info(instance: dict[str, Any]) -> InstanceInfo:
         state=(instance.get("State") or {}).get("Name", ""),
         tags={tag["Key"]: tag.get("Value", "") for tag in instance.get("Tags") or []},
         instance_type=instance.get("InstanceType") or "",
-        launch_time=_aware(instance.get("LaunchTime")),
+        # botocore's LaunchTime is a datetime, aware (UTC when naive).
+        launch_time=launched.replace(tzinfo=launched.tzinfo or UTC)
+        if isinstance(launched, datetime)
+        else None,
     )
-
-
-def _aware(value: Any) -> datetime | None:
-    """A timezone-aware datetime from botocore's ``LaunchTime`` (a datetime; UTC when naive), else ``None``."""
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 class NodeFinder:
     """Finds the Node of an instance (see the module docstring). The providerID index (one cached node LIST) is
-    rebuilt when older than ``refresh_s``, or after a miss when older than ``miss_refresh_s`` (seconds)."""
+    rebuilt when older than 30 seconds, or after a miss when older than 2."""
 
-    def __init__(
-        self, kube: KubeClient, *, use_provider_id: bool, refresh_s: float = 30.0, miss_refresh_s: float = 2.0
-    ) -> None:
+    def __init__(self, kube: KubeClient, *, use_provider_id: bool) -> None:
         self.kube = kube
         self.use_provider_id = use_provider_id
-        self.refresh_s = refresh_s
-        self.miss_refresh_s = miss_refresh_s
         self._by_provider: dict[str, str] = {}
         self._indexed_at = -1e18
         self._index_lock = asyncio.Lock()
@@ -269,7 +256,7 @@ class NodeFinder:
     async def _provider_name(self, info: InstanceInfo, *, refresh: bool) -> str | None:
         async with self._index_lock:
             age = time.monotonic() - self._indexed_at
-            if age > self.refresh_s or (refresh and age > self.miss_refresh_s):
+            if age > 30.0 or (refresh and age > 2.0):
                 nodes = await self.kube.list_nodes(cached=True)
                 self._by_provider = {
                     (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes

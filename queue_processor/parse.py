@@ -1,25 +1,426 @@
 """Message body → typed events: ``parse(body) -> ParseResult[Event]``, pure and total. Accepted: an EventBridge
-event (:data:`queue_processor.kinds.REGISTRY`), an Auto Scaling notification sent straight to SQS, or either in
-an SNS envelope ("Amazon SNS message and JSON formats"); validated straight from JSON in one pass.
+event of a kind in :data:`REGISTRY`, an Auto Scaling notification sent straight to SQS, or either in an SNS
+envelope ("Amazon SNS message and JSON formats"); validated straight from JSON in one pass. AWS Health
+``scheduledChange`` events ("Monitoring AWS Health events with Amazon EventBridge") give one event per affected
+instance (aws-node-termination-handler drains only the first); state changes are acted on for
+:data:`DRAIN_STATES` only, matched exactly (aws-node-termination-handler matched substrings).
 """
 
 from __future__ import annotations
 
-from functools import cache
-from typing import Annotated, Any, Union
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from functools import cache, lru_cache
+from typing import Annotated, Any, Generic, Literal, NamedTuple, TypeVar, Union, get_args
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import REGISTRY, Event, ParseResult, Poison
-from queue_processor.kinds.asg_lifecycle import LifecycleProbe, parse_direct
-from queue_processor.kinds.base import BY_MODEL, describe_validation_error
+from queue_processor.events import (
+    AsgLaunchLifecycleEvent,
+    AsgTerminateLifecycleEvent,
+    BaseEvent,
+    CapacityReservationInterruptionEvent,
+    Event,
+    RebalanceRecommendationEvent,
+    ScheduledChangeEvent,
+    SpotInterruptionEvent,
+    SqsMessageRef,
+    StateChangeEvent,
+)
 from queue_processor.outcomes import PoisonClass, SkipClass
 
-__all__ = ["MAX_MESSAGE_BYTES", "ParseResult", "parse"]
+__all__ = ["MAX_MESSAGE_BYTES", "REGISTRY", "ParseResult", "Poison", "parse"]
 
 #: The largest SQS message body: 1 MiB ("Amazon SQS message quotas", SQS Developer Guide).
 MAX_MESSAGE_BYTES = 1_048_576
+
+#: The event type a :class:`ParseResult` carries: one kind's, or :data:`queue_processor.events.Event`.
+E = TypeVar("E", bound=BaseEvent, covariant=True)
+
+Outcome = Literal["events", "skip", "poison"]
+
+
+class ParseResult(NamedTuple, Generic[E]):
+    """What the parser made of one body: ``"events"``, ``"skip"`` (valid, not acted on) or ``"poison"`` (left to
+    the redrive policy) with a ``reason``. ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``,
+    ``"sns+<inner>"`` or ``None``."""
+
+    outcome: Outcome
+    events: tuple[E, ...] = ()
+    reason: str | None = None
+    envelope: str | None = None
+    reason_class: PoisonClass | SkipClass | None = None
+
+    @property
+    def poison_class(self) -> PoisonClass:
+        """The :class:`PoisonClass` of a poison result (``other`` for any other result)."""
+        return self.reason_class if isinstance(self.reason_class, PoisonClass) else PoisonClass.OTHER
+
+    @property
+    def skip_class(self) -> SkipClass | None:
+        """The :class:`SkipClass` of a skip result, else ``None``."""
+        return self.reason_class if isinstance(self.reason_class, SkipClass) else None
+
+    @classmethod
+    def of_events(cls, events: tuple[E, ...], envelope: str = "eventbridge") -> ParseResult[E]:
+        """An ``events`` result; ``events`` must not be empty."""
+        return cls("events", events, None, envelope)
+
+    @classmethod
+    def skip(
+        cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge"
+    ) -> ParseResult[Any]:
+        """A ``skip`` result: its class and its free-text reason."""
+        return cls("skip", (), reason, envelope, reason_class)
+
+    @classmethod
+    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult[Any]:
+        """A ``poison`` result: its class and its free-text reason."""
+        return cls("poison", (), reason, envelope, reason_class)
+
+    @classmethod
+    def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult[Any]:
+        """A ``poison`` result for a ``ValidationError`` of a known shape: ``missing-field`` when its first error
+        is a missing field, else ``invalid-field``."""
+        missing = _first_error(exc)["type"] == "missing"
+        return cls.poison(
+            PoisonClass.MISSING_FIELD if missing else PoisonClass.INVALID_FIELD, reason, envelope
+        )
+
+
+class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of ours
+    """Raised by a kind parser when a message lacks a field it needs or holds one it cannot read."""
+
+    def __init__(self, reason_class: PoisonClass, reason: str) -> None:
+        super().__init__(reason)
+        self.reason_class = reason_class
+        self.reason = reason
+
+
+KindParser = Callable[[Any, SqsMessageRef | None], ParseResult[Any]]
+InvalidHook = Callable[[str | bytes], ParseResult[Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """A registered EventBridge kind; ``on_invalid`` may explain (as a skip) a body that failed validation."""
+
+    source: str
+    model: type[BaseModel]
+    finish: KindParser
+    on_invalid: InvalidHook | None = None
+
+
+#: EventBridge ``(source, detail-type)`` → its kind. Filled by the kind modules when they are imported.
+REGISTRY: dict[tuple[str, str], KindSpec] = {}
+#: The same kinds by model, for the parser's hot path.
+BY_MODEL: dict[type[BaseModel], KindSpec] = {}
+
+
+def _single(event: Any, message: SqsMessageRef | None) -> ParseResult[Any]:
+    return ParseResult.of_events((event,))
+
+
+def register(
+    source: str, model: type[BaseModel], finish: KindParser = _single, on_invalid: InvalidHook | None = None
+) -> None:
+    """Register ``finish`` (default: the validated model is the event) as what finishes a body of ``source``
+    validated into ``model``, by the detail-types of ``model.detail_type``'s ``Literal``. Raises ``ValueError``
+    when a detail-type is registered already (kinds are told apart by detail-type alone)."""
+    values = get_args(model.model_fields["detail_type"].annotation)
+    spec = KindSpec(source, model, finish, on_invalid)
+    for detail_type in values:
+        if any(detail_type == registered for _, registered in REGISTRY):
+            raise ValueError(f"detail-type {detail_type!r} is registered twice")
+        REGISTRY[(source, detail_type)] = spec
+    BY_MODEL[model] = spec
+
+
+#: EventBridge envelope field → the direct Auto Scaling notification's key for the same value.
+_DIRECT_KEYS = {"time": "Time", "id": "RequestId"}
+
+
+def _first_error(exc: ValidationError) -> Any:
+    return exc.errors(include_url=False, include_input=False, include_context=False)[0]
+
+
+def _unreadable(first: Any) -> ParseResult[Any] | None:
+    """Poison when a body's first validation error says it is not JSON or not an object, else ``None``."""
+    if first["type"] == "json_invalid":
+        return ParseResult.poison(
+            PoisonClass.NOT_JSON, f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
+        )
+    if first["type"] in ("dict_type", "model_type") and not first["loc"]:
+        return ParseResult.poison(PoisonClass.NOT_OBJECT, "not a JSON object")
+    return None
+
+
+def describe_validation_error(exc: ValidationError, skip_loc: int = 0, *, direct: bool = False) -> str:
+    """``"<path>: <message>"`` of a ``ValidationError``'s first error, with the count of the others;
+    ``skip_loc`` leading path items are left out (a tagged union's tag); ``direct``: the path is named by the
+    keys of an Auto Scaling notification sent straight to SQS (a field is reported at its EventBridge alias)."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    first = errors[0]
+    parts = first["loc"][skip_loc:]
+    if direct:
+        parts = tuple(_DIRECT_KEYS.get(str(p), p) for p in (parts[1:] if parts[:1] == ("detail",) else parts))
+    loc = ".".join(str(part) for part in parts)
+    line = f"{loc}: {first['msg']}" if loc else str(first["msg"])
+    if len(errors) > 1:
+        line += f" (and {len(errors) - 1} more)"
+    return line
+
+
+class AffectedEntity(BaseModel):
+    """One ``affectedEntities`` item; ``entityValue`` is the instance ID for EC2 events."""
+
+    entity_value: str | None = Field(default=None, alias="entityValue")
+
+
+class HealthDetail(BaseModel):
+    """The ``detail`` of an AWS Health event (the fields used here)."""
+
+    service: str | None = None
+    event_type_category: str | None = Field(default=None, alias="eventTypeCategory")
+    event_type_code: str | None = Field(default=None, alias="eventTypeCode")
+    event_arn: str | None = Field(default=None, alias="eventArn")
+    status_code: str | None = Field(default=None, alias="statusCode")
+    start_time: str | None = Field(default=None, alias="startTime")
+    end_time: str | None = Field(default=None, alias="endTime")
+    affected_entities: list[AffectedEntity] | None = Field(default=None, alias="affectedEntities")
+
+
+class HealthMessage(BaseModel):
+    """An AWS Health event in its EventBridge envelope ("Amazon EventBridge events")."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    id: str | None = None
+    detail_type: Literal["AWS Health Event"] = Field(alias="detail-type")
+    source: str
+    time: AwareDatetime | None = None
+    resources: list[str] | None = None
+    detail: HealthDetail
+
+
+_MONTHS = {
+    name: number
+    for number, name in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+
+
+@lru_cache(maxsize=256)
+def parse_health_time(value: str) -> datetime:
+    """An AWS Health time, RFC 1123 or ISO 8601, as an aware datetime; ``ValueError`` when it is neither."""
+    text = value.strip()
+    if text[:1].isdigit():
+        parsed = datetime.fromisoformat(text)
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    parts = text.split()
+    # The layout AWS Health uses, read directly: email.utils' general parser is much slower.
+    if len(parts) == 6 and parts[5] == "GMT" and parts[2] in _MONTHS and parts[4].count(":") == 2:
+        hour, minute, second = parts[4].split(":")
+        try:
+            return datetime(
+                int(parts[3]),
+                _MONTHS[parts[2]],
+                int(parts[1]),
+                int(hour),
+                int(minute),
+                int(second),
+                tzinfo=UTC,
+            )
+        except ValueError:
+            pass
+    try:
+        parsed = parsedate_to_datetime(text)
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"{value!r} is neither RFC 1123 nor ISO 8601") from exc
+
+
+def _instance_id(value: str) -> str:
+    # An instance ARN (arn:aws:ec2:region:account:instance/i-…) names the instance after "instance/".
+    marker = ":instance/"
+    return value.split(marker, 1)[1] if marker in value else value
+
+
+def _affected_instances(msg: HealthMessage) -> list[str]:
+    entities = msg.detail.affected_entities
+    values = (
+        [entity.entity_value for entity in entities] if entities is not None else list(msg.resources or ())
+    )
+    instances: dict[str, None] = {}
+    for value in values:
+        if value and value.strip():
+            instances[_instance_id(value.strip())] = None
+    return list(instances)
+
+
+def _time_field(name: str, value: str) -> datetime:
+    try:
+        return parse_health_time(value)
+    except ValueError as exc:
+        raise Poison(PoisonClass.INVALID_FIELD, f"detail.{name}: {exc}") from None
+
+
+def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult[ScheduledChangeEvent]:
+    """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip.
+    Raises :class:`Poison` without a readable ``time`` / ``startTime`` or an affected instance."""
+    health = msg.detail
+    if health.service != "EC2":
+        return ParseResult.skip(
+            SkipClass.UNHANDLED_HEALTH_EVENT,
+            f"AWS Health event for service {health.service!r} is not acted on",
+        )
+    if health.event_type_category != "scheduledChange":
+        return ParseResult.skip(
+            SkipClass.UNHANDLED_HEALTH_EVENT,
+            f"AWS Health event category {health.event_type_category!r} is not acted on",
+        )
+    if health.status_code == "closed":
+        return ParseResult.skip(SkipClass.HEALTH_EVENT_CLOSED, "AWS Health event is closed")
+    if health.start_time is None:
+        raise Poison(PoisonClass.MISSING_FIELD, "detail.startTime: Field required")
+    if msg.time is None:
+        raise Poison(PoisonClass.MISSING_FIELD, "time: Field required")
+    start_time = _time_field("startTime", health.start_time)
+    end_time = _time_field("endTime", health.end_time) if health.end_time else None
+    instances = _affected_instances(msg)
+    if not instances:
+        raise Poison(PoisonClass.MISSING_FIELD, "detail.affectedEntities: no affected instance")
+    events: tuple[ScheduledChangeEvent, ...] = tuple(
+        ScheduledChangeEvent(
+            instance_id=instance_id,
+            time=msg.time,
+            scheduled_start_time=start_time,
+            source_id=health.event_arn or msg.id,
+            message=message,
+            event_arn=health.event_arn,
+            event_type_code=health.event_type_code,
+            end_time=end_time,
+            eventbridge_id=msg.id,
+        )
+        for instance_id in instances
+    )
+    return ParseResult.of_events(events)
+
+
+#: Instance states after which the node will not come back as it was.
+DRAIN_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
+
+
+def finish_state_change(
+    event: StateChangeEvent, message: SqsMessageRef | None
+) -> ParseResult[StateChangeEvent]:
+    """The event for a state in :data:`DRAIN_STATES`, a skip for any other state."""
+    if event.state not in DRAIN_STATES:
+        return ParseResult.skip(SkipClass.UNHANDLED_STATE, f"instance state {event.state!r} is not acted on")
+    return ParseResult.of_events((event,))
+
+
+TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
+
+#: The lifecycle transitions acted on, and the event model of each.
+TRANSITION_EVENTS: dict[str, type[AsgTerminateLifecycleEvent] | type[AsgLaunchLifecycleEvent]] = {
+    "autoscaling:EC2_INSTANCE_TERMINATING": AsgTerminateLifecycleEvent,
+    "autoscaling:EC2_INSTANCE_LAUNCHING": AsgLaunchLifecycleEvent,
+}
+
+
+class LifecycleProbe(BaseModel):
+    """A lenient view of an Auto Scaling notification, read only to explain one that is not an action."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    event: str | None = Field(default=None, alias="Event")
+    lifecycle_transition: str | None = Field(default=None, alias="LifecycleTransition")
+    lifecycle_hook_name: str | None = Field(default=None, alias="LifecycleHookName")
+
+    def not_an_action(self, envelope: str) -> ParseResult[Any] | None:
+        """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
+        # The autoscaling:TEST_NOTIFICATION is sent when a hook is created.
+        if TEST_NOTIFICATION in (self.event, self.lifecycle_transition):
+            return ParseResult.skip(SkipClass.TEST_NOTIFICATION, "Auto Scaling test notification", envelope)
+        if self.lifecycle_transition is None:
+            return ParseResult.skip(
+                SkipClass.UNHANDLED_KIND,
+                f"Auto Scaling notification {self.event!r} is not acted on",
+                envelope,
+            )
+        if self.lifecycle_transition not in TRANSITION_EVENTS:
+            return ParseResult.skip(
+                SkipClass.UNHANDLED_TRANSITION,
+                f"lifecycle transition {self.lifecycle_transition!r} is not acted on",
+                envelope,
+            )
+        return None
+
+
+class _EventBridgeProbe(BaseModel):
+    detail: LifecycleProbe | None = None
+
+
+def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
+    """A skip for a lifecycle EventBridge message that failed validation but is no action, else ``None``."""
+    try:
+        probe = _EventBridgeProbe.model_validate_json(body)
+    except ValidationError:
+        return None
+    return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
+
+
+for model in (SpotInterruptionEvent, RebalanceRecommendationEvent, CapacityReservationInterruptionEvent):
+    register("aws.ec2", model)
+register("aws.ec2", StateChangeEvent, finish_state_change)
+register("aws.health", HealthMessage, finish_health)
+# A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
+register("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid)
+register("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid)
+
+
+def parse_direct(
+    body: str | bytes, message: SqsMessageRef | None
+) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
+    """An Auto Scaling notification sent straight to SQS: one event, a skip (not an action), or poison."""
+    text = body if isinstance(body, str) else body.decode("utf-8", "replace")
+    model = next(
+        (model for transition, model in TRANSITION_EVENTS.items() if f'"{transition}"' in text), None
+    )
+    if model is not None:
+        try:
+            return _direct_event(model, body, message)
+        except ValidationError as exc:
+            error = exc
+    try:
+        probe = LifecycleProbe.model_validate_json(body)
+    except ValidationError as exc:
+        return ParseResult.invalid(exc, describe_validation_error(exc), "asg-direct")
+    skipped = probe.not_an_action("asg-direct")
+    if skipped is not None:
+        return skipped
+    if model is None:  # the text search missed the transition (JSON escapes in it); the probe read it
+        try:
+            return _direct_event(TRANSITION_EVENTS[str(probe.lifecycle_transition)], body, message)
+        except ValidationError as exc:
+            error = exc
+    return ParseResult.invalid(error, describe_validation_error(error, direct=True), "asg-direct")
+
+
+def _direct_event(
+    model: type[AsgTerminateLifecycleEvent] | type[AsgLaunchLifecycleEvent],
+    body: str | bytes,
+    message: SqsMessageRef | None,
+) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
+    event = model.model_validate_json(body)
+    if message is not None:
+        event.attach(message)
+    return ParseResult.of_events((event,), "asg-direct")
+
 
 #: Errors of the tagged union that mean "not one of the registered EventBridge kinds".
 _NOT_A_KIND = frozenset({"union_tag_not_found", "union_tag_invalid"})
@@ -27,8 +428,6 @@ _NOT_A_KIND = frozenset({"union_tag_not_found", "union_tag_invalid"})
 
 class OtherMessage(LifecycleProbe):
     """The top level of a body that is not a registered EventBridge kind."""
-
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     detail_type: str | None = Field(default=None, alias="detail-type")
     source: str | None = None
@@ -104,16 +503,10 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         # pydantic-core's validator directly: TypeAdapter.validate_json adds a Python layer per call.
         validated = _kinds().validator.validate_json(body)
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
-        kind = first["type"]
-        if kind == "json_invalid":
-            return ParseResult.poison(
-                PoisonClass.NOT_JSON, f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
-            )
-        if kind == "dict_type" and not first["loc"]:
-            return ParseResult.poison(PoisonClass.NOT_OBJECT, "not a JSON object")
-        if kind in _NOT_A_KIND:
-            return None
+        first = _first_error(exc)
+        unreadable = _unreadable(first)
+        if unreadable is not None or first["type"] in _NOT_A_KIND:
+            return unreadable
         # A registered kind (the first location item is its detail-type) that lacks what it needs.
         spec = next(spec for (_, detail_type), spec in REGISTRY.items() if detail_type == first["loc"][0])
         explained = spec.on_invalid(body) if spec.on_invalid is not None else None
@@ -122,12 +515,7 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         return ParseResult.invalid(exc, describe_validation_error(exc, skip_loc=1), "eventbridge")
     spec = BY_MODEL[type(validated)]
     if validated.source != spec.source:
-        if validated.source is None:
-            return ParseResult.poison(PoisonClass.MISSING_FIELD, "source: Field required", "eventbridge")
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_KIND,
-            f"EventBridge event {validated.source!r} / {validated.detail_type!r} is not acted on",
-        )
+        return _not_acted_on(validated.source, validated.detail_type)
     try:
         result: ParseResult[Event] = spec.finish(validated, message)
     except Poison as poison:
@@ -139,6 +527,16 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
     return result
 
 
+def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[Any]:
+    """An EventBridge event of no registered kind: a skip, or poison without its ``source`` or ``detail-type``."""
+    for name, value in (("source", source), ("detail-type", detail_type)):
+        if value is None:
+            return ParseResult.poison(PoisonClass.MISSING_FIELD, f"{name}: Field required", "eventbridge")
+    return ParseResult.skip(
+        SkipClass.UNHANDLED_KIND, f"EventBridge event {source!r} / {detail_type!r} is not acted on"
+    )
+
+
 def _other(
     body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool, tried_eventbridge: bool
 ) -> ParseResult[Event]:
@@ -146,27 +544,13 @@ def _other(
     try:
         raw = OtherMessage.model_validate_json(body)
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
-        if first["type"] == "json_invalid":
-            return ParseResult.poison(
-                PoisonClass.NOT_JSON, f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
-            )
-        if first["type"] == "model_type" and not first["loc"]:
-            return ParseResult.poison(PoisonClass.NOT_OBJECT, "not a JSON object")
-        return ParseResult.invalid(exc, describe_validation_error(exc))
+        return _unreadable(_first_error(exc)) or ParseResult.invalid(exc, describe_validation_error(exc))
     if raw.source is not None or raw.detail_type is not None:
         if not tried_eventbridge:  # the hint missed it (an escaped key): go the EventBridge way
             result = _eventbridge(body, message)
             if result is not None:
                 return result
-        if raw.source is None:
-            return ParseResult.poison(PoisonClass.MISSING_FIELD, "source: Field required", "eventbridge")
-        if raw.detail_type is None:
-            return ParseResult.poison(PoisonClass.MISSING_FIELD, "detail-type: Field required", "eventbridge")
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_KIND,
-            f"EventBridge event {raw.source!r} / {raw.detail_type!r} is not acted on",
-        )
+        return _not_acted_on(raw.source, raw.detail_type)
     if raw.sns_type is not None:
         if wrapped:
             return ParseResult.poison(
@@ -179,7 +563,9 @@ def _other(
         if raw.sns_message is None:
             return ParseResult.poison(PoisonClass.MISSING_FIELD, "Message: Field required", "sns")
         return _parse(raw.sns_message, message, wrapped=True)
-    if raw.looks_direct:
+    # An Auto Scaling notification sent straight to SQS.
+    direct = raw.lifecycle_transition is not None or raw.lifecycle_hook_name is not None
+    if direct or (raw.event or "").startswith("autoscaling:"):
         return raw.not_an_action("asg-direct") or parse_direct(body, message)
     return ParseResult.poison(
         PoisonClass.UNKNOWN_SHAPE,

@@ -20,8 +20,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
-from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, ScheduledChangeEvent
+from queue_processor.events import AsgLaunchLifecycleEvent, Event, EventKind, ScheduledChangeEvent
 
 __all__ = [
     "HANDOVER_PREFIX",

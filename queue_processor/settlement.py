@@ -11,18 +11,23 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from queue_processor import tasks
 from queue_processor.aws import call
-from queue_processor.coalesce import EventStore, MessageOutcome, NodeOperation, Settlement
 from queue_processor.config import REQUEUE_MAX_S, default
-from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.events import (
+    AsgLifecycleEvent,
+    EventStore,
+    MessageOutcome,
+    NodeOperation,
+    Settlement,
+    SqsMessageRef,
+)
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
@@ -82,10 +87,6 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------- holding
 
-    def room(self, at_most: int) -> AbstractAsyncContextManager[Room]:
-        """Room for one poll (:meth:`InFlightSlots.room`)."""
-        return self.slots.room(at_most)
-
     def take(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt
         handle. Raises ``RuntimeError`` when ``room`` has no slot left."""
@@ -139,7 +140,7 @@ class Ledger:
         """End ``operation`` in the store and :meth:`settle` what it leaves; ``letting_go``: only free slots."""
         settlement = self.store.finish(operation, succeeded=succeeded)
         if letting_go:
-            for message_id, _ in settlement.messages:
+            for message_id, _ in settlement:
                 self.let_go(message_id)
         else:
             await self.settle(settlement, operation)
@@ -147,9 +148,7 @@ class Ledger:
     async def settle(self, settlement: Settlement, operation: NodeOperation) -> None:
         """Settle every message of ``settlement`` at once; errors are logged and counted, slots returned."""
         # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
-        receipts = [
-            (message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement.messages
-        ]
+        receipts = [(message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement]
         results = await asyncio.gather(
             *(self._settle(message_id, ref, outcome, operation) for message_id, ref, outcome in receipts),
             return_exceptions=True,
@@ -204,11 +203,10 @@ class Ledger:
 
     async def release_held(self, refs: list[SqsMessageRef]) -> None:
         """Make ``refs`` (messages of any queues) visible again at once (shutdown)."""
-        by_queue: dict[str, list[str]] = {}
-        for ref in refs:
-            by_queue.setdefault(ref.queue_url, []).append(ref.receipt_handle)
-        for queue_url, handles in by_queue.items():
-            await self._set_visibility(queue_url, handles, 0, ErrorWhere.REQUEUE)
+        for queue_url in dict.fromkeys(ref.queue_url for ref in refs):
+            await self.make_visible(
+                queue_url, [ref.receipt_handle for ref in refs if ref.queue_url == queue_url]
+            )
 
     async def make_visible(self, queue_url: str, receipt_handles: list[str]) -> None:
         """Make messages we do not keep visible at once (received too late, or during shutdown)."""
@@ -240,28 +238,44 @@ class Ledger:
         """DeleteMessageBatch for ``items``, 10 a call; each future gets whether SQS deleted it."""
         for start in range(0, len(items), 10):
             chunk = items[start : start + 10]
-            entries = [
-                {"Id": str(i), "ReceiptHandle": ref.receipt_handle} for i, (ref, _) in enumerate(chunk)
-            ]
-            try:
-                answer = await call(self.sqs.delete_message_batch, QueueUrl=queue_url, Entries=entries)
-            except Exception as exc:
-                self.observer.error(ErrorWhere.DELETE)
-                log.warning("delete failed", queue=queue_url, messages=len(chunk), error=repr(exc))
-                failed = set(range(len(chunk)))
-            else:
-                failed = {int(entry["Id"]) for entry in answer.get("Failed") or []}
-                for entry in answer.get("Failed") or []:
-                    self.observer.error(ErrorWhere.DELETE)
-                    log.warning(
-                        "delete failed",
-                        message_id=chunk[int(entry["Id"])][0].message_id,
-                        code=entry.get("Code"),
-                        error=entry.get("Message"),
-                    )
+            entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in chunk]
+            refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
+            for entry in refused or []:
+                log.warning(
+                    "delete failed",
+                    message_id=chunk[int(entry["Id"])][0].message_id,
+                    code=entry.get("Code"),
+                    error=entry.get("Message"),
+                )
+            failed = set(range(len(chunk))) if refused is None else {int(entry["Id"]) for entry in refused}
             for index, (_, future) in enumerate(chunk):
                 if not future.done():
                     future.set_result(index not in failed)
+
+    async def _batch(
+        self,
+        method: Callable[..., Awaitable[Any]],
+        queue_url: str,
+        entries: list[dict[str, Any]],
+        where: ErrorWhere,
+    ) -> list[Any] | None:
+        """One SQS batch call for ``entries`` (at most 10; each gets its index as ``Id``): the entries SQS refused,
+        or ``None`` when the call failed (logged). Each failure is counted under ``where``; nothing is raised."""
+        try:
+            answer = await call(
+                method,
+                QueueUrl=queue_url,
+                Entries=[{"Id": str(i), **entry} for i, entry in enumerate(entries)],
+            )
+        except Exception as exc:
+            self.observer.error(where)
+            event = "delete failed" if where is ErrorWhere.DELETE else "visibility change failed"
+            log.warning(event, queue=queue_url, messages=len(entries), error=repr(exc))
+            return None
+        refused = list(answer.get("Failed") or [])
+        for _ in refused:
+            self.observer.error(where)
+        return refused
 
     async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
         try:
@@ -282,26 +296,14 @@ class Ledger:
         changed: set[str] = set()
         for start in range(0, len(receipt_handles), 10):
             chunk = receipt_handles[start : start + 10]
-            entries = [
-                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
-                for i, handle in enumerate(chunk)
-            ]
-            try:
-                answer = await call(
-                    self.sqs.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries
-                )
-            except Exception as exc:
-                self.observer.error(where)
-                log.warning(
-                    "visibility change failed", queue=queue_url, messages=len(entries), error=repr(exc)
-                )
+            entries = [{"ReceiptHandle": handle, "VisibilityTimeout": seconds} for handle in chunk]
+            refused = await self._batch(self.sqs.change_message_visibility_batch, queue_url, entries, where)
+            if refused is None:
                 continue
-            failed = answer.get("Failed") or []
-            for entry in failed:
-                self.observer.error(where)
+            for entry in refused:
                 log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
-            refused = {int(entry["Id"]) for entry in failed}
-            changed.update(handle for i, handle in enumerate(chunk) if i not in refused)
+            failed = {int(entry["Id"]) for entry in refused}
+            changed.update(handle for i, handle in enumerate(chunk) if i not in failed)
         return changed
 
     # ------------------------------------------------------------------------------- visibility renewal
@@ -396,17 +398,13 @@ class InFlightSlots:
         if size < 1:
             raise ValueError(f"an in-flight budget of {size} slots: at least 1")
         self.size = size
-        self._free = size
+        self.free = size
+        """Slots neither reserved nor held."""
         self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
         self._parked: set[str] = set()  # held messages that gave their slot back (park)
-        self._waiters: list[asyncio.Future[None]] = []
+        self._freed = asyncio.Event()  # set and cleared at once: wakes every poller waiting then
         self.waiting = 0
         """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
-
-    @property
-    def free(self) -> int:
-        """Slots neither reserved nor held."""
-        return self._free
 
     @property
     def held(self) -> int:
@@ -423,18 +421,12 @@ class InFlightSlots:
         """Wait for a free slot, reserve up to ``at_most`` (≥ 1) as a :class:`Room`; those not claimed free on exit."""
         self.waiting += 1
         try:
-            while self._free <= 0:
-                woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._waiters.append(woken)
-                try:
-                    await woken
-                finally:
-                    if woken in self._waiters:
-                        self._waiters.remove(woken)
+            while self.free <= 0:
+                await self._freed.wait()
         finally:
             self.waiting -= 1
-        taken = min(self._free, max(1, at_most))
-        self._free -= taken
+        taken = min(self.free, max(1, at_most))
+        self.free -= taken
         room = Room(self, taken)
         try:
             yield room
@@ -466,19 +458,15 @@ class InFlightSlots:
 
     def check(self) -> None:
         """Raise ``RuntimeError`` unless 0 ≤ free and free + held ≤ size (a slot counted twice)."""
-        if self._free < 0 or self._free + self.held > self.size:
-            raise RuntimeError(f"in-flight slots miscounted: {self._free} free, {self.held} held")
+        if self.free < 0 or self.free + self.held > self.size:
+            raise RuntimeError(f"in-flight slots miscounted: {self.free} free, {self.held} held")
 
     def _give_back(self, count: int) -> None:
+        """Free ``count`` slots (:meth:`check`) and wake every poller waiting for one; each checks again (the
+        first may take them all)."""
         if count <= 0:
             return
-        self._free += count
+        self.free += count
         self.check()
-        self._wake()
-
-    def _wake(self) -> None:
-        """Wake every poller waiting for a slot; each checks again (the first may take them all)."""
-        waiters, self._waiters = self._waiters, []
-        for woken in waiters:
-            if not woken.done():
-                woken.set_result(None)
+        self._freed.set()
+        self._freed.clear()

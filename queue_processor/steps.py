@@ -16,12 +16,17 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from queue_processor import tasks
-from queue_processor.coalesce import Mode, NodeOperation
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
-from queue_processor.events import EventKind
-from queue_processor.kinds import AsgLaunchLifecycleEvent, Event, StateChangeEvent
+from queue_processor.events import (
+    AsgLaunchLifecycleEvent,
+    Event,
+    EventKind,
+    Mode,
+    NodeOperation,
+    StateChangeEvent,
+)
 from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 from queue_processor import tasks
-from queue_processor.kinds import ScheduledChangeEvent
+from queue_processor.events import ScheduledChangeEvent
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import ASG_TAG
 from queue_processor.rules import leaves_time

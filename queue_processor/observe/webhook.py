@@ -17,8 +17,7 @@ import aiohttp
 import structlog
 
 from queue_processor.drain.record import RECORD_LABEL
-from queue_processor.events import EventKind
-from queue_processor.kinds import Event, ScheduledChangeEvent, StateChangeEvent
+from queue_processor.events import Event, EventKind, ScheduledChangeEvent, StateChangeEvent
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.templates import nth_data

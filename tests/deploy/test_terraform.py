@@ -23,8 +23,7 @@ import pytest
 from hcl2 import SerializationOptions
 
 from queue_processor.events import EventKind
-from queue_processor.kinds import REGISTRY
-from queue_processor.parse import parse
+from queue_processor.parse import REGISTRY, parse
 from queue_processor.permissions import AWS_ACTIONS
 from queue_processor_sandbox.aws import LAUNCH_HOOK, STANDARD_RULES, TERMINATE_HOOK
 from tests.conftest import FIXTURES, ROOT, SHARED_SAMPLES

@@ -22,11 +22,11 @@ import pytest
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
-from queue_processor.events import EventKind
-from queue_processor.kinds import (
+from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     CapacityReservationInterruptionEvent,
+    EventKind,
     RebalanceRecommendationEvent,
     ScheduledChangeEvent,
     SpotInterruptionEvent,

@@ -720,7 +720,7 @@ async def test_the_lease_watch_sees_who_holds_a_node_and_the_events_handed_over(
     when A releases the Lease."""
     from datetime import UTC, datetime
 
-    from queue_processor.kinds import SpotInterruptionEvent
+    from queue_processor.events import SpotInterruptionEvent
     from queue_processor.rules import annotation, events_in
 
     a = NodeLeases(kube, namespace=OPS, identity=unique("replica-a"), duration_s=60)

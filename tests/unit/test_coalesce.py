@@ -8,14 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, Mode
-from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import (
+from queue_processor.events import (
+    AdmissionKind,
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
+    EventStore,
+    MessageOutcome,
+    Mode,
     RebalanceRecommendationEvent,
     SpotInterruptionEvent,
+    SqsMessageRef,
     StateChangeEvent,
 )
 
@@ -69,7 +72,7 @@ def test_every_kind_for_one_instance_makes_one_drain_and_settles_every_message()
     for action in operation.unsettled():
         operation.settled[action.action_key] = "completed"
     settlement = store.finish(operation, succeeded=True)
-    assert sorted(settlement.messages) == [(f"m{n}", MessageOutcome.DELETE) for n in range(1, 6)]
+    assert sorted(settlement) == [(f"m{n}", MessageOutcome.DELETE) for n in range(1, 6)]
     assert store.operations == []
 
 
@@ -83,7 +86,7 @@ def test_an_action_that_joined_after_the_last_completion_keeps_its_message() -> 
     assert operation.joined.is_set()  # the handler is told, no polling
     assert operation.unsettled() == [late]
     settlement = store.finish(operation, succeeded=True)  # the handler never completed it
-    assert sorted(settlement.messages) == [
+    assert sorted(settlement) == [
         ("m1", MessageOutcome.DELETE),
         ("m2", MessageOutcome.REQUEUE),
     ]
@@ -100,7 +103,7 @@ def test_a_redelivered_message_joins_and_then_is_done() -> None:
     assert first.operation is again.operation
     assert len(first.operation.events) == 1  # type: ignore[union-attr]
     settled = store.finish(first.operation, succeeded=True)  # type: ignore[arg-type]
-    assert [outcome for _, outcome in settled.messages] == [MessageOutcome.DELETE]
+    assert [outcome for _, outcome in settled] == [MessageOutcome.DELETE]
     later = store.admit(spot("i-1", "m1"))
     assert later.kind is AdmissionKind.DONE
     assert not store.in_flight("m1")
@@ -111,7 +114,7 @@ def test_a_failed_operation_requeues_its_messages_and_is_not_remembered() -> Non
     operation = store.admit(spot("i-1", "m1")).operation
     store.admit(terminate("i-1", "m2"))
     settled = store.finish(operation, succeeded=False)  # type: ignore[arg-type]
-    assert sorted(settled.messages) == [
+    assert sorted(settled) == [
         ("m1", MessageOutcome.REQUEUE),
         ("m2", MessageOutcome.REQUEUE),
     ]
@@ -128,9 +131,9 @@ def test_a_message_for_several_instances_settles_when_its_last_operation_ends() 
         SpotInterruptionEvent(instance_id="i-b", time=T0, source_id="h", message=shared)
     ).operation
     assert a is not b
-    assert store.finish(a, succeeded=True).messages == ()  # type: ignore[arg-type]
+    assert store.finish(a, succeeded=True) == ()  # type: ignore[arg-type]
     assert store.in_flight("health")
-    assert store.finish(b, succeeded=False).messages == (("health", MessageOutcome.REQUEUE),)  # type: ignore[arg-type]
+    assert store.finish(b, succeeded=False) == (("health", MessageOutcome.REQUEUE),)  # type: ignore[arg-type]
     # When it comes back, the instance already drained is done; only the failed one is retried.
     assert store.admit(
         SpotInterruptionEvent(instance_id="i-a", time=T0, source_id="h", message=shared)
@@ -207,9 +210,9 @@ def test_every_admitted_message_is_settled_once_its_operations_end(
         keys = [op.key for op in store.operations]
         assert len(keys) == len(set(keys))
         if succeed:  # end the operation now; otherwise leave it running
-            settle(store.finish(admission.operation, succeeded=True).messages)  # type: ignore[arg-type]
+            settle(store.finish(admission.operation, succeeded=True))  # type: ignore[arg-type]
     for operation in store.operations:
-        settle(store.finish(operation, succeeded=False).messages)
+        settle(store.finish(operation, succeeded=False))
     assert store.operations == []
     assert unsettled == set()
 
@@ -252,7 +255,7 @@ def test_a_message_is_deleted_only_when_every_action_it_carries_is_settled(
         for action in operation.lifecycle_actions:
             if settles[action.action_key]:
                 operation.settled[action.action_key] = "completed"
-        for message_id, outcome in store.finish(operation, succeeded=succeed).messages:
+        for message_id, outcome in store.finish(operation, succeeded=succeed):
             if outcome is MessageOutcome.DELETE:
                 deleted.add(message_id)
     for message_id in deleted:
@@ -270,5 +273,5 @@ def test_the_store_holds_each_message_until_every_operation_it_joined_has_ended(
     assert store.held() == ["m1"]  # once: its receipt handles are the settlement ledger's
     assert store.held_count == 1
     settlement = store.finish(admitted.operation, succeeded=True)
-    assert settlement.messages == (("m1", MessageOutcome.DELETE),)
+    assert settlement == (("m1", MessageOutcome.DELETE),)
     assert store.held() == []

@@ -13,11 +13,9 @@ from typing import Any
 
 import pytest
 
-from queue_processor.coalesce import EventStore, NodeOperation
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.consumer import Consumer
-from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import AsgLifecycleEvent
+from queue_processor.events import AsgLifecycleEvent, EventStore, NodeOperation, SqsMessageRef
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import Metrics
 from queue_processor.settlement import requeue_backoff_s

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from queue_processor.kinds import (
+from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     RebalanceRecommendationEvent,
     ScheduledChangeEvent,

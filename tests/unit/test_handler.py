@@ -21,22 +21,25 @@ import structlog
 from botocore.exceptions import ClientError
 
 from queue_processor import tasks
-from queue_processor.coalesce import AdmissionKind, EventStore, MessageOutcome, NodeOperation
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.drain.plan import DrainOptions
-from queue_processor.events import SqsMessageRef
-from queue_processor.handler import Handler
-from queue_processor.kinds import (
+from queue_processor.events import (
+    AdmissionKind,
     AsgLaunchLifecycleEvent,
     AsgTerminateLifecycleEvent,
     Event,
+    EventStore,
+    MessageOutcome,
+    NodeOperation,
     RebalanceRecommendationEvent,
     ScheduledChangeEvent,
     SpotInterruptionEvent,
+    SqsMessageRef,
     StateChangeEvent,
 )
+from queue_processor.handler import Handler
 from queue_processor.lease_watch import lease_name
 from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
@@ -419,7 +422,7 @@ class World:
         if self.leases is not None:
             await self.leases.flush()
         settlement = self.store.finish(operation, succeeded=outcome is Outcome.DONE)
-        return outcome, dict(settlement.messages)
+        return outcome, dict(settlement)
 
     def count(self, name: str, **labels: str) -> float:
         """A sample of the metrics the handler reported (0 when absent)."""

@@ -1,13 +1,13 @@
-"""Each message kind is one module holding its model and parser; its rules (taint key, deadline, …) are one row of
-``queue_processor.rules.RULES``."""
+"""Each message kind is one model of ``queue_processor.events``, registered with the parser; its rules (taint key,
+deadline, …) are one row of ``queue_processor.rules.RULES``."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import get_args
 
-from queue_processor.events import EventKind
-from queue_processor.kinds import REGISTRY, Event
+from queue_processor.events import Event, EventKind, ScheduledChangeEvent
+from queue_processor.parse import REGISTRY, HealthMessage
 from queue_processor.rules import RULES
 
 #: NTH's taint keys (pkg/node/node.go in aws-node-termination-handler v1.25.6), and ours for the kinds NTH
@@ -32,23 +32,17 @@ def test_each_kind_has_one_model_and_one_row_of_rules_with_its_taint_key_and_dea
     assert set(by_kind) == set(EventKind) == set(RULES)
     assert {kind: (RULES[kind].taint_key, RULES[kind].notice) for kind in by_kind} == EXPECTED
     for kind, model in by_kind.items():
-        assert model.__module__.startswith("queue_processor.kinds."), kind
+        assert model.__module__ == "queue_processor.events", kind
 
 
-def test_every_kind_module_registers_what_it_parses() -> None:
-    modules = {spec.model.__module__ for spec in REGISTRY.values()}
-    assert modules == {
-        "queue_processor.kinds.asg_lifecycle",
-        "queue_processor.kinds.capacity_reservation",
-        "queue_processor.kinds.health",
-        "queue_processor.kinds.rebalance",
-        "queue_processor.kinds.spot",
-        "queue_processor.kinds.state_change",
-    }
+def test_every_kind_is_registered_with_the_parser() -> None:
+    # AWS Health events are registered by their message, which gives one event per affected instance.
+    models = {spec.model for spec in REGISTRY.values()}
+    assert models == set(get_args(get_args(Event)[0])) - {ScheduledChangeEvent} | {HealthMessage}
 
 
 def test_a_notice_is_a_deadline_and_other_start_times_are_not() -> None:
-    from queue_processor.kinds import RebalanceRecommendationEvent, SpotInterruptionEvent
+    from queue_processor.events import RebalanceRecommendationEvent, SpotInterruptionEvent
 
     now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
     spot = SpotInterruptionEvent(instance_id="i-1", time=now)

@@ -13,7 +13,7 @@ import structlog
 import structlog.testing
 
 from queue_processor.config import load_settings
-from queue_processor.kinds import AsgTerminateLifecycleEvent
+from queue_processor.events import AsgTerminateLifecycleEvent
 from queue_processor.lifecycle import MAX_HEARTBEAT_UNTIL_S, Heartbeats, Lifecycle, action_params
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/1/q"

@@ -10,10 +10,15 @@ from typing import Any
 
 import pytest
 
-from queue_processor.events import EventKind, SqsMessageRef, make_event_id
-from queue_processor.kinds import REGISTRY, AsgLifecycleEvent, ScheduledChangeEvent, SpotInterruptionEvent
-from queue_processor.kinds.base import BY_MODEL, register
-from queue_processor.parse import MAX_MESSAGE_BYTES, parse
+from queue_processor.events import (
+    AsgLifecycleEvent,
+    EventKind,
+    ScheduledChangeEvent,
+    SpotInterruptionEvent,
+    SqsMessageRef,
+    make_event_id,
+)
+from queue_processor.parse import BY_MODEL, MAX_MESSAGE_BYTES, REGISTRY, parse, register
 
 MESSAGE = SqsMessageRef(
     queue_url="https://sqs.us-east-1.amazonaws.com/1/q", message_id="m-1", receipt_handle="rh"

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from queue_processor.events import SqsMessageRef
-from queue_processor.kinds import RebalanceRecommendationEvent, ScheduledChangeEvent
+from queue_processor.events import RebalanceRecommendationEvent, ScheduledChangeEvent, SqsMessageRef
 from queue_processor.lease_watch import lease_name
 from queue_processor.nodes import InstanceInfo
 from queue_processor.rules import leaves_time
