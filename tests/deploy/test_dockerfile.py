@@ -626,7 +626,7 @@ def test_the_copied_context_builds_the_wheel(tmp_path: Path) -> None:
     # setuptools only warns when the readme is missing; the package's description would then be empty.
     readme = (ROOT / PYPROJECT["project"]["readme"]).read_text().splitlines()[0]
     assert readme in metadata, "the wheel's description lacks the readme: it was not copied"
-    for module in ("queue_processor/cli.py", "queue_processor/app.py", "queue_processor/kinds/spot.py"):
+    for module in ("queue_processor/cli.py", "queue_processor/app.py", "queue_processor/drain/plan.py"):
         assert module in names
     # The controller and its metadata, nothing else: no sandbox, benchmark or peer-harness code, no moto.
     dist_info = f"queue_processor-{PYPROJECT['project']['version']}.dist-info/"
