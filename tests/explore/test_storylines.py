@@ -4,6 +4,8 @@ controller broken on purpose, and a fixed set of seeds played on the emulation a
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import time
 from dataclasses import replace
@@ -14,6 +16,7 @@ import pytest
 from queue_processor_sandbox.environment import Sandbox
 from queue_processor_sandbox.explore import Outcome, exit_verdict, run, shrink
 from queue_processor_sandbox.storyline import INTERRUPTIONS, Step, Storyline, generate
+from tests.conftest import ROOT
 
 #: Seeds CI plays on the emulation and on the real control plane: a spread of cluster sizes, one and two
 #: replicas, with and without faults (their descriptions are checked below, so a generator change that
@@ -196,10 +199,21 @@ def explain(outcome: Outcome) -> str:
     return f"{outcome.failed} (replay: make explore SEED={outcome.storyline.seed}; {steps})"
 
 
+#: Where a failed storyline's logs are copied: pytest keeps only its last three runs' temporary directories.
+FAILED_LOGS = ROOT / ".sandbox" / "failed-storylines"
+
+
+def kept(outcome: Outcome, logs: Path) -> str:
+    """Copy a failed storyline's logs (``logs``) under :data:`FAILED_LOGS`; where, for the failure's message."""
+    target = FAILED_LOGS / f"{outcome.storyline.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    shutil.copytree(logs, target, dirs_exist_ok=True)
+    return f" (logs: {target})"
+
+
 @pytest.mark.parametrize("seed", EMULATED)
 def test_a_storyline_holds_on_the_emulation(seed: int, tmp_path: Path) -> None:
-    outcome = run(generate(seed), keep=tmp_path / "storyline")  # logs kept where pytest keeps its last runs
-    assert outcome.ok, explain(outcome)
+    outcome = run(generate(seed), keep=tmp_path / "storyline")
+    assert outcome.ok, explain(outcome) + kept(outcome, tmp_path / "storyline")
     assert outcome.applied
 
 
@@ -210,14 +224,14 @@ def test_a_storyline_holds_on_the_real_control_plane(
     plane = request.getfixturevalue("control_plane")
     rbac = request.getfixturevalue("chart_rbac")
     outcome = run(generate(seed), kubernetes="real", plane=plane, rbac=rbac, keep=tmp_path / "storyline")
-    assert outcome.ok, explain(outcome)
+    assert outcome.ok, explain(outcome) + kept(outcome, tmp_path / "storyline")
     assert outcome.applied
 
 
 @pytest.mark.parametrize("seed", sorted(PINNED))
 def test_a_storyline_that_failed_once_holds(seed: int, tmp_path: Path) -> None:
     outcome = run(generate(seed), keep=tmp_path / "storyline")
-    assert outcome.ok, f"{PINNED[seed]}: {explain(outcome)}"
+    assert outcome.ok, f"{PINNED[seed]}: {explain(outcome)}{kept(outcome, tmp_path / 'storyline')}"
 
 
 def test_a_replica_ended_by_sigterm_fails_unless_it_had_not_started() -> None:
