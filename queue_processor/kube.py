@@ -100,7 +100,7 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 #: The Leases of a namespace (coordination.k8s.io/v1).
-_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
 
 
 class KubeClient:
@@ -223,14 +223,6 @@ class KubeClient:
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
-
-    async def watch_pods(self, resource_version: str, deliver: Deliver, **options: Any) -> str:
-        """A metadata-only watch of every pod (:meth:`watch`, its keyword ``options``)."""
-        return await self.watch("/api/v1/pods", resource_version, deliver, metadata_only=True, **options)
-
-    async def watch_nodes(self, resource_version: str, deliver: Deliver, **options: Any) -> str:
-        """A watch of every Node (:meth:`watch`, its keyword ``options``)."""
-        return await self.watch("/api/v1/nodes", resource_version, deliver, **options)
 
     async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[Obj], str]]:
         """Every Node, ``limit`` at a time ("Retrieving large results sets in chunks", API concepts): each page's
@@ -441,45 +433,38 @@ class KubeClient:
 
     async def get_lease(self, namespace: str, name: str) -> Obj | None:
         """The Lease, or ``None``."""
-        return await self._get(f"{_LEASES.format(namespace)}/{name}", urgent=True)
+        return await self._get(f"{LEASES.format(namespace)}/{name}", urgent=True)
 
     async def create_lease(self, namespace: str, lease: Obj) -> Obj:
         """Create a Lease; :class:`KubeError` 409 when it exists (also after a retried create that had landed)."""
-        return await self.request("POST", _LEASES.format(namespace), body=lease, urgent=True)
+        return await self.request("POST", LEASES.format(namespace), body=lease, urgent=True)
 
     async def replace_lease(self, namespace: str, lease: Obj) -> Obj:
         """Replace a Lease; :class:`KubeError` 409 when its resourceVersion is stale."""
         name = lease["metadata"]["name"]
         return await self.request(
-            "PUT", f"{_LEASES.format(namespace)}/{name}", body=lease, retry=False, urgent=True
+            "PUT", f"{LEASES.format(namespace)}/{name}", body=lease, retry=False, urgent=True
         )
 
     async def patch_lease(self, namespace: str, name: str, patch: Obj) -> Obj:
         """Merge-patch (RFC 7386) a Lease; the Lease after it. :class:`KubeError` 404 when it is gone."""
         return await self.request(
-            "PATCH", f"{_LEASES.format(namespace)}/{name}", body=patch, content_type=MERGE_PATCH, urgent=True
+            "PATCH", f"{LEASES.format(namespace)}/{name}", body=patch, content_type=MERGE_PATCH, urgent=True
         )
 
     async def list_leases(self, namespace: str, label_selector: str) -> tuple[list[Obj], str]:
         """The Leases of ``namespace`` that ``label_selector`` selects, and the list's resourceVersion."""
         answer = await self.request(
-            "GET", _LEASES.format(namespace), query={"labelSelector": label_selector}, urgent=True
+            "GET", LEASES.format(namespace), query={"labelSelector": label_selector}, urgent=True
         )
         version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
         return list(answer.get("items") or []), version
-
-    async def watch_leases(
-        self, namespace: str, label_selector: str, resource_version: str, deliver: Deliver, **options: Any
-    ) -> str:
-        """A watch of the Leases of ``namespace`` that ``label_selector`` selects (:meth:`watch`, ``options``)."""
-        query = {"labelSelector": label_selector}
-        return await self.watch(_LEASES.format(namespace), resource_version, deliver, query=query, **options)
 
     async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
         """Delete a Lease (if still at ``resource_version`` when given, else 409); one already gone is fine."""
         body = None if resource_version is None else {"preconditions": {"resourceVersion": resource_version}}
         try:
-            await self.request("DELETE", f"{_LEASES.format(namespace)}/{name}", body=body, urgent=True)
+            await self.request("DELETE", f"{LEASES.format(namespace)}/{name}", body=body, urgent=True)
         except KubeError as exc:
             if exc.status != 404:
                 raise
@@ -491,7 +476,7 @@ class KubeClient:
         v1); the names deleted. ``sending`` as :meth:`request`. Raises :class:`KubeError`, :class:`NotSentError`."""
         deleted = await self.request(
             "DELETE",
-            _LEASES.format(namespace),
+            LEASES.format(namespace),
             query={"labelSelector": label_selector},
             urgent=True,
             sending=sending,

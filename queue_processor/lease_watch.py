@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from queue_processor.kube import KubeClient
+from queue_processor.kube import LEASES, KubeClient
 from queue_processor.rules import HANDOVER_PREFIX
 from queue_processor.watch import Watched
 
@@ -138,8 +138,7 @@ class LeaseWatch(Watched):
     )
 
     def __init__(self, kube: KubeClient, namespace: str, selector: str) -> None:
-        super().__init__()
-        self.kube = kube
+        super().__init__(kube, LEASES.format(namespace), query={"labelSelector": selector})
         self.namespace = namespace
         self.selector = selector
         self._holders: dict[str, str | None] = {}  # Lease name → holderIdentity
@@ -197,11 +196,6 @@ class LeaseWatch(Watched):
         for name in names | set(self._holders):
             self._changed(name, handed.get(name, {}))
         return version
-
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_leases(
-            self.namespace, self.selector, rv, self._receive, opened=self._opened, timeout_s=timeout_s
-        )
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:

@@ -42,13 +42,16 @@ REFUSED = frozenset({401, 403, 404, 405})
 
 
 class Watched:
-    """The loop of one watch: a subclass gives :meth:`_begin`, :meth:`_watch` and :meth:`_apply`. ``name`` names the
-    task, ``refusal`` is the warning of a refusal. Raises nothing: failures are retried with backoff."""
+    """The loop of one watch of ``path`` (:meth:`KubeClient.watch`, its ``options``): a subclass gives :meth:`_begin`
+    and :meth:`_apply`, ``name`` names the task, ``refusal`` warns of a refusal. Raises nothing (it retries)."""
 
     name = "watch"
     refusal = "cannot watch"
 
-    def __init__(self) -> None:
+    def __init__(self, kube: KubeClient, path: str, **options: Any) -> None:
+        self.kube = kube
+        self._path = path
+        self._options = {"opened": self._opened, **options}
         self.live = False
         """Whether the watch's stream runs now (or resumes from where it stopped)."""
         self.refused: KubeError | None = None
@@ -93,10 +96,6 @@ class Watched:
         """Read the collection's state; returns the resourceVersion to watch from. Raises :class:`KubeError`."""
         raise NotImplementedError
 
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        """One connection from ``rv`` into :meth:`_receive`; the last resourceVersion seen. Raises KubeError."""
-        raise NotImplementedError
-
     def _apply(self, events: list[dict[str, Any]]) -> None:
         """The ``{"type", "object"}`` events of one chunk (called in the event loop)."""
         raise NotImplementedError
@@ -132,7 +131,10 @@ class Watched:
                 if not self._rv:
                     self._rv = await self._begin()
                 timeout_s = WATCH_TIMEOUT_S * random.uniform(0.8, 1.0)
-                self._rv = await self._watch(self._rv, timeout_s) or self._rv
+                rv = await self.kube.watch(
+                    self._path, self._rv, self._receive, timeout_s=timeout_s, **self._options
+                )
+                self._rv = rv or self._rv
                 delay = RETRY_S
                 continue
             except KubeError as exc:
@@ -220,8 +222,7 @@ class NodeCache(Watched):
     refusal = "cannot list and watch nodes: cordons read each node first (grant nodes watch)"
 
     def __init__(self, kube: KubeClient) -> None:
-        super().__init__()
-        self.kube = kube
+        super().__init__(kube, "/api/v1/nodes", keep=slim_event)
         self._nodes: dict[str, dict[str, Any]] = {}
         self._hostnames: dict[str, set[str]] = {}  # kubernetes.io/hostname label → names of the nodes with it
         self._counted: dict[tuple[str, str], tuple[float, int]] = {}  # (label, value) → (when, nodes)
@@ -302,11 +303,6 @@ class NodeCache(Watched):
         if not names:
             self._hostnames.pop(hostname, None)
 
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_nodes(
-            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=slim_event
-        )
-
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             node = event.get("object") or {}
@@ -366,10 +362,9 @@ class Departures(Watched):
     name = "pod-departures"
     refusal = "cannot watch pods: drains list their nodes' pods instead (grant pods watch)"
 
-    def __init__(self, kube: KubeClient, *, memory: int = MEMORY) -> None:
-        super().__init__()
-        self.kube = kube
-        self.memory = memory
+    def __init__(self, kube: KubeClient) -> None:
+        super().__init__(kube, "/api/v1/pods", metadata_only=True, keep=deletion)
+        self.memory = MEMORY
         self.epoch = 0
         """Starts of the watch from a fresh resourceVersion: a ticket of an earlier epoch is not trusted."""
         self.seen = 0
@@ -429,11 +424,6 @@ class Departures(Watched):
         self.live = False
         self._set_live(True)
         return rv
-
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_pods(
-            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=deletion
-        )
 
     def _set_live(self, live: bool) -> None:
         """The stream runs (``True``) or is broken; either way every drain looks again."""
