@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.config import default
 from queue_processor.kube import KubeClient
 from queue_processor.lease_watch import (
@@ -175,7 +175,7 @@ class ReplicaLease:
         """Count ``claim`` among those the renewal keeps (it starts with the first)."""
         self.claims.add(claim)
         if self._renewer is None or self._renewer.done():
-            self._renewer = tasks.spawn(self._renew_forever(), name=f"lease-{self.name}")
+            self._renewer = rest.spawn(self._renew_forever(), name=f"lease-{self.name}")
         if self._lapse is None:
             self._watch_lapse()
 
@@ -188,7 +188,7 @@ class ReplicaLease:
             renewal = None
             if not self._leases._claiming:  # a claim that comes meanwhile starts a write of its own
                 renewal, self._renewal = self._renewal, None
-            await tasks.stop(renewer, renewal)
+            await rest.stop(renewer, renewal)
 
     async def close(self, timeout_s: float = 1.0) -> None:
         """Stop renewing and delete the Lease if it is ours (what it held is then free at once), waiting at most
@@ -200,7 +200,7 @@ class ReplicaLease:
         leases = self._leases
         try:
             async with asyncio.timeout(timeout_s):  # a cancelled write waits for its answer: bounded here
-                await tasks.stop(renewer, renewal)
+                await rest.stop(renewer, renewal)
                 if holder_of(self.lease) == leases.holder:
                     await leases.kube.delete_lease(leases.namespace, self.name)
                     self.lease = None
@@ -431,7 +431,7 @@ class NodeLeases:
         if len(self._pending) >= RELEASE_BATCH_MAX:
             self._hurry.set()
         if self._releaser is None or self._releaser.done():
-            self._releaser = tasks.spawn(self._release_batches(), name="lease-releases")
+            self._releaser = rest.spawn(self._release_batches(), name="lease-releases")
 
     async def _release_batches(self) -> None:
         """Send the pending releases, a batch every :data:`RELEASE_BATCH_S` (sooner when full or flushed)."""
@@ -555,7 +555,7 @@ class NodeLeases:
         try:
             # A release cancelled mid-request waits for its answer: the timeout's cancellation ends that.
             async with asyncio.timeout_at(max(deadline, loop.time() + timeout_s / 20)):
-                await tasks.stop(self._releaser)
+                await rest.stop(self._releaser)
         except TimeoutError:
             log.warning("node lease releases abandoned at shutdown", leases=len(self._sending))
         self._pending.clear()

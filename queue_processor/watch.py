@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
@@ -66,7 +66,7 @@ class Watched:
         """Start the watch (the controller does at start-up); idempotent."""
         if self._task is None:
             self._started_at = asyncio.get_running_loop().time()
-            self._task = tasks.spawn(self._run(), name=self.name)
+            self._task = rest.spawn(self._run(), name=self.name)
 
     async def first_answer(self, within_s: float) -> bool:
         """Wait for the first answer (open or refused), not past ``within_s`` seconds after :meth:`start`: ``True`` when
@@ -88,7 +88,7 @@ class Watched:
 
     async def close(self) -> None:
         """Stop the watch (its connection is shut)."""
-        await tasks.stop(self._task)
+        await rest.stop(self._task)
         self._task = None
         self.live = False
 
