@@ -79,23 +79,15 @@ def expired(lease: dict[str, Any], default_s: int) -> bool:
     return renewed is None or renewed + timedelta(seconds=duration) < datetime.now(UTC)
 
 
-def new_lease(
-    name: str,
-    namespace: str,
-    holder: str,
-    duration_s: int,
-    annotations: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A Lease to create, held by ``holder`` from now for ``duration_s`` seconds."""
+def new_lease(name: str, namespace: str, holder: str) -> dict[str, Any]:
+    """A Lease to create, acquired by ``holder`` now (to be written as :func:`held_lease`)."""
     spec = {
         "holderIdentity": holder,
         "acquireTime": datetime.now(UTC).strftime(_MICRO),
         "leaseTransitions": 0,
     }
     metadata = {"name": name, "namespace": namespace}
-    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
-    return held_lease(lease, holder, duration_s, annotations, labels)
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
 
 
 def held_lease(

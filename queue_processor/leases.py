@@ -113,15 +113,7 @@ class ReplicaLease:
         try:
             for _ in range(RENEW_ATTEMPTS):
                 try:
-                    if self.lease is None:
-                        self.lease = await leases.kube.create_lease(
-                            leases.namespace,
-                            new_lease(self.name, leases.namespace, leases.holder, leases.duration_s),
-                        )
-                    else:
-                        self.lease = await leases.kube.replace_lease(
-                            leases.namespace, held_lease(self.lease, leases.holder, leases.duration_s)
-                        )
+                    self.lease = await leases.write(self.name, self.lease, leases.duration_s)
                 except KubeError as exc:
                     if exc.status not in (404, 409) or (exc.status == 404 and self.lease is None):
                         raise
@@ -335,8 +327,7 @@ class NodeLeases:
         marks = ({REPLICA_ANNOTATION: self.replica.name}, self._labels(name))  # its annotations and labels
         for _ in range(2):  # a Lease deleted between the refused create and the read is created again
             try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-                body = new_lease(name, self.namespace, self.holder, HELD_BY_REPLICA_S, *marks)
-                return Claim(self, await self.kube.create_lease(self.namespace, body), epoch)
+                return Claim(self, await self.write(name, None, HELD_BY_REPLICA_S, *marks), epoch)
             except KubeError as exc:
                 if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
                     raise
@@ -345,13 +336,24 @@ class NodeLeases:
                 break
         if existing is None or await self._held_by_another(existing):
             return None
-        taken = held_lease(existing, self.holder, HELD_BY_REPLICA_S, *marks)
         try:
-            return Claim(self, await self.kube.replace_lease(self.namespace, taken), epoch)
+            return Claim(self, await self.write(name, existing, HELD_BY_REPLICA_S, *marks), epoch)
         except KubeError as exc:
             if exc.status == 409:  # another replica created or took it first
                 return None
             raise
+
+    async def write(
+        self, name: str, lease: dict[str, Any] | None, duration_s: int, *marks: Any
+    ) -> dict[str, Any]:
+        """Create Lease ``name`` held here for ``duration_s`` seconds (``lease`` ``None``), else write ``lease`` as
+        held here on its resourceVersion; ``marks``: annotations, labels. Raises :class:`KubeError` (409)."""
+        body = held_lease(
+            lease or new_lease(name, self.namespace, self.holder), self.holder, duration_s, *marks
+        )
+        if lease is None:
+            return await self.kube.create_lease(self.namespace, body)
+        return await self.kube.replace_lease(self.namespace, body)
 
     def held_elsewhere(self, node: str) -> bool:
         """Whether another replica holds ``node``'s Lease, as :attr:`watch` shows (not current: ``True`` unless the
