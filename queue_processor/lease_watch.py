@@ -1,10 +1,7 @@
 """Node Leases (coordination.k8s.io/v1, "Leases", Kubernetes concepts) as the controller writes and reads them,
-pure: their names, label values, holder, expiry, and the body of a Lease created or taken over; and as one watch
-sees them: who holds each, and the events handed over on it (NODE_LEASES).
-
-A replica whose node Lease another holds waits for its release (:meth:`LeaseWatch.released`) instead of
-requeuing its message (each receive counts towards the dead-letter redrive); the holder learns at once of events
-handed to it (:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
+pure: names, label values, holder, expiry, the body written; and as one watch sees them (NODE_LEASES): who holds
+each (a replica waits for its release, :meth:`LeaseWatch.released`, instead of requeuing its message), and the events
+handed over on it (:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
 Documents: "Efficient detection of changes" (API concepts).
 """
 
@@ -120,8 +117,7 @@ UNWATCHED_POLL_S = 5.0
 
 
 class LeaseWatch(Watched):
-    """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`.
-    Raises nothing: failures are retried with backoff."""
+    """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`."""
 
     name = "lease-watch"
     refusal = (

@@ -216,7 +216,6 @@ class Claim:
 
     @property
     def name(self) -> str:
-        """The node Lease's name."""
         return str(self.lease["metadata"]["name"])
 
     def _mark_lost(self, why: str) -> None:
@@ -282,8 +281,7 @@ class NodeLeases:
         self.clock = clock
         self.replica = ReplicaLease(self)
         self._claiming: Counter[str] = Counter()  # node Lease name → claims of it being made
-        # Released, not yet sent: name → (Lease, epoch).
-        self._pending: dict[str, tuple[dict[str, Any], int]] = {}
+        self._pending: dict[str, tuple[dict[str, Any], int]] = {}  # released, not sent: name → (Lease, epoch)
         self._sending: dict[str, asyncio.Future[None]] = {}  # in a batch being sent: name → its answer
         self._hurry = asyncio.Event()  # send the pending releases without waiting (a full batch, a flush)
         self._flushing = 0  # flush() calls waiting
@@ -326,7 +324,7 @@ class NodeLeases:
         existing: dict[str, Any] | None = None
         marks = ({REPLICA_ANNOTATION: self.replica.name}, self._labels(name))  # its annotations and labels
         for _ in range(2):  # a Lease deleted between the refused create and the read is created again
-            try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
+            try:  # created first: a node's first claim is one request, not a read and a create
                 return Claim(self, await self.write(name, None, HELD_BY_REPLICA_S, *marks), epoch)
             except KubeError as exc:
                 if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's

@@ -134,9 +134,7 @@ class RateLimiter:
         _wake(self._head())
 
 
-class _Waiter:
-    """A caller in :class:`RateLimiter`'s line: ``turn`` resolves at the head or when ``granted``."""
-
+class _Waiter:  # a caller in RateLimiter's line: its turn resolves at the head or when granted
     __slots__ = ("gone", "granted", "turn", "urgent")
 
     def __init__(self, urgent: bool) -> None:
@@ -147,7 +145,6 @@ class _Waiter:
 
 
 def _wake(waiter: _Waiter | None) -> None:
-    """Resolve ``waiter``'s turn (it is at the head, or was given a token)."""
     if waiter is not None and not waiter.turn.done():
         waiter.turn.set_result(None)
 

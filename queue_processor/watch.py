@@ -1,13 +1,11 @@
 """The API server's collections watched into local copies, each by one watch for the process's life (a
 :class:`Watched`, as client-go's reflector: read, then watched from the last event's resourceVersion; a 410 Gone or an
-event that fails to apply reads again; a refusal, :data:`REFUSED`, is logged once). :class:`NodeCache`: the nodes as
-slim copies (a cordon's first write uses the copy's resourceVersion instead of a GET; a stale copy answers 409 and the
-retry reads; the ``nth_tagged_nodes`` gauge and the return check read it too; only a live copy is handed out).
-:class:`Departures`: the pod deletions a drain waits for, through one metadata-only watch of every pod: a drain takes
-a :class:`Ticket` *before* it lists its pods; while the stream has not broken since (same :attr:`Departures.epoch`)
-and fewer than :data:`MEMORY` deletions passed, every listed pod that went is remembered or will come as an event;
-otherwise the drain lists. API concepts: "Efficient detection of changes", "Retrieving large results sets in
-chunks", "Resource versions", "Receiving resources as Tables or metadata only".
+event that fails to apply reads again). :class:`NodeCache`: the nodes as slim copies (a cordon's first write uses the
+copy's resourceVersion instead of a GET; a stale copy answers 409). :class:`Departures`: the pod deletions a drain
+waits for (one metadata-only watch of every pod): a drain takes a :class:`Ticket` *before* it lists its pods; while
+the stream has not broken since and fewer than :data:`MEMORY` deletions passed, every listed pod that went is
+remembered or will come as an event. API concepts: "Efficient detection of changes", "Retrieving large results sets
+in chunks", "Resource versions", "Receiving resources as Tables or metadata only".
 """
 
 from __future__ import annotations
@@ -101,7 +99,6 @@ class Watched:
         raise NotImplementedError
 
     def _set_live(self, live: bool) -> None:
-        """The stream runs (``True``: the watch answered) or is broken."""
         if live:
             self.answered.set()
         self.live = live
@@ -158,7 +155,7 @@ class Watched:
 PAGE = 500
 
 #: How long after the copy's start a claim or cordon waits for its first answer (seconds) before it reads its
-#: node with a GET: at start-up those urgent GETs would hold the copy's own pages back (docs/benchmarks.md).
+#: node with a GET (those urgent GETs would hold the copy's own pages back).
 FIRST_COPY_WAIT_S = 5.0
 
 #: The well-known label the kubelet sets to the node's hostname.
@@ -215,8 +212,7 @@ def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class NodeCache(Watched):
-    """The watched nodes, started by :meth:`start`, ended by :meth:`close`. Raises nothing: a failed list or
-    watch is retried with backoff, and meanwhile the lookups answer ``None``."""
+    """The watched nodes, from :meth:`start` to :meth:`close`; while not live (retrying) the lookups answer ``None``."""
 
     name = "node-cache"
     refusal = "cannot list and watch nodes: cordons read each node first (grant nodes watch)"
@@ -265,8 +261,7 @@ class NodeCache(Watched):
         return None
 
     def absent(self, dns_name: str) -> bool:
-        """Whether the live copy has no node for private DNS name ``dns_name`` (by name or hostname label, as
-        :meth:`find`); ``False`` while not live."""
+        """Whether the live copy has no node for private DNS name ``dns_name`` (:meth:`find`); ``False`` if not live."""
         return self.live and self.find(dns_name) is None
 
     async def _begin(self) -> str:
@@ -356,8 +351,8 @@ def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class Departures(Watched):
-    """The watch of pod deletions, started by :meth:`start` or the first :meth:`ticket`, ended by :meth:`close`. Raises
-    nothing: failures are retried, and the drains list meanwhile."""
+    """The watch of pod deletions, from :meth:`start` or the first :meth:`ticket` to :meth:`close`; while it fails
+    (retrying), the drains list."""
 
     name = "pod-departures"
     refusal = "cannot watch pods: drains list their nodes' pods instead (grant pods watch)"
