@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ class Watched:
     def __init__(self, kube: KubeClient, path: str, **options: Any) -> None:
         self.kube = kube
         self._path = path
-        self._options = {"opened": self._opened, **options}
+        self._options = {"opened": functools.partial(self._set_live, True), **options}
         self.live = False
         """Whether the watch's stream runs now (or resumes from where it stopped)."""
         self.refused: KubeError | None = None
@@ -102,9 +103,6 @@ class Watched:
         if live:
             self.answered.set()
         self.live = live
-
-    def _opened(self) -> None:
-        self._set_live(True)
 
     def _receive(self, events: list[dict[str, Any]]) -> None:
         try:
