@@ -262,22 +262,9 @@ class KubeClient:
             "timeoutSeconds": str(int(timeout_s)),
         }
         accept = METADATA_ONLY if metadata_only else "application/json"
-        thread = threading.Thread(
-            target=read_watch,
-            args=(
-                self.api,
-                path,
-                params,
-                accept,
-                timeout_s,
-                stream,
-                keep,
-                functools.partial(self._answered, path),
-            ),
-            name="kube-watch",
-            daemon=True,
-        )
-        thread.start()
+        answered = functools.partial(self._answered, path)
+        args = (self.api, path, params, accept, timeout_s, stream, keep, answered)
+        threading.Thread(target=read_watch, args=args, name="kube-watch", daemon=True).start()
         try:
             return await ended
         finally:

@@ -97,10 +97,9 @@ def held_lease(
     """``lease`` as ``holder`` writes it on its resourceVersion: renewed (and acquired, if someone else's)."""
     now = datetime.now(UTC).strftime(_MICRO)
     metadata = dict(lease.get("metadata") or {})
-    if annotations:
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-    if labels:
-        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    for key, marks in (("annotations", annotations), ("labels", labels)):
+        if marks:
+            metadata[key] = {**(metadata.get(key) or {}), **marks}
     spec = dict(lease.get("spec") or {})
     if spec.get("holderIdentity") != holder:
         spec["acquireTime"] = now
