@@ -1,10 +1,9 @@
 """What the Kubernetes client does below its API calls (client-go's rest and flowcontrol packages): when a request may
-go (a QPS/burst token bucket, urgent requests first by rank: the replica's own upkeep, then each operation by its
-start), the wait before a retry (a Retry-After honoured up to :data:`RETRY_AFTER_MAX_S`, else jittered backoff), the
-reading of an answer (status, Retry-After, Status body), and a watch's connection, read in a thread of its own (the
-``kubernetes`` client is synchronous): chunks of lines become ``{type, object}`` events handed to the loop
-("Efficient detection of changes", API concepts). Also tasks with an owner: started by name with :func:`spawn`, ended
-by whoever started them with :func:`stop` (DESIGN.md rule 3); a cancellation of a caller that waits goes on to them."""
+go (a QPS/burst token bucket, urgent requests first by rank), the wait before a retry (a Retry-After honoured up to
+:data:`RETRY_AFTER_MAX_S`, else jittered backoff), the reading of an answer, and a watch's connection, read in a thread
+of its own: chunks of lines become ``{type, object}`` events handed to the loop ("Efficient detection of changes", API
+concepts). Also tasks with an owner: started by name with :func:`spawn`, ended by whoever started them with
+:func:`stop` (DESIGN.md rule 3); a cancellation of a caller that waits goes on to them."""
 
 from __future__ import annotations
 
