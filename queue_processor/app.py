@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from queue_processor import __version__, tasks
+from queue_processor import __version__, rest
 from queue_processor.aws import AwsClients
 from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
@@ -215,7 +215,7 @@ def _background(settings: Settings, ec2: Any, controller: Controller) -> list[as
     """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
     check (UNCORDON_ON_RETURN, not in dry run)."""
     tagged = (
-        tasks.spawn(
+        rest.spawn(
             _tagged_gauges(ec2, controller.kube, controller.nodes, settings.managed_tag, controller.metrics),
             name="nth-tagged",
         )
@@ -223,7 +223,7 @@ def _background(settings: Settings, ec2: Any, controller: Controller) -> list[as
         else None
     )
     returns = (
-        tasks.spawn(
+        rest.spawn(
             Returns(
                 controller.kube,
                 controller.drainer,
@@ -251,7 +251,7 @@ async def _shut_down(
     """Stop receiving, EarlyExit for everything in flight, close the clients; log what is left."""
     log.info("stopping: EarlyExit for everything in flight", timeout_s=settings.shutdown_timeout_sec)
     # Bounded whatever AWS or the API server does: a request stuck in a worker thread is abandoned.
-    await tasks.stop(*background)
+    await rest.stop(*background)
     await controller.consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
     if (
         controller.leases is not None

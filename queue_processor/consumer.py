@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from botocore.exceptions import NoCredentialsError
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.aws import call, error_code
 from queue_processor.config import default
 from queue_processor.events import AdmissionKind, EventStore, Mode, NodeOperation, SqsMessageRef
@@ -127,7 +127,7 @@ class Consumer:
         """Start the receive loops and the ledger's visibility renewals."""
         for url in self.queue_urls:
             for index in range(self.loops_per_queue):
-                self._loops.append(tasks.spawn(self._receive_loop(url), name=f"receive-{index}-{url}"))
+                self._loops.append(rest.spawn(self._receive_loop(url), name=f"receive-{index}-{url}"))
         self.ledger.start()
 
     def reachable(self) -> bool:
@@ -160,7 +160,7 @@ class Consumer:
                 operations=len(self._operations),
                 polls=sum(1 for task in self._loops if not task.done()),
             )
-        await tasks.stop(*self._loops, *self._operations.values(), *self._settling)
+        await rest.stop(*self._loops, *self._operations.values(), *self._settling)
         await self.ledger.close()
         await self.heartbeats.close()
 
@@ -170,7 +170,7 @@ class Consumer:
                 task.cancel()
         held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
         # Settlements under way stop too: every message still held is made visible below anyway.
-        await tasks.stop(*self._operations.values(), *self._settling)
+        await rest.stop(*self._operations.values(), *self._settling)
         leases = self.handler.parts.leases
         if leases is not None:
             # Leases free before their messages are visible to another replica; a hung batch is left to close().
@@ -182,7 +182,7 @@ class Consumer:
         await self.ledger.deletes_sent()  # deletes already decided
         await self.ledger.release_held(held)
         # An open poll may take the messages just made visible: its loop makes them visible again (_poll).
-        await tasks.wait(*self._loops)
+        await rest.wait(*self._loops)
 
     # -------------------------------------------------------------------------------------------- receive
 
@@ -311,7 +311,7 @@ class Consumer:
 
     def _spawn(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` through the handler and settles its messages."""
-        task = tasks.spawn(self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}")
+        task = rest.spawn(self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}")
         self._operations[operation.key] = task
         task.add_done_callback(functools.partial(self._operation_ended, operation))
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import structlog
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
 from queue_processor.drain.plan import OWN_POD
@@ -444,7 +444,7 @@ async def _drain(ctx: OperationContext) -> DrainResult:
         parts.observer.drained(kind, "cancelled", parts.clock() - started)
         raise
     finally:
-        await tasks.stop(watcher)
+        await rest.stop(watcher)
     parts.observer.drained(kind, result.outcome, parts.clock() - started)
     await _report(ctx, result)
     return result

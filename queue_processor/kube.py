@@ -43,9 +43,6 @@ from queue_processor.rest import (
 
 __all__ = ["KubeClient", "load_api_client"]
 
-#: A watch's receiver of each chunk's events (:meth:`KubeClient.watch`).
-Deliver = Callable[[list[Obj]], None]
-
 #: Accept header of metadata-only reads and watches ("Receiving resources as Tables or metadata only", API concepts).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
@@ -57,7 +54,7 @@ MERGE_PATCH = "application/merge-patch+json"
 THREADS = 32
 URGENT_THREADS = 16
 
-#: Threads for the replica's upkeep (:data:`REPLICA_RANK`): a renewal behind claims and cordons lets claims lapse.
+#: Threads for the replica's upkeep (:data:`REPLICA_RANK`), not behind claims and cordons.
 REPLICA_THREADS = 2
 
 #: Watch connections the controller keeps open (pod deletions, nodes).
@@ -100,7 +97,7 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 #: The Leases of a namespace (coordination.k8s.io/v1).
-_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
 
 
 class KubeClient:
@@ -121,7 +118,6 @@ class KubeClient:
         self.limiter = RateLimiter(qps, burst)
         self.attempts = attempts
         self.observer = observer
-        # Threads of their own: urgent calls must not queue behind drain traffic, nor the replica's behind those.
         self._pools = {
             pool: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kube{pool}")
             for pool, workers in (("", threads), ("-urgent", URGENT_THREADS), ("-replica", REPLICA_THREADS))
@@ -173,9 +169,8 @@ class KubeClient:
                 try:
                     status, data, retry_after = await asyncio.shield(sent)
                 except asyncio.CancelledError:
-                    # A thread cannot be stopped: a cancelled write returns once answered (at most
-                    # REQUEST_TIMEOUT_S) so that a later drain of the node does not overlap with it; a second
-                    # cancellation ends that wait.
+                    # A cancelled write returns once answered (a thread cannot be stopped): a later drain of the
+                    # node does not overlap with it. A second cancellation ends that wait.
                     if method != "GET" and not sent.done():
                         await asyncio.wait({sent})
                     raise
@@ -224,14 +219,6 @@ class KubeClient:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
 
-    async def watch_pods(self, resource_version: str, deliver: Deliver, **options: Any) -> str:
-        """A metadata-only watch of every pod (:meth:`watch`, its keyword ``options``)."""
-        return await self.watch("/api/v1/pods", resource_version, deliver, metadata_only=True, **options)
-
-    async def watch_nodes(self, resource_version: str, deliver: Deliver, **options: Any) -> str:
-        """A watch of every Node (:meth:`watch`, its keyword ``options``)."""
-        return await self.watch("/api/v1/nodes", resource_version, deliver, **options)
-
     async def node_pages(self, limit: int = 500) -> AsyncIterator[tuple[list[Obj], str]]:
         """Every Node, ``limit`` at a time ("Retrieving large results sets in chunks", API concepts): each page's
         items and the list's resourceVersion. Raises :class:`KubeError` (410: continue token expired, list again)."""
@@ -249,7 +236,7 @@ class KubeClient:
         self,
         path: str,
         resource_version: str,
-        deliver: Deliver,
+        deliver: Callable[[list[Obj]], None],
         *,
         timeout_s: float,
         opened: Callable[[], None] | None = None,
@@ -257,13 +244,12 @@ class KubeClient:
         metadata_only: bool = False,
         keep: Keep | None = None,
     ) -> str:
-        """One watch of ``path`` from ``resource_version``, read by a daemon thread until the server ends it after
+        """One watch of ``path`` from ``resource_version``, read by a thread until the server ends it after
         ``timeout_s`` seconds; the last resourceVersion seen. ``deliver`` gets, in the loop, each chunk's
-        ``{"type", "object"}`` events (no server bookmarks; a chunk whose last line was dropped ends with a
-        ``BOOKMARK`` at the resourceVersion reached); ``opened`` is called once accepted; ``keep`` filters in the
-        thread. Raises :class:`KubeError`: 410 when the resourceVersion is too old (list again, "Efficient
-        detection of changes"); an error answer's status; 0 when the connection failed or sent a non-event; 0 with
-        reason ``WatchReceiverError`` when a callback raised. Cancelling it closes the connection."""
+        ``{"type", "object"}`` events that ``keep`` kept (a chunk whose last line was dropped ends with a ``BOOKMARK``
+        at the resourceVersion reached); ``opened`` is called once accepted. Raises :class:`KubeError`: 410 when the
+        resourceVersion is too old ("Efficient detection of changes"); an error answer's status; 0 when the connection
+        failed or sent a non-event (reason ``WatchReceiverError``: a callback raised). Cancelling it closes it."""
         await self.limiter.acquire()
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[str] = loop.create_future()
@@ -276,29 +262,15 @@ class KubeClient:
             "timeoutSeconds": str(int(timeout_s)),
         }
         accept = METADATA_ONLY if metadata_only else "application/json"
-        thread = threading.Thread(
-            target=read_watch,
-            args=(
-                self.api,
-                path,
-                params,
-                accept,
-                timeout_s,
-                stream,
-                keep,
-                functools.partial(self._answered, path),
-            ),
-            name="kube-watch",
-            daemon=True,
-        )
-        thread.start()
+        answered = functools.partial(self._answered, path)
+        args = (self.api, path, params, accept, timeout_s, stream, keep, answered)
+        threading.Thread(target=read_watch, args=args, name="kube-watch", daemon=True).start()
         try:
             return await ended
         finally:
             stream.close()
 
-    def _answered(self, path: str, status: int) -> None:
-        """A watch of ``path`` was answered with ``status`` (0: no answer, the API server is unreachable)."""
+    def _answered(self, path: str, status: int) -> None:  # status 0: no answer
         if not status:
             self.unreachable_at = time.monotonic()
             return
@@ -306,14 +278,12 @@ class KubeClient:
         if status == 200:
             self.answered_at = time.monotonic()
 
-    # ------------------------------------------------------------------------------------------ nodes
-
     def reachable(self) -> bool:
         """Readiness: the API server answered the latest request made (or none was made yet)."""
         return self.unreachable_at <= self.answered_at
 
     async def _get(self, path: str, *, urgent: bool = False) -> Obj | None:
-        """The object at ``path``, or ``None`` when it does not exist (404)."""
+        """The object at ``path``, or ``None`` (404)."""
         try:
             return await self.request("GET", path, urgent=urgent)
         except KubeError as exc:
@@ -343,8 +313,6 @@ class KubeClient:
         return await self.request(
             "PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=STRATEGIC_PATCH, urgent=True
         )
-
-    # ------------------------------------------------------------------------------------------- pods
 
     async def pods_on_node(self, node: str, *, cached: bool = False) -> list[Obj]:
         """The pods bound to ``node``; ``cached`` reads the API server's cache (cheaper, maybe stale)."""
@@ -411,8 +379,6 @@ class KubeClient:
         """The pods of ``namespace`` matching ``label_selector``."""
         return await self._items(f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": label_selector})
 
-    # ------------------------------------------------------------------------- workloads (SURGE_DRAINS)
-
     async def get_deployment(self, namespace: str, name: str) -> Obj | None:
         """The apps/v1 Deployment, or ``None`` when it does not exist (or the API server serves none)."""
         return await self._get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
@@ -436,50 +402,42 @@ class KubeClient:
         """Record a core/v1 Event."""
         await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
 
-    # ------------------------------------------------------------------------------------------ leases
-    # Urgent: a renewal behind a storm's evictions lets the Lease lapse (DESIGN.md rule 10).
+    # Lease calls are urgent: a renewal behind evictions lets the Lease lapse (DESIGN.md rule 10).
 
     async def get_lease(self, namespace: str, name: str) -> Obj | None:
         """The Lease, or ``None``."""
-        return await self._get(f"{_LEASES.format(namespace)}/{name}", urgent=True)
+        return await self._get(f"{LEASES.format(namespace)}/{name}", urgent=True)
 
     async def create_lease(self, namespace: str, lease: Obj) -> Obj:
         """Create a Lease; :class:`KubeError` 409 when it exists (also after a retried create that had landed)."""
-        return await self.request("POST", _LEASES.format(namespace), body=lease, urgent=True)
+        return await self.request("POST", LEASES.format(namespace), body=lease, urgent=True)
 
     async def replace_lease(self, namespace: str, lease: Obj) -> Obj:
         """Replace a Lease; :class:`KubeError` 409 when its resourceVersion is stale."""
         name = lease["metadata"]["name"]
         return await self.request(
-            "PUT", f"{_LEASES.format(namespace)}/{name}", body=lease, retry=False, urgent=True
+            "PUT", f"{LEASES.format(namespace)}/{name}", body=lease, retry=False, urgent=True
         )
 
     async def patch_lease(self, namespace: str, name: str, patch: Obj) -> Obj:
         """Merge-patch (RFC 7386) a Lease; the Lease after it. :class:`KubeError` 404 when it is gone."""
         return await self.request(
-            "PATCH", f"{_LEASES.format(namespace)}/{name}", body=patch, content_type=MERGE_PATCH, urgent=True
+            "PATCH", f"{LEASES.format(namespace)}/{name}", body=patch, content_type=MERGE_PATCH, urgent=True
         )
 
     async def list_leases(self, namespace: str, label_selector: str) -> tuple[list[Obj], str]:
         """The Leases of ``namespace`` that ``label_selector`` selects, and the list's resourceVersion."""
         answer = await self.request(
-            "GET", _LEASES.format(namespace), query={"labelSelector": label_selector}, urgent=True
+            "GET", LEASES.format(namespace), query={"labelSelector": label_selector}, urgent=True
         )
         version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
         return list(answer.get("items") or []), version
-
-    async def watch_leases(
-        self, namespace: str, label_selector: str, resource_version: str, deliver: Deliver, **options: Any
-    ) -> str:
-        """A watch of the Leases of ``namespace`` that ``label_selector`` selects (:meth:`watch`, ``options``)."""
-        query = {"labelSelector": label_selector}
-        return await self.watch(_LEASES.format(namespace), resource_version, deliver, query=query, **options)
 
     async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
         """Delete a Lease (if still at ``resource_version`` when given, else 409); one already gone is fine."""
         body = None if resource_version is None else {"preconditions": {"resourceVersion": resource_version}}
         try:
-            await self.request("DELETE", f"{_LEASES.format(namespace)}/{name}", body=body, urgent=True)
+            await self.request("DELETE", f"{LEASES.format(namespace)}/{name}", body=body, urgent=True)
         except KubeError as exc:
             if exc.status != 404:
                 raise
@@ -491,7 +449,7 @@ class KubeClient:
         v1); the names deleted. ``sending`` as :meth:`request`. Raises :class:`KubeError`, :class:`NotSentError`."""
         deleted = await self.request(
             "DELETE",
-            _LEASES.format(namespace),
+            LEASES.format(namespace),
             query={"labelSelector": label_selector},
             urgent=True,
             sending=sending,

@@ -1,10 +1,7 @@
 """Node Leases (coordination.k8s.io/v1, "Leases", Kubernetes concepts) as the controller writes and reads them,
-pure: their names, label values, holder, expiry, and the body of a Lease created or taken over; and as one watch
-sees them: who holds each, and the events handed over on it (NODE_LEASES).
-
-A replica whose node Lease another holds waits for its release (:meth:`LeaseWatch.released`) instead of
-requeuing its message (each receive counts towards the dead-letter redrive); the holder learns at once of events
-handed to it (:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
+pure: names, label values, holder, expiry, the body written; and as one watch sees them (NODE_LEASES): who holds
+each (a replica waits for its release, :meth:`LeaseWatch.released`, instead of requeuing its message), and the events
+handed over on it (:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
 Documents: "Efficient detection of changes" (API concepts).
 """
 
@@ -18,7 +15,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from queue_processor.kube import KubeClient
+from queue_processor.kube import LEASES, KubeClient
 from queue_processor.rules import HANDOVER_PREFIX
 from queue_processor.watch import Watched
 
@@ -79,23 +76,15 @@ def expired(lease: dict[str, Any], default_s: int) -> bool:
     return renewed is None or renewed + timedelta(seconds=duration) < datetime.now(UTC)
 
 
-def new_lease(
-    name: str,
-    namespace: str,
-    holder: str,
-    duration_s: int,
-    annotations: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A Lease to create, held by ``holder`` from now for ``duration_s`` seconds."""
+def new_lease(name: str, namespace: str, holder: str) -> dict[str, Any]:
+    """A Lease to create, acquired by ``holder`` now (to be written as :func:`held_lease`)."""
     spec = {
         "holderIdentity": holder,
         "acquireTime": datetime.now(UTC).strftime(_MICRO),
         "leaseTransitions": 0,
     }
     metadata = {"name": name, "namespace": namespace}
-    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
-    return held_lease(lease, holder, duration_s, annotations, labels)
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
 
 
 def held_lease(
@@ -108,10 +97,9 @@ def held_lease(
     """``lease`` as ``holder`` writes it on its resourceVersion: renewed (and acquired, if someone else's)."""
     now = datetime.now(UTC).strftime(_MICRO)
     metadata = dict(lease.get("metadata") or {})
-    if annotations:
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-    if labels:
-        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    for key, marks in (("annotations", annotations), ("labels", labels)):
+        if marks:
+            metadata[key] = {**(metadata.get(key) or {}), **marks}
     spec = dict(lease.get("spec") or {})
     if spec.get("holderIdentity") != holder:
         spec["acquireTime"] = now
@@ -128,8 +116,7 @@ UNWATCHED_POLL_S = 5.0
 
 
 class LeaseWatch(Watched):
-    """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`.
-    Raises nothing: failures are retried with backoff."""
+    """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`."""
 
     name = "lease-watch"
     refusal = (
@@ -138,8 +125,7 @@ class LeaseWatch(Watched):
     )
 
     def __init__(self, kube: KubeClient, namespace: str, selector: str) -> None:
-        super().__init__()
-        self.kube = kube
+        super().__init__(kube, LEASES.format(namespace), query={"labelSelector": selector})
         self.namespace = namespace
         self.selector = selector
         self._holders: dict[str, str | None] = {}  # Lease name → holderIdentity
@@ -197,11 +183,6 @@ class LeaseWatch(Watched):
         for name in names | set(self._holders):
             self._changed(name, handed.get(name, {}))
         return version
-
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_leases(
-            self.namespace, self.selector, rv, self._receive, opened=self._opened, timeout_s=timeout_s
-        )
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:

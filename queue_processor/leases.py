@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.config import default
 from queue_processor.kube import KubeClient
 from queue_processor.lease_watch import (
@@ -113,15 +113,7 @@ class ReplicaLease:
         try:
             for _ in range(RENEW_ATTEMPTS):
                 try:
-                    if self.lease is None:
-                        self.lease = await leases.kube.create_lease(
-                            leases.namespace,
-                            new_lease(self.name, leases.namespace, leases.holder, leases.duration_s),
-                        )
-                    else:
-                        self.lease = await leases.kube.replace_lease(
-                            leases.namespace, held_lease(self.lease, leases.holder, leases.duration_s)
-                        )
+                    self.lease = await leases.write(self.name, self.lease, leases.duration_s)
                 except KubeError as exc:
                     if exc.status not in (404, 409) or (exc.status == 404 and self.lease is None):
                         raise
@@ -175,7 +167,7 @@ class ReplicaLease:
         """Count ``claim`` among those the renewal keeps (it starts with the first)."""
         self.claims.add(claim)
         if self._renewer is None or self._renewer.done():
-            self._renewer = tasks.spawn(self._renew_forever(), name=f"lease-{self.name}")
+            self._renewer = rest.spawn(self._renew_forever(), name=f"lease-{self.name}")
         if self._lapse is None:
             self._watch_lapse()
 
@@ -188,7 +180,7 @@ class ReplicaLease:
             renewal = None
             if not self._leases._claiming:  # a claim that comes meanwhile starts a write of its own
                 renewal, self._renewal = self._renewal, None
-            await tasks.stop(renewer, renewal)
+            await rest.stop(renewer, renewal)
 
     async def close(self, timeout_s: float = 1.0) -> None:
         """Stop renewing and delete the Lease if it is ours (what it held is then free at once), waiting at most
@@ -200,7 +192,7 @@ class ReplicaLease:
         leases = self._leases
         try:
             async with asyncio.timeout(timeout_s):  # a cancelled write waits for its answer: bounded here
-                await tasks.stop(renewer, renewal)
+                await rest.stop(renewer, renewal)
                 if holder_of(self.lease) == leases.holder:
                     await leases.kube.delete_lease(leases.namespace, self.name)
                     self.lease = None
@@ -224,7 +216,6 @@ class Claim:
 
     @property
     def name(self) -> str:
-        """The node Lease's name."""
         return str(self.lease["metadata"]["name"])
 
     def _mark_lost(self, why: str) -> None:
@@ -290,8 +281,7 @@ class NodeLeases:
         self.clock = clock
         self.replica = ReplicaLease(self)
         self._claiming: Counter[str] = Counter()  # node Lease name → claims of it being made
-        # Released, not yet sent: name → (Lease, epoch).
-        self._pending: dict[str, tuple[dict[str, Any], int]] = {}
+        self._pending: dict[str, tuple[dict[str, Any], int]] = {}  # released, not sent: name → (Lease, epoch)
         self._sending: dict[str, asyncio.Future[None]] = {}  # in a batch being sent: name → its answer
         self._hurry = asyncio.Event()  # send the pending releases without waiting (a full batch, a flush)
         self._flushing = 0  # flush() calls waiting
@@ -334,9 +324,8 @@ class NodeLeases:
         existing: dict[str, Any] | None = None
         marks = ({REPLICA_ANNOTATION: self.replica.name}, self._labels(name))  # its annotations and labels
         for _ in range(2):  # a Lease deleted between the refused create and the read is created again
-            try:  # created first: a node's first claim (a storm's) is one request, not a read and a create
-                body = new_lease(name, self.namespace, self.holder, HELD_BY_REPLICA_S, *marks)
-                return Claim(self, await self.kube.create_lease(self.namespace, body), epoch)
+            try:  # created first: a node's first claim is one request, not a read and a create
+                return Claim(self, await self.write(name, None, HELD_BY_REPLICA_S, *marks), epoch)
             except KubeError as exc:
                 if exc.status != 409:  # 409 AlreadyExists: an earlier claim's Lease, or another replica's
                     raise
@@ -345,13 +334,24 @@ class NodeLeases:
                 break
         if existing is None or await self._held_by_another(existing):
             return None
-        taken = held_lease(existing, self.holder, HELD_BY_REPLICA_S, *marks)
         try:
-            return Claim(self, await self.kube.replace_lease(self.namespace, taken), epoch)
+            return Claim(self, await self.write(name, existing, HELD_BY_REPLICA_S, *marks), epoch)
         except KubeError as exc:
             if exc.status == 409:  # another replica created or took it first
                 return None
             raise
+
+    async def write(
+        self, name: str, lease: dict[str, Any] | None, duration_s: int, *marks: Any
+    ) -> dict[str, Any]:
+        """Create Lease ``name`` held here for ``duration_s`` seconds (``lease`` ``None``), else write ``lease`` as
+        held here on its resourceVersion; ``marks``: annotations, labels. Raises :class:`KubeError` (409)."""
+        body = held_lease(
+            lease or new_lease(name, self.namespace, self.holder), self.holder, duration_s, *marks
+        )
+        if lease is None:
+            return await self.kube.create_lease(self.namespace, body)
+        return await self.kube.replace_lease(self.namespace, body)
 
     def held_elsewhere(self, node: str) -> bool:
         """Whether another replica holds ``node``'s Lease, as :attr:`watch` shows (not current: ``True`` unless the
@@ -431,7 +431,7 @@ class NodeLeases:
         if len(self._pending) >= RELEASE_BATCH_MAX:
             self._hurry.set()
         if self._releaser is None or self._releaser.done():
-            self._releaser = tasks.spawn(self._release_batches(), name="lease-releases")
+            self._releaser = rest.spawn(self._release_batches(), name="lease-releases")
 
     async def _release_batches(self) -> None:
         """Send the pending releases, a batch every :data:`RELEASE_BATCH_S` (sooner when full or flushed)."""
@@ -555,7 +555,7 @@ class NodeLeases:
         try:
             # A release cancelled mid-request waits for its answer: the timeout's cancellation ends that.
             async with asyncio.timeout_at(max(deadline, loop.time() + timeout_s / 20)):
-                await tasks.stop(self._releaser)
+                await rest.stop(self._releaser)
         except TimeoutError:
             log.warning("node lease releases abandoned at shutdown", leases=len(self._sending))
         self._pending.clear()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from botocore.exceptions import ClientError
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.aws import call, error_code, is_no_active_action, is_retryable
 from queue_processor.config import Settings
 from queue_processor.events import ActionKey, AsgLifecycleEvent
@@ -288,7 +288,7 @@ class Heartbeats:
         if key in self._over or key in self._completing:
             return
         name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
-        task = tasks.spawn(self._run(action), name=name)
+        task = rest.spawn(self._run(action), name=name)
         self._beats[key] = _Beat(action, task, asyncio.Event())
         self._beats[key].held.set()
         self._confirm(self._beats[key])
@@ -320,7 +320,7 @@ class Heartbeats:
         """Stop the action's heartbeat and wait until its task has ended."""
         beat = self._beats.pop(action.action_key, None)
         if beat is not None:
-            await tasks.stop(beat.task)
+            await rest.stop(beat.task)
 
     async def complete(
         self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
@@ -348,7 +348,7 @@ class Heartbeats:
         """Stop every heartbeat (shutdown: nothing beats after the controller exits)."""
         beats = list(self._beats.values())
         self._beats.clear()
-        await tasks.stop(*(beat.task for beat in beats))
+        await rest.stop(*(beat.task for beat in beats))
 
     def _mark_over(self, key: ActionKey) -> None:
         now = self.clock()
@@ -453,4 +453,4 @@ class Heartbeats:
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await tasks.stop(*waiters)
+            await rest.stop(*waiters)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.aws import collect
 from queue_processor.kube import KubeClient
 
@@ -160,12 +160,12 @@ class InstanceResolver:
                 self._waiting.setdefault(instance_id, []).append(future)
             futures.append(future)
         if self._waiting and (self._flush is None or self._flush.done()):
-            self._flush = tasks.spawn(self._run_batch(), name="describe-instances")
+            self._flush = rest.spawn(self._run_batch(), name="describe-instances")
         return list(await asyncio.gather(*futures))
 
     async def close(self) -> None:
         """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""
-        await tasks.stop(self._flush, *self._in_flight)
+        await rest.stop(self._flush, *self._in_flight)
 
     async def _run_batch(self) -> None:
         await asyncio.sleep(self.window_s)

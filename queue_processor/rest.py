@@ -1,9 +1,9 @@
 """What the Kubernetes client does below its API calls (client-go's rest and flowcontrol packages): when a request may
-go (a QPS/burst token bucket, urgent requests first by rank: the replica's own upkeep, then each operation by its
-start), the wait before a retry (a Retry-After honoured up to :data:`RETRY_AFTER_MAX_S`, else jittered backoff), the
-reading of an answer (status, Retry-After, Status body), and a watch's connection, read in a thread of its own (the
-``kubernetes`` client is synchronous): chunks of lines become ``{type, object}`` events handed to the loop
-("Efficient detection of changes", API concepts)."""
+go (a QPS/burst token bucket, urgent requests first by rank), the wait before a retry (a Retry-After honoured up to
+:data:`RETRY_AFTER_MAX_S`, else jittered backoff), the reading of an answer, and a watch's connection, read in a thread
+of its own: chunks of lines become ``{type, object}`` events handed to the loop ("Efficient detection of changes", API
+concepts). Also tasks with an owner: started by name with :func:`spawn`, ended by whoever started them with
+:func:`stop` (DESIGN.md rule 3); a cancellation of a caller that waits goes on to them."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import json
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+import structlog
 import urllib3
 from tenacity import RetryCallState, wait_random_exponential
 
@@ -132,9 +133,7 @@ class RateLimiter:
         _wake(self._head())
 
 
-class _Waiter:
-    """A caller in :class:`RateLimiter`'s line: ``turn`` resolves at the head or when ``granted``."""
-
+class _Waiter:  # a caller in RateLimiter's line: its turn resolves at the head or when granted
     __slots__ = ("gone", "granted", "turn", "urgent")
 
     def __init__(self, urgent: bool) -> None:
@@ -145,7 +144,6 @@ class _Waiter:
 
 
 def _wake(waiter: _Waiter | None) -> None:
-    """Resolve ``waiter``'s turn (it is at the head, or was given a token)."""
     if waiter is not None and not waiter.turn.done():
         waiter.turn.set_result(None)
 
@@ -345,3 +343,38 @@ def error_of(status: int, data: bytes, retry_after_s: float | None = None) -> Ku
         retry_after_s,
         [cause for cause in causes if isinstance(cause, dict)] if isinstance(causes, list) else None,
     )
+
+
+_task_log = structlog.get_logger("queue_processor.tasks")
+
+T = TypeVar("T")
+
+
+def spawn(coro: Coroutine[Any, Any, T], *, name: str, awaited: bool = False) -> asyncio.Task[T]:
+    """Start ``coro`` as a task named ``name``; an exception it ends with is logged, unless ``awaited`` (its
+    owner takes the result). Its owner must :func:`stop` it."""
+    task = asyncio.create_task(coro, name=name)
+    if not awaited:
+        task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        _task_log.error("task ended with an error", task=task.get_name(), error=repr(task.exception()))
+
+
+async def wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Wait until every one of ``tasks`` (``None`` skipped) has ended; what each ends with is not raised.
+    Raises ``CancelledError`` when the caller is cancelled."""
+    live = [task for task in tasks if task is not None]
+    if live:
+        await asyncio.gather(*live, return_exceptions=True)
+
+
+async def stop(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel every one of ``tasks`` still running and wait as :func:`wait` does."""
+    for task in tasks:
+        if task is not None and not task.done():
+            task.cancel()
+    await wait(*tasks)

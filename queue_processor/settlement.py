@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.aws import call
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.events import (
@@ -116,19 +116,19 @@ class Ledger:
 
     def start(self) -> None:
         """Start renewing the visibility of the messages held."""
-        self._extender = tasks.spawn(self._extend_loop(), name="visibility-extender")
+        self._extender = rest.spawn(self._extend_loop(), name="visibility-extender")
 
     async def stop_renewing(self) -> None:
         """Stop the visibility renewals (a renewal in flight is cancelled and awaited)."""
-        await tasks.stop(self._extender)
+        await rest.stop(self._extender)
 
     async def deletes_sent(self) -> None:
         """Wait until the deletes already decided have been answered."""
-        await tasks.wait(self._delete_flusher)
+        await rest.wait(self._delete_flusher)
 
     async def close(self) -> None:
         """Stop everything the ledger runs; a delete not sent yet is answered as failed."""
-        await tasks.stop(self._extender, self._delete_flusher)
+        await rest.stop(self._extender, self._delete_flusher)
 
     # ------------------------------------------------------------------------------------ settlement
 
@@ -197,7 +197,7 @@ class Ledger:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending_deletes.setdefault(ref.queue_url, []).append((ref, future))
         if self._delete_flusher is None or self._delete_flusher.done():
-            self._delete_flusher = tasks.spawn(self._flush_deletes(), name="delete-batcher")
+            self._delete_flusher = rest.spawn(self._flush_deletes(), name="delete-batcher")
         if await future:
             self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
@@ -118,10 +118,10 @@ class OperationContext:
         self.log = self.log.bind(**values)
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str, awaited: bool = False) -> asyncio.Task[T]:
-        """Start ``coro`` as a named task (:func:`queue_processor.tasks.spawn`; ``awaited``: the caller takes its
+        """Start ``coro`` as a named task (:func:`queue_processor.rest.spawn`; ``awaited``: the caller takes its
         result) whose stop is on the EarlyExit stack; stopping it earlier is harmless."""
-        task = tasks.spawn(coro, name=name, awaited=awaited)
-        self.early_exit.push_async_callback(tasks.stop, task)
+        task = rest.spawn(coro, name=name, awaited=awaited)
+        self.early_exit.push_async_callback(rest.stop, task)
         return task
 
     def deadline(self) -> float:
@@ -197,7 +197,7 @@ async def guard(ctx: OperationContext, work: Awaitable[T]) -> T:
     try:
         await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await tasks.stop(task, lost)
+        await rest.stop(task, lost)
     if task.cancelled() and lost.done() and not lost.cancelled():
         raise ClaimLost(f"Lease {claim.name} was lost")
     return task.result()

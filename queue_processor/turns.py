@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.events import ScheduledChangeEvent
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.observe.webhook import ASG_TAG
@@ -85,14 +85,14 @@ class Turns:
                         await waiting()
                         if self.running[group] + line.index(me) < limit or urgent():
                             break  # its turn came, or an urgent event joined, while it got ready to wait
-                    woken = tasks.spawn(me.wait(), name=f"turn-{group}")
-                    joining = tasks.spawn(joined.wait(), name=f"turn-joined-{group}")
+                    woken = rest.spawn(me.wait(), name=f"turn-{group}")
+                    joining = rest.spawn(joined.wait(), name=f"turn-joined-{group}")
                     try:
                         await asyncio.wait(
                             {woken, joining}, timeout=recheck_s(), return_when=asyncio.FIRST_COMPLETED
                         )
                     finally:
-                        await tasks.stop(woken, joining)
+                        await rest.stop(woken, joining)
                     joined.clear()
                 self.running[group] += 1  # before those behind look again: its turn is taken
                 counted = True

@@ -1,19 +1,18 @@
 """The API server's collections watched into local copies, each by one watch for the process's life (a
 :class:`Watched`, as client-go's reflector: read, then watched from the last event's resourceVersion; a 410 Gone or an
-event that fails to apply reads again; a refusal, :data:`REFUSED`, is logged once). :class:`NodeCache`: the nodes as
-slim copies (a cordon's first write uses the copy's resourceVersion instead of a GET; a stale copy answers 409 and the
-retry reads; the ``nth_tagged_nodes`` gauge and the return check read it too; only a live copy is handed out).
-:class:`Departures`: the pod deletions a drain waits for, through one metadata-only watch of every pod: a drain takes
-a :class:`Ticket` *before* it lists its pods; while the stream has not broken since (same :attr:`Departures.epoch`)
-and fewer than :data:`MEMORY` deletions passed, every listed pod that went is remembered or will come as an event;
-otherwise the drain lists. API concepts: "Efficient detection of changes", "Retrieving large results sets in
-chunks", "Resource versions", "Receiving resources as Tables or metadata only".
+event that fails to apply reads again). :class:`NodeCache`: the nodes as slim copies (a cordon's first write uses the
+copy's resourceVersion instead of a GET; a stale copy answers 409). :class:`Departures`: the pod deletions a drain
+waits for (one metadata-only watch of every pod): a drain takes a :class:`Ticket` *before* it lists its pods; while
+the stream has not broken since and fewer than :data:`MEMORY` deletions passed, every listed pod that went is
+remembered or will come as an event. API concepts: "Efficient detection of changes", "Retrieving large results sets
+in chunks", "Resource versions", "Receiving resources as Tables or metadata only".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
@@ -42,13 +41,16 @@ REFUSED = frozenset({401, 403, 404, 405})
 
 
 class Watched:
-    """The loop of one watch: a subclass gives :meth:`_begin`, :meth:`_watch` and :meth:`_apply`. ``name`` names the
-    task, ``refusal`` is the warning of a refusal. Raises nothing: failures are retried with backoff."""
+    """The loop of one watch of ``path`` (:meth:`KubeClient.watch`, its ``options``): a subclass gives :meth:`_begin`
+    and :meth:`_apply`, ``name`` names the task, ``refusal`` warns of a refusal. Raises nothing (it retries)."""
 
     name = "watch"
     refusal = "cannot watch"
 
-    def __init__(self) -> None:
+    def __init__(self, kube: KubeClient, path: str, **options: Any) -> None:
+        self.kube = kube
+        self._path = path
+        self._options = {"opened": functools.partial(self._set_live, True), **options}
         self.live = False
         """Whether the watch's stream runs now (or resumes from where it stopped)."""
         self.refused: KubeError | None = None
@@ -63,7 +65,7 @@ class Watched:
         """Start the watch (the controller does at start-up); idempotent."""
         if self._task is None:
             self._started_at = asyncio.get_running_loop().time()
-            self._task = tasks.spawn(self._run(), name=self.name)
+            self._task = rest.spawn(self._run(), name=self.name)
 
     async def first_answer(self, within_s: float) -> bool:
         """Wait for the first answer (open or refused), not past ``within_s`` seconds after :meth:`start`: ``True`` when
@@ -85,7 +87,7 @@ class Watched:
 
     async def close(self) -> None:
         """Stop the watch (its connection is shut)."""
-        await tasks.stop(self._task)
+        await rest.stop(self._task)
         self._task = None
         self.live = False
 
@@ -93,22 +95,14 @@ class Watched:
         """Read the collection's state; returns the resourceVersion to watch from. Raises :class:`KubeError`."""
         raise NotImplementedError
 
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        """One connection from ``rv`` into :meth:`_receive`; the last resourceVersion seen. Raises KubeError."""
-        raise NotImplementedError
-
     def _apply(self, events: list[dict[str, Any]]) -> None:
         """The ``{"type", "object"}`` events of one chunk (called in the event loop)."""
         raise NotImplementedError
 
     def _set_live(self, live: bool) -> None:
-        """The stream runs (``True``: the watch answered) or is broken."""
         if live:
             self.answered.set()
         self.live = live
-
-    def _opened(self) -> None:
-        self._set_live(True)
 
     def _receive(self, events: list[dict[str, Any]]) -> None:
         try:
@@ -132,7 +126,10 @@ class Watched:
                 if not self._rv:
                     self._rv = await self._begin()
                 timeout_s = WATCH_TIMEOUT_S * random.uniform(0.8, 1.0)
-                self._rv = await self._watch(self._rv, timeout_s) or self._rv
+                rv = await self.kube.watch(
+                    self._path, self._rv, self._receive, timeout_s=timeout_s, **self._options
+                )
+                self._rv = rv or self._rv
                 delay = RETRY_S
                 continue
             except KubeError as exc:
@@ -156,7 +153,7 @@ class Watched:
 PAGE = 500
 
 #: How long after the copy's start a claim or cordon waits for its first answer (seconds) before it reads its
-#: node with a GET: at start-up those urgent GETs would hold the copy's own pages back (docs/benchmarks.md).
+#: node with a GET (those urgent GETs would hold the copy's own pages back).
 FIRST_COPY_WAIT_S = 5.0
 
 #: The well-known label the kubelet sets to the node's hostname.
@@ -213,15 +210,13 @@ def slim_event(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class NodeCache(Watched):
-    """The watched nodes, started by :meth:`start`, ended by :meth:`close`. Raises nothing: a failed list or
-    watch is retried with backoff, and meanwhile the lookups answer ``None``."""
+    """The watched nodes, from :meth:`start` to :meth:`close`; while not live (retrying) the lookups answer ``None``."""
 
     name = "node-cache"
     refusal = "cannot list and watch nodes: cordons read each node first (grant nodes watch)"
 
     def __init__(self, kube: KubeClient) -> None:
-        super().__init__()
-        self.kube = kube
+        super().__init__(kube, "/api/v1/nodes", keep=slim_event)
         self._nodes: dict[str, dict[str, Any]] = {}
         self._hostnames: dict[str, set[str]] = {}  # kubernetes.io/hostname label → names of the nodes with it
         self._counted: dict[tuple[str, str], tuple[float, int]] = {}  # (label, value) → (when, nodes)
@@ -264,8 +259,7 @@ class NodeCache(Watched):
         return None
 
     def absent(self, dns_name: str) -> bool:
-        """Whether the live copy has no node for private DNS name ``dns_name`` (by name or hostname label, as
-        :meth:`find`); ``False`` while not live."""
+        """Whether the live copy has no node for private DNS name ``dns_name`` (:meth:`find`); ``False`` if not live."""
         return self.live and self.find(dns_name) is None
 
     async def _begin(self) -> str:
@@ -301,11 +295,6 @@ class NodeCache(Watched):
         names.discard(name)
         if not names:
             self._hostnames.pop(hostname, None)
-
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_nodes(
-            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=slim_event
-        )
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:
@@ -360,16 +349,15 @@ def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class Departures(Watched):
-    """The watch of pod deletions, started by :meth:`start` or the first :meth:`ticket`, ended by :meth:`close`. Raises
-    nothing: failures are retried, and the drains list meanwhile."""
+    """The watch of pod deletions, from :meth:`start` or the first :meth:`ticket` to :meth:`close`; while it fails
+    (retrying), the drains list."""
 
     name = "pod-departures"
     refusal = "cannot watch pods: drains list their nodes' pods instead (grant pods watch)"
 
-    def __init__(self, kube: KubeClient, *, memory: int = MEMORY) -> None:
-        super().__init__()
-        self.kube = kube
-        self.memory = memory
+    def __init__(self, kube: KubeClient) -> None:
+        super().__init__(kube, "/api/v1/pods", metadata_only=True, keep=deletion)
+        self.memory = MEMORY
         self.epoch = 0
         """Starts of the watch from a fresh resourceVersion: a ticket of an earlier epoch is not trusted."""
         self.seen = 0
@@ -429,11 +417,6 @@ class Departures(Watched):
         self.live = False
         self._set_live(True)
         return rv
-
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        return await self.kube.watch_pods(
-            rv, self._receive, opened=self._opened, timeout_s=timeout_s, keep=deletion
-        )
 
     def _set_live(self, live: bool) -> None:
         """The stream runs (``True``) or is broken; either way every drain looks again."""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import structlog
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.config import default
 from queue_processor.drain.budgets import budget_arithmetic
 from queue_processor.drain.evictions import (
@@ -348,7 +348,7 @@ class Drainer:
         """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
         running = Running([])  # its evictions grow as each wave's launcher starts them
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
-        recut = tasks.spawn(self._recut(run, by_key), name=f"recut-{node}")
+        recut = rest.spawn(self._recut(run, by_key), name=f"recut-{node}")
         try:
             await self._run_waves(node, planned, run, running, following)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
@@ -357,12 +357,12 @@ class Drainer:
         except BaseException as exc:
             # One stop for all, so a second cancellation cannot leave evictions running (a cancelled launcher
             # starts nothing more). Surges stay when the Lease is lost: the node's new owner takes them over.
-            await tasks.stop(*running)
+            await rest.stop(*running)
             if not isinstance(exc, ClaimLost) and not (run.lost is not None and run.lost()):
                 await self._take_back(run.held)
             raise
         finally:
-            await tasks.stop(recut)
+            await rest.stop(recut)
         outcomes = [run.accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
         return await self._conclude(outcomes, by_key, left, run)
 
@@ -379,7 +379,7 @@ class Drainer:
             wave_by = self._wave_bound(run.bounds, later) if later else None
             evicting = [entry for entry in wave if entry.evict]
             launch = self.evictions.launch(evicting, run, running, before, wave_by)
-            launchers.append(tasks.spawn(launch, name=f"evictions-{node}", awaited=True))
+            launchers.append(rest.spawn(launch, name=f"evictions-{node}", awaited=True))
             if wave_by is not None:
                 pods = {(e.key, e.uid) for e in wave}
                 behind = await self._wait_gone(node, pods, wave_by, run.bounds, running, following)

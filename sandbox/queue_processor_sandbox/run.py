@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import load_settings
 from queue_processor_sandbox.cluster import drain_of
@@ -250,7 +250,7 @@ async def run_scenario(
         await asyncio.gather(*others)  # a neighbour's controller that failed raises here
     finally:
         stop_others.set()
-        await tasks.stop(*others)
+        await rest.stop(*others)
         stop.set()
         await task
     heartbeat_tasks = sum(

@@ -208,7 +208,7 @@ async def test_a_receiver_that_raises_ends_the_watch_with_its_error(
         seen.extend(events)
         raise ValueError("cannot apply")
 
-    watch = asyncio.create_task(kube.watch_nodes(pages[-1], deliver, timeout_s=120))
+    watch = asyncio.create_task(kube.watch("/api/v1/nodes", pages[-1], deliver, timeout_s=120))
     a_node(cluster)
     with pytest.raises(KubeError) as caught:
         await watch
@@ -248,7 +248,7 @@ async def test_a_watch_delivers_what_its_keep_keeps_and_marks_where_the_stream_i
         named = ((event.get("object") or {}).get("metadata") or {}).get("name")
         return slim_event(event) if named == ours else None
 
-    watch = asyncio.create_task(kube.watch_nodes(pages[-1], seen.extend, timeout_s=120, keep=keep))
+    watch = asyncio.create_task(kube.watch("/api/v1/nodes", pages[-1], seen.extend, timeout_s=120, keep=keep))
     try:
         cluster.add_node(ours)
         cluster.wait_for_nodes([ours])

@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.drain.plan import DrainOptions
@@ -217,7 +217,7 @@ async def test_a_node_whose_holder_replica_is_gone_is_given_back(
         assert await ours.watch.first_answer(30)
         await until(lambda: copy.get(node) is not None, "the node in the watched copy")
         assert await dead.claim(node) is not None
-        await tasks.stop(dead.replica._renewer)  # killed: nothing renews its replica Lease any more
+        await rest.stop(dead.replica._renewer)  # killed: nothing renews its replica Lease any more
         await kube.delete_lease(namespace, dead.replica.name)  # lapsed and gone; its node Lease left
         await until(lambda: ours.held_elsewhere(node), "the dead replica's Lease in our copy")
         returns = Returns(

@@ -14,7 +14,7 @@ Deliver = Callable[[list[dict[str, Any]]], None]
 
 
 class ScriptedWatch:
-    """Each watch connection (``watch_pods`` or ``watch_nodes``) takes the next step of ``script``: an
+    """Each watch connection (:meth:`watch`, whichever collection) takes the next step of ``script``: an
     exception to raise before it opens; a list of events to deliver once open, after which the connection lasts
     until :meth:`end`; or ``(events, exception)``: the events, then the stream breaks. The pod watch starts
     from ``pods_version`` ("100", "200"…); the node watch from ``node_pages`` (``nodes`` at "100", "200"…, or
@@ -41,18 +41,18 @@ class ScriptedWatch:
         self.reads += 1
         yield self.nodes, str(self.reads * 100)
 
-    async def watch_pods(
+    async def watch(
         self,
+        path: str,
         rv: str,
         deliver: Deliver,
         *,
         timeout_s: float,
         opened: Callable[[], None] | None = None,
         keep: Keep | None = None,
+        **options: Any,
     ) -> str:
         return await self._connection(rv, _kept(deliver, keep), opened)
-
-    watch_nodes = watch_pods  # the same connection, whichever collection
 
     async def connections(self, count: int) -> None:
         """Let the loop run until ``count`` connections were made (at most 50 turns: the script answers at

@@ -114,7 +114,8 @@ async def test_a_stream_that_breaks_after_a_deletion_resumes_after_it(
 
 async def test_a_ticket_older_than_the_memory_is_not_trusted() -> None:
     kube = ScriptedWatch([])
-    departures = Departures(kube, memory=3)  # type: ignore[arg-type]
+    departures = Departures(kube)  # type: ignore[arg-type]
+    departures.memory = 3
     departures.start()
     await departures.answered.wait()
     ticket = departures.ticket()
@@ -128,7 +129,8 @@ async def test_a_ticket_older_than_the_memory_is_not_trusted() -> None:
 
 async def test_once_registered_a_drain_is_covered_however_many_pods_go_elsewhere() -> None:
     kube = ScriptedWatch([])
-    departures = Departures(kube, memory=3)  # type: ignore[arg-type]
+    departures = Departures(kube)  # type: ignore[arg-type]
+    departures.memory = 3
     departures.start()
     await departures.answered.wait()
     with departures.waiting({(("ns", "a"), "a")}, departures.ticket()) as wait:

@@ -20,7 +20,7 @@ import pytest
 import structlog
 from botocore.exceptions import ClientError
 
-from queue_processor import tasks
+from queue_processor import rest
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
 from queue_processor.drain.node_writes import CordonRecord
@@ -1775,6 +1775,6 @@ async def test_a_spot_warning_that_joins_while_we_stay_on_our_drained_node_bound
         try:
             await asyncio.wait_for(until(lambda: "qp-0" in world.kube.evicted), 30)
         finally:
-            await tasks.stop(leaving)
+            await rest.stop(leaving)
     assert sorted(world.kube.evicted) == ["qp-0", "web-0", "web-1", "web-2"]
     await world.heartbeats.close()

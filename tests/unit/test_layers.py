@@ -16,7 +16,6 @@ LAYERS: list[set[str]] = [
     {  # leaves: vocabularies and pure logic that need nothing of the project's
         "queue_processor",
         "queue_processor.outcomes",
-        "queue_processor.tasks",
         "queue_processor.events",
         "queue_processor.permissions",
         "queue_processor.drain",

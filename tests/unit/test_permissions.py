@@ -13,7 +13,7 @@ from pathlib import Path
 import botocore.session
 from botocore import xform_name
 
-from queue_processor import kube, permissions
+from queue_processor import kube, lease_watch, permissions, watch
 from queue_processor.rest import describe
 
 PACKAGE = Path(permissions.__file__).parent
@@ -67,17 +67,24 @@ def test_iam_actions_fold_sqs_batch_calls_into_their_single_message_action() -> 
 
 def _kube_requests() -> set[str]:
     """``"<verb> <resource>"`` for every ``self.request("METHOD", path)``, ``self._get(path)`` and
-    ``self._items(path)`` in the Kubernetes client, and ``"watch <resource>"`` for every ``self.watch(path, …)``.
+    ``self._items(path)`` in the Kubernetes client, and ``"watch <resource>"`` for every watch's
+    ``super().__init__(kube, path, …)`` (:class:`~queue_processor.watch.Watched`).
     A request whose path is a plain variable is a helper's own (counted where the helper is called)."""
     found: set[str] = set()
+    for module in (watch, lease_watch):
+        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "__init__"
+            ):
+                found.add(f"watch {describe('GET', _path(node.args[1]))[1]}")
     tree = ast.parse(Path(kube.__file__).read_text())
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
             continue
         attr, args = node.func.attr, node.args
-        if attr == "watch":
-            found.add(f"watch {describe('GET', _path(args[0]))[1]}")
-        elif attr in ("_get", "_items") and not isinstance(args[0], ast.Name):
+        if attr in ("_get", "_items") and not isinstance(args[0], ast.Name):
             found.add(" ".join(describe("GET", _path(args[0]))))
         elif (
             attr == "request"

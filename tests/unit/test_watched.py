@@ -5,6 +5,7 @@ started."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from queue_processor.rest import REPLICA_RANK, URGENT_RANK, rank_urgent
@@ -12,11 +13,12 @@ from queue_processor.watch import Watched
 
 
 class Scripted(Watched):
-    """A watch whose first read waits for ``read`` and whose connection opens at once and then idles;
-    ``ranks`` records the rank its reads were made at (queue_processor.rest.URGENT_RANK)."""
+    """A watch whose first read waits for ``read`` and whose connection (it is its own client: :meth:`watch`)
+    opens at once and then idles; ``ranks`` records the rank its reads were made at
+    (queue_processor.rest.URGENT_RANK)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(self, "/api/v1/nodes")  # type: ignore[arg-type]
         self.read = asyncio.Event()
         self.ranks: list[float] = []
 
@@ -25,8 +27,10 @@ class Scripted(Watched):
         await self.read.wait()
         return "1"
 
-    async def _watch(self, rv: str, timeout_s: float) -> str:
-        self._opened()
+    async def watch(
+        self, path: str, rv: str, deliver: Any, *, opened: Callable[[], None], **options: Any
+    ) -> str:
+        opened()
         await asyncio.Event().wait()  # until closed
         return rv
 
