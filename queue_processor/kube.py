@@ -57,8 +57,8 @@ URGENT_THREADS = 16
 #: Threads for the replica's upkeep (:data:`REPLICA_RANK`), not behind claims and cordons.
 REPLICA_THREADS = 2
 
-#: Watch connections the controller keeps open (pod deletions, nodes).
-WATCHES = 2
+#: Watch connections the controller keeps open (pod deletions, nodes, and the node Leases with NODE_LEASES).
+WATCHES = 3
 
 #: Seconds one request may take, connecting and reading.
 REQUEST_TIMEOUT_S = 30.0
