@@ -87,7 +87,7 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------- holding
 
-    def take(self, room: Room, ref: SqsMessageRef) -> None:
+    def hold_message(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt
         handle. Raises ``RuntimeError`` when ``room`` has no slot left."""
         before = self.slots.ref(ref.message_id)
@@ -109,10 +109,10 @@ class Ledger:
                 self._received.pop(ref.receipt_handle, None)
             self.slots.release(message_id)
 
-    def park(self, message_ids: list[str]) -> None:
+    def park_messages(self, message_ids: list[str]) -> None:
         """Keep ``message_ids`` held but give their slots back while their operation waits (DESIGN.md rule 6)."""
         for message_id in message_ids:
-            self.slots.park(message_id)
+            self.slots.park_message(message_id)
 
     def start(self) -> None:
         """Start renewing the visibility of the messages held."""
@@ -401,7 +401,7 @@ class InFlightSlots:
         self.free = size
         """Slots neither reserved nor held."""
         self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
-        self._parked: set[str] = set()  # held messages that gave their slot back (park)
+        self._parked: set[str] = set()  # held messages that gave their slot back
         self._freed = asyncio.Event()  # set and cleared at once: wakes every poller waiting then
         self.waiting = 0
         """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
@@ -413,11 +413,11 @@ class InFlightSlots:
 
     @property
     def parked(self) -> int:
-        """Messages held without a slot (:meth:`park`)."""
+        """Messages held without a slot (:meth:`park_message`)."""
         return len(self._parked)
 
     @asynccontextmanager
-    async def room(self, at_most: int) -> AsyncIterator[Room]:
+    async def reserve_room(self, at_most: int) -> AsyncIterator[Room]:
         """Wait for a free slot, reserve up to ``at_most`` (≥ 1) as a :class:`Room`; those not claimed free on exit."""
         self.waiting += 1
         try:
@@ -434,13 +434,11 @@ class InFlightSlots:
             self._give_back(room.unclaimed)
             room.unclaimed = 0
 
-    def park(self, message_id: str) -> bool:
-        """Keep the message held but give its slot back (its operation waits); ``False`` if it has none (or parked)."""
-        if message_id not in self._held or message_id in self._parked:
-            return False
-        self._parked.add(message_id)
-        self._give_back(1)
-        return True
+    def park_message(self, message_id: str) -> None:
+        """Keep the message held but give its slot back (its operation waits); no change if it has none (or parked)."""
+        if message_id in self._held and message_id not in self._parked:
+            self._parked.add(message_id)
+            self._give_back(1)
 
     def ref(self, message_id: str) -> SqsMessageRef | None:
         """The newest receipt of a message holding a slot (``None`` for one that holds none)."""
