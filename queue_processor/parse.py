@@ -103,39 +103,19 @@ KindParser = Callable[[Any, SqsMessageRef | None], ParseResult[Any]]
 InvalidHook = Callable[[str | bytes], ParseResult[Any] | None]
 
 
-@dataclass(frozen=True, slots=True)
-class KindSpec:
-    """A registered EventBridge kind; ``on_invalid`` may explain (as a skip) a body that failed validation."""
-
-    source: str
-    model: type[BaseModel]
-    finish: KindParser
-    on_invalid: InvalidHook | None = None
-
-
-#: EventBridge ``(source, detail-type)`` → its kind. Filled by the kind modules when they are imported.
-REGISTRY: dict[tuple[str, str], KindSpec] = {}
-#: The same kinds by model, for the parser's hot path.
-BY_MODEL: dict[type[BaseModel], KindSpec] = {}
-
-
 def _single(event: Any, message: SqsMessageRef | None) -> ParseResult[Any]:
     return ParseResult.of_events((event,))
 
 
-def register(
-    source: str, model: type[BaseModel], finish: KindParser = _single, on_invalid: InvalidHook | None = None
-) -> None:
-    """Register ``finish`` (default: the validated model is the event) as what finishes a body of ``source``
-    validated into ``model``, by the detail-types of ``model.detail_type``'s ``Literal``. Raises ``ValueError``
-    when a detail-type is registered already (kinds are told apart by detail-type alone)."""
-    values = get_args(model.model_fields["detail_type"].annotation)
-    spec = KindSpec(source, model, finish, on_invalid)
-    for detail_type in values:
-        if any(detail_type == registered for _, registered in REGISTRY):
-            raise ValueError(f"detail-type {detail_type!r} is registered twice")
-        REGISTRY[(source, detail_type)] = spec
-    BY_MODEL[model] = spec
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """An EventBridge kind: ``source``, ``model`` (told apart by its ``detail_type`` ``Literal``), ``finish`` (default:
+    the validated model is the event); ``on_invalid`` may explain (as a skip) a body that failed validation."""
+
+    source: str
+    model: type[BaseModel]
+    finish: KindParser = _single
+    on_invalid: InvalidHook | None = None
 
 
 #: EventBridge envelope field → the direct Auto Scaling notification's key for the same value.
@@ -374,13 +354,26 @@ def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
     return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
 
 
-for model in (SpotInterruptionEvent, RebalanceRecommendationEvent, CapacityReservationInterruptionEvent):
-    register("aws.ec2", model)
-register("aws.ec2", StateChangeEvent, finish_state_change)
-register("aws.health", HealthMessage, finish_health)
-# A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
-register("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid)
-register("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid)
+#: The EventBridge kinds acted on, by model (the parser's hot path).
+BY_MODEL: dict[type[BaseModel], KindSpec] = {
+    spec.model: spec
+    for spec in (
+        KindSpec("aws.ec2", SpotInterruptionEvent),
+        KindSpec("aws.ec2", RebalanceRecommendationEvent),
+        KindSpec("aws.ec2", CapacityReservationInterruptionEvent),
+        KindSpec("aws.ec2", StateChangeEvent, finish_state_change),
+        KindSpec("aws.health", HealthMessage, finish_health),
+        # A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
+        KindSpec("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid),
+        KindSpec("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid),
+    )
+}
+#: EventBridge ``(source, detail-type)`` → its kind.
+REGISTRY: dict[tuple[str, str], KindSpec] = {
+    (spec.source, detail_type): spec
+    for spec in BY_MODEL.values()
+    for detail_type in get_args(spec.model.model_fields["detail_type"].annotation)
+}
 
 
 def parse_direct(
