@@ -468,11 +468,6 @@ class EventStore:
         self._done: dict[str, float] = {}  # event_id → expiry
         self._messages: dict[str, _MessageState] = {}
 
-    @property
-    def operations(self) -> list[NodeOperation]:
-        """The operations in flight."""
-        return list(self._operations.values())
-
     def in_flight(self, message_id: str) -> bool:
         """Whether a message still has an operation running."""
         return message_id in self._messages

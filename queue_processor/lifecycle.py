@@ -272,10 +272,6 @@ class Heartbeats:
         """Heartbeat tasks alive."""
         return len(self._beats)
 
-    def beating(self, action: AsgLifecycleEvent) -> bool:
-        """Whether ``action`` has a heartbeat task."""
-        return action.action_key in self._beats
-
     def start(self, action: AsgLifecycleEvent) -> None:
         """Heartbeat ``action`` from now on (idempotent; a requeued one is held again). Never waits."""
         key = action.action_key
