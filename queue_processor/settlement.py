@@ -235,22 +235,20 @@ class Ledger:
     async def _delete_batches(
         self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
     ) -> None:
-        """DeleteMessageBatch for ``items``, 10 a call; each future gets whether SQS deleted it."""
-        for start in range(0, len(items), 10):
-            chunk = items[start : start + 10]
-            entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in chunk]
-            refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
-            for entry in refused or []:
+        """DeleteMessageBatch for ``items``; each future gets whether SQS deleted it."""
+        entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in items]
+        refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
+        for index, (ref, future) in enumerate(items):
+            entry = refused.get(index)
+            if entry:
                 log.warning(
                     "delete failed",
-                    message_id=chunk[int(entry["Id"])][0].message_id,
+                    message_id=ref.message_id,
                     code=entry.get("Code"),
                     error=entry.get("Message"),
                 )
-            failed = set(range(len(chunk))) if refused is None else {int(entry["Id"]) for entry in refused}
-            for index, (_, future) in enumerate(chunk):
-                if not future.done():
-                    future.set_result(index not in failed)
+            if not future.done():
+                future.set_result(index not in refused)
 
     async def _batch(
         self,
@@ -258,23 +256,27 @@ class Ledger:
         queue_url: str,
         entries: list[dict[str, Any]],
         where: ErrorWhere,
-    ) -> list[Any] | None:
-        """One SQS batch call for ``entries`` (at most 10; each gets its index as ``Id``): the entries SQS refused,
-        or ``None`` when the call failed (logged). Each failure is counted under ``where``; nothing is raised."""
-        try:
-            answer = await call(
-                method,
-                QueueUrl=queue_url,
-                Entries=[{"Id": str(i), **entry} for i, entry in enumerate(entries)],
-            )
-        except Exception as exc:
-            self.observer.error(where)
-            event = "delete failed" if where is ErrorWhere.DELETE else "visibility change failed"
-            log.warning(event, queue=queue_url, messages=len(entries), error=repr(exc))
-            return None
-        refused = list(answer.get("Failed") or [])
-        for _ in refused:
-            self.observer.error(where)
+    ) -> dict[int, Any]:
+        """SQS batch calls for ``entries``, 10 a call (each gets its index as ``Id``): the index of each entry not
+        done → SQS's failure entry (``None`` when its call failed, logged). Each failure is counted under ``where``."""
+        refused: dict[int, Any] = {}
+        for start in range(0, len(entries), 10):
+            chunk = entries[start : start + 10]
+            try:
+                answer = await call(
+                    method,
+                    QueueUrl=queue_url,
+                    Entries=[{"Id": str(start + i), **entry} for i, entry in enumerate(chunk)],
+                )
+            except Exception as exc:
+                self.observer.error(where)
+                event = "delete failed" if where is ErrorWhere.DELETE else "visibility change failed"
+                log.warning(event, queue=queue_url, messages=len(chunk), error=repr(exc))
+                refused.update(dict.fromkeys(range(start, start + len(chunk))))
+                continue
+            for entry in answer.get("Failed") or []:
+                self.observer.error(where)
+                refused[int(entry["Id"])] = entry
         return refused
 
     async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
@@ -293,18 +295,12 @@ class Ledger:
         self, queue_url: str, receipt_handles: list[str], seconds: int, where: ErrorWhere
     ) -> set[str]:
         """ChangeMessageVisibilityBatch to ``seconds``; the handles SQS took. Failures logged, not raised."""
-        changed: set[str] = set()
-        for start in range(0, len(receipt_handles), 10):
-            chunk = receipt_handles[start : start + 10]
-            entries = [{"ReceiptHandle": handle, "VisibilityTimeout": seconds} for handle in chunk]
-            refused = await self._batch(self.sqs.change_message_visibility_batch, queue_url, entries, where)
-            if refused is None:
-                continue
-            for entry in refused:
+        entries = [{"ReceiptHandle": handle, "VisibilityTimeout": seconds} for handle in receipt_handles]
+        refused = await self._batch(self.sqs.change_message_visibility_batch, queue_url, entries, where)
+        for entry in refused.values():
+            if entry:
                 log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
-            failed = {int(entry["Id"]) for entry in refused}
-            changed.update(handle for i, handle in enumerate(chunk) if i not in failed)
-        return changed
+        return {handle for i, handle in enumerate(receipt_handles) if i not in refused}
 
     # ------------------------------------------------------------------------------- visibility renewal
 
