@@ -276,18 +276,17 @@ class Consumer:
         return True
 
     async def _start(self, operation: NodeOperation) -> None:
-        """:meth:`_spawn` ``operation``; if that raises, finish it as failed first: nothing stays held untended."""
+        """Start the task that runs ``operation`` and settles its messages; if that raises, finish it as failed
+        first: nothing stays held untended."""
         try:
-            self._spawn(operation)
+            task = tasks.spawn(
+                self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}"
+            )
+            self._operations[operation.key] = task
+            task.add_done_callback(functools.partial(self._operation_ended, operation))
         except Exception:
             await self.ledger.finish(operation, succeeded=False)
             raise
-
-    def _spawn(self, operation: NodeOperation) -> None:
-        """Start the task that runs ``operation`` through the handler and settles its messages."""
-        task = tasks.spawn(self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}")
-        self._operations[operation.key] = task
-        task.add_done_callback(functools.partial(self._operation_ended, operation))
 
     def _operation_ended(self, operation: NodeOperation, task: asyncio.Task[None]) -> None:
         """Drop the ended task; finish as failed an operation a shutdown cancelled before it ran."""

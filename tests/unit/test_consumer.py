@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from queue_processor import tasks
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.consumer import Consumer
 from queue_processor.events import AsgLifecycleEvent, EventStore, NodeOperation, SqsMessageRef
@@ -685,14 +686,18 @@ async def test_a_poll_cancelled_in_the_middle_of_its_batch_returns_the_slots_nob
 async def test_an_operation_that_cannot_be_started_is_requeued_not_held_for_ever(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 28: a ``_spawn`` that raised left its message in the store, held and renewed with nothing to
-    settle it."""
+    """Issue 28: an operation task that could not be started left its message in the store, held and renewed
+    with nothing to settle it."""
     running = make()
+    spawn = tasks.spawn
 
-    def cannot_start(operation: NodeOperation) -> None:
+    def cannot_start(coro: Any, *, name: str, **options: Any) -> Any:
+        if not name.startswith("operation-"):
+            return spawn(coro, name=name, **options)
+        coro.close()
         raise RuntimeError("no task for it")
 
-    monkeypatch.setattr(running.consumer, "_spawn", cannot_start)
+    monkeypatch.setattr(tasks, "spawn", cannot_start)
     message_id = running.sqs.deliver(terminate_body())
     requeued = "queue_processor_messages_requeued_total"
     errors = "queue_processor_errors_total"
