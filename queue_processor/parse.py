@@ -31,7 +31,7 @@ from queue_processor.events import (
 )
 from queue_processor.outcomes import PoisonClass, SkipClass
 
-__all__ = ["MAX_MESSAGE_BYTES", "REGISTRY", "ParseResult", "Poison", "parse"]
+__all__ = ["MAX_MESSAGE_BYTES", "REGISTRY", "ParseResult", "parse"]
 
 #: The largest SQS message body: 1 MiB ("Amazon SQS message quotas", SQS Developer Guide).
 MAX_MESSAGE_BYTES = 1_048_576
@@ -88,15 +88,6 @@ class ParseResult(NamedTuple, Generic[E]):
         return cls.poison(
             PoisonClass.MISSING_FIELD if missing else PoisonClass.INVALID_FIELD, reason, envelope
         )
-
-
-class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of ours
-    """Raised by a kind parser when a message lacks a field it needs or holds one it cannot read."""
-
-    def __init__(self, reason_class: PoisonClass, reason: str) -> None:
-        super().__init__(reason)
-        self.reason_class = reason_class
-        self.reason = reason
 
 
 KindParser = Callable[[Any, SqsMessageRef | None], ParseResult[Any]]
@@ -241,16 +232,9 @@ def _affected_instances(msg: HealthMessage) -> list[str]:
     return list(instances)
 
 
-def _time_field(name: str, value: str) -> datetime:
-    try:
-        return parse_health_time(value)
-    except ValueError as exc:
-        raise Poison(PoisonClass.INVALID_FIELD, f"detail.{name}: {exc}") from None
-
-
 def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult[ScheduledChangeEvent]:
-    """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip.
-    Raises :class:`Poison` without a readable ``time`` / ``startTime`` or an affected instance."""
+    """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip;
+    poison without a readable ``time`` / ``startTime`` or an affected instance."""
     health = msg.detail
     if health.service != "EC2":
         return ParseResult.skip(
@@ -265,14 +249,23 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
     if health.status_code == "closed":
         return ParseResult.skip(SkipClass.HEALTH_EVENT_CLOSED, "AWS Health event is closed")
     if health.start_time is None:
-        raise Poison(PoisonClass.MISSING_FIELD, "detail.startTime: Field required")
+        return ParseResult.poison(
+            PoisonClass.MISSING_FIELD, "detail.startTime: Field required", "eventbridge"
+        )
     if msg.time is None:
-        raise Poison(PoisonClass.MISSING_FIELD, "time: Field required")
-    start_time = _time_field("startTime", health.start_time)
-    end_time = _time_field("endTime", health.end_time) if health.end_time else None
+        return ParseResult.poison(PoisonClass.MISSING_FIELD, "time: Field required", "eventbridge")
+    try:
+        start_time = parse_health_time(health.start_time)
+    except ValueError as exc:
+        return ParseResult.poison(PoisonClass.INVALID_FIELD, f"detail.startTime: {exc}", "eventbridge")
+    try:
+        end_time = parse_health_time(health.end_time) if health.end_time else None
+    except ValueError as exc:
+        return ParseResult.poison(PoisonClass.INVALID_FIELD, f"detail.endTime: {exc}", "eventbridge")
     instances = _affected_instances(msg)
     if not instances:
-        raise Poison(PoisonClass.MISSING_FIELD, "detail.affectedEntities: no affected instance")
+        reason = "detail.affectedEntities: no affected instance"
+        return ParseResult.poison(PoisonClass.MISSING_FIELD, reason, "eventbridge")
     events: tuple[ScheduledChangeEvent, ...] = tuple(
         ScheduledChangeEvent(
             instance_id=instance_id,
@@ -509,10 +502,7 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
     spec = BY_MODEL[type(validated)]
     if validated.source != spec.source:
         return _not_acted_on(validated.source, validated.detail_type)
-    try:
-        result: ParseResult[Event] = spec.finish(validated, message)
-    except Poison as poison:
-        return ParseResult.poison(poison.reason_class, poison.reason, "eventbridge")
+    result: ParseResult[Event] = spec.finish(validated, message)
     if message is not None:
         for event in result.events:
             if event.message is None:
