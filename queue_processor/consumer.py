@@ -84,8 +84,7 @@ class Consumer:
         self.failed_at = 0.0
         """``time.monotonic()`` of the last ReceiveMessage that failed (readiness)."""
         self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        """Resolved with one line naming the setting when SQS refuses the very first receives for good; a refusal
-        after SQS has answered once is logged and retried."""
+        """Resolved with one line naming the setting when SQS refuses the very first receives for good."""
         handler.park_messages = ledger.park_messages
         self._operations: dict[tuple[str, Mode], asyncio.Task[None]] = {}
         self._settling: set[asyncio.Task[None]] = set()  # operation tasks settling their messages
@@ -94,8 +93,6 @@ class Consumer:
         self._stopping = asyncio.Event()
         self.loop_heartbeat = time.monotonic()
         """``time.monotonic()`` of the last loop iteration (liveness)."""
-
-    # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         """Start the receive loops and the ledger's visibility renewals."""
@@ -158,12 +155,9 @@ class Consumer:
         # An open poll may take the messages just made visible: its loop makes them visible again (_poll).
         await tasks.wait(*self._loops)
 
-    # -------------------------------------------------------------------------------------------- receive
-
     async def _receive_loop(self, queue_url: str) -> None:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
-            # Unclaimed room is free again however the block exits.
             async with self.ledger.slots.reserve_room(10) as room:
                 if self._stopping.is_set():  # room taken while a shutdown began: no new poll
                     return
@@ -276,8 +270,7 @@ class Consumer:
         return True
 
     async def _start(self, operation: NodeOperation) -> None:
-        """Start the task that runs ``operation`` and settles its messages; if that raises, finish it as failed
-        first: nothing stays held untended."""
+        """Start the task that runs ``operation`` and settles its messages; if that raises, finish it as failed."""
         try:
             task = tasks.spawn(
                 self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}"

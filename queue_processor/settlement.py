@@ -54,8 +54,8 @@ def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backo
 
 
 class Ledger:
-    """The messages this replica holds (see the module docstring), over ``sqs`` (an aiobotocore SQS client);
-    ``store`` says which still have operations running and which lifecycle actions each carries. Times: seconds."""
+    """The messages this replica holds, over ``sqs`` (an aiobotocore SQS client); ``store`` says which still have
+    operations running and which lifecycle actions each carries. Times: seconds."""
 
     def __init__(
         self,
@@ -80,12 +80,10 @@ class Ledger:
         self._extender: asyncio.Task[None] | None = None
         self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
         self._delete_flusher: asyncio.Task[None] | None = None
-        # Receipt handle → when it was received (monotonic): SQS keeps a receipt invisible 12 hours at most.
-        self._received: dict[str, float] = {}
-        # Message ID → the renewal in flight that carries it (renew_held), which its settlement waits for.
-        self._extending: dict[str, asyncio.Future[None]] = {}
-
-    # ------------------------------------------------------------------------------------- holding
+        self._received: dict[str, float] = {}  # receipt handle → when it was received (monotonic)
+        self._extending: dict[
+            str, asyncio.Future[None]
+        ] = {}  # message ID → the renewal in flight carrying it
 
     def hold_message(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt
@@ -129,8 +127,6 @@ class Ledger:
     async def close(self) -> None:
         """Stop everything the ledger runs; a delete not sent yet is answered as failed."""
         await tasks.stop(self._extender, self._delete_flusher)
-
-    # ------------------------------------------------------------------------------------ settlement
 
     async def poison(self, ref: SqsMessageRef) -> None:
         """Hide a poison message for POISON_VISIBILITY_TIMEOUT_SEC, never deleting it (the redrive policy acts)."""
@@ -178,7 +174,6 @@ class Ledger:
             if renewal is not None:  # a renewal carrying this message is in flight: it must land first
                 await asyncio.shield(renewal)
             if outcome is MessageOutcome.DELETE:
-                # Nothing beats for a message this replica deletes.
                 for action in actions:
                     await self.heartbeats.stop(action)
                 await self.delete(ref, kinds)
@@ -211,8 +206,6 @@ class Ledger:
     async def make_visible(self, queue_url: str, receipt_handles: list[str]) -> None:
         """Make messages we do not keep visible at once (received too late, or during shutdown)."""
         await self._set_visibility(queue_url, receipt_handles, 0, ErrorWhere.REQUEUE)
-
-    # ----------------------------------------------------------------------------------------- SQS calls
 
     async def _flush_deletes(self) -> None:
         """Send the pending deletes after :data:`DELETE_WINDOW_S`; if this task dies, those not sent count as failed."""
@@ -302,8 +295,6 @@ class Ledger:
                 log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
         return {handle for i, handle in enumerate(receipt_handles) if i not in refused}
 
-    # ------------------------------------------------------------------------------- visibility renewal
-
     async def _extend_loop(self) -> None:
         period = max(self.visibility_timeout_s / 2, 1.0)
         while True:
@@ -388,7 +379,7 @@ class Room:
 
 
 class InFlightSlots:
-    """At most ``size`` (≥ 1) messages held at once (see the module docstring); one event loop."""
+    """At most ``size`` (≥ 1) messages held at once; one event loop."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -456,8 +447,7 @@ class InFlightSlots:
             raise RuntimeError(f"in-flight slots miscounted: {self.free} free, {self.held} held")
 
     def _give_back(self, count: int) -> None:
-        """Free ``count`` slots (:meth:`check`) and wake every poller waiting for one; each checks again (the
-        first may take them all)."""
+        """Free ``count`` slots (:meth:`check`) and wake every poller waiting for one."""
         if count <= 0:
             return
         self.free += count
