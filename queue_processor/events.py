@@ -88,8 +88,7 @@ NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length
 
 
 class cached_field(cached_property[T]):  # noqa: N801 - used like the decorator it extends
-    """``functools.cached_property`` without the lock Python 3.11 takes on every first read (gone in 3.12):
-    an event is computed by one task, and a race would only compute the same value twice."""
+    """``functools.cached_property`` without the lock Python 3.11 takes on every first read."""
 
     def __get__(self, instance: object, owner: type | None = None) -> T:  # type: ignore[override]
         if instance is None:
@@ -440,8 +439,7 @@ class MessageOutcome(StrEnum):
     REQUEUE = "requeue"
 
 
-#: Messages whose every operation has ended: (message ID, what to do with it) pairs; the receipt handles are the
-#: settlement ledger's (:class:`~queue_processor.settlement.Ledger`).
+#: Messages whose every operation has ended: (message ID, what to do with it) pairs.
 Settlement = tuple[tuple[str, MessageOutcome], ...]
 
 

@@ -130,7 +130,6 @@ class InstanceResolver:
         self._cache: dict[str, tuple[float, InstanceInfo | None]] = {}
         self._waiting: dict[str, list[asyncio.Future[InstanceInfo | None]]] = {}
         self._flush: asyncio.Task[None] | None = None
-        # 1 by default: smaller batches cost more per instance against a serialized endpoint.
         self._slots = asyncio.Semaphore(concurrency)
         self._in_flight: set[asyncio.Task[None]] = set()
         self.calls = 0

@@ -1,10 +1,8 @@
 """Message body → typed events: ``parse(body) -> ParseResult[Event]``, pure and total. Accepted: an EventBridge
 event of a kind in :data:`REGISTRY`, an Auto Scaling notification sent straight to SQS, or either in an SNS
-envelope ("Amazon SNS message and JSON formats"); validated straight from JSON in one pass. AWS Health
-``scheduledChange`` events ("Monitoring AWS Health events with Amazon EventBridge") give one event per affected
-instance (aws-node-termination-handler drains only the first); state changes are acted on for
-:data:`DRAIN_STATES` only, matched exactly (aws-node-termination-handler matched substrings).
-"""
+envelope ("Amazon SNS message and JSON formats"), validated straight from JSON. AWS Health ``scheduledChange``
+events ("Monitoring AWS Health events with Amazon EventBridge") give one event per affected instance; state changes
+are acted on for :data:`DRAIN_STATES` only, matched exactly."""
 
 from __future__ import annotations
 
@@ -65,19 +63,16 @@ class ParseResult(NamedTuple, Generic[E]):
 
     @classmethod
     def of_events(cls, events: tuple[E, ...], envelope: str = "eventbridge") -> ParseResult[E]:
-        """An ``events`` result; ``events`` must not be empty."""
         return cls("events", events, None, envelope)
 
     @classmethod
     def skip(
         cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge"
     ) -> ParseResult[Any]:
-        """A ``skip`` result: its class and its free-text reason."""
         return cls("skip", (), reason, envelope, reason_class)
 
     @classmethod
     def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult[Any]:
-        """A ``poison`` result: its class and its free-text reason."""
         return cls("poison", (), reason, envelope, reason_class)
 
     @classmethod
@@ -192,7 +187,7 @@ def parse_health_time(value: str) -> datetime:
         parsed = datetime.fromisoformat(text)
         return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
     parts = text.split()
-    # The layout AWS Health uses, read directly: email.utils' general parser is much slower.
+    # The layout AWS Health uses, read directly (email.utils' parser is slow).
     if len(parts) == 6 and parts[5] == "GMT" and parts[2] in _MONTHS and parts[4].count(":") == 2:
         hour, minute, second = parts[4].split(":")
         try:
@@ -486,7 +481,6 @@ def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -
 def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResult[Event] | None:
     """A registered EventBridge kind, validated into its model; ``None`` when the body is not one."""
     try:
-        # pydantic-core's validator directly: TypeAdapter.validate_json adds a Python layer per call.
         validated = _kinds().validator.validate_json(body)
     except ValidationError as exc:
         first = _first_error(exc)
