@@ -231,16 +231,13 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
     """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip;
     poison without a readable ``time`` / ``startTime`` or an affected instance."""
     health = msg.detail
-    if health.service != "EC2":
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_HEALTH_EVENT,
-            f"AWS Health event for service {health.service!r} is not acted on",
-        )
-    if health.event_type_category != "scheduledChange":
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_HEALTH_EVENT,
-            f"AWS Health event category {health.event_type_category!r} is not acted on",
-        )
+    for field, value, acted_on in (
+        ("for service", health.service, "EC2"),
+        ("category", health.event_type_category, "scheduledChange"),
+    ):
+        if value != acted_on:
+            reason = f"AWS Health event {field} {value!r} is not acted on"
+            return ParseResult.skip(SkipClass.UNHANDLED_HEALTH_EVENT, reason)
     if health.status_code == "closed":
         return ParseResult.skip(SkipClass.HEALTH_EVENT_CLOSED, "AWS Health event is closed")
     if health.start_time is None:
