@@ -308,21 +308,15 @@ class LifecycleProbe(BaseModel):
 
     def not_an_action(self, envelope: str) -> ParseResult[Any] | None:
         """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
-        # The autoscaling:TEST_NOTIFICATION is sent when a hook is created.
-        if TEST_NOTIFICATION in (self.event, self.lifecycle_transition):
+        transition = self.lifecycle_transition
+        if TEST_NOTIFICATION in (self.event, transition):  # sent when a hook is created
             return ParseResult.skip(SkipClass.TEST_NOTIFICATION, "Auto Scaling test notification", envelope)
-        if self.lifecycle_transition is None:
-            return ParseResult.skip(
-                SkipClass.UNHANDLED_KIND,
-                f"Auto Scaling notification {self.event!r} is not acted on",
-                envelope,
-            )
-        if self.lifecycle_transition not in TRANSITION_EVENTS:
-            return ParseResult.skip(
-                SkipClass.UNHANDLED_TRANSITION,
-                f"lifecycle transition {self.lifecycle_transition!r} is not acted on",
-                envelope,
-            )
+        if transition is None:
+            reason = f"Auto Scaling notification {self.event!r} is not acted on"
+            return ParseResult.skip(SkipClass.UNHANDLED_KIND, reason, envelope)
+        if transition not in TRANSITION_EVENTS:
+            reason = f"lifecycle transition {transition!r} is not acted on"
+            return ParseResult.skip(SkipClass.UNHANDLED_TRANSITION, reason, envelope)
         return None
 
 

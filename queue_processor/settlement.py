@@ -25,7 +25,6 @@ from queue_processor.events import (
     EventStore,
     MessageOutcome,
     NodeOperation,
-    Settlement,
     SqsMessageRef,
 )
 from queue_processor.lifecycle import Heartbeats
@@ -133,16 +132,13 @@ class Ledger:
         await self._change_visibility(ref, self.poison_visibility_s)
 
     async def finish(self, operation: NodeOperation, *, succeeded: bool, letting_go: bool = False) -> None:
-        """End ``operation`` in the store and :meth:`settle` what it leaves; ``letting_go``: only free slots."""
+        """End ``operation`` in the store and settle every message it leaves at once (errors logged and counted,
+        slots returned); ``letting_go``: only free their slots."""
         settlement = self.store.finish(operation, succeeded=succeeded)
         if letting_go:
             for message_id, _ in settlement:
                 self.let_go(message_id)
-        else:
-            await self.settle(settlement, operation)
-
-    async def settle(self, settlement: Settlement, operation: NodeOperation) -> None:
-        """Settle every message of ``settlement`` at once; errors are logged and counted, slots returned."""
+            return
         # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
         receipts = [(message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement]
         results = await asyncio.gather(
