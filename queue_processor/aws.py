@@ -98,7 +98,10 @@ def _retrying() -> AsyncRetrying:
 async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
     """``await fn(**kwargs)``, retried while :func:`is_retryable` (jittered backoff up to 0.2 s * 2^n, at most
     5 s between attempts, :data:`ATTEMPTS` in all); raises the last error, or a non-retryable one at once."""
-    return await _retrying()(fn, **kwargs)
+    async for attempt in _retrying():
+        with attempt:
+            return await fn(**kwargs)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Iterable[U]], /) -> list[U]:
