@@ -338,11 +338,6 @@ class Mode(StrEnum):
     """Wait for the node to register and turn Ready, then complete the launch action(s)."""
 
 
-def mode_of(event: Event) -> Mode:
-    """The mode of the operation an event belongs to."""
-    return Mode.LAUNCH if event.kind is EventKind.ASG_LAUNCH_LIFECYCLE else Mode.DRAIN
-
-
 @dataclass
 class NodeOperation:
     """Everything asked of one instance at once: its events (unique IDs) and the IDs of their messages, in arrival
@@ -488,7 +483,7 @@ class EventStore:
         self._expire()
         if event.event_id in self._done:
             return Admission(AdmissionKind.DONE, None)
-        key = (event.instance_id, mode_of(event))
+        key = (event.instance_id, Mode.LAUNCH if event.kind is EventKind.ASG_LAUNCH_LIFECYCLE else Mode.DRAIN)
         operation = self._operations.get(key)
         kind = AdmissionKind.JOINED
         if operation is None:
