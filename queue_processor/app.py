@@ -40,6 +40,7 @@ from queue_processor.outcomes import StartupError
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.returns import Returns
 from queue_processor.server import ProbeServer
+from queue_processor.settlement import Ledger
 from queue_processor.watch import Departures, NodeCache
 
 __all__ = ["Controller", "run_controller"]
@@ -54,7 +55,6 @@ class Controller:
 
     consumer: Consumer
     handler: Handler
-    store: EventStore
     kube: KubeClient
     lifecycle: Lifecycle
     drainer: Drainer
@@ -64,6 +64,11 @@ class Controller:
     nodes: NodeCache
     leases: NodeLeases | None
     server: ProbeServer | None = None
+
+    @property
+    def store(self) -> EventStore:
+        """The event store (the consumer's)."""
+        return self.consumer.store
 
 
 async def run_controller(
@@ -126,7 +131,6 @@ def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Me
         if settings.node_leases
         else None
     )
-    webhook_url = settings.webhook_url.get_secret_value()
     handler = Handler(
         settings,
         resolver=resolver,
@@ -146,27 +150,28 @@ def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Me
             template_file=settings.webhook_template_file,
             proxy=settings.webhook_proxy,
         )
-        if webhook_url
+        if (webhook_url := settings.webhook_url.get_secret_value())
         else None,
         observer=metrics,
     )
-    store = EventStore()
     consumer = Consumer(
-        aws.sqs,
+        Ledger(
+            aws.sqs,
+            EventStore(),
+            heartbeats,
+            in_flight_budget=settings.in_flight_budget,
+            visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,
+            poison_visibility_s=settings.poison_visibility_timeout_sec,
+            requeue_base_s=settings.requeue_backoff_base_sec,
+            observer=metrics,
+        ),
         handler,
-        store,
-        heartbeats=heartbeats,
         queue_urls=settings.all_queue_urls,
-        in_flight_budget=settings.in_flight_budget,
-        visibility_timeout_s=settings.sqs_msg_visibility_timeout_sec,
         loops_per_queue=settings.receive_loops_per_queue,
         wait_s=settings.receive_wait_time_sec,
-        observer=metrics,
-        poison_visibility_s=settings.poison_visibility_timeout_sec,
-        requeue_base_s=settings.requeue_backoff_base_sec,
     )
     return Controller(
-        consumer, handler, store, kube, lifecycle, drainer, resolver, metrics, departures, nodes, leases
+        consumer, handler, kube, lifecycle, drainer, resolver, metrics, departures, nodes, leases
     )
 
 

@@ -231,18 +231,15 @@ class AwsClients:
             read_timeout=30,
             max_pool_connections=64,
         )
-        region = self.settings.aws_region
-        endpoint = self.settings.aws_endpoint or None
-        enter = self._stack.enter_async_context
-        self.sqs: SQSClient = await enter(
-            session.create_client("sqs", region_name=region, endpoint_url=endpoint, config=config)
-        )
-        self.ec2: EC2Client = await enter(
-            session.create_client("ec2", region_name=region, endpoint_url=endpoint, config=config)
-        )
-        self.autoscaling: AutoScalingClient = await enter(
-            session.create_client("autoscaling", region_name=region, endpoint_url=endpoint, config=config)
-        )
+        region, endpoint = self.settings.aws_region, self.settings.aws_endpoint or None
+
+        def open_client(name: Any) -> Awaitable[Any]:  # one of the services the stubs name
+            made = session.create_client(name, region_name=region, endpoint_url=endpoint, config=config)
+            return self._stack.enter_async_context(made)
+
+        self.sqs: SQSClient = await open_client("sqs")
+        self.ec2: EC2Client = await open_client("ec2")
+        self.autoscaling: AutoScalingClient = await open_client("autoscaling")
         for client in (self.sqs, self.ec2, self.autoscaling):
             counter = _CallCounter(client.meta.service_model.service_name, self.observer)
             client.meta.events.register("after-call", counter.answered)

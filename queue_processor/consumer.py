@@ -17,17 +17,14 @@ from botocore.exceptions import NoCredentialsError
 from queue_processor import rest
 from queue_processor.aws import call, error_code
 from queue_processor.config import default
-from queue_processor.events import AdmissionKind, EventStore, Mode, NodeOperation, SqsMessageRef
+from queue_processor.events import AdmissionKind, Mode, NodeOperation, SqsMessageRef
 from queue_processor.handler import Handler
-from queue_processor.lifecycle import Heartbeats
-from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
 from queue_processor.settlement import Ledger, Room
 from queue_processor.steps import Outcome
 
 if TYPE_CHECKING:  # the stubs are a development dependency
-    from types_aiobotocore_sqs import SQSClient
     from types_aiobotocore_sqs.type_defs import MessageTypeDef
 
 __all__ = ["Consumer"]
@@ -63,65 +60,39 @@ RELEASES_AT_SHUTDOWN_S = 1.0
 
 
 class Consumer:
-    """Consumes ``queue_urls`` with ``sqs`` for ``handler``; ``store`` coalesces events, :attr:`ledger` holds messages
-    (:class:`~.settlement.Ledger`'s arguments); ``loops_per_queue`` polls of ``wait_s`` seconds run per queue."""
+    """Consumes ``queue_urls`` for ``handler`` through ``ledger`` (its SQS client, event store, heartbeats and
+    observer); ``loops_per_queue`` polls of ``wait_s`` seconds run per queue."""
 
     def __init__(
         self,
-        sqs: SQSClient,
+        ledger: Ledger,
         handler: Handler,
-        store: EventStore,
         *,
-        heartbeats: Heartbeats,
         queue_urls: list[str],
-        in_flight_budget: int,
-        visibility_timeout_s: int,
         loops_per_queue: int = default("receive_loops_per_queue"),
         wait_s: int = default("receive_wait_time_sec"),
-        observer: Observer = NULL_OBSERVER,
-        poison_visibility_s: int = default("poison_visibility_timeout_sec"),
-        requeue_base_s: float = default("requeue_backoff_base_sec"),
     ) -> None:
-        self.sqs = sqs
+        self.ledger = ledger
         self.handler = handler
-        self.store = store
-        self.heartbeats = heartbeats
+        self.store = ledger.store
+        self.observer = ledger.observer
         self.queue_urls = queue_urls
-        self.visibility_timeout_s = visibility_timeout_s
         self.loops_per_queue = loops_per_queue
         self.wait_s = wait_s
-        self.observer = observer
         self.answered_at = 0.0
         """``time.monotonic()`` of the last ReceiveMessage SQS answered (readiness)."""
         self.failed_at = 0.0
         """``time.monotonic()`` of the last ReceiveMessage that failed (readiness)."""
         self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        """Resolved with one line naming the setting when SQS refuses the very first receives for good (the
-        queue does not exist, the credentials are refused or missing): start-up failed. A refusal after SQS
-        has answered once is logged and retried (credentials may rotate, a policy may be re-attached)."""
-        self.ledger = Ledger(
-            sqs,
-            store,
-            heartbeats,
-            in_flight_budget=in_flight_budget,
-            visibility_timeout_s=visibility_timeout_s,
-            poison_visibility_s=poison_visibility_s,
-            requeue_base_s=requeue_base_s,
-            observer=observer,
-        )
-        """The settlement ledger: slots, receipt handles, visibility, settlement (:mod:`.settlement`)."""
-        handler.park = self.ledger.park  # a drain waiting for its turn gives its messages' slots back
+        """Resolved with one line naming the setting when SQS refuses the very first receives for good."""
+        handler.park_messages = ledger.park_messages
         self._operations: dict[tuple[str, Mode], asyncio.Task[None]] = {}
-        # Operation tasks settling their messages (another of the same key may run meanwhile).
-        self._settling: set[asyncio.Task[None]] = set()
+        self._settling: set[asyncio.Task[None]] = set()  # operation tasks settling their messages
         self._loops: list[asyncio.Task[None]] = []
-        # Receive loops from their poll until its messages are taken: a shutdown lets them finish.
-        self._polling: set[asyncio.Task[Any]] = set()
+        self._polling: set[asyncio.Task[Any]] = set()  # loops from their poll until its messages are taken
         self._stopping = asyncio.Event()
         self.loop_heartbeat = time.monotonic()
         """``time.monotonic()`` of the last loop iteration (liveness)."""
-
-    # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         """Start the receive loops and the ledger's visibility renewals."""
@@ -162,7 +133,7 @@ class Consumer:
             )
         await rest.stop(*self._loops, *self._operations.values(), *self._settling)
         await self.ledger.close()
-        await self.heartbeats.close()
+        await self.ledger.heartbeats.close()
 
     async def _shut_down(self) -> None:
         for task in self._loops:
@@ -177,20 +148,17 @@ class Consumer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELEASES_AT_SHUTDOWN_S):
                     await leases.flush()
-        await self.heartbeats.close()  # nothing beats once this replica lets its messages go
+        await self.ledger.heartbeats.close()  # nothing beats once this replica lets its messages go
         await self.ledger.stop_renewing()
         await self.ledger.deletes_sent()  # deletes already decided
         await self.ledger.release_held(held)
         # An open poll may take the messages just made visible: its loop makes them visible again (_poll).
         await rest.wait(*self._loops)
 
-    # -------------------------------------------------------------------------------------------- receive
-
     async def _receive_loop(self, queue_url: str) -> None:
         while not self._stopping.is_set():
             self.loop_heartbeat = time.monotonic()
-            # Unclaimed room is free again however the block exits.
-            async with self.ledger.slots.room(10) as room:
+            async with self.ledger.slots.reserve_room(10) as room:
                 if self._stopping.is_set():  # room taken while a shutdown began: no new poll
                     return
                 retry_in_s = await self._poll(queue_url, room)
@@ -200,7 +168,7 @@ class Consumer:
                 await asyncio.sleep(retry_in_s)
 
     async def _poll(self, queue_url: str, room: Room) -> float:
-        """One ReceiveMessage for at most ``room.size`` messages, each taken (:meth:`_take`). Returns 0 to poll
+        """One ReceiveMessage for at most ``room.size`` messages, each taken (:meth:`_take_message`). Returns 0 to poll
         again, the seconds to wait after a failure, or -1 when SQS refuses this controller for good."""
         current = asyncio.current_task()
         assert current is not None
@@ -209,11 +177,11 @@ class Consumer:
             asked_at = time.monotonic()
             try:
                 answer = await call(
-                    self.sqs.receive_message,
+                    self.ledger.sqs.receive_message,
                     QueueUrl=queue_url,
                     MaxNumberOfMessages=room.size,
                     WaitTimeSeconds=self.wait_s,
-                    VisibilityTimeout=self.visibility_timeout_s,
+                    VisibilityTimeout=self.ledger.visibility_timeout_s,
                     MessageSystemAttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
                 )
             except Exception as exc:
@@ -230,7 +198,7 @@ class Consumer:
             self.answered_at = time.monotonic()
             self.observer.receive_answered(queue_url)
             messages = answer.get("Messages") or []
-            if messages and time.monotonic() - asked_at > self.wait_s + self.visibility_timeout_s:
+            if messages and time.monotonic() - asked_at > self.wait_s + self.ledger.visibility_timeout_s:
                 # Answered after their visibility timeout (paused, stalled): another consumer may hold them.
                 log.warning(
                     "messages received too late to be ours: made visible again",
@@ -248,7 +216,7 @@ class Consumer:
                     await self.ledger.make_visible(queue_url, [m["ReceiptHandle"] for m in messages[index:]])
                     return 0.0
                 try:
-                    failed += not await self._take(queue_url, message, room)
+                    failed += not await self._take_message(queue_url, message, room)
                 except Exception as exc:  # the loop survives any single message
                     failed += 1
                     self.observer.error(ErrorWhere.HANDLE)
@@ -260,7 +228,7 @@ class Consumer:
         finally:
             self._polling.discard(current)
 
-    async def _take(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
+    async def _take_message(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
         """Take one received message; one kept claims a slot of ``room`` until settled. ``False``: poison."""
         attributes = message.get("Attributes") or {}
         sent = attributes.get("SentTimestamp")
@@ -286,7 +254,7 @@ class Consumer:
                 self.observer.skipped(queue_url, result.skip_class)
             await self.ledger.delete(ref, kinds)
             return True
-        self.ledger.take(room, ref)  # held already (received again): it keeps the slot it has
+        self.ledger.hold_message(room, ref)  # held already (received again): it keeps the slot it has
         for event in result.events:
             admission = self.store.admit(event)
             if admission.kind is AdmissionKind.NEW and admission.operation is not None:
@@ -302,18 +270,16 @@ class Consumer:
         return True
 
     async def _start(self, operation: NodeOperation) -> None:
-        """:meth:`_spawn` ``operation``; if that raises, finish it as failed first: nothing stays held untended."""
+        """Start the task that runs ``operation`` and settles its messages; if that raises, finish it as failed."""
         try:
-            self._spawn(operation)
+            task = rest.spawn(
+                self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}"
+            )
+            self._operations[operation.key] = task
+            task.add_done_callback(functools.partial(self._operation_ended, operation))
         except Exception:
             await self.ledger.finish(operation, succeeded=False)
             raise
-
-    def _spawn(self, operation: NodeOperation) -> None:
-        """Start the task that runs ``operation`` through the handler and settles its messages."""
-        task = rest.spawn(self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}")
-        self._operations[operation.key] = task
-        task.add_done_callback(functools.partial(self._operation_ended, operation))
 
     def _operation_ended(self, operation: NodeOperation, task: asyncio.Task[None]) -> None:
         """Drop the ended task; finish as failed an operation a shutdown cancelled before it ran."""

@@ -1,15 +1,12 @@
-"""The typed interruption events: :class:`BaseEvent` (kind, identity, SQS message) and one model per kind.
+"""The typed interruption events, one model per kind: one affected instance of one message each.
 
-An event is one affected instance of one message. Validation aliases read the wire format (the EC2 User Guide's
-"Spot Instance interruption notices", "EC2 instance rebalance recommendations", "EC2 instance state-change
-events", "Monitor interruptible Capacity Reservations with EventBridge"; "Amazon EC2 Auto Scaling lifecycle
-hooks", in EventBridge's ``detail`` or at the top level of a notification sent straight to SQS); field names build
-one in code (``SpotInterruptionEvent(...)``). Reading message bodies into them is :mod:`queue_processor.parse`'s.
+Validation aliases read the wire format (the EC2 User Guide's "Spot Instance interruption notices", "EC2 instance
+rebalance recommendations", "EC2 instance state-change events", "Monitor interruptible Capacity Reservations with
+EventBridge"; "Amazon EC2 Auto Scaling lifecycle hooks", in EventBridge's ``detail`` or at the top level of a
+notification sent straight to SQS); field names build one in code.
 
-:class:`EventStore` (pure, no I/O) deduplicates them by event ID and keeps one :class:`NodeOperation` per instance
-and mode: however SQS and EventBridge repeat and however many kinds one instance brings, a node is drained **once**,
-every message asking for it acknowledged when that drain ends, every lifecycle action among them completed
-(DESIGN.md rule 2).
+:class:`EventStore` (pure) deduplicates them by event ID and keeps one :class:`NodeOperation` per instance and mode:
+a node is drained **once**, every message asking for it settled when that drain ends (DESIGN.md rule 2).
 """
 
 from __future__ import annotations
@@ -91,8 +88,7 @@ NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length
 
 
 class cached_field(cached_property[T]):  # noqa: N801 - used like the decorator it extends
-    """``functools.cached_property`` without the lock Python 3.11 takes on every first read (gone in 3.12):
-    an event is computed by one task, and a race would only compute the same value twice."""
+    """``functools.cached_property`` without the lock Python 3.11 takes on every first read."""
 
     def __get__(self, instance: object, owner: type | None = None) -> T:  # type: ignore[override]
         if instance is None:
@@ -127,7 +123,6 @@ class BaseEvent(BaseModel):
     """Fields every event carries: ``instance_id`` as given (shape not checked), ``time`` when AWS emitted it (aware),
     ``source_id`` the message's own ID, ``message`` (``None`` when parsed from a file). Checks: pydantic-core's only."""
 
-    # extra="ignore": the wire format has many fields we do not read. frozen: events are shared by tasks.
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     detail_type: str | None = Field(default=None, alias="detail-type", exclude=True, repr=False)
@@ -158,14 +153,12 @@ class BaseEvent(BaseModel):
         """Record the SQS message this event came from; ``ValueError`` when it already has a different one."""
         if self.message is not None and self.message != message:
             raise ValueError(f"event {self.event_id} already came from message {self.message.message_id}")
-        # Frozen model: the field is written where pydantic keeps field values.
         self.__dict__["message"] = message
 
 
 def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
     """``"<kind>-<20 hex digits>"``: at most 54 characters of ``[a-z0-9-]``, a valid label or taint value. ``key``:
     the lifecycle action token (shared by both forms), the AWS Health ``eventArn``, else the EventBridge ``id``."""
-    # EventKind is a str: joined as it is (.value goes through enum's slower descriptor).
     digest = hashlib.blake2b("\x1f".join((kind, instance_id, key)).encode(), digest_size=10).hexdigest()
     return str.__add__(kind, "-" + digest)
 
@@ -345,11 +338,6 @@ class Mode(StrEnum):
     """Wait for the node to register and turn Ready, then complete the launch action(s)."""
 
 
-def mode_of(event: Event) -> Mode:
-    """The mode of the operation an event belongs to."""
-    return Mode.LAUNCH if event.kind is EventKind.ASG_LAUNCH_LIFECYCLE else Mode.DRAIN
-
-
 @dataclass
 class NodeOperation:
     """Everything asked of one instance at once: its events (unique IDs) and the IDs of their messages, in arrival
@@ -446,8 +434,7 @@ class MessageOutcome(StrEnum):
     REQUEUE = "requeue"
 
 
-#: Messages whose every operation has ended: (message ID, what to do with it) pairs; the receipt handles are the
-#: settlement ledger's (:class:`~queue_processor.settlement.Ledger`).
+#: Messages whose every operation has ended: (message ID, what to do with it) pairs.
 Settlement = tuple[tuple[str, MessageOutcome], ...]
 
 
@@ -467,11 +454,6 @@ class EventStore:
         self._operations: dict[tuple[str, Mode], NodeOperation] = {}
         self._done: dict[str, float] = {}  # event_id → expiry
         self._messages: dict[str, _MessageState] = {}
-
-    @property
-    def operations(self) -> list[NodeOperation]:
-        """The operations in flight."""
-        return list(self._operations.values())
 
     def in_flight(self, message_id: str) -> bool:
         """Whether a message still has an operation running."""
@@ -501,7 +483,7 @@ class EventStore:
         self._expire()
         if event.event_id in self._done:
             return Admission(AdmissionKind.DONE, None)
-        key = (event.instance_id, mode_of(event))
+        key = (event.instance_id, Mode.LAUNCH if event.kind is EventKind.ASG_LAUNCH_LIFECYCLE else Mode.DRAIN)
         operation = self._operations.get(key)
         kind = AdmissionKind.JOINED
         if operation is None:

@@ -118,9 +118,9 @@ class Handler:
         self._holding: dict[str, OperationContext] = {}  # node Lease name → the operation holding it here
         if leases is not None:
             leases.watch.on_handed = self._join_handed_over
-        self.park: Callable[[list[str]], None] = lambda message_ids: None
+        self.park_messages: Callable[[list[str]], None] = lambda message_ids: None
         """Gives the in-flight slots of a waiting operation's messages back (set by the consumer to
-        :meth:`Ledger.park <queue_processor.settlement.Ledger.park>`)."""
+        :meth:`Ledger.park_messages <queue_processor.settlement.Ledger.park_messages>`)."""
 
     def received(self, event: Event) -> None:
         """Heartbeat a received event's lifecycle action when ours to complete; never waits on AWS."""
@@ -272,7 +272,7 @@ class Handler:
             if not waited:
                 waited = True
                 ctx.log.info("another replica holds the node's Lease: waiting for it", holder=holder)
-            self.park(list(ctx.operation.messages))
+            self.park_messages(list(ctx.operation.messages))
             await leases.watch.released(name, holder, min(left, leases.duration_s))
         return claim, waited
 
@@ -299,7 +299,7 @@ class Handler:
         if the instance started again while it waited."""
         if not self.parts.settings.drain_budget_non_urgent:
             return await _drain(ctx)
-        async with drain_turn(ctx, self.turns, self.park) as waited:
+        async with drain_turn(ctx, self.turns, self.park_messages) as waited:
             if waited and await started_again(ctx, fresh=True):
                 return None
             return await _drain(ctx)

@@ -238,10 +238,12 @@ class Lifecycle:
 class _Beat:
     action: AsgLifecycleEvent
     task: asyncio.Task[None]
-    held: asyncio.Event  # set while a receive of ours holds the action's message
     requeued_until: float | None = None  # clock reading; None while a receive of ours holds the action
     visible_at: float | None = None  # clock reading: when the requeued message is back in the queue
     held_until: float | None = None  # clock reading: when our hold of the message lapses; None: never
+    held: asyncio.Event = field(
+        default_factory=asyncio.Event
+    )  # set while a receive of ours holds the message
     confirmed: asyncio.Event = field(
         default_factory=asyncio.Event
     )  # set when a receive or renewal confirms it
@@ -272,27 +274,19 @@ class Heartbeats:
         """Heartbeat tasks alive."""
         return len(self._beats)
 
-    def beating(self, action: AsgLifecycleEvent) -> bool:
-        """Whether ``action`` has a heartbeat task."""
-        return action.action_key in self._beats
-
     def start(self, action: AsgLifecycleEvent) -> None:
         """Heartbeat ``action`` from now on (idempotent; a requeued one is held again). Never waits."""
         key = action.action_key
         beat = self._beats.get(key)
-        if beat is not None:
-            beat.requeued_until = beat.visible_at = None
-            beat.held.set()
-            self._confirm(beat)
-            return
-        if key in self._over or key in self._completing:
-            return
-        name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
-        task = rest.spawn(self._run(action), name=name)
-        self._beats[key] = _Beat(action, task, asyncio.Event())
-        self._beats[key].held.set()
-        self._confirm(self._beats[key])
-        task.add_done_callback(functools.partial(self._forget, key))
+        if beat is None:
+            if key in self._over or key in self._completing:
+                return
+            name = f"heartbeat-{action.instance_id}-{action.lifecycle_hook_name}"
+            beat = self._beats[key] = _Beat(action, rest.spawn(self._run(action), name=name))
+            beat.task.add_done_callback(functools.partial(self._forget, key))
+        beat.requeued_until = beat.visible_at = None
+        beat.held.set()
+        self._confirm(beat)
 
     def hold(self, keys: Iterable[ActionKey]) -> None:
         """The messages carrying ``keys``' actions are ours for another ``hold_s`` seconds: beat on."""

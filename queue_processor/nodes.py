@@ -57,11 +57,7 @@ def node_ready(node: dict[str, Any]) -> bool:
 
 def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") -> bool:
     """Whether the controller may act on the instance: ``check`` off, or it carries ``tag`` (= ``value``)."""
-    if not check:
-        return True
-    if tag not in info.tags:
-        return False
-    return not value or info.tags[tag] == value
+    return not check or (tag in info.tags and (not value or info.tags[tag] == value))
 
 
 Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
@@ -134,7 +130,6 @@ class InstanceResolver:
         self._cache: dict[str, tuple[float, InstanceInfo | None]] = {}
         self._waiting: dict[str, list[asyncio.Future[InstanceInfo | None]]] = {}
         self._flush: asyncio.Task[None] | None = None
-        # 1 by default: smaller batches cost more per instance against a serialized endpoint.
         self._slots = asyncio.Semaphore(concurrency)
         self._in_flight: set[asyncio.Task[None]] = set()
         self.calls = 0
@@ -185,12 +180,10 @@ class InstanceResolver:
             try:
                 found = {info.instance_id: info for info in map(_info, await self._describe(list(waiters)))}
             except BaseException as exc:
-                for futures in waiters.values():
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(
-                                exc if isinstance(exc, Exception) else asyncio.CancelledError()
-                            )
+                error = exc if isinstance(exc, Exception) else asyncio.CancelledError()
+                for future in (future for futures in waiters.values() for future in futures):
+                    if not future.done():
+                        future.set_exception(error)
                 if not isinstance(exc, Exception):
                     raise
                 return

@@ -1,10 +1,8 @@
 """Message body → typed events: ``parse(body) -> ParseResult[Event]``, pure and total. Accepted: an EventBridge
 event of a kind in :data:`REGISTRY`, an Auto Scaling notification sent straight to SQS, or either in an SNS
-envelope ("Amazon SNS message and JSON formats"); validated straight from JSON in one pass. AWS Health
-``scheduledChange`` events ("Monitoring AWS Health events with Amazon EventBridge") give one event per affected
-instance (aws-node-termination-handler drains only the first); state changes are acted on for
-:data:`DRAIN_STATES` only, matched exactly (aws-node-termination-handler matched substrings).
-"""
+envelope ("Amazon SNS message and JSON formats"), validated straight from JSON. AWS Health ``scheduledChange``
+events ("Monitoring AWS Health events with Amazon EventBridge") give one event per affected instance; state changes
+are acted on for :data:`DRAIN_STATES` only, matched exactly."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from queue_processor.events import (
 )
 from queue_processor.outcomes import PoisonClass, SkipClass
 
-__all__ = ["MAX_MESSAGE_BYTES", "REGISTRY", "ParseResult", "Poison", "parse"]
+__all__ = ["MAX_MESSAGE_BYTES", "REGISTRY", "ParseResult", "parse"]
 
 #: The largest SQS message body: 1 MiB ("Amazon SQS message quotas", SQS Developer Guide).
 MAX_MESSAGE_BYTES = 1_048_576
@@ -65,19 +63,16 @@ class ParseResult(NamedTuple, Generic[E]):
 
     @classmethod
     def of_events(cls, events: tuple[E, ...], envelope: str = "eventbridge") -> ParseResult[E]:
-        """An ``events`` result; ``events`` must not be empty."""
         return cls("events", events, None, envelope)
 
     @classmethod
     def skip(
         cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge"
     ) -> ParseResult[Any]:
-        """A ``skip`` result: its class and its free-text reason."""
         return cls("skip", (), reason, envelope, reason_class)
 
     @classmethod
     def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult[Any]:
-        """A ``poison`` result: its class and its free-text reason."""
         return cls("poison", (), reason, envelope, reason_class)
 
     @classmethod
@@ -90,52 +85,23 @@ class ParseResult(NamedTuple, Generic[E]):
         )
 
 
-class Poison(Exception):  # noqa: N818 - it names the outcome, not an error of ours
-    """Raised by a kind parser when a message lacks a field it needs or holds one it cannot read."""
-
-    def __init__(self, reason_class: PoisonClass, reason: str) -> None:
-        super().__init__(reason)
-        self.reason_class = reason_class
-        self.reason = reason
-
-
 KindParser = Callable[[Any, SqsMessageRef | None], ParseResult[Any]]
 InvalidHook = Callable[[str | bytes], ParseResult[Any] | None]
-
-
-@dataclass(frozen=True, slots=True)
-class KindSpec:
-    """A registered EventBridge kind; ``on_invalid`` may explain (as a skip) a body that failed validation."""
-
-    source: str
-    model: type[BaseModel]
-    finish: KindParser
-    on_invalid: InvalidHook | None = None
-
-
-#: EventBridge ``(source, detail-type)`` → its kind. Filled by the kind modules when they are imported.
-REGISTRY: dict[tuple[str, str], KindSpec] = {}
-#: The same kinds by model, for the parser's hot path.
-BY_MODEL: dict[type[BaseModel], KindSpec] = {}
 
 
 def _single(event: Any, message: SqsMessageRef | None) -> ParseResult[Any]:
     return ParseResult.of_events((event,))
 
 
-def register(
-    source: str, model: type[BaseModel], finish: KindParser = _single, on_invalid: InvalidHook | None = None
-) -> None:
-    """Register ``finish`` (default: the validated model is the event) as what finishes a body of ``source``
-    validated into ``model``, by the detail-types of ``model.detail_type``'s ``Literal``. Raises ``ValueError``
-    when a detail-type is registered already (kinds are told apart by detail-type alone)."""
-    values = get_args(model.model_fields["detail_type"].annotation)
-    spec = KindSpec(source, model, finish, on_invalid)
-    for detail_type in values:
-        if any(detail_type == registered for _, registered in REGISTRY):
-            raise ValueError(f"detail-type {detail_type!r} is registered twice")
-        REGISTRY[(source, detail_type)] = spec
-    BY_MODEL[model] = spec
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """An EventBridge kind: ``source``, ``model`` (told apart by its ``detail_type`` ``Literal``), ``finish`` (default:
+    the validated model is the event); ``on_invalid`` may explain (as a skip) a body that failed validation."""
+
+    source: str
+    model: type[BaseModel]
+    finish: KindParser = _single
+    on_invalid: InvalidHook | None = None
 
 
 #: EventBridge envelope field → the direct Auto Scaling notification's key for the same value.
@@ -221,7 +187,7 @@ def parse_health_time(value: str) -> datetime:
         parsed = datetime.fromisoformat(text)
         return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
     parts = text.split()
-    # The layout AWS Health uses, read directly: email.utils' general parser is much slower.
+    # The layout AWS Health uses, read directly (email.utils' parser is slow).
     if len(parts) == 6 and parts[5] == "GMT" and parts[2] in _MONTHS and parts[4].count(":") == 2:
         hour, minute, second = parts[4].split(":")
         try:
@@ -261,38 +227,37 @@ def _affected_instances(msg: HealthMessage) -> list[str]:
     return list(instances)
 
 
-def _time_field(name: str, value: str) -> datetime:
-    try:
-        return parse_health_time(value)
-    except ValueError as exc:
-        raise Poison(PoisonClass.INVALID_FIELD, f"detail.{name}: {exc}") from None
-
-
 def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult[ScheduledChangeEvent]:
-    """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip.
-    Raises :class:`Poison` without a readable ``time`` / ``startTime`` or an affected instance."""
+    """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip;
+    poison without a readable ``time`` / ``startTime`` or an affected instance."""
     health = msg.detail
-    if health.service != "EC2":
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_HEALTH_EVENT,
-            f"AWS Health event for service {health.service!r} is not acted on",
-        )
-    if health.event_type_category != "scheduledChange":
-        return ParseResult.skip(
-            SkipClass.UNHANDLED_HEALTH_EVENT,
-            f"AWS Health event category {health.event_type_category!r} is not acted on",
-        )
+    for field, value, acted_on in (
+        ("for service", health.service, "EC2"),
+        ("category", health.event_type_category, "scheduledChange"),
+    ):
+        if value != acted_on:
+            reason = f"AWS Health event {field} {value!r} is not acted on"
+            return ParseResult.skip(SkipClass.UNHANDLED_HEALTH_EVENT, reason)
     if health.status_code == "closed":
         return ParseResult.skip(SkipClass.HEALTH_EVENT_CLOSED, "AWS Health event is closed")
     if health.start_time is None:
-        raise Poison(PoisonClass.MISSING_FIELD, "detail.startTime: Field required")
+        return ParseResult.poison(
+            PoisonClass.MISSING_FIELD, "detail.startTime: Field required", "eventbridge"
+        )
     if msg.time is None:
-        raise Poison(PoisonClass.MISSING_FIELD, "time: Field required")
-    start_time = _time_field("startTime", health.start_time)
-    end_time = _time_field("endTime", health.end_time) if health.end_time else None
+        return ParseResult.poison(PoisonClass.MISSING_FIELD, "time: Field required", "eventbridge")
+    try:
+        start_time = parse_health_time(health.start_time)
+    except ValueError as exc:
+        return ParseResult.poison(PoisonClass.INVALID_FIELD, f"detail.startTime: {exc}", "eventbridge")
+    try:
+        end_time = parse_health_time(health.end_time) if health.end_time else None
+    except ValueError as exc:
+        return ParseResult.poison(PoisonClass.INVALID_FIELD, f"detail.endTime: {exc}", "eventbridge")
     instances = _affected_instances(msg)
     if not instances:
-        raise Poison(PoisonClass.MISSING_FIELD, "detail.affectedEntities: no affected instance")
+        reason = "detail.affectedEntities: no affected instance"
+        return ParseResult.poison(PoisonClass.MISSING_FIELD, reason, "eventbridge")
     events: tuple[ScheduledChangeEvent, ...] = tuple(
         ScheduledChangeEvent(
             instance_id=instance_id,
@@ -343,21 +308,15 @@ class LifecycleProbe(BaseModel):
 
     def not_an_action(self, envelope: str) -> ParseResult[Any] | None:
         """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
-        # The autoscaling:TEST_NOTIFICATION is sent when a hook is created.
-        if TEST_NOTIFICATION in (self.event, self.lifecycle_transition):
+        transition = self.lifecycle_transition
+        if TEST_NOTIFICATION in (self.event, transition):  # sent when a hook is created
             return ParseResult.skip(SkipClass.TEST_NOTIFICATION, "Auto Scaling test notification", envelope)
-        if self.lifecycle_transition is None:
-            return ParseResult.skip(
-                SkipClass.UNHANDLED_KIND,
-                f"Auto Scaling notification {self.event!r} is not acted on",
-                envelope,
-            )
-        if self.lifecycle_transition not in TRANSITION_EVENTS:
-            return ParseResult.skip(
-                SkipClass.UNHANDLED_TRANSITION,
-                f"lifecycle transition {self.lifecycle_transition!r} is not acted on",
-                envelope,
-            )
+        if transition is None:
+            reason = f"Auto Scaling notification {self.event!r} is not acted on"
+            return ParseResult.skip(SkipClass.UNHANDLED_KIND, reason, envelope)
+        if transition not in TRANSITION_EVENTS:
+            reason = f"lifecycle transition {transition!r} is not acted on"
+            return ParseResult.skip(SkipClass.UNHANDLED_TRANSITION, reason, envelope)
         return None
 
 
@@ -374,13 +333,26 @@ def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
     return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
 
 
-for model in (SpotInterruptionEvent, RebalanceRecommendationEvent, CapacityReservationInterruptionEvent):
-    register("aws.ec2", model)
-register("aws.ec2", StateChangeEvent, finish_state_change)
-register("aws.health", HealthMessage, finish_health)
-# A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
-register("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid)
-register("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid)
+#: The EventBridge kinds acted on, by model (the parser's hot path).
+BY_MODEL: dict[type[BaseModel], KindSpec] = {
+    spec.model: spec
+    for spec in (
+        KindSpec("aws.ec2", SpotInterruptionEvent),
+        KindSpec("aws.ec2", RebalanceRecommendationEvent),
+        KindSpec("aws.ec2", CapacityReservationInterruptionEvent),
+        KindSpec("aws.ec2", StateChangeEvent, finish_state_change),
+        KindSpec("aws.health", HealthMessage, finish_health),
+        # A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
+        KindSpec("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid),
+        KindSpec("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid),
+    )
+}
+#: EventBridge ``(source, detail-type)`` → its kind.
+REGISTRY: dict[tuple[str, str], KindSpec] = {
+    (spec.source, detail_type): spec
+    for spec in BY_MODEL.values()
+    for detail_type in get_args(spec.model.model_fields["detail_type"].annotation)
+}
 
 
 def parse_direct(
@@ -500,7 +472,6 @@ def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -
 def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResult[Event] | None:
     """A registered EventBridge kind, validated into its model; ``None`` when the body is not one."""
     try:
-        # pydantic-core's validator directly: TypeAdapter.validate_json adds a Python layer per call.
         validated = _kinds().validator.validate_json(body)
     except ValidationError as exc:
         first = _first_error(exc)
@@ -516,10 +487,7 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
     spec = BY_MODEL[type(validated)]
     if validated.source != spec.source:
         return _not_acted_on(validated.source, validated.detail_type)
-    try:
-        result: ParseResult[Event] = spec.finish(validated, message)
-    except Poison as poison:
-        return ParseResult.poison(poison.reason_class, poison.reason, "eventbridge")
+    result: ParseResult[Event] = spec.finish(validated, message)
     if message is not None:
         for event in result.events:
             if event.message is None:

@@ -25,7 +25,6 @@ from queue_processor.events import (
     EventStore,
     MessageOutcome,
     NodeOperation,
-    Settlement,
     SqsMessageRef,
 )
 from queue_processor.lifecycle import Heartbeats
@@ -54,8 +53,8 @@ def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backo
 
 
 class Ledger:
-    """The messages this replica holds (see the module docstring), over ``sqs`` (an aiobotocore SQS client);
-    ``store`` says which still have operations running and which lifecycle actions each carries. Times: seconds."""
+    """The messages this replica holds, over ``sqs`` (an aiobotocore SQS client); ``store`` says which still have
+    operations running and which lifecycle actions each carries. Times: seconds."""
 
     def __init__(
         self,
@@ -80,14 +79,12 @@ class Ledger:
         self._extender: asyncio.Task[None] | None = None
         self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
         self._delete_flusher: asyncio.Task[None] | None = None
-        # Receipt handle → when it was received (monotonic): SQS keeps a receipt invisible 12 hours at most.
-        self._received: dict[str, float] = {}
-        # Message ID → the renewal in flight that carries it (renew_held), which its settlement waits for.
-        self._extending: dict[str, asyncio.Future[None]] = {}
+        self._received: dict[str, float] = {}  # receipt handle → when it was received (monotonic)
+        self._extending: dict[
+            str, asyncio.Future[None]
+        ] = {}  # message ID → the renewal in flight carrying it
 
-    # ------------------------------------------------------------------------------------- holding
-
-    def take(self, room: Room, ref: SqsMessageRef) -> None:
+    def hold_message(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt
         handle. Raises ``RuntimeError`` when ``room`` has no slot left."""
         before = self.slots.ref(ref.message_id)
@@ -109,10 +106,10 @@ class Ledger:
                 self._received.pop(ref.receipt_handle, None)
             self.slots.release(message_id)
 
-    def park(self, message_ids: list[str]) -> None:
+    def park_messages(self, message_ids: list[str]) -> None:
         """Keep ``message_ids`` held but give their slots back while their operation waits (DESIGN.md rule 6)."""
         for message_id in message_ids:
-            self.slots.park(message_id)
+            self.slots.park_message(message_id)
 
     def start(self) -> None:
         """Start renewing the visibility of the messages held."""
@@ -130,23 +127,18 @@ class Ledger:
         """Stop everything the ledger runs; a delete not sent yet is answered as failed."""
         await rest.stop(self._extender, self._delete_flusher)
 
-    # ------------------------------------------------------------------------------------ settlement
-
     async def poison(self, ref: SqsMessageRef) -> None:
         """Hide a poison message for POISON_VISIBILITY_TIMEOUT_SEC, never deleting it (the redrive policy acts)."""
         await self._change_visibility(ref, self.poison_visibility_s)
 
     async def finish(self, operation: NodeOperation, *, succeeded: bool, letting_go: bool = False) -> None:
-        """End ``operation`` in the store and :meth:`settle` what it leaves; ``letting_go``: only free slots."""
+        """End ``operation`` in the store and settle every message it leaves at once (errors logged and counted,
+        slots returned); ``letting_go``: only free their slots."""
         settlement = self.store.finish(operation, succeeded=succeeded)
         if letting_go:
             for message_id, _ in settlement:
                 self.let_go(message_id)
-        else:
-            await self.settle(settlement, operation)
-
-    async def settle(self, settlement: Settlement, operation: NodeOperation) -> None:
-        """Settle every message of ``settlement`` at once; errors are logged and counted, slots returned."""
+            return
         # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
         receipts = [(message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement]
         results = await asyncio.gather(
@@ -178,7 +170,6 @@ class Ledger:
             if renewal is not None:  # a renewal carrying this message is in flight: it must land first
                 await asyncio.shield(renewal)
             if outcome is MessageOutcome.DELETE:
-                # Nothing beats for a message this replica deletes.
                 for action in actions:
                     await self.heartbeats.stop(action)
                 await self.delete(ref, kinds)
@@ -212,8 +203,6 @@ class Ledger:
         """Make messages we do not keep visible at once (received too late, or during shutdown)."""
         await self._set_visibility(queue_url, receipt_handles, 0, ErrorWhere.REQUEUE)
 
-    # ----------------------------------------------------------------------------------------- SQS calls
-
     async def _flush_deletes(self) -> None:
         """Send the pending deletes after :data:`DELETE_WINDOW_S`; if this task dies, those not sent count as failed."""
         taken: list[tuple[SqsMessageRef, asyncio.Future[bool]]] = []
@@ -235,22 +224,20 @@ class Ledger:
     async def _delete_batches(
         self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
     ) -> None:
-        """DeleteMessageBatch for ``items``, 10 a call; each future gets whether SQS deleted it."""
-        for start in range(0, len(items), 10):
-            chunk = items[start : start + 10]
-            entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in chunk]
-            refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
-            for entry in refused or []:
+        """DeleteMessageBatch for ``items``; each future gets whether SQS deleted it."""
+        entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in items]
+        refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
+        for index, (ref, future) in enumerate(items):
+            entry = refused.get(index)
+            if entry:
                 log.warning(
                     "delete failed",
-                    message_id=chunk[int(entry["Id"])][0].message_id,
+                    message_id=ref.message_id,
                     code=entry.get("Code"),
                     error=entry.get("Message"),
                 )
-            failed = set(range(len(chunk))) if refused is None else {int(entry["Id"]) for entry in refused}
-            for index, (_, future) in enumerate(chunk):
-                if not future.done():
-                    future.set_result(index not in failed)
+            if not future.done():
+                future.set_result(index not in refused)
 
     async def _batch(
         self,
@@ -258,23 +245,27 @@ class Ledger:
         queue_url: str,
         entries: list[dict[str, Any]],
         where: ErrorWhere,
-    ) -> list[Any] | None:
-        """One SQS batch call for ``entries`` (at most 10; each gets its index as ``Id``): the entries SQS refused,
-        or ``None`` when the call failed (logged). Each failure is counted under ``where``; nothing is raised."""
-        try:
-            answer = await call(
-                method,
-                QueueUrl=queue_url,
-                Entries=[{"Id": str(i), **entry} for i, entry in enumerate(entries)],
-            )
-        except Exception as exc:
-            self.observer.error(where)
-            event = "delete failed" if where is ErrorWhere.DELETE else "visibility change failed"
-            log.warning(event, queue=queue_url, messages=len(entries), error=repr(exc))
-            return None
-        refused = list(answer.get("Failed") or [])
-        for _ in refused:
-            self.observer.error(where)
+    ) -> dict[int, Any]:
+        """SQS batch calls for ``entries``, 10 a call (each gets its index as ``Id``): the index of each entry not
+        done → SQS's failure entry (``None`` when its call failed, logged). Each failure is counted under ``where``."""
+        refused: dict[int, Any] = {}
+        for start in range(0, len(entries), 10):
+            chunk = entries[start : start + 10]
+            try:
+                answer = await call(
+                    method,
+                    QueueUrl=queue_url,
+                    Entries=[{"Id": str(start + i), **entry} for i, entry in enumerate(chunk)],
+                )
+            except Exception as exc:
+                self.observer.error(where)
+                event = "delete failed" if where is ErrorWhere.DELETE else "visibility change failed"
+                log.warning(event, queue=queue_url, messages=len(chunk), error=repr(exc))
+                refused.update(dict.fromkeys(range(start, start + len(chunk))))
+                continue
+            for entry in answer.get("Failed") or []:
+                self.observer.error(where)
+                refused[int(entry["Id"])] = entry
         return refused
 
     async def _change_visibility(self, ref: SqsMessageRef, seconds: int) -> None:
@@ -293,20 +284,12 @@ class Ledger:
         self, queue_url: str, receipt_handles: list[str], seconds: int, where: ErrorWhere
     ) -> set[str]:
         """ChangeMessageVisibilityBatch to ``seconds``; the handles SQS took. Failures logged, not raised."""
-        changed: set[str] = set()
-        for start in range(0, len(receipt_handles), 10):
-            chunk = receipt_handles[start : start + 10]
-            entries = [{"ReceiptHandle": handle, "VisibilityTimeout": seconds} for handle in chunk]
-            refused = await self._batch(self.sqs.change_message_visibility_batch, queue_url, entries, where)
-            if refused is None:
-                continue
-            for entry in refused:
+        entries = [{"ReceiptHandle": handle, "VisibilityTimeout": seconds} for handle in receipt_handles]
+        refused = await self._batch(self.sqs.change_message_visibility_batch, queue_url, entries, where)
+        for entry in refused.values():
+            if entry:
                 log.warning("visibility change failed", queue=queue_url, code=entry.get("Code"))
-            failed = {int(entry["Id"]) for entry in refused}
-            changed.update(handle for i, handle in enumerate(chunk) if i not in failed)
-        return changed
-
-    # ------------------------------------------------------------------------------- visibility renewal
+        return {handle for i, handle in enumerate(receipt_handles) if i not in refused}
 
     async def _extend_loop(self) -> None:
         period = max(self.visibility_timeout_s / 2, 1.0)
@@ -392,7 +375,7 @@ class Room:
 
 
 class InFlightSlots:
-    """At most ``size`` (≥ 1) messages held at once (see the module docstring); one event loop."""
+    """At most ``size`` (≥ 1) messages held at once; one event loop."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -401,7 +384,7 @@ class InFlightSlots:
         self.free = size
         """Slots neither reserved nor held."""
         self._held: dict[str, SqsMessageRef] = {}  # message ID → its newest receipt
-        self._parked: set[str] = set()  # held messages that gave their slot back (park)
+        self._parked: set[str] = set()  # held messages that gave their slot back
         self._freed = asyncio.Event()  # set and cleared at once: wakes every poller waiting then
         self.waiting = 0
         """Pollers waiting for a free slot now (liveness: they wait on purpose)."""
@@ -413,11 +396,11 @@ class InFlightSlots:
 
     @property
     def parked(self) -> int:
-        """Messages held without a slot (:meth:`park`)."""
+        """Messages held without a slot (:meth:`park_message`)."""
         return len(self._parked)
 
     @asynccontextmanager
-    async def room(self, at_most: int) -> AsyncIterator[Room]:
+    async def reserve_room(self, at_most: int) -> AsyncIterator[Room]:
         """Wait for a free slot, reserve up to ``at_most`` (≥ 1) as a :class:`Room`; those not claimed free on exit."""
         self.waiting += 1
         try:
@@ -434,13 +417,11 @@ class InFlightSlots:
             self._give_back(room.unclaimed)
             room.unclaimed = 0
 
-    def park(self, message_id: str) -> bool:
-        """Keep the message held but give its slot back (its operation waits); ``False`` if it has none (or parked)."""
-        if message_id not in self._held or message_id in self._parked:
-            return False
-        self._parked.add(message_id)
-        self._give_back(1)
-        return True
+    def park_message(self, message_id: str) -> None:
+        """Keep the message held but give its slot back (its operation waits); no change if it has none (or parked)."""
+        if message_id in self._held and message_id not in self._parked:
+            self._parked.add(message_id)
+            self._give_back(1)
 
     def ref(self, message_id: str) -> SqsMessageRef | None:
         """The newest receipt of a message holding a slot (``None`` for one that holds none)."""
@@ -462,8 +443,7 @@ class InFlightSlots:
             raise RuntimeError(f"in-flight slots miscounted: {self.free} free, {self.held} held")
 
     def _give_back(self, count: int) -> None:
-        """Free ``count`` slots (:meth:`check`) and wake every poller waiting for one; each checks again (the
-        first may take them all)."""
+        """Free ``count`` slots (:meth:`check`) and wake every poller waiting for one."""
         if count <= 0:
             return
         self.free += count

@@ -16,6 +16,7 @@ from queue_processor.events import (
     EventStore,
     MessageOutcome,
     Mode,
+    NodeOperation,
     RebalanceRecommendationEvent,
     SpotInterruptionEvent,
     SqsMessageRef,
@@ -66,14 +67,17 @@ def test_every_kind_for_one_instance_makes_one_drain_and_settles_every_message()
     ]
     admissions = [store.admit(event) for event in events]
     assert [a.kind for a in admissions] == [AdmissionKind.NEW] + [AdmissionKind.JOINED] * 4
-    (operation,) = store.operations
+    operation = admissions[0].operation
+    assert operation is not None
+    assert all(a.operation is operation for a in admissions)
     assert operation.mode is Mode.DRAIN
     assert len(operation.terminate_actions) == 2  # both lifecycle actions get completed
     for action in operation.unsettled():
         operation.settled[action.action_key] = "completed"
     settlement = store.finish(operation, succeeded=True)
     assert sorted(settlement) == [(f"m{n}", MessageOutcome.DELETE) for n in range(1, 6)]
-    assert store.operations == []
+    assert not store.running(operation)
+    assert store.held() == []
 
 
 def test_an_action_that_joined_after_the_last_completion_keeps_its_message() -> None:
@@ -196,6 +200,7 @@ def test_every_admitted_message_is_settled_once_its_operations_end(
     operation has ended no message is left unsettled."""
     store = EventStore()
     unsettled: set[str] = set()
+    running: dict[tuple[str, Mode], NodeOperation] = {}
 
     def settle(messages: tuple[tuple[str, MessageOutcome], ...]) -> None:
         for message_id, _ in messages:
@@ -207,13 +212,16 @@ def test_every_admitted_message_is_settled_once_its_operations_end(
         if admission.kind is AdmissionKind.DONE:
             continue
         unsettled.add(message)
-        keys = [op.key for op in store.operations]
-        assert len(keys) == len(set(keys))
+        operation = admission.operation
+        assert operation is not None
+        assert running.setdefault(operation.key, operation) is operation  # one in flight per instance
         if succeed:  # end the operation now; otherwise leave it running
-            settle(store.finish(admission.operation, succeeded=True))  # type: ignore[arg-type]
-    for operation in store.operations:
+            settle(store.finish(operation, succeeded=True))
+            del running[operation.key]
+    for operation in running.values():
         settle(store.finish(operation, succeeded=False))
-    assert store.operations == []
+    assert not any(store.running(operation) for operation in running.values())
+    assert store.held() == []
     assert unsettled == set()
 
 
@@ -238,6 +246,7 @@ def test_a_message_is_deleted_only_when_every_action_it_carries_is_settled(
     succeeded."""
     store = EventStore()
     carried: dict[str, set[object]] = {}
+    operations: dict[tuple[str, Mode], NodeOperation] = {}
     settles: dict[object, bool] = {}
     for instance, message, kind, completes in steps:
         event: Event = (
@@ -245,13 +254,16 @@ def test_a_message_is_deleted_only_when_every_action_it_carries_is_settled(
             if kind == "spot"
             else terminate(instance, message, token=kind)
         )
-        if store.admit(event).kind is AdmissionKind.DONE:
+        admission = store.admit(event)
+        if admission.kind is AdmissionKind.DONE:
             continue
+        assert admission.operation is not None
+        operations[admission.operation.key] = admission.operation
         if isinstance(event, AsgTerminateLifecycleEvent):
             carried.setdefault(message, set()).add(event.action_key)
             settles[event.action_key] = settles.get(event.action_key, False) or completes
     deleted: set[str] = set()
-    for operation in store.operations:
+    for operation in operations.values():
         for action in operation.lifecycle_actions:
             if settles[action.action_key]:
                 operation.settled[action.action_key] = "completed"

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
+from queue_processor import rest
 from queue_processor.config import REQUEUE_MAX_S, default
 from queue_processor.consumer import Consumer
 from queue_processor.events import AsgLifecycleEvent, EventStore, NodeOperation, SqsMessageRef
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.metrics import Metrics
-from queue_processor.settlement import requeue_backoff_s
+from queue_processor.settlement import Ledger, requeue_backoff_s
 from queue_processor.steps import Outcome
 
 
@@ -37,16 +38,18 @@ async def test_liveness_holds_while_a_full_budget_makes_the_loops_wait() -> None
             return {}
 
     consumer = Consumer(
-        NeverAnswers(),
+        Ledger(
+            NeverAnswers(),
+            EventStore(),
+            Heartbeats(None),
+            in_flight_budget=2,
+            visibility_timeout_s=30,
+        ),
         SimpleNamespace(parts=SimpleNamespace(leases=None)),  # type: ignore[arg-type]  # no message ever arrives
-        EventStore(),
-        heartbeats=Heartbeats(None),
         queue_urls=["q"],
-        in_flight_budget=2,
         loops_per_queue=2,
-        visibility_timeout_s=30,
     )
-    async with consumer.ledger.slots.room(2) as room:  # every slot held by messages under way
+    async with consumer.ledger.slots.reserve_room(2) as room:  # every slot held by messages under way
         assert room.claim(SqsMessageRef(queue_url="q", message_id="held-1", receipt_handle="rh-1"))
         assert room.claim(SqsMessageRef(queue_url="q", message_id="held-2", receipt_handle="rh-2"))
     consumer.start()
@@ -80,15 +83,17 @@ async def test_an_empty_receive_counts_as_an_answer() -> None:
 
     metrics = Metrics(process_metrics=False)
     consumer = Consumer(
-        Empty(),
+        Ledger(
+            Empty(),
+            EventStore(),
+            Heartbeats(None),
+            in_flight_budget=2,
+            visibility_timeout_s=30,
+            observer=metrics,
+        ),
         SimpleNamespace(parts=SimpleNamespace(leases=None)),  # type: ignore[arg-type]  # no message arrives
-        EventStore(),
-        heartbeats=Heartbeats(None),
         queue_urls=["q"],
-        in_flight_budget=2,
         loops_per_queue=1,
-        visibility_timeout_s=30,
-        observer=metrics,
     )
     consumer.start()
     try:
@@ -115,14 +120,16 @@ async def test_readiness_follows_the_latest_receive() -> None:
 
     sqs = Scripted()
     consumer = Consumer(
-        sqs,
+        Ledger(
+            sqs,
+            EventStore(),
+            Heartbeats(None),
+            in_flight_budget=2,
+            visibility_timeout_s=30,
+        ),
         SimpleNamespace(parts=SimpleNamespace(leases=None)),  # type: ignore[arg-type]  # no message arrives
-        EventStore(),
-        heartbeats=Heartbeats(None),
         queue_urls=["q"],
-        in_flight_budget=2,
         loops_per_queue=1,
-        visibility_timeout_s=30,
     )
     consumer.start()
 
@@ -308,15 +315,17 @@ class Running:
         self.handler = handler
         self.metrics = Metrics(process_metrics=False)
         self.consumer = Consumer(
-            self.sqs,
+            Ledger(
+                self.sqs,  # type: ignore[arg-type]
+                EventStore(),
+                handler.heartbeats,  # type: ignore[arg-type]
+                in_flight_budget=4,
+                visibility_timeout_s=30,
+                observer=self.metrics,
+            ),
             handler,  # type: ignore[arg-type]
-            EventStore(),
-            heartbeats=handler.heartbeats,  # type: ignore[arg-type]
             queue_urls=[QUEUE],
-            in_flight_budget=4,
             loops_per_queue=1,
-            visibility_timeout_s=30,
-            observer=self.metrics,
         )
 
     def count(self, name: str, **labels: str) -> float:
@@ -581,8 +590,8 @@ async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> No
     running = Running(FakeHandler())
     running.sqs.deliver(terminate_body())
     (message,) = (await running.sqs.receive_message(MaxNumberOfMessages=1))["Messages"]
-    async with running.consumer.ledger.slots.room(1) as room:
-        await running.consumer._take(QUEUE, message, room)  # type: ignore[arg-type]
+    async with running.consumer.ledger.slots.reserve_room(1) as room:
+        await running.consumer._take_message(QUEUE, message, room)  # type: ignore[arg-type]
     assert running.consumer.tasks == 1  # spawned, not started
     assert running.consumer.ledger.slots.held == 1
     await running.consumer.shutdown(timeout_s=10)  # awaited directly: the loop runs nothing in between
@@ -593,7 +602,7 @@ async def test_an_operation_cancelled_before_it_ever_ran_leaves_no_trace() -> No
         0,
         4,
     )  # and its slot returned
-    assert not running.consumer.store.held()
+    assert not running.consumer.ledger.store.held()
 
 
 async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
@@ -604,7 +613,7 @@ async def test_shutdown_is_bounded_when_a_poll_never_answers() -> None:
 
     running = Running(FakeHandler())
     running.sqs = Hangs()
-    running.consumer.sqs = running.consumer.ledger.sqs = running.sqs  # type: ignore[assignment]
+    running.consumer.ledger.sqs = running.sqs  # type: ignore[assignment]
     running.consumer.start()
     await running.until(lambda: running.consumer._polling)
     await asyncio.wait_for(running.consumer.shutdown(timeout_s=0.2), 30)  # returns: the bound held
@@ -655,7 +664,7 @@ async def test_a_poll_cancelled_in_the_middle_of_its_batch_returns_the_slots_nob
 
     running = Running(FakeHandler())
     running.sqs = Stuck()
-    running.consumer.sqs = running.consumer.ledger.sqs = running.sqs  # type: ignore[assignment]
+    running.consumer.ledger.sqs = running.sqs  # type: ignore[assignment]
     running.handler.gate = asyncio.Event()
     running.sqs.deliver(terminate_body("tok-1", "i-0000000000000000a"))
     running.sqs.deliver("{not json")
@@ -677,14 +686,18 @@ async def test_a_poll_cancelled_in_the_middle_of_its_batch_returns_the_slots_nob
 async def test_an_operation_that_cannot_be_started_is_requeued_not_held_for_ever(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 28: a ``_spawn`` that raised left its message in the store, held and renewed with nothing to
-    settle it."""
+    """Issue 28: an operation task that could not be started left its message in the store, held and renewed
+    with nothing to settle it."""
     running = make()
+    spawn = rest.spawn
 
-    def cannot_start(operation: NodeOperation) -> None:
+    def cannot_start(coro: Any, *, name: str, **options: Any) -> Any:
+        if not name.startswith("operation-"):
+            return spawn(coro, name=name, **options)
+        coro.close()
         raise RuntimeError("no task for it")
 
-    monkeypatch.setattr(running.consumer, "_spawn", cannot_start)
+    monkeypatch.setattr(rest, "spawn", cannot_start)
     message_id = running.sqs.deliver(terminate_body())
     requeued = "queue_processor_messages_requeued_total"
     errors = "queue_processor_errors_total"
@@ -699,7 +712,7 @@ async def test_an_operation_that_cannot_be_started_is_requeued_not_held_for_ever
     ((handle, backoff),) = running.sqs.visibility
     assert handle == f"rh-{message_id}-1"
     assert 8 <= backoff <= 12
-    assert running.consumer.store.held() == []
+    assert running.consumer.ledger.store.held() == []
     await running.consumer.shutdown(timeout_s=10)
     assert slots_of(running) == (0, 4)
 
@@ -715,7 +728,7 @@ async def test_a_delete_batcher_that_dies_leaves_no_settlement_waiting(make: Any
 
     running = make()
     running.sqs = Hangs()
-    running.consumer.sqs = running.consumer.ledger.sqs = running.sqs
+    running.consumer.ledger.sqs = running.sqs
     running.sqs.deliver(terminate_body())
     await running.until(lambda: running.sqs.asked)  # the batcher sent the delete, unanswered
     assert slots_of(running)[0] == 1  # the message's settlement waits for it, holding its slot

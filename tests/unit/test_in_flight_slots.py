@@ -17,7 +17,7 @@ def ref(message_id: str, handle: str = "rh-1") -> SqsMessageRef:
 
 async def test_what_a_room_does_not_claim_is_free_again_when_it_exits() -> None:
     slots = InFlightSlots(4)
-    async with slots.room(10) as room:
+    async with slots.reserve_room(10) as room:
         assert room.size == 4
         assert slots.free == 0
         assert room.claim(ref("m-1"))
@@ -28,7 +28,7 @@ async def test_a_room_left_by_an_exception_or_a_cancellation_gives_everything_un
     slots = InFlightSlots(3)
 
     async def failed_poll() -> None:
-        async with slots.room(3) as room:
+        async with slots.reserve_room(3) as room:
             room.claim(ref("m-1"))
             raise ValueError("a poll that failed")
 
@@ -39,7 +39,7 @@ async def test_a_room_left_by_an_exception_or_a_cancellation_gives_everything_un
     entered = asyncio.Event()
 
     async def poll() -> None:
-        async with slots.room(3):
+        async with slots.reserve_room(3):
             entered.set()
             await asyncio.Event().wait()
 
@@ -53,7 +53,7 @@ async def test_a_room_left_by_an_exception_or_a_cancellation_gives_everything_un
 
 async def test_a_slot_is_released_once_and_only_by_the_message_that_holds_it() -> None:
     slots = InFlightSlots(2)
-    async with slots.room(2) as room:
+    async with slots.reserve_room(2) as room:
         assert room.claim(ref("m-1"))
         assert not room.claim(ref("m-1"))  # received again while held: keeps the slot it has
     assert (slots.held, slots.free) == (1, 1)
@@ -65,7 +65,7 @@ async def test_a_slot_is_released_once_and_only_by_the_message_that_holds_it() -
 
 async def test_a_room_cannot_claim_more_than_it_reserved() -> None:
     slots = InFlightSlots(2)
-    async with slots.room(1) as room:
+    async with slots.reserve_room(1) as room:
         room.claim(ref("m-1"))
         with pytest.raises(RuntimeError):
             room.claim(ref("m-2"))
@@ -74,12 +74,12 @@ async def test_a_room_cannot_claim_more_than_it_reserved() -> None:
 
 async def test_a_poller_waits_for_a_free_slot_and_takes_it_when_a_message_is_settled() -> None:
     slots = InFlightSlots(1)
-    async with slots.room(1) as room:
+    async with slots.reserve_room(1) as room:
         room.claim(ref("m-1"))
     got: list[int] = []
 
     async def poll() -> None:
-        async with slots.room(10) as room:
+        async with slots.reserve_room(10) as room:
             got.append(room.size)
 
     task = asyncio.create_task(poll())
@@ -101,9 +101,9 @@ def test_a_budget_below_one_slot_is_refused() -> None:
 
 async def test_a_held_message_keeps_its_newest_receipt_handle_until_its_slot_is_returned() -> None:
     slots = InFlightSlots(2)
-    async with slots.room(2) as room:
+    async with slots.reserve_room(2) as room:
         assert room.claim(ref("m-1", "rh-1"))
-    async with slots.room(1) as room:
+    async with slots.reserve_room(1) as room:
         assert not room.claim(ref("m-1", "rh-2"))  # received again while held: the new receipt wins
         assert room.unclaimed == 1
     held = slots.ref("m-1")

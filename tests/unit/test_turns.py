@@ -116,11 +116,11 @@ async def test_a_wait_cancelled_gives_its_place_up() -> None:
 
 async def test_a_parked_message_gives_its_slot_back_once() -> None:
     slots = InFlightSlots(2)
-    async with slots.room(2) as room:
+    async with slots.reserve_room(2) as room:
         room.claim(SqsMessageRef(queue_url="q", message_id="m-1", receipt_handle="rh"))
     assert (slots.held, slots.free) == (1, 1)
-    assert slots.park("m-1")
-    assert not slots.park("m-1")
+    slots.park_message("m-1")
+    slots.park_message("m-1")  # parked already: no second slot given back
     assert (slots.held, slots.free, slots.parked) == (0, 2, 1)
     assert slots.ref("m-1") is not None  # still held: renewed and settled with its receipt
     assert slots.release("m-1")
@@ -145,7 +145,7 @@ async def test_rebalance_drains_wait_their_turn_cordoned_and_a_spot_warning_star
         world.kube.add_node(f"node-{index}")
         world.kube.add_pod(f"web-{index}", f"node-{index}")
     parked: list[str] = []
-    world.handler.park = parked.extend
+    world.handler.park_messages = parked.extend
     evicting: list[str] = []
     gate = asyncio.Event()
 
