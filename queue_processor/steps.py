@@ -246,8 +246,9 @@ async def resolve(ctx: OperationContext) -> InstanceInfo | Outcome:
 
 async def started_again(ctx: OperationContext, *, fresh: bool = False) -> bool:
     """Whether the instance was started again since its messages, leaving nothing to drain: its ``LaunchTime``
-    is later than every ``SentTimestamp`` or, after stops only, it runs again (a warm pool's return, "Warm pools
-    for Amazon EC2 Auto Scaling"). Lifecycle actions always drain; events joining meanwhile are judged too."""
+    is later than every ``SentTimestamp`` or, after stops only, it runs again, launched since the stops' own time
+    (a warm pool's return, "Warm pools for Amazon EC2 Auto Scaling"). Lifecycle actions always drain; events joining
+    meanwhile are judged too."""
     operation, info = ctx.operation, ctx.info
     evaluated: list[Event] = []
     while len(evaluated) != len(operation.events):
@@ -285,11 +286,13 @@ async def _launched_since(
     if now is None:
         return None
     ctx.info = now
-    # LaunchTime is reported to the second; an earlier one is EC2's eventual consistency after a stop.
+    # A stop is judged by its own time (the state change's, whole seconds as LaunchTime), not its send: delivery
+    # may trail it past a start. An earlier LaunchTime is EC2's eventual consistency after a stop.
+    stopped_at = max(event.time for event in events).replace(microsecond=0)
     running_again = (
         stops_only
         and now.state in ("pending", "running")
-        and (now.launch_time is None or now.launch_time >= newest.replace(microsecond=0))
+        and (now.launch_time is None or now.launch_time >= stopped_at)
     )
     return now if running_again or _launched_after(now, newest) else None
 

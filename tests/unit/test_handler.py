@@ -754,6 +754,28 @@ async def test_a_second_stop_that_joins_while_ec2_is_read_again_is_judged_too(en
     assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 1
 
 
+async def test_a_stop_delivered_after_the_instance_started_again_leaves_the_returned_node_alone(
+    env: Any,
+) -> None:
+    """Explorer seed 2159 again (two replicas): a warm pool stopped an instance at 06:07:18 and started it in the
+    same second; the ``stopped`` message reached SQS 1.7 s later (SentTimestamp 06:07:19.7), after the start. Its
+    SentTimestamp is later than the new LaunchTime, its own time (the state change's) is not: the instance runs
+    again since that stop, so its node stays in service instead of being cordoned for good."""
+    world = World(settings())
+    stop_time = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    world.resolver.info = InstanceInfo(
+        INSTANCE, NODE, "us-east-1a", "running", dict(MANAGED), launch_time=stop_time
+    )
+    sent = ref("m-stopped").model_copy(update={"sent_timestamp": stop_time + timedelta(seconds=1.7)})
+    event = StateChangeEvent(instance_id=INSTANCE, time=stop_time, state="stopped", message=sent)
+    operation = world.receive(event)
+    assert operation is not None
+    outcome, messages = await world.run(operation)
+    assert (outcome, messages) == (Outcome.DONE, {"m-stopped": MessageOutcome.DELETE})
+    assert "unschedulable" not in world.node()["spec"]
+    assert world.count("queue_processor_operation_outcomes_total", outcome="started-again") == 1
+
+
 async def test_a_notice_stamped_before_the_last_start_but_sent_after_it_is_drained(env: Any) -> None:
     """A notice's ``time`` can be earlier than its message was sent (the sandbox stamps its compressed notices
     so; EventBridge may deliver late): what counts is the send (SQS SentTimestamp), not the stamp."""
