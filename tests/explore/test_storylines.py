@@ -53,7 +53,8 @@ PINNED: dict[int, str] = {
     "now reads the node itself",
     2159: "a warm pool's stop and return in one second, two replicas: the stop's two messages (stopping, "
     "stopped) reached the replica that had not drained it; the second joined while EC2 was read for the first, and "
-    "the join alone made it cordon the returned node (returned): events that join are judged as the first was",
+    "the join alone made it cordon the returned node (returned): events that join are judged as the first was; and "
+    "a stop whose message reached SQS after the start is judged by the stop's own time, not its send",
     2345: "our own node drained, we stayed for the other drains here, bounded by the deadline as it was then; a "
     "Spot warning for our instance joined, and its end came first: our pod went with the instance "
     "(gone-undrained): the stay is bounded by what the operation's events say at each wake",
