@@ -212,7 +212,7 @@ class Handler:
         info, parts = ctx.info, self.parts
         assert info is not None
         by_name = not parts.settings.use_provider_id and bool(info.private_dns_name)
-        watched = parts.drainer.nodes
+        watched = parts.drainer.writes.nodes
         if watched is not None and by_name:  # the provider-ID lookup reads no copy: it does not wait for one
             await watched.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
         if (

@@ -222,11 +222,6 @@ class Drainer:
         self.draining = 0
         self._reported: set[tuple[str, str]] = set()  # (workload, annotation value) reported already
 
-    @property
-    def nodes(self) -> NodeCache | None:
-        """The watched nodes a cordon writes on without reading the node first (``None``: a GET per cordon)."""
-        return self.writes.nodes
-
     async def drain(
         self,
         node: str,

@@ -186,10 +186,6 @@ class BudgetGates:
                 del self._budgets[name]
             self._owners = {owner: name for owner, name in self._owners.items() if name not in stale}
 
-    def __len__(self) -> int:
-        """How many budgets are remembered."""
-        return len(self._budgets)
-
 
 #: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
 EVICTION_RETRY_S = (1.0, 10.0)

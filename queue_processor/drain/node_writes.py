@@ -1,5 +1,5 @@
 """Node writes of a drain: cordon, taints and labels in one write, and their undo; a 409 Conflict is retried on a
-fresh read. Each write records in :data:`~queue_processor.drain.record.RECORD_ANNOTATION` only what it changed, so a
+fresh read. Each write records in the :data:`~queue_processor.watch.RECORD_ANNOTATION` only what it changed, so a
 cordon somebody else made is never undone. The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints``
 (``[key, effect]``), ``replacedTaints`` (``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``,
 ``warmPool``, ``since``. EC2's ``LaunchTime`` is the latest launch or start ("Stop and start Amazon EC2 instances")."""
@@ -14,10 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
-from queue_processor.watch import FIRST_COPY_WAIT_S, NodeCache
+from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_ANNOTATION, RECORD_LABEL, NodeCache
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,6 @@ class DrainPlan:
     decisions: tuple[PodDecision, ...]
 
     @property
-    def evict(self) -> list[dict[str, Any]]:
-        """The pods to evict."""
-        return [d.pod for d in self.decisions if d.verdict is Verdict.EVICT]
-
-    @property
     def skipped(self) -> list[PodDecision]:
         """The decisions of pods the drain leaves alone (own, mirror, DaemonSet-managed, terminating)."""
         return [d for d in self.decisions if d.verdict is Verdict.SKIP]
@@ -86,11 +81,6 @@ class DrainPlan:
     def errors(self) -> list[PodDecision]:
         """The decisions that forbid the drain."""
         return [d for d in self.decisions if d.verdict is Verdict.ERROR]
-
-    @property
-    def wait_for(self) -> list[dict[str, Any]]:
-        """The pods to wait for: those evicted and those being deleted (unless past the skip-wait timeout)."""
-        return [d.pod for d in self.decisions if d.verdict is Verdict.EVICT or d.awaiting_deletion]
 
 
 @dataclass(frozen=True)

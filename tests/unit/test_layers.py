@@ -20,7 +20,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.events",
         "queue_processor.permissions",
         "queue_processor.drain",
-        "queue_processor.drain.record",
         "queue_processor.observe",
         "queue_processor.observe.logs",
     },
