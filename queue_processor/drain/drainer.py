@@ -24,6 +24,7 @@ from queue_processor.drain.evictions import (
     DrainRun,
     Evictions,
     Running,
+    Tell,
     failed,
     raise_failed,
     settled,
@@ -47,7 +48,7 @@ from queue_processor.drain.plan import (
 )
 from queue_processor.drain.surge import Surge
 from queue_processor.kube import KubeClient
-from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
+from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError
 from queue_processor.watch import Departures, NodeCache, Waiting
@@ -230,34 +231,30 @@ class Drainer:
         instance_end: float | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
         lost: Callable[[], bool] | None = None,
-        evicted: Callable[[str, str], Awaitable[None]] | None = None,
-        deleted: Callable[[str, str], Awaitable[None]] | None = None,
-        noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        tell: Tell | None = None,
     ) -> DrainResult:
         """Evict the node's pods and wait until they are gone or the deadline (a ``clock`` reading, or
         :class:`DrainBounds` that may tighten), in a drain-budget slot. ``guard`` runs before each eviction and raises
         to stop the drain (:meth:`queue_processor.leases.Claim.confirm`); with ``lost()`` true surges are left to the
-        node's new owner. Callbacks must not raise: ``evicted``/``deleted(namespace, name)``, ``noticed(namespace,
-        name, reason, message)`` once per workload and value whose drain annotation cannot be followed. Raises
-        :class:`KubeError` when the pods cannot be listed, and what ``guard`` raises."""
+        node's new owner. ``tell`` (must not raise) records pod Events: evictions, deletions at the deadline, and (once
+        per workload and value) drain annotations that cannot be followed. Raises :class:`KubeError` when the pods
+        cannot be listed, and what ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
-        run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, evicted, deleted)
+        run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, tell, node)
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, run, noticed)
+                return await self._drain(node, run)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
 
-    async def _drain(
-        self, node: str, run: DrainRun, noticed: Callable[[str, str, str, str], Awaitable[None]] | None
-    ) -> DrainResult:
+    async def _drain(self, node: str, run: DrainRun) -> DrainResult:
         """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
         bounds = run.bounds
         listed = self.clock()
-        planned, done = await self._pass(node, run, noticed, set(), self.use_cache)
+        planned, done = await self._pass(node, run, set(), self.use_cache)
         relist_s = self.timing.relist_s
         if relist_s > 0 and not planned.refused and done.finished():
             # A pod the scheduler bound just before it saw the cordon shows up after the first list.
@@ -265,7 +262,7 @@ class Drainer:
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
             seen |= {((d.namespace, d.name), None) for d in planned.skipped}
             # From the API server's watch cache: seconds after the cordon it has the binding, at no etcd read.
-            later, more = await self._pass(node, run, noticed, seen, True)
+            later, more = await self._pass(node, run, seen, True)
             if any(later.waves):
                 log.info(
                     LOOKED_AGAIN,
@@ -279,7 +276,6 @@ class Drainer:
         self,
         node: str,
         run: DrainRun,
-        noticed: Callable[[str, str, str, str], Awaitable[None]] | None,
         seen: set[tuple[tuple[str, str], Any]],
         cached: bool,
     ) -> tuple[WavePlan, Tally]:
@@ -296,7 +292,7 @@ class Drainer:
         del pods
         if planned.refused or not any(planned.waves):
             return planned, Tally()
-        await self._report(planned.notices, noticed)
+        await self._report(planned.notices, run)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
         departures = self.departures
         with (
@@ -307,10 +303,8 @@ class Drainer:
             done = await self._execute(node, replace(run, accepted={}, held=[]), planned, following)
         return planned, done
 
-    async def _report(
-        self, notices: list[PolicyNotice], noticed: Callable[[str, str, str, str], Awaitable[None]] | None
-    ) -> None:
-        """Warn and call ``noticed`` once per workload and value for a drain policy that cannot be followed."""
+    async def _report(self, notices: list[PolicyNotice], run: DrainRun) -> None:
+        """Warn and tell an Event once per workload and value for a drain policy that cannot be followed."""
         for notice in notices:
             if (notice.workload, notice.value) in self._reported:
                 continue
@@ -335,9 +329,8 @@ class Drainer:
             log.warning(
                 line, workload=notice.workload, pod=f"{notice.namespace}/{notice.name}", value=notice.value
             )
-            if noticed is not None:
-                reason = UNKNOWN_DRAIN_POLICY if notice.why == "unknown" else SURGE_NOT_POSSIBLE
-                await noticed(notice.namespace, notice.name, reason, message)
+            reason = UNKNOWN_DRAIN_POLICY if notice.why == "unknown" else SURGE_NOT_POSSIBLE
+            await run.record((notice.namespace, notice.name), (reason, message), warning=True)
 
     async def _execute(self, node: str, run: DrainRun, planned: WavePlan, following: Waiting | None) -> Tally:
         """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
@@ -408,7 +401,7 @@ class Drainer:
         removed = 0
         refused: list[str] = []  # deletions at the deadline the API server refused
         if left and run.bounds.final(self.timing)[1]:
-            left, removed, refused = await self._delete_at_deadline(left, run.deleted)
+            left, removed, refused = await self._delete_at_deadline(left, run)
         await self._take_back(run.held)  # those whose pod was not evicted: kept until the deadline step
         why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
         return Tally(outcomes, graces, len(left), removed, why)
@@ -489,7 +482,7 @@ class Drainer:
         return present
 
     async def _delete_at_deadline(
-        self, left: dict[tuple[str, str], Any], deleted: Callable[[str, str], Awaitable[None]] | None
+        self, left: dict[tuple[str, str], Any], run: DrainRun
     ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
         """DELETE_AT_DEADLINE: delete every pod left with grace 0 and its uid as precondition. Returns those not
         deleted, how many were, and a cause line per refusal (e.g. a 403 without the ``deleteAtDeadline`` rule)."""
@@ -505,8 +498,7 @@ class Drainer:
                 refused.append(f"deletion of {namespace}/{name} at the deadline failed: {exc}")
                 return False
             self.observer.deleted_at_deadline()
-            if deleted is not None:
-                await deleted(namespace, name)
+            await run.record(key, POD_DELETED_AT_DEADLINE, warning=True)
             return True
 
         done = await asyncio.gather(*(delete(key, uid) for key, uid in left.items()))

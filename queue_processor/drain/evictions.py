@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -28,6 +28,7 @@ from queue_processor.drain.budgets import budget_of
 from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
+from queue_processor.observe.events import POD_EVICTION
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import EvictionOutcome, KubeError, NotSentError, SurgeResult
 
@@ -44,6 +45,7 @@ __all__ = [
     "Running",
     "Slot",
     "Slots",
+    "Tell",
     "evictions_in_flight",
     "failed",
     "raise_failed",
@@ -193,18 +195,26 @@ EVICTION_RETRY_S = (1.0, 10.0)
 log = structlog.get_logger("queue_processor.drain")
 
 
+class Tell(Protocol):
+    """Records an Event on a pod, as :meth:`~queue_processor.observe.events.NodeEventRecorder.record_pod`."""
+
+    async def __call__(
+        self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
+    ) -> None: ...
+
+
 @dataclass
 class DrainRun:
-    """One drain as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>`` User-Agent);
-    ``guard``, ``lost``, ``evicted``, ``deleted`` as :meth:`Drainer.drain` takes them; the evictions the API server
+    """One drain of ``node`` as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>``
+    User-Agent); ``guard``, ``lost``, ``tell`` as :meth:`Drainer.drain` takes them; the evictions the API server
     ``accepted`` (as last given) and the surges ``held`` (taken back when the drain ends, if not before)."""
 
     bounds: DrainBounds
     drain_id: str = ""
     guard: Callable[[], Awaitable[None]] | None = None
     lost: Callable[[], bool] | None = None
-    evicted: Callable[[str, str], Awaitable[None]] | None = None
-    deleted: Callable[[str, str], Awaitable[None]] | None = None
+    tell: Tell | None = None
+    node: str = ""
     accepted: dict[tuple[str, str], Eviction] = field(default_factory=dict)
     held: list[Surge] = field(default_factory=list)
 
@@ -212,6 +222,11 @@ class DrainRun:
         """Run the guard (raises to stop the drain)."""
         if self.guard is not None:
             await self.guard()
+
+    async def record(self, key: tuple[str, str], event: tuple[str, str], *, warning: bool = False) -> None:
+        """Tell the pod ``key``'s Event ``(reason, message)``, ``{node}`` in the message filled in."""
+        if self.tell is not None:
+            await self.tell(*key, event[0], event[1].format(node=self.node), warning=warning)
 
 
 class Evictions:
@@ -359,8 +374,7 @@ class Evictions:
     async def _accepted(self, entry: DrainPod, run: DrainRun, grace_s: int, cut: bool) -> Eviction:
         """The eviction's end when the API server took it."""
         self.gates.accepted(entry.owner)
-        if run.evicted is not None:
-            await run.evicted(*entry.key)
+        await run.record(entry.key, POD_EVICTION)
         outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace_s, cut=cut)
         run.accepted[entry.key] = outcome
         return outcome
