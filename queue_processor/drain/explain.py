@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready, selector_matches
+from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready
 from queue_processor.drain.plan import (
     SYSTEM_CLUSTER_CRITICAL,
     DrainOptions,
@@ -19,6 +19,7 @@ from queue_processor.drain.plan import (
     plan_drain,
     wave_of,
 )
+from queue_processor.drain.surge import selector_matches
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 
