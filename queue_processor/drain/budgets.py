@@ -1,7 +1,5 @@
-"""PodDisruptionBudgets as a drain meets them: pod health, the budget a 429 names, and a budget's arithmetic in one
-line. Pure; shared by the drainer, ``queue-processor explain`` and the sandbox's API server.
-
-Sources: "Specifying a Disruption Budget for your Application", "API-initiated Eviction", and the API server's
+"""PodDisruptionBudgets as a drain meets them: pod health, the budget a 429 names, a budget's arithmetic in one line.
+Pure. Sources: "Specifying a Disruption Budget for your Application", "API-initiated Eviction", and the API server's
 ``pkg/registry/core/pod/storage/eviction.go`` (its 429 carries a ``DisruptionBudget`` cause).
 """
 

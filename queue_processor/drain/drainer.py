@@ -1,7 +1,6 @@
-"""Drain one node with kubectl-drain semantics ("Safely Drain a Node"), as kubectl's ``RunNodeDrain``: list its
-pods, plan (:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait
-until they are gone or the deadline, delete what is left then when asked, summarise.
-One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1).
+"""Drain one node as kubectl's ``RunNodeDrain`` ("Safely Drain a Node"): list its pods, plan
+(:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait until they
+are gone or the deadline, delete what is left when asked, summarise; one path whatever USE_APISERVER_CACHE says.
 """
 
 from __future__ import annotations
@@ -202,7 +201,6 @@ class Drainer:
     ) -> None:
         self.kube = kube
         self.writes = NodeWrites(kube, nodes)
-        """Cordons, taints and their undo."""
         self.evictions = Evictions(
             kube,
             timing=timing,
@@ -236,9 +234,8 @@ class Drainer:
         """Evict the node's pods and wait until they are gone or the deadline (a ``clock`` reading, or
         :class:`DrainBounds` that may tighten), in a drain-budget slot. ``guard`` runs before each eviction and raises
         to stop the drain (:meth:`queue_processor.leases.Claim.confirm`); with ``lost()`` true surges are left to the
-        node's new owner. ``tell`` (must not raise) records pod Events: evictions, deletions at the deadline, and (once
-        per workload and value) drain annotations that cannot be followed. Raises :class:`KubeError` when the pods
-        cannot be listed, and what ``guard`` raises."""
+        node's new owner; ``tell`` (must not raise) records pod Events. Raises :class:`KubeError` when the pods cannot
+        be listed, and what ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
         run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, tell, node)
         async with self.budget:
@@ -257,11 +254,9 @@ class Drainer:
         planned, done = await self._pass(node, run, set(), self.use_cache)
         relist_s = self.timing.relist_s
         if relist_s > 0 and not planned.refused and done.finished():
-            # A pod the scheduler bound just before it saw the cordon shows up after the first list.
             await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
             seen |= {((d.namespace, d.name), None) for d in planned.skipped}
-            # From the API server's watch cache: seconds after the cordon it has the binding, at no etcd read.
             later, more = await self._pass(node, run, seen, True)
             if any(later.waves):
                 log.info(
@@ -288,8 +283,7 @@ class Drainer:
             if (pod_key(pod), pod["metadata"].get("uid")) not in seen and (pod_key(pod), None) not in seen
         ]
         planned = plan_waves(pods, self.options, self.timing, self.grace_s)
-        # Names, not pod objects, for the rest of the drain: many drains may wait at once.
-        del pods
+        del pods  # names, not pod objects, for the rest of the drain
         if planned.refused or not any(planned.waves):
             return planned, Tally()
         await self._report(planned.notices, run)
@@ -343,8 +337,7 @@ class Drainer:
             final = lambda: run.bounds.final(self.timing)[0]  # noqa: E731
             left = dict(await self._wait_gone(node, waiting, final, run.bounds, following=following))
         except BaseException as exc:
-            # One stop for all, so a second cancellation cannot leave evictions running (a cancelled launcher
-            # starts nothing more). Surges stay when the Lease is lost: the node's new owner takes them over.
+            # One stop for all (a second cancellation leaves nothing running); a lost Lease's new owner takes surges.
             await tasks.stop(*running)
             if not isinstance(exc, ClaimLost) and not (run.lost is not None and run.lost()):
                 await self._take_back(run.held)

@@ -1,10 +1,9 @@
 """One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
 429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
 
-Across every drain: :class:`Slots` bound the evictions waiting for their first request (pods not started wait as
-data, not as tasks in the rate limiter's line; first drain first), and :class:`BudgetGates` hold a workload's pods
-while its PodDisruptionBudget refused a moment ago, instead of spending requests on 429s (the controller owner stands
-for the budget: a 429 names the budget, not its pods).
+Across every drain: :class:`Slots` bound the evictions waiting for their first request (first drain first), and
+:class:`BudgetGates` hold a workload's pods (by controller owner: a 429 names the budget, not its pods) while its
+PodDisruptionBudget refused a moment ago.
 """
 
 from __future__ import annotations
@@ -252,7 +251,6 @@ class Evictions:
         self.blocked: Counter[str] = Counter()
         """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
         self.gates = BudgetGates()
-        """Budgets that refused a moment ago; their workloads' pods wait (:mod:`~queue_processor.drain.evictions`)."""
         self.surges = Surges(kube)
 
     async def launch(
@@ -450,7 +448,6 @@ class Evictions:
         self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
     ) -> Callable[[], float]:
         """When a surge pod's eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
-        # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
         grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
 
         def evict_by() -> float:
@@ -548,7 +545,6 @@ async def settled(running: Running) -> None:
     """Wait until every launcher and eviction of ``running`` has ended; raise the first failure at once."""
     raise_failed(running)  # one may have failed already
     while pending := [task for task in running if not task.done()]:
-        # Re-read after each end: a launcher adds evictions the wait did not cover.
         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         raise_failed(running)
     for task in running:

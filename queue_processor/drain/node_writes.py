@@ -1,8 +1,8 @@
-"""Node writes of a drain: cordon, taints and labels in one write, and their undo; a 409 Conflict is retried on a
-fresh read. Each write records in the :data:`~queue_processor.watch.RECORD_ANNOTATION` only what it changed, so a
-cordon somebody else made is never undone. The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints``
-(``[key, effect]``), ``replacedTaints`` (``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``,
-``warmPool``, ``since``. EC2's ``LaunchTime`` is the latest launch or start ("Stop and start Amazon EC2 instances")."""
+"""Node writes of a drain: cordon, taints and labels in one write, and their undo; a 409 is retried on a fresh read.
+Each write records in :data:`~queue_processor.watch.RECORD_ANNOTATION` only what it changed: another's cordon stays.
+The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints`` (``[key, effect]``), ``replacedTaints``
+(``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``, ``warmPool``, ``since``. EC2's ``LaunchTime``
+is the latest launch or start ("Stop and start Amazon EC2 instances")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``).
+"""Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``; docs/kinds.md).
 
-The drain scales the pod's Deployment up one replica, waits for one more *available* replica, evicts the pod as
-usual, and scales back down once the eviction is accepted (docs/kinds.md, "Replacement before eviction").
-:data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the read ``resourceVersion``: surges
-count exactly, another's count is never lowered, a surge cut short (SIGKILL, lost Lease) is taken over or back.
+The pod's Deployment is scaled up one replica; once one more replica is *available* the pod is evicted and the
+Deployment scaled back. :data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the read
+``resourceVersion``: another's count is never lowered; a surge cut short (SIGKILL, lost Lease) is taken over or back.
 Deployments an HPA scales are not surged.
 """
 
