@@ -370,11 +370,13 @@ class Drainer:
         await settled(running)
 
     def _wave_bound(self, bounds: DrainBounds, later: list[DrainPod]) -> Callable[[], float]:
-        """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves."""
+        """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves, their longest
+        grace plus :data:`WAVE_PAD_S`, at most half the time left."""
 
         def wave_bound() -> float:
-            final = bounds.final(self.timing)[0]
-            return final - self._reserve(later, final, bounds)
+            final, now = bounds.final(self.timing)[0], self.clock()
+            longest = max(bounds.grace(e.grace_s, self.timing, now)[0] for e in later)
+            return final - min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
 
         return bounds.fixed(wave_bound)  # re-planned every poll it would keep pushing the next wave later
 
@@ -422,12 +424,6 @@ class Drainer:
                     await self.kube.evict(key[0], key[1], grace, drain=run.drain_id)
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
-    def _reserve(self, later: list[DrainPod], final: float, bounds: DrainBounds) -> float:
-        """Seconds kept for the later waves: their longest grace plus :data:`WAVE_PAD_S`, at most half the time left."""
-        now = self.clock()
-        longest = max(bounds.grace(e.grace_s, self.timing, now)[0] for e in later)
-        return min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
-
     async def _wait_gone(
         self,
         node: str,
@@ -457,10 +453,7 @@ class Drainer:
             remaining = max(0.0, deadline() - self.clock())
             if covered:  # until a pod goes, the watch stops, or the bounds tighten
                 await bounds.sleep(remaining, wake=covered.changed)
-            elif following is None:
-                if not await bounds.sleep(min(poll, remaining)):
-                    poll = min(poll * 1.5, 2.0)
-            elif not await bounds.sleep(min(poll, remaining), wake=following.changed):
+            elif not await bounds.sleep(min(poll, remaining), wake=following.changed if following else None):
                 poll = min(poll * 1.5, 2.0)
         return waiting
 
