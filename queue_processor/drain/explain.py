@@ -78,10 +78,8 @@ async def explain_node(
         return NodeExplanation(node, False, summary=f"node {node} not found")
     explanation = NodeExplanation(node, True, bool((found.get("spec") or {}).get("unschedulable")))
     plan = plan_drain(await kube.pods_on_node(node), options)
-    evicting = [d for d in plan.decisions if d.verdict is Verdict.EVICT]
-    budgets: dict[str, list[dict[str, Any]]] = {}
-    for namespace in sorted({d.namespace for d in evicting}):
-        budgets[namespace] = await kube.list_pdbs(namespace)
+    namespaces = sorted({d.namespace for d in plan.decisions if d.verdict is Verdict.EVICT})
+    budgets = {namespace: await kube.list_pdbs(namespace) for namespace in namespaces}
 
     async def one(decision: Any) -> PodExplanation:
         pod = decision.pod
