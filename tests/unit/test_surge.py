@@ -362,7 +362,7 @@ def fake_time_bounds(
     """The drain's bounds (deadline and instance end ``window_s`` from the fake clock ``now``) whose sleeps
     advance that clock instead of waiting (by 0.25 s at least), calling ``meanwhile`` first at each."""
 
-    async def sleep_advances(seconds: float) -> bool:
+    async def sleep_advances(seconds: float, *, wake: asyncio.Event | None = None) -> bool:
         if meanwhile is not None:
             meanwhile()
         now[0] += max(seconds, 0.25)
