@@ -56,8 +56,7 @@ LEAST_SLOTS = 64
 
 
 def evictions_in_flight(qps: float, burst: int) -> int:
-    """The slots for KUBE_API_QPS ``qps`` and KUBE_API_BURST ``burst``: two seconds of tokens or the burst, at
-    least :data:`LEAST_SLOTS`. Fewer leaves tokens unused while answers travel; more is memory spent waiting."""
+    """Slots for KUBE_API_QPS ``qps``, KUBE_API_BURST ``burst``: 2 s of tokens or the burst, ≥ :data:`LEAST_SLOTS`."""
     return max(LEAST_SLOTS, int(2 * qps), burst)
 
 
