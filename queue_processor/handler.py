@@ -38,8 +38,6 @@ from queue_processor.observe.events import (
     CANCEL_DRAIN,
     CORDON_AND_DRAIN,
     CORDON_AND_DRAIN_ERROR,
-    POD_DELETED_AT_DEADLINE,
-    POD_EVICTION,
     NodeEventRecorder,
 )
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
@@ -212,7 +210,7 @@ class Handler:
         info, parts = ctx.info, self.parts
         assert info is not None
         by_name = not parts.settings.use_provider_id and bool(info.private_dns_name)
-        watched = parts.drainer.nodes
+        watched = parts.drainer.writes.nodes
         if watched is not None and by_name:  # the provider-ID lookup reads no copy: it does not wait for one
             await watched.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
         if (
@@ -416,29 +414,13 @@ async def _drain(ctx: OperationContext) -> DrainResult:
     bounds = DrainBounds(ctx.deadline(), ctx.instance_end())
     watcher = ctx.spawn(_follow_joins(ctx, bounds), name=f"joiners-{node}")
     recorder = parts.recorder if parts.recorder is not None and parts.recorder.enabled else None
-
-    async def evicted(namespace: str, name: str) -> None:
-        assert recorder is not None
-        await recorder.record_pod(namespace, name, POD_EVICTION[0], POD_EVICTION[1].format(node=node))
-
-    async def deleted(namespace: str, name: str) -> None:
-        assert recorder is not None
-        reason, text = POD_DELETED_AT_DEADLINE
-        await recorder.record_pod(namespace, name, reason, text.format(node=node), warning=True)
-
-    async def noticed(namespace: str, name: str, reason: str, message: str) -> None:
-        assert recorder is not None
-        await recorder.record_pod(namespace, name, reason, message, warning=True)
-
     try:
         result = await parts.drainer.drain(
             node,
             bounds,
             guard=ctx.claim.confirm if ctx.claim is not None else None,
             lost=ctx.claim.lost.is_set if ctx.claim is not None else None,
-            evicted=evicted if recorder is not None else None,
-            deleted=deleted if recorder is not None else None,
-            noticed=noticed if recorder is not None else None,
+            tell=recorder.record_pod if recorder is not None else None,
         )
     except asyncio.CancelledError:
         parts.observer.drained(kind, "cancelled", parts.clock() - started)

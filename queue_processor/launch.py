@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from queue_processor.drain.node_writes import CordonRecord
-from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.events import EventKind
 from queue_processor.nodes import InstanceInfo, node_ready
 from queue_processor.observe.events import RECEIVED_REASONS
@@ -32,7 +31,7 @@ from queue_processor.steps import (
     report_step,
     resolve,
 )
-from queue_processor.watch import FIRST_COPY_WAIT_S
+from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_LABEL
 
 __all__ = ["Draining", "run_launch"]
 
@@ -107,7 +106,9 @@ async def _ready_node(
             ctx.info = info
             return node
         if parts.clock() >= deadline:
-            if parts.drainer.nodes is not None:  # the watched copy may lag (a paused process): ask once
+            if (
+                parts.drainer.writes.nodes is not None
+            ):  # the watched copy may lag (a paused process): ask once
                 node = await parts.finder.find(info)
                 if node is not None and node_ready(node):
                     ctx.info = info
@@ -120,7 +121,7 @@ async def _ready_node(
 
 async def _find(ctx: OperationContext, info: InstanceInfo) -> dict[str, Any] | None:
     """The instance's node: from the watched copy while current (polls must not spend the evictions' QPS)."""
-    watched = ctx.parts.drainer.nodes
+    watched = ctx.parts.drainer.writes.nodes
     if watched is not None:
         await watched.first_answer(FIRST_COPY_WAIT_S)
         if watched.live:
@@ -134,7 +135,7 @@ async def _undo_on_return(ctx: OperationContext, draining: Draining, deadline: f
     no drain of it runs (:func:`_drains_over`): a launch out of a warm pool proves the return, another launch
     only a start since our cordon (:func:`~queue_processor.returns.came_back`)."""
     operation, parts = ctx.operation, ctx.parts
-    watched = parts.drainer.nodes
+    watched = parts.drainer.writes.nodes
     copy = watched.get(ctx.node) if watched is not None else None
     if copy is not None and copy["metadata"]["labels"].get(RECORD_LABEL) != "true":
         return  # the watched copy shows no record of ours: nothing to undo, no read

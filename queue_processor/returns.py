@@ -1,8 +1,9 @@
 """Instances back in service: what we did to their nodes is undone (DESIGN.md rule 12).
 
 A node cordoned when its instance stopped or entered a warm pool keeps our changes when it comes back Ready;
-:class:`Returns` undoes exactly what we recorded (:mod:`queue_processor.drain.record`) once the instance is back and
-no operation for it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``) is the launch path's.
+:class:`Returns` undoes exactly what we recorded (:class:`~queue_processor.drain.node_writes.CordonRecord`) once the
+instance is back and no operation for it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``)
+is the launch path's.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import structlog
 
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
-from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.leases import NodeLeases
 from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import NodeAction
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
-from queue_processor.watch import NodeCache
+from queue_processor.watch import RECORD_LABEL, NodeCache
 
 __all__ = ["Returns", "came_back"]
 

@@ -1,6 +1,6 @@
 """The steps both paths share (:mod:`queue_processor.handler`, :mod:`queue_processor.launch`), as functions over one
 operation's :class:`OperationContext`: resolve the instance, PreDrain and cordon its node in one write (NTH's taint per
-kind, the exclude-from-load-balancers label, the record of what we changed: :mod:`~queue_processor.drain.record`),
+kind, the exclude-from-load-balancers label, the record of what we changed: :class:`CordonRecord`),
 complete its lifecycle actions, record Events. Every task a step starts goes through :meth:`OperationContext.spawn`:
 cancelled and awaited however the operation ends (DESIGN.md rule 3).
 """
@@ -143,7 +143,7 @@ class OperationContext:
         )
 
     def cordon_record(self) -> CordonRecord | None:
-        """The instance facts every write of ours on the node records (:mod:`queue_processor.drain.record`): its ID,
+        """The instance facts every write of ours on the node records (:class:`CordonRecord`): its ID,
         its ``LaunchTime`` (another later one means stopped and started since), whether bound for a warm pool, when."""
         if self.info is None:
             return None

@@ -171,7 +171,7 @@ async def node_group(ctx: OperationContext, *, sized: bool) -> tuple[str, int | 
     label, drainer = ctx.parts.settings.drain_budget_group_label, ctx.parts.drainer
     try:
         if label:
-            watched = drainer.nodes
+            watched = drainer.writes.nodes
             node = watched.get(ctx.node) if watched is not None else None
             if node is None:
                 node = await drainer.kube.get_node(ctx.node)

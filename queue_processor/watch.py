@@ -22,12 +22,17 @@ from typing import Any
 import structlog
 
 from queue_processor import rest
-from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 from queue_processor.rest import REPLICA_RANK, rank_urgent
 
 log = structlog.get_logger(__name__)
+
+#: The Node annotation holding what the controller changed on it (DESIGN.md rule 12), as
+#: :class:`~queue_processor.drain.node_writes.CordonRecord` JSON.
+RECORD_ANNOTATION = "queue-processor/cordoned"
+#: The Node label (value ``"true"``) on every node that carries a record: what a label selector lists.
+RECORD_LABEL = "queue-processor/cordoned"
 
 #: One connection's ``timeoutSeconds`` (seconds), jittered up to a fifth down so replicas do not reconnect together.
 WATCH_TIMEOUT_S = 300.0

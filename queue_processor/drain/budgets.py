@@ -1,7 +1,5 @@
-"""PodDisruptionBudgets as a drain meets them: selection, pod health, the budget a 429 names, and a budget's
-arithmetic in one line. Pure; shared by the drainer, ``queue-processor explain`` and the sandbox's API server.
-
-Sources: "Specifying a Disruption Budget for your Application", "API-initiated Eviction", and the API server's
+"""PodDisruptionBudgets as a drain meets them: pod health, the budget a 429 names, a budget's arithmetic in one line.
+Pure. Sources: "Specifying a Disruption Budget for your Application", "API-initiated Eviction", and the API server's
 ``pkg/registry/core/pod/storage/eviction.go`` (its 429 carries a ``DisruptionBudget`` cause).
 """
 
@@ -19,32 +17,10 @@ __all__ = [
     "budget_arithmetic",
     "budget_of",
     "is_ready",
-    "selector_matches",
 ]
 
 #: ``spec.unhealthyPodEvictionPolicy`` when a budget does not set it.
 DEFAULT_UNHEALTHY_POLICY = "IfHealthyBudget"
-
-
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """Whether a ``LabelSelector`` (``matchLabels``; ``matchExpressions`` In, NotIn, Exists, DoesNotExist)
-    selects ``labels``. Empty selects everything; ``None`` nothing (a policy/v1 budget without a selector)."""
-    if selector is None:
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or []:
-        key, op, values = expression["key"], expression["operator"], expression.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and labels.get(key) in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:

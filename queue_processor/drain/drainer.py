@@ -1,7 +1,6 @@
-"""Drain one node with kubectl-drain semantics ("Safely Drain a Node"), as kubectl's ``RunNodeDrain``: list its
-pods, plan (:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait
-until they are gone or the deadline, delete what is left then when asked, summarise.
-One code path whatever USE_APISERVER_CACHE says (DESIGN.md rule 1).
+"""Drain one node as kubectl's ``RunNodeDrain`` ("Safely Drain a Node"): list its pods, plan
+(:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait until they
+are gone or the deadline, delete what is left when asked, summarise; one path whatever USE_APISERVER_CACHE says.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from queue_processor.drain.evictions import (
     DrainRun,
     Evictions,
     Running,
+    Tell,
     failed,
     raise_failed,
     settled,
@@ -47,7 +47,7 @@ from queue_processor.drain.plan import (
 )
 from queue_processor.drain.surge import Surge
 from queue_processor.kube import KubeClient
-from queue_processor.observe.events import SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
+from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError
 from queue_processor.watch import Departures, NodeCache, Waiting
@@ -201,7 +201,6 @@ class Drainer:
     ) -> None:
         self.kube = kube
         self.writes = NodeWrites(kube, nodes)
-        """Cordons, taints and their undo."""
         self.evictions = Evictions(
             kube,
             timing=timing,
@@ -222,11 +221,6 @@ class Drainer:
         self.draining = 0
         self._reported: set[tuple[str, str]] = set()  # (workload, annotation value) reported already
 
-    @property
-    def nodes(self) -> NodeCache | None:
-        """The watched nodes a cordon writes on without reading the node first (``None``: a GET per cordon)."""
-        return self.writes.nodes
-
     async def drain(
         self,
         node: str,
@@ -235,42 +229,35 @@ class Drainer:
         instance_end: float | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
         lost: Callable[[], bool] | None = None,
-        evicted: Callable[[str, str], Awaitable[None]] | None = None,
-        deleted: Callable[[str, str], Awaitable[None]] | None = None,
-        noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        tell: Tell | None = None,
     ) -> DrainResult:
         """Evict the node's pods and wait until they are gone or the deadline (a ``clock`` reading, or
         :class:`DrainBounds` that may tighten), in a drain-budget slot. ``guard`` runs before each eviction and raises
         to stop the drain (:meth:`queue_processor.leases.Claim.confirm`); with ``lost()`` true surges are left to the
-        node's new owner. Callbacks must not raise: ``evicted``/``deleted(namespace, name)``, ``noticed(namespace,
-        name, reason, message)`` once per workload and value whose drain annotation cannot be followed. Raises
-        :class:`KubeError` when the pods cannot be listed, and what ``guard`` raises."""
+        node's new owner; ``tell`` (must not raise) records pod Events. Raises :class:`KubeError` when the pods cannot
+        be listed, and what ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
-        run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, evicted, deleted)
+        run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, tell, node)
         async with self.budget:
             self.draining += 1
             self.observer.draining(self.draining)
             try:
-                return await self._drain(node, run, noticed)
+                return await self._drain(node, run)
             finally:
                 self.draining -= 1
                 self.observer.draining(self.draining)
 
-    async def _drain(
-        self, node: str, run: DrainRun, noticed: Callable[[str, str, str, str], Awaitable[None]] | None
-    ) -> DrainResult:
+    async def _drain(self, node: str, run: DrainRun) -> DrainResult:
         """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
         bounds = run.bounds
         listed = self.clock()
-        planned, done = await self._pass(node, run, noticed, set(), self.use_cache)
+        planned, done = await self._pass(node, run, set(), self.use_cache)
         relist_s = self.timing.relist_s
         if relist_s > 0 and not planned.refused and done.finished():
-            # A pod the scheduler bound just before it saw the cordon shows up after the first list.
             await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
             seen |= {((d.namespace, d.name), None) for d in planned.skipped}
-            # From the API server's watch cache: seconds after the cordon it has the binding, at no etcd read.
-            later, more = await self._pass(node, run, noticed, seen, True)
+            later, more = await self._pass(node, run, seen, True)
             if any(later.waves):
                 log.info(
                     LOOKED_AGAIN,
@@ -284,7 +271,6 @@ class Drainer:
         self,
         node: str,
         run: DrainRun,
-        noticed: Callable[[str, str, str, str], Awaitable[None]] | None,
         seen: set[tuple[tuple[str, str], Any]],
         cached: bool,
     ) -> tuple[WavePlan, Tally]:
@@ -297,11 +283,10 @@ class Drainer:
             if (pod_key(pod), pod["metadata"].get("uid")) not in seen and (pod_key(pod), None) not in seen
         ]
         planned = plan_waves(pods, self.options, self.timing, self.grace_s)
-        # Names, not pod objects, for the rest of the drain: many drains may wait at once.
-        del pods
+        del pods  # names, not pod objects, for the rest of the drain
         if planned.refused or not any(planned.waves):
             return planned, Tally()
-        await self._report(planned.notices, noticed)
+        await self._report(planned.notices, run)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
         departures = self.departures
         with (
@@ -312,10 +297,8 @@ class Drainer:
             done = await self._execute(node, replace(run, accepted={}, held=[]), planned, following)
         return planned, done
 
-    async def _report(
-        self, notices: list[PolicyNotice], noticed: Callable[[str, str, str, str], Awaitable[None]] | None
-    ) -> None:
-        """Warn and call ``noticed`` once per workload and value for a drain policy that cannot be followed."""
+    async def _report(self, notices: list[PolicyNotice], run: DrainRun) -> None:
+        """Warn and tell an Event once per workload and value for a drain policy that cannot be followed."""
         for notice in notices:
             if (notice.workload, notice.value) in self._reported:
                 continue
@@ -340,9 +323,8 @@ class Drainer:
             log.warning(
                 line, workload=notice.workload, pod=f"{notice.namespace}/{notice.name}", value=notice.value
             )
-            if noticed is not None:
-                reason = UNKNOWN_DRAIN_POLICY if notice.why == "unknown" else SURGE_NOT_POSSIBLE
-                await noticed(notice.namespace, notice.name, reason, message)
+            reason = UNKNOWN_DRAIN_POLICY if notice.why == "unknown" else SURGE_NOT_POSSIBLE
+            await run.record((notice.namespace, notice.name), (reason, message), warning=True)
 
     async def _execute(self, node: str, run: DrainRun, planned: WavePlan, following: Waiting | None) -> Tally:
         """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
@@ -355,8 +337,7 @@ class Drainer:
             final = lambda: run.bounds.final(self.timing)[0]  # noqa: E731
             left = dict(await self._wait_gone(node, waiting, final, run.bounds, following=following))
         except BaseException as exc:
-            # One stop for all, so a second cancellation cannot leave evictions running (a cancelled launcher
-            # starts nothing more). Surges stay when the Lease is lost: the node's new owner takes them over.
+            # One stop for all (a second cancellation leaves nothing running); a lost Lease's new owner takes surges.
             await rest.stop(*running)
             if not isinstance(exc, ClaimLost) and not (run.lost is not None and run.lost()):
                 await self._take_back(run.held)
@@ -389,11 +370,13 @@ class Drainer:
         await settled(running)
 
     def _wave_bound(self, bounds: DrainBounds, later: list[DrainPod]) -> Callable[[], float]:
-        """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves."""
+        """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves, their longest
+        grace plus :data:`WAVE_PAD_S`, at most half the time left."""
 
         def wave_bound() -> float:
-            final = bounds.final(self.timing)[0]
-            return final - self._reserve(later, final, bounds)
+            final, now = bounds.final(self.timing)[0], self.clock()
+            longest = max(bounds.grace(e.grace_s, self.timing, now)[0] for e in later)
+            return final - min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
 
         return bounds.fixed(wave_bound)  # re-planned every poll it would keep pushing the next wave later
 
@@ -413,7 +396,7 @@ class Drainer:
         removed = 0
         refused: list[str] = []  # deletions at the deadline the API server refused
         if left and run.bounds.final(self.timing)[1]:
-            left, removed, refused = await self._delete_at_deadline(left, run.deleted)
+            left, removed, refused = await self._delete_at_deadline(left, run)
         await self._take_back(run.held)  # those whose pod was not evicted: kept until the deadline step
         why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
         return Tally(outcomes, graces, len(left), removed, why)
@@ -440,12 +423,6 @@ class Drainer:
                 with contextlib.suppress(KubeError):
                     await self.kube.evict(key[0], key[1], grace, drain=run.drain_id)
                     accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
-
-    def _reserve(self, later: list[DrainPod], final: float, bounds: DrainBounds) -> float:
-        """Seconds kept for the later waves: their longest grace plus :data:`WAVE_PAD_S`, at most half the time left."""
-        now = self.clock()
-        longest = max(bounds.grace(e.grace_s, self.timing, now)[0] for e in later)
-        return min(longest + WAVE_PAD_S, max(0.0, final - now) / 2)
 
     async def _wait_gone(
         self,
@@ -476,10 +453,7 @@ class Drainer:
             remaining = max(0.0, deadline() - self.clock())
             if covered:  # until a pod goes, the watch stops, or the bounds tighten
                 await bounds.sleep(remaining, wake=covered.changed)
-            elif following is None:
-                if not await bounds.sleep(min(poll, remaining)):
-                    poll = min(poll * 1.5, 2.0)
-            elif not await bounds.sleep(min(poll, remaining), wake=following.changed):
+            elif not await bounds.sleep(min(poll, remaining), wake=following.changed if following else None):
                 poll = min(poll * 1.5, 2.0)
         return waiting
 
@@ -494,7 +468,7 @@ class Drainer:
         return present
 
     async def _delete_at_deadline(
-        self, left: dict[tuple[str, str], Any], deleted: Callable[[str, str], Awaitable[None]] | None
+        self, left: dict[tuple[str, str], Any], run: DrainRun
     ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
         """DELETE_AT_DEADLINE: delete every pod left with grace 0 and its uid as precondition. Returns those not
         deleted, how many were, and a cause line per refusal (e.g. a 403 without the ``deleteAtDeadline`` rule)."""
@@ -510,8 +484,7 @@ class Drainer:
                 refused.append(f"deletion of {namespace}/{name} at the deadline failed: {exc}")
                 return False
             self.observer.deleted_at_deadline()
-            if deleted is not None:
-                await deleted(namespace, name)
+            await run.record(key, POD_DELETED_AT_DEADLINE, warning=True)
             return True
 
         done = await asyncio.gather(*(delete(key, uid) for key, uid in left.items()))

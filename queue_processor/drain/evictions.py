@@ -1,10 +1,9 @@
 """One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
 429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
 
-Across every drain: :class:`Slots` bound the evictions waiting for their first request (pods not started wait as
-data, not as tasks in the rate limiter's line; first drain first), and :class:`BudgetGates` hold a workload's pods
-while its PodDisruptionBudget refused a moment ago, instead of spending requests on 429s (the controller owner stands
-for the budget: a 429 names the budget, not its pods).
+Across every drain: :class:`Slots` bound the evictions waiting for their first request (first drain first), and
+:class:`BudgetGates` hold a workload's pods (by controller owner: a 429 names the budget, not its pods) while its
+PodDisruptionBudget refused a moment ago.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -28,6 +27,7 @@ from queue_processor.drain.budgets import budget_of
 from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
+from queue_processor.observe.events import POD_EVICTION
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import EvictionOutcome, KubeError, NotSentError, SurgeResult
 
@@ -44,6 +44,7 @@ __all__ = [
     "Running",
     "Slot",
     "Slots",
+    "Tell",
     "evictions_in_flight",
     "failed",
     "raise_failed",
@@ -55,8 +56,7 @@ LEAST_SLOTS = 64
 
 
 def evictions_in_flight(qps: float, burst: int) -> int:
-    """The slots for KUBE_API_QPS ``qps`` and KUBE_API_BURST ``burst``: two seconds of tokens or the burst, at
-    least :data:`LEAST_SLOTS`. Fewer leaves tokens unused while answers travel; more is memory spent waiting."""
+    """Slots for KUBE_API_QPS ``qps``, KUBE_API_BURST ``burst``: 2 s of tokens or the burst, ≥ :data:`LEAST_SLOTS`."""
     return max(LEAST_SLOTS, int(2 * qps), burst)
 
 
@@ -186,10 +186,6 @@ class BudgetGates:
                 del self._budgets[name]
             self._owners = {owner: name for owner, name in self._owners.items() if name not in stale}
 
-    def __len__(self) -> int:
-        """How many budgets are remembered."""
-        return len(self._budgets)
-
 
 #: kubectl waits 5 s before retrying an eviction a PodDisruptionBudget refused; we start lower and back off.
 EVICTION_RETRY_S = (1.0, 10.0)
@@ -197,18 +193,26 @@ EVICTION_RETRY_S = (1.0, 10.0)
 log = structlog.get_logger("queue_processor.drain")
 
 
+class Tell(Protocol):
+    """Records an Event on a pod, as :meth:`~queue_processor.observe.events.NodeEventRecorder.record_pod`."""
+
+    async def __call__(
+        self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
+    ) -> None: ...
+
+
 @dataclass
 class DrainRun:
-    """One drain as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>`` User-Agent);
-    ``guard``, ``lost``, ``evicted``, ``deleted`` as :meth:`Drainer.drain` takes them; the evictions the API server
+    """One drain of ``node`` as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>``
+    User-Agent); ``guard``, ``lost``, ``tell`` as :meth:`Drainer.drain` takes them; the evictions the API server
     ``accepted`` (as last given) and the surges ``held`` (taken back when the drain ends, if not before)."""
 
     bounds: DrainBounds
     drain_id: str = ""
     guard: Callable[[], Awaitable[None]] | None = None
     lost: Callable[[], bool] | None = None
-    evicted: Callable[[str, str], Awaitable[None]] | None = None
-    deleted: Callable[[str, str], Awaitable[None]] | None = None
+    tell: Tell | None = None
+    node: str = ""
     accepted: dict[tuple[str, str], Eviction] = field(default_factory=dict)
     held: list[Surge] = field(default_factory=list)
 
@@ -216,6 +220,11 @@ class DrainRun:
         """Run the guard (raises to stop the drain)."""
         if self.guard is not None:
             await self.guard()
+
+    async def record(self, key: tuple[str, str], event: tuple[str, str], *, warning: bool = False) -> None:
+        """Tell the pod ``key``'s Event ``(reason, message)``, ``{node}`` in the message filled in."""
+        if self.tell is not None:
+            await self.tell(*key, event[0], event[1].format(node=self.node), warning=warning)
 
 
 class Evictions:
@@ -241,7 +250,6 @@ class Evictions:
         self.blocked: Counter[str] = Counter()
         """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
         self.gates = BudgetGates()
-        """Budgets that refused a moment ago; their workloads' pods wait (:mod:`~queue_processor.drain.evictions`)."""
         self.surges = Surges(kube)
 
     async def launch(
@@ -363,8 +371,7 @@ class Evictions:
     async def _accepted(self, entry: DrainPod, run: DrainRun, grace_s: int, cut: bool) -> Eviction:
         """The eviction's end when the API server took it."""
         self.gates.accepted(entry.owner)
-        if run.evicted is not None:
-            await run.evicted(*entry.key)
+        await run.record(entry.key, POD_EVICTION)
         outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace_s, cut=cut)
         run.accepted[entry.key] = outcome
         return outcome
@@ -440,7 +447,6 @@ class Evictions:
         self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
     ) -> Callable[[], float]:
         """When a surge pod's eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
-        # Fixed per bounds version: re-read every poll it would shrink and let the wait eat the pod's grace.
         grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
 
         def evict_by() -> float:
@@ -538,7 +544,6 @@ async def settled(running: Running) -> None:
     """Wait until every launcher and eviction of ``running`` has ended; raise the first failure at once."""
     raise_failed(running)  # one may have failed already
     while pending := [task for task in running if not task.done()]:
-        # Re-read after each end: a launcher adds evictions the wait did not cover.
         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         raise_failed(running)
     for task in running:

@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready, selector_matches
+from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready
 from queue_processor.drain.plan import (
     SYSTEM_CLUSTER_CRITICAL,
     DrainOptions,
@@ -19,6 +19,7 @@ from queue_processor.drain.plan import (
     plan_drain,
     wave_of,
 )
+from queue_processor.drain.surge import selector_matches
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 
@@ -77,10 +78,8 @@ async def explain_node(
         return NodeExplanation(node, False, summary=f"node {node} not found")
     explanation = NodeExplanation(node, True, bool((found.get("spec") or {}).get("unschedulable")))
     plan = plan_drain(await kube.pods_on_node(node), options)
-    evicting = [d for d in plan.decisions if d.verdict is Verdict.EVICT]
-    budgets: dict[str, list[dict[str, Any]]] = {}
-    for namespace in sorted({d.namespace for d in evicting}):
-        budgets[namespace] = await kube.list_pdbs(namespace)
+    namespaces = sorted({d.namespace for d in plan.decisions if d.verdict is Verdict.EVICT})
+    budgets = {namespace: await kube.list_pdbs(namespace) for namespace in namespaces}
 
     async def one(decision: Any) -> PodExplanation:
         pod = decision.pod

@@ -1,8 +1,8 @@
-"""Node writes of a drain: cordon, taints and labels in one write, and their undo; a 409 Conflict is retried on a
-fresh read. Each write records in :data:`~queue_processor.drain.record.RECORD_ANNOTATION` only what it changed, so a
-cordon somebody else made is never undone. The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints``
-(``[key, effect]``), ``replacedTaints`` (``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``,
-``warmPool``, ``since``. EC2's ``LaunchTime`` is the latest launch or start ("Stop and start Amazon EC2 instances")."""
+"""Node writes of a drain: cordon, taints and labels in one write, and their undo; a 409 is retried on a fresh read.
+Each write records in :data:`~queue_processor.watch.RECORD_ANNOTATION` only what it changed: another's cordon stays.
+The JSON (:meth:`CordonRecord.to_json`) holds ``unschedulable``, ``taints`` (``[key, effect]``), ``replacedTaints``
+(``[key, value, effect]``), ``labels``, ``instanceID``, ``launchTime``, ``warmPool``, ``since``. EC2's ``LaunchTime``
+is the latest launch or start ("Stop and start Amazon EC2 instances")."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
-from queue_processor.watch import FIRST_COPY_WAIT_S, NodeCache
+from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_ANNOTATION, RECORD_LABEL, NodeCache
 
 
 @dataclass(frozen=True)
@@ -86,10 +85,9 @@ def cordon_patch(
     labels: Mapping[str, str] | None = None,
     about: CordonRecord | None = None,
 ) -> dict[str, Any]:
-    """The strategic-merge patch of our write on ``node`` (as read now), with its ``resourceVersion`` so a concurrent
-    change answers 409: ``unschedulable`` if asked, ``taints`` (``(key, value, effect)``, the node's others kept: the
-    list has no patch merge key), the ``labels`` it lacks, and the node's record plus what this write adds (with
-    ``about``'s instance facts), when there is something to record."""
+    """The strategic-merge patch of our write on ``node`` (as read now; its ``resourceVersion``: a concurrent change
+    answers 409): ``unschedulable`` if asked, ``taints`` (``(key, value, effect)``, the node's others kept), the
+    ``labels`` it lacks, and the node's record plus what this write adds (with ``about``'s instance facts), if any."""
     metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
     ours = [{"key": key, "value": value[:63], "effect": effect} for key, value, effect in taints]
     wanted = sorted({(taint["key"], taint["effect"]) for taint in ours})
@@ -185,9 +183,8 @@ class NodeWrites:
         about: CordonRecord | None = None,
     ) -> bool:
         """Mark the node unschedulable and, in the same write, add ``taints`` (``(key, value, effect)``) and the
-        ``labels_if_absent`` it lacks, recorded (with ``about``'s instance facts) for :meth:`undo`; idempotent. A
-        read-modify-write (``spec.taints`` has no patch merge key), retried on a 409 (:data:`TAINT_WRITE_ATTEMPTS`).
-        ``False`` when the node does not exist; raises :class:`KubeError` otherwise."""
+        ``labels_if_absent`` it lacks, recorded (with ``about``'s instance facts) for :meth:`undo`; idempotent, 409s
+        retried (:meth:`_patch`). ``False`` when the node does not exist; raises :class:`KubeError` otherwise."""
         body = functools.partial(
             cordon_patch, unschedulable=True, taints=taints, labels=labels_if_absent, about=about
         )

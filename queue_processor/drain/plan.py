@@ -1,19 +1,18 @@
 """A drain's plan, pure but for :class:`DrainBounds`: which pods go, in which wave, with which grace.
 
-kubectl-drain's pod filters (``k8s.io/kubectl/pkg/drain``): each of :data:`FILTERS` says evict, skip or error for one
-pod; the first not EVICT decides. Pods are API JSON dicts; missing or mistyped fields count as absent (no filter
-raises). Unlike kubectl, on purpose: a DaemonSet's pod is never evicted (even with the DaemonSet gone or the pod
-finished); a terminating pod is only waited for; every warning is kept in the reason. DRAIN_ORDER=waves evicts
-*critical* pods (:func:`is_critical`) once the others are gone or only their time is left, so log shippers, meshes
-and storage daemons outlive their users ("Pod Priority and Preemption"). With a known instance end a grace period
-(``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds before it, at
-least 1 s (0 would be a forced deletion, which only the deadline step does).
+kubectl-drain's pod filters (``k8s.io/kubectl/pkg/drain``): the first of :data:`FILTERS` not saying EVICT decides; pods
+are API JSON dicts, a missing or mistyped field counts as absent. Unlike kubectl: a DaemonSet's pod is never evicted,
+a terminating pod is only waited for, every warning is kept in the reason. DRAIN_ORDER=waves evicts *critical* pods
+(:func:`is_critical`, "Pod Priority and Preemption") once the others are gone or only their time is left. With a known
+instance end a grace (``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds
+before it, at least 1 s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -73,11 +72,6 @@ class DrainPlan:
     decisions: tuple[PodDecision, ...]
 
     @property
-    def evict(self) -> list[dict[str, Any]]:
-        """The pods to evict."""
-        return [d.pod for d in self.decisions if d.verdict is Verdict.EVICT]
-
-    @property
     def skipped(self) -> list[PodDecision]:
         """The decisions of pods the drain leaves alone (own, mirror, DaemonSet-managed, terminating)."""
         return [d for d in self.decisions if d.verdict is Verdict.SKIP]
@@ -86,11 +80,6 @@ class DrainPlan:
     def errors(self) -> list[PodDecision]:
         """The decisions that forbid the drain."""
         return [d for d in self.decisions if d.verdict is Verdict.ERROR]
-
-    @property
-    def wait_for(self) -> list[dict[str, Any]]:
-        """The pods to wait for: those evicted and those being deleted (unless past the skip-wait timeout)."""
-        return [d.pod for d in self.decisions if d.verdict is Verdict.EVICT or d.awaiting_deletion]
 
 
 @dataclass(frozen=True)
@@ -314,15 +303,13 @@ DRAIN_POLICY_ANNOTATION = "queue-processor/drain"
 
 
 class DrainPolicy(StrEnum):
-    """The values of :data:`DRAIN_POLICY_ANNOTATION`."""
+    """The values of :data:`DRAIN_POLICY_ANNOTATION`: ``evict`` (the default, in its wave), ``last`` (in the last
+    wave whatever its priority or DRAIN_ORDER), ``surge`` (with SURGE_DRAINS, a Deployment's pod once a replacement is
+    available, :mod:`~queue_processor.drain.surge`; otherwise reported once per workload and evicted as ``evict``)."""
 
     EVICT = "evict"
-    """The default: evicted in its wave (by priority with DRAIN_ORDER=waves)."""
     LAST = "last"
-    """Evicted in the last wave, once the node's other pods are gone, whatever its priority or DRAIN_ORDER."""
     SURGE = "surge"
-    """With SURGE_DRAINS, a Deployment's pod is evicted in its wave once a replacement is available
-    (:mod:`queue_processor.drain.surge`); otherwise reported once per workload and evicted as ``evict``."""
 
 
 def drain_policy(pod: Mapping[str, Any]) -> tuple[DrainPolicy, str | None]:
@@ -389,6 +376,7 @@ def granted_grace(own_s: int, until_end_s: float | None, margin_s: float) -> tup
 #: Seconds added to the longest grace of the waves still to come, when a wave's wait is cut short for them.
 WAVE_PAD_S = 2.0
 
+
 _DEFAULT_ORDER = DrainOrder(default("drain_order"))
 
 
@@ -408,7 +396,6 @@ class DrainTiming:
 
     @classmethod
     def of(cls, settings: Settings) -> DrainTiming:
-        """The timing the settings ask for."""
         return cls(
             order=DrainOrder(settings.drain_order),
             critical_priority=settings.drain_critical_priority,
@@ -505,11 +492,8 @@ def _owner_uid(pod: Mapping[str, Any]) -> str | None:
 
 def join_plans(first: WavePlan, later: WavePlan) -> WavePlan:
     """The plans of two passes of one drain as one: wave by wave, then what each left alone or refused."""
-    count = max(len(first.waves), len(later.waves))
-    waves = [
-        (first.waves[i] if i < len(first.waves) else []) + (later.waves[i] if i < len(later.waves) else [])
-        for i in range(count)
-    ]
+    none: list[DrainPod] = []
+    waves = [a + b for a, b in itertools.zip_longest(first.waves, later.waves, fillvalue=none)]
     return WavePlan(
         waves, first.skipped + later.skipped, first.refused + later.refused, first.notices + later.notices
     )

@@ -1,9 +1,8 @@
-"""Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``).
+"""Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``; docs/kinds.md).
 
-The drain scales the pod's Deployment up one replica, waits for one more *available* replica, evicts the pod as
-usual, and scales back down once the eviction is accepted (docs/kinds.md, "Replacement before eviction").
-:data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the read ``resourceVersion``: surges
-count exactly, another's count is never lowered, a surge cut short (SIGKILL, lost Lease) is taken over or back.
+The pod's Deployment is scaled up one replica; once one more replica is *available* the pod is evicted and the
+Deployment scaled back. :data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the read
+``resourceVersion``: another's count is never lowered; a surge cut short (SIGKILL, lost Lease) is taken over or back.
 Deployments an HPA scales are not surged.
 """
 
@@ -32,7 +31,7 @@ __all__ = [
     "autoscaled",
     "label_selector",
     "recorded_surges",
-    "selects",
+    "selector_matches",
 ]
 
 #: The Deployment annotation recording the surges in progress (:class:`SurgeRecord`, JSON).
@@ -140,27 +139,23 @@ def label_selector(selector: Mapping[str, Any]) -> str:
     return ",".join(terms)
 
 
-def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Whether a ``metav1.LabelSelector`` selects ``labels``; an empty one selects nothing (as a Deployment's)."""
-    match = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not match and not expressions:
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a ``LabelSelector`` (``matchLabels``; ``matchExpressions`` In, NotIn, Exists, DoesNotExist; another
+    operator selects nothing) selects ``labels``. Empty selects everything; ``None`` nothing ("Labels and
+    Selectors"; a policy/v1 budget without a selector)."""
+    if selector is None:
         return False
-    if any(labels.get(key) != value for key, value in match.items()):
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
         return False
-    for expression in expressions:
-        key, operator, values = (
-            expression.get("key"),
-            expression.get("operator"),
-            expression.get("values") or [],
-        )
+    for expression in selector.get("matchExpressions") or []:
+        key, values = expression.get("key"), expression.get("values") or []
         present = key in labels
         ok = {
             "In": present and labels.get(key) in values,
             "NotIn": not present or labels.get(key) not in values,
             "Exists": present,
             "DoesNotExist": not present,
-        }.get(str(operator), False)
+        }.get(str(expression.get("operator")), False)
         if not ok:
             return False
     return True
@@ -234,7 +229,8 @@ class Surges:
         for attempt in range(SURGE_WRITE_ATTEMPTS):
             current = await self.kube.get_deployment(namespace, deployment)
             spec = (current or {}).get("spec") or {}
-            if current is None or not selects(spec.get("selector") or {}, labels):
+            selector = spec.get("selector") or {}  # an empty one selects nothing, as a Deployment's
+            if current is None or not any(selector.values()) or not selector_matches(selector, labels):
                 log.warning(
                     "surge: the pod's Deployment is not there: evicted without a replacement first",
                     deployment=f"{namespace}/{deployment}",
@@ -245,10 +241,9 @@ class Surges:
             added = uid not in record
             if added and float(spec.get("minReadySeconds") or 0) + SURGE_LEAST_S > room_s:
                 return SurgeResult.NO_TIME
-            if not checked:
-                if autoscaled(await self.kube.list_hpas(namespace), deployment):
-                    return SurgeResult.AUTOSCALED
-                checked = True
+            if not checked and autoscaled(await self.kube.list_hpas(namespace), deployment):
+                return SurgeResult.AUTOSCALED
+            checked = True
             replicas = int(spec.get("replicas", 1))
             available = int((current.get("status") or {}).get("availableReplicas") or 0)
             rebased = record.rebase(replicas)

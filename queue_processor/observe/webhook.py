@@ -16,12 +16,12 @@ from pathlib import Path
 import aiohttp
 import structlog
 
-from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.events import Event, EventKind, ScheduledChangeEvent, StateChangeEvent
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.templates import nth_data
 from queue_processor.outcomes import KubeError
+from queue_processor.watch import RECORD_LABEL
 from queue_processor_gotemplate import (
     PROCESS_START,
     GoTime,
@@ -136,7 +136,7 @@ def drain_data(
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """A node's ``labels`` (without :data:`~queue_processor.drain.record.RECORD_LABEL`) and the names of its
+    """A node's ``labels`` (without :data:`~queue_processor.watch.RECORD_LABEL`) and the names of its
     pods by namespace then name, read before the drain; ``None`` where unreadable (NTH sends nil)."""
 
     labels: dict[str, str] | None = None

@@ -69,7 +69,7 @@ from typing import Any, Literal
 
 from queue_processor.drain.drainer import LOOKED_AGAIN, WAVE_TIME_UP
 from queue_processor.drain.evictions import EVICTION_RETRY_S, GATE_MOST_S
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
+from queue_processor.watch import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.cluster import ClusterSpec, drain_of
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 from queue_processor_sandbox.log_judge import cordons_undone

@@ -24,9 +24,9 @@ import pytest
 
 from queue_processor.app import Controller, run_controller
 from queue_processor.config import Settings, load_settings
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.permissions import kubernetes_verbs
+from queue_processor.watch import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.aws import TERMINATE_HOOK
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions

@@ -24,6 +24,7 @@ from queue_processor.kube import KubeClient
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome
 from queue_processor_sandbox.cluster import KubeCluster
+from tests.unit.test_drainer import told
 
 
 def a_node(cluster: KubeCluster) -> tuple[str, str]:
@@ -67,7 +68,7 @@ async def test_critical_pods_are_evicted_once_the_ordinary_ones_are_gone(
             left_when_mesh_went.append(names_on(await kube.pods_on_node(node), namespace) & set(ordinary))
 
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(order=order))
-    result = await drainer.drain(node, drainer.clock() + 60, evicted=evicted)
+    result = await drainer.drain(node, drainer.clock() + 60, tell=told(evicted=evicted))
     assert result.completed, result
     assert result.evicted == 3
     assert result.waves == ([2, 1] if order is DrainOrder.WAVES else [3])
@@ -104,7 +105,7 @@ async def test_a_pod_annotated_last_outlives_the_nodes_other_pods_and_an_unknown
         noticed.append((f"{pod_namespace}/{name}", message))
 
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(order=order))
-    result = await drainer.drain(node, drainer.clock() + 60, evicted=evicted, noticed=notice)
+    result = await drainer.drain(node, drainer.clock() + 60, tell=told(evicted=evicted, noticed=notice))
     assert result.completed, result
     assert result.waves == [2, 1]  # in both orders: the annotation asks for it
     assert left_when_agent_went == [set()]  # web-0 and cache-0 were gone before the agent was evicted
@@ -132,7 +133,7 @@ async def test_grace_periods_are_cut_to_end_a_margin_before_the_instance(
 
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=DrainTiming(grace_margin_s=5))
     end = drainer.clock() + 12
-    result = await drainer.drain(node, end, instance_end=end, evicted=evicted)
+    result = await drainer.drain(node, end, instance_end=end, tell=told(evicted=evicted))
     assert result.completed, result
     assert (result.evicted, result.cut_short) == (2, 1)
     assert 1 <= granted["slow"] <= 7  # 12 s to the end less the 5 s margin, less the time the drain took
@@ -155,7 +156,7 @@ async def test_what_a_budget_blocks_is_deleted_just_before_the_instance_ends(
     timing = DrainTiming(delete_at_deadline=True, delete_lead_s=2)
     drainer = Drainer(kube, DrainOptions(), budget=1, timing=timing, observer=metrics)
     end = drainer.clock() + 6
-    result = await drainer.drain(node, end, instance_end=end, deleted=on_delete)
+    result = await drainer.drain(node, end, instance_end=end, tell=told(deleted=on_delete))
     assert (result.completed, result.outcome) == (True, DrainOutcome.DELETED), result
     assert (result.evicted, result.blocked, result.deleted_at_deadline) == (1, 1, 1)
     assert deleted == ["guarded"]
@@ -189,7 +190,7 @@ async def test_a_nearer_end_that_joins_a_running_drain_is_picked_up_at_once(
     async def on_delete(_: str, name: str) -> None:
         deleted.append(name)
 
-    result = await drainer.drain(node, bounds, evicted=spot_warning_joins, deleted=on_delete)
+    result = await drainer.drain(node, bounds, tell=told(evicted=spot_warning_joins, deleted=on_delete))
     assert (result.completed, result.outcome) == (True, DrainOutcome.DELETED), result
     assert "guarded" in deleted
     assert result.cut_short == 1  # slow: evicted again, its 600 s cut to the Spot warning's end

@@ -12,8 +12,8 @@ import uuid
 from typing import Any
 
 from queue_processor.drain.node_writes import CordonRecord, NodeWrites
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor.kube import KubeClient
+from queue_processor.watch import RECORD_ANNOTATION, RECORD_LABEL
 from queue_processor_sandbox.cluster import KubeCluster
 
 OTHER = {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}

@@ -14,11 +14,10 @@ from queue_processor import rest
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.drain.plan import DrainOptions
-from queue_processor.drain.record import RECORD_LABEL
 from queue_processor.kube import KubeClient
 from queue_processor.nodes import InstanceInfo
 from queue_processor.returns import Returns
-from queue_processor.watch import NodeCache
+from queue_processor.watch import RECORD_LABEL, NodeCache
 from queue_processor_sandbox.cluster import KubeCluster
 from tests.sandbox.conftest import Requests
 from tests.sandbox.test_node_cache import until

@@ -29,6 +29,7 @@ from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.real_kube import RealKube
+from tests.unit.test_drainer import told
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ async def test_without_surge_drains_the_annotation_is_reported_and_the_budget_ho
         assert reason == "SurgeNotPossible"
         notices.append(message)
 
-    result = await drainer.drain(node, drainer.clock() + 4, noticed=noticed)
+    result = await drainer.drain(node, drainer.clock() + 4, tell=told(noticed=noticed))
     assert (result.completed, result.outcome, result.blocked) == (False, DrainOutcome.TIMEOUT, 1), result
     assert len(notices) == 1, notices
     assert "needs SURGE_DRAINS=true" in notices[0], notices

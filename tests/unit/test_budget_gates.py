@@ -70,9 +70,9 @@ def test_a_budget_quiet_for_long_is_forgotten_with_its_workloads() -> None:
     gates = BudgetGates()
     gates.refused("rs-web", "apps/web", MESSAGE, 0.0)
     gates.refused("rs-db", "apps/db", MESSAGE, GATE_FORGET_S)
-    assert len(gates) == 2  # forgetting happens when a new budget is learnt
+    assert len(gates._budgets) == 2  # forgetting happens when a new budget is learnt
     gates.refused("rs-api", "apps/api", MESSAGE, GATE_FORGET_S + 1.0)
-    assert len(gates) == 2
+    assert len(gates._budgets) == 2
     gates.refused("rs-web", "apps/web", MESSAGE, GATE_FORGET_S + 1.0)  # learnt again, closing from the first
     closed = gates.closed("rs-web", GATE_FORGET_S + 1.0)
     assert closed is not None

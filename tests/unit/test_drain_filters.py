@@ -90,6 +90,16 @@ def is_in(pod: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
     return any(p is pod for p in pods)
 
 
+def evicted_pods(plan: DrainPlan) -> list[dict[str, Any]]:
+    """The pods a drain evicts: those whose verdict is EVICT."""
+    return [d.pod for d in plan.decisions if d.verdict is Verdict.EVICT]
+
+
+def waited_for(plan: DrainPlan) -> list[dict[str, Any]]:
+    """The pods a drain waits for (:func:`plan_waves` keeps them): evicted or awaiting deletion."""
+    return [d.pod for d in plan.decisions if d.verdict is Verdict.EVICT or d.awaiting_deletion]
+
+
 # --- helpers -------------------------------------------------------------------------------------------------
 
 
@@ -293,8 +303,8 @@ def test_a_replicated_pod_is_evicted_and_waited_for() -> None:
     pod = make_pod()
     plan = plan_drain([pod], STRICT, now=NOW)
     assert plan.decisions == (PodDecision("default", "web-1", Verdict.EVICT, "ok", pod),)
-    assert is_in(pod, plan.evict)
-    assert is_in(pod, plan.wait_for)
+    assert is_in(pod, evicted_pods(plan))
+    assert is_in(pod, waited_for(plan))
     assert plan.skipped == []
     assert plan.errors == []
 
@@ -307,16 +317,16 @@ def test_the_plan_keeps_input_order_and_lists_each_verdict() -> None:
     plan = plan_drain(iter([evicted, mirror, failed, terminating]), DrainOptions(force=False), now=NOW)
     assert [d.name for d in plan.decisions] == ["a", "b", "c", "d"]
     assert [d.verdict for d in plan.decisions] == [Verdict.EVICT, Verdict.SKIP, Verdict.ERROR, Verdict.SKIP]
-    assert plan.evict == [evicted]
+    assert evicted_pods(plan) == [evicted]
     assert [d.name for d in plan.skipped] == ["b", "d"]
     assert [d.name for d in plan.errors] == ["c"]
-    assert plan.wait_for == [evicted, terminating]
+    assert waited_for(plan) == [evicted, terminating]
 
 
 def test_an_empty_node_has_an_empty_plan() -> None:
     plan = plan_drain([], DEFAULTS)
     assert plan == DrainPlan(())
-    assert (plan.evict, plan.skipped, plan.errors, plan.wait_for) == ([], [], [], [])
+    assert (evicted_pods(plan), plan.skipped, plan.errors, waited_for(plan)) == ([], [], [], [])
 
 
 @pytest.mark.parametrize(
@@ -359,7 +369,7 @@ def test_a_terminating_mirror_pod_is_skipped_as_mirror_and_not_waited_for() -> N
     plan = plan_drain([pod], DEFAULTS, now=NOW)
     assert plan.decisions[0].verdict is Verdict.SKIP
     assert plan.decisions[0].reason.startswith("mirror: ")
-    assert plan.wait_for == []
+    assert waited_for(plan) == []
 
 
 def test_a_mirror_pod_is_skipped_even_when_strict_options_would_refuse_it() -> None:
@@ -384,8 +394,8 @@ def test_a_daemonset_pod_is_never_evicted(
     decision = plan.decisions[0]
     assert decision.verdict is not Verdict.EVICT
     assert decision.reason.startswith("daemonset: ")
-    assert plan.evict == []
-    assert plan.wait_for == []
+    assert evicted_pods(plan) == []
+    assert waited_for(plan) == []
     running = phase == "Running"
     assert (decision.verdict is Verdict.ERROR) is (not ignore and running)
 
@@ -395,8 +405,8 @@ def test_a_terminating_pod_is_waited_for_not_evicted() -> None:
     plan = plan_drain([pod], STRICT, now=NOW)
     assert plan.decisions[0].verdict is Verdict.SKIP
     assert plan.decisions[0].awaiting_deletion
-    assert plan.evict == []
-    assert plan.wait_for == [pod]
+    assert evicted_pods(plan) == []
+    assert waited_for(plan) == [pod]
 
 
 def test_a_pod_deleted_longer_ago_than_the_skip_wait_timeout_is_not_waited_for() -> None:
@@ -404,8 +414,8 @@ def test_a_pod_deleted_longer_ago_than_the_skip_wait_timeout_is_not_waited_for()
     recent = make_pod("recent", deleted=NOW - timedelta(seconds=10))
     plan = plan_drain([old, recent], DrainOptions(skip_wait_for_delete_timeout_s=60), now=NOW)
     assert [d.verdict for d in plan.decisions] == [Verdict.SKIP, Verdict.SKIP]
-    assert plan.wait_for == [recent]
-    assert plan_drain([old, recent], DEFAULTS, now=NOW).wait_for == [old, recent]
+    assert waited_for(plan) == [recent]
+    assert waited_for(plan_drain([old, recent], DEFAULTS, now=NOW)) == [old, recent]
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
@@ -448,9 +458,9 @@ def test_an_error_reason_names_the_deciding_filter_first_then_the_warnings() -> 
 def test_now_defaults_to_the_current_time_and_a_naive_now_is_utc() -> None:
     options = DrainOptions(skip_wait_for_delete_timeout_s=60)
     recent = make_pod(deleted=datetime.now(UTC) - timedelta(seconds=5))
-    assert plan_drain([recent], options).wait_for == [recent]
+    assert waited_for(plan_drain([recent], options)) == [recent]
     old = make_pod(deleted=NOW - timedelta(minutes=5))
-    assert plan_drain([old], options, now=NOW.replace(tzinfo=None)).wait_for == []
+    assert waited_for(plan_drain([old], options, now=NOW.replace(tzinfo=None))) == []
 
 
 def test_a_decision_compares_and_prints_without_its_pod() -> None:
@@ -560,18 +570,18 @@ def test_plan_properties(pod_list: list[dict[str, Any]], drain_options: DrainOpt
     assert len(plan.decisions) == len(pod_list)
     assert all(d.pod is p for d, p in zip(plan.decisions, pod_list, strict=True))
     assert all((d.namespace, d.name) == pod_key(d.pod) for d in plan.decisions)
-    assert len(plan.evict) + len(plan.skipped) + len(plan.errors) == len(pod_list)
+    assert len(evicted_pods(plan)) + len(plan.skipped) + len(plan.errors) == len(pod_list)
 
-    for pod in plan.evict:
+    for pod in evicted_pods(plan):
         assert not is_daemonset_pod(pod)
         assert not is_mirror_pod(pod)
         assert pod["metadata"].get("deletionTimestamp") is None
         assert pod_key(pod) != drain_options.own_pod
-    for pod in plan.wait_for:
+    for pod in waited_for(plan):
         assert not is_daemonset_pod(pod)
         assert not is_mirror_pod(pod)
         assert pod_key(pod) != drain_options.own_pod
-    assert all(is_in(pod, plan.wait_for) for pod in plan.evict)
+    assert all(is_in(pod, waited_for(plan)) for pod in evicted_pods(plan))
 
     for decision in plan.decisions:
         assert decision.reason

@@ -5,18 +5,42 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import structlog.testing
 
 from queue_processor.drain.drainer import WAVE_TIME_UP, DrainBounds, Drainer, DrainTiming
-from queue_processor.drain.evictions import DrainRun, Running, settled
+from queue_processor.drain.evictions import DrainRun, Running, Tell, settled
 from queue_processor.drain.plan import DrainOptions, DrainOrder, DrainPod, Eviction
+from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, POD_EVICTION
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, NotSentError
 from tests.unit.test_handler import NODE, FakeKube
+
+
+def told(
+    evicted: Callable[[str, str], Awaitable[None]] | None = None,
+    deleted: Callable[[str, str], Awaitable[None]] | None = None,
+    noticed: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+) -> Tell:
+    """A drain's ``tell`` handing each pod Event to the callback of its kind."""
+
+    async def tell(namespace: str, name: str, reason: str, message: str, *, warning: bool = False) -> None:
+        if reason == POD_EVICTION[0]:
+            assert not warning
+            if evicted is not None:
+                await evicted(namespace, name)
+        elif reason == POD_DELETED_AT_DEADLINE[0]:
+            assert warning
+            if deleted is not None:
+                await deleted(namespace, name)
+        elif noticed is not None:
+            assert warning
+            await noticed(namespace, name, reason, message)
+
+    return tell
 
 
 class Answers(FakeKube):
@@ -188,7 +212,7 @@ async def test_an_unknown_drain_policy_is_reported_once_per_workload_and_the_pod
         noticed.append((namespace, name, message))
 
     for node in ("node-a", "node-b"):
-        result = await drainer.drain(node, drainer.clock() + 60, noticed=notice)
+        result = await drainer.drain(node, drainer.clock() + 60, tell=told(noticed=notice))
         assert result.completed
         assert result.waves == [2]  # evicted as by default, in the first wave
     assert sorted(kube.evicted) == ["db-0", "web-0", "web-1", "web-2"]

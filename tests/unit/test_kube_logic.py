@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_processor.drain.budgets import selector_matches
+from queue_processor.drain.surge import selector_matches
 from queue_processor_sandbox.kube_logic import (
     ApiError,
     json_patch,

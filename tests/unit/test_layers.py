@@ -19,7 +19,6 @@ LAYERS: list[set[str]] = [
         "queue_processor.events",
         "queue_processor.permissions",
         "queue_processor.drain",
-        "queue_processor.drain.record",
         "queue_processor.observe",
         "queue_processor.observe.logs",
     },

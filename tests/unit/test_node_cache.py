@@ -10,9 +10,8 @@ import pytest
 
 from queue_processor import watch as node_cache
 from queue_processor import watch as watched
-from queue_processor.drain.record import RECORD_ANNOTATION
 from queue_processor.outcomes import KubeError
-from queue_processor.watch import NodeCache, slim, slim_event
+from queue_processor.watch import RECORD_ANNOTATION, NodeCache, slim, slim_event
 from tests.unit.scripted_watch import ScriptedWatch
 
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queue_processor.drain.node_writes import CordonRecord, cordon_patch, undo_patch
-from queue_processor.drain.record import RECORD_ANNOTATION, RECORD_LABEL
+from queue_processor.watch import RECORD_ANNOTATION, RECORD_LABEL
 
 LB = ("node.kubernetes.io/exclude-from-external-load-balancers", "aws-node-termination-handler")
 ABOUT = CordonRecord(instance_id="i-1", launch_time="2026-11-25T10:00:00+00:00", since="2026-11-25T11:00:00")

@@ -30,7 +30,7 @@ from queue_processor.drain.surge import (
     autoscaled,
     label_selector,
     recorded_surges,
-    selects,
+    selector_matches,
 )
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.observe.metrics import Metrics
@@ -141,17 +141,18 @@ def test_a_label_selector_becomes_the_query_a_list_takes() -> None:
     assert label_selector(selector) == "app=shop,tier=web,env in (prod,staging),!canary,team,zone notin (a)"
 
 
-def test_selects_matches_labels_and_expressions_and_an_empty_selector_selects_nothing() -> None:
+def test_a_selector_matches_labels_and_expressions_and_an_unknown_operator_selects_nothing() -> None:
     selector = {
         "matchLabels": {"app": "web"},
         "matchExpressions": [{"key": "env", "operator": "In", "values": ["p"]}],
     }
-    assert selects(selector, {"app": "web", "env": "p", "x": "y"})
-    assert not selects(selector, {"app": "web", "env": "q"})
-    assert not selects(selector, {"env": "p"})
-    assert not selects({}, {"app": "web"})
-    assert selects({"matchExpressions": [{"key": "canary", "operator": "DoesNotExist"}]}, {"app": "web"})
-    assert not selects({"matchExpressions": [{"key": "a", "operator": "Bogus"}]}, {"a": "b"})
+    assert selector_matches(selector, {"app": "web", "env": "p", "x": "y"})
+    assert not selector_matches(selector, {"app": "web", "env": "q"})
+    assert not selector_matches(selector, {"env": "p"})
+    assert selector_matches(
+        {"matchExpressions": [{"key": "canary", "operator": "DoesNotExist"}]}, {"app": "web"}
+    )
+    assert not selector_matches({"matchExpressions": [{"key": "a", "operator": "Bogus"}]}, {"a": "b"})
 
 
 def test_an_autoscaler_counts_only_when_it_targets_the_deployment() -> None:
@@ -275,6 +276,7 @@ async def test_a_surge_whose_deployment_went_is_over() -> None:
     [
         ("gone", SurgeResult.UNAVAILABLE),
         ("other-selector", SurgeResult.UNAVAILABLE),
+        ("empty-selector", SurgeResult.UNAVAILABLE),  # an empty selector selects nothing, as a Deployment's
         ("forbidden", SurgeResult.UNAVAILABLE),
         ("autoscaled", SurgeResult.AUTOSCALED),
     ],
@@ -286,6 +288,9 @@ async def test_a_deployment_that_cannot_surge_is_left_as_it_is(setup: str, resul
     elif setup == "other-selector":
         assert kube.deployment is not None
         kube.deployment["spec"]["selector"] = {"matchLabels": {"app": "api"}}
+    elif setup == "empty-selector":
+        assert kube.deployment is not None
+        kube.deployment["spec"]["selector"] = {"matchLabels": {}}
     elif setup == "forbidden":
         kube.refuse = 403
     else:
@@ -357,7 +362,7 @@ def fake_time_bounds(
     """The drain's bounds (deadline and instance end ``window_s`` from the fake clock ``now``) whose sleeps
     advance that clock instead of waiting (by 0.25 s at least), calling ``meanwhile`` first at each."""
 
-    async def sleep_advances(seconds: float) -> bool:
+    async def sleep_advances(seconds: float, *, wake: asyncio.Event | None = None) -> bool:
         if meanwhile is not None:
             meanwhile()
         now[0] += max(seconds, 0.25)
