@@ -53,7 +53,7 @@ log = structlog.get_logger("queue_processor.app")
 Check = Callable[[], bool]
 """A probe check: ``True`` when healthy. Called on the event loop for each request: cheap, never blocking."""
 
-#: Seconds ``stop()`` lets an in-flight request finish before its connection is closed.
+#: Seconds ``stop()`` lets an in-flight request finish.
 _SHUTDOWN_TIMEOUT_S: Final = 2.0
 
 
@@ -107,7 +107,7 @@ class ProbeServer:
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: Metrics) -> ProbeServer:
-        """The server ``settings`` ask for (ENABLE_PROMETHEUS_SERVER, ENABLE_PROBES_SERVER and their ports)."""
+        """The server of ENABLE_PROMETHEUS_SERVER, ENABLE_PROBES_SERVER and their ports."""
         return cls(
             metrics,
             metrics_port=settings.prometheus_server_port if settings.enable_prometheus_server else None,
@@ -195,7 +195,6 @@ class ProbeServer:
         return app
 
     async def _listen(self, app: web.Application, port: int) -> int:
-        # No access log: the kubelet and Prometheus would fill the log with probe and scrape lines.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         self._runners.append(runner)
@@ -210,8 +209,7 @@ class ProbeServer:
 
 @dataclass
 class Controller:
-    """The running pieces, built by :func:`_assemble` before anything starts; for tests and the sandbox command
-    to look at."""
+    """The running pieces, built by :func:`_assemble` before anything starts."""
 
     consumer: Consumer
     handler: Handler
@@ -414,9 +412,7 @@ async def _shut_down(
     # Bounded whatever AWS or the API server does: a request stuck in a worker thread is abandoned.
     await tasks.stop(*background)
     await controller.consumer.shutdown(max(settings.shutdown_timeout_sec - 1.0, 0.1))
-    if (
-        controller.leases is not None
-    ):  # the operations have ended: what the replica Lease held is free at once
+    if controller.leases is not None:  # the operations have ended: free what the replica Lease held
         await controller.leases.close()
     await controller.resolver.close()
     await controller.departures.close()

@@ -1,8 +1,6 @@
-"""Instances back in service: what we did to their nodes is undone (DESIGN.md rule 12).
-
-A node cordoned when its instance stopped or entered a warm pool keeps our changes when it comes back Ready;
-:class:`Returns` undoes exactly what we recorded (:mod:`queue_processor.drain.record`) once the instance is back and
-no operation for it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``) is the launch path's.
+"""Instances back in service (a stop and start, a warm pool): :class:`Returns` undoes exactly what we recorded on
+their nodes (:mod:`queue_processor.drain.record`) once the instance is back and no operation for it runs anywhere.
+A return from a *running* warm pool (same ``LaunchTime``) is the launch path's.
 """
 
 from __future__ import annotations
