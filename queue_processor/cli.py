@@ -81,8 +81,8 @@ ELSEWHERE = {
 
 
 class _Commands(click.Group):
-    """Its commands plus those of :data:`COMMANDS`, imported only when run (``run`` never imports the sandbox);
-    one missing (:data:`ELSEWHERE`) or that cannot be loaded exits 2 with one line saying why."""
+    """Its commands plus those of :data:`COMMANDS`, imported only when run; one missing (:data:`ELSEWHERE`) or
+    that cannot be loaded exits 2 with one line saying why."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_entry_points(), *ELSEWHERE})
@@ -193,8 +193,8 @@ def _exit_if_threads_linger(status: int = 0) -> None:
 
 
 def _run_to_end(settings: Settings) -> None:
-    """Run the controller until a signal stops it and its shutdown is over, then ignore SIGTERM and SIGINT: a
-    second one would otherwise kill a clean stop with status -15. Raises :class:`StartupError`."""
+    """Run the controller until SIGTERM or SIGINT, then ignore both (a second one would end a clean stop with
+    status -15). Raises :class:`StartupError`."""
 
     async def run_until_signalled() -> None:
         stop = asyncio.Event()

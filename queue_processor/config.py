@@ -99,8 +99,8 @@ def _field(
 
 
 class Settings(BaseSettings):
-    """Every setting of the controller. Build it with :func:`load_settings` to get one-line errors; built
-    directly, bad values raise pydantic's ``ValidationError`` or pydantic-settings' ``SettingsError``."""
+    """Every setting. Built directly, bad values raise pydantic's ``ValidationError`` or pydantic-settings'
+    ``SettingsError``; :func:`load_settings` makes them one line."""
 
     model_config = SettingsConfigDict(
         case_sensitive=False,

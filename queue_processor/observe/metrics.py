@@ -204,7 +204,8 @@ class Observer:
         """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains."""
 
     def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
-        """How an evicted pod's grace period went (see :class:`~queue_processor.observe.metrics.Metrics`)."""
+        """How an evicted pod's grace period went: ``own`` (whole), ``cut`` (to end before the instance),
+        ``outlasted`` (killed mid-grace by its end)."""
 
     def deleted_at_deadline(self) -> None:
         """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
@@ -246,9 +247,7 @@ class _WithoutCreated(Collector):
 class Metrics(Observer):
     """The controller's metrics (:data:`FAMILIES`), one attribute each, in :attr:`registry`. ``version`` labels
     ``build_info`` (default: the installed package's); ``process_metrics`` adds prometheus-client's process,
-    platform and GC collectors. ``event_to_cordon_seconds`` excludes AWS's delivery delay.
-    ``drained_pods_total{grace}``: ``own`` (the whole grace), ``cut`` (cut to end before the instance),
-    ``outlasted`` (killed mid-grace by its end)."""
+    platform and GC collectors."""
 
     actions: Counter
     events_error: Counter
