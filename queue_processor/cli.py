@@ -26,10 +26,9 @@ from rich.table import Table
 from queue_processor import __version__
 from queue_processor.app import run_controller
 from queue_processor.config import Settings, default, env_name, load_settings, notes
-from queue_processor.events import Event
 from queue_processor.observe.logs import configure_logging
 from queue_processor.outcomes import ConfigError, StartupError
-from queue_processor.parse import ParseResult, parse
+from queue_processor.parse import parse
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,8 +81,8 @@ ELSEWHERE = {
 
 
 class _Commands(click.Group):
-    """Its commands plus those of :data:`COMMANDS`, imported only when run (``run`` never imports the sandbox);
-    one missing (:data:`ELSEWHERE`) or that cannot be loaded exits 2 with one line saying why."""
+    """Its commands plus those of :data:`COMMANDS`, imported only when run; one missing (:data:`ELSEWHERE`) or
+    that cannot be loaded exits 2 with one line saying why."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_entry_points(), *ELSEWHERE})
@@ -96,15 +95,12 @@ class _Commands(click.Group):
         if found is not None:
             try:
                 loaded = found.load()
+                why = "is not a click command"
             except Exception as exc:  # a broken installation: say so in one line, never a traceback
-                return _missing(
-                    cmd_name, f"its entry point {found.value} ({COMMANDS}) cannot be loaded: {exc!r}"
-                )
-            if not isinstance(loaded, click.Command):
-                return _missing(
-                    cmd_name, f"its entry point {found.value} ({COMMANDS}) is not a click command"
-                )
-            return loaded
+                loaded, why = None, f"cannot be loaded: {exc!r}"
+            if isinstance(loaded, click.Command):
+                return loaded
+            return _missing(cmd_name, f"its entry point {found.value} ({COMMANDS}) {why}")
         if cmd_name in ELSEWHERE:
             return _missing(cmd_name, ELSEWHERE[cmd_name])
         return None
@@ -197,21 +193,20 @@ def _exit_if_threads_linger(status: int = 0) -> None:
 
 
 def _run_to_end(settings: Settings) -> None:
-    """Run the controller until a signal stops it and its shutdown is over, then ignore SIGTERM and SIGINT: a
-    second one would otherwise kill a clean stop with status -15. Raises :class:`StartupError`."""
+    """Run the controller until SIGTERM or SIGINT, then ignore both (a second one would end a clean stop with
+    status -15). Raises :class:`StartupError`."""
+
+    async def run_until_signalled() -> None:
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+        await run_controller(settings, stop)
+
     try:
-        asyncio.run(_run_until_signalled(settings))
+        asyncio.run(run_until_signalled())
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
-
-
-async def _run_until_signalled(settings: Settings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await run_controller(settings, stop)
 
 
 @main.command("config")
@@ -331,16 +326,6 @@ ANNOTATIONS_MARKDOWN = [
 ]
 
 
-def _result_json(path: str, result: ParseResult[Event]) -> dict[str, Any]:
-    return {
-        "file": path,
-        "outcome": result.outcome,
-        "reason": result.reason,
-        "envelope": result.envelope,
-        "events": [event.model_dump(mode="json", exclude={"message"}) for event in result.events],
-    }
-
-
 def _read(paths: Iterable[str]) -> Iterable[tuple[str, bytes | None, str | None]]:
     for path in paths:
         try:
@@ -383,7 +368,9 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
             continue
         result = parse(body)
         if output == "json":
-            click.echo(json.dumps(_result_json(path, result)))
+            events = [event.model_dump(mode="json", exclude={"message"}) for event in result.events]
+            shown = {"outcome": result.outcome, "reason": result.reason, "envelope": result.envelope}
+            click.echo(json.dumps({"file": path, **shown, "events": events}))
             continue
         name = Path(path).name if path != "-" else path
         rows: list[tuple[str, ...]] = [
@@ -487,15 +474,14 @@ def explain(
         click.echo(json.dumps(explanation.as_json()))
     else:
         _print_explanation(explanation)
-    blocked = any(p.blocked for p in explanation.pods) or any(p.verdict == "error" for p in explanation.pods)
-    if blocked:
+    if any(p.blocked or p.verdict == "error" for p in explanation.pods):
         raise click.exceptions.Exit(1)
 
 
 def _print_explanation(explanation: Any) -> None:
     """``queue-processor explain``'s table: one row per pod, then the summary."""
     table = Table(title=f"{explanation.node}{' (cordoned)' if explanation.unschedulable else ''}")
-    for column in (
+    columns = (
         "pod",
         "verdict",
         "policy",
@@ -504,7 +490,8 @@ def _print_explanation(explanation: Any) -> None:
         "ready",
         "PodDisruptionBudgets",
         "dry-run eviction",
-    ):
+    )
+    for column in columns:
         table.add_column(column, overflow="fold")
     for pod in explanation.pods:
         table.add_row(

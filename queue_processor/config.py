@@ -85,18 +85,22 @@ def _field(
     unit: str = "",
     aliases: tuple[str, ...] = (),
     secret: bool = False,
+    bounds: tuple[float, float] | None = None,
     **kwargs: Any,
 ) -> Any:
-    """A settings field with what the docs and the CLI read: ``nth`` note, ``unit``, ``aliases`` accepted."""
+    """A settings field with what the docs and the CLI read: ``nth`` note, ``unit``, ``aliases`` accepted;
+    ``bounds``: the inclusive (least, most) value."""
     extra: dict[str, Any] = {"nth": nth, "unit": unit, "aliases": list(aliases), "secret": secret}
+    if bounds is not None:
+        kwargs["ge"], kwargs["le"] = bounds
     if aliases:
         kwargs["validation_alias"] = AliasChoices(*kwargs.pop("primary", ()), *aliases)
     return Field(default, description=description, json_schema_extra=extra, **kwargs)
 
 
 class Settings(BaseSettings):
-    """Every setting of the controller. Build it with :func:`load_settings` to get one-line errors; built
-    directly, bad values raise pydantic's ``ValidationError`` or pydantic-settings' ``SettingsError``."""
+    """Every setting. Built directly, bad values raise pydantic's ``ValidationError`` or pydantic-settings'
+    ``SettingsError``; :func:`load_settings` makes them one line."""
 
     model_config = SettingsConfigDict(
         case_sensitive=False,
@@ -140,15 +144,13 @@ class Settings(BaseSettings):
         "bounds how long a message stays hidden after a crash.",
         nth="same name; NTH (v1.25.6) accepts 1-119, defaults to 20 and never renews it",
         unit="seconds",
-        ge=10,
-        le=43200,
+        bounds=(10, 43200),
     )
     receive_loops_per_queue: int = _field(
         2,
         "Concurrent long-poll ReceiveMessage loops per queue (10 messages per call).",
         nth="none",
-        ge=1,
-        le=64,
+        bounds=(1, 64),
     )
     receive_wait_time_sec: int = _field(
         20,
@@ -157,8 +159,7 @@ class Settings(BaseSettings):
         "poll abandoned by the client may still take messages on the server and hide them.",
         nth="none: NTH polls with a 20 s wait",
         unit="seconds",
-        ge=1,
-        le=20,
+        bounds=(1, 20),
     )
     shutdown_timeout_sec: float = _field(
         25.0,
@@ -175,8 +176,7 @@ class Settings(BaseSettings):
         "Most messages being handled at once; receiving pauses only when this many are in flight.",
         nth="none: NTH's WORKERS (default 10) bounded whole events; not needed",
         unit="messages",
-        ge=1,
-        le=100_000,
+        bounds=(1, 100_000),
     )
     poison_visibility_timeout_sec: int = _field(
         3600,
@@ -187,8 +187,7 @@ class Settings(BaseSettings):
             "(20 s by default) until the redrive policy moves them"
         ),
         unit="seconds",
-        ge=0,
-        le=43200,
+        bounds=(0, 43200),
     )
     requeue_backoff_base_sec: float = _field(
         10.0,
@@ -196,8 +195,7 @@ class Settings(BaseSettings):
         f"{REQUEUE_MAX_S} s, with 20 % jitter.",
         nth="none: NTH leaves a failed message to SQS_MSG_VISIBILITY_TIMEOUT_SEC (20 s by default)",
         unit="seconds",
-        ge=0,
-        le=REQUEUE_MAX_S,
+        bounds=(0, REQUEUE_MAX_S),
     )
     delete_sqs_msg_if_node_not_found: bool = _field(
         False,
@@ -288,8 +286,7 @@ class Settings(BaseSettings):
         "spec.priority from which a pod counts as critical for DRAIN_ORDER=waves (system-cluster-critical is "
         "2000000000; lower it to move your own high PriorityClasses into the last wave).",
         nth="none",
-        ge=-2_147_483_648,
-        le=2_147_483_647,
+        bounds=(-2_147_483_648, 2_147_483_647),
     )
     grace_deadline_margin: float = _field(
         10.0,
@@ -297,8 +294,7 @@ class Settings(BaseSettings):
         "each evicted pod's grace period is cut to end this long before it (at least 1 s); -1 = never cut.",
         nth="none: NTH gives every pod its grace period, even one that outlasts the instance",
         unit="seconds",
-        ge=-1,
-        le=3600,
+        bounds=(-1, 3600),
     )
     delete_at_deadline: bool = _field(
         False,
@@ -323,8 +319,7 @@ class Settings(BaseSettings):
         "saw the cordon. Bounded by the drain's deadline; 0 = list once, as kubectl drain.",
         nth="none: NTH (kubectl drain) lists the node's pods once",
         unit="seconds",
-        ge=0,
-        le=60,
+        bounds=(0, 60),
     )
     surge_drains: bool = _field(
         False,
@@ -341,8 +336,7 @@ class Settings(BaseSettings):
         "Most nodes drained at once. Cordoning is never held back by it.",
         nth="none: NTH's WORKERS (default 10) capped concurrent events",
         unit="nodes",
-        ge=1,
-        le=100_000,
+        bounds=(1, 100_000),
     )
     drain_budget_non_urgent: str = _field(
         "",
@@ -389,8 +383,7 @@ class Settings(BaseSettings):
             "adds KUBE_API_BURST)"
         ),
         unit="requests",
-        ge=1,
-        le=100_000,
+        bounds=(1, 100_000),
     )
     evictions_in_flight: int = _field(
         0,
@@ -401,8 +394,7 @@ class Settings(BaseSettings):
         "enough to keep the client's rate busy.",
         nth="none: NTH evicts a node's pods one goroutine each",
         unit="evictions",
-        ge=0,
-        le=1_000_000,
+        bounds=(0, 1_000_000),
     )
     node_leases: bool = _field(
         False,
@@ -416,8 +408,7 @@ class Settings(BaseSettings):
         "replica holds any node Lease); a replica that dies loses the node Leases it held after this.",
         nth="none",
         unit="seconds",
-        ge=15,
-        le=3600,
+        bounds=(15, 3600),
     )
     # --- lifecycle actions
     heartbeat_interval: int = _field(
@@ -463,8 +454,7 @@ class Settings(BaseSettings):
         "changed since our cordon, running, node Ready): one node LIST by label and one DescribeInstances.",
         nth="none",
         unit="seconds",
-        ge=1,
-        le=3600,
+        bounds=(1, 3600),
     )
     complete_lifecycle_action_delay_seconds: int = _field(
         -1,
@@ -514,14 +504,14 @@ class Settings(BaseSettings):
         nth="same name; NTH's default is false",
     )
     prometheus_server_port: int = _field(
-        9092, "Port of the metrics server (0: any free port).", ge=0, le=65535
+        9092, "Port of the metrics server (0: any free port).", bounds=(0, 65535)
     )
     enable_probes_server: bool = _field(
         True,
         "Serve /healthz and /readyz on PROBES_SERVER_PORT.",
         nth="same name; NTH's default is false, but its chart always turns it on in queue-processor mode",
     )
-    probes_server_port: int = _field(8080, "Port of the probes server (0: any free port).", ge=0, le=65535)
+    probes_server_port: int = _field(8080, "Port of the probes server (0: any free port).", bounds=(0, 65535))
     json_logging: bool = _field(False, "Log JSON lines instead of human-readable lines.")
     log_level: Literal["debug", "info", "warning", "error"] = _field(
         "info", "Least severe level logged.", nth="same; NTH has no warning level"
@@ -622,12 +612,7 @@ class Settings(BaseSettings):
             if region is None:
                 raise ValueError("AWS_REGION is not set and the queue URL names no region")
             self.__dict__["aws_region"] = region  # frozen model: set once, during validation
-        self._check_one_region_and_account()
-        return self
-
-    def _check_one_region_and_account(self) -> None:
-        """Every queue in AWS_REGION and one account (EC2 would not know the instances of others)."""
-        accounts: dict[str, str] = {}
+        accounts: dict[str, str] = {}  # every queue in AWS_REGION and one account: EC2 knows no others
         for url in self.all_queue_urls:
             region = region_from_queue_url(url)
             if region is not None and region != self.aws_region:
@@ -644,6 +629,7 @@ class Settings(BaseSettings):
                 f"queue {other_url} is in account {other}, queue {first_url} in {first}: EC2 and Auto Scaling "
                 "are called with one account's credentials; run one controller per account"
             )
+        return self
 
     @property
     def all_queue_urls(self) -> list[str]:

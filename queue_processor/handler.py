@@ -413,7 +413,7 @@ async def _drain(ctx: OperationContext) -> DrainResult:
     kind = str(operation.first.kind)
     bounds = DrainBounds(ctx.deadline(), ctx.instance_end())
     watcher = ctx.spawn(_follow_joins(ctx, bounds), name=f"joiners-{node}")
-    recorder = parts.recorder if parts.recorder is not None and parts.recorder.enabled else None
+    recorder = parts.recorder
     try:
         result = await parts.drainer.drain(
             node,

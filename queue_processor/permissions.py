@@ -1,7 +1,5 @@
-"""What the controller is allowed to do: the Kubernetes RBAC rules and the AWS IAM actions its code calls.
-
-The single list the Helm chart's ClusterRole/Role and the Terraform module's IAM policy are tested against, and
-tests check it against the code: a call added to the code is added here, and those tests fail until it is granted.
+"""What the controller is allowed to do: the Kubernetes RBAC rules and the AWS IAM actions its code calls, the
+one list the Helm chart's ClusterRole/Role, the Terraform module's IAM policy and the code are tested against.
 Less obvious uses: pods watch (metadata-only deletions), Events (in namespace ``default``), DescribeLifecycleHooks
 (a hook's HeartbeatTimeout), DescribeAutoScalingGroups (group sizes for DRAIN_BUDGET_NON_URGENT) and
 DescribeAutoScalingInstances (whether a lifecycle action still waits). Documents: "Using RBAC Authorization"
@@ -75,19 +73,8 @@ AWS_API_CALLS: dict[str, tuple[str, ...]] = {
 }
 """Every AWS API operation the controller calls, by service (botocore service name)."""
 
-_BATCH_ACTIONS = {
-    "DeleteMessageBatch": "DeleteMessage",
-    "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
-}
-
 AWS_ACTIONS: tuple[str, ...] = tuple(
-    sorted(
-        {
-            f"{service}:{_BATCH_ACTIONS.get(operation, operation)}"
-            for service, operations in AWS_API_CALLS.items()
-            for operation in operations
-        }
-    )
+    sorted({f"{service}:{op.removesuffix('Batch')}" for service, ops in AWS_API_CALLS.items() for op in ops})
 )
 """The IAM actions those calls need (``service:Action``); SQS batch calls are authorised by the single-message
 action ("Amazon SQS API permissions: Actions and resource reference", SQS Developer Guide)."""

@@ -1,9 +1,6 @@
-"""Instances back in service: what we did to their nodes is undone (DESIGN.md rule 12).
-
-A node cordoned when its instance stopped or entered a warm pool keeps our changes when it comes back Ready;
-:class:`Returns` undoes exactly what we recorded (:class:`~queue_processor.drain.node_writes.CordonRecord`) once the
-instance is back and no operation for it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``)
-is the launch path's.
+"""Instances back in service (a stop and start, a warm pool): :class:`Returns` undoes exactly what we recorded on
+their nodes (:class:`~queue_processor.drain.node_writes.CordonRecord`) once the instance is back and no operation for
+it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``) is the launch path's.
 """
 
 from __future__ import annotations
@@ -11,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import structlog
@@ -38,30 +36,20 @@ def came_back(record: CordonRecord, info: InstanceInfo | None, node: dict[str, A
     return info.launch_time.isoformat() != record.launch_time and node_ready(node)
 
 
+@dataclass
 class Returns:
     """The periodic check every ``interval_s`` (RETURN_CHECK_INTERVAL_SEC). ``busy(instance_id)``: an operation for
     it runs here; ``leases``: another replica's node Leases; ``nodes``: the watched copy, read instead of a LIST."""
 
-    def __init__(
-        self,
-        kube: KubeClient,
-        drainer: Drainer,
-        resolver: InstanceResolver,
-        *,
-        busy: Callable[[str], bool],
-        leases: NodeLeases | None = None,
-        interval_s: float,
-        observer: Observer = NULL_OBSERVER,
-        nodes: NodeCache | None = None,
-    ) -> None:
-        self.kube = kube
-        self.drainer = drainer
-        self.resolver = resolver
-        self.busy = busy
-        self.leases = leases
-        self.interval_s = interval_s
-        self.observer = observer
-        self.nodes = nodes
+    kube: KubeClient
+    drainer: Drainer
+    resolver: InstanceResolver
+    _: KW_ONLY
+    busy: Callable[[str], bool]
+    interval_s: float
+    leases: NodeLeases | None = None
+    observer: Observer = NULL_OBSERVER
+    nodes: NodeCache | None = None
 
     def _decide(
         self, instance_id: str, info: InstanceInfo | None, node: dict[str, Any], now: CordonRecord

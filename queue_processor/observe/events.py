@@ -66,9 +66,6 @@ class NodeEventRecorder:
     """Writes core/v1 Events (source ``queue-processor``): about Nodes into ``default``, about pods into theirs;
     ``annotations`` go on every Event. Built only with EMIT_KUBERNETES_EVENTS."""
 
-    #: Always: a recorder exists only when Events are wanted.
-    enabled = True
-
     def __init__(self, kube: KubeClient, *, annotations: dict[str, str] | None = None) -> None:
         self.kube = kube
         self.annotations = dict(annotations or {})

@@ -1,10 +1,6 @@
-"""What the pipeline reports, :class:`Observer` (called where a decision is made, with an enum value of
-:mod:`queue_processor.outcomes`; :data:`NULL_OBSERVER` is the default, so tests and tools build components without
-metrics), and its Prometheus implementation, :class:`Metrics`, one per process, in a registry of its own.
-
-Names follow "Metric and label naming" (prometheus.io). ``actions_total`` and ``events_error_total`` are NTH's
-(``pkg/observability/opentelemetry.go``), unprefixed so its dashboards keep working. Labels stay bounded: ``queue``
-is the queue URL as configured, ``kind`` an event kind or ``skip`` / ``poison``, reasons enums.
+"""What the pipeline reports, :class:`Observer` (:data:`NULL_OBSERVER` by default), and its Prometheus
+implementation, :class:`Metrics`, one per process, in a registry of its own. Names follow "Metric and label naming"
+(prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unprefixed so its dashboards keep working.
 """
 
 from __future__ import annotations
@@ -62,8 +58,7 @@ PREFIX: Final = "queue_processor"
 #: NTH's metrics, unprefixed.
 NTH_FAMILIES: Final = frozenset({"actions", "events_error", "nth_tagged_instances", "nth_tagged_nodes"})
 
-#: Buckets of the histograms: ``event_to_cordon_seconds`` 10 ms to 120 s, dense from 1 to 10 s to tell 3.5 s
-#: from 4 s; ``drain_duration_seconds`` 0.5 s to 600 s.
+#: Buckets of the histograms (seconds).
 BUCKETS: Final = {
     "event_to_cordon_seconds": (
         *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 7.5, 10),
@@ -163,8 +158,8 @@ _TYPES: Final[dict[str, type[Counter | Gauge | Histogram]]] = {
 
 
 class Observer:
-    """What the pipeline reports; every method returns at once, never raises, and does nothing by default. ``queue``
-    is a queue URL as configured, ``kind`` an event kind (``skip``, ``poison``, or kinds joined by commas); seconds."""
+    """What the pipeline reports; every method returns at once and never raises. ``queue``: a queue URL as
+    configured; ``kind``: an event kind (``skip``, ``poison``, or kinds joined by commas); seconds."""
 
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
         """A message was received, deleted or requeued."""
@@ -209,7 +204,8 @@ class Observer:
         """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains."""
 
     def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
-        """How an evicted pod's grace period went (see :class:`~queue_processor.observe.metrics.Metrics`)."""
+        """How an evicted pod's grace period went: ``own`` (whole), ``cut`` (to end before the instance),
+        ``outlasted`` (killed mid-grace by its end)."""
 
     def deleted_at_deadline(self) -> None:
         """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
@@ -235,7 +231,7 @@ NULL_OBSERVER = Observer()
 
 
 class _WithoutCreated(Collector):
-    """``registry`` without prometheus-client's ``*_created`` samples (one more series per child; NTH had none)."""
+    """``registry`` without prometheus-client's ``*_created`` samples (NTH had none)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
@@ -251,9 +247,7 @@ class _WithoutCreated(Collector):
 class Metrics(Observer):
     """The controller's metrics (:data:`FAMILIES`), one attribute each, in :attr:`registry`. ``version`` labels
     ``build_info`` (default: the installed package's); ``process_metrics`` adds prometheus-client's process,
-    platform and GC collectors. ``event_to_cordon_seconds`` excludes AWS's delivery delay.
-    ``drained_pods_total{grace}``: ``own`` (the whole grace), ``cut`` (cut to end before the instance),
-    ``outlasted`` (killed mid-grace by its end)."""
+    platform and GC collectors."""
 
     actions: Counter
     events_error: Counter

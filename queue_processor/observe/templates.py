@@ -1,6 +1,5 @@
-"""NTH's webhook data (``combinedDrainData``, ``pkg/webhook`` of aws-node-termination-handler v1.25.6), as a Go
-template sees it, and the start-up check of a template (pure; imports only :mod:`queue_processor_gotemplate`): what
-the settings check and what :mod:`.webhook` renders over."""
+"""NTH's webhook data (``combinedDrainData``, ``pkg/webhook`` of aws-node-termination-handler v1.25.6) as a Go
+template sees it, and the start-up check of a template."""
 
 from __future__ import annotations
 

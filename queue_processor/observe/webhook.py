@@ -1,7 +1,5 @@
-"""Webhook notifications (WEBHOOK_URL), as aws-node-termination-handler v1.25.6 sends them.
-
-One POST per interruption a node is drained for, after the drain (whatever its result) and before the lifecycle
-actions are completed: the template over NTH's ``combinedDrainData`` (``pkg/webhook``; fields in docs/migration.md).
+"""Webhook notifications (WEBHOOK_URL) as aws-node-termination-handler v1.25.6 sends them: one POST per interruption
+after its drain, the template over NTH's ``combinedDrainData`` (``pkg/webhook``; fields in docs/migration.md).
 As in NTH, 5 seconds and no retry; a failure is logged and counted, never fails a drain."""
 
 from __future__ import annotations
@@ -110,10 +108,7 @@ def drain_data(
         wall = received_wall or datetime.now().astimezone()
         at = received_monotonic if received_monotonic is not None else time.monotonic()
         start = GoTime(wall, monotonic=at - PROCESS_START)
-    if hasattr(event, "auto_scaling_group_name"):
-        group = str(event.auto_scaling_group_name)
-    else:
-        group = info.tags.get(ASG_TAG, "") if info is not None else ""
+    group = str(getattr(event, "auto_scaling_group_name", info.tags.get(ASG_TAG, "") if info else ""))
     return nth_data(
         {
             "EventID": nth_event_id(event),
@@ -162,8 +157,8 @@ async def node_facts(kube: KubeClient, node: str) -> NodeFacts:
 
 
 class Webhook:
-    """Posts notifications to ``url``; ``failures`` counts those not sent. ``template_file``
-    is read again for each request: a mounted ConfigMap may change."""
+    """Posts notifications to ``url``; ``failures`` counts those not sent. ``template_file`` is read again for each
+    request."""
 
     def __init__(
         self, url: str, *, headers: dict[str, str], template: str, template_file: str = "", proxy: str = ""

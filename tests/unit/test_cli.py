@@ -291,10 +291,10 @@ def test_a_second_termination_signal_after_the_shutdown_does_not_end_the_process
     the signal's default action. After the shutdown both signals are ignored."""
     import signal
 
-    async def stopped(settings: object) -> None:  # the controller ran and stopped on a signal
+    async def stopped(settings: object, stop: object) -> None:  # the controller ran and stopped on a signal
         return None
 
-    monkeypatch.setattr(cli, "_run_until_signalled", stopped)
+    monkeypatch.setattr(cli, "run_controller", stopped)
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         cli._run_to_end(object())  # type: ignore[arg-type]

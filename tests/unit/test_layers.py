@@ -56,7 +56,7 @@ LAYERS: list[set[str]] = [
     {"queue_processor.steps", "queue_processor.settlement"},
     {"queue_processor.launch", "queue_processor.turns"},
     {"queue_processor.handler"},
-    {"queue_processor.consumer", "queue_processor.server"},
+    {"queue_processor.consumer"},
     {"queue_processor.app"},
     {"queue_processor.cli"},
 ]
@@ -164,7 +164,7 @@ FUNCTION_MOST_LINES = 60
 #: The modules and functions over those bounds today, each at most as long as it is now: the bounds hold for
 #: every other, and these may only shrink.
 OVER_BOUNDS: dict[str, int] = {
-    "queue_processor.config": 698,
+    "queue_processor.config": 684,
 }
 
 

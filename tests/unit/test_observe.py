@@ -13,12 +13,12 @@ import aiohttp
 import pytest
 import structlog
 
+from queue_processor.app import ProbeServer
 from queue_processor.config import Settings, parse_annotations
 from queue_processor.observe.logs import CONVENTION_KEYS, configure_logging
 from queue_processor.observe.metrics import BLOCKED_BUDGETS_MAX, OTHER_BUDGETS, Metrics
 from queue_processor.outcomes import ErrorWhere, NodeAction, PoisonClass, SkipClass
 from queue_processor.parse import MAX_MESSAGE_BYTES, parse
-from queue_processor.server import ProbeServer
 from tests.conftest import FIXTURES
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/interruptions"
