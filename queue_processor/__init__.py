@@ -8,5 +8,3 @@ try:
     __version__ = version("queue-processor")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
-
-__all__ = ["__version__"]

@@ -23,9 +23,9 @@ from queue_processor import __version__, rest
 from queue_processor.aws import AwsClients
 from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
-from queue_processor.drain.drainer import Drainer, DrainTiming
+from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.evictions import evictions_in_flight
-from queue_processor.drain.plan import DrainOptions
+from queue_processor.drain.plan import DrainOptions, DrainTiming
 from queue_processor.events import EventStore
 from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
@@ -46,8 +46,6 @@ from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.returns import Returns
 from queue_processor.settlement import Ledger
 from queue_processor.watch import Departures, NodeCache
-
-__all__ = ["Check", "Controller", "ProbeServer", "run_controller"]
 
 log = structlog.get_logger("queue_processor.app")
 

@@ -25,18 +25,6 @@ if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_ec2 import EC2Client
     from types_aiobotocore_sqs import SQSClient
 
-__all__ = [
-    "AwsClients",
-    "TrimmedModels",
-    "call",
-    "collect",
-    "error_code",
-    "is_no_active_action",
-    "is_retryable",
-    "trim_endpoints",
-    "trim_service_model",
-]
-
 T = TypeVar("T")
 U = TypeVar("U")
 

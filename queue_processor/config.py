@@ -24,18 +24,6 @@ from queue_processor.observe.templates import check_template
 from queue_processor.outcomes import ConfigError
 from queue_processor_gotemplate import TemplateError
 
-__all__ = [
-    "REQUEUE_MAX_S",
-    "Settings",
-    "default",
-    "env_name",
-    "load_settings",
-    "notes",
-    "parse_annotations",
-    "queue_account",
-    "region_from_queue_url",
-]
-
 #: The longest requeue backoff (seconds): SQS's 15-minute limit on a message's hidden delay kept as a bound.
 REQUEUE_MAX_S = 900
 

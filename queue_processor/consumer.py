@@ -27,8 +27,6 @@ from queue_processor.steps import Outcome
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs.type_defs import MessageTypeDef
 
-__all__ = ["Consumer"]
-
 log = structlog.get_logger("queue_processor.consumer")
 
 

@@ -32,32 +32,6 @@ from pydantic import (
     computed_field,
 )
 
-__all__ = [
-    "SPOT_NOTICE",
-    "ActionKey",
-    "Admission",
-    "AdmissionKind",
-    "AsgLaunchLifecycleEvent",
-    "AsgLifecycleEvent",
-    "AsgTerminateLifecycleEvent",
-    "BaseEvent",
-    "CapacityReservationInterruptionEvent",
-    "Event",
-    "EventKind",
-    "EventStore",
-    "MessageOutcome",
-    "Mode",
-    "NodeOperation",
-    "NonEmptyStr",
-    "RebalanceRecommendationEvent",
-    "ScheduledChangeEvent",
-    "Settlement",
-    "SpotInterruptionEvent",
-    "SqsMessageRef",
-    "StateChangeEvent",
-    "make_event_id",
-]
-
 
 class EventKind(StrEnum):
     """The kinds of interruption the controller acts on; the value is the name used everywhere."""

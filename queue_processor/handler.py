@@ -18,8 +18,8 @@ import structlog
 
 from queue_processor import rest
 from queue_processor.config import Settings
-from queue_processor.drain.drainer import DrainBounds, Drainer, DrainResult
-from queue_processor.drain.plan import OWN_POD
+from queue_processor.drain.drainer import Drainer, DrainResult
+from queue_processor.drain.plan import OWN_POD, DrainBounds
 from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
@@ -74,8 +74,6 @@ from queue_processor.steps import (
 )
 from queue_processor.turns import Turns, drain_turn
 from queue_processor.watch import FIRST_COPY_WAIT_S
-
-__all__ = ["Handler"]
 
 log = structlog.get_logger("queue_processor.handler")
 

@@ -41,8 +41,6 @@ from queue_processor.rest import (
     seconds_of,
 )
 
-__all__ = ["KubeClient", "load_api_client"]
-
 #: Accept header of metadata-only reads and watches ("Receiving resources as Tables or metadata only", API concepts).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 

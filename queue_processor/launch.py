@@ -33,8 +33,6 @@ from queue_processor.steps import (
 )
 from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_LABEL
 
-__all__ = ["Draining", "run_launch"]
-
 
 @dataclass
 class Draining:

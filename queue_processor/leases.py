@@ -40,8 +40,6 @@ from queue_processor.lease_watch import (
 from queue_processor.outcomes import ClaimLost, KubeError, NotSentError
 from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, rank_urgent
 
-__all__ = ["Claim", "NodeLeases", "ReplicaLease"]
-
 log = structlog.get_logger("queue_processor.leases")
 
 #: How many times one write re-reads the Lease and writes again after a 409 that left it ours.

@@ -29,8 +29,6 @@ from queue_processor.outcomes import HeartbeatResult, LifecycleResult
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_autoscaling import AutoScalingClient
 
-__all__ = ["DEFER_MAX", "MAX_HEARTBEAT_UNTIL_S", "RETRY_S", "Heartbeats", "Lifecycle", "action_params"]
-
 log = structlog.get_logger("queue_processor.lifecycle")
 
 #: The longest an instance can be kept in a wait state: 48 hours (or 100 x HeartbeatTimeout if smaller).

@@ -18,17 +18,6 @@ from queue_processor.kube import KubeClient
 if TYPE_CHECKING:
     from types_aiobotocore_ec2 import EC2Client
 
-__all__ = [
-    "InstanceInfo",
-    "InstanceResolver",
-    "NodeFinder",
-    "describe_instances",
-    "is_managed",
-    "node_ready",
-    "tagged_instances",
-    "tagged_nodes",
-]
-
 
 @dataclass(frozen=True)
 class InstanceInfo:

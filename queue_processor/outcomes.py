@@ -7,28 +7,6 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-__all__ = [
-    "NTH_NODE_ACTIONS",
-    "SQS_MONITOR",
-    "AwsResult",
-    "ClaimLost",
-    "ConfigError",
-    "DrainEnd",
-    "DrainOutcome",
-    "ErrorWhere",
-    "EvictionOutcome",
-    "HeartbeatResult",
-    "KubeError",
-    "LifecycleResult",
-    "MessageFate",
-    "NodeAction",
-    "OperationOutcome",
-    "PoisonClass",
-    "SkipClass",
-    "StartupError",
-    "SurgeResult",
-]
-
 
 class ConfigError(ValueError):
     """A setting is missing or invalid; ``str()`` is one line naming the variable(s)."""

@@ -29,8 +29,6 @@ from queue_processor.events import (
 )
 from queue_processor.outcomes import PoisonClass, SkipClass
 
-__all__ = ["MAX_MESSAGE_BYTES", "REGISTRY", "ParseResult", "parse"]
-
 #: The largest SQS message body: 1 MiB ("Amazon SQS message quotas", SQS Developer Guide).
 MAX_MESSAGE_BYTES = 1_048_576
 

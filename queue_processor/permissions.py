@@ -10,16 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = [
-    "AWS_ACTIONS",
-    "AWS_API_CALLS",
-    "EXPLAIN_ONLY_REQUESTS",
-    "KUBERNETES_RULES",
-    "KubernetesRule",
-    "kubernetes_verbs",
-    "rbac_rules",
-]
-
 
 @dataclass(frozen=True)
 class KubernetesRule:

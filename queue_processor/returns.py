@@ -23,8 +23,6 @@ from queue_processor.outcomes import NodeAction
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.watch import RECORD_LABEL, NodeCache
 
-__all__ = ["Returns", "came_back"]
-
 log = structlog.get_logger("queue_processor.returns")
 
 

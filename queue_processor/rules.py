@@ -22,22 +22,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from queue_processor.events import AsgLaunchLifecycleEvent, Event, EventKind, ScheduledChangeEvent
 
-__all__ = [
-    "HANDOVER_PREFIX",
-    "RULES",
-    "KindRules",
-    "annotation",
-    "drain_deadline",
-    "events_in",
-    "handed",
-    "instance_end",
-    "launch_ready_deadline",
-    "leaves_time",
-    "missing",
-    "notice_end",
-    "pre_drains",
-]
-
 log = structlog.get_logger("queue_processor.rules")
 
 

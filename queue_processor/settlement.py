@@ -34,8 +34,6 @@ from queue_processor.outcomes import ErrorWhere, MessageFate
 if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient
 
-__all__ = ["DELETE_WINDOW_S", "SQS_HOLD_MAX_S", "InFlightSlots", "Ledger", "Room", "requeue_backoff_s"]
-
 log = structlog.get_logger("queue_processor.settlement")
 
 #: How long deletes wait for company before a DeleteMessageBatch call (seconds).

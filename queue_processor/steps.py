@@ -46,15 +46,6 @@ from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook
 from queue_processor.outcomes import ClaimLost, NodeAction, OperationOutcome
 from queue_processor.rules import RULES, drain_deadline, instance_end, pre_drains
 
-__all__ = [
-    "EXCLUDE_FROM_LB_LABEL",
-    "INSTANCE_ENDED",
-    "OUT_OF_SERVICE_TAINT",
-    "OperationContext",
-    "Outcome",
-    "Parts",
-]
-
 T = TypeVar("T")
 
 #: Seconds since a message was sent after which the cached instance description (kept 60 s) is not trusted.

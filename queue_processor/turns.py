@@ -20,8 +20,6 @@ from queue_processor.observe.webhook import ASG_TAG
 from queue_processor.rules import leaves_time
 from queue_processor.steps import OperationContext, taint_joined
 
-__all__ = ["Turns", "drain_turn", "node_group", "turn_limit"]
-
 
 def turn_limit(spec: str, group_size: int | None) -> int | None:
     """The most drains of a group at once for ``spec``: ``None`` for an empty spec, a count as is, or a percentage

@@ -12,13 +12,6 @@ from typing import Any
 from queue_processor.drain.plan import is_terminating
 from queue_processor.outcomes import KubeError
 
-__all__ = [
-    "DEFAULT_UNHEALTHY_POLICY",
-    "budget_arithmetic",
-    "budget_of",
-    "is_ready",
-]
-
 #: ``spec.unhealthyPodEvictionPolicy`` when a budget does not set it.
 DEFAULT_UNHEALTHY_POLICY = "IfHealthyBudget"
 

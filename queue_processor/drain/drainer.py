@@ -52,8 +52,6 @@ from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import ClaimLost, DrainOutcome, EvictionOutcome, KubeError
 from queue_processor.watch import Departures, NodeCache, Waiting
 
-__all__ = ["LOOKED_AGAIN", "WAVE_TIME_UP", "DrainBounds", "DrainResult", "DrainTiming", "Drainer"]
-
 #: Logged for the pods a drain's second list found (``pods``); they go after every pod of the first list.
 LOOKED_AGAIN = "looked again: pods bound to the node after its first list"
 

@@ -31,26 +31,6 @@ from queue_processor.observe.events import POD_EVICTION
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import EvictionOutcome, KubeError, NotSentError, SurgeResult
 
-__all__ = [
-    "EVICTION_RETRY_S",
-    "GATE_FIRST_S",
-    "GATE_FORGET_S",
-    "GATE_MOST_S",
-    "LEAST_SLOTS",
-    "BudgetGates",
-    "Closed",
-    "DrainRun",
-    "Evictions",
-    "Running",
-    "Slot",
-    "Slots",
-    "Tell",
-    "evictions_in_flight",
-    "failed",
-    "raise_failed",
-    "settled",
-]
-
 #: The fewest slots, whatever the QPS.
 LEAST_SLOTS = 64
 

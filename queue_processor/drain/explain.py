@@ -23,8 +23,6 @@ from queue_processor.drain.surge import selector_matches
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 
-__all__ = ["NodeExplanation", "PodExplanation", "explain_node"]
-
 
 @dataclass
 class PodExplanation:

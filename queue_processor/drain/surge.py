@@ -21,19 +21,6 @@ import structlog
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError, SurgeResult
 
-__all__ = [
-    "SURGE_LEAST_S",
-    "SURGE_RECORD_ANNOTATION",
-    "SURGE_WRITE_ATTEMPTS",
-    "Surge",
-    "SurgeRecord",
-    "Surges",
-    "autoscaled",
-    "label_selector",
-    "recorded_surges",
-    "selector_matches",
-]
-
 #: The Deployment annotation recording the surges in progress (:class:`SurgeRecord`, JSON).
 SURGE_RECORD_ANNOTATION = "queue-processor/surge"
 

@@ -13,20 +13,6 @@ from queue_processor.events import EventKind
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 
-__all__ = [
-    "CANCEL_DRAIN",
-    "CORDON",
-    "CORDON_AND_DRAIN",
-    "POD_DELETED_AT_DEADLINE",
-    "POD_EVICTION",
-    "POST_DRAIN",
-    "PRE_DRAIN",
-    "RECEIVED_REASONS",
-    "SURGE_NOT_POSSIBLE",
-    "UNKNOWN_DRAIN_POLICY",
-    "NodeEventRecorder",
-]
-
 log = structlog.get_logger("queue_processor.events")
 
 #: The reason of the Event recorded when an interruption is taken up (NTH's; the Capacity Reservation one is ours).

@@ -14,8 +14,6 @@ import structlog
 from structlog.tracebacks import ExceptionDictTransformer
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-__all__ = ["CONVENTION_KEYS", "configure_logging"]
-
 #: SQS message ID, event ID (:func:`~queue_processor.events.make_event_id`), EC2 instance ID, node name, kind.
 CONVENTION_KEYS: Final = ("message_id", "event_id", "instance_id", "node", "kind")
 

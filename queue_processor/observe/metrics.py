@@ -43,16 +43,6 @@ from queue_processor.outcomes import (
     SurgeResult,
 )
 
-__all__ = [
-    "BLOCKED_BUDGETS_MAX",
-    "FAMILIES",
-    "NULL_OBSERVER",
-    "OTHER_BUDGETS",
-    "PREFIX",
-    "Metrics",
-    "Observer",
-]
-
 #: Prefix of every metric that is not one of NTH's.
 PREFIX: Final = "queue_processor"
 #: NTH's metrics, unprefixed.

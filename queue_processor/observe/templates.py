@@ -8,8 +8,6 @@ from typing import Any
 
 from queue_processor_gotemplate import GoTime, NilMap, NilSlice, Struct, Template, parse
 
-__all__ = ["DATA_TYPE", "JSON_NAMES", "METADATA", "check_template", "nth_data"]
-
 # ``(JSON key, field)`` in the order encoding/json writes NTH's combinedDrainData: the embedded
 # ec2metadata.NodeMetadata (json tags; its InstanceID and InstanceType lose to the outer fields), the embedded
 # monitor.InterruptionEvent (func fields tagged "-"), then the outer InstanceID and InstanceType.

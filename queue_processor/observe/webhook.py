@@ -31,17 +31,6 @@ from queue_processor_gotemplate import (
     parse,
 )
 
-__all__ = [
-    "NO_FACTS",
-    "NTH_KINDS",
-    "NodeFacts",
-    "Webhook",
-    "drain_data",
-    "node_facts",
-    "nth_description",
-    "nth_event_id",
-]
-
 log = structlog.get_logger("queue_processor.webhook")
 
 #: Our kind → NTH's ``.Kind`` and the prefix of its EventID (NTH's ``pkg/monitor/sqsevent``).

@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from queue_processor.cli import main
-from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
+from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.plan import DRAIN_POLICY_ANNOTATION as DRAIN
-from queue_processor.drain.plan import DrainOptions, DrainOrder
+from queue_processor.drain.plan import DrainBounds, DrainOptions, DrainOrder, DrainTiming
 from queue_processor.kube import KubeClient
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from queue_processor.drain.drainer import Drainer, DrainTiming
+from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.plan import DRAIN_POLICY_ANNOTATION as DRAIN
-from queue_processor.drain.plan import DrainOptions
+from queue_processor.drain.plan import DrainOptions, DrainTiming
 from queue_processor.drain.surge import SURGE_RECORD_ANNOTATION
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.observe.metrics import Metrics

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from queue_processor.drain.drainer import WAVE_TIME_UP, DrainBounds, Drainer, DrainTiming
+from queue_processor.drain.drainer import WAVE_TIME_UP, Drainer
 from queue_processor.drain.evictions import DrainRun, Running, Tell, settled
-from queue_processor.drain.plan import DrainOptions, DrainOrder, DrainPod, Eviction
+from queue_processor.drain.plan import DrainBounds, DrainOptions, DrainOrder, DrainPod, DrainTiming, Eviction
 from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, POD_EVICTION
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, NotSentError

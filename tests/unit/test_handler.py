@@ -22,9 +22,9 @@ from botocore.exceptions import ClientError
 
 from queue_processor import rest
 from queue_processor.config import Settings, load_settings
-from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
+from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
-from queue_processor.drain.plan import DrainOptions
+from queue_processor.drain.plan import DrainBounds, DrainOptions, DrainTiming
 from queue_processor.events import (
     AdmissionKind,
     AsgLaunchLifecycleEvent,

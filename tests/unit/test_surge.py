@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from queue_processor.config import load_settings
 from queue_processor.drain import surge as surge_module
-from queue_processor.drain.drainer import DrainBounds, Drainer, DrainTiming
-from queue_processor.drain.plan import DRAIN_POLICY_ANNOTATION, DrainOptions
+from queue_processor.drain.drainer import Drainer
+from queue_processor.drain.plan import DRAIN_POLICY_ANNOTATION, DrainBounds, DrainOptions, DrainTiming
 from queue_processor.drain.surge import (
     SURGE_RECORD_ANNOTATION,
     Surge,
