@@ -1,12 +1,10 @@
 """The typed interruption events, one model per kind: one affected instance of one message each.
 
-Validation aliases read the wire format (the EC2 User Guide's "Spot Instance interruption notices", "EC2 instance
-rebalance recommendations", "EC2 instance state-change events", "Monitor interruptible Capacity Reservations with
-EventBridge"; "Amazon EC2 Auto Scaling lifecycle hooks", in EventBridge's ``detail`` or at the top level of a
-notification sent straight to SQS); field names build one in code.
-
-:class:`EventStore` (pure) deduplicates them by event ID and keeps one :class:`NodeOperation` per instance and mode:
-a node is drained **once**, every message asking for it settled when that drain ends (DESIGN.md rule 2).
+Aliases read the wire format (EC2 User Guide: "Spot Instance interruption notices", "EC2 instance rebalance
+recommendations", "EC2 instance state-change events", "Monitor interruptible Capacity Reservations with EventBridge";
+"Amazon EC2 Auto Scaling lifecycle hooks", in ``detail`` or top-level when sent straight to SQS). :class:`EventStore`
+(pure) deduplicates by event ID and keeps one :class:`NodeOperation` per instance and mode: a node is drained **once**,
+every message asking for it settled when that drain ends (DESIGN.md rule 2).
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ class ActionKey(NamedTuple):
 
 
 class SqsMessageRef(BaseModel):
-    """The SQS message an event came from: enough to delete, requeue and log it. ``receive_count`` is its
-    ``ApproximateReceiveCount``, ``sent_timestamp`` its ``SentTimestamp`` as an aware datetime."""
+    """The SQS message an event came from; ``ApproximateReceiveCount`` and ``SentTimestamp`` (aware datetime)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -138,8 +135,7 @@ def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
 
 
 def _detail(key: str, *, top: bool = False, **field: Any) -> Any:
-    """A field read from ``detail.<key>``, or also from the top-level ``key`` (``top``: a notification sent
-    straight to SQS); ``field``: more of ``pydantic.Field``'s arguments."""
+    """A field read from ``detail.<key>``, or also top-level with ``top`` (sent straight to SQS); ``field``: more."""
     path = AliasPath("detail", key)
     return Field(validation_alias=AliasChoices(path, key) if top else path, **field)
 
@@ -214,8 +210,8 @@ class CapacityReservationInterruptionEvent(_InstanceEvent):
 
 
 class AsgLifecycleEvent(BaseEvent):
-    """A lifecycle action in either format; ``origin``/``destination`` as in "Lifecycle hooks for instances in a
-    warm pool". The identity key is the action token: both forms of one action share an ``event_id``."""
+    """A lifecycle action in either format, identified by its token; ``origin``/``destination`` as in "Lifecycle
+    hooks for instances in a warm pool"."""
 
     kind: Literal[EventKind.ASG_TERMINATE_LIFECYCLE, EventKind.ASG_LAUNCH_LIFECYCLE]
     lifecycle_transition: str
@@ -314,9 +310,8 @@ class Mode(StrEnum):
 
 @dataclass
 class NodeOperation:
-    """Everything asked of one instance at once: its events (unique IDs) and the IDs of their messages, in arrival
-    order; ``started_at``: the store clock's reading (seconds); ``settled``: how each lifecycle action the handler
-    is finished with ended; ``joined``: set whenever an event joins (the handler clears it)."""
+    """One instance's events (unique IDs) and their message IDs, in arrival order; ``started_at``: store clock (s);
+    ``settled``: how each finished lifecycle action ended; ``joined``: set when one joins (the handler clears it)."""
 
     instance_id: str
     mode: Mode
@@ -452,8 +447,7 @@ class EventStore:
         return len(self._messages)
 
     def admit(self, event: Event) -> Admission:
-        """Take one event: whether it starts an operation, joins the one in flight, or repeats a succeeded one. Its
-        ``message`` is tracked until every operation it joined has ended."""
+        """Start, join or repeat an operation; the event's ``message`` is tracked until all it joined have ended."""
         self._expire()
         if event.event_id in self._done:
             return Admission(AdmissionKind.DONE, None)

@@ -1,8 +1,7 @@
 """The per-node drain pipeline: resolve → claim → PreDrain + cordon → drain → PostDrain; EarlyExit on error.
 
-Each step is a function over the operation's :class:`~queue_processor.steps.OperationContext`; :class:`Handler`
-holds what the operations running here share (their count, the Leases they hold, the drain turns). Launches go to
-:func:`~queue_processor.launch.run_launch`; heartbeats start on receipt (:meth:`Handler.received`).
+Steps are functions over an :class:`~queue_processor.steps.OperationContext`; :class:`Handler` holds what operations
+share (count, Leases, drain turns). Launches: :func:`~queue_processor.launch.run_launch`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The Kubernetes client: the ``kubernetes`` client's HTTP machinery behind bounded thread pools and a QPS/burst
-limit, speaking JSON dicts (models cost too much per pod list). Connection errors, 429s and 5xx are retried with
-jittered backoff (Retry-After honoured); evictions are not (their 429 and 500 mean a PodDisruptionBudget: the drain
-decides). Rate limit, retry wait, watch thread: :mod:`~queue_processor.rest`. Documents: API reference
-(core/v1 Node, Pod, Event; policy/v1 Eviction; coordination.k8s.io/v1 Lease), "API-initiated Eviction".
+limit, speaking JSON dicts. Connection errors, 429s and 5xx are retried with jittered backoff (Retry-After honoured);
+evictions are not (the drain decides). API reference: core/v1 Node, Pod, Event; policy/v1 Eviction
+("API-initiated Eviction"); coordination.k8s.io/v1 Lease.
 """
 
 from __future__ import annotations
@@ -99,8 +98,7 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
 
 
 class KubeClient:
-    """JSON access to the API server: ``threads`` for drain traffic, more for urgent calls; ``attempts`` per
-    retried request; ``observer`` is told every request. Every call that fails raises :class:`KubeError`."""
+    """JSON access to the API server: ``threads`` for drain traffic, ``attempts`` per request; raises KubeError."""
 
     def __init__(
         self,
@@ -242,12 +240,11 @@ class KubeClient:
         metadata_only: bool = False,
         keep: Keep | None = None,
     ) -> str:
-        """One watch of ``path`` from ``resource_version``, read by a thread until the server ends it after
-        ``timeout_s`` seconds; the last resourceVersion seen. ``deliver`` gets, in the loop, each chunk's
-        ``{"type", "object"}`` events that ``keep`` kept (a chunk whose last line was dropped ends with a ``BOOKMARK``
-        at the resourceVersion reached); ``opened`` is called once accepted. Raises :class:`KubeError`: 410 when the
-        resourceVersion is too old ("Efficient detection of changes"); an error answer's status; 0 when the connection
-        failed or sent a non-event (reason ``WatchReceiverError``: a callback raised). Cancelling it closes it."""
+        """One watch of ``path`` from ``resource_version``, read by a thread until the server ends it (``timeout_s``
+        s); the last resourceVersion seen. ``deliver`` gets each chunk's ``{"type", "object"}`` events ``keep`` kept
+        (one whose last line was dropped ends with a ``BOOKMARK``); ``opened`` is called once accepted. Raises
+        :class:`KubeError`: 410 when the resourceVersion is too old ("Efficient detection of changes"), an error
+        answer's status, 0 for a failed connection or a non-event (``WatchReceiverError``: a callback raised)."""
         await self.limiter.acquire()
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[str] = loop.create_future()
@@ -382,8 +379,7 @@ class KubeClient:
         return await self._get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
 
     async def patch_deployment(self, namespace: str, name: str, patch: Obj) -> Obj:
-        """Merge-patch (RFC 7386) an apps/v1 Deployment; the Deployment after it. Not retried; a
-        ``metadata.resourceVersion`` in ``patch`` is a precondition (:class:`KubeError` 409 when stale)."""
+        """Merge-patch (RFC 7386) a Deployment, not retried: the result; ``metadata.resourceVersion``: 409 if stale."""
         return await self.request(
             "PATCH",
             f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",

@@ -1,8 +1,6 @@
-"""Node Leases (coordination.k8s.io/v1, "Leases", Kubernetes concepts) as the controller writes and reads them,
-pure: names, label values, holder, expiry, the body written; and as one watch sees them (NODE_LEASES): who holds
-each (a replica waits for its release, :meth:`LeaseWatch.released`, instead of requeuing its message), and the events
-handed over on it (:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
-Documents: "Efficient detection of changes" (API concepts).
+"""Node Leases (coordination.k8s.io/v1, "Leases"): names, labels, holder, expiry and body (pure), and one watch of
+them (NODE_LEASES, "Efficient detection of changes"): holders (:meth:`LeaseWatch.released`) and the events handed over
+(:attr:`LeaseWatch.on_handed`). Without list/watch rights, waiters poll (:data:`UNWATCHED_POLL_S`).
 """
 
 from __future__ import annotations

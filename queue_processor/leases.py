@@ -1,10 +1,8 @@
-"""Per-node coordination.k8s.io/v1 Leases ("Leases", Kubernetes concepts) making a node's drain exclusive among
-replicas (DESIGN.md rule 6; docs/architecture.md, "Claim").
+"""Per-node coordination.k8s.io/v1 Leases ("Leases") making a node's drain exclusive among replicas (DESIGN.md rule 6).
 
-A node's Lease, ``queue-processor-<node>``, created by :meth:`NodeLeases.claim`, names the claiming replica's own
-Lease (:class:`ReplicaLease`, renewed while it holds any node), is held while that one is renewed, and is deleted
-when released. Another replica takes it over once released or once the replica Lease it names lapsed; writes rely
-on optimistic concurrency (409: another replica won). A lapse loses every :class:`Claim` held.
+A node's Lease, ``queue-processor-<node>`` (:meth:`NodeLeases.claim`), names the claimer's :class:`ReplicaLease`,
+is held while that one is renewed and deleted when released; another replica takes it once released or lapsed
+(409: another replica won). A lapse loses every :class:`Claim` held.
 """
 
 from __future__ import annotations
@@ -181,8 +179,7 @@ class ReplicaLease:
             await rest.stop(renewer, renewal)
 
     async def close(self, timeout_s: float = 1.0) -> None:
-        """Stop renewing and delete the Lease if it is ours (what it held is then free at once), waiting at most
-        ``timeout_s`` seconds. Errors are logged, not raised."""
+        """Stop renewing and delete the Lease if ours, waiting at most ``timeout_s`` seconds; errors logged."""
         self._end_epoch(f"the replica's Lease {self.name} was given up (shutdown)")
         self._unwatch_lapse()
         renewer, self._renewer = self._renewer, None
@@ -222,8 +219,7 @@ class Claim:
             self.lost.set()
 
     async def confirm(self) -> None:
-        """Make sure the node Lease is still ours, renewing the replica Lease first when older than a renewal
-        period (a paused process wakes up). Raises :class:`ClaimLost` when the claim is lost."""
+        """Check the node Lease is ours (the replica Lease renewed first when due). Raises :class:`ClaimLost`."""
         replica = self._leases.replica
         if not self.lost.is_set() and replica.age() >= self._leases.renew_every_s:
             await replica.renew()
@@ -292,8 +288,7 @@ class NodeLeases:
         """Whether releases go in batches: false once the API server refused ``deletecollection``."""
 
     async def claim(self, node: str) -> Claim | None:
-        """The node's Lease for this replica, or ``None`` when another replica holds it (the replica Lease is
-        renewed first when due). Raises :class:`KubeError` when the API server cannot be reached."""
+        """The node's Lease for this replica, or ``None`` when another holds it. Raises :class:`KubeError`."""
         name = lease_name(node)
         replica = self.replica
         # An earlier release not answered, or not yet sent: this claim takes the Lease over (the release goes
@@ -317,8 +312,7 @@ class NodeLeases:
                 replica.unreleased.setdefault(name, unreleased)
 
     async def _take(self, name: str, epoch: int) -> Claim | None:
-        """Create the node Lease ``name``, or take it over when no live replica holds it: the claim, or ``None``
-        when another replica holds it or wins the race. Raises :class:`KubeError`."""
+        """Create or take over node Lease ``name``: the claim, ``None`` if held or lost. Raises :class:`KubeError`."""
         existing: dict[str, Any] | None = None
         marks = ({REPLICA_ANNOTATION: self.replica.name}, self._labels(name))  # its annotations and labels
         for _ in range(2):  # a Lease deleted between the refused create and the read is created again
@@ -543,8 +537,7 @@ class NodeLeases:
         return {HOLDER_LABEL: label_value(self.holder), LEASE_LABEL: label_value(name)}
 
     async def close(self, timeout_s: float = 1.0) -> None:
-        """At shutdown, after the operations ended: flush the releases, then delete the replica Lease, waiting
-        at most ``timeout_s`` seconds in all (a release not sent names a replica Lease gone: free to any)."""
+        """At shutdown: flush the releases, then delete the replica Lease, within ``timeout_s`` seconds in all."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s / 2  # the rest is the replica Lease's
         with contextlib.suppress(TimeoutError):

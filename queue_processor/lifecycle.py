@@ -1,9 +1,8 @@
 """Auto Scaling lifecycle actions: heartbeats from first receipt to the end, and CompleteLifecycleAction.
 
-Per "Amazon EC2 Auto Scaling lifecycle hooks" and the API Reference (RecordLifecycleActionHeartbeat,
-CompleteLifecycleAction, DescribeLifecycleHooks): a heartbeat restarts the hook's HeartbeatTimeout; an action over
-answers ``ValidationError: No active Lifecycle Action found``. :class:`Lifecycle` makes the calls; :class:`Heartbeats`
-beats each action, through requeues, until it is over, HEARTBEAT_UNTIL passes, or the controller shuts down.
+Per "Amazon EC2 Auto Scaling lifecycle hooks" and the API Reference: a heartbeat restarts the hook's HeartbeatTimeout;
+an action over answers ``ValidationError: No active Lifecycle Action found``. :class:`Lifecycle` makes the calls;
+:class:`Heartbeats` beats each action until it is over, HEARTBEAT_UNTIL passes, or shutdown.
 """
 
 from __future__ import annotations
@@ -100,8 +99,7 @@ class Lifecycle:
         return float(timeout) if timeout is not None else None
 
     async def default_result(self, group: str, hook: str) -> Literal["CONTINUE", "ABANDON"]:
-        """The hook's ``DefaultResult``, for a launch whose node never turned Ready (DESIGN.md rule 9); ``ABANDON``
-        when the hook cannot be read. Raises nothing but ``CancelledError``."""
+        """The hook's ``DefaultResult`` (DESIGN.md rule 9), ``ABANDON`` if unreadable; raises only CancelledError."""
         try:
             described = await self._hook(group, hook, quiet=True)
         except ClientError:
@@ -197,8 +195,7 @@ class Lifecycle:
         return any(state in (wait, f"Warmed:{wait}") for state in states)
 
     async def beat(self, action: AsgLifecycleEvent) -> bool:
-        """One RecordLifecycleActionHeartbeat: ``True`` when recorded, ``False`` when the action is over
-        (``No active Lifecycle Action``). Raises other AWS errors after retries."""
+        """RecordLifecycleActionHeartbeat: ``False`` when the action is over. Raises other AWS errors after retries."""
         try:
             await call(self.autoscaling.record_lifecycle_action_heartbeat, **action_params(action))
         except Exception as exc:
@@ -213,8 +210,7 @@ class Lifecycle:
     async def complete(
         self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
     ) -> LifecycleResult:
-        """CompleteLifecycleAction with ``result``: ``continue``/``abandon``, or ``no-active-action`` when the
-        action was over already. Raises other AWS errors after retries."""
+        """CompleteLifecycleAction: ``continue``/``abandon``/``no-active-action``. Raises AWS errors after retries."""
         try:
             await call(
                 self.autoscaling.complete_lifecycle_action,
@@ -248,8 +244,7 @@ class _Beat:
 
 
 class Heartbeats:
-    """Every lifecycle action's heartbeat task (see the module docstring); one asyncio loop. ``clock`` returns
-    monotonic seconds, ``sleep`` waits that many (tests fake both); a renewal holds for ``hold_s``."""
+    """Every lifecycle action's heartbeat task; ``clock``: monotonic seconds, ``sleep``; a renewal holds ``hold_s``."""
 
     def __init__(
         self,
@@ -317,8 +312,7 @@ class Heartbeats:
     async def complete(
         self, action: AsgLifecycleEvent, result: Literal["CONTINUE", "ABANDON"] = "CONTINUE"
     ) -> LifecycleResult:
-        """Complete ``action``, its heartbeat stopped first and not restarted by a copy received meanwhile; on
-        failure the heartbeat starts again and the error is raised. See :meth:`Lifecycle.complete`."""
+        """Complete ``action`` (:meth:`Lifecycle.complete`), its heartbeat stopped; on failure restarted, and raised."""
         key = action.action_key
         self._completing.add(key)
         try:

@@ -39,9 +39,8 @@ Outcome = Literal["events", "skip", "poison"]
 
 
 class ParseResult(NamedTuple, Generic[E]):
-    """What the parser made of one body: ``"events"``, ``"skip"`` (valid, not acted on) or ``"poison"`` (left to
-    the redrive policy) with a ``reason``. ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``,
-    ``"sns+<inner>"`` or ``None``."""
+    """One body's result: ``"events"``, ``"skip"`` (not acted on) or ``"poison"`` (to the redrive policy), a ``reason``;
+    ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``, ``"sns+<inner>"`` or ``None``."""
 
     outcome: Outcome
     events: tuple[E, ...] = ()
@@ -75,8 +74,7 @@ class ParseResult(NamedTuple, Generic[E]):
 
     @classmethod
     def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult[Any]:
-        """A ``poison`` result for a ``ValidationError`` of a known shape: ``missing-field`` when its first error
-        is a missing field, else ``invalid-field``."""
+        """A ``poison`` result for a ``ValidationError``: ``missing-field`` (its first error's) or ``invalid-field``."""
         missing = _first_error(exc)["type"] == "missing"
         return cls.poison(
             PoisonClass.MISSING_FIELD if missing else PoisonClass.INVALID_FIELD, reason, envelope
@@ -122,9 +120,8 @@ def _unreadable(first: Any) -> ParseResult[Any] | None:
 
 
 def describe_validation_error(exc: ValidationError, skip_loc: int = 0, *, direct: bool = False) -> str:
-    """``"<path>: <message>"`` of a ``ValidationError``'s first error, with the count of the others;
-    ``skip_loc`` leading path items are left out (a tagged union's tag); ``direct``: the path is named by the
-    keys of an Auto Scaling notification sent straight to SQS (a field is reported at its EventBridge alias)."""
+    """``"<path>: <message>"`` of a ``ValidationError``'s first error, with the count of the others; ``skip_loc``
+    leading path items left out (a union's tag); ``direct``: named by the keys of a notification straight to SQS."""
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     first = errors[0]
     parts = first["loc"][skip_loc:]
@@ -417,8 +414,7 @@ def _kinds() -> TypeAdapter[Any]:
 
 
 def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult[Event]:
-    """The :class:`ParseResult` of one SQS message body (text or UTF-8 bytes); never raises. ``message``, when
-    given, is attached to every event."""
+    """The :class:`ParseResult` of one SQS message body (str or UTF-8), ``message`` on each event; never raises."""
     try:
         result = _parse(body, message, wrapped=False)
     except Exception as exc:  # parse is total: a bug in a kind parser must not kill the receive loop

@@ -1,11 +1,9 @@
-"""What the controller does for each kind of event, and when, in one pure module (as Karpenter's
-``actionForMessage``): the per-kind table :data:`RULES`; the deadline arithmetic of an operation; the events handed
-to the replica holding a node's Lease.
+"""Per kind of event, pure (as Karpenter's ``actionForMessage``): the table :data:`RULES`, an operation's deadlines,
+and the events handed to the holder of a node's Lease.
 
-Event times are AWS's wall clock (aware UTC, read against ``wall``); deadlines are returned on the monotonic clock
-(``now``), so a wall-clock step never moves a drain. The earliest event wins (DESIGN.md rule 13). With NODE_LEASES, a
-replica that cannot claim a node writes the events that bring its end nearer onto the Lease as annotations
-(:func:`annotation`); the holder joins them to its operation (:func:`events_in`); the message stays with its receiver.
+Event times are AWS's wall clock (aware UTC, against ``wall``); deadlines are on the monotonic clock (``now``). The
+earliest event wins (DESIGN.md rule 13). With NODE_LEASES, a replica that cannot claim a node writes the events that
+bring its end nearer onto the Lease (:func:`annotation`); the holder joins them (:func:`events_in`).
 """
 
 from __future__ import annotations
@@ -86,8 +84,7 @@ def pre_drains(kinds: Iterable[EventKind]) -> bool:
 
 
 def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetime) -> bool:
-    """Whether every one of ``events`` (at least one) leaves time for DRAIN_BUDGET_NON_URGENT
-    (:data:`~queue_processor.rules.RULES`): always, or when its start is over ``grace_period_s`` after ``wall``."""
+    """Whether all ``events`` (≥ 1) leave time for DRAIN_BUDGET_NON_URGENT (start > ``wall + grace_period_s``)."""
     if not events:
         return False
     for event in events:
@@ -122,8 +119,7 @@ def drain_deadline(
 
 
 def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
-    """When the instance goes (on ``now``'s clock): the earliest of :func:`notice_end` and the start of a scheduled
-    change still to come; ``None`` when no event says."""
+    """When the instance goes (on ``now``): earliest of :func:`notice_end` and a future scheduled change, or None."""
     ends = [
         end for end in (notice_end(events, now=now, wall=wall, started_at=started_at),) if end is not None
     ]
@@ -166,8 +162,7 @@ def annotation(event: Event) -> tuple[str, str]:
 
 
 def events_in(annotations: Mapping[str, str] | None, instance_id: str) -> list[Event]:
-    """The events handed over in ``annotations`` (a Lease's) for ``instance_id``, in key order. A value that is
-    not an event, or one whose ID is not its key's, is logged and left out: it was not written by us."""
+    """The events handed over in Lease ``annotations`` for ``instance_id``, by key; bad ones are logged, left out."""
     found: list[Event] = []
     for key in sorted(annotations or {}):
         if not key.startswith(HANDOVER_PREFIX):

@@ -1,9 +1,8 @@
-"""The settlement ledger: everything about a message this replica holds, from its receipt to its settlement.
+"""The settlement ledger: a message this replica holds, from its receipt to its settlement.
 
-:class:`InFlightSlots`, the in-flight budget: at most ``size`` messages held, a slot per message ID keeping its
-newest receipt handle, returned exactly once (a poll reserves a :class:`Room`, each message kept claims a slot).
-:class:`Ledger` renews held messages' visibility and their actions' heartbeats every half visibility timeout
-(DESIGN.md rule 5), and deletes or requeues (with a backoff) a message whose operations ended. Errors are logged.
+:class:`InFlightSlots`: at most ``size`` messages held, a slot per message ID with its newest receipt handle (a poll
+reserves a :class:`Room`). :class:`Ledger` renews visibility and heartbeats every half visibility timeout (DESIGN.md
+rule 5), and deletes or requeues (with a backoff) a message whose operations ended. Errors are logged.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ def requeue_backoff_s(receive_count: int, base_s: float = default("requeue_backo
 
 
 class Ledger:
-    """The messages this replica holds, over ``sqs`` (an aiobotocore SQS client); ``store`` says which still have
-    operations running and which lifecycle actions each carries. Times: seconds."""
+    """The messages this replica holds, over ``sqs`` (aiobotocore), their operations in ``store``. Times: seconds."""
 
     def __init__(
         self,
@@ -130,8 +128,7 @@ class Ledger:
         await self._change_visibility(ref, self.poison_visibility_s)
 
     async def finish(self, operation: NodeOperation, *, succeeded: bool, letting_go: bool = False) -> None:
-        """End ``operation`` in the store and settle every message it leaves at once (errors logged and counted,
-        slots returned); ``letting_go``: only free their slots."""
+        """End ``operation``, settle the messages it leaves (errors logged); ``letting_go``: only free their slots."""
         settlement = self.store.finish(operation, succeeded=succeeded)
         if letting_go:
             for message_id, _ in settlement:
@@ -312,8 +309,7 @@ class Ledger:
         return [ref for ref in refs if ref not in expiring]
 
     async def renew_held(self) -> None:
-        """Renew every held message's visibility (batches of 10), never after its requeue or delete: ended ones are
-        left out, and :meth:`_settle` waits for a batch in flight carrying its message."""
+        """Renew every held message's visibility (batches of 10), never after its requeue or delete."""
         loop = asyncio.get_running_loop()
         refs = self.held()
         renewals = {ref.message_id: loop.create_future() for ref in refs}

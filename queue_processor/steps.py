@@ -1,8 +1,7 @@
-"""The steps both paths share (:mod:`queue_processor.handler`, :mod:`queue_processor.launch`), as functions over one
-operation's :class:`OperationContext`: resolve the instance, PreDrain and cordon its node in one write (NTH's taint per
-kind, the exclude-from-load-balancers label, the record of what we changed: :class:`CordonRecord`),
-complete its lifecycle actions, record Events. Every task a step starts goes through :meth:`OperationContext.spawn`:
-cancelled and awaited however the operation ends (DESIGN.md rule 3).
+"""The steps of :mod:`~queue_processor.handler` and :mod:`~queue_processor.launch` over an :class:`OperationContext`:
+resolve the instance, PreDrain and cordon in one write (NTH's taint per kind, the exclude-from-load-balancers label,
+:class:`CordonRecord`), complete lifecycle actions, record Events. Tasks go through :meth:`OperationContext.spawn`
+(DESIGN.md rule 3).
 """
 
 from __future__ import annotations
@@ -73,8 +72,7 @@ class Outcome(StrEnum):
 
 @dataclass
 class Parts:
-    """What the steps talk to; ``clock`` returns monotonic seconds; ``recorder`` ``None``: no Events; ``leases``
-    ``None``: no NODE_LEASES; ``webhook`` ``None``: none configured."""
+    """What the steps talk to; ``clock``: monotonic seconds; ``None`` for ``recorder``, ``leases``, ``webhook``: off."""
 
     settings: Settings
     resolver: InstanceResolver
@@ -109,8 +107,7 @@ class OperationContext:
         self.log = self.log.bind(**values)
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str, awaited: bool = False) -> asyncio.Task[T]:
-        """Start ``coro`` as a named task (:func:`queue_processor.rest.spawn`; ``awaited``: the caller takes its
-        result) whose stop is on the EarlyExit stack; stopping it earlier is harmless."""
+        """Start ``coro`` as a named task (:func:`~queue_processor.rest.spawn`), stopped by the EarlyExit stack."""
         task = rest.spawn(coro, name=name, awaited=awaited)
         self.early_exit.push_async_callback(rest.stop, task)
         return task
@@ -203,8 +200,7 @@ def left_to_bootstrap(settings: Settings, action: AsgLaunchLifecycleEvent) -> bo
 
 
 async def resolve(ctx: OperationContext) -> InstanceInfo | Outcome:
-    """The instance as EC2 describes it (also ``ctx.info``), or the outcome when there is nothing to do: unknown
-    to EC2, not managed, or started again (:func:`started_again`)."""
+    """The instance as EC2 describes it (``ctx.info``), or the outcome: unknown, unmanaged, :func:`started_again`."""
     operation, parts = ctx.operation, ctx.parts
     # A launch is a start: it changed the LaunchTime a cached answer has, which the next cordon records.
     info = await parts.resolver.get(operation.instance_id, fresh=operation.mode is Mode.LAUNCH)
@@ -236,10 +232,9 @@ async def resolve(ctx: OperationContext) -> InstanceInfo | Outcome:
 
 
 async def started_again(ctx: OperationContext, *, fresh: bool = False) -> bool:
-    """Whether the instance was started again since its messages, leaving nothing to drain: its ``LaunchTime``
-    is later than every ``SentTimestamp`` or, after stops only, it runs again, launched since the stops' own time
-    (a warm pool's return, "Warm pools for Amazon EC2 Auto Scaling"). Lifecycle actions always drain; events joining
-    meanwhile are judged too."""
+    """Whether the instance started again since its messages: ``LaunchTime`` after every ``SentTimestamp`` or, after
+    stops only, running and launched since the stops ("Warm pools for Amazon EC2 Auto Scaling"). Lifecycle actions
+    always drain."""
     operation, info = ctx.operation, ctx.info
     evaluated: list[Event] = []
     while len(evaluated) != len(operation.events):
@@ -397,8 +392,7 @@ async def complete_actions(ctx: OperationContext, *, claim: Claim | None) -> Non
 async def nothing_to_drain(
     ctx: OperationContext, message: str, outcome: OperationOutcome, **fields: Any
 ) -> Outcome:
-    """DONE, nothing left to drain (counted as ``outcome``, logged as ``message`` with ``fields``): the operation's
-    lifecycle actions are completed with CONTINUE."""
+    """DONE, nothing left to drain (counted as ``outcome``, logged): lifecycle actions completed with CONTINUE."""
     ctx.log.info(message, **fields)
     ctx.parts.observer.operation_outcome(outcome)
     await complete_actions(ctx, claim=None)
@@ -408,8 +402,7 @@ async def nothing_to_drain(
 async def not_ours(
     ctx: OperationContext, message: str, outcome: OperationOutcome, how: str, **fields: Any
 ) -> Outcome:
-    """DONE, the operation is not ours to finish (counted as ``outcome``, logged as ``message`` with ``fields``): its
-    actions' heartbeats stop and the open ones are settled as ``how``, left to their hook."""
+    """DONE, not ours to finish (counted, logged): heartbeats stop, open actions settled as ``how`` for their hook."""
     ctx.log.info(message, **fields)
     ctx.parts.observer.operation_outcome(outcome)
     operation = ctx.operation
@@ -423,8 +416,7 @@ async def not_ours(
 def requeue(
     ctx: OperationContext, message: str, outcome: OperationOutcome | None = None, **fields: Any
 ) -> Outcome:
-    """RETRY, the operation cannot finish now (counted as ``outcome`` when given, logged as ``message`` with
-    ``fields``): EarlyExit, its messages visible again after a backoff."""
+    """RETRY (counted as ``outcome`` when given, logged): EarlyExit, its messages visible again after a backoff."""
     ctx.log.info(message, **fields)
     if outcome is not None:
         ctx.parts.observer.operation_outcome(outcome)

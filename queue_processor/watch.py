@@ -1,11 +1,9 @@
-"""The API server's collections watched into local copies, each by one watch for the process's life (a
-:class:`Watched`, as client-go's reflector: read, then watched from the last event's resourceVersion; a 410 Gone or an
-event that fails to apply reads again). :class:`NodeCache`: the nodes as slim copies (a cordon's first write uses the
-copy's resourceVersion instead of a GET; a stale copy answers 409). :class:`Departures`: the pod deletions a drain
-waits for (one metadata-only watch of every pod): a drain takes a :class:`Ticket` *before* it lists its pods; while
-the stream has not broken since and fewer than :data:`MEMORY` deletions passed, every listed pod that went is
-remembered or will come as an event. API concepts: "Efficient detection of changes", "Retrieving large results sets
-in chunks", "Resource versions", "Receiving resources as Tables or metadata only".
+"""Collections watched into local copies, one watch each for the process's life (:class:`Watched`, as client-go's
+reflector: list, then watch from the last resourceVersion; a 410 Gone or an event not applied lists again).
+:class:`NodeCache`: slim node copies (a cordon writes on the copy's resourceVersion; stale answers 409).
+:class:`Departures`: pod deletions (metadata-only): a drain takes a :class:`Ticket` *before* listing its pods; while
+the stream holds and fewer than :data:`MEMORY` deletions passed, every listed pod gone is known or will come. API
+concepts: "Efficient detection of changes", "Resource versions", "Receiving resources as Tables or metadata only".
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ from queue_processor.rest import REPLICA_RANK, rank_urgent
 
 log = structlog.get_logger(__name__)
 
-#: The Node annotation holding what the controller changed on it (DESIGN.md rule 12), as
-#: :class:`~queue_processor.drain.node_writes.CordonRecord` JSON.
+#: The Node annotation holding what we changed on it (DESIGN.md rule 12), as :class:`CordonRecord` JSON.
 RECORD_ANNOTATION = "queue-processor/cordoned"
 #: The Node label (value ``"true"``) on every node that carries a record: what a label selector lists.
 RECORD_LABEL = "queue-processor/cordoned"
@@ -73,8 +70,7 @@ class Watched:
             self._task = rest.spawn(self._run(), name=self.name)
 
     async def first_answer(self, within_s: float) -> bool:
-        """Wait for the first answer (open or refused), not past ``within_s`` seconds after :meth:`start`: ``True`` when
-        it answered (``False`` at once when not started). Raises only ``CancelledError``."""
+        """Wait up to ``within_s`` s after :meth:`start` for an answer: whether it came. Raises only CancelledError."""
         if self.answered.is_set():
             return True
         if self._task is None:
@@ -157,8 +153,7 @@ class Watched:
 #: Nodes per page of the start-up list.
 PAGE = 500
 
-#: How long after the copy's start a claim or cordon waits for its first answer (seconds) before it reads its
-#: node with a GET (those urgent GETs would hold the copy's own pages back).
+#: Seconds after the copy's start a claim or cordon waits for its first answer before a GET of its node.
 FIRST_COPY_WAIT_S = 5.0
 
 #: The well-known label the kubelet sets to the node's hostname.
@@ -166,8 +161,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def slim(node: dict[str, Any]) -> dict[str, Any]:
-    """The part of a Node we read (pure): name, resourceVersion, labels, our record annotation; ``spec``'s
-    ``unschedulable``, ``taints``, ``providerID``; the ``Ready`` condition's status. Idempotent."""
+    """A Node's name, resourceVersion, labels, record; ``unschedulable``, ``taints``, ``providerID``, ``Ready``."""
     metadata = node.get("metadata") or {}
     spec = node.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -329,8 +323,7 @@ class Ticket:
 
 @dataclass(eq=False)
 class Waiting:
-    """One drain's pods (``pending``: (key, uid), emptied as they go), the ticket of its last list, and
-    ``changed``, set when a pod went or the watch stopped or started."""
+    """A drain's ``pending`` (key, uid) pods, last list's ticket, ``changed`` when a pod went or the watch moved."""
 
     pending: set[Entry]
     ticket: Ticket | None
@@ -354,8 +347,7 @@ def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class Departures(Watched):
-    """The watch of pod deletions, from :meth:`start` or the first :meth:`ticket` to :meth:`close`; while it fails
-    (retrying), the drains list."""
+    """The watch of pod deletions, from :meth:`start` or :meth:`ticket` to :meth:`close` (failing: drains list)."""
 
     name = "pod-departures"
     refusal = "cannot watch pods: drains list their nodes' pods instead (grant pods watch)"

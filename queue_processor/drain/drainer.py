@@ -179,8 +179,8 @@ def names_of(names: Iterable[str], most: int = 5) -> str:
 
 
 class Drainer:
-    """Node drains through a :class:`KubeClient`: ``budget`` is DRAIN_BUDGET, ``grace_s``
-    POD_TERMINATION_GRACE_PERIOD, ``use_cache`` USE_APISERVER_CACHE; ``clock`` returns monotonic seconds."""
+    """Node drains through a :class:`KubeClient`; ``clock``: monotonic seconds; ``budget``: DRAIN_BUDGET, ``grace_s``:
+    POD_TERMINATION_GRACE_PERIOD, ``use_cache``: USE_APISERVER_CACHE."""
 
     def __init__(
         self,
@@ -348,8 +348,7 @@ class Drainer:
     async def _run_waves(
         self, node: str, planned: WavePlan, run: DrainRun, running: Running, following: Waiting | None
     ) -> None:
-        """Start each wave's evictions after the previous wave's and wait for its pods to go until its bound, when
-        a later wave keeps time for itself; then wait for every eviction."""
+        """Evict wave after wave, each waited for until its bound (when a later wave keeps time); then await all."""
         launchers = running.launchers
         for index, wave in enumerate(planned.waves):
             raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
@@ -468,8 +467,7 @@ class Drainer:
     async def _delete_at_deadline(
         self, left: dict[tuple[str, str], Any], run: DrainRun
     ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
-        """DELETE_AT_DEADLINE: delete every pod left with grace 0 and its uid as precondition. Returns those not
-        deleted, how many were, and a cause line per refusal (e.g. a 403 without the ``deleteAtDeadline`` rule)."""
+        """DELETE_AT_DEADLINE: delete the pods left (grace 0, uid precondition): those not deleted, count, causes."""
         refused: list[str] = []
 
         async def delete(key: tuple[str, str], uid: Any) -> bool | None:

@@ -1,9 +1,7 @@
 """One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
 429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
-
-Across every drain: :class:`Slots` bound the evictions waiting for their first request (first drain first), and
-:class:`BudgetGates` hold a workload's pods (by controller owner: a 429 names the budget, not its pods) while its
-PodDisruptionBudget refused a moment ago.
+Across drains, :class:`Slots` bound evictions awaiting their first request and :class:`BudgetGates` hold a workload's
+pods (by controller owner) while its PodDisruptionBudget refused a moment ago.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ class Slots:
         self._line: deque[tuple[int, asyncio.Future[int]]] = deque()
 
     async def take(self, wanted: int) -> int:
-        """Wait behind every earlier caller until a slot is free, then take as many as are free up to ``wanted``
-        (≥ 1); how many. A caller cancelled while waiting takes none and raises ``CancelledError``."""
+        """Wait in line for a free slot, then take up to ``wanted`` (≥ 1): how many. Cancelled: takes none, raises."""
         wanted = max(1, wanted)
         if not self._line and self.free >= 1:
             count = min(wanted, self.free)
@@ -113,8 +110,7 @@ GATE_FORGET_S = 300.0
 
 @dataclass
 class Closed:
-    """A budget that refused lately: when it reopens (a clock reading), its last closing's length (seconds; 0 after
-    an accepted eviction), the last 429's message, and when it last refused."""
+    """A budget that refused lately: reopening (clock), last closing (seconds), last 429's message, last refusal."""
 
     budget: str
     until: float
@@ -264,8 +260,7 @@ class Evictions:
     async def evict(
         self, entry: DrainPod, slot: Slot | None, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Eviction:
-        """Evict one pod (:meth:`evict_until`), after its replacement when it asks for a surge (:meth:`surge`);
-        ``wave_by``: when its wave must be gone (``None``: the last wave)."""
+        """Evict one pod (:meth:`evict_until`), a surge first (:meth:`surge`); ``wave_by``: wave's end (None: last)."""
         surge = None if entry.surge is None else await self.surge(entry, run, wave_by)
         outcome = await self.evict_until(entry, run, slot, past_gate=surge is not None)
         if surge is not None and outcome.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
@@ -324,8 +319,8 @@ class Evictions:
     async def _send(
         self, entry: DrainPod, grace_s: int | None, drain_id: str, slot: Slot | None, gated: bool
     ) -> None:
-        """Ask for the eviction, then give the slot back; ``gated``, it is sent only while the workload's budget
-        gate is open (else :class:`NotSentError`). Raises :class:`KubeError`."""
+        """Ask for the eviction, then give the slot back; ``gated``: only through an open gate (else
+        :class:`NotSentError`). Raises :class:`KubeError`."""
         sending = (lambda: self.gates.closed(entry.owner, self.clock()) is None) if gated else None
         try:
             await self.kube.evict(*entry.key, grace_s, drain=drain_id, sending=sending)
@@ -366,9 +361,8 @@ class Evictions:
     async def surge(
         self, entry: DrainPod, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Surge | None:
-        """Scale the pod's Deployment up (:mod:`queue_processor.drain.surge`) and wait for the replica until the
-        eviction must start (:meth:`_evict_by`). The surge to take back (in ``run.held`` from before its write) or
-        ``None``. Raises what the guard raises."""
+        """Scale the pod's Deployment up (:mod:`~queue_processor.drain.surge`), wait for the replica until
+        :meth:`_evict_by`: the surge to take back (in ``run.held``) or ``None``. Raises what the guard raises."""
         namespace, name = entry.key
         deployment, held = str(entry.surge), run.held
         evict_by = self._evict_by(entry, run.bounds, wave_by)

@@ -1,11 +1,9 @@
 """A drain's plan, pure but for :class:`DrainBounds`: which pods go, in which wave, with which grace.
 
-kubectl-drain's pod filters (``k8s.io/kubectl/pkg/drain``): the first of :data:`FILTERS` not saying EVICT decides; pods
-are API JSON dicts, a missing or mistyped field counts as absent. Unlike kubectl: a DaemonSet's pod is never evicted,
-a terminating pod is only waited for, every warning is kept in the reason. DRAIN_ORDER=waves evicts *critical* pods
-(:func:`is_critical`, "Pod Priority and Preemption") once the others are gone or only their time is left. With a known
-instance end a grace (``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds
-before it, at least 1 s.
+kubectl-drain's pod filters (``k8s.io/kubectl/pkg/drain``) over API JSON dicts (a mistyped field counts as absent),
+except that DaemonSet pods are never evicted, terminating ones only waited for, and warnings kept. DRAIN_ORDER=waves
+evicts *critical* pods ("Pod Priority and Preemption") last. With a known instance end a grace
+(``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds before it, ≥ 1 s.
 """
 
 from __future__ import annotations
@@ -272,8 +270,7 @@ def _decide(pod: dict[str, Any], options: DrainOptions, now: datetime) -> PodDec
 def plan_drain(
     pods: Iterable[dict[str, Any]], options: DrainOptions, *, now: datetime | None = None
 ) -> DrainPlan:
-    """One :class:`PodDecision` per pod, in input order, by :data:`FILTERS`; ``now`` (naive means UTC; default: now) is
-    what deletionTimestamps are compared with. Never raises on a pod."""
+    """One :class:`PodDecision` per pod, in order, by :data:`FILTERS` at ``now`` (naive: UTC); never raises on a pod."""
     if now is None:
         now = datetime.now(UTC)
     elif now.tzinfo is None:
@@ -439,8 +436,7 @@ class PolicyNotice:
 
 @dataclass(frozen=True)
 class WavePlan:
-    """What a drain will do (:func:`plan_waves`): the pods of each wave, those the filters skip or refuse
-    (``refused``: the drain cannot start), and the policy ``notices`` to report."""
+    """What :func:`plan_waves` plans: each wave's pods, those skipped or ``refused`` (no drain), policy ``notices``."""
 
     waves: list[list[DrainPod]]
     skipped: list[PodDecision]
@@ -500,8 +496,8 @@ def join_plans(first: WavePlan, later: WavePlan) -> WavePlan:
 
 
 class DrainBounds:
-    """When a drain must end, only ever tightened (DESIGN.md rule 13): ``deadline`` and ``instance_end`` (``clock``
-    readings; ``None``: unknown). A :meth:`tighten` wakes the drain's waits at once, to re-cut and re-plan. One loop."""
+    """A drain's ``deadline`` and ``instance_end`` (clock readings; ``None``: unknown), only tightened (DESIGN.md rule
+    13); :meth:`tighten` wakes the drain's waits to re-cut and re-plan."""
 
     def __init__(self, deadline: float, instance_end: float | None = None) -> None:
         self.deadline = deadline

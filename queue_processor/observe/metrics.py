@@ -1,6 +1,5 @@
-"""What the pipeline reports, :class:`Observer` (:data:`NULL_OBSERVER` by default), and its Prometheus
-implementation, :class:`Metrics`, one per process, in a registry of its own. Names follow "Metric and label naming"
-(prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unprefixed so its dashboards keep working.
+"""What the pipeline reports (:class:`Observer`) and :class:`Metrics`, its Prometheus registry. "Metric and label
+naming" (prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unprefixed for its dashboards.
 """
 
 from __future__ import annotations
@@ -148,8 +147,8 @@ _TYPES: Final[dict[str, type[Counter | Gauge | Histogram]]] = {
 
 
 class Observer:
-    """What the pipeline reports; every method returns at once and never raises. ``queue``: a queue URL as
-    configured; ``kind``: an event kind (``skip``, ``poison``, or kinds joined by commas); seconds."""
+    """What the pipeline reports; methods never raise. ``queue``: a queue URL as configured; ``kind``: an event kind,
+    kinds joined by commas, ``skip`` or ``poison``; times in seconds."""
 
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
         """A message was received, deleted or requeued."""
@@ -194,8 +193,7 @@ class Observer:
         """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains."""
 
     def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
-        """How an evicted pod's grace period went: ``own`` (whole), ``cut`` (to end before the instance),
-        ``outlasted`` (killed mid-grace by its end)."""
+        """An evicted pod's grace: ``own`` (whole), ``cut`` (to end before the instance), ``outlasted`` (killed)."""
 
     def deleted_at_deadline(self) -> None:
         """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
@@ -235,9 +233,8 @@ class _WithoutCreated(Collector):
 
 
 class Metrics(Observer):
-    """The controller's metrics (:data:`FAMILIES`), one attribute each, in :attr:`registry`. ``version`` labels
-    ``build_info`` (default: the installed package's); ``process_metrics`` adds prometheus-client's process,
-    platform and GC collectors."""
+    """The controller's metrics (:data:`FAMILIES`) in :attr:`registry`; ``version`` labels ``build_info``;
+    ``process_metrics`` adds prometheus-client's process, platform and GC collectors."""
 
     actions: Counter
     events_error: Counter
