@@ -1,1 +1,2 @@
-"""Node drain: pure kubectl-drain pod filters (``filters``) and the drainer that cordons, evicts and waits."""
+"""Node drain: the pure plan (kubectl-drain filters, waves, grace), one pod's eviction, the node writes, and the
+drainer that lists, evicts and waits."""
