@@ -146,41 +146,59 @@ class KubeClient:
         """One API request; the decoded JSON answer (``{}`` when empty). ``urgent``: first through the rate limiter,
         own threads; ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``sending``: asked
         once the token came, ``False`` gives it back and raises :class:`NotSentError`."""
+        call = (method, path, query, body, content_type, urgent, agent, sending)
+        if not retry:  # no retry machinery held by each of the evictions waiting at once
+            return await self._attempt(*call)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(retryable),
             wait=retry_wait,
-            stop=stop_after_attempt(self.attempts if retry else 1),
+            stop=stop_after_attempt(self.attempts),
             reraise=True,
         ):
             with attempt:
-                await self.limiter.acquire(urgent=urgent)
-                if sending is not None and not sending():
-                    self.limiter.give_back()
-                    raise NotSentError(f"{method} {path}")
-                pool = self._pools[
-                    "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
-                ]
-                call = (method, path, query, body, content_type, agent)
-                sent = asyncio.get_running_loop().run_in_executor(pool, self._call, *call)
-                try:
-                    status, data, retry_after = await asyncio.shield(sent)
-                except asyncio.CancelledError:
-                    # A cancelled write returns once answered (a thread cannot be stopped): a later drain of the
-                    # node does not overlap with it. A second cancellation ends that wait.
-                    if method != "GET" and not sent.done():
-                        await asyncio.wait({sent})
-                    raise
-                verb, resource = describe(method, path)
-                self.observer.kube_request(verb, resource, status or None)
-                if status:
-                    self.answered_at = time.monotonic()
-                else:
-                    self.unreachable_at = time.monotonic()
-                if status >= 400 or status == 0:
-                    raise error_of(status, data, retry_after)
-                answer: Obj = json.loads(data) if data else {}
-                return answer
+                return await self._attempt(*call)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str,
+        urgent: bool,
+        agent: str | None,
+        sending: Callable[[], bool] | None,
+    ) -> Obj:
+        """One attempt of :meth:`request`: a token, a thread, the answer; raises :class:`KubeError`."""
+        await self.limiter.acquire(urgent=urgent)
+        if sending is not None and not sending():
+            self.limiter.give_back()
+            raise NotSentError(f"{method} {path}")
+        pool = self._pools[
+            "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
+        ]
+        sent = asyncio.get_running_loop().run_in_executor(
+            pool, self._call, method, path, query, body, content_type, agent
+        )
+        try:
+            status, data, retry_after = await asyncio.shield(sent)
+        except asyncio.CancelledError:
+            # A cancelled write returns once answered (a thread cannot be stopped): a later drain of the
+            # node does not overlap with it. A second cancellation ends that wait.
+            if method != "GET" and not sent.done():
+                await asyncio.wait({sent})
+            raise
+        verb, resource = describe(method, path)
+        self.observer.kube_request(verb, resource, status or None)
+        if status:
+            self.answered_at = time.monotonic()
+        else:
+            self.unreachable_at = time.monotonic()
+        if status >= 400 or status == 0:
+            raise error_of(status, data, retry_after)
+        answer: Obj = json.loads(data) if data else {}
+        return answer
 
     def _call(
         self,
