@@ -219,7 +219,7 @@ class Consumer:
                     failed += 1
                     self.observer.error(ErrorWhere.HANDLE)
                     log.error("message handling failed", message_id=message.get("MessageId"), error=repr(exc))
-                    self.ledger.let_go(message["MessageId"])
+                    self.ledger.release_slot(message["MessageId"])
             if messages and failed == len(messages):  # what NTH counts as its monitor's error
                 self.observer.error(ErrorWhere.BATCH)
             return 0.0
@@ -286,7 +286,7 @@ class Consumer:
         self._settling.discard(task)
         if self.store.running(operation):
             for message_id, _ in self.store.finish(operation, succeeded=False):
-                self.ledger.let_go(message_id)
+                self.ledger.release_slot(message_id)
 
     async def _run(self, operation: NodeOperation) -> None:
         succeeded = False

@@ -209,7 +209,7 @@ class Handler:
         by_name = not parts.settings.use_provider_id and bool(info.private_dns_name)
         watched = parts.drainer.writes.nodes
         if watched is not None and by_name:  # the provider-ID lookup reads no copy: it does not wait for one
-            await watched.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
+            await watched.wait_first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
         if (
             by_name
             and watched is not None

@@ -121,7 +121,7 @@ async def _find(ctx: OperationContext, info: InstanceInfo) -> dict[str, Any] | N
     """The instance's node: from the watched copy while current (polls must not spend the evictions' QPS)."""
     watched = ctx.parts.drainer.writes.nodes
     if watched is not None:
-        await watched.first_answer(FIRST_COPY_WAIT_S)
+        await watched.wait_first_answer(FIRST_COPY_WAIT_S)
         if watched.live:
             provider = info.provider_id if ctx.parts.settings.use_provider_id else ""
             return watched.find(info.private_dns_name, provider)

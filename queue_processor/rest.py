@@ -75,7 +75,7 @@ class RateLimiter:
             heapq.heappop(urgent)
         return urgent[0][2] if urgent else self._ordinary[0] if self._ordinary else None
 
-    def _leave(self, waiter: _Waiter) -> None:
+    def _leave_line(self, waiter: _Waiter) -> None:
         """``waiter`` leaves its line; the bucket's tokens go to the head callers at once, the next head sleeps for the
         next. An urgent one is only marked (removal from a heap's middle is slow): :meth:`_head` drops it on top."""
         if waiter.urgent:
@@ -125,7 +125,7 @@ class RateLimiter:
                 self._tokens += 1
             raise
         finally:
-            self._leave(waiter)
+            self._leave_line(waiter)
 
     def give_back(self) -> None:
         """Return a token :meth:`acquire` gave and no request used, to the caller at the head."""

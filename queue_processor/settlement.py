@@ -94,7 +94,7 @@ class Ledger:
         refs = (self.slots.ref(message_id) for message_id in self.store.held())
         return [ref for ref in refs if ref is not None]
 
-    def let_go(self, message_id: str) -> None:
+    def release_slot(self, message_id: str) -> None:
         """Return ``message_id``'s slot unless the store holds the message again (received while settling)."""
         if not self.store.in_flight(message_id):
             ref = self.slots.ref(message_id)
@@ -132,7 +132,7 @@ class Ledger:
         settlement = self.store.finish(operation, succeeded=succeeded)
         if letting_go:
             for message_id, _ in settlement:
-                self.let_go(message_id)
+                self.release_slot(message_id)
             return
         # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
         receipts = [(message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement]
@@ -176,7 +176,7 @@ class Ledger:
                 self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
                 log.info("requeued", message_id=message_id, visible_in_s=backoff)
         finally:
-            self.let_go(message_id)
+            self.release_slot(message_id)
 
     async def delete(self, ref: SqsMessageRef, kinds: str) -> None:
         """Delete a message, batched with those of the next :data:`DELETE_WINDOW_S`; failures logged, not raised."""

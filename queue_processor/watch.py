@@ -69,7 +69,7 @@ class Watched:
             self._started_at = asyncio.get_running_loop().time()
             self._task = rest.spawn(self._run(), name=self.name)
 
-    async def first_answer(self, within_s: float) -> bool:
+    async def wait_first_answer(self, within_s: float) -> bool:
         """Wait up to ``within_s`` s after :meth:`start` for an answer: whether it came. Raises only CancelledError."""
         if self.answered.is_set():
             return True

@@ -328,7 +328,7 @@ class Drainer:
         """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
         running = Running([])  # its evictions grow as each wave's launcher starts them
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
-        recut = rest.spawn(self._recut(run, by_key), name=f"recut-{node}")
+        recut = rest.spawn(self._recut_graces(run, by_key), name=f"recut-{node}")
         try:
             await self._run_waves(node, planned, run, running, following)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
@@ -403,7 +403,7 @@ class Drainer:
         for surge in held:
             await self.evictions.surges.end(surge)
 
-    async def _recut(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
+    async def _recut_graces(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
         """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
         accepted = run.accepted
         while True:

@@ -48,7 +48,7 @@ class Slots:
         self.free = size
         self._line: deque[tuple[int, asyncio.Future[int]]] = deque()
 
-    async def take(self, wanted: int) -> int:
+    async def take_slots(self, wanted: int) -> int:
         """Wait in line for a free slot, then take up to ``wanted`` (≥ 1): how many. Cancelled: takes none, raises."""
         wanted = max(1, wanted)
         if not self._line and self.free >= 1:
@@ -246,7 +246,7 @@ class Evictions:
                 running.add(asyncio.create_task(self.evict(entry, None, run, wave_by)))
         while rest:
             await run.confirm()
-            count = await self.slots.take(len(rest))
+            count = await self.slots.take_slots(len(rest))
             if any(failed(task) for task in running):  # the drain ends (a guard raised): no more start
                 self.slots.give(count)
                 return
@@ -486,10 +486,10 @@ class Running:
 
     def add(self, task: asyncio.Task[Eviction]) -> None:
         """Follow the eviction ``task``."""
-        task.add_done_callback(functools.partial(self._ended, len(self._evictions)))
+        task.add_done_callback(functools.partial(self._keep_eviction, len(self._evictions)))
         self._evictions.append(task)
 
-    def _ended(self, index: int, task: asyncio.Task[Eviction]) -> None:
+    def _keep_eviction(self, index: int, task: asyncio.Task[Eviction]) -> None:
         if not task.cancelled() and task.exception() is None:
             self._evictions[index] = task.result()
 

@@ -220,7 +220,9 @@ class NodeWrites:
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             current = None
             if attempt == 0 and cached and self.nodes is not None:  # a stale copy answers 409: the next reads
-                await self.nodes.first_answer(FIRST_COPY_WAIT_S)  # at start-up: the copy, not a GET per node
+                await self.nodes.wait_first_answer(
+                    FIRST_COPY_WAIT_S
+                )  # at start-up: the copy, not a GET per node
                 current = self.nodes.get(node)
             if current is None:
                 current = await self.kube.get_node(node)

@@ -732,8 +732,8 @@ async def test_the_lease_watch_sees_who_holds_a_node_and_the_events_handed_over(
     try:
         a.watch.start()
         b.watch.start()
-        assert await a.watch.first_answer(30)
-        assert await b.watch.first_answer(30)
+        assert await a.watch.wait_first_answer(30)
+        assert await b.watch.wait_first_answer(30)
         held = await a.claim(node)
         assert held is not None
         assert await b.claim(node) is None

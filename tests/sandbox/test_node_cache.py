@@ -146,7 +146,7 @@ class Stale:
     def get(self, name: str) -> dict[str, Any] | None:
         return self.node
 
-    async def first_answer(self, timeout_s: float) -> bool:
+    async def wait_first_answer(self, timeout_s: float) -> bool:
         return True
 
 

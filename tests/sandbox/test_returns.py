@@ -171,7 +171,7 @@ async def test_a_node_another_replica_holds_is_not_given_back(cluster: KubeClust
     try:
         copy.start()
         ours.watch.start()
-        assert await ours.watch.first_answer(30)
+        assert await ours.watch.wait_first_answer(30)
         await until(lambda: copy.get(node) is not None, "the node in the watched copy")
         held = await other.claim(node)
         assert held is not None
@@ -213,7 +213,7 @@ async def test_a_node_whose_holder_replica_is_gone_is_given_back(
     try:
         copy.start()
         ours.watch.start()
-        assert await ours.watch.first_answer(30)
+        assert await ours.watch.wait_first_answer(30)
         await until(lambda: copy.get(node) is not None, "the node in the watched copy")
         assert await dead.claim(node) is not None
         await rest.stop(dead.replica._renewer)  # killed: nothing renews its replica Lease any more

@@ -21,12 +21,12 @@ def test_the_slots_are_two_seconds_of_tokens_and_the_burst_at_least() -> None:
 
 async def test_callers_are_served_in_the_order_they_came_with_as_many_as_are_free() -> None:
     slots = Slots(4)
-    assert await slots.take(3) == 3
-    assert await slots.take(5) == 1  # no one waits: what is free
+    assert await slots.take_slots(3) == 3
+    assert await slots.take_slots(5) == 1  # no one waits: what is free
     served: list[str] = []
 
     async def take(name: str, wanted: int) -> None:
-        served.append(f"{name}:{await slots.take(wanted)}")
+        served.append(f"{name}:{await slots.take_slots(wanted)}")
 
     waiting = [asyncio.create_task(take(name, wanted)) for name, wanted in (("a", 10), ("b", 1), ("c", 2))]
     await asyncio.sleep(0)
@@ -42,9 +42,9 @@ async def test_callers_are_served_in_the_order_they_came_with_as_many_as_are_fre
 
 async def test_a_caller_cancelled_in_line_takes_nothing_and_lets_the_next_through() -> None:
     slots = Slots(1)
-    assert await slots.take(1) == 1
-    first = asyncio.create_task(slots.take(2))
-    second = asyncio.create_task(slots.take(1))
+    assert await slots.take_slots(1) == 1
+    first = asyncio.create_task(slots.take_slots(2))
+    second = asyncio.create_task(slots.take_slots(1))
     await asyncio.sleep(0)
     first.cancel()
     slots.give(1)  # returned while the cancelled caller is still in line: it is skipped, not served
@@ -56,8 +56,8 @@ async def test_a_caller_cancelled_in_line_takes_nothing_and_lets_the_next_throug
 
 async def test_a_caller_cancelled_as_its_turn_came_gives_the_slots_back() -> None:
     slots = Slots(1)
-    assert await slots.take(1) == 1
-    waiter = asyncio.create_task(slots.take(1))
+    assert await slots.take_slots(1) == 1
+    waiter = asyncio.create_task(slots.take_slots(1))
     await asyncio.sleep(0)
     slots.give(1)  # its turn comes ...
     waiter.cancel()  # ... and it is cancelled before it runs again

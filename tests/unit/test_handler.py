@@ -1540,7 +1540,7 @@ class NodesCopy:
     def absent(self, dns_name: str) -> bool:
         return dns_name not in self.kube.nodes
 
-    async def first_answer(self, timeout_s: float) -> bool:
+    async def wait_first_answer(self, timeout_s: float) -> bool:
         return True
 
 
@@ -1552,7 +1552,7 @@ class CopyComing(NodesCopy):
     def get(self, name: str) -> dict[str, Any] | None:
         return super().get(name) if self.live else None
 
-    async def first_answer(self, timeout_s: float) -> bool:
+    async def wait_first_answer(self, timeout_s: float) -> bool:
         await asyncio.sleep(0)
         self.live = True
         return True
@@ -1591,9 +1591,9 @@ async def test_the_provider_id_lookup_does_not_wait_for_the_watched_copy(env: An
     order: list[str] = []
 
     class Recorded(CopyComing):
-        async def first_answer(self, timeout_s: float) -> bool:
+        async def wait_first_answer(self, timeout_s: float) -> bool:
             order.append("wait")
-            return await super().first_answer(timeout_s)
+            return await super().wait_first_answer(timeout_s)
 
     world.drainer.writes.nodes = Recorded(world.kube)  # type: ignore[assignment]
     finder = world.handler.parts.finder

@@ -1,4 +1,4 @@
-"""The wait for a watch's first answer (:meth:`queue_processor.watch.Watched.first_answer`): a claim or a
+"""The wait for a watch's first answer (:meth:`queue_processor.watch.Watched.wait_first_answer`): a claim or a
 cordon at start-up waits for the watched copy of the nodes, bounded, and never for a watch that was not
 started."""
 
@@ -40,7 +40,7 @@ class Scripted(Watched):
 
 async def test_a_watch_not_started_is_not_waited_for() -> None:
     watch = Scripted()
-    assert await watch.first_answer(3600.0) is False
+    assert await watch.wait_first_answer(3600.0) is False
 
 
 async def test_the_wait_ends_at_its_bound_when_the_copy_is_not_in_and_is_not_made_again() -> None:
@@ -49,9 +49,9 @@ async def test_the_wait_ends_at_its_bound_when_the_copy_is_not_in_and_is_not_mad
     watch = Scripted()
     watch.start()
     try:
-        assert await watch.first_answer(0.05) is False
+        assert await watch.wait_first_answer(0.05) is False
         assert not watch.live
-        later = asyncio.create_task(watch.first_answer(0.05))
+        later = asyncio.create_task(watch.wait_first_answer(0.05))
         await asyncio.sleep(0)
         assert later.done()
         assert later.result() is False
@@ -63,13 +63,13 @@ async def test_the_wait_ends_when_the_watch_first_answers_and_not_again() -> Non
     watch = Scripted()
     watch.start()
     try:
-        waiting = asyncio.create_task(watch.first_answer(3600.0))
+        waiting = asyncio.create_task(watch.wait_first_answer(3600.0))
         await asyncio.sleep(0)
         assert not waiting.done()
         watch.read.set()
         assert await waiting is True
         assert watch.live
-        assert await watch.first_answer(3600.0) is True  # answered once: at once from then on
+        assert await watch.wait_first_answer(3600.0) is True  # answered once: at once from then on
     finally:
         await watch.close()
 
@@ -82,7 +82,7 @@ async def test_the_copy_s_pages_rank_ahead_of_every_operation_whoever_starts_the
     watch.start()
     try:
         watch.read.set()
-        assert await watch.first_answer(3600.0) is True
+        assert await watch.wait_first_answer(3600.0) is True
         assert watch.ranks == [REPLICA_RANK]
     finally:
         await watch.close()
