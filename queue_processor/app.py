@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from queue_processor import __version__, rest
-from queue_processor.aws import AwsClients
+from queue_processor.aws import AwsClients, InstanceResolver, describe_instances, tagged_instances
 from queue_processor.config import Settings, parse_annotations
 from queue_processor.consumer import Consumer
 from queue_processor.drain.drainer import Drainer
@@ -31,13 +31,6 @@ from queue_processor.handler import Handler
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.leases import NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
-from queue_processor.nodes import (
-    InstanceResolver,
-    NodeFinder,
-    describe_instances,
-    tagged_instances,
-    tagged_nodes,
-)
 from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
@@ -45,7 +38,7 @@ from queue_processor.outcomes import StartupError
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.returns import Returns
 from queue_processor.settlement import Ledger
-from queue_processor.watch import Departures, NodeCache
+from queue_processor.watch import Departures, NodeCache, NodeFinder, tagged_nodes
 
 log = structlog.get_logger("queue_processor.app")
 

@@ -1,10 +1,16 @@
 """The controller's AWS clients (aiobotocore); botocore's retries are off and :func:`call` retries instead
-("Error retries and exponential backoff in AWS", AWS General Reference). Other errors reach the caller at once."""
+("Error retries and exponential backoff in AWS", AWS General Reference). Other errors reach the caller at once.
+And what EC2 says of an instance: DescribeInstances batched and cached (:class:`InstanceResolver`), the managed-tag
+check."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
@@ -15,6 +21,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.loaders import JSONFileLoader, Loader
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from queue_processor import rest
 from queue_processor.config import Settings
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import AwsResult
@@ -236,3 +243,172 @@ class AwsClients:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """What EC2 says of an instance (DescribeInstances); ``launch_time`` is when it was last launched or
+    started (aware; ``None`` when EC2 did not say)."""
+
+    instance_id: str
+    private_dns_name: str
+    availability_zone: str
+    state: str
+    tags: dict[str, str] = field(default_factory=dict)
+    instance_type: str = ""
+    launch_time: datetime | None = None
+
+    @property
+    def provider_id(self) -> str:
+        """``aws:///<az>/<instance-id>``: the Node's spec.providerID on AWS."""
+        return f"aws:///{self.availability_zone}/{self.instance_id}"
+
+
+def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") -> bool:
+    """Whether the controller may act on the instance: ``check`` off, or it carries ``tag`` (= ``value``)."""
+    return not check or (tag in info.tags and (not value or info.tags[tag] == value))
+
+
+Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
+
+
+def _instances(page: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    for reservation in page.get("Reservations") or []:
+        for instance in reservation.get("Instances") or []:
+            yield dict(instance)
+
+
+async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[dict[str, Any]]:
+    """EC2 DescribeInstances of ``instance_ids`` by an ``instance-id`` filter (``InstanceIds`` would fail them all
+    with ``InvalidInstanceID.NotFound``), retried as a whole. Raises the AWS error after retries or if not retryable."""
+    return await collect(
+        lambda: ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-id", "Values": instance_ids}]
+        ),
+        _instances,
+    )
+
+
+#: Tags per page of the tagged-instances listing (DescribeTags ``MaxResults``: 5 to 1,000).
+TAGGED_PAGE_SIZE = 1000
+
+
+async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
+    """The IDs of every instance carrying the tag key ``tag`` (NTH's ``nth_tagged_instances``), from EC2 DescribeTags
+    (lighter than NTH's DescribeInstances). Raises the AWS error after retries or if not retryable."""
+    ids = await collect(
+        lambda: ec2.get_paginator("describe_tags").paginate(
+            Filters=[
+                {"Name": "resource-type", "Values": ["instance"]},
+                {"Name": "key", "Values": [tag]},
+            ],
+            PaginationConfig={"PageSize": TAGGED_PAGE_SIZE},
+        ),
+        lambda page: (str(item["ResourceId"]) for item in page.get("Tags") or []),
+    )
+    return set(ids)
+
+
+class InstanceResolver:
+    """Batched, cached DescribeInstances (``describe``: one call for a list of IDs): IDs asked within ``window_s``
+    seconds go in one call of at most ``max_batch``, ``concurrency`` calls at once; answers cached ``ttl_s`` seconds."""
+
+    def __init__(
+        self,
+        describe: Describe,
+        *,
+        window_s: float = 0.02,
+        ttl_s: float = 60.0,
+        max_batch: int = 200,
+        concurrency: int = 1,
+    ) -> None:
+        self._describe = describe
+        self.window_s = window_s
+        self.ttl_s = ttl_s
+        self.max_batch = max_batch
+        self._cache: dict[str, tuple[float, InstanceInfo | None]] = {}
+        self._waiting: dict[str, list[asyncio.Future[InstanceInfo | None]]] = {}
+        self._flush: asyncio.Task[None] | None = None
+        self._slots = asyncio.Semaphore(concurrency)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self.calls = 0
+        """DescribeInstances calls made (tests and benchmarks read it)."""
+
+    async def get(self, instance_id: str, *, fresh: bool = False) -> InstanceInfo | None:
+        """The instance, ``None`` when EC2 does not know it; ``fresh`` skips the cache. Raises as ``describe``."""
+        return (await self.get_many([instance_id], fresh=fresh))[0]
+
+    async def get_many(
+        self, instance_ids: Sequence[str], *, fresh: bool = False
+    ) -> list[InstanceInfo | None]:
+        """:meth:`get` of each of ``instance_ids``, in order, without a task each (callers ask for thousands):
+        answered from the cache (unless ``fresh``), else by the next batch."""
+        now = time.monotonic()
+        futures: list[asyncio.Future[InstanceInfo | None]] = []
+        for instance_id in instance_ids:
+            future: asyncio.Future[InstanceInfo | None] = asyncio.get_running_loop().create_future()
+            cached = self._cache.get(instance_id)
+            if not fresh and cached is not None and cached[0] > now:
+                future.set_result(cached[1])
+            else:
+                self._waiting.setdefault(instance_id, []).append(future)
+            futures.append(future)
+        if self._waiting and (self._flush is None or self._flush.done()):
+            self._flush = rest.spawn(self._run_batch(), name="describe-instances")
+        return list(await asyncio.gather(*futures))
+
+    async def close(self) -> None:
+        """Cancel a pending batch and the calls under way (their waiters get ``CancelledError``)."""
+        await rest.stop(self._flush, *self._in_flight)
+
+    async def _run_batch(self) -> None:
+        await asyncio.sleep(self.window_s)
+        while self._waiting:
+            await self._slots.acquire()
+            ids = list(self._waiting)[: self.max_batch]
+            if not ids:
+                self._slots.release()
+                return
+            waiters = {instance_id: self._waiting.pop(instance_id) for instance_id in ids}
+            task = asyncio.create_task(self._call(waiters), name="describe-instances-call")
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+    async def _call(self, waiters: dict[str, list[asyncio.Future[InstanceInfo | None]]]) -> None:
+        try:
+            try:
+                found = {info.instance_id: info for info in map(_info, await self._describe(list(waiters)))}
+            except BaseException as exc:
+                error = exc if isinstance(exc, Exception) else asyncio.CancelledError()
+                for future in (future for futures in waiters.values() for future in futures):
+                    if not future.done():
+                        future.set_exception(error)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            self.calls += 1
+            expiry = time.monotonic() + self.ttl_s
+            for instance_id, futures in waiters.items():
+                info = found.get(instance_id)
+                self._cache[instance_id] = (expiry, info)
+                for future in futures:
+                    if not future.done():
+                        future.set_result(info)
+        finally:
+            self._slots.release()
+
+
+def _info(instance: dict[str, Any]) -> InstanceInfo:
+    launched = instance.get("LaunchTime")
+    return InstanceInfo(
+        instance_id=instance["InstanceId"],
+        private_dns_name=instance.get("PrivateDnsName") or "",
+        availability_zone=(instance.get("Placement") or {}).get("AvailabilityZone", ""),
+        state=(instance.get("State") or {}).get("Name", ""),
+        tags={tag["Key"]: tag.get("Value", "") for tag in instance.get("Tags") or []},
+        instance_type=instance.get("InstanceType") or "",
+        # botocore's LaunchTime is a datetime, aware (UTC when naive).
+        launch_time=launched.replace(tzinfo=launched.tzinfo or UTC)
+        if isinstance(launched, datetime)
+        else None,
+    )

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import structlog
 
 from queue_processor import rest
+from queue_processor.aws import InstanceResolver
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer, DrainResult
 from queue_processor.drain.plan import OWN_POD, DrainBounds
@@ -32,7 +33,6 @@ from queue_processor.launch import Draining, run_launch
 from queue_processor.lease_watch import lease_name
 from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
-from queue_processor.nodes import InstanceResolver, NodeFinder
 from queue_processor.observe.events import (
     CANCEL_DRAIN,
     CORDON_AND_DRAIN,
@@ -72,7 +72,7 @@ from queue_processor.steps import (
     taint_joined,
 )
 from queue_processor.turns import Turns, drain_turn
-from queue_processor.watch import FIRST_COPY_WAIT_S
+from queue_processor.watch import FIRST_COPY_WAIT_S, NodeFinder
 
 log = structlog.get_logger("queue_processor.handler")
 

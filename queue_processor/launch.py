@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from queue_processor.aws import InstanceInfo
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.events import EventKind
-from queue_processor.nodes import InstanceInfo, node_ready
 from queue_processor.observe.events import RECEIVED_REASONS
 from queue_processor.outcomes import LifecycleResult, NodeAction, OperationOutcome
 from queue_processor.returns import came_back
@@ -31,7 +31,7 @@ from queue_processor.steps import (
     report_step,
     resolve,
 )
-from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_LABEL
+from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_LABEL, node_ready
 
 
 @dataclass

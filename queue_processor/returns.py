@@ -13,15 +13,15 @@ from typing import Any
 
 import structlog
 
+from queue_processor.aws import InstanceInfo, InstanceResolver
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.kube import KubeClient
 from queue_processor.leases import NodeLeases
-from queue_processor.nodes import InstanceInfo, InstanceResolver, node_ready
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import NodeAction
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
-from queue_processor.watch import RECORD_LABEL, NodeCache
+from queue_processor.watch import RECORD_LABEL, NodeCache, node_ready
 
 log = structlog.get_logger("queue_processor.returns")
 

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from queue_processor import rest
+from queue_processor.aws import InstanceInfo, InstanceResolver, is_managed
 from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
@@ -28,7 +29,6 @@ from queue_processor.events import (
 )
 from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats
-from queue_processor.nodes import InstanceInfo, InstanceResolver, NodeFinder, is_managed
 from queue_processor.observe.events import (
     CORDON,
     CORDON_AND_DRAIN,
@@ -44,6 +44,7 @@ from queue_processor.observe.metrics import Observer
 from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook
 from queue_processor.outcomes import ClaimLost, NodeAction, OperationOutcome
 from queue_processor.rules import RULES, drain_deadline, instance_end, pre_drains
+from queue_processor.watch import NodeFinder
 
 T = TypeVar("T")
 

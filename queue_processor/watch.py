@@ -4,6 +4,8 @@ reflector: list, then watch from the last resourceVersion; a 410 Gone or an even
 :class:`Departures`: pod deletions (metadata-only): a drain takes a :class:`Ticket` *before* listing its pods; while
 the stream holds and fewer than :data:`MEMORY` deletions passed, every listed pod gone is known or will come. API
 concepts: "Efficient detection of changes", "Resource versions", "Receiving resources as Tables or metadata only".
+:class:`NodeFinder`: an instance's Node read from the API server (by PrivateDnsName, then the
+``kubernetes.io/hostname`` label; or, with USE_PROVIDER_ID, ``spec.providerID``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import structlog
 
 from queue_processor import rest
+from queue_processor.aws import InstanceInfo
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
 from queue_processor.rest import REPLICA_RANK, rank_urgent
@@ -241,7 +244,7 @@ class NodeCache(Watched):
         return counted[1]
 
     def find(self, dns_name: str, provider_id: str = "") -> dict[str, Any] | None:
-        """An instance's node as :class:`~queue_processor.nodes.NodeFinder` finds it (by ``provider_id``'s instance ID,
+        """An instance's node as :class:`~queue_processor.aws.NodeFinder` finds it (by ``provider_id``'s instance ID,
         else by name or hostname label: ``dns_name`` or its first label); ``None`` if not live."""
         if not self.live:
             return None
@@ -440,3 +443,65 @@ class Departures(Watched):
                 for entry in [entry for entry in wait.pending if entry[1] == uid]:
                     wait.pending.discard(entry)
                 wait.changed.set()
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    """Whether a Node's ``Ready`` condition is ``True`` (its kubelet reports it healthy)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
+    """How many ``nodes`` run one of ``instance_ids`` by ``spec.providerID``, as NTH counts them."""
+    count = 0
+    for node in nodes:
+        parts = str((node.get("spec") or {}).get("providerID") or "").split("/")
+        if len(parts) == 5 and parts[4].startswith("i-") and parts[4] in instance_ids:
+            count += 1
+    return count
+
+
+class NodeFinder:
+    """Finds the Node of an instance (see the module docstring). The providerID index (one cached node LIST) is
+    rebuilt when older than 30 seconds, or after a miss when older than 2."""
+
+    def __init__(self, kube: KubeClient, *, use_provider_id: bool) -> None:
+        self.kube = kube
+        self.use_provider_id = use_provider_id
+        self._by_provider: dict[str, str] = {}
+        self._indexed_at = -1e18
+        self._index_lock = asyncio.Lock()
+
+    async def find(self, info: InstanceInfo) -> dict[str, Any] | None:
+        """The Node (a dict), or ``None`` when the cluster has none for the instance."""
+        if self.use_provider_id:
+            return await self._by_provider_id(info)
+        if info.private_dns_name:
+            node = await self.kube.get_node(info.private_dns_name)
+            if node is not None:
+                return node
+            short = info.private_dns_name.split(".")[0]
+            nodes = await self.kube.list_nodes(f"kubernetes.io/hostname in ({info.private_dns_name},{short})")
+            if nodes:
+                return nodes[0]
+        return None
+
+    async def _by_provider_id(self, info: InstanceInfo) -> dict[str, Any] | None:
+        name = await self._provider_name(info, refresh=False)
+        if name is None:
+            name = await self._provider_name(info, refresh=True)
+        return await self.kube.get_node(name) if name is not None else None
+
+    async def _provider_name(self, info: InstanceInfo, *, refresh: bool) -> str | None:
+        async with self._index_lock:
+            age = time.monotonic() - self._indexed_at
+            if age > 30.0 or (refresh and age > 2.0):
+                nodes = await self.kube.list_nodes(cached=True)
+                self._by_provider = {
+                    (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes
+                }
+                self._indexed_at = time.monotonic()
+        name = self._by_provider.get(info.provider_id)
+        if name is None:  # some providers omit the zone: aws:///<instance-id>
+            name = next((n for p, n in self._by_provider.items() if p.endswith("/" + info.instance_id)), None)
+        return name

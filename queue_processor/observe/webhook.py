@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import structlog
 
+from queue_processor.aws import InstanceInfo
 from queue_processor.events import Event, EventKind, ScheduledChangeEvent, StateChangeEvent
 from queue_processor.kube import KubeClient
-from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.templates import nth_data
 from queue_processor.outcomes import KubeError
 from queue_processor.watch import RECORD_LABEL

@@ -11,12 +11,12 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from queue_processor import nodes
-from queue_processor.aws import AwsClients
+from queue_processor.aws import AwsClients, describe_instances, tagged_instances
 from queue_processor.config import load_settings
 from queue_processor.lifecycle import Lifecycle
-from queue_processor.nodes import describe_instances, tagged_instances, tagged_nodes
 from queue_processor.observe.metrics import Metrics
 from queue_processor.permissions import AWS_API_CALLS
+from queue_processor.watch import tagged_nodes
 from queue_processor_sandbox.aws import TERMINATE_HOOK, AwsSandbox
 from queue_processor_sandbox.clock import SandboxClock
 

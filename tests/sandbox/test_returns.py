@@ -11,11 +11,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from queue_processor import rest
+from queue_processor.aws import InstanceInfo
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.drain.plan import DrainOptions
 from queue_processor.kube import KubeClient
-from queue_processor.nodes import InstanceInfo
 from queue_processor.returns import Returns
 from queue_processor.watch import RECORD_LABEL, NodeCache
 from queue_processor_sandbox.cluster import KubeCluster

@@ -21,6 +21,7 @@ import structlog
 from botocore.exceptions import ClientError
 
 from queue_processor import rest
+from queue_processor.aws import InstanceInfo
 from queue_processor.config import Settings, load_settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
@@ -43,7 +44,6 @@ from queue_processor.handler import Handler
 from queue_processor.lease_watch import lease_name
 from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
-from queue_processor.nodes import InstanceInfo
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import KubeError, NotSentError

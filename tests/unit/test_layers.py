@@ -39,7 +39,6 @@ LAYERS: list[set[str]] = [
     {"queue_processor.lease_watch"},
     {
         "queue_processor.drain.surge",
-        "queue_processor.nodes",
         "queue_processor.observe.events",
         "queue_processor.leases",
     },

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from queue_processor.nodes import InstanceInfo, InstanceResolver, is_managed
+from queue_processor.aws import InstanceInfo, InstanceResolver, is_managed
 
 
 async def test_instances_asked_together_are_described_in_one_call_and_cached() -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from queue_processor.aws import InstanceInfo
 from queue_processor.events import RebalanceRecommendationEvent, ScheduledChangeEvent, SqsMessageRef
 from queue_processor.lease_watch import lease_name
-from queue_processor.nodes import InstanceInfo
 from queue_processor.rules import leaves_time
 from queue_processor.settlement import InFlightSlots
 from queue_processor.turns import Turns, turn_limit
