@@ -49,7 +49,7 @@ from queue_processor.outcomes import (
     OperationOutcome,
 )
 from queue_processor.rest import AFTER_CORDONS, rank_urgent
-from queue_processor.rules import events_in, missing, pre_drains
+from queue_processor.rules import events_in, missing
 from queue_processor.steps import (
     INSTANCE_ENDED,
     OUT_OF_SERVICE_TAINT,
@@ -63,6 +63,7 @@ from queue_processor.steps import (
     instance_gone,
     left_to_bootstrap,
     nothing_to_drain,
+    pre_drains,
     record_event,
     record_start,
     report_step,

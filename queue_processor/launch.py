@@ -18,13 +18,13 @@ from queue_processor.events import EventKind
 from queue_processor.observe.events import RECEIVED_REASONS
 from queue_processor.outcomes import LifecycleResult, NodeAction, OperationOutcome
 from queue_processor.returns import came_back
-from queue_processor.rules import launch_ready_deadline
 from queue_processor.steps import (
     INSTANCE_ENDED,
     OperationContext,
     Outcome,
     complete_actions,
     completion_delay,
+    launch_ready_deadline,
     left_to_bootstrap,
     not_ours,
     record_event,

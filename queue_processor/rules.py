@@ -1,9 +1,6 @@
-"""Per kind of event, pure (as Karpenter's ``actionForMessage``): the table :data:`RULES`, an operation's deadlines,
-and the events handed to the holder of a node's Lease.
-
-Event times are AWS's wall clock (aware UTC, against ``wall``); deadlines are on the monotonic clock (``now``). The
-earliest event wins (DESIGN.md rule 13). With NODE_LEASES, a replica that cannot claim a node writes the events that
-bring its end nearer onto the Lease (:func:`annotation`); the holder joins them (:func:`events_in`).
+"""Per kind of event, pure (as Karpenter's ``actionForMessage``): the table :data:`RULES`, and the events handed to
+the holder of a node's Lease. With NODE_LEASES, a replica that cannot claim a node writes the events that bring its
+end nearer onto the Lease (:func:`annotation`); the holder joins them (:func:`events_in`).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
-from queue_processor.events import AsgLaunchLifecycleEvent, Event, EventKind, ScheduledChangeEvent
+from queue_processor.events import Event, EventKind
 
 log = structlog.get_logger("queue_processor.rules")
 
@@ -78,11 +75,6 @@ RULES: dict[EventKind, KindRules] = {
 }
 
 
-def pre_drains(kinds: Iterable[EventKind]) -> bool:
-    """Whether any of ``kinds`` gets NTH's PreDrain task."""
-    return any(RULES[kind].pre_drain for kind in kinds)
-
-
 def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetime) -> bool:
     """Whether all ``events`` (≥ 1) leave time for DRAIN_BUDGET_NON_URGENT (start > ``wall + grace_period_s``)."""
     if not events:
@@ -93,50 +85,6 @@ def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetim
         if not (rule == "always" or (rule == "when-far" and far)):
             return False
     return True
-
-
-def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
-    """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice, ``None`` without one; one
-    over by ``wall`` is measured from ``started_at`` with its own length (a drain cut to nothing never succeeds)."""
-    notices = [event for event in events if RULES[event.kind].notice]
-    if not notices:
-        return None
-    first = min(notices, key=lambda event: event.start_time)
-    left = (first.start_time - wall).total_seconds()
-    if left <= 0:
-        length = (first.start_time - first.time).total_seconds()
-        left = length - (now - started_at)
-    return now + max(left, 0.0)
-
-
-def drain_deadline(
-    events: Sequence[Event], *, grace_period_s: float, now: float, wall: datetime, started_at: float
-) -> float:
-    """``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) from ``now``, never past :func:`notice_end`."""
-    deadline = now + grace_period_s
-    end = notice_end(events, now=now, wall=wall, started_at=started_at)
-    return deadline if end is None else min(deadline, end)
-
-
-def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
-    """When the instance goes (on ``now``): earliest of :func:`notice_end` and a future scheduled change, or None."""
-    ends = [
-        end for end in (notice_end(events, now=now, wall=wall, started_at=started_at),) if end is not None
-    ]
-    for event in events:
-        if isinstance(event, ScheduledChangeEvent) and event.start_time > wall:
-            ends.append(now + (event.start_time - wall).total_seconds())
-    return min(ends, default=None)
-
-
-def launch_ready_deadline(events: Sequence[Event], *, timeout_s: float, now: float, wall: datetime) -> float:
-    """When (on ``now``'s clock) the launch actions have waited ``timeout_s`` (LAUNCH_READY_TIMEOUT_SEC) for their
-    node, from the earliest action's event time (every replica agrees; one ahead of ``wall`` counts as now)."""
-    started = min(
-        (event.time for event in events if isinstance(event, AsgLaunchLifecycleEvent)), default=None
-    )
-    age = 0.0 if started is None else max((wall - started).total_seconds(), 0.0)
-    return now + max(timeout_s - age, 0.0)
 
 
 #: The annotation keys of events handed over: ``queue-processor/event.<event ID>`` (an event ID is at most 54

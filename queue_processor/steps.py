@@ -7,7 +7,7 @@ resolve the instance, PreDrain and cordon in one write (NTH's taint per kind, th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,6 +25,7 @@ from queue_processor.events import (
     EventKind,
     Mode,
     NodeOperation,
+    ScheduledChangeEvent,
     StateChangeEvent,
 )
 from queue_processor.leases import Claim, NodeLeases
@@ -43,7 +44,7 @@ from queue_processor.observe.events import (
 from queue_processor.observe.metrics import Observer
 from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook
 from queue_processor.outcomes import ClaimLost, NodeAction, OperationOutcome
-from queue_processor.rules import RULES, drain_deadline, instance_end, pre_drains
+from queue_processor.rules import RULES
 from queue_processor.watch import NodeFinder
 
 T = TypeVar("T")
@@ -114,7 +115,7 @@ class OperationContext:
         return task
 
     def deadline(self) -> float:
-        """The drain deadline as the operation's events say now (:func:`~queue_processor.rules.drain_deadline`)."""
+        """The drain deadline as the operation's events say now (:func:`drain_deadline`)."""
         operation = self.operation
         return drain_deadline(
             operation.events,
@@ -125,7 +126,7 @@ class OperationContext:
         )
 
     def instance_end(self) -> float | None:
-        """When the instance goes, as its events say now (:func:`~queue_processor.rules.instance_end`)."""
+        """When the instance goes, as its events say now (:func:`instance_end`)."""
         operation = self.operation
         return instance_end(
             operation.events, now=self.parts.clock(), wall=datetime.now(UTC), started_at=operation.started_at
@@ -143,6 +144,60 @@ class OperationContext:
             warm_pool=any(action.destination == "WarmPool" for action in self.operation.terminate_actions),
             since=datetime.now(UTC).isoformat(timespec="seconds"),
         )
+
+
+# ----------------------------------------------------------------------------------------------- the deadlines
+# Event times are AWS's wall clock (aware UTC, against ``wall``); deadlines are on the monotonic clock (``now``). The
+# earliest event wins (DESIGN.md rule 13).
+
+
+def pre_drains(kinds: Iterable[EventKind]) -> bool:
+    """Whether any of ``kinds`` gets NTH's PreDrain task."""
+    return any(RULES[kind].pre_drain for kind in kinds)
+
+
+def notice_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
+    """The end (on ``now``'s clock) of the earliest Spot or Capacity Reservation notice, ``None`` without one; one
+    over by ``wall`` is measured from ``started_at`` with its own length (a drain cut to nothing never succeeds)."""
+    notices = [event for event in events if RULES[event.kind].notice]
+    if not notices:
+        return None
+    first = min(notices, key=lambda event: event.start_time)
+    left = (first.start_time - wall).total_seconds()
+    if left <= 0:
+        length = (first.start_time - first.time).total_seconds()
+        left = length - (now - started_at)
+    return now + max(left, 0.0)
+
+
+def drain_deadline(
+    events: Sequence[Event], *, grace_period_s: float, now: float, wall: datetime, started_at: float
+) -> float:
+    """``grace_period_s`` (NODE_TERMINATION_GRACE_PERIOD) from ``now``, never past :func:`notice_end`."""
+    deadline = now + grace_period_s
+    end = notice_end(events, now=now, wall=wall, started_at=started_at)
+    return deadline if end is None else min(deadline, end)
+
+
+def instance_end(events: Sequence[Event], *, now: float, wall: datetime, started_at: float) -> float | None:
+    """When the instance goes (on ``now``): earliest of :func:`notice_end` and a future scheduled change, or None."""
+    ends = [
+        end for end in (notice_end(events, now=now, wall=wall, started_at=started_at),) if end is not None
+    ]
+    for event in events:
+        if isinstance(event, ScheduledChangeEvent) and event.start_time > wall:
+            ends.append(now + (event.start_time - wall).total_seconds())
+    return min(ends, default=None)
+
+
+def launch_ready_deadline(events: Sequence[Event], *, timeout_s: float, now: float, wall: datetime) -> float:
+    """When (on ``now``'s clock) the launch actions have waited ``timeout_s`` (LAUNCH_READY_TIMEOUT_SEC) for their
+    node, from the earliest action's event time (every replica agrees; one ahead of ``wall`` counts as now)."""
+    started = min(
+        (event.time for event in events if isinstance(event, AsgLaunchLifecycleEvent)), default=None
+    )
+    age = 0.0 if started is None else max((wall - started).total_seconds(), 0.0)
+    return now + max(timeout_s - age, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ the wrapper

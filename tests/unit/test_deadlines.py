@@ -12,7 +12,7 @@ from queue_processor.events import (
     ScheduledChangeEvent,
     SpotInterruptionEvent,
 )
-from queue_processor.rules import drain_deadline, instance_end, launch_ready_deadline, notice_end
+from queue_processor.steps import drain_deadline, instance_end, launch_ready_deadline, notice_end
 
 WALL = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
