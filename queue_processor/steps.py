@@ -1,7 +1,7 @@
 """The steps of :mod:`~queue_processor.handler` and :mod:`~queue_processor.launch` over an :class:`OperationContext`:
 resolve the instance, PreDrain and cordon in one write (NTH's taint per kind, the exclude-from-load-balancers label,
-:class:`CordonRecord`), complete lifecycle actions, record Events. Tasks go through :meth:`OperationContext.spawn`
-(DESIGN.md rule 3).
+:class:`CordonRecord`), complete lifecycle actions, record Events; and the deadlines its events set. Tasks go through
+:meth:`OperationContext.spawn` (DESIGN.md rule 3).
 """
 
 from __future__ import annotations
