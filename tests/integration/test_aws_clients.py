@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from queue_processor import nodes
-from queue_processor.aws import AwsClients, describe_instances, tagged_instances
+from queue_processor.aws import TAGGED_PAGE_SIZE, AwsClients, describe_instances, tagged_instances
 from queue_processor.config import load_settings
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.observe.metrics import Metrics
@@ -138,7 +137,7 @@ async def test_tagged_instances_asks_for_tags_a_page_at_a_time(sandbox: AwsSandb
                 {"Name": "resource-type", "Values": ["instance"]},
                 {"Name": "key", "Values": [settings.managed_tag]},
             ],
-            "MaxResults": nodes.TAGGED_PAGE_SIZE,
+            "MaxResults": TAGGED_PAGE_SIZE,
         }
     ]
 
