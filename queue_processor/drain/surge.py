@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import random
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,6 +178,17 @@ class Surges:
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
         self._told_undone: set[str] = set()  # uids of the surges whose undo was logged
+        self._writing: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def _writer(self, namespace: str, deployment: str) -> asyncio.Lock:
+        """One read-modify-write of a Deployment at a time in this process: surges ending together (one node's
+        pods) would otherwise lose to each other's 409s until their attempts run out."""
+        lock = self._writing.get((namespace, deployment))
+        if lock is None:
+            lock = self._writing[(namespace, deployment)] = asyncio.Lock()
+        return lock
 
     async def start(
         self,
@@ -192,7 +204,8 @@ class Surges:
         recorded, taking back surges whose pods are gone: the :class:`Surge`, or the :class:`SurgeResult` why not
         (``NO_TIME``: ``minReadySeconds`` + :data:`SURGE_LEAST_S` > ``room_s`` seconds). Never raises KubeError."""
         try:
-            return await self._start(namespace, deployment, name, uid, labels, room_s)
+            async with self._writer(namespace, deployment):
+                return await self._start(namespace, deployment, name, uid, labels, room_s)
         except KubeError as exc:
             log.warning(
                 "surge: the Deployment cannot be scaled: evicted without a replacement first",
@@ -346,25 +359,8 @@ class Surges:
         when this call removed the entry. Failures are logged (never raises :class:`KubeError`)."""
         self._told_undone.discard(surge.uid)
         try:
-            for attempt in range(SURGE_WRITE_ATTEMPTS):
-                current = await self.kube.get_deployment(surge.namespace, surge.deployment)
-                record = SurgeRecord.of(current) if current is not None else None
-                if current is None or record is None or surge.uid not in record:
-                    return False
-                before = int((current.get("spec") or {}).get("replicas", 1))
-                record.rebase(before)
-                replicas = record.replicas = record.drop(surge.uid, before)
-                if await self._write(surge.namespace, surge.deployment, current, record, attempt) is None:
-                    continue
-                log.info(
-                    "surge: scaled back down"
-                    if replicas < before
-                    else "surge: ended, the replica count left as it is",
-                    deployment=f"{surge.namespace}/{surge.deployment}",
-                    pod=f"{surge.namespace}/{surge.name}",
-                    replicas=replicas,
-                )
-                return True
+            async with self._writer(surge.namespace, surge.deployment):
+                return await self._end(surge)
         except KubeError as exc:
             log.error(
                 "surge: the Deployment could not be scaled back: the record on it is taken back by its next "
@@ -374,3 +370,26 @@ class Surges:
                 error=str(exc),
             )
         return False
+
+    async def _end(self, surge: Surge) -> bool:
+        """One :meth:`end`, under the Deployment's writer. Raises :class:`KubeError`."""
+        for attempt in range(SURGE_WRITE_ATTEMPTS):
+            current = await self.kube.get_deployment(surge.namespace, surge.deployment)
+            record = SurgeRecord.of(current) if current is not None else None
+            if current is None or record is None or surge.uid not in record:
+                return False
+            before = int((current.get("spec") or {}).get("replicas", 1))
+            record.rebase(before)
+            replicas = record.replicas = record.drop(surge.uid, before)
+            if await self._write(surge.namespace, surge.deployment, current, record, attempt) is None:
+                continue
+            log.info(
+                "surge: scaled back down"
+                if replicas < before
+                else "surge: ended, the replica count left as it is",
+                deployment=f"{surge.namespace}/{surge.deployment}",
+                pod=f"{surge.namespace}/{surge.name}",
+                replicas=replicas,
+            )
+            return True
+        return False  # pragma: no cover - the loop returns or raises

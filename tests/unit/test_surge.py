@@ -299,6 +299,22 @@ async def test_a_deployment_that_cannot_surge_is_left_as_it_is(setup: str, resul
     assert kube.writes == 0
 
 
+async def test_many_surges_of_one_deployment_ending_at_once_all_scale_back() -> None:
+    """A drain of a node with many pods of one Deployment ends their surges together: each takes its replica
+    back, however many there are, not only as many as its retries after a 409 allow."""
+    kube = Cluster(replicas=2)
+    surges = Surges(kube)  # type: ignore[arg-type]
+    started = []
+    for index in range(12):
+        kube.add_surge_pod(f"web-{index}", uid=f"uid-{index}")
+        started.append(await surges.start("apps", "web", f"web-{index}", f"uid-{index}", LABELS))
+    assert kube.replicas == 14
+    with patch.object(surge_module.random, "uniform", lambda _a, _b: 0.0):
+        ended = await asyncio.gather(*(surges.end(surge) for surge in started if isinstance(surge, Surge)))
+    assert ended == [True] * 12
+    assert (kube.replicas, kube.record) == (2, {})
+
+
 @given(
     st.lists(st.lists(st.sampled_from(["start", "end", "conflict"]), min_size=1, max_size=3), max_size=12),
     st.integers(0, 4),
