@@ -52,17 +52,17 @@ from queue_processor.rest import AFTER_CORDONS, rank_urgent
 from queue_processor.rules import events_in, missing
 from queue_processor.steps import (
     INSTANCE_ENDED,
-    OUT_OF_SERVICE_TAINT,
     OperationContext,
     Outcome,
     Parts,
     complete_actions,
     completion_delay,
     cordon,
-    guard,
     instance_gone,
+    lease_guard,
     left_to_bootstrap,
     nothing_to_drain,
+    post_drain,
     pre_drains,
     record_event,
     record_start,
@@ -183,7 +183,8 @@ class Handler:
             ctx.facts = await node_facts(self.parts.drainer.kube, ctx.node)
         if not settings.cordon_only:
             try:
-                result = await guard(ctx, self._drain_in_turn(ctx))
+                async with lease_guard(ctx):
+                    result = await self._drain_in_turn(ctx)
             except (asyncio.CancelledError, ClaimLost):
                 raise
             except Exception:
@@ -195,11 +196,15 @@ class Handler:
             if not result.completed:
                 return Outcome.RETRY
             own_pod = any(decision.reason == OWN_POD for decision in result.skipped)
-            if own_pod and await guard(ctx, self._leave_own_node(ctx)):
-                return Outcome.RETRY  # not reached when the kubelet's SIGTERM came: shutdown cancels us
+            if own_pod:
+                async with lease_guard(ctx):
+                    if await self._leave_own_node(ctx):
+                        return (
+                            Outcome.RETRY
+                        )  # not reached when the kubelet's SIGTERM came: shutdown cancels us
         else:
             await _notify(ctx)
-        return await report_step(ctx, _post_drain(ctx), post_drain=True, guarded=True)
+        return await report_step(ctx, post_drain(ctx), post_drain=True, guarded=True)
 
     async def _find_and_claim(self, ctx: OperationContext) -> Outcome | None:
         """The node (``ctx.node``) and, with NODE_LEASES, its claimed Lease (``ctx.claim``); ``None`` when claimed,
@@ -471,25 +476,6 @@ async def _follow_joins(ctx: OperationContext, bounds: DrainBounds) -> None:
             )
         await record_start(ctx)
         await taint_joined(ctx)
-
-
-async def _post_drain(ctx: OperationContext) -> Outcome:
-    """Complete the lifecycle actions, taint joined kinds, add the out-of-service taint
-    (ENABLE_OUT_OF_SERVICE_TAINT, not with CORDON_ONLY). A node gone by then went with its instance: success."""
-    settings, parts = ctx.parts.settings, ctx.parts
-    await completion_delay(ctx)
-    await complete_actions(ctx, claim=ctx.claim)
-    try:
-        await taint_joined(ctx)
-        if settings.enable_out_of_service_taint and not settings.cordon_only:
-            await parts.drainer.writes.taint(ctx.node, *OUT_OF_SERVICE_TAINT, about=ctx.cordon_record())
-            parts.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
-    except KubeError as exc:
-        if exc.status != 404:
-            raise
-        ctx.log.info("node gone once its actions were completed: nothing left to taint")
-    await complete_actions(ctx, claim=ctx.claim)  # actions that joined during the taints
-    return Outcome.DONE
 
 
 async def _no_node(ctx: OperationContext) -> Outcome:

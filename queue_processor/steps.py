@@ -7,7 +7,8 @@ resolve the instance, PreDrain and cordon in one write (NTH's taint per kind, th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -43,7 +44,7 @@ from queue_processor.observe.events import (
 )
 from queue_processor.observe.metrics import Observer
 from queue_processor.observe.webhook import NO_FACTS, NodeFacts, Webhook
-from queue_processor.outcomes import ClaimLost, NodeAction, OperationOutcome
+from queue_processor.outcomes import ClaimLost, KubeError, NodeAction, OperationOutcome
 from queue_processor.rules import RULES
 from queue_processor.watch import NodeFinder
 
@@ -212,7 +213,11 @@ async def report_step(
     ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
     observer = ctx.parts.observer
     try:
-        result = await (guard(ctx, work) if guarded else work)
+        if guarded:
+            async with lease_guard(ctx):
+                result = await work
+        else:
+            result = await work
     except (asyncio.CancelledError, ClaimLost):
         raise
     except Exception as exc:
@@ -231,20 +236,33 @@ async def report_step(
     return result
 
 
-async def guard(ctx: OperationContext, work: Awaitable[T]) -> T:
-    """Await ``work``; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost."""
+@contextlib.asynccontextmanager
+async def lease_guard(ctx: OperationContext) -> AsyncIterator[None]:
+    """Run the body; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost (a body
+    that ends first keeps its result)."""
     claim = ctx.claim
     if claim is None:
-        return await work
-    task = ctx.spawn(_awaited(work), name=f"step-{ctx.node}", awaited=True)  # raised below, by result()
-    lost = ctx.spawn(claim.lost.wait(), name=f"lease-lost-{ctx.node}")
+        yield
+        return
+    scope, over = asyncio.timeout(None), False
+
+    async def expire() -> None:
+        await claim.lost.wait()
+        if not over:
+            scope.reschedule(asyncio.get_running_loop().time())
+
     try:
-        await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        await rest.stop(task, lost)
-    if task.cancelled() and lost.done() and not lost.cancelled():
-        raise ClaimLost(f"Lease {claim.name} was lost")
-    return task.result()
+        async with scope:
+            watcher = rest.spawn(expire(), name=f"lease-lost-{ctx.node}")
+            try:
+                yield
+            finally:
+                over = True
+                await rest.stop(watcher)
+    except TimeoutError:
+        if not scope.expired():
+            raise
+        raise ClaimLost(f"Lease {claim.name} was lost") from None
 
 
 # ------------------------------------------------------------------------------------------- the instance
@@ -445,6 +463,25 @@ async def complete_actions(ctx: OperationContext, *, claim: Claim | None) -> Non
             ctx.log.info("lifecycle action completed", hook=action.lifecycle_hook_name, result=result)
 
 
+async def post_drain(ctx: OperationContext) -> Outcome:
+    """Complete the lifecycle actions, taint joined kinds, add the out-of-service taint
+    (ENABLE_OUT_OF_SERVICE_TAINT, not with CORDON_ONLY). A node gone by then went with its instance: success."""
+    settings, parts = ctx.parts.settings, ctx.parts
+    await completion_delay(ctx)
+    await complete_actions(ctx, claim=ctx.claim)
+    try:
+        await taint_joined(ctx)
+        if settings.enable_out_of_service_taint and not settings.cordon_only:
+            await parts.drainer.writes.taint(ctx.node, *OUT_OF_SERVICE_TAINT, about=ctx.cordon_record())
+            parts.observer.node_action(NodeAction.OUT_OF_SERVICE_TAINT, True)
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+        ctx.log.info("node gone once its actions were completed: nothing left to taint")
+    await complete_actions(ctx, claim=ctx.claim)  # actions that joined during the taints
+    return Outcome.DONE
+
+
 async def nothing_to_drain(
     ctx: OperationContext, message: str, outcome: OperationOutcome, **fields: Any
 ) -> Outcome:
@@ -499,7 +536,3 @@ def _sent(event: Event) -> datetime:
 
 def _launched_after(info: InstanceInfo, when: datetime) -> bool:
     return info.launch_time is not None and info.launch_time > when
-
-
-async def _awaited(work: Awaitable[T]) -> T:
-    return await work

@@ -1122,8 +1122,8 @@ async def test_a_failed_step_under_a_lease_is_logged_once_by_the_operation(env: 
 
 @pytest.mark.parametrize("leases", [False, True], ids=["no-lease", "lease"])
 async def test_shutdown_cancels_the_operation_and_stops_every_heartbeat(env: Any, leases: bool) -> None:
-    # With a Lease the drain runs as a guarded step (its task and the Lease watch), beside the joiners'
-    # watcher and the Lease's renewal: every one of them is on the operation's EarlyExit stack.
+    # With a Lease the drain runs guarded (the Lease-lost watcher), beside the joiners' watcher and the Lease's
+    # renewal: every one of them ends with the operation.
     world = World(settings(node_termination_grace_period=600, node_leases=leases), leases=leases)
     world.kube.refuse_evictions = True
     operation = world.receive(terminate())
@@ -1132,7 +1132,7 @@ async def test_shutdown_cancels_the_operation_and_stops_every_heartbeat(env: Any
     await until(lambda: world.node()["spec"].get("unschedulable") is True)
     await until(lambda: any(t.get_name().startswith("joiners-") for t in our_tasks()))
     if leases:
-        assert {t.get_name().split("-")[0] for t in our_tasks()} >= {"step", "lease", "joiners"}
+        assert {t.get_name().split("-")[0] for t in our_tasks()} >= {"lease", "joiners"}
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await world.heartbeats.close()

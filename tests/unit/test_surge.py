@@ -547,7 +547,7 @@ async def test_a_lease_lost_under_the_handler_leaves_the_surge_to_the_new_owner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 47.3, through the wiring the controller runs: the handler guards the drain with the node Lease
-    (``Steps.guarded``), which cancels the drain when the Lease is lost. The surge is left recorded for the
+    (``steps.lease_guard``), which cancels the drain when the Lease is lost. The surge is left recorded for the
     replica that owns the node now (before: the cancellation took the replica back, and the new owner evicted
     the Deployment's only pod with no replacement), and that replica's drain takes it over."""
     from tests.unit.test_handler import QUEUE, World, spot
