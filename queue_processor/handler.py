@@ -198,10 +198,8 @@ class Handler:
             own_pod = any(decision.reason == OWN_POD for decision in result.skipped)
             if own_pod:
                 async with lease_guard(ctx):
-                    if await self._leave_own_node(ctx):
-                        return (
-                            Outcome.RETRY
-                        )  # not reached when the kubelet's SIGTERM came: shutdown cancels us
+                    if await self._leave_own_node(ctx):  # not when the kubelet's SIGTERM came: it cancels us
+                        return Outcome.RETRY
         else:
             await _notify(ctx)
         return await report_step(ctx, post_drain(ctx), post_drain=True, guarded=True)
@@ -450,9 +448,7 @@ async def _report(ctx: OperationContext, result: DrainResult) -> None:
         ctx.log.warning("drain incomplete: requeued", reason=result.reason, causes=result.causes, **figures)
         text = f"{CORDON_AND_DRAIN_ERROR}: drain incomplete, will retry: {result.reason}"
         await record_event(ctx, "CordonAndDrainError", text, warning=True)
-        if (
-            EventKind.ASG_TERMINATE_LIFECYCLE in ctx.operation.kinds
-        ):  # NTH's EarlyExit task for lifecycle hooks
+        if EventKind.ASG_TERMINATE_LIFECYCLE in ctx.operation.kinds:  # NTH's EarlyExit for lifecycle hooks
             await record_event(ctx, *CANCEL_DRAIN)
         return
     observer.node_action(NodeAction.CORDON_AND_DRAIN, True)

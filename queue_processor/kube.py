@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -250,23 +249,20 @@ class KubeClient:
         self,
         path: str,
         resource_version: str,
-        deliver: Callable[[list[Obj]], None],
         *,
         timeout_s: float,
-        opened: Callable[[], None] | None = None,
         query: Mapping[str, str] | None = None,
         metadata_only: bool = False,
         keep: Keep | None = None,
-    ) -> str:
+    ) -> AsyncGenerator[list[Obj], None]:
         """One watch of ``path`` from ``resource_version``, read by a thread until the server ends it (``timeout_s``
-        s); the last resourceVersion seen. ``deliver`` gets each chunk's ``{"type", "object"}`` events ``keep`` kept
-        (one whose last line was dropped ends with a ``BOOKMARK``); ``opened`` is called once accepted. Raises
-        :class:`KubeError`: 410 when the resourceVersion is too old ("Efficient detection of changes"), an error
-        answer's status, 0 for a failed connection or a non-event (``WatchReceiverError``: a callback raised)."""
+        s): an empty list once the server accepted it, then each chunk's ``{"type", "object"}`` events ``keep``
+        kept (one whose last line was dropped ends with a ``BOOKMARK``: the last event names where the stream is).
+        Closing it shuts the connection. Raises :class:`KubeError`: 410 when the resourceVersion is too old
+        ("Efficient detection of changes"), an error answer's status, 0 for a failed connection or a non-event
+        (``WatchReceiverError``: ``keep`` raised)."""
         await self.limiter.acquire()
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[str] = loop.create_future()
-        stream = WatchStream(loop, deliver, ended, opened)
+        stream = WatchStream(asyncio.get_running_loop())
         params = {
             **(query or {}),
             "watch": "1",
@@ -275,11 +271,19 @@ class KubeClient:
             "timeoutSeconds": str(int(timeout_s)),
         }
         accept = METADATA_ONLY if metadata_only else "application/json"
-        answered = functools.partial(self._answered, path)
-        args = (self.api, path, params, accept, timeout_s, stream, keep, answered)
+        args = (self.api, path, params, accept, timeout_s, stream, keep)
         threading.Thread(target=read_watch, args=args, name="kube-watch", daemon=True).start()
         try:
-            return await ended
+            while (got := await stream.queue.get())[0] != "end":
+                kind, value = got
+                if kind == "error":
+                    raise value
+                if kind == "events":
+                    yield value
+                    continue
+                self._answered(path, value)
+                if value == 200:
+                    yield []
         finally:
             stream.close()
 

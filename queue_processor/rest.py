@@ -171,45 +171,20 @@ Keep = Callable[[Obj], Obj | None]
 
 
 class WatchStream:
-    """What a watch thread shares with the loop (``deliver`` and ``ended`` only through :meth:`call`)."""
+    """What a watch thread hands the loop, in order, through :attr:`queue` (:meth:`put`): ``("answered",
+    status)``, ``("events", list)``, then ``("end", rv)`` or ``("error", KubeError)``."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        deliver: Callable[[list[Obj]], None],
-        ended: asyncio.Future[str],
-        opened: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.deliver = deliver
-        self.ended = ended
-        self.opened = opened
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.response: Any = None
         self.closed = False
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` in the loop (dropped once the watch is closed or the loop is gone)."""
+    def put(self, kind: str, value: Any) -> None:
+        """Queue ``(kind, value)`` in the loop (dropped once the watch is closed or the loop is gone)."""
         if not self.closed:
             with contextlib.suppress(RuntimeError):  # the loop closed
-                self.loop.call_soon_threadsafe(self._call, fn, args)
-
-    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        if self.closed:
-            return
-        try:
-            fn(*args)
-        except Exception as exc:  # the receiver could not take the events: the watch ends with that
-            self.settle("", KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}"))
-            self.close()
-
-    def settle(self, rv: str, exc: BaseException | None = None) -> None:
-        """End the watch at ``rv``, or with ``exc`` (in the loop: through :meth:`call`)."""
-        if self.ended.done():
-            return
-        if exc is None:
-            self.ended.set_result(rv)
-        else:
-            self.ended.set_exception(exc)
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
 
     def close(self) -> None:
         self.closed = True
@@ -227,10 +202,9 @@ def read_watch(
     timeout_s: float,
     stream: WatchStream,
     keep: Keep | None,
-    answered: Callable[[int], None],
 ) -> None:
-    """The watch thread: connect with ``api`` (an ApiClient), read chunks of lines, hand their events to the loop,
-    end ``stream``. ``answered(status)`` runs in the loop (status 0: no answer)."""
+    """The watch thread: connect with ``api`` (an ApiClient), read chunks of lines, put what it read in
+    ``stream`` (status 0: no answer)."""
     rv = str(query["resourceVersion"])
     try:
         params = api.param_serialize(
@@ -243,11 +217,9 @@ def read_watch(
         response = api.call_api(*params, _request_timeout=(10.0, timeout_s + 30.0)).response
         stream.response = response
         status = int(response.status)
-        stream.call(answered, status)
+        stream.put("answered", status)
         if status != 200:
             raise error_of(status, bytes(response.data or b""))
-        if stream.opened is not None:
-            stream.call(stream.opened)
         rest = b""
         for chunk in response.stream(1 << 16):
             if stream.closed:
@@ -256,14 +228,14 @@ def read_watch(
             rest = lines.pop()
             events, rv = _events_of(lines, rv, keep)
             if events:
-                stream.call(stream.deliver, events)
-        stream.call(stream.settle, rv)
+                stream.put("events", events)
+        stream.put("end", rv)
     except KubeError as exc:
-        stream.call(stream.settle, "", exc)
+        stream.put("error", exc)
     except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
         if not stream.closed:
-            stream.call(answered, 0)
-        stream.call(stream.settle, "", KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
+            stream.put("answered", 0)
+        stream.put("error", KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
     finally:
         if stream.response is not None:
             stream.response.close()

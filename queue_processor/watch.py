@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
 import time
 from collections.abc import Iterator
@@ -55,7 +54,7 @@ class Watched:
     def __init__(self, kube: KubeClient, path: str, **options: Any) -> None:
         self.kube = kube
         self._path = path
-        self._options = {"opened": functools.partial(self._set_live, True), **options}
+        self._options = options
         self.live = False
         """Whether the watch's stream runs now (or resumes from where it stopped)."""
         self.refused: KubeError | None = None
@@ -108,19 +107,33 @@ class Watched:
             self.answered.set()
         self.live = live
 
-    def _receive(self, events: list[dict[str, Any]]) -> None:
+    def _receive(self, events: list[dict[str, Any]]) -> bool:
+        """Apply one chunk's events and move the resourceVersion on: whether they were applied."""
         try:
             self._apply(events)
         except Exception:
-            # Part of the chunk may be applied: read everything again (the client ends the connection).
+            # Part of the chunk may be applied: read everything again.
             log.exception("watch event not applied; reading again", watch=self.name)
             self._rv = ""
             self._set_live(False)
-            raise
+            return False
         for event in events:
             rv = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
             if rv:
                 self._rv = str(rv)
+        return True
+
+    async def _stream(self) -> bool:
+        """One connection, its events applied as they come: whether it ended as the server ends one."""
+        timeout_s = WATCH_TIMEOUT_S * random.uniform(0.8, 1.0)
+        watch = self.kube.watch(self._path, self._rv, timeout_s=timeout_s, **self._options)
+        async with contextlib.aclosing(watch) as chunks:
+            async for events in chunks:
+                if not events:  # accepted
+                    self._set_live(True)
+                elif not self._receive(events):
+                    return False
+        return True
 
     async def _run(self) -> None:
         rank_urgent(REPLICA_RANK)
@@ -129,13 +142,9 @@ class Watched:
             try:
                 if not self._rv:
                     self._rv = await self._begin()
-                timeout_s = WATCH_TIMEOUT_S * random.uniform(0.8, 1.0)
-                rv = await self.kube.watch(
-                    self._path, self._rv, self._receive, timeout_s=timeout_s, **self._options
-                )
-                self._rv = rv or self._rv
-                delay = RETRY_S
-                continue
+                if await self._stream():
+                    delay = RETRY_S
+                    continue
             except KubeError as exc:
                 self._set_live(False)
                 if exc.status == 410:  # too old: read again and watch from there

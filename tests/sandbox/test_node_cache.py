@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,6 @@ from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.drain.plan import DrainOptions
 from queue_processor.kube import KubeClient
-from queue_processor.outcomes import KubeError
 from queue_processor.watch import NodeCache, slim, slim_event
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.cluster import KubeCluster
@@ -195,26 +195,27 @@ async def test_after_a_compaction_and_a_restart_the_nodes_are_listed_again(tmp_p
             kube.close()
 
 
-async def test_a_receiver_that_raises_ends_the_watch_with_its_error(
+async def test_a_watch_closed_by_its_reader_shuts_its_connection(
     cluster: KubeCluster, kube: KubeClient
 ) -> None:
-    """The client hands a watch's events to a receiver in the event loop; when the receiver raises, the watch
-    ends at once with a ``WatchReceiverError`` (status 0) instead of going on with an event lost, so that
-    the watcher can read the collection again."""
+    """The client hands a watch's events to whoever iterates it; a reader that stops (its copy could not apply
+    an event, and it reads everything again) closes the watch, and the thread reading the connection ends: no
+    thread and no connection is left behind by each read again."""
     pages = [version async for _, version in kube.node_pages()]
-    seen: list[dict[str, Any]] = []
+    before = {thread for thread in threading.enumerate() if thread.name == "kube-watch"}
 
-    def deliver(events: list[dict[str, Any]]) -> None:
-        seen.extend(events)
-        raise ValueError("cannot apply")
+    async def read() -> None:
+        async with contextlib.aclosing(kube.watch("/api/v1/nodes", pages[-1], timeout_s=120)) as chunks:
+            async for events in chunks:
+                if events:
+                    raise ValueError("cannot apply")
+                a_node(cluster)  # accepted: a change to stream
 
-    watch = asyncio.create_task(kube.watch("/api/v1/nodes", pages[-1], deliver, timeout_s=120))
-    a_node(cluster)
-    with pytest.raises(KubeError) as caught:
-        await watch
-    assert (caught.value.status, caught.value.reason) == (0, "WatchReceiverError")
-    assert "cannot apply" in caught.value.message
-    assert seen
+    with pytest.raises(ValueError, match="cannot apply"):
+        await read()
+    await until(
+        lambda: not {t for t in threading.enumerate() if t.name == "kube-watch"} - before, "the thread ended"
+    )
 
 
 async def test_a_deleted_node_is_absent_from_the_copy_and_a_new_one_present(
@@ -248,7 +249,11 @@ async def test_a_watch_delivers_what_its_keep_keeps_and_marks_where_the_stream_i
         named = ((event.get("object") or {}).get("metadata") or {}).get("name")
         return slim_event(event) if named == ours else None
 
-    watch = asyncio.create_task(kube.watch("/api/v1/nodes", pages[-1], seen.extend, timeout_s=120, keep=keep))
+    async def read() -> None:
+        async for events in kube.watch("/api/v1/nodes", pages[-1], timeout_s=120, keep=keep):
+            seen.extend(events)
+
+    watch = asyncio.create_task(read())
     try:
         cluster.add_node(ours)
         cluster.wait_for_nodes([ours])

@@ -4,21 +4,19 @@ subclasses): each watch connection takes the next step of a script."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from queue_processor.outcomes import KubeError
 from queue_processor.rest import Keep
 
-Deliver = Callable[[list[dict[str, Any]]], None]
-
 
 class ScriptedWatch:
     """Each watch connection (:meth:`watch`, whichever collection) takes the next step of ``script``: an
-    exception to raise before it opens; a list of events to deliver once open, after which the connection lasts
-    until :meth:`end`; or ``(events, exception)``: the events, then the stream breaks. The pod watch starts
-    from ``pods_version`` ("100", "200"…); the node watch from ``node_pages`` (``nodes`` at "100", "200"…, or
-    ``list_error`` raised)."""
+    exception to raise before it opens; a list of events to hand over once open, after which the connection
+    lasts (handing over what :meth:`deliver` gives it) until :meth:`end`; or ``(events, exception)``: the
+    events, then the stream breaks. The pod watch starts from ``pods_version`` ("100", "200"…); the node watch
+    from ``node_pages`` (``nodes`` at "100", "200"…, or ``list_error`` raised)."""
 
     def __init__(
         self, *script: Any, nodes: list[dict[str, Any]] | None = None, list_error: KubeError | None = None
@@ -28,8 +26,7 @@ class ScriptedWatch:
         self.list_error = list_error
         self.reads = 0
         self.watched_from: list[str] = []
-        self.deliver: Deliver | None = None
-        self._end: asyncio.Future[str] | None = None
+        self._open: asyncio.Queue[list[dict[str, Any]] | str] | None = None
 
     async def pods_version(self) -> str:
         self.reads += 1
@@ -42,17 +39,22 @@ class ScriptedWatch:
         yield self.nodes, str(self.reads * 100)
 
     async def watch(
-        self,
-        path: str,
-        rv: str,
-        deliver: Deliver,
-        *,
-        timeout_s: float,
-        opened: Callable[[], None] | None = None,
-        keep: Keep | None = None,
-        **options: Any,
-    ) -> str:
-        return await self._connection(rv, _kept(deliver, keep), opened)
+        self, path: str, rv: str, *, timeout_s: float, keep: Keep | None = None, **options: Any
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        self.watched_from.append(rv)
+        step = self.script.pop(0) if self.script else []
+        if isinstance(step, BaseException):
+            raise step
+        yield []  # accepted
+        events, broken = step if isinstance(step, tuple) else (step, None)
+        if events:
+            yield _kept(events, keep)
+        if broken is not None:
+            raise broken
+        self._open = asyncio.Queue()
+        while isinstance(chunk := await self._open.get(), list):
+            yield _kept(chunk, keep)
+        yield [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": chunk}}}]  # where it ended
 
     async def connections(self, count: int) -> None:
         """Let the loop run until ``count`` connections were made (at most 50 turns: the script answers at
@@ -62,48 +64,29 @@ class ScriptedWatch:
                 return
             await asyncio.sleep(0)
 
+    async def deliver(self, events: list[dict[str, Any]]) -> None:
+        """The open connection hands ``events`` over; returns once the loop let the watch take them."""
+        assert self._open is not None
+        self._open.put_nowait(events)
+        for _ in range(20):
+            await asyncio.sleep(0)
+
     def end(self, rv: str) -> None:
         """The server ends the open connection, its last resourceVersion ``rv``."""
-        assert self._end is not None
-        self._end.set_result(rv)
-
-    async def _connection(self, rv: str, deliver: Deliver, opened: Callable[[], None] | None) -> str:
-        self.watched_from.append(rv)
-        step = self.script.pop(0) if self.script else []
-        if isinstance(step, BaseException):
-            raise step
-        if opened is not None:
-            opened()
-        self.deliver = deliver
-        if isinstance(step, tuple):
-            events, broken = step
-            self._hand(deliver, events)
-            raise broken
-        self._hand(deliver, step)
-        self._end = asyncio.get_running_loop().create_future()
-        return await self._end
-
-    @staticmethod
-    def _hand(deliver: Deliver, events: list[dict[str, Any]]) -> None:
-        """``deliver(events)``; a receiver that raises ends the connection with a ``WatchReceiverError``, as
-        :meth:`queue_processor.kube.KubeClient.watch` does."""
-        try:
-            deliver(events)
-        except Exception as exc:
-            raise KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}") from exc
+        assert self._open is not None
+        self._open.put_nowait(rv)
 
 
-def _kept(deliver: Deliver, keep: Keep | None) -> Deliver:
-    """``deliver`` of what ``keep`` keeps of each event, as the watch thread of
-    :meth:`queue_processor.kube.KubeClient.watch` hands them over."""
+def _kept(events: list[dict[str, Any]], keep: Keep | None) -> list[dict[str, Any]]:
+    """What ``keep`` keeps of ``events``, as the watch thread of :meth:`queue_processor.kube.KubeClient.watch`
+    hands them over; ``keep`` raising ends the connection with a ``WatchReceiverError``, as there."""
     if keep is None:
-        return deliver
-
-    def kept(events: list[dict[str, Any]]) -> None:
+        return events
+    try:
         delivered = [k for k in map(keep, events) if k is not None]
         if events and keep(events[-1]) is None:  # where the stream is, as the thread marks it
             rv = ((events[-1].get("object") or {}).get("metadata") or {}).get("resourceVersion")
             delivered.append({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rv}}})
-        deliver(delivered)
-
-    return kept
+    except Exception as exc:
+        raise KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}") from exc
+    return delivered

@@ -33,8 +33,7 @@ async def test_a_deletion_empties_the_drains_pending_set_and_wakes_it() -> None:
     ticket = departures.ticket()
     with departures.waiting({(("ns", "a"), "a"), (("ns", "b"), "b")}, ticket) as wait:
         assert departures.covers(wait)
-        assert kube.deliver is not None
-        kube.deliver([deleted("a"), {"type": "MODIFIED", "object": {"metadata": {"uid": "b"}}}])
+        await kube.deliver([deleted("a"), {"type": "MODIFIED", "object": {"metadata": {"uid": "b"}}}])
         assert wait.changed.is_set()
         assert wait.pending == {(("ns", "b"), "b")}
     assert not departures._waiting  # unregistered
@@ -48,8 +47,7 @@ async def test_a_deletion_seen_before_the_drain_followed_its_pods_counts() -> No
     departures.start()
     await departures.answered.wait()
     ticket = departures.ticket()
-    assert kube.deliver is not None
-    kube.deliver([deleted("a")])
+    await kube.deliver([deleted("a")])
     with departures.waiting({(("ns", "a"), "a"), (("ns", "b"), "b")}, ticket) as wait:
         assert wait.pending == {(("ns", "b"), "b")}
     await departures.close()
@@ -119,8 +117,9 @@ async def test_a_ticket_older_than_the_memory_is_not_trusted() -> None:
     departures.start()
     await departures.answered.wait()
     ticket = departures.ticket()
-    assert kube.deliver is not None
-    kube.deliver([deleted("x"), deleted("y"), deleted("z")])  # three deletions between the ticket and the
+    await kube.deliver(
+        [deleted("x"), deleted("y"), deleted("z")]
+    )  # three deletions between the ticket and the
     with departures.waiting({(("ns", "a"), "a")}, ticket) as wait:  # registration: "x" may be forgotten
         assert not departures.covers(wait)
     assert len(departures._gone) == 3
@@ -134,10 +133,9 @@ async def test_once_registered_a_drain_is_covered_however_many_pods_go_elsewhere
     departures.start()
     await departures.answered.wait()
     with departures.waiting({(("ns", "a"), "a")}, departures.ticket()) as wait:
-        assert kube.deliver is not None
-        kube.deliver([deleted(f"other-{index}") for index in range(10)])
+        await kube.deliver([deleted(f"other-{index}") for index in range(10)])
         assert departures.covers(wait)  # each deletion of its pods reaches it directly
-        kube.deliver([deleted("a")])
+        await kube.deliver([deleted("a")])
         assert not wait.pending
     await departures.close()
 

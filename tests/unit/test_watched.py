@@ -5,7 +5,7 @@ started."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from queue_processor.rest import REPLICA_RANK, URGENT_RANK, rank_urgent
@@ -27,12 +27,9 @@ class Scripted(Watched):
         await self.read.wait()
         return "1"
 
-    async def watch(
-        self, path: str, rv: str, deliver: Any, *, opened: Callable[[], None], **options: Any
-    ) -> str:
-        opened()
+    async def watch(self, path: str, rv: str, **options: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        yield []  # accepted
         await asyncio.Event().wait()  # until closed
-        return rv
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         pass
