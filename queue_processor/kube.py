@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,7 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from queue_processor import __version__
 from queue_processor.config import default
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
-from queue_processor.outcomes import KubeError, NotSentError, StartupError
+from queue_processor.outcomes import KubeError, StartupError
 from queue_processor.rest import (
     REPLICA_RANK,
     URGENT_RANK,
@@ -140,14 +140,14 @@ class KubeClient:
         retry: bool = True,
         urgent: bool = False,
         agent: str | None = None,
-        sending: Callable[[], bool] | None = None,
+        taken: bool = False,
     ) -> Obj:
         """One API request; the decoded JSON answer (``{}`` when empty). ``urgent``: first through the rate limiter,
-        own threads; ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``sending``: asked
-        once the token came, ``False`` gives it back and raises :class:`NotSentError`."""
-        call = (method, path, query, body, content_type, urgent, agent, sending)
-        if not retry:  # no retry machinery held by each of the evictions waiting at once
-            return await self._attempt(*call)
+        own threads; ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``taken``: the caller
+        took the token (:attr:`limiter`) to decide after its wait whether to send: not retried."""
+        call = (method, path, query, body, content_type, urgent, agent)
+        if not retry or taken:  # no retry machinery held by each of the evictions waiting at once
+            return await self._attempt(*call, taken=taken)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(retryable),
             wait=retry_wait,
@@ -167,13 +167,13 @@ class KubeClient:
         content_type: str,
         urgent: bool,
         agent: str | None,
-        sending: Callable[[], bool] | None,
+        *,
+        taken: bool = False,
     ) -> Obj:
-        """One attempt of :meth:`request`: a token, a thread, the answer; raises :class:`KubeError`."""
-        await self.limiter.acquire(urgent=urgent)
-        if sending is not None and not sending():
-            self.limiter.give_back()
-            raise NotSentError(f"{method} {path}")
+        """One attempt of :meth:`request`: a token (unless ``taken``), a thread, the answer; raises
+        :class:`KubeError`."""
+        if not taken:
+            await self.limiter.acquire(urgent=urgent)
         pool = self._pools[
             "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
         ]
@@ -348,11 +348,11 @@ class KubeClient:
         *,
         dry_run: bool = False,
         drain: str | None = None,
-        sending: Callable[[], bool] | None = None,
+        taken: bool = False,
     ) -> None:
-        """POST a policy/v1 Eviction (``grace_s`` seconds; ``drain``, ``sending``: :meth:`request`'s ``agent``,
-        ``sending``); not retried. Raises :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption
-        (named in :attr:`KubeError.causes`), 500 when several match the pod, 404 when gone; :class:`NotSentError`."""
+        """POST a policy/v1 Eviction (``grace_s`` seconds; ``drain``, ``taken``: :meth:`request`'s ``agent``,
+        ``taken``); not retried. Raises :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption
+        (named in :attr:`KubeError.causes`), 500 when several match the pod, 404 when gone."""
         body: Obj = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -371,7 +371,7 @@ class KubeClient:
             body=body,
             retry=False,
             agent=f"drain/{drain}" if drain else None,
-            sending=sending,
+            taken=taken,
         )
 
     async def delete_pod(
@@ -458,16 +458,14 @@ class KubeClient:
             if exc.status != 404:
                 raise
 
-    async def delete_leases(
-        self, namespace: str, label_selector: str, *, sending: Callable[[], bool] | None = None
-    ) -> list[str]:
+    async def delete_leases(self, namespace: str, label_selector: str, *, taken: bool = False) -> list[str]:
         """Delete the Leases ``label_selector`` selects in one request ("Delete Collection", API reference, Lease
-        v1); the names deleted. ``sending`` as :meth:`request`. Raises :class:`KubeError`, :class:`NotSentError`."""
+        v1); the names deleted. ``taken`` as :meth:`request`. Raises :class:`KubeError`."""
         deleted = await self.request(
             "DELETE",
             LEASES.format(namespace),
             query={"labelSelector": label_selector},
             urgent=True,
-            sending=sending,
+            taken=taken,
         )
         return [str(item["metadata"]["name"]) for item in deleted.get("items") or ()]

@@ -35,7 +35,7 @@ from queue_processor.lease_watch import (
     new_lease,
     replica_lease_name,
 )
-from queue_processor.outcomes import ClaimLost, KubeError, NotSentError
+from queue_processor.outcomes import ClaimLost, KubeError
 from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, rank_urgent
 
 log = structlog.get_logger("queue_processor.leases")
@@ -466,15 +466,12 @@ class NodeLeases:
                     f"{LEASE_LABEL} in ({','.join(sorted(label_value(name) for name in together))})"
                 )
                 try:
-                    await self.kube.delete_leases(
-                        self.namespace,
-                        selector,
-                        sending=lambda: (
-                            self.replica.epoch == epoch and self.replica.age() < self.duration_s * 2 / 3
-                        ),
-                    )
-                except NotSentError:
-                    await self._clear_each(together)
+                    await self.kube.limiter.acquire(urgent=True)
+                    if self.replica.epoch == epoch and self.replica.age() < self.duration_s * 2 / 3:
+                        await self.kube.delete_leases(self.namespace, selector, taken=True)
+                    else:  # unsent: the epoch ended or the Lease aged while the batch waited for its token
+                        self.kube.limiter.give_back()
+                        await self._clear_each(together)
                 except KubeError as exc:
                     if exc.status in (403, 404, 405) and self.batches:
                         self.batches = False

@@ -255,8 +255,3 @@ DrainEnd = Literal["drained", "deleted", "timeout", "error", "cancelled"]
 
 AwsResult = Literal["ok", "error", "throttled"]
 """``result`` of ``queue_processor_aws_requests_total``."""
-
-
-class NotSentError(Exception):
-    """A request whose ``sending`` check (:meth:`~queue_processor.kube.KubeClient.request`) said no: not sent, its
-    token given back."""

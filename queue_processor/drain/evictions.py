@@ -27,7 +27,7 @@ from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import POD_EVICTION
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
-from queue_processor.outcomes import EvictionOutcome, KubeError, NotSentError, SurgeResult
+from queue_processor.outcomes import EvictionOutcome, KubeError, SurgeResult
 
 #: The fewest slots, whatever the QPS.
 LEAST_SLOTS = 64
@@ -295,9 +295,8 @@ class Evictions:
                 granted = grace if cut or self.grace_s >= 0 else None
                 gated, first = not first, False
                 try:
-                    await self._send(entry, granted, run.drain_id, slot, gated)
-                except NotSentError:  # its budget refused another pod of the workload while it waited for QPS
-                    continue
+                    if not await self._send(entry, granted, run.drain_id, slot, gated):
+                        continue  # its budget refused another pod of the workload while it waited for QPS
                 except KubeError as exc:
                     ended = self._final_answer(exc, entry)
                     if ended is not None:
@@ -318,12 +317,17 @@ class Evictions:
 
     async def _send(
         self, entry: DrainPod, grace_s: int | None, drain_id: str, slot: Slot | None, gated: bool
-    ) -> None:
-        """Ask for the eviction, then give the slot back; ``gated``: only through an open gate (else
-        :class:`NotSentError`). Raises :class:`KubeError`."""
-        sending = (lambda: self.gates.closed(entry.owner, self.clock()) is None) if gated else None
+    ) -> bool:
+        """Ask for the eviction, then give the slot back: whether it was sent. ``gated``: its token first, then
+        only through an open gate. Raises :class:`KubeError`."""
         try:
-            await self.kube.evict(*entry.key, grace_s, drain=drain_id, sending=sending)
+            if gated:
+                await self.kube.limiter.acquire()
+                if self.gates.closed(entry.owner, self.clock()) is not None:
+                    self.kube.limiter.give_back()
+                    return False
+            await self.kube.evict(*entry.key, grace_s, drain=drain_id, taken=gated)
+            return True
         finally:
             if slot is not None:
                 slot.release()

@@ -16,7 +16,7 @@ from queue_processor.drain.evictions import DrainRun, Running, Tell, settled
 from queue_processor.drain.plan import DrainBounds, DrainOptions, DrainOrder, DrainPod, DrainTiming, Eviction
 from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, POD_EVICTION
 from queue_processor.observe.metrics import Metrics
-from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError, NotSentError
+from queue_processor.outcomes import DrainOutcome, EvictionOutcome, KubeError
 from tests.unit.test_handler import NODE, FakeKube
 
 
@@ -66,10 +66,8 @@ class Answers(FakeKube):
         grace_s: int | None = None,
         *,
         drain: str | None = None,
-        sending: Callable[[], bool] | None = None,
+        taken: bool = False,
     ) -> None:
-        if sending is not None and not sending():
-            raise NotSentError(name)
         status = self.statuses.get(name)
         if status == 404:
             self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
@@ -487,9 +485,9 @@ async def test_an_eviction_that_ended_is_kept_as_its_outcome_and_its_task_let_go
 class Budget(FakeKube):
     """Four pods of one ReplicaSet under a PodDisruptionBudget ``apps/web`` that allows no disruption: each
     eviction sent is recorded and refused with the budget named in its ``DisruptionBudget`` cause, as the API
-    server answers. With ``hold``, each eviction waits there, as behind the client's rate limiter, until the
-    test lets web-0 go (:attr:`first`), then the others (:attr:`rest`); each asks ``sending`` then. ``others``
-    are pods of another ReplicaSet that no budget covers: their evictions are recorded and accepted."""
+    server answers. With ``hold``, each eviction waits for its token, as behind the client's rate limiter, until
+    the test lets the first go (:attr:`first`), then the others (:attr:`rest`). ``others`` are pods of another
+    ReplicaSet that no budget covers: their evictions are recorded and accepted."""
 
     def __init__(self, hold: bool = False, others: tuple[str, ...] = ()) -> None:
         super().__init__()
@@ -499,12 +497,23 @@ class Budget(FakeKube):
         self.refused = asyncio.Event()  # an eviction was sent (and refused)
         self.waiting = 0
         self.sent: list[str] = []
+        if hold:
+            self.limiter = self  # type: ignore[assignment]
         self.add_node()
         for name in ("web-0", "web-1", "web-2", "web-3", *others):
             self.add_pod(name)
             self.pods[-1]["metadata"]["ownerReferences"][0]["uid"] = (
                 "rs-other-uid" if name in others else "rs-web-uid"
             )
+
+    async def acquire(self, *, urgent: bool = False) -> None:
+        self.waiting += 1
+        if self.waiting == 4:
+            self.all_in.set()
+        await (self.first if self.waiting == 1 else self.rest).wait()
+
+    def give_back(self) -> None:
+        pass
 
     async def evict(
         self,
@@ -513,15 +522,8 @@ class Budget(FakeKube):
         grace_s: int | None = None,
         *,
         drain: str | None = None,
-        sending: Callable[[], bool] | None = None,
+        taken: bool = False,
     ) -> None:
-        if self.hold:
-            self.waiting += 1
-            if self.waiting == 4:
-                self.all_in.set()
-            await (self.first if name == "web-0" else self.rest).wait()
-        if sending is not None and not sending():
-            raise NotSentError(name)
         self.sent.append(name)
         if name in self.others:
             await super().evict(namespace, name, grace_s, drain=drain)

@@ -46,7 +46,7 @@ from queue_processor.leases import Claim, NodeLeases
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
-from queue_processor.outcomes import KubeError, NotSentError
+from queue_processor.outcomes import KubeError
 from queue_processor.rest import URGENT_RANK, rank_urgent
 from queue_processor.rules import RULES
 from queue_processor.steps import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Outcome
@@ -195,6 +195,20 @@ class FakeAutoscaling:
         return [token for op, token in self.calls if op == operation]
 
 
+class Tokens:
+    """The client's rate limiter as the fakes need it: a token at once; :attr:`taken` counts them, less those given
+    back."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    async def acquire(self, *, urgent: bool = False) -> None:
+        self.taken += 1
+
+    def give_back(self) -> None:
+        self.taken -= 1
+
+
 class FakeKube:
     """Nodes, pods and Leases with the API server's answers this test needs."""
 
@@ -207,6 +221,7 @@ class FakeKube:
         self.deleted: list[str] = []  # deleted at the deadline (DELETE_AT_DEADLINE)
         self.refuse_evictions = False  # 429 from a PodDisruptionBudget
         self.on_evict: Any = None
+        self.limiter = Tokens()
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self.version += 1
@@ -258,10 +273,8 @@ class FakeKube:
         grace_s: int | None = None,
         *,
         drain: str | None = None,
-        sending: Callable[[], bool] | None = None,
+        taken: bool = False,
     ) -> None:
-        if sending is not None and not sending():
-            raise NotSentError(name)
         if self.on_evict is not None:
             await self.on_evict(name)
         if self.refuse_evictions:

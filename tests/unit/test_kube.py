@@ -155,7 +155,7 @@ async def test_tokens_saved_up_go_to_every_caller_they_cover_at_once(clock: list
 
 
 async def test_a_token_given_back_goes_to_the_next_caller_without_a_wait(clock: list[float]) -> None:
-    """An eviction whose budget closed while it waited for its token sends nothing (NotSentError): the token
+    """An eviction whose budget closed while it waited for its token sends nothing: the token
     it gives back serves the caller behind it, as if it had never been taken."""
     limiter = RateLimiter(qps=10, burst=1, clock=lambda: clock[0])
     await limiter.acquire()  # the bucket is empty now
