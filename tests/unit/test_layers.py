@@ -59,6 +59,13 @@ LAYERS: list[set[str]] = [
     {"queue_processor.app"},
     {"queue_processor.cli"},
 ]
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module`` (a dotted name); raises ``KeyError`` for one not placed."""
+    return next(index for index, layer in enumerate(LAYERS) if module in layer)
+
+
 #: Not the controller: the test bench (the distribution in sandbox/), which the controller never imports.
 BENCH = "queue_processor_sandbox"
 
