@@ -104,9 +104,7 @@ async def _ready_node(
             ctx.info = info
             return node
         if parts.clock() >= deadline:
-            if (
-                parts.drainer.writes.nodes is not None
-            ):  # the watched copy may lag (a paused process): ask once
+            if parts.drainer.writes.nodes is not None:  # the copy may lag (a paused process): ask once
                 node = await parts.finder.find(info)
                 if node is not None and node_ready(node):
                     ctx.info = info
