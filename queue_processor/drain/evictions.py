@@ -377,9 +377,7 @@ class Evictions:
         await run.confirm()
         provisional = Surge(namespace, deployment, str(entry.uid), name)
         held.append(provisional)
-        started = await self.surges.start(
-            namespace, deployment, name, str(entry.uid), entry.labels or {}, room_s=evict_by() - self.clock()
-        )
+        started = await self.surges.start(provisional, entry.labels or {}, room_s=evict_by() - self.clock())
         held.remove(provisional)
         if isinstance(started, SurgeResult):
             why = {

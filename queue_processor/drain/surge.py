@@ -9,6 +9,7 @@ Deployments an HPA scales are not surged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -191,40 +192,26 @@ class Surges:
         return lock
 
     async def start(
-        self,
-        namespace: str,
-        deployment: str,
-        name: str,
-        uid: str,
-        labels: Mapping[str, str],
-        *,
-        room_s: float = math.inf,
+        self, surge: Surge, labels: Mapping[str, str], *, room_s: float = math.inf
     ) -> Surge | SurgeResult:
-        """Scale ``namespace/deployment`` up one replica for pod ``name`` (``uid``, ``labels``; once per pod),
-        recorded, taking back surges whose pods are gone: the :class:`Surge`, or the :class:`SurgeResult` why not
+        """Scale ``surge``'s Deployment up one replica for its pod (``labels``; once per pod), recorded, taking back
+        surges whose pods are gone: the :class:`Surge` to wait for, or the :class:`SurgeResult` why not
         (``NO_TIME``: ``minReadySeconds`` + :data:`SURGE_LEAST_S` > ``room_s`` seconds). Never raises KubeError."""
         try:
-            async with self._writer(namespace, deployment):
-                return await self._start(namespace, deployment, name, uid, labels, room_s)
+            async with self._writer(surge.namespace, surge.deployment):
+                return await self._start(surge, labels, room_s)
         except KubeError as exc:
             log.warning(
                 "surge: the Deployment cannot be scaled: evicted without a replacement first",
-                deployment=f"{namespace}/{deployment}",
-                pod=f"{namespace}/{name}",
+                deployment=f"{surge.namespace}/{surge.deployment}",
+                pod=f"{surge.namespace}/{surge.name}",
                 error=str(exc),
             )
-            await self.end(Surge(namespace, deployment, uid, name))  # in case the write was applied
+            await self.end(surge)  # in case the write was applied
             return SurgeResult.UNAVAILABLE
 
-    async def _start(
-        self,
-        namespace: str,
-        deployment: str,
-        name: str,
-        uid: str,
-        labels: Mapping[str, str],
-        room_s: float,
-    ) -> Surge | SurgeResult:
+    async def _start(self, surge: Surge, labels: Mapping[str, str], room_s: float) -> Surge | SurgeResult:
+        namespace, deployment, name, uid = surge.namespace, surge.deployment, surge.name, surge.uid
         checked = False
         for attempt in range(SURGE_WRITE_ATTEMPTS):
             current = await self.kube.get_deployment(namespace, deployment)
@@ -256,7 +243,7 @@ class Surges:
             record.replicas = replicas
             missing = max(0, record.base - available)
             if not added and not stale and not rebased:  # recorded before: wait for that surge's replica
-                return self._surge(current, namespace, deployment, uid, name, missing)
+                return _waiting_for(surge, current, missing)
             written = await self._write(namespace, deployment, current, record, attempt)
             if written is None:
                 continue
@@ -274,7 +261,7 @@ class Surges:
                     replicas=replicas,
                     available_before=available,
                 )
-            return self._surge(written, namespace, deployment, uid, name, missing)
+            return _waiting_for(surge, written, missing)
         return SurgeResult.UNAVAILABLE  # pragma: no cover - the loop returns or raises
 
     async def _write(
@@ -296,19 +283,6 @@ class Surges:
                 raise
             await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
             return None
-
-    @staticmethod
-    def _surge(deployment: Obj, namespace: str, name: str, uid: str, pod: str, missing: int) -> Surge:
-        spec = deployment.get("spec") or {}
-        return Surge(
-            namespace=namespace,
-            deployment=name,
-            uid=uid,
-            name=pod,
-            missing=missing,
-            generation=int((deployment.get("metadata") or {}).get("generation") or 0),
-            min_ready_s=float(spec.get("minReadySeconds") or 0),
-        )
 
     async def _stale(
         self, namespace: str, spec: Mapping[str, Any], record: SurgeRecord, *, keep: str
@@ -393,3 +367,10 @@ class Surges:
             )
             return True
         return False  # pragma: no cover - the loop returns or raises
+
+
+def _waiting_for(surge: Surge, deployment: Obj, missing: int) -> Surge:
+    """``surge`` as written on ``deployment``: what its replacement's readiness is judged by."""
+    generation = int((deployment.get("metadata") or {}).get("generation") or 0)
+    min_ready_s = float((deployment.get("spec") or {}).get("minReadySeconds") or 0)
+    return dataclasses.replace(surge, missing=missing, generation=generation, min_ready_s=min_ready_s)

@@ -175,7 +175,7 @@ def test_an_unreadable_record_reads_as_none(text: str | None) -> None:
 async def test_a_surge_scales_up_records_the_pod_and_is_taken_back() -> None:
     kube = Cluster()
     surges = Surges(kube)  # type: ignore[arg-type]
-    surge = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    surge = await surges.start(Surge("apps", "web", "uid-0", "web-0"), LABELS)
     assert isinstance(surge, Surge)
     assert (kube.replicas, kube.record) == (2, {"uid-0": "web-0"})
     assert not await surges.ready(surge)  # the controller has not seen the new generation yet
@@ -194,8 +194,8 @@ async def test_a_conflict_is_read_again_and_two_surges_of_one_deployment_count_e
     kube.add_surge_pod("web-1", uid="uid-1")
     surges = Surges(kube)  # type: ignore[arg-type]
     kube.conflicts = 2
-    first = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
-    second = await surges.start("apps", "web", "web-1", "uid-1", LABELS)
+    first = await surges.start(Surge("apps", "web", "uid-0", "web-0"), LABELS)
+    second = await surges.start(Surge("apps", "web", "uid-1", "web-1"), LABELS)
     assert isinstance(first, Surge)
     assert isinstance(second, Surge)
     assert kube.replicas == 5
@@ -209,9 +209,9 @@ async def test_a_pod_recorded_before_is_not_scaled_for_again() -> None:
     """The drain of a message redelivered after a SIGKILL mid-surge: the record names the pod already."""
     kube = Cluster()
     surges = Surges(kube)  # type: ignore[arg-type]
-    await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    await surges.start(Surge("apps", "web", "uid-0", "web-0"), LABELS)
     writes = kube.writes
-    again = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    again = await surges.start(Surge("apps", "web", "uid-0", "web-0"), LABELS)
     assert isinstance(again, Surge)
     assert (kube.replicas, kube.writes, again.missing) == (2, writes, 0)
 
@@ -223,7 +223,7 @@ async def test_surges_whose_pods_are_gone_are_taken_back_with_the_next() -> None
     kube.deployment["metadata"]["annotations"][SURGE_RECORD_ANNOTATION] = json.dumps(
         {"base": 1, "pods": {"uid-gone-1": "web-gone-1", "uid-gone-2": "web-gone-2"}}
     )
-    surge = await Surges(kube).start("apps", "web", "web-live", "uid-live", LABELS)  # type: ignore[arg-type]
+    surge = await Surges(kube).start(Surge("apps", "web", "uid-live", "web-live"), LABELS)  # type: ignore[arg-type]
     assert isinstance(surge, Surge)
     assert (kube.replicas, kube.record) == (2, {"uid-live": "web-live"})
 
@@ -233,7 +233,7 @@ async def test_a_count_someone_else_scaled_back_is_not_taken_down_again() -> Non
     replica is gone already, and taking one more would leave a single-replica Deployment with none."""
     kube = Cluster()
     surges = Surges(kube)  # type: ignore[arg-type]
-    surge = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    surge = await surges.start(Surge("apps", "web", "uid-0", "web-0"), LABELS)
     assert isinstance(surge, Surge)
     assert kube.deployment is not None
     kube.deployment["spec"]["replicas"] = 1  # self-heal
@@ -247,8 +247,8 @@ async def test_two_surges_of_one_deployment_each_wait_for_their_own_replacement(
     kube.add_surge_pod("web-1", uid="uid-1")
     surges = Surges(kube)  # type: ignore[arg-type]
     first, second = await asyncio.gather(
-        surges.start("apps", "web", "web-0", "uid-0", LABELS),
-        surges.start("apps", "web", "web-1", "uid-1", LABELS),
+        surges.start(Surge("apps", "web", "uid-0", "web-0"), LABELS),
+        surges.start(Surge("apps", "web", "uid-1", "web-1"), LABELS),
     )
     assert isinstance(first, Surge)
     assert isinstance(second, Surge)
@@ -264,7 +264,7 @@ async def test_two_surges_of_one_deployment_each_wait_for_their_own_replacement(
 async def test_a_surge_whose_deployment_went_is_over() -> None:
     kube = Cluster()
     surges = Surges(kube)  # type: ignore[arg-type]
-    surge = await surges.start("apps", "web", "web-0", "uid-0", LABELS)
+    surge = await surges.start(Surge("apps", "web", "uid-0", "web-0"), LABELS)
     assert isinstance(surge, Surge)
     kube.deployment = None
     assert await surges.ready(surge) is None
@@ -295,7 +295,7 @@ async def test_a_deployment_that_cannot_surge_is_left_as_it_is(setup: str, resul
         kube.refuse = 403
     else:
         kube.hpas = [{"spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}}}]
-    assert await Surges(kube).start("apps", "web", "web-0", "uid-0", LABELS) == result  # type: ignore[arg-type]
+    assert await Surges(kube).start(Surge("apps", "web", "uid-0", "web-0"), LABELS) == result  # type: ignore[arg-type]
     assert kube.writes == 0
 
 
@@ -307,7 +307,7 @@ async def test_many_surges_of_one_deployment_ending_at_once_all_scale_back() -> 
     started = []
     for index in range(12):
         kube.add_surge_pod(f"web-{index}", uid=f"uid-{index}")
-        started.append(await surges.start("apps", "web", f"web-{index}", f"uid-{index}", LABELS))
+        started.append(await surges.start(Surge("apps", "web", f"uid-{index}", f"web-{index}"), LABELS))
     assert kube.replicas == 14
     with patch.object(surge_module.random, "uniform", lambda _a, _b: 0.0):
         ended = await asyncio.gather(*(surges.end(surge) for surge in started if isinstance(surge, Surge)))
@@ -331,7 +331,7 @@ async def test_any_interleaving_of_surges_ends_with_the_count_it_began_with(
 
     async def start(index: int) -> None:
         kube.add_surge_pod(f"web-{index}", uid=f"uid-{index}")
-        started = await surges.start("apps", "web", f"web-{index}", f"uid-{index}", LABELS)
+        started = await surges.start(Surge("apps", "web", f"uid-{index}", f"web-{index}"), LABELS)
         assert isinstance(started, Surge)
         live.append(started)
 
