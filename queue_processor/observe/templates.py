@@ -48,6 +48,12 @@ JSON_NAMES = (
 )
 DATA_TYPE = "webhook.combinedDrainData"
 
+#: NTH's default WEBHOOK_TEMPLATE (pkg/config/config.go).
+DEFAULT_WEBHOOK_TEMPLATE = (
+    '{"text":"[NTH][Instance Interruption] EventID: {{ .EventID }} - Kind: {{ .Kind }} - Instance: '
+    '{{ .InstanceID }} - Node: {{ .NodeName }} - Description: {{ .Description }} - Start Time: {{ .StartTime }}"}'
+)
+
 
 def nth_data(fields: Mapping[str, Any]) -> Struct:
     """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as

@@ -24,7 +24,8 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from queue_processor.config import Settings, env_name, load_settings
+from queue_processor.cli import load_settings
+from queue_processor.config import Settings
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import ConfigError
 from queue_processor.permissions import AWS_ACTIONS, KUBERNETES_RULES
@@ -243,8 +244,8 @@ def settings_env_mapping() -> dict[str, str]:
 
 
 def field_by_env() -> dict[str, str]:
-    """Settings field by its environment variable, as config.py names them (``env_name``)."""
-    return {env_name(field): field for field in Settings.model_fields}
+    """Settings field by its environment variable, its name in upper case."""
+    return {field.upper(): field for field in Settings.model_fields}
 
 
 def env_names_read() -> set[str]:

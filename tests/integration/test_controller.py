@@ -23,7 +23,8 @@ import boto3
 import pytest
 
 from queue_processor.app import Controller, run_controller
-from queue_processor.config import Settings, load_settings
+from queue_processor.cli import load_settings
+from queue_processor.config import Settings
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.permissions import kubernetes_verbs
 from queue_processor.watch import RECORD_ANNOTATION, RECORD_LABEL
