@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -434,9 +435,13 @@ async def get(session: aiohttp.ClientSession, port: int | None, path: str) -> tu
 
 async def test_failing_liveness_check_is_named_in_a_503(http: aiohttp.ClientSession) -> None:
     alive = {"receive-loops": True}
-    server = ProbeServer(Metrics(process_metrics=False), metrics_port=0, probes_port=0, host="127.0.0.1")
-    server.add_liveness("receive-loops", lambda: alive["receive-loops"])
-    server.add_liveness("event-loop", lambda: True)
+    server = ProbeServer(
+        Metrics(process_metrics=False),
+        metrics_port=0,
+        probes_port=0,
+        host="127.0.0.1",
+        liveness={"receive-loops": lambda: alive["receive-loops"], "event-loop": lambda: True},
+    )
     async with server:
         status, content_type, text = await get(http, server.probes_port, "/healthz")
         assert (status, json.loads(text)["status"]) == (200, "ok")
@@ -455,8 +460,13 @@ async def test_readiness_checks_and_a_raising_check(http: aiohttp.ClientSession)
     def sqs() -> bool:
         return answered[0] is not None and now[0] - answered[0] < 60
 
-    server = ProbeServer(Metrics(process_metrics=False), metrics_port=0, probes_port=0, host="127.0.0.1")
-    server.add_readiness("sqs-answered", sqs)
+    server = ProbeServer(
+        Metrics(process_metrics=False),
+        metrics_port=0,
+        probes_port=0,
+        host="127.0.0.1",
+        readiness={"sqs-answered": sqs},
+    )
 
     async with server:
         status, _, text = await get(http, server.probes_port, "/readyz")
@@ -469,7 +479,7 @@ async def test_readiness_checks_and_a_raising_check(http: aiohttp.ClientSession)
         def broken() -> bool:
             raise ConnectionError("no route")
 
-        server.add_readiness("api-server", broken)
+        server.readiness["api-server"] = broken  # a check added while serving counts at once
         status, _, text = await get(http, server.probes_port, "/readyz")
         assert status == 503
         assert json.loads(text)["errors"] == {"api-server": "ConnectionError: no route"}
@@ -494,9 +504,10 @@ async def test_metrics_endpoint_serves_the_exposition(http: aiohttp.ClientSessio
 
 
 async def test_separate_ports_serve_separate_paths(http: aiohttp.ClientSession) -> None:
-    server = ProbeServer(
-        Metrics(process_metrics=False), metrics_port=0, probes_port=0, host="127.0.0.1", shared=False
-    )
+    with socket.socket() as taken:  # a free port for the probes, another one (0) for the metrics
+        taken.bind(("127.0.0.1", 0))
+        free = taken.getsockname()[1]
+    server = ProbeServer(Metrics(process_metrics=False), metrics_port=0, probes_port=free, host="127.0.0.1")
     async with server:
         assert server.metrics_port
         assert server.probes_port
@@ -509,7 +520,7 @@ async def test_separate_ports_serve_separate_paths(http: aiohttp.ClientSession) 
         port = server.probes_port
     with pytest.raises(aiohttp.ClientConnectionError):
         await get(http, port, "/healthz")
-    assert server.probes_port == 0  # stopped: back to the port asked for
+    assert (server.metrics_port, server.probes_port) == (0, free)  # stopped: back to the ports asked for
 
 
 async def test_disabled_metrics_server_serves_probes_only(http: aiohttp.ClientSession) -> None:
@@ -519,18 +530,6 @@ async def test_disabled_metrics_server_serves_probes_only(http: aiohttp.ClientSe
         assert server.metrics_port is None
         assert (await get(http, server.probes_port, "/healthz"))[0] == 200
         assert (await get(http, server.probes_port, "/metrics"))[0] == 404
-
-
-def test_server_rejects_contradictory_ports_and_duplicate_checks() -> None:
-    metrics = Metrics(process_metrics=False)
-    with pytest.raises(ValueError, match="differ"):
-        ProbeServer(metrics, metrics_port=9092, probes_port=8080, shared=True)
-    with pytest.raises(ValueError, match="both"):
-        ProbeServer(metrics, metrics_port=8080, probes_port=8080, shared=False)
-    server = ProbeServer(metrics)
-    server.add_liveness("x", lambda: True)
-    with pytest.raises(ValueError, match="'x'"):
-        server.add_liveness("x", lambda: True)
 
 
 def test_from_settings_follows_the_enable_flags_and_ports() -> None:
