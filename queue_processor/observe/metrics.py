@@ -4,7 +4,6 @@ naming" (prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unpr
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterable
 from typing import Any, Final, Literal
@@ -17,11 +16,9 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    generate_latest,
+    disable_created_metrics,
 )
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from queue_processor import __version__
 from queue_processor.outcomes import (
@@ -139,11 +136,9 @@ ZERO_SERIES: Final[dict[str, Iterable[Iterable[str]]]] = {
 MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
 
 
-_TYPES: Final[dict[str, type[Counter | Gauge | Histogram]]] = {
-    "counter": Counter,
-    "gauge": Gauge,
-    "histogram": Histogram,
-}
+_TYPES: Final = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+# NTH's metrics had no ``*_created`` samples, nor have ours (prometheus-client's switch, for the process).
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
 
 
 class Observer:
@@ -218,20 +213,6 @@ class Observer:
 NULL_OBSERVER = Observer()
 
 
-class _WithoutCreated(Collector):
-    """``registry`` without prometheus-client's ``*_created`` samples (NTH had none)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterable[Metric]:
-        for family in self._registry.collect():
-            if family.type in ("counter", "histogram", "summary", "gaugehistogram"):
-                family = copy.copy(family)
-                family.samples = [sample for sample in family.samples if not sample.name.endswith("_created")]
-            yield family
-
-
 class Metrics(Observer):
     """The controller's metrics (:data:`FAMILIES`) in :attr:`registry`; ``version`` labels ``build_info``;
     ``process_metrics`` adds prometheus-client's process, platform and GC collectors."""
@@ -268,7 +249,6 @@ class Metrics(Observer):
 
     def __init__(self, version: str | None = None, *, process_metrics: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._exposed = _WithoutCreated(self.registry)
         if process_metrics:
             for collector in (ProcessCollector, PlatformCollector, GCCollector):
                 collector(registry=self.registry)
@@ -377,11 +357,7 @@ class Metrics(Observer):
         """Set ``last_receive_timestamp_seconds{queue}`` to Unix time ``at`` (seconds; default: now)."""
         self.last_receive_timestamp.labels(queue=queue).set(time.time() if at is None else at)
 
-    def exposition(self) -> bytes:
-        """Every metric in the Prometheus text format (``text/plain; version=0.0.4``), without ``*_created``."""
-        return generate_latest(self._exposed)
-
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """``(body, content_type)`` in the format ``accept`` asks for: OpenMetrics, else Prometheus text."""
         encoder, content_type = choose_encoder(accept)
-        return encoder(self._exposed), content_type
+        return encoder(self.registry), content_type

@@ -897,7 +897,7 @@ ALERTS = {
 
 
 def _exposition() -> str:
-    return Metrics("test", process_metrics=False).exposition().decode()
+    return Metrics("test", process_metrics=False).render()[0].decode()
 
 
 def _alerts(chart: Any, values: dict[str, Any] = FULL) -> dict[str, dict[str, Any]]:
@@ -954,7 +954,7 @@ def test_the_dashboard_queries_only_metrics_the_controller_exports(chart: Any) -
     source = (CHART / "dashboards" / "queue-processor.json").read_text()
     assert (ROOT / "docs" / "grafana-dashboard.json").read_text() == source
     dashboard = json.loads(source)
-    exposition = Metrics().exposition().decode()
+    exposition = Metrics().render()[0].decode()
     families = {
         line.split(" ")[2]: line.split(" ")[3]
         for line in exposition.splitlines()

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 import structlog
+from prometheus_client import generate_latest
 
 from queue_processor.app import ProbeServer
 from queue_processor.config import Settings, parse_annotations
@@ -94,7 +95,7 @@ def test_drain_blocked_has_a_series_per_budget_while_it_blocks_and_a_bounded_num
 def test_nth_metrics_keep_their_unprefixed_names_and_labels() -> None:
     metrics = Metrics(process_metrics=False)
     record_one_of_each(metrics)
-    text = metrics.exposition().decode()
+    text = metrics.render()[0].decode()
     values = samples(text)
     assert values['actions_total{node_action="cordon-and-drain",node_status="success"}'] == "1.0"
     assert values['actions_total{node_action="cordon",node_status="error"}'] == "0.0"
@@ -122,7 +123,7 @@ def test_nth_metrics_keep_their_unprefixed_names_and_labels() -> None:
 def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
     metrics = Metrics(process_metrics=False)
     record_one_of_each(metrics)
-    types = metric_types(metrics.exposition().decode())
+    types = metric_types(metrics.render()[0].decode())
     nths = ("actions_total", "events_error_total", "nth_tagged_instances", "nth_tagged_nodes")
     assert (types["nth_tagged_instances"], types["nth_tagged_nodes"]) == ("gauge", "gauge")
     ours = {name: kind for name, kind in types.items() if name not in nths}
@@ -158,7 +159,7 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
 def test_sample_lines_carry_the_documented_labels() -> None:
     metrics = Metrics("1.2.3", process_metrics=False)
     record_one_of_each(metrics)
-    values = samples(metrics.exposition().decode())
+    values = samples(metrics.render()[0].decode())
     q = f'queue="{QUEUE}"'
     expected = {
         f'queue_processor_messages_received_total{{{q},kind="spot-interruption"}}': "1.0",
@@ -203,12 +204,12 @@ def _sort_labels(sample: str) -> str:
 def test_each_metrics_object_has_its_own_registry() -> None:
     first, second = Metrics(process_metrics=False), Metrics(process_metrics=False)
     first.node_action(NodeAction.CORDON, ok=False)
-    assert 'actions_total{node_action="cordon",node_status="error"} 1.0' in first.exposition().decode()
-    assert 'actions_total{node_action="cordon",node_status="error"} 0.0' in second.exposition().decode()
+    assert 'actions_total{node_action="cordon",node_status="error"} 1.0' in first.render()[0].decode()
+    assert 'actions_total{node_action="cordon",node_status="error"} 0.0' in second.render()[0].decode()
 
 
 def test_process_metrics_are_included_by_default() -> None:
-    text = Metrics().exposition().decode()
+    text = Metrics().render()[0].decode()
     assert "process_cpu_seconds_total" in text or "python_info" in text
     assert "python_gc_objects_collected_total" in text
 
@@ -217,7 +218,7 @@ def test_render_negotiates_openmetrics() -> None:
     metrics = Metrics(process_metrics=False)
     body, content_type = metrics.render("")
     assert content_type.startswith("text/plain")
-    assert body == metrics.exposition()
+    assert body == generate_latest(metrics.registry)  # the Prometheus text format
     body, content_type = metrics.render("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
@@ -301,7 +302,7 @@ def test_a_poison_message_is_counted_by_class_not_by_its_free_text() -> None:
     reason = result.reason
     assert reason is not None
     metrics.poison(QUEUE, result.poison_class)
-    text = metrics.exposition().decode()
+    text = metrics.render()[0].decode()
     assert reason not in text
     assert f'queue_processor_messages_poison_total{{queue="{QUEUE}",reason="not-json"}} 1.0' in text
 
