@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -340,18 +340,6 @@ ANNOTATIONS_MARKDOWN = [
 ]
 
 
-def _read(paths: Iterable[str]) -> Iterable[tuple[str, bytes | None, str | None]]:
-    for path in paths:
-        try:
-            if path == "-":
-                yield path, sys.stdin.buffer.read(), None
-            else:
-                with open(path, "rb") as handle:
-                    yield path, handle.read(), None
-        except OSError as exc:
-            yield path, None, exc.strerror or str(exc)
-
-
 def _format_option(default: str, help_text: str) -> Callable[[F], F]:
     """``--format``: ``json`` or ``table``."""
     choice = click.Choice(["json", "table"] if default == "json" else ["table", "json"])
@@ -375,10 +363,12 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
     table = Table()
     for column in ("file", "outcome", "kind", "instance", "event ID", "start time", "reason"):
         table.add_column(column, overflow="fold")  # IDs are copied from here: wrap them, never cut them
-    for path, body, error in _read(paths):
-        if body is None:
+    for path in paths:
+        try:
+            body = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        except OSError as exc:
             unreadable += 1
-            click.echo(f"queue-processor: cannot read {path}: {error}", err=True)
+            click.echo(f"queue-processor: cannot read {path}: {exc.strerror or exc}", err=True)
             continue
         result = parse(body)
         if output == "json":
