@@ -324,41 +324,34 @@ async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube:
     return server
 
 
-def _background(settings: Settings, ec2: Any, controller: Controller) -> list[asyncio.Task[None] | None]:
+def _background(settings: Settings, ec2: Any, controller: Controller) -> list[asyncio.Task[None]]:
     """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
     check (UNCORDON_ON_RETURN, not in dry run)."""
-    tagged = (
-        rest.spawn(
-            _tagged_gauges(ec2, controller.kube, controller.nodes, settings.managed_tag, controller.metrics),
-            name="nth-tagged",
+    tasks = []
+    if controller.server is not None and settings.enable_prometheus_server:
+        gauges = _tagged_gauges(
+            ec2, controller.kube, controller.nodes, settings.managed_tag, controller.metrics
         )
-        if controller.server is not None and settings.enable_prometheus_server
-        else None
-    )
-    returns = (
-        rest.spawn(
-            Returns(
-                controller.kube,
-                controller.drainer,
-                controller.resolver,
-                busy=controller.handler.draining.here,
-                leases=controller.leases,
-                interval_s=settings.return_check_interval_sec,
-                observer=controller.metrics,
-                nodes=controller.nodes,
-            ).run(),
-            name="returns",
+        tasks.append(rest.spawn(gauges, name="nth-tagged"))
+    if settings.uncordon_on_return and not settings.dry_run:
+        returns = Returns(
+            controller.kube,
+            controller.drainer,
+            controller.resolver,
+            busy=controller.handler.draining.here,
+            leases=controller.leases,
+            interval_s=settings.return_check_interval_sec,
+            observer=controller.metrics,
+            nodes=controller.nodes,
         )
-        if settings.uncordon_on_return and not settings.dry_run
-        else None
-    )
-    return [tagged, returns]
+        tasks.append(rest.spawn(returns.run(), name="returns"))
+    return tasks
 
 
 async def _shut_down(
     settings: Settings,
     controller: Controller,
-    background: list[asyncio.Task[None] | None],
+    background: list[asyncio.Task[None]],
     before: set[asyncio.Task[Any]],
 ) -> None:
     """Stop receiving, EarlyExit for everything in flight, close the clients; log what is left."""
