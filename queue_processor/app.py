@@ -108,8 +108,7 @@ class ProbeServer:
         )
 
     async def start(self) -> None:
-        """Bind the listeners and serve. Raises ``OSError`` when a port cannot be bound (nothing is left
-        listening)."""
+        """Bind the listeners and serve; ``OSError`` when a port cannot be bound (nothing is left listening)."""
         try:
             if self.shared:
                 assert self.metrics_port is not None
@@ -325,8 +324,7 @@ async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube:
 
 
 def _background(settings: Settings, ec2: Any, controller: Controller) -> list[asyncio.Task[None]]:
-    """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
-    check (UNCORDON_ON_RETURN, not in dry run)."""
+    """NTH's tagged gauges (when metrics are served) and the return check (UNCORDON_ON_RETURN, not in dry run)."""
     tasks = []
     if controller.server is not None and settings.enable_prometheus_server:
         gauges = _tagged_gauges(

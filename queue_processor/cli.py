@@ -133,9 +133,8 @@ class _Commands(click.Group):
                 rows.append((name, f"See `queue-processor {name} --help` ({module})."))
             else:
                 rows.append((name, f"Not installed here: {ELSEWHERE[name]}."))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -389,10 +388,11 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
 
 
 def _setting_option(name: str, help_text: str, **kwargs: Any) -> Callable[[F], F]:
-    """A flag for the setting ``name``: its variable, its default, its choices."""
+    """A flag for the setting ``name``: its variable (named in the help), its default, its choices."""
     annotation = Settings.model_fields[name].annotation
     if get_origin(annotation) is Literal:
         kwargs["type"] = click.Choice(get_args(annotation))
+    help_text = f"{help_text} [env: {name.upper()}]"
     return click.option(
         _flag(name), envvar=name.upper(), default=default(name), show_default=True, help=help_text, **kwargs
     )
@@ -409,20 +409,13 @@ def _setting_option(name: str, help_text: str, **kwargs: Any) -> Callable[[F], F
 @_format_option(
     "table", "table: for people; json: one JSON object (node, found, unschedulable, pods, summary)."
 )
-@_setting_option("drain_order", "DRAIN_ORDER, for the wave column [env: DRAIN_ORDER].")
-@_setting_option(
-    "drain_critical_priority",
-    "DRAIN_CRITICAL_PRIORITY: spec.priority from which a pod is in the last wave [env].",
-)
-@_setting_option(
-    "ignore_daemon_sets", "IGNORE_DAEMON_SETS: leave DaemonSet pods (else they forbid the drain) [env]."
-)
-@_setting_option(
-    "delete_local_data", "DELETE_LOCAL_DATA: evict emptyDir pods (else they forbid the drain) [env]."
-)
+@_setting_option("drain_order", "Waves or all at once, for the wave column.")
+@_setting_option("drain_critical_priority", "spec.priority from which a pod is in the last wave.")
+@_setting_option("ignore_daemon_sets", "Leave DaemonSet pods (else they forbid the drain).")
+@_setting_option("delete_local_data", "Evict emptyDir pods (else they forbid the drain).")
 @_setting_option(
     "pod_termination_grace_period",
-    "POD_TERMINATION_GRACE_PERIOD in seconds, for the grace column; -1: each pod's own [env].",
+    "In seconds, for the grace column; -1: each pod's own.",
     type=click.IntRange(min=-1),
 )
 def explain(

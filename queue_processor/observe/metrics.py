@@ -282,8 +282,7 @@ class Metrics:
         self.surges.labels(result=result).inc()
 
     def heartbeat(self, result: HeartbeatResult) -> None:
-        """A heartbeat was sent (or, ``hook-unreadable``, cannot be); one sent also counts in
-        ``node_actions_total{node_action="heartbeat"}``."""
+        """A heartbeat was sent (or, ``hook-unreadable``, cannot be); one sent also counts as a node action."""
         self.heartbeats.labels(result=result).inc()
         if result is not HeartbeatResult.HOOK_UNREADABLE:
             self.node_action(NodeAction.HEARTBEAT, result is HeartbeatResult.OK)
@@ -293,8 +292,7 @@ class Metrics:
         self.lifecycle_completions.labels(result=result).inc()
 
     def kube_request(self, verb: str, resource: str, status: int | None) -> None:
-        """A Kubernetes API request; ``status``: the HTTP status, ``None`` (``code`` ``"error"``) when no response
-        came."""
+        """A Kubernetes API request; ``status``: the HTTP status, ``None`` (code ``error``) when no answer came."""
         self.kube_requests.labels(verb, resource, str(status) if status else "error").inc()
 
     def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
@@ -302,8 +300,7 @@ class Metrics:
         self.aws_requests.labels(service, operation, result).inc()
 
     def receive_answered(self, queue: str, at: float | None = None) -> None:
-        """SQS answered a ReceiveMessage call on ``queue`` (with messages or none) at Unix time ``at`` (seconds;
-        default: now)."""
+        """SQS answered a ReceiveMessage on ``queue`` (messages or none) at Unix time ``at`` (default: now)."""
         self.last_receive_timestamp.labels(queue=queue).set(time.time() if at is None else at)
 
     def render(self, accept: str = "") -> tuple[bytes, str]:

@@ -56,8 +56,7 @@ DEFAULT_WEBHOOK_TEMPLATE = (
 
 
 def nth_data(fields: Mapping[str, Any]) -> Struct:
-    """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as
-    in NTH's queue mode (no instance metadata)."""
+    """NTH's ``combinedDrainData`` with ``fields`` (NTH's names), every other one empty as in its queue mode."""
     values: dict[str, Any] = {name: "" for _, name in JSON_NAMES if name}
     values |= {
         "NodeLabels": NilMap(),

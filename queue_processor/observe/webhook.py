@@ -139,8 +139,7 @@ _parse = functools.lru_cache(maxsize=8)(parse)
 
 
 class Webhook:
-    """Posts notifications to ``url``; ``failures`` counts those not sent. ``template_file`` is read again for each
-    request."""
+    """Posts notifications to ``url``; ``failures`` counts those not sent; ``template_file`` is read per request."""
 
     def __init__(
         self, url: str, *, headers: dict[str, str], template: str, template_file: str = "", proxy: str = ""
