@@ -485,26 +485,22 @@ class Settings(BaseSettings):
         primary=("pod_namespace",),
     )
 
-    @field_validator("queue_urls", "webhook_headers", mode="before")
+    @field_validator("queue_urls", "webhook_headers", "log_level", "taint_effect", mode="before")
     @classmethod
     def _decode(cls, value: Any, info: ValidationInfo) -> Any:
-        """QUEUE_URLS: comma-separated; WEBHOOK_HEADERS: JSON (from the environment or a flag alike)."""
+        """Text (from the environment or a flag) as the field takes it: QUEUE_URLS comma-separated,
+        WEBHOOK_HEADERS JSON, a choice in any case (``NOSCHEDULE`` is ``NoSchedule``)."""
         if not isinstance(value, str):
             return value
         if info.field_name == "queue_urls":
             return [url.strip() for url in value.split(",") if url.strip()]
-        try:
-            return json.loads(value)
-        except ValueError:
-            raise ValueError("cannot be decoded (a JSON value is expected)") from None
-
-    @field_validator("log_level", "taint_effect", mode="before")
-    @classmethod
-    def _match_case(cls, value: Any, info: ValidationInfo) -> Any:
-        """Any case of a choice names it (``NOSCHEDULE`` is ``NoSchedule``)."""
-        annotation = cls.model_fields[str(info.field_name)].annotation
-        choices = {choice.lower(): choice for choice in get_args(annotation)}
-        return choices.get(value.lower(), value) if isinstance(value, str) else value
+        if info.field_name == "webhook_headers":
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("cannot be decoded (a JSON value is expected)") from None
+        choices = get_args(cls.model_fields[str(info.field_name)].annotation)
+        return {choice.lower(): choice for choice in choices}.get(value.lower(), value)
 
     @field_validator("queue_url", "queue_urls", "aws_endpoint", "webhook_url")
     @classmethod
