@@ -68,8 +68,8 @@ async def _probe(checks: dict[str, Check], request: web.Request) -> web.Response
 
 class ProbeServer:
     """The HTTP server (:meth:`start`, :meth:`stop` or ``async with``). ``metrics_port`` / ``probes_port``: TCP
-    ports (0: any free port; ``None``: not served). ``shared``: one listener (``None``: when the ports are equal).
-    Raises ``ValueError`` for ``shared=True`` with two ports, or ``shared=False`` with one non-zero port twice."""
+    ports (0: any free port; ``None``: not served), the bound ones while started; equal ports share one listener.
+    ``liveness`` / ``readiness``: the checks of ``/healthz`` and ``/readyz`` by name."""
 
     def __init__(
         self,
@@ -78,80 +78,47 @@ class ProbeServer:
         metrics_port: int | None = 9092,
         probes_port: int | None = 8080,
         host: str = "0.0.0.0",
-        shared: bool | None = None,
+        liveness: dict[str, Check] | None = None,
+        readiness: dict[str, Check] | None = None,
     ) -> None:
-        both = metrics_port is not None and probes_port is not None
-        if shared is None:
-            shared = both and metrics_port == probes_port
-        elif shared and both and metrics_port != probes_port:
-            raise ValueError(f"shared=True but the ports differ: {metrics_port} and {probes_port}")
-        elif not shared and both and metrics_port == probes_port and metrics_port != 0:
-            raise ValueError(f"shared=False but both servers would bind port {metrics_port}")
         self.metrics = metrics
         self.host = host
-        self.shared = shared and both  # metrics and probes on one listener
-        self._wanted: dict[str, int | None] = {"metrics": metrics_port, "probes": probes_port}
-        self._bound: dict[str, int] = {}
-        self._liveness: dict[str, Check] = {}
-        self._readiness: dict[str, Check] = {}
+        self.liveness = liveness if liveness is not None else {}
+        self.readiness = readiness if readiness is not None else {}
+        self._wanted = (metrics_port, probes_port)
+        self.metrics_port, self.probes_port = self._wanted
+        self.shared = metrics_port is not None and metrics_port == probes_port
         self._runners: list[web.AppRunner] = []
-        self._started = False
 
     @classmethod
-    def from_settings(cls, settings: Settings, metrics: Metrics) -> ProbeServer:
+    def from_settings(
+        cls,
+        settings: Settings,
+        metrics: Metrics,
+        liveness: dict[str, Check] | None = None,
+        readiness: dict[str, Check] | None = None,
+    ) -> ProbeServer:
         """The server of ENABLE_PROMETHEUS_SERVER, ENABLE_PROBES_SERVER and their ports."""
         return cls(
             metrics,
             metrics_port=settings.prometheus_server_port if settings.enable_prometheus_server else None,
             probes_port=settings.probes_server_port if settings.enable_probes_server else None,
+            liveness=liveness,
+            readiness=readiness,
         )
 
-    def add_liveness(self, name: str, fn: Check) -> None:
-        """Make ``/healthz`` fail while ``fn()`` is false or raises. Raises ``ValueError`` for a known ``name``."""
-        self._add(self._liveness, name, fn)
-
-    def add_readiness(self, name: str, fn: Check) -> None:
-        """Make ``/readyz`` fail while ``fn()`` is false or raises. Raises ``ValueError`` for a known ``name``."""
-        self._add(self._readiness, name, fn)
-
-    @staticmethod
-    def _add(checks: dict[str, Check], name: str, fn: Check) -> None:
-        if name in checks:
-            raise ValueError(f"check {name!r} is registered already")
-        checks[name] = fn
-
-    @property
-    def metrics_port(self) -> int | None:
-        """The port of ``/metrics``: the bound one once started, else the one asked for; ``None``: not served."""
-        return self._port("metrics")
-
-    @property
-    def probes_port(self) -> int | None:
-        """The port of the probes, as :attr:`metrics_port`."""
-        return self._port("probes")
-
-    def _port(self, which: str) -> int | None:
-        if self._wanted[which] is None:
-            return None
-        return self._bound.get(which, self._wanted[which])
-
     async def start(self) -> None:
-        """Bind the listeners and serve. Raises ``OSError`` when a port cannot be bound (nothing is left
-        listening) and ``RuntimeError`` when started already."""
-        if self._started:
-            raise RuntimeError("ProbeServer is started already")
-        self._started = True
-        metrics_port, probes_port = self._wanted["metrics"], self._wanted["probes"]
+        """Bind the listeners and serve; ``OSError`` when a port cannot be bound (nothing is left listening)."""
         try:
             if self.shared:
-                assert metrics_port is not None
-                port = await self._listen(self._app(metrics=True, probes=True), metrics_port)
-                self._bound = {"metrics": port, "probes": port}
+                assert self.metrics_port is not None
+                port = await self._listen(self.metrics_port, metrics=True, probes=True)
+                self.metrics_port = self.probes_port = port
             else:
-                if metrics_port is not None:
-                    self._bound["metrics"] = await self._listen(self._app(metrics=True), metrics_port)
-                if probes_port is not None:
-                    self._bound["probes"] = await self._listen(self._app(probes=True), probes_port)
+                if self.metrics_port is not None:
+                    self.metrics_port = await self._listen(self.metrics_port, metrics=True)
+                if self.probes_port is not None:
+                    self.probes_port = await self._listen(self.probes_port, probes=True)
         except BaseException:
             await self.stop()
             raise
@@ -167,8 +134,7 @@ class ProbeServer:
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()
-        self._bound = {}
-        self._started = False
+        self.metrics_port, self.probes_port = self._wanted
 
     async def __aenter__(self) -> ProbeServer:
         await self.start()
@@ -177,22 +143,19 @@ class ProbeServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    def _app(self, *, metrics: bool = False, probes: bool = False) -> web.Application:
+    async def _listen(self, port: int, *, metrics: bool = False, probes: bool = False) -> int:
+        """Serve ``/metrics`` and/or the probes on ``port``; the port bound."""
         app = web.Application()
         if metrics:
             app.router.add_get("/metrics", self._handle_metrics)
         if probes:
-            app.router.add_get("/healthz", functools.partial(_probe, self._liveness))
-            app.router.add_get("/readyz", functools.partial(_probe, self._readiness))
-        return app
-
-    async def _listen(self, app: web.Application, port: int) -> int:
+            app.router.add_get("/healthz", functools.partial(_probe, self.liveness))
+            app.router.add_get("/readyz", functools.partial(_probe, self.readiness))
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         self._runners.append(runner)
         await web.TCPSite(runner, self.host, port).start()
-        address = runner.addresses[0]
-        return int(address[1])
+        return int(runner.addresses[0][1])
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.render(request.headers.get("Accept", ""))
@@ -206,7 +169,6 @@ class Controller:
     consumer: Consumer
     handler: Handler
     kube: KubeClient
-    lifecycle: Lifecycle
     drainer: Drainer
     resolver: InstanceResolver
     metrics: Metrics
@@ -214,11 +176,6 @@ class Controller:
     nodes: NodeCache
     leases: NodeLeases | None
     server: ProbeServer | None = None
-
-    @property
-    def store(self) -> EventStore:
-        """The event store (the consumer's)."""
-        return self.consumer.store
 
 
 async def run_controller(
@@ -267,9 +224,9 @@ async def run_controller(
 def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Metrics) -> Controller:
     """Build the pipeline from the settings (nothing starts here)."""
     resolver = InstanceResolver(functools.partial(describe_instances, aws.ec2))
-    lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
     departures, nodes = Departures(kube), NodeCache(kube)
     drainer = _drainer(settings, kube, metrics, departures, nodes)
+    lifecycle = Lifecycle(aws.autoscaling, settings, observer=metrics)
     heartbeats = Heartbeats(lifecycle, hold_s=settings.sqs_msg_visibility_timeout_sec)
     leases = (
         NodeLeases(
@@ -320,9 +277,7 @@ def _assemble(settings: Settings, aws: AwsClients, kube: KubeClient, metrics: Me
         loops_per_queue=settings.receive_loops_per_queue,
         wait_s=settings.receive_wait_time_sec,
     )
-    return Controller(
-        consumer, handler, kube, lifecycle, drainer, resolver, metrics, departures, nodes, leases
-    )
+    return Controller(consumer, handler, kube, drainer, resolver, metrics, departures, nodes, leases)
 
 
 def _drainer(
@@ -352,10 +307,12 @@ def _drainer(
 
 async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube: KubeClient) -> ProbeServer:
     """Start the probe and metrics server. Raises :class:`StartupError` when a port cannot be bound."""
-    server = ProbeServer.from_settings(settings, metrics)
-    server.add_liveness("receive-loops", consumer.alive)
-    server.add_readiness("sqs", consumer.reachable)
-    server.add_readiness("kubernetes", kube.reachable)
+    server = ProbeServer.from_settings(
+        settings,
+        metrics,
+        liveness={"receive-loops": consumer.alive},
+        readiness={"sqs": consumer.reachable, "kubernetes": kube.reachable},
+    )
     try:
         await server.start()
     except OSError as exc:
@@ -366,41 +323,33 @@ async def _serve(settings: Settings, metrics: Metrics, consumer: Consumer, kube:
     return server
 
 
-def _background(settings: Settings, ec2: Any, controller: Controller) -> list[asyncio.Task[None] | None]:
-    """The periodic tasks: NTH's tagged gauges (with the server and ENABLE_PROMETHEUS_SERVER) and the return
-    check (UNCORDON_ON_RETURN, not in dry run)."""
-    tagged = (
-        rest.spawn(
-            _tagged_gauges(ec2, controller.kube, controller.nodes, settings.managed_tag, controller.metrics),
-            name="nth-tagged",
+def _background(settings: Settings, ec2: Any, controller: Controller) -> list[asyncio.Task[None]]:
+    """NTH's tagged gauges (when metrics are served) and the return check (UNCORDON_ON_RETURN, not in dry run)."""
+    tasks = []
+    if controller.server is not None and settings.enable_prometheus_server:
+        gauges = _tagged_gauges(
+            ec2, controller.kube, controller.nodes, settings.managed_tag, controller.metrics
         )
-        if controller.server is not None and settings.enable_prometheus_server
-        else None
-    )
-    returns = (
-        rest.spawn(
-            Returns(
-                controller.kube,
-                controller.drainer,
-                controller.resolver,
-                busy=controller.handler.draining.here,
-                leases=controller.leases,
-                interval_s=settings.return_check_interval_sec,
-                observer=controller.metrics,
-                nodes=controller.nodes,
-            ).run(),
-            name="returns",
+        tasks.append(rest.spawn(gauges, name="nth-tagged"))
+    if settings.uncordon_on_return and not settings.dry_run:
+        returns = Returns(
+            controller.kube,
+            controller.drainer,
+            controller.resolver,
+            busy=controller.handler.draining.here,
+            leases=controller.leases,
+            interval_s=settings.return_check_interval_sec,
+            observer=controller.metrics,
+            nodes=controller.nodes,
         )
-        if settings.uncordon_on_return and not settings.dry_run
-        else None
-    )
-    return [tagged, returns]
+        tasks.append(rest.spawn(returns.run(), name="returns"))
+    return tasks
 
 
 async def _shut_down(
     settings: Settings,
     controller: Controller,
-    background: list[asyncio.Task[None] | None],
+    background: list[asyncio.Task[None]],
     before: set[asyncio.Task[Any]],
 ) -> None:
     """Stop receiving, EarlyExit for everything in flight, close the clients; log what is left."""

@@ -13,19 +13,19 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 import structlog
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from queue_processor import __version__
 from queue_processor.app import run_controller
-from queue_processor.config import Settings, default, env_name, load_settings, notes
+from queue_processor.config import Settings, default
 from queue_processor.observe.logs import configure_logging
 from queue_processor.outcomes import ConfigError, StartupError
 from queue_processor.parse import parse
@@ -39,36 +39,50 @@ def _flag(name: str) -> str:
     return f"{flag}/--no-{flag[2:]}" if Settings.model_fields[name].annotation is bool else flag
 
 
+def notes(field: str) -> dict[str, Any]:
+    """What ``config._field`` noted on the Settings field ``field``: ``nth``, ``unit``, ``aliases``, ``secret``."""
+    extra = Settings.model_fields[field].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
 def _settings_options(command: F) -> F:
     for name, info in reversed(Settings.model_fields.items()):
         unit = f" ({notes(name)['unit']})" if notes(name)["unit"] else ""
-        help_text = f"{info.description}{unit} [env: {env_name(name)}]"
+        help_text = f"{info.description}{unit} [env: {name.upper()}]"
         metavar = None if info.annotation is bool else "VALUE"
         command = click.option(_flag(name), name, default=None, metavar=metavar, help=help_text)(command)
     return command
 
 
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, ``overrides`` (field name → value) winning. Raises :class:`ConfigError`
+    with one line naming each bad variable (its value too, unless a secret)."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        aliases = {alias.lower(): name for name in Settings.model_fields for alias in notes(name)["aliases"]}
+        parts = []
+        for error in exc.errors(include_url=False):
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if not error["loc"]:
+                parts.append(message)
+                continue
+            field = aliases.get(str(error["loc"][0]).lower(), str(error["loc"][0]).lower())
+            value = given.get(field, error.get("input"))
+            secret = field in Settings.model_fields and notes(field)["secret"]
+            shown = "" if secret or isinstance(value, dict) else f"={value}"
+            parts.append(f"{field.upper()}{shown}: {message}")
+        raise ConfigError("; ".join(parts)) from None
+
+
 def _load(flags: dict[str, Any]) -> Settings:
     """Settings from the environment and the flags; a bad one exits 2 with one line on stderr."""
-    values = {}
-    for name, value in flags.items():
-        if value is None or name not in Settings.model_fields:
-            continue
-        if Settings.model_fields[name].annotation == dict[str, str]:
-            try:
-                value = json.loads(value)
-            except ValueError:
-                raise click.exceptions.Exit(_fail(f"{env_name(name)}: not a JSON object")) from None
-        values[name] = value
     try:
-        return load_settings(**values)
+        return load_settings(**flags)
     except ConfigError as exc:
-        raise click.exceptions.Exit(_fail(str(exc))) from None
-
-
-def _fail(line: str) -> int:
-    click.echo(f"queue-processor: invalid configuration: {line}", err=True)
-    return 2
+        click.echo(f"queue-processor: invalid configuration: {exc}", err=True)
+        raise click.exceptions.Exit(2) from None
 
 
 #: The entry point group whose commands the CLI adds (``queue-processor-sandbox`` registers ``sandbox``).
@@ -119,9 +133,8 @@ class _Commands(click.Group):
                 rows.append((name, f"See `queue-processor {name} --help` ({module})."))
             else:
                 rows.append((name, f"Not installed here: {ELSEWHERE[name]}."))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -226,7 +239,7 @@ def config_command(reference: bool, **flags: Any) -> None:
     for line in nth_settings_ignored(os.environ):
         click.echo(f"queue-processor: warning: {line}", err=True)
     shown = {
-        env_name(name): ("***" if value.get_secret_value() else "") if isinstance(value, SecretStr) else value
+        name.upper(): ("***" if value.get_secret_value() else "") if isinstance(value, SecretStr) else value
         for name, value in settings.model_dump().items()
     }
     click.echo(json.dumps(shown, indent=2, default=str))
@@ -279,7 +292,7 @@ def configuration_markdown() -> str:
     ]
     for name, info in Settings.model_fields.items():
         extra = notes(name)
-        variable = f"`{env_name(name)}`" + "".join(f"<br>`{alias}`" for alias in extra["aliases"])
+        variable = f"`{name.upper()}`" + "".join(f"<br>`{alias}`" for alias in extra["aliases"])
         value = info.default
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
@@ -326,18 +339,6 @@ ANNOTATIONS_MARKDOWN = [
 ]
 
 
-def _read(paths: Iterable[str]) -> Iterable[tuple[str, bytes | None, str | None]]:
-    for path in paths:
-        try:
-            if path == "-":
-                yield path, sys.stdin.buffer.read(), None
-            else:
-                with open(path, "rb") as handle:
-                    yield path, handle.read(), None
-        except OSError as exc:
-            yield path, None, exc.strerror or str(exc)
-
-
 def _format_option(default: str, help_text: str) -> Callable[[F], F]:
     """``--format``: ``json`` or ``table``."""
     choice = click.Choice(["json", "table"] if default == "json" else ["table", "json"])
@@ -361,10 +362,12 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
     table = Table()
     for column in ("file", "outcome", "kind", "instance", "event ID", "start time", "reason"):
         table.add_column(column, overflow="fold")  # IDs are copied from here: wrap them, never cut them
-    for path, body, error in _read(paths):
-        if body is None:
+    for path in paths:
+        try:
+            body = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        except OSError as exc:
             unreadable += 1
-            click.echo(f"queue-processor: cannot read {path}: {error}", err=True)
+            click.echo(f"queue-processor: cannot read {path}: {exc.strerror or exc}", err=True)
             continue
         result = parse(body)
         if output == "json":
@@ -385,12 +388,13 @@ def inspect(paths: tuple[str, ...], output: str) -> None:
 
 
 def _setting_option(name: str, help_text: str, **kwargs: Any) -> Callable[[F], F]:
-    """A flag for the setting ``name``: its variable, its default, its choices."""
+    """A flag for the setting ``name``: its variable (named in the help), its default, its choices."""
     annotation = Settings.model_fields[name].annotation
     if get_origin(annotation) is Literal:
         kwargs["type"] = click.Choice(get_args(annotation))
+    help_text = f"{help_text} [env: {name.upper()}]"
     return click.option(
-        _flag(name), envvar=env_name(name), default=default(name), show_default=True, help=help_text, **kwargs
+        _flag(name), envvar=name.upper(), default=default(name), show_default=True, help=help_text, **kwargs
     )
 
 
@@ -405,20 +409,13 @@ def _setting_option(name: str, help_text: str, **kwargs: Any) -> Callable[[F], F
 @_format_option(
     "table", "table: for people; json: one JSON object (node, found, unschedulable, pods, summary)."
 )
-@_setting_option("drain_order", "DRAIN_ORDER, for the wave column [env: DRAIN_ORDER].")
-@_setting_option(
-    "drain_critical_priority",
-    "DRAIN_CRITICAL_PRIORITY: spec.priority from which a pod is in the last wave [env].",
-)
-@_setting_option(
-    "ignore_daemon_sets", "IGNORE_DAEMON_SETS: leave DaemonSet pods (else they forbid the drain) [env]."
-)
-@_setting_option(
-    "delete_local_data", "DELETE_LOCAL_DATA: evict emptyDir pods (else they forbid the drain) [env]."
-)
+@_setting_option("drain_order", "Waves or all at once, for the wave column.")
+@_setting_option("drain_critical_priority", "spec.priority from which a pod is in the last wave.")
+@_setting_option("ignore_daemon_sets", "Leave DaemonSet pods (else they forbid the drain).")
+@_setting_option("delete_local_data", "Evict emptyDir pods (else they forbid the drain).")
 @_setting_option(
     "pod_termination_grace_period",
-    "POD_TERMINATION_GRACE_PERIOD in seconds, for the grace column; -1: each pod's own [env].",
+    "In seconds, for the grace column; -1: each pod's own.",
     type=click.IntRange(min=-1),
 )
 def explain(

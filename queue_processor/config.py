@@ -1,38 +1,21 @@
-"""Settings: environment variables (and CLI flags), validated once at start-up; times in seconds.
-
-Names and defaults follow aws-node-termination-handler (NTH); each field's ``nth`` note states a difference
-(``docs/configuration.md``, from :func:`queue_processor.cli.configuration_markdown`). An empty variable counts as unset.
-"""
+"""Settings: environment variables (and CLI flags), validated once at start-up; times in seconds. An empty
+variable counts as unset. Names and defaults follow aws-node-termination-handler (NTH); each field's ``nth`` note
+states a difference (``docs/configuration.md``, from :func:`queue_processor.cli.configuration_markdown`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import (
-    AliasChoices,
-    Field,
-    SecretStr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from queue_processor.observe.templates import check_template
-from queue_processor.outcomes import ConfigError
+from queue_processor.observe.templates import DEFAULT_WEBHOOK_TEMPLATE, check_template
 from queue_processor_gotemplate import TemplateError
 
 #: The longest requeue backoff (seconds): SQS's 15-minute limit on a message's hidden delay kept as a bound.
 REQUEUE_MAX_S = 900
-
-# NTH's webhook defaults (pkg/config/config.go).
-DEFAULT_WEBHOOK_HEADERS = {"Content-type": "application/json"}
-DEFAULT_WEBHOOK_TEMPLATE = (
-    '{"text":"[NTH][Instance Interruption] EventID: {{ .EventID }} - Kind: {{ .Kind }} - Instance: '
-    '{{ .InstanceID }} - Node: {{ .NodeName }} - Description: {{ .Description }} - Start Time: {{ .StartTime }}"}'
-)
 
 
 def parse_annotations(text: str) -> dict[str, str]:
@@ -46,23 +29,15 @@ def parse_annotations(text: str) -> dict[str, str]:
     return annotations
 
 
-# sqs.<region>.amazonaws.com[.cn], <region>.queue.amazonaws.com (legacy), and VPC endpoint host names.
-_QUEUE_URL_REGION = re.compile(
-    r"^https?://(?:[^/]*?\.)?(?:sqs[.-])?(?P<region>[a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-\d+)\."
-    r"(?:queue\.)?(?:vpce\.)?amazonaws\.com(?:\.cn)?(?::\d+)?/"
-)
-
-
 def region_from_queue_url(url: str) -> str | None:
-    """The AWS region in an SQS queue URL (any AWS host form), or ``None`` (a local endpoint)."""
-    match = _QUEUE_URL_REGION.match(url)
+    """The AWS region in an SQS queue URL, or ``None`` (a local endpoint). Hosts: sqs.<region>.amazonaws.com[.cn],
+    <region>.queue.amazonaws.com (legacy), and VPC endpoint host names."""
+    match = re.match(
+        r"^https?://(?:[^/]*?\.)?(?:sqs[.-])?(?P<region>[a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-\d+)\."
+        r"(?:queue\.)?(?:vpce\.)?amazonaws\.com(?:\.cn)?(?::\d+)?/",
+        url,
+    )
     return match.group("region") if match else None
-
-
-def queue_account(url: str) -> str | None:
-    """The AWS account ID in an SQS queue URL (a first path segment of 12 digits), or ``None``."""
-    match = re.match(r"^https?://[^/]+/(\d{12})/", url)
-    return match.group(1) if match else None
 
 
 def _field(
@@ -76,8 +51,7 @@ def _field(
     bounds: tuple[float, float] | None = None,
     **kwargs: Any,
 ) -> Any:
-    """A settings field with what the docs and the CLI read: ``nth`` note, ``unit``, ``aliases`` accepted;
-    ``bounds``: the inclusive (least, most) value."""
+    """A field with the notes the docs and the CLI read; ``bounds``: the inclusive (least, most) value."""
     extra: dict[str, Any] = {"nth": nth, "unit": unit, "aliases": list(aliases), "secret": secret}
     if bounds is not None:
         kwargs["ge"], kwargs["le"] = bounds
@@ -87,8 +61,7 @@ def _field(
 
 
 class Settings(BaseSettings):
-    """Every setting. Built directly, bad values raise pydantic's ``ValidationError`` or pydantic-settings'
-    ``SettingsError``; :func:`load_settings` makes them one line."""
+    """Every setting; a bad value raises pydantic's ``ValidationError`` (made one line by ``cli.load_settings``)."""
 
     model_config = SettingsConfigDict(
         case_sensitive=False,
@@ -117,10 +90,8 @@ class Settings(BaseSettings):
     aws_region: str = _field(
         "",
         "AWS region of the queue and of the EC2 and Auto Scaling calls. Default: the region in QUEUE_URL.",
-        nth=(
-            "same; in queue-processor mode NTH also takes it from QUEUE_URL (the first region ID of the AWS "
-            "SDK's partitions that the URL contains)"
-        ),
+        nth="same; in queue-processor mode NTH also takes it from QUEUE_URL (the first region ID of the AWS "
+        "SDK's partitions that the URL contains)",
     )
     aws_endpoint: str = _field(
         "",
@@ -170,10 +141,8 @@ class Settings(BaseSettings):
         3600,
         "How long a message that cannot be parsed stays hidden before SQS offers it again, on its way to the "
         "dead-letter queue (never deleted; the queue's maxReceiveCount decides when it moves).",
-        nth=(
-            "none: NTH does not delete them either, but offers them again every SQS_MSG_VISIBILITY_TIMEOUT_SEC "
-            "(20 s by default) until the redrive policy moves them"
-        ),
+        nth="none: NTH does not delete them either, but offers them again every SQS_MSG_VISIBILITY_TIMEOUT_SEC "
+        "(20 s by default) until the redrive policy moves them",
         unit="seconds",
         bounds=(0, 43200),
     )
@@ -354,11 +323,9 @@ class Settings(BaseSettings):
     kube_api_qps: float = _field(
         200.0,
         "Client-side limit on Kubernetes API requests per second.",
-        nth=(
-            "new here: NTH v1.25.6 has no such setting and runs with client-go's default of 5 requests per "
-            "second, too low to drain hundreds of nodes inside a Spot notice (NTH's unreleased main branch "
-            "adds KUBE_API_QPS)"
-        ),
+        nth="new here: NTH v1.25.6 has no such setting and runs with client-go's default of 5 requests per "
+        "second, too low to drain hundreds of nodes inside a Spot notice (NTH's unreleased main branch "
+        "adds KUBE_API_QPS)",
         unit="requests/second",
         gt=0,
         le=100_000,
@@ -366,10 +333,8 @@ class Settings(BaseSettings):
     kube_api_burst: int = _field(
         300,
         "Requests allowed above KUBE_API_QPS in a burst.",
-        nth=(
-            "new here: NTH v1.25.6 runs with client-go's default burst of 10 (NTH's unreleased main branch "
-            "adds KUBE_API_BURST)"
-        ),
+        nth="new here: NTH v1.25.6 runs with client-go's default burst of 10 (NTH's unreleased main branch "
+        "adds KUBE_API_BURST)",
         unit="requests",
         bounds=(1, 100_000),
     )
@@ -466,8 +431,10 @@ class Settings(BaseSettings):
     webhook_url: SecretStr = _field(
         SecretStr(""), "POST a notification here for each interruption (e.g. a Slack webhook).", secret=True
     )
-    webhook_headers: dict[str, str] = _field(
-        DEFAULT_WEBHOOK_HEADERS, "HTTP headers of the webhook request, as a JSON object.", secret=True
+    webhook_headers: Annotated[dict[str, str], NoDecode] = _field(
+        {"Content-type": "application/json"},
+        "HTTP headers of the webhook request, as a JSON object.",
+        secret=True,
     )
     webhook_template: str = _field(
         DEFAULT_WEBHOOK_TEMPLATE,
@@ -518,27 +485,27 @@ class Settings(BaseSettings):
         primary=("pod_namespace",),
     )
 
-    @field_validator("queue_urls", mode="before")
+    @field_validator("queue_urls", "webhook_headers", "log_level", "taint_effect", mode="before")
     @classmethod
-    def _split_queue_urls(cls, value: Any) -> Any:
-        if isinstance(value, str):
+    def _decode(cls, value: Any, info: ValidationInfo) -> Any:
+        """Text (from the environment or a flag) as the field takes it: QUEUE_URLS comma-separated,
+        WEBHOOK_HEADERS JSON, a choice in any case (``NOSCHEDULE`` is ``NoSchedule``)."""
+        if not isinstance(value, str):
+            return value
+        if info.field_name == "queue_urls":
             return [url.strip() for url in value.split(",") if url.strip()]
-        return value
-
-    @field_validator("log_level", "taint_effect", mode="before")
-    @classmethod
-    def _match_case(cls, value: Any, info: ValidationInfo) -> Any:
-        """Any case of a choice names it (``NOSCHEDULE`` is ``NoSchedule``)."""
-        choices = {
-            choice.lower(): choice for choice in get_args(cls.model_fields[str(info.field_name)].annotation)
-        }
-        return choices.get(value.lower(), value) if isinstance(value, str) else value
+        if info.field_name == "webhook_headers":
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("cannot be decoded (a JSON value is expected)") from None
+        choices = get_args(cls.model_fields[str(info.field_name)].annotation)
+        return {choice.lower(): choice for choice in choices}.get(value.lower(), value)
 
     @field_validator("queue_url", "queue_urls", "aws_endpoint", "webhook_url")
     @classmethod
     def _check_urls(cls, value: Any, info: ValidationInfo) -> Any:
-        """http(s) URLs; a queue is not a FIFO queue ("Amazon SQS FIFO queues"): one held message holds back its
-        whole group."""
+        """http(s) URLs, and no FIFO queue ("Amazon SQS FIFO queues"): one held message holds back its group."""
         urls = value if isinstance(value, list) else [value]
         for url in (u.get_secret_value() if isinstance(u, SecretStr) else u for u in urls):
             if url and not re.match(r"^https?://[^/\s]+", url):
@@ -567,8 +534,7 @@ class Settings(BaseSettings):
                     text = file.read()
             except OSError as exc:
                 raise ValueError(f"cannot be read: {exc.strerror or exc}") from None
-        url = info.data.get("webhook_url")
-        if text and url is not None and url.get_secret_value():
+        if text and info.data.get("webhook_url", SecretStr("")).get_secret_value():
             try:
                 check_template(text)
             except TemplateError as exc:
@@ -608,9 +574,9 @@ class Settings(BaseSettings):
                     f"queue {url} is in {region} but AWS_REGION is {self.aws_region}: EC2 and Auto Scaling "
                     "are called in one region; run one controller per region"
                 )
-            account = queue_account(url)
+            account = re.match(r"^https?://[^/]+/(\d{12})/", url)  # the first path segment
             if account is not None:
-                accounts.setdefault(account, url)
+                accounts.setdefault(account.group(1), url)
         if len(accounts) > 1:
             (first, first_url), (other, other_url) = list(accounts.items())[:2]
             raise ValueError(
@@ -625,48 +591,6 @@ class Settings(BaseSettings):
         return list(dict.fromkeys(url for url in (self.queue_url, *self.queue_urls) if url))
 
 
-def env_name(field: str) -> str:
-    """The environment variable of a Settings field (its name in upper case)."""
-    return field.upper()
-
-
-def notes(field: str) -> dict[str, Any]:
-    """What :func:`_field` noted on the Settings field ``field``: ``nth``, ``unit``, ``aliases``, ``secret``."""
-    extra = Settings.model_fields[field].json_schema_extra
-    return extra if isinstance(extra, dict) else {}
-
-
-def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
-    aliases = {alias.lower(): field for field in Settings.model_fields for alias in notes(field)["aliases"]}
-    parts = []
-    for error in exc.errors(include_url=False):
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if not error["loc"]:
-            parts.append(message)
-            continue
-        field = aliases.get(str(error["loc"][0]).lower(), str(error["loc"][0]).lower())
-        value = given.get(field, error.get("input"))
-        secret = field in Settings.model_fields and notes(field)["secret"]
-        shown = "" if secret or isinstance(value, dict) else f"={value}"
-        parts.append(f"{env_name(field)}{shown}: {message}")
-    return "; ".join(parts)
-
-
 def default(name: str) -> Any:
     """The default of the :class:`Settings` field ``name`` (the only home of a default); ``KeyError`` if none."""
     return Settings.model_fields[name].default
-
-
-def load_settings(**overrides: Any) -> Settings:
-    """Settings from the environment, ``overrides`` (field name → value) winning. Raises :class:`ConfigError`
-    with one line naming each bad variable."""
-    given = {key: value for key, value in overrides.items() if value is not None}
-    try:
-        return Settings(**given)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, given)) from None
-    except SettingsError as exc:
-        # pydantic-settings: 'error parsing value for field "webhook_headers" from source "EnvSettingsSource"'
-        match = re.search(r'field "(\w+)"', str(exc))
-        name = env_name(match.group(1)) if match else "a setting"
-        raise ConfigError(f"{name}: cannot be decoded (a JSON value is expected)") from None

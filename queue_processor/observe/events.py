@@ -67,27 +67,21 @@ class NodeEventRecorder:
     ) -> None:
         """One Event on ``node``; ``facts`` (NTH's per-node annotations) win over the extra ones, as in NTH."""
         involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}  # kubectl's node events
-        await self._create("default", involved, reason, message, warning, facts)
+        await self._create(involved, reason, message, warning, {**self.annotations, **(facts or {})})
 
     async def record_pod(
         self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
     ) -> None:
         """One Event on the pod ``namespace/name``, in its namespace."""
         involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
-        await self._create(namespace, involved, reason, message, warning)
+        await self._create(involved, reason, message, warning, self.annotations)
 
     async def _create(
-        self,
-        namespace: str,
-        involved: dict[str, str],
-        reason: str,
-        message: str,
-        warning: bool,
-        facts: dict[str, str] | None = None,
+        self, involved: dict[str, str], reason: str, message: str, warning: bool, annotations: dict[str, str]
     ) -> None:
-        name = involved["name"]
+        """One Event about ``involved``, in its namespace (a Node's: ``default``)."""
+        name, namespace = involved["name"], involved.get("namespace", "default")
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        annotations = {**self.annotations, **(facts or {})}
         event = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -47,22 +47,19 @@ def configure_logging(level: str, json: bool, *, stream: TextIO | None = None) -
     if numeric is None:
         raise ValueError(f"unknown log level {level!r}: use one of debug, info, warning, error")
 
-    renderer: Processor
+    out = stream if stream is not None else sys.stderr
     if json:
         # Tracebacks as data, without local variables (they may hold secrets and make lines huge).
         tracebacks = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
-        final: list[Processor] = [tracebacks, _order_keys]
-        renderer = structlog.processors.JSONRenderer()
+        final: list[Processor] = [tracebacks, _order_keys, structlog.processors.JSONRenderer()]
     else:
-        final = [_order_keys]
-        out = stream if stream is not None else sys.stderr
-        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty(), sort_keys=False)
+        final = [_order_keys, structlog.dev.ConsoleRenderer(colors=out.isatty(), sort_keys=False)]
 
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_shared_processors(),
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final, renderer],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final],
     )
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
     setattr(handler, _HANDLER_MARK, True)
 

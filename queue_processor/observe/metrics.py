@@ -1,10 +1,9 @@
-"""What the pipeline reports (:class:`Observer`) and :class:`Metrics`, its Prometheus registry. "Metric and label
-naming" (prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unprefixed for its dashboards.
+"""What the pipeline reports: :class:`Metrics`, its Prometheus registry (:data:`Observer` to the pipeline). "Metric
+and label naming" (prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unprefixed for its dashboards.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterable
 from typing import Any, Final, Literal
@@ -17,11 +16,9 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    generate_latest,
+    disable_created_metrics,
 )
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from queue_processor import __version__
 from queue_processor.outcomes import (
@@ -139,102 +136,16 @@ ZERO_SERIES: Final[dict[str, Iterable[Iterable[str]]]] = {
 MONITOR_ERRORS: Final = frozenset({ErrorWhere.RECEIVE, ErrorWhere.BATCH})
 
 
-_TYPES: Final[dict[str, type[Counter | Gauge | Histogram]]] = {
-    "counter": Counter,
-    "gauge": Gauge,
-    "histogram": Histogram,
-}
+_TYPES: Final = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+# NTH's metrics had no ``*_created`` samples, nor have ours (prometheus-client's switch, for the process).
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
 
 
-class Observer:
-    """What the pipeline reports; methods never raise. ``queue``: a queue URL as configured; ``kind``: an event kind,
-    kinds joined by commas, ``skip`` or ``poison``; times in seconds."""
-
-    def message(self, queue: str, fate: MessageFate, kind: str) -> None:
-        """A message was received, deleted or requeued."""
-
-    def poison(self, queue: str, reason_class: PoisonClass) -> None:
-        """A poison message was left to the redrive policy."""
-
-    def skipped(self, queue: str, reason_class: SkipClass) -> None:
-        """A valid message that is not acted on was deleted."""
-
-    def receive_answered(self, queue: str) -> None:
-        """SQS answered a ReceiveMessage call on ``queue`` (with messages or none)."""
-
-    def error(self, where: ErrorWhere) -> None:
-        """A step failed (``queue_processor_errors_total``; NTH's ``events_error_total`` for the monitor's)."""
-
-    def in_flight(self, messages: int, operations: int) -> None:
-        """Messages held and operations under way, now."""
-
-    def draining(self, nodes: int) -> None:
-        """Nodes being drained, now (bounded by DRAIN_BUDGET)."""
-
-    def drains_waiting(self, group: str, drains: int) -> None:
-        """Drains of ``group`` waiting for a turn now (DRAIN_BUDGET_NON_URGENT)."""
-
-    def node_action(self, action: NodeAction, ok: bool) -> None:
-        """An action on a node succeeded (``ok``) or failed."""
-
-    def operation_outcome(self, outcome: OperationOutcome) -> None:
-        """An operation ended without a drain."""
-
-    def cordoned(self, seconds: float) -> None:
-        """A node was cordoned ``seconds`` after its operation's first message was received."""
-
-    def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
-        """A node's drain of the given event kind ended with ``result`` after ``seconds``."""
-
-    def eviction(self, result: EvictionOutcome) -> None:
-        """One pod's eviction ended with ``result``."""
-
-    def drain_blocked(self, budget: str, pods: int) -> None:
-        """PodDisruptionBudget ``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains."""
-
-    def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
-        """An evicted pod's grace: ``own`` (whole), ``cut`` (to end before the instance), ``outlasted`` (killed)."""
-
-    def deleted_at_deadline(self) -> None:
-        """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
-
-    def surge(self, result: SurgeResult) -> None:
-        """A pod annotated ``queue-processor/drain: surge`` got its replacement first, or why not."""
-
-    def heartbeat(self, result: HeartbeatResult) -> None:
-        """A heartbeat was sent (or, ``hook-unreadable``, cannot be)."""
-
-    def lifecycle_completion(self, result: LifecycleResult) -> None:
-        """A CompleteLifecycleAction call ended with ``result``."""
-
-    def kube_request(self, verb: str, resource: str, status: int | None) -> None:
-        """A Kubernetes API request; ``status`` is the HTTP status, ``None`` when no response came."""
-
-    def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
-        """An AWS API request: ``service`` as botocore names it (``sqs``), ``operation`` (``ReceiveMessage``)."""
-
-
-#: The observer of components built without one: it reports nowhere.
-NULL_OBSERVER = Observer()
-
-
-class _WithoutCreated(Collector):
-    """``registry`` without prometheus-client's ``*_created`` samples (NTH had none)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterable[Metric]:
-        for family in self._registry.collect():
-            if family.type in ("counter", "histogram", "summary", "gaugehistogram"):
-                family = copy.copy(family)
-                family.samples = [sample for sample in family.samples if not sample.name.endswith("_created")]
-            yield family
-
-
-class Metrics(Observer):
-    """The controller's metrics (:data:`FAMILIES`) in :attr:`registry`; ``version`` labels ``build_info``;
-    ``process_metrics`` adds prometheus-client's process, platform and GC collectors."""
+class Metrics:
+    """What the pipeline reports, as the metrics of :data:`FAMILIES` in :attr:`registry`; methods never raise.
+    ``queue``: a queue URL as configured; ``kind``: an event kind, kinds joined by commas, ``skip`` or ``poison``;
+    times in seconds. ``version`` labels ``build_info``; ``process_metrics`` adds prometheus-client's process,
+    platform and GC collectors."""
 
     actions: Counter
     events_error: Counter
@@ -268,7 +179,6 @@ class Metrics(Observer):
 
     def __init__(self, version: str | None = None, *, process_metrics: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._exposed = _WithoutCreated(self.registry)
         if process_metrics:
             for collector in (ProcessCollector, PlatformCollector, GCCollector):
                 collector(registry=self.registry)
@@ -288,6 +198,7 @@ class Metrics(Observer):
         self._blocked_series: set[str] = set()
 
     def message(self, queue: str, fate: MessageFate, kind: str) -> None:
+        """A message was received, deleted or requeued."""
         counter = {
             MessageFate.RECEIVED: self.messages_received,
             MessageFate.DELETED: self.messages_deleted,
@@ -296,9 +207,11 @@ class Metrics(Observer):
         counter.labels(queue, kind).inc()
 
     def poison(self, queue: str, reason_class: PoisonClass) -> None:
+        """A poison message was left to the redrive policy."""
         self.messages_poison.labels(queue=queue, reason=reason_class).inc()
 
     def skipped(self, queue: str, reason_class: SkipClass) -> None:
+        """A valid message that is not acted on was deleted."""
         self.messages_skipped.labels(queue=queue, reason_class=reason_class).inc()
 
     def error(self, where: ErrorWhere) -> None:
@@ -308,13 +221,16 @@ class Metrics(Observer):
             self.events_error.labels(event_error_where=SQS_MONITOR).inc()
 
     def in_flight(self, messages: int, operations: int) -> None:
+        """Messages held and operations under way, now."""
         self.in_flight_messages.set(messages)
         self.in_flight_operations.set(operations)
 
     def draining(self, nodes: int) -> None:
+        """Nodes being drained, now (bounded by DRAIN_BUDGET)."""
         self.draining_nodes.set(nodes)
 
     def drains_waiting(self, group: str, drains: int) -> None:
+        """Drains of ``group`` waiting for a turn now (DRAIN_BUDGET_NON_URGENT)."""
         self.waiting_drains.labels(group=group).set(drains)
 
     def node_action(self, action: NodeAction, ok: bool) -> None:
@@ -323,19 +239,24 @@ class Metrics(Observer):
         counter.labels(node_action=action, node_status="success" if ok else "error").inc()
 
     def operation_outcome(self, outcome: OperationOutcome) -> None:
+        """An operation ended without a drain."""
         self.operation_outcomes.labels(outcome=outcome).inc()
 
     def cordoned(self, seconds: float) -> None:
+        """A node was cordoned ``seconds`` after its operation's first message was received."""
         self.event_to_cordon.observe(seconds)
 
     def drained(self, kind: str, result: DrainOutcome | DrainEnd, seconds: float) -> None:
+        """A node's drain of the given event kind ended with ``result`` after ``seconds``."""
         self.drain_duration.labels(kind, str(result)).observe(seconds)
 
     def eviction(self, result: EvictionOutcome) -> None:
+        """One pod's eviction ended with ``result``."""
         self.evictions.labels(result=result).inc()
 
     def drain_blocked(self, budget: str, pods: int) -> None:
-        """Set ``drain_blocked{pdb}``: the first :data:`BLOCKED_BUDGETS_MAX` budgets by name, the rest summed."""
+        """``budget`` (``namespace/name``) now refuses ``pods`` evictions, across drains: ``drain_blocked{pdb}``
+        for the first :data:`BLOCKED_BUDGETS_MAX` budgets by name, the rest summed."""
         self._blocked[budget] = pods
         if pods <= 0:
             del self._blocked[budget]
@@ -349,39 +270,46 @@ class Metrics(Observer):
         self._blocked_series = set(wanted)
 
     def pod_drained(self, grace: Literal["own", "cut", "outlasted"]) -> None:
+        """An evicted pod's grace: ``own`` (whole), ``cut`` (to end before the instance), ``outlasted`` (killed)."""
         self.drained_pods.labels(grace=grace).inc()
 
     def deleted_at_deadline(self) -> None:
+        """A pod still on a node at its instance's end was deleted (DELETE_AT_DEADLINE)."""
         self.deleted_at_deadline_pods.inc()
 
     def surge(self, result: SurgeResult) -> None:
+        """A pod annotated ``queue-processor/drain: surge`` got its replacement first, or why not."""
         self.surges.labels(result=result).inc()
 
     def heartbeat(self, result: HeartbeatResult) -> None:
-        """Count a heartbeat; a call made also counts in ``node_actions_total{node_action="heartbeat"}``."""
+        """A heartbeat was sent (or, ``hook-unreadable``, cannot be); one sent also counts as a node action."""
         self.heartbeats.labels(result=result).inc()
         if result is not HeartbeatResult.HOOK_UNREADABLE:
             self.node_action(NodeAction.HEARTBEAT, result is HeartbeatResult.OK)
 
     def lifecycle_completion(self, result: LifecycleResult) -> None:
+        """A CompleteLifecycleAction call ended with ``result``."""
         self.lifecycle_completions.labels(result=result).inc()
 
     def kube_request(self, verb: str, resource: str, status: int | None) -> None:
-        """Count a Kubernetes API request (``code`` ``"error"`` when no response came)."""
+        """A Kubernetes API request; ``status``: the HTTP status, ``None`` (code ``error``) when no answer came."""
         self.kube_requests.labels(verb, resource, str(status) if status else "error").inc()
 
     def aws_request(self, service: str, operation: str, result: AwsResult) -> None:
+        """An AWS API request: ``service`` as botocore names it (``sqs``), ``operation`` (``ReceiveMessage``)."""
         self.aws_requests.labels(service, operation, result).inc()
 
     def receive_answered(self, queue: str, at: float | None = None) -> None:
-        """Set ``last_receive_timestamp_seconds{queue}`` to Unix time ``at`` (seconds; default: now)."""
+        """SQS answered a ReceiveMessage on ``queue`` (messages or none) at Unix time ``at`` (default: now)."""
         self.last_receive_timestamp.labels(queue=queue).set(time.time() if at is None else at)
-
-    def exposition(self) -> bytes:
-        """Every metric in the Prometheus text format (``text/plain; version=0.0.4``), without ``*_created``."""
-        return generate_latest(self._exposed)
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """``(body, content_type)`` in the format ``accept`` asks for: OpenMetrics, else Prometheus text."""
         encoder, content_type = choose_encoder(accept)
-        return encoder(self._exposed), content_type
+        return encoder(self.registry), content_type
+
+
+#: What a component reports to (a test may subclass it to watch one kind of report).
+Observer = Metrics
+#: The observer of components built without one: metrics nobody serves.
+NULL_OBSERVER = Metrics(process_metrics=False)

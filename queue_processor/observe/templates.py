@@ -48,10 +48,15 @@ JSON_NAMES = (
 )
 DATA_TYPE = "webhook.combinedDrainData"
 
+#: NTH's default WEBHOOK_TEMPLATE (pkg/config/config.go).
+DEFAULT_WEBHOOK_TEMPLATE = (
+    '{"text":"[NTH][Instance Interruption] EventID: {{ .EventID }} - Kind: {{ .Kind }} - Instance: '
+    '{{ .InstanceID }} - Node: {{ .NodeName }} - Description: {{ .Description }} - Start Time: {{ .StartTime }}"}'
+)
+
 
 def nth_data(fields: Mapping[str, Any]) -> Struct:
-    """NTH's ``combinedDrainData`` with ``fields`` (by NTH's field names) and every other field empty, as
-    in NTH's queue mode (no instance metadata)."""
+    """NTH's ``combinedDrainData`` with ``fields`` (NTH's names), every other one empty as in its queue mode."""
     values: dict[str, Any] = {name: "" for _, name in JSON_NAMES if name}
     values |= {
         "NodeLabels": NilMap(),

@@ -5,6 +5,7 @@ As in NTH, 5 seconds and no retry; a failure is logged and counted, never fails 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,6 @@ from queue_processor_gotemplate import (
     NilMap,
     NilSlice,
     Struct,
-    Template,
     TemplateError,
     parse,
 )
@@ -51,14 +51,6 @@ NTH_KINDS: dict[EventKind, tuple[str, str]] = {
 ASG_TAG = "aws:autoscaling:groupName"
 
 
-def nth_event_id(event: Event) -> str:
-    """NTH's EventID: its prefix for the kind, then the hex of the EventBridge ``id`` (or ``RequestId``)."""
-    ident = event.source_id or ""
-    if isinstance(event, ScheduledChangeEvent):
-        ident = event.eventbridge_id or ""
-    return NTH_KINDS[event.kind][1] + ident.encode().hex()
-
-
 #: NTH's ``.Description`` of each kind (``pkg/monitor/sqsevent``), with its trailing space and newline.
 NTH_DESCRIPTIONS: dict[EventKind, str] = {
     EventKind.SPOT_INTERRUPTION: "Spot Interruption notice for instance {instance} was sent at {at} \n",
@@ -75,12 +67,6 @@ NTH_DESCRIPTIONS: dict[EventKind, str] = {
 }
 
 
-def nth_description(event: Event) -> str:
-    """NTH's ``.Description`` of ``event`` (:data:`NTH_DESCRIPTIONS`)."""
-    state = event.state if isinstance(event, StateChangeEvent) else ""
-    return NTH_DESCRIPTIONS[event.kind].format(instance=event.instance_id, at=GoTime(event.time), state=state)
-
-
 def drain_data(
     event: Event,
     *,
@@ -92,18 +78,21 @@ def drain_data(
 ) -> Struct:
     """NTH's ``combinedDrainData`` for ``event``; ``node_labels`` / ``pods`` ``None`` render as nil. An AWS Health
     event's ``.StartTime`` is ``received_wall`` (NTH's ``time.Now()``; ``received_monotonic`` gives Go's ``m=+…``)."""
-    start = GoTime(event.time)
+    at = start = GoTime(event.time)
+    ident = event.source_id  # EventID: the kind's prefix, then the hex of the EventBridge id (or RequestId)
     if isinstance(event, ScheduledChangeEvent):
         wall = received_wall or datetime.now().astimezone()
-        at = received_monotonic if received_monotonic is not None else time.monotonic()
-        start = GoTime(wall, monotonic=at - PROCESS_START)
+        now = received_monotonic if received_monotonic is not None else time.monotonic()
+        start, ident = GoTime(wall, monotonic=now - PROCESS_START), event.eventbridge_id
     group = str(getattr(event, "auto_scaling_group_name", info.tags.get(ASG_TAG, "") if info else ""))
+    state = event.state if isinstance(event, StateChangeEvent) else ""
+    description = NTH_DESCRIPTIONS[event.kind].format(instance=event.instance_id, at=at, state=state)
     return nth_data(
         {
-            "EventID": nth_event_id(event),
+            "EventID": NTH_KINDS[event.kind][1] + (ident or "").encode().hex(),
             "Kind": NTH_KINDS[event.kind][0],
             "Monitor": "SQS_MONITOR",
-            "Description": nth_description(event),
+            "Description": description,
             "AutoScalingGroupName": group,
             "NodeName": info.private_dns_name if info is not None else "",
             "NodeLabels": NilMap() if node_labels is None else dict(node_labels),
@@ -145,9 +134,12 @@ async def node_facts(kube: KubeClient, node: str) -> NodeFacts:
     return NodeFacts(labels, [name for _, name in order])
 
 
+#: A template parsed once per text (a WEBHOOK_TEMPLATE_FILE is parsed again only when it changed).
+_parse = functools.lru_cache(maxsize=8)(parse)
+
+
 class Webhook:
-    """Posts notifications to ``url``; ``failures`` counts those not sent. ``template_file`` is read again for each
-    request."""
+    """Posts notifications to ``url``; ``failures`` counts those not sent; ``template_file`` is read per request."""
 
     def __init__(
         self, url: str, *, headers: dict[str, str], template: str, template_file: str = "", proxy: str = ""
@@ -159,22 +151,6 @@ class Webhook:
         self.proxy = proxy or None
         self.failures = 0
         self.sent = 0
-        self._parsed: tuple[str, Template] | None = None
-
-    def _template(self, source: str) -> Template:
-        """``source`` parsed, again only when it changed."""
-        if self._parsed is None or self._parsed[0] != source:
-            self._parsed = (source, parse(source))
-        return self._parsed[1]
-
-    async def _source(self) -> str | None:
-        if not self.template_file:
-            return self.template
-        try:
-            return await asyncio.to_thread(Path(self.template_file).read_text, encoding="utf-8")
-        except OSError as exc:
-            log.warning("webhook template file unreadable: not sent", file=self.template_file, error=str(exc))
-            return None
 
     async def notify_operation(
         self, events: Sequence[Event], info: InstanceInfo, facts: NodeFacts, age_s: float
@@ -194,13 +170,17 @@ class Webhook:
 
     async def notify(self, data: Struct) -> None:
         """POST the template rendered over ``data`` (:func:`drain_data`)."""
-        source = await self._source()
+        source = self.template
         try:
-            body = self._template(source).execute(data) if source is not None else None
+            if self.template_file:
+                source = await asyncio.to_thread(Path(self.template_file).read_text, encoding="utf-8")
+            body = _parse(source).execute(data)
+        except OSError as exc:
+            log.warning("webhook template file unreadable: not sent", file=self.template_file, error=str(exc))
+            self.failures += 1
+            return
         except TemplateError as exc:
             log.warning("webhook template failed to render: not sent", error=str(exc))
-            body = None
-        if body is None:
             self.failures += 1
             return
         try:

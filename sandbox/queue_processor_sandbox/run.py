@@ -20,7 +20,7 @@ from typing import Any
 
 from queue_processor import rest
 from queue_processor.app import Controller, run_controller
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings
 from queue_processor_sandbox.cluster import drain_of
 from queue_processor_sandbox.environment import SCENARIO_SETTINGS, Sandbox
 

@@ -24,7 +24,8 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from queue_processor.config import Settings, env_name, load_settings
+from queue_processor.cli import load_settings
+from queue_processor.config import Settings
 from queue_processor.observe.metrics import Metrics
 from queue_processor.outcomes import ConfigError
 from queue_processor.permissions import AWS_ACTIONS, KUBERNETES_RULES
@@ -243,8 +244,8 @@ def settings_env_mapping() -> dict[str, str]:
 
 
 def field_by_env() -> dict[str, str]:
-    """Settings field by its environment variable, as config.py names them (``env_name``)."""
-    return {env_name(field): field for field in Settings.model_fields}
+    """Settings field by its environment variable, its name in upper case."""
+    return {field.upper(): field for field in Settings.model_fields}
 
 
 def env_names_read() -> set[str]:
@@ -896,7 +897,7 @@ ALERTS = {
 
 
 def _exposition() -> str:
-    return Metrics("test", process_metrics=False).exposition().decode()
+    return Metrics("test", process_metrics=False).render()[0].decode()
 
 
 def _alerts(chart: Any, values: dict[str, Any] = FULL) -> dict[str, dict[str, Any]]:
@@ -953,7 +954,7 @@ def test_the_dashboard_queries_only_metrics_the_controller_exports(chart: Any) -
     source = (CHART / "dashboards" / "queue-processor.json").read_text()
     assert (ROOT / "docs" / "grafana-dashboard.json").read_text() == source
     dashboard = json.loads(source)
-    exposition = Metrics().exposition().decode()
+    exposition = Metrics().render()[0].decode()
     families = {
         line.split(" ")[2]: line.split(" ")[3]
         for line in exposition.splitlines()

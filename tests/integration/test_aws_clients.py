@@ -11,7 +11,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from queue_processor.aws import TAGGED_PAGE_SIZE, AwsClients, describe_instances, tagged_instances
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings
 from queue_processor.lifecycle import Lifecycle
 from queue_processor.observe.metrics import Metrics
 from queue_processor.permissions import AWS_API_CALLS

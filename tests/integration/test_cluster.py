@@ -36,7 +36,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from queue_processor.app import Controller, run_controller
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings
 from queue_processor_sandbox.aws import AwsSandbox, SandboxInstance, SandboxQueue
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.kube import KubeSandbox

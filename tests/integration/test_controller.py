@@ -23,7 +23,8 @@ import boto3
 import pytest
 
 from queue_processor.app import Controller, run_controller
-from queue_processor.config import Settings, load_settings
+from queue_processor.cli import load_settings
+from queue_processor.config import Settings
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.permissions import kubernetes_verbs
 from queue_processor.watch import RECORD_ANNOTATION, RECORD_LABEL
@@ -282,7 +283,9 @@ async def test_after_a_stop_every_message_in_flight_stays_visible(sandbox: Sandb
     ) as running:
         for instance_id in instances:
             sandbox.aws.terminate_instance(instance_id)
-        await until(lambda: running.controller.store.held_count == 4, timeout_s=30, what="4 messages held")
+        await until(
+            lambda: running.controller.consumer.store.held_count == 4, timeout_s=30, what="4 messages held"
+        )
     assert running.queue_depth() == (4, 0)
     await asyncio.sleep(1.0)  # a poll left open on the server would take them now
     assert running.queue_depth() == (4, 0)

@@ -53,7 +53,7 @@ from pathlib import Path
 import pytest
 
 from queue_processor.app import Controller, run_controller
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings
 from queue_processor_sandbox.aws import AwsSandbox
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.control_plane import ControlPlane

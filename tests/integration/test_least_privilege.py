@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from queue_processor.app import Controller, run_controller
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings
 from queue_processor_sandbox.cluster import ClusterSpec
 from queue_processor_sandbox.environment import Sandbox, SandboxOptions
 

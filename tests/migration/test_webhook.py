@@ -23,9 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queue_processor.aws import InstanceInfo
-from queue_processor.config import DEFAULT_WEBHOOK_TEMPLATE
 from queue_processor.events import Event
-from queue_processor.observe.templates import check_template, nth_data
+from queue_processor.observe.templates import DEFAULT_WEBHOOK_TEMPLATE, check_template, nth_data
 from queue_processor.observe.webhook import drain_data
 from queue_processor.parse import parse as parse_body
 from queue_processor_gotemplate import GoTime, NilMap, NilSlice, Struct, TemplateError, parse

@@ -17,8 +17,7 @@ from botocore.exceptions import ClientError
 from click.testing import CliRunner
 from kubernetes import client, config
 
-from queue_processor.cli import main
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings, main
 from queue_processor.events import EventKind
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.parse import parse

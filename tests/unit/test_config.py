@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from queue_processor.config import Settings, load_settings, region_from_queue_url
+from queue_processor.cli import load_settings
+from queue_processor.config import Settings, region_from_queue_url
 from queue_processor.outcomes import ConfigError
 
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/queue-processor"

@@ -22,7 +22,8 @@ from botocore.exceptions import ClientError
 
 from queue_processor import rest
 from queue_processor.aws import InstanceInfo
-from queue_processor.config import Settings, load_settings
+from queue_processor.cli import load_settings
+from queue_processor.config import Settings
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.node_writes import CordonRecord
 from queue_processor.drain.plan import DrainBounds, DrainOptions, DrainTiming

@@ -169,9 +169,7 @@ FUNCTION_MOST_LINES = 60
 
 #: The modules and functions over those bounds today, each at most as long as it is now: the bounds hold for
 #: every other, and these may only shrink.
-OVER_BOUNDS: dict[str, int] = {
-    "queue_processor.config": 672,
-}
+OVER_BOUNDS: dict[str, int] = {}
 
 
 def sizes() -> dict[str, int]:

@@ -12,7 +12,7 @@ import pytest
 import structlog
 import structlog.testing
 
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings
 from queue_processor.events import AsgTerminateLifecycleEvent
 from queue_processor.lifecycle import MAX_HEARTBEAT_UNTIL_S, Heartbeats, Lifecycle, action_params
 

@@ -6,12 +6,14 @@ import io
 import json
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 import structlog
+from prometheus_client import generate_latest
 
 from queue_processor.app import ProbeServer
 from queue_processor.config import Settings, parse_annotations
@@ -93,7 +95,7 @@ def test_drain_blocked_has_a_series_per_budget_while_it_blocks_and_a_bounded_num
 def test_nth_metrics_keep_their_unprefixed_names_and_labels() -> None:
     metrics = Metrics(process_metrics=False)
     record_one_of_each(metrics)
-    text = metrics.exposition().decode()
+    text = metrics.render()[0].decode()
     values = samples(text)
     assert values['actions_total{node_action="cordon-and-drain",node_status="success"}'] == "1.0"
     assert values['actions_total{node_action="cordon",node_status="error"}'] == "0.0"
@@ -121,7 +123,7 @@ def test_nth_metrics_keep_their_unprefixed_names_and_labels() -> None:
 def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
     metrics = Metrics(process_metrics=False)
     record_one_of_each(metrics)
-    types = metric_types(metrics.exposition().decode())
+    types = metric_types(metrics.render()[0].decode())
     nths = ("actions_total", "events_error_total", "nth_tagged_instances", "nth_tagged_nodes")
     assert (types["nth_tagged_instances"], types["nth_tagged_nodes"]) == ("gauge", "gauge")
     ours = {name: kind for name, kind in types.items() if name not in nths}
@@ -157,7 +159,7 @@ def test_our_metrics_are_prefixed_with_the_documented_names_and_types() -> None:
 def test_sample_lines_carry_the_documented_labels() -> None:
     metrics = Metrics("1.2.3", process_metrics=False)
     record_one_of_each(metrics)
-    values = samples(metrics.exposition().decode())
+    values = samples(metrics.render()[0].decode())
     q = f'queue="{QUEUE}"'
     expected = {
         f'queue_processor_messages_received_total{{{q},kind="spot-interruption"}}': "1.0",
@@ -202,12 +204,12 @@ def _sort_labels(sample: str) -> str:
 def test_each_metrics_object_has_its_own_registry() -> None:
     first, second = Metrics(process_metrics=False), Metrics(process_metrics=False)
     first.node_action(NodeAction.CORDON, ok=False)
-    assert 'actions_total{node_action="cordon",node_status="error"} 1.0' in first.exposition().decode()
-    assert 'actions_total{node_action="cordon",node_status="error"} 0.0' in second.exposition().decode()
+    assert 'actions_total{node_action="cordon",node_status="error"} 1.0' in first.render()[0].decode()
+    assert 'actions_total{node_action="cordon",node_status="error"} 0.0' in second.render()[0].decode()
 
 
 def test_process_metrics_are_included_by_default() -> None:
-    text = Metrics().exposition().decode()
+    text = Metrics().render()[0].decode()
     assert "process_cpu_seconds_total" in text or "python_info" in text
     assert "python_gc_objects_collected_total" in text
 
@@ -216,7 +218,7 @@ def test_render_negotiates_openmetrics() -> None:
     metrics = Metrics(process_metrics=False)
     body, content_type = metrics.render("")
     assert content_type.startswith("text/plain")
-    assert body == metrics.exposition()
+    assert body == generate_latest(metrics.registry)  # the Prometheus text format
     body, content_type = metrics.render("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
@@ -300,7 +302,7 @@ def test_a_poison_message_is_counted_by_class_not_by_its_free_text() -> None:
     reason = result.reason
     assert reason is not None
     metrics.poison(QUEUE, result.poison_class)
-    text = metrics.exposition().decode()
+    text = metrics.render()[0].decode()
     assert reason not in text
     assert f'queue_processor_messages_poison_total{{queue="{QUEUE}",reason="not-json"}} 1.0' in text
 
@@ -434,9 +436,13 @@ async def get(session: aiohttp.ClientSession, port: int | None, path: str) -> tu
 
 async def test_failing_liveness_check_is_named_in_a_503(http: aiohttp.ClientSession) -> None:
     alive = {"receive-loops": True}
-    server = ProbeServer(Metrics(process_metrics=False), metrics_port=0, probes_port=0, host="127.0.0.1")
-    server.add_liveness("receive-loops", lambda: alive["receive-loops"])
-    server.add_liveness("event-loop", lambda: True)
+    server = ProbeServer(
+        Metrics(process_metrics=False),
+        metrics_port=0,
+        probes_port=0,
+        host="127.0.0.1",
+        liveness={"receive-loops": lambda: alive["receive-loops"], "event-loop": lambda: True},
+    )
     async with server:
         status, content_type, text = await get(http, server.probes_port, "/healthz")
         assert (status, json.loads(text)["status"]) == (200, "ok")
@@ -455,8 +461,13 @@ async def test_readiness_checks_and_a_raising_check(http: aiohttp.ClientSession)
     def sqs() -> bool:
         return answered[0] is not None and now[0] - answered[0] < 60
 
-    server = ProbeServer(Metrics(process_metrics=False), metrics_port=0, probes_port=0, host="127.0.0.1")
-    server.add_readiness("sqs-answered", sqs)
+    server = ProbeServer(
+        Metrics(process_metrics=False),
+        metrics_port=0,
+        probes_port=0,
+        host="127.0.0.1",
+        readiness={"sqs-answered": sqs},
+    )
 
     async with server:
         status, _, text = await get(http, server.probes_port, "/readyz")
@@ -469,7 +480,7 @@ async def test_readiness_checks_and_a_raising_check(http: aiohttp.ClientSession)
         def broken() -> bool:
             raise ConnectionError("no route")
 
-        server.add_readiness("api-server", broken)
+        server.readiness["api-server"] = broken  # a check added while serving counts at once
         status, _, text = await get(http, server.probes_port, "/readyz")
         assert status == 503
         assert json.loads(text)["errors"] == {"api-server": "ConnectionError: no route"}
@@ -494,9 +505,10 @@ async def test_metrics_endpoint_serves_the_exposition(http: aiohttp.ClientSessio
 
 
 async def test_separate_ports_serve_separate_paths(http: aiohttp.ClientSession) -> None:
-    server = ProbeServer(
-        Metrics(process_metrics=False), metrics_port=0, probes_port=0, host="127.0.0.1", shared=False
-    )
+    with socket.socket() as taken:  # a free port for the probes, another one (0) for the metrics
+        taken.bind(("127.0.0.1", 0))
+        free = taken.getsockname()[1]
+    server = ProbeServer(Metrics(process_metrics=False), metrics_port=0, probes_port=free, host="127.0.0.1")
     async with server:
         assert server.metrics_port
         assert server.probes_port
@@ -509,7 +521,7 @@ async def test_separate_ports_serve_separate_paths(http: aiohttp.ClientSession) 
         port = server.probes_port
     with pytest.raises(aiohttp.ClientConnectionError):
         await get(http, port, "/healthz")
-    assert server.probes_port == 0  # stopped: back to the port asked for
+    assert (server.metrics_port, server.probes_port) == (0, free)  # stopped: back to the ports asked for
 
 
 async def test_disabled_metrics_server_serves_probes_only(http: aiohttp.ClientSession) -> None:
@@ -519,18 +531,6 @@ async def test_disabled_metrics_server_serves_probes_only(http: aiohttp.ClientSe
         assert server.metrics_port is None
         assert (await get(http, server.probes_port, "/healthz"))[0] == 200
         assert (await get(http, server.probes_port, "/metrics"))[0] == 404
-
-
-def test_server_rejects_contradictory_ports_and_duplicate_checks() -> None:
-    metrics = Metrics(process_metrics=False)
-    with pytest.raises(ValueError, match="differ"):
-        ProbeServer(metrics, metrics_port=9092, probes_port=8080, shared=True)
-    with pytest.raises(ValueError, match="both"):
-        ProbeServer(metrics, metrics_port=8080, probes_port=8080, shared=False)
-    server = ProbeServer(metrics)
-    server.add_liveness("x", lambda: True)
-    with pytest.raises(ValueError, match="'x'"):
-        server.add_liveness("x", lambda: True)
 
 
 def test_from_settings_follows_the_enable_flags_and_ports() -> None:

@@ -19,7 +19,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_processor.config import load_settings
+from queue_processor.cli import load_settings
 from queue_processor.drain import surge as surge_module
 from queue_processor.drain.drainer import Drainer
 from queue_processor.drain.plan import DRAIN_POLICY_ANNOTATION, DrainBounds, DrainOptions, DrainTiming

@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 
 from queue_processor.aws import InstanceInfo
-from queue_processor.config import DEFAULT_WEBHOOK_TEMPLATE
 from queue_processor.events import SpotInterruptionEvent
+from queue_processor.observe.templates import DEFAULT_WEBHOOK_TEMPLATE
 from queue_processor.observe.webhook import Webhook, drain_data
 from queue_processor_gotemplate import Struct
 
