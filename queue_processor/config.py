@@ -341,10 +341,9 @@ class Settings(BaseSettings):
     evictions_in_flight: int = _field(
         0,
         "Most evictions waiting for their first answer at once, across every drain; the others wait as each "
-        "drain's plan (a few hundred bytes each) rather than as suspended requests (about 2 KB each): in a "
-        "storm of 1,000 nodes that is 16 MiB less. Drains take the free slots first come first served; a "
-        "retry waits without one. 0: max(64, 2 x KUBE_API_QPS, KUBE_API_BURST), two seconds of requests, "
-        "enough to keep the client's rate busy.",
+        "drain's plan, a fraction of a suspended request's memory (docs/benchmarks.md). Drains take the free "
+        "slots first come first served; a retry waits without one. 0: max(64, 2 x KUBE_API_QPS, "
+        "KUBE_API_BURST), two seconds of requests, enough to keep the client's rate busy.",
         nth="none: NTH evicts a node's pods one goroutine each",
         unit="evictions",
         bounds=(0, 1_000_000),
