@@ -81,19 +81,16 @@ def is_no_active_action(exc: BaseException) -> bool:
 ATTEMPTS = 5
 
 
-def _retrying() -> AsyncRetrying:
-    return AsyncRetrying(
+async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
+    """``await fn(**kwargs)``, retried while :func:`is_retryable` (jittered backoff up to 0.2 s * 2^n, at most
+    5 s between attempts, :data:`ATTEMPTS` in all); raises the last error, or a non-retryable one at once."""
+    retrying = AsyncRetrying(
         retry=retry_if_exception(is_retryable),
         wait=wait_random_exponential(multiplier=0.2, max=5),
         stop=stop_after_attempt(ATTEMPTS),
         reraise=True,
     )
-
-
-async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
-    """``await fn(**kwargs)``, retried while :func:`is_retryable` (jittered backoff up to 0.2 s * 2^n, at most
-    5 s between attempts, :data:`ATTEMPTS` in all); raises the last error, or a non-retryable one at once."""
-    async for attempt in _retrying():
+    async for attempt in retrying:  # not retrying(fn): botocore's client methods are not coroutine functions
         with attempt:
             return await fn(**kwargs)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -101,31 +98,30 @@ async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
 
 async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Iterable[U]], /) -> list[U]:
     """What ``pick`` takes from each page of ``pages()`` (fresh, one held at a time), retried like :func:`call`."""
-    async for attempt in _retrying():
-        with attempt:
-            return [item async for page in pages() for item in pick(page)]
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    async def read_pages() -> list[U]:
+        return [item async for page in pages() for item in pick(page)]
+
+    return await call(read_pages)
 
 
-class _CallCounter:
-    """botocore ``after-call``/``after-call-error`` handlers reporting each request of one client's
-    ``service`` to an :class:`~queue_processor.observe.metrics.Observer`."""
+def _count_requests(client: Any, observer: Observer) -> None:
+    """Report each HTTP request of ``client`` to ``observer``, from botocore's ``after-call`` (an answer came) and
+    ``after-call-error.<service-id>.<Operation>`` (none came) events."""
+    service = str(client.meta.service_model.service_name)
 
-    def __init__(self, service: str, observer: Observer) -> None:
-        self.service = service
-        self.observer = observer
-
-    def answered(self, http_response: Any, parsed: Mapping[str, Any], model: Any, **_: Any) -> None:
-        """An answer came (botocore's ``after-call`` event)."""
+    def answered(http_response: Any, parsed: Mapping[str, Any], model: Any, **_: Any) -> None:
         result: AwsResult = "ok"
         if int(getattr(http_response, "status_code", 0)) >= 300:
             code = str((parsed.get("Error") or {}).get("Code", ""))
             result = "throttled" if code in THROTTLING else "error"
-        self.observer.aws_request(self.service, str(model.name), result)
+        observer.aws_request(service, str(model.name), result)
 
-    def failed(self, event_name: str, **_: Any) -> None:
-        """No answer came (botocore's ``after-call-error.<service-id>.<Operation>`` event)."""
-        self.observer.aws_request(self.service, event_name.rsplit(".", 1)[-1], "error")
+    def failed(event_name: str, **_: Any) -> None:
+        observer.aws_request(service, event_name.rsplit(".", 1)[-1], "error")
+
+    client.meta.events.register("after-call", answered)
+    client.meta.events.register("after-call-error", failed)
 
 
 def _shapes_reached(shapes: Mapping[str, Any], roots: Iterable[str]) -> set[str]:
@@ -236,9 +232,7 @@ class AwsClients:
         self.ec2: EC2Client = await open_client("ec2")
         self.autoscaling: AutoScalingClient = await open_client("autoscaling")
         for client in (self.sqs, self.ec2, self.autoscaling):
-            counter = _CallCounter(client.meta.service_model.service_name, self.observer)
-            client.meta.events.register("after-call", counter.answered)
-            client.meta.events.register("after-call-error", counter.failed)
+            _count_requests(client, self.observer)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -376,26 +370,25 @@ class InstanceResolver:
 
     async def _call(self, waiters: dict[str, list[asyncio.Future[InstanceInfo | None]]]) -> None:
         try:
-            try:
-                found = {info.instance_id: info for info in map(_info, await self._describe(list(waiters)))}
-            except BaseException as exc:
-                error = exc if isinstance(exc, Exception) else asyncio.CancelledError()
-                for future in (future for futures in waiters.values() for future in futures):
-                    if not future.done():
-                        future.set_exception(error)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            self.calls += 1
-            expiry = time.monotonic() + self.ttl_s
-            for instance_id, futures in waiters.items():
-                info = found.get(instance_id)
-                self._cache[instance_id] = (expiry, info)
-                for future in futures:
-                    if not future.done():
-                        future.set_result(info)
+            found = {info.instance_id: info for info in map(_info, await self._describe(list(waiters)))}
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else asyncio.CancelledError()
+            for future in (future for futures in waiters.values() for future in futures):
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
+            return
         finally:
             self._slots.release()
+        self.calls += 1
+        expiry = time.monotonic() + self.ttl_s
+        for instance_id, futures in waiters.items():
+            info = found.get(instance_id)
+            self._cache[instance_id] = (expiry, info)
+            for future in futures:
+                if not future.done():
+                    future.set_result(info)
 
 
 def _info(instance: dict[str, Any]) -> InstanceInfo:

@@ -235,12 +235,8 @@ class _Beat:
     requeued_until: float | None = None  # clock reading; None while a receive of ours holds the action
     visible_at: float | None = None  # clock reading: when the requeued message is back in the queue
     held_until: float | None = None  # clock reading: when our hold of the message lapses; None: never
-    held: asyncio.Event = field(
-        default_factory=asyncio.Event
-    )  # set while a receive of ours holds the message
-    confirmed: asyncio.Event = field(
-        default_factory=asyncio.Event
-    )  # set when a receive or renewal confirms it
+    held: asyncio.Event = field(default_factory=asyncio.Event)  # set while a receive of ours holds it
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)  # set by a receive or a renewal
 
 
 class Heartbeats:
@@ -424,19 +420,14 @@ class Heartbeats:
         if beat.visible_at is None or self.clock() < beat.visible_at:
             return False
         assert beat.requeued_until is not None
-        await self._until_held(beat, min(beat.requeued_until, limit))
+        timeout = min(beat.requeued_until, limit) - self.clock()
+        if timeout > 0 and not beat.held.is_set():
+            waiters = [asyncio.ensure_future(beat.held.wait()), asyncio.ensure_future(self.sleep(timeout))]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await rest.stop(*waiters)
         if beat.held.is_set() or await self.lifecycle.waiting(action) is not False:
             return False
         self._mark_over(action.action_key)
         return True
-
-    async def _until_held(self, beat: _Beat, until: float) -> None:
-        """Wait until a receive holds the beat's message again or the clock reads ``until``."""
-        timeout = until - self.clock()
-        if timeout <= 0 or beat.held.is_set():
-            return
-        waiters = [asyncio.ensure_future(beat.held.wait()), asyncio.ensure_future(self.sleep(timeout))]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await rest.stop(*waiters)

@@ -6,8 +6,6 @@ are acted on for :data:`DRAIN_STATES` only, matched exactly."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import cache, lru_cache
@@ -17,6 +15,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, V
 
 from queue_processor.events import (
     AsgLaunchLifecycleEvent,
+    AsgLifecycleEvent,
     AsgTerminateLifecycleEvent,
     BaseEvent,
     CapacityReservationInterruptionEvent,
@@ -79,25 +78,6 @@ class ParseResult(NamedTuple, Generic[E]):
         return cls.poison(
             PoisonClass.MISSING_FIELD if missing else PoisonClass.INVALID_FIELD, reason, envelope
         )
-
-
-KindParser = Callable[[Any, SqsMessageRef | None], ParseResult[Any]]
-InvalidHook = Callable[[str | bytes], ParseResult[Any] | None]
-
-
-def _single(event: Any, message: SqsMessageRef | None) -> ParseResult[Any]:
-    return ParseResult.of_events((event,))
-
-
-@dataclass(frozen=True, slots=True)
-class KindSpec:
-    """An EventBridge kind: ``source``, ``model`` (told apart by its ``detail_type`` ``Literal``), ``finish`` (default:
-    the validated model is the event); ``on_invalid`` may explain (as a skip) a body that failed validation."""
-
-    source: str
-    model: type[BaseModel]
-    finish: KindParser = _single
-    on_invalid: InvalidHook | None = None
 
 
 #: EventBridge envelope field → the direct Auto Scaling notification's key for the same value.
@@ -166,42 +146,18 @@ class HealthMessage(BaseModel):
     detail: HealthDetail
 
 
-_MONTHS = {
-    name: number
-    for number, name in enumerate(
-        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
-    )
-}
-
-
 @lru_cache(maxsize=256)
 def parse_health_time(value: str) -> datetime:
     """An AWS Health time, RFC 1123 or ISO 8601, as an aware datetime; ``ValueError`` when it is neither."""
     text = value.strip()
     if text[:1].isdigit():
         parsed = datetime.fromisoformat(text)
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    parts = text.split()
-    # The layout AWS Health uses, read directly (email.utils' parser is slow).
-    if len(parts) == 6 and parts[5] == "GMT" and parts[2] in _MONTHS and parts[4].count(":") == 2:
-        hour, minute, second = parts[4].split(":")
+    else:
         try:
-            return datetime(
-                int(parts[3]),
-                _MONTHS[parts[2]],
-                int(parts[1]),
-                int(hour),
-                int(minute),
-                int(second),
-                tzinfo=UTC,
-            )
-        except ValueError:
-            pass
-    try:
-        parsed = parsedate_to_datetime(text)
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    except (TypeError, ValueError, IndexError) as exc:
-        raise ValueError(f"{value!r} is neither RFC 1123 nor ISO 8601") from exc
+            parsed = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"{value!r} is neither RFC 1123 nor ISO 8601") from exc
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _instance_id(value: str) -> str:
@@ -274,9 +230,7 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
 DRAIN_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
 
 
-def finish_state_change(
-    event: StateChangeEvent, message: SqsMessageRef | None
-) -> ParseResult[StateChangeEvent]:
+def finish_state_change(event: StateChangeEvent) -> ParseResult[StateChangeEvent]:
     """The event for a state in :data:`DRAIN_STATES`, a skip for any other state."""
     if event.state not in DRAIN_STATES:
         return ParseResult.skip(SkipClass.UNHANDLED_STATE, f"instance state {event.state!r} is not acted on")
@@ -328,25 +282,19 @@ def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
     return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
 
 
-#: The EventBridge kinds acted on, by model (the parser's hot path).
-BY_MODEL: dict[type[BaseModel], KindSpec] = {
-    spec.model: spec
-    for spec in (
-        KindSpec("aws.ec2", SpotInterruptionEvent),
-        KindSpec("aws.ec2", RebalanceRecommendationEvent),
-        KindSpec("aws.ec2", CapacityReservationInterruptionEvent),
-        KindSpec("aws.ec2", StateChangeEvent, finish_state_change),
-        KindSpec("aws.health", HealthMessage, finish_health),
-        # A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
-        KindSpec("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid),
-        KindSpec("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid),
+#: EventBridge ``(source, detail-type)`` → the model of the kind acted on, told apart by its ``detail_type`` Literal.
+REGISTRY: dict[tuple[str, str], type[BaseModel]] = {
+    (source, detail_type): model
+    for source, model in (
+        ("aws.ec2", SpotInterruptionEvent),
+        ("aws.ec2", RebalanceRecommendationEvent),
+        ("aws.ec2", CapacityReservationInterruptionEvent),
+        ("aws.ec2", StateChangeEvent),
+        ("aws.health", HealthMessage),
+        ("aws.autoscaling", AsgTerminateLifecycleEvent),
+        ("aws.autoscaling", AsgLaunchLifecycleEvent),
     )
-}
-#: EventBridge ``(source, detail-type)`` → its kind.
-REGISTRY: dict[tuple[str, str], KindSpec] = {
-    (spec.source, detail_type): spec
-    for spec in BY_MODEL.values()
-    for detail_type in get_args(spec.model.model_fields["detail_type"].annotation)
+    for detail_type in get_args(model.model_fields["detail_type"].annotation)
 }
 
 
@@ -405,7 +353,7 @@ class OtherMessage(LifecycleProbe):
 @cache
 def _kinds() -> TypeAdapter[Any]:
     """Every registered model as one union tagged by ``detail-type``, built once."""
-    models = tuple(dict.fromkeys(spec.model for spec in REGISTRY.values()))
+    models = tuple(dict.fromkeys(REGISTRY.values()))
     union: Any = Union[models]  # noqa: UP007 - a runtime tuple of types needs the subscript form
     # cache_strings=False: a message's values (IDs, tokens, times) are unique, so the cache only costs.
     return TypeAdapter(
@@ -472,16 +420,22 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         unreadable = _unreadable(first)
         if unreadable is not None or first["type"] in _NOT_A_KIND:
             return unreadable
-        # A registered kind (the first location item is its detail-type) that lacks what it needs.
-        spec = next(spec for (_, detail_type), spec in REGISTRY.items() if detail_type == first["loc"][0])
-        explained = spec.on_invalid(body) if spec.on_invalid is not None else None
-        if explained is not None:
-            return explained
-        return ParseResult.invalid(exc, describe_validation_error(exc, skip_loc=1), "eventbridge")
-    spec = BY_MODEL[type(validated)]
-    if validated.source != spec.source:
+        # A registered kind (the first location item is its detail-type) that lacks what it needs; a terminate
+        # action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
+        model = next(model for (_, detail_type), model in REGISTRY.items() if detail_type == first["loc"][0])
+        explained = _explain_invalid(body) if issubclass(model, AsgLifecycleEvent) else None
+        return explained or ParseResult.invalid(
+            exc, describe_validation_error(exc, skip_loc=1), "eventbridge"
+        )
+    if (validated.source, validated.detail_type) not in REGISTRY:
         return _not_acted_on(validated.source, validated.detail_type)
-    result: ParseResult[Event] = spec.finish(validated, message)
+    result: ParseResult[Event]
+    if isinstance(validated, HealthMessage):
+        result = finish_health(validated, message)
+    elif isinstance(validated, StateChangeEvent):
+        result = finish_state_change(validated)
+    else:
+        result = ParseResult.of_events((validated,))
     if message is not None:
         for event in result.events:
             if event.message is None:
