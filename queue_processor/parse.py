@@ -72,9 +72,24 @@ class ParseResult(NamedTuple, Generic[E]):
         return cls("poison", (), reason, envelope, reason_class)
 
     @classmethod
-    def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult[Any]:
-        """A ``poison`` result for a ``ValidationError``: ``missing-field`` (its first error's) or ``invalid-field``."""
-        missing = _first_error(exc)["type"] == "missing"
+    def invalid(
+        cls, exc: ValidationError, envelope: str | None = None, *, skip_loc: int = 0, direct: bool = False
+    ) -> ParseResult[Any]:
+        """Poison for a ``ValidationError``: ``missing-field`` (its first error's) or ``invalid-field``, the reason
+        ``"<path>: <message>"`` of its first error with the count of the others; ``skip_loc``: leading path items
+        left out (a union's tag); ``direct``: named by the keys of a notification straight to SQS."""
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        first = errors[0]
+        parts = first["loc"][skip_loc:]
+        if direct:
+            parts = tuple(
+                _DIRECT_KEYS.get(str(p), p) for p in (parts[1:] if parts[:1] == ("detail",) else parts)
+            )
+        loc = ".".join(str(part) for part in parts)
+        reason = f"{loc}: {first['msg']}" if loc else str(first["msg"])
+        if len(errors) > 1:
+            reason += f" (and {len(errors) - 1} more)"
+        missing = first["type"] == "missing"
         return cls.poison(
             PoisonClass.MISSING_FIELD if missing else PoisonClass.INVALID_FIELD, reason, envelope
         )
@@ -97,21 +112,6 @@ def _unreadable(first: Any) -> ParseResult[Any] | None:
     if first["type"] in ("dict_type", "model_type") and not first["loc"]:
         return ParseResult.poison(PoisonClass.NOT_OBJECT, "not a JSON object")
     return None
-
-
-def describe_validation_error(exc: ValidationError, skip_loc: int = 0, *, direct: bool = False) -> str:
-    """``"<path>: <message>"`` of a ``ValidationError``'s first error, with the count of the others; ``skip_loc``
-    leading path items left out (a union's tag); ``direct``: named by the keys of a notification straight to SQS."""
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    first = errors[0]
-    parts = first["loc"][skip_loc:]
-    if direct:
-        parts = tuple(_DIRECT_KEYS.get(str(p), p) for p in (parts[1:] if parts[:1] == ("detail",) else parts))
-    loc = ".".join(str(part) for part in parts)
-    line = f"{loc}: {first['msg']}" if loc else str(first["msg"])
-    if len(errors) > 1:
-        line += f" (and {len(errors) - 1} more)"
-    return line
 
 
 class AffectedEntity(BaseModel):
@@ -178,7 +178,7 @@ def _affected_instances(msg: HealthMessage) -> list[str]:
     return list(instances)
 
 
-def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult[ScheduledChangeEvent]:
+def finish_health(msg: HealthMessage) -> ParseResult[ScheduledChangeEvent]:
     """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip;
     poison without a readable ``time`` / ``startTime`` or an affected instance."""
     health = msg.detail
@@ -215,7 +215,6 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
             time=msg.time,
             scheduled_start_time=start_time,
             source_id=health.event_arn or msg.id,
-            message=message,
             event_arn=health.event_arn,
             event_type_code=health.event_type_code,
             end_time=end_time,
@@ -298,9 +297,7 @@ REGISTRY: dict[tuple[str, str], type[BaseModel]] = {
 }
 
 
-def parse_direct(
-    body: str | bytes, message: SqsMessageRef | None
-) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
+def parse_direct(body: str | bytes) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
     """An Auto Scaling notification sent straight to SQS: one event, a skip (not an action), or poison."""
     text = body if isinstance(body, str) else body.decode("utf-8", "replace")
     model = next(
@@ -308,33 +305,23 @@ def parse_direct(
     )
     if model is not None:
         try:
-            return _direct_event(model, body, message)
+            return ParseResult.of_events((model.model_validate_json(body),), "asg-direct")
         except ValidationError as exc:
             error = exc
     try:
         probe = LifecycleProbe.model_validate_json(body)
     except ValidationError as exc:
-        return ParseResult.invalid(exc, describe_validation_error(exc), "asg-direct")
+        return ParseResult.invalid(exc, "asg-direct")
     skipped = probe.not_an_action("asg-direct")
     if skipped is not None:
         return skipped
     if model is None:  # the text search missed the transition (JSON escapes in it); the probe read it
         try:
-            return _direct_event(TRANSITION_EVENTS[str(probe.lifecycle_transition)], body, message)
+            event = TRANSITION_EVENTS[str(probe.lifecycle_transition)].model_validate_json(body)
+            return ParseResult.of_events((event,), "asg-direct")
         except ValidationError as exc:
             error = exc
-    return ParseResult.invalid(error, describe_validation_error(error, direct=True), "asg-direct")
-
-
-def _direct_event(
-    model: type[AsgTerminateLifecycleEvent] | type[AsgLaunchLifecycleEvent],
-    body: str | bytes,
-    message: SqsMessageRef | None,
-) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
-    event = model.model_validate_json(body)
-    if message is not None:
-        event.attach(message)
-    return ParseResult.of_events((event,), "asg-direct")
+    return ParseResult.invalid(error, "asg-direct", direct=True)
 
 
 #: Errors of the tagged union that mean "not one of the registered EventBridge kinds".
@@ -364,10 +351,12 @@ def _kinds() -> TypeAdapter[Any]:
 def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult[Event]:
     """The :class:`ParseResult` of one SQS message body (str or UTF-8), ``message`` on each event; never raises."""
     try:
-        result = _parse(body, message, wrapped=False)
+        result = _parse(body, wrapped=False)
     except Exception as exc:  # parse is total: a bug in a kind parser must not kill the receive loop
         return ParseResult.poison(PoisonClass.OTHER, f"unexpected {type(exc).__name__} while parsing: {exc}")
     for event in result.events:
+        if message is not None:
+            event.attach(message)
         # A start time past year 9999 is poison now, not an OverflowError mid-drain; only year 9999 can overflow.
         if event.time.year < 9999:
             continue
@@ -391,7 +380,7 @@ def _size_reason(body: str | bytes) -> str | None:
     return None
 
 
-def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -> ParseResult[Event]:
+def _parse(body: str | bytes, *, wrapped: bool) -> ParseResult[Event]:
     if len(body) * 4 > MAX_MESSAGE_BYTES:  # a UTF-8 character is at most 4 bytes
         too_large = _size_reason(body)
         if too_large is not None:
@@ -401,17 +390,17 @@ def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -
     text = body if isinstance(body, str) else body.decode("utf-8", "replace")
     hinted = '"detail-type"' in text
     if hinted:
-        result = _eventbridge(body, message)
+        result = _eventbridge(body)
     elif '"LifecycleTransition"' in text:
-        result = parse_direct(body, message)
+        result = parse_direct(body)
     if result is None:
-        result = _other(body, message, wrapped=wrapped, tried_eventbridge=hinted)
+        result = _other(body, wrapped=wrapped, tried_eventbridge=hinted)
     if wrapped:
         return result._replace(envelope="sns" if result.envelope is None else f"sns+{result.envelope}")
     return result
 
 
-def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResult[Event] | None:
+def _eventbridge(body: str | bytes) -> ParseResult[Event] | None:
     """A registered EventBridge kind, validated into its model; ``None`` when the body is not one."""
     try:
         validated = _kinds().validator.validate_json(body)
@@ -424,23 +413,14 @@ def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResul
         # action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
         model = next(model for (_, detail_type), model in REGISTRY.items() if detail_type == first["loc"][0])
         explained = _explain_invalid(body) if issubclass(model, AsgLifecycleEvent) else None
-        return explained or ParseResult.invalid(
-            exc, describe_validation_error(exc, skip_loc=1), "eventbridge"
-        )
+        return explained or ParseResult.invalid(exc, "eventbridge", skip_loc=1)
     if (validated.source, validated.detail_type) not in REGISTRY:
         return _not_acted_on(validated.source, validated.detail_type)
-    result: ParseResult[Event]
     if isinstance(validated, HealthMessage):
-        result = finish_health(validated, message)
-    elif isinstance(validated, StateChangeEvent):
-        result = finish_state_change(validated)
-    else:
-        result = ParseResult.of_events((validated,))
-    if message is not None:
-        for event in result.events:
-            if event.message is None:
-                event.attach(message)
-    return result
+        return finish_health(validated)
+    if isinstance(validated, StateChangeEvent):
+        return finish_state_change(validated)
+    return ParseResult.of_events((validated,))
 
 
 def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[Any]:
@@ -453,17 +433,15 @@ def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[An
     )
 
 
-def _other(
-    body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool, tried_eventbridge: bool
-) -> ParseResult[Event]:
+def _other(body: str | bytes, *, wrapped: bool, tried_eventbridge: bool) -> ParseResult[Event]:
     """SNS, a direct Auto Scaling notification, an EventBridge event of another kind, or poison."""
     try:
         raw = OtherMessage.model_validate_json(body)
     except ValidationError as exc:
-        return _unreadable(_first_error(exc)) or ParseResult.invalid(exc, describe_validation_error(exc))
+        return _unreadable(_first_error(exc)) or ParseResult.invalid(exc)
     if raw.source is not None or raw.detail_type is not None:
         if not tried_eventbridge:  # the hint missed it (an escaped key): go the EventBridge way
-            result = _eventbridge(body, message)
+            result = _eventbridge(body)
             if result is not None:
                 return result
         return _not_acted_on(raw.source, raw.detail_type)
@@ -478,11 +456,11 @@ def _other(
             )
         if raw.sns_message is None:
             return ParseResult.poison(PoisonClass.MISSING_FIELD, "Message: Field required", "sns")
-        return _parse(raw.sns_message, message, wrapped=True)
+        return _parse(raw.sns_message, wrapped=True)
     # An Auto Scaling notification sent straight to SQS.
     direct = raw.lifecycle_transition is not None or raw.lifecycle_hook_name is not None
     if direct or (raw.event or "").startswith("autoscaling:"):
-        return raw.not_an_action("asg-direct") or parse_direct(body, message)
+        return raw.not_an_action("asg-direct") or parse_direct(body)
     return ParseResult.poison(
         PoisonClass.UNKNOWN_SHAPE,
         "not a known message shape: neither an EventBridge event, an Auto Scaling notification "
