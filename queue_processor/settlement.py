@@ -75,19 +75,14 @@ class Ledger:
         self._extender: asyncio.Task[None] | None = None
         self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
         self._delete_flusher: asyncio.Task[None] | None = None
-        self._received: dict[str, float] = {}  # receipt handle → when it was received (monotonic)
-        self._extending: dict[
-            str, asyncio.Future[None]
-        ] = {}  # message ID → the renewal in flight carrying it
+        self._received: dict[str, float] = {}  # message ID → when its newest receipt came (monotonic)
+        self._extending: dict[str, asyncio.Future[None]] = {}  # message ID → the renewal carrying it
 
     def hold_message(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt
         handle. Raises ``RuntimeError`` when ``room`` has no slot left."""
-        before = self.slots.ref(ref.message_id)
         room.claim(ref)
-        if before is not None:
-            self._received.pop(before.receipt_handle, None)
-        self._received[ref.receipt_handle] = time.monotonic()
+        self._received[ref.message_id] = time.monotonic()
 
     def held(self) -> list[SqsMessageRef]:
         """The newest receipt of every message that still has an operation running."""
@@ -97,9 +92,7 @@ class Ledger:
     def release_slot(self, message_id: str) -> None:
         """Return ``message_id``'s slot unless the store holds the message again (received while settling)."""
         if not self.store.in_flight(message_id):
-            ref = self.slots.ref(message_id)
-            if ref is not None:
-                self._received.pop(ref.receipt_handle, None)
+            self._received.pop(message_id, None)
             self.slots.release(message_id)
 
     def park_messages(self, message_ids: list[str]) -> None:
@@ -292,50 +285,38 @@ class Ledger:
             await asyncio.sleep(period)
             await self.renew_held()
 
-    async def _receive_anew(self, queue_url: str, refs: list[SqsMessageRef]) -> list[SqsMessageRef]:
-        """Those of ``refs`` whose visibility may be renewed; one held for almost :data:`SQS_HOLD_MAX_S` (less two
-        visibility timeouts) is made visible now, to be received anew, before SQS refuses its renewal."""
-        limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
-        now = time.monotonic()
-        expiring = [ref for ref in refs if now - self._received.get(ref.receipt_handle, now) >= limit]
-        if expiring:
-            log.info(
-                "messages held for almost SQS's limit made visible again, to be received anew",
-                message_ids=[ref.message_id for ref in expiring],
-            )
-            await self._set_visibility(
-                queue_url, [ref.receipt_handle for ref in expiring], 0, ErrorWhere.VISIBILITY
-            )
-        return [ref for ref in refs if ref not in expiring]
-
     async def renew_held(self) -> None:
-        """Renew every held message's visibility (batches of 10), never after its requeue or delete."""
+        """Renew every held message's visibility (batches of 10), never after its requeue or delete. One held for
+        almost :data:`SQS_HOLD_MAX_S` (less two visibility timeouts) is made visible instead, to be received anew,
+        before SQS refuses its renewal."""
         loop = asyncio.get_running_loop()
         refs = self.held()
         renewals = {ref.message_id: loop.create_future() for ref in refs}
         self._extending.update(renewals)
+        limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
         try:
-            by_queue: dict[str, list[SqsMessageRef]] = {}
-            for ref in refs:
-                by_queue.setdefault(ref.queue_url, []).append(ref)
-            for queue_url, queued in by_queue.items():
-                for start in range(0, len(queued), 10):
-                    chunk = queued[start : start + 10]
-                    live = [ref for ref in chunk if self.store.in_flight(ref.message_id)]
-                    for ref in chunk:
-                        if ref not in live:
-                            renewals[ref.message_id].set_result(None)
-                    live = await self._receive_anew(queue_url, live)
-                    if live:
-                        handles = [ref.receipt_handle for ref in live]
-                        renewed = await self._set_visibility(
-                            queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
-                        )
-                        for ref in live:  # ours for another visibility timeout: their actions may be beaten
-                            if ref.receipt_handle in renewed:
-                                self.heartbeats.hold(self.store.actions_of(ref.message_id))
-                    for ref in live:
-                        renewals[ref.message_id].set_result(None)
+            for queue_url in dict.fromkeys(ref.queue_url for ref in refs):
+                queued = [ref for ref in refs if ref.queue_url == queue_url]
+                now = time.monotonic()
+                live = [ref for ref in queued if self.store.in_flight(ref.message_id)]
+                expiring = [ref for ref in live if now - self._received.get(ref.message_id, now) >= limit]
+                if expiring:
+                    log.info(
+                        "messages held for almost SQS's limit made visible again, to be received anew",
+                        message_ids=[ref.message_id for ref in expiring],
+                    )
+                    handles = [ref.receipt_handle for ref in expiring]
+                    await self._set_visibility(queue_url, handles, 0, ErrorWhere.VISIBILITY)
+                live = [ref for ref in live if ref not in expiring]
+                handles = [ref.receipt_handle for ref in live]
+                renewed = await self._set_visibility(
+                    queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
+                )
+                for ref in live:  # ours for another visibility timeout: their actions may be beaten
+                    if ref.receipt_handle in renewed:
+                        self.heartbeats.hold(self.store.actions_of(ref.message_id))
+                for ref in queued:
+                    renewals[ref.message_id].set_result(None)
         finally:
             for message_id, renewal in renewals.items():
                 if not renewal.done():
