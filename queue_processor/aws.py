@@ -124,22 +124,6 @@ def _count_requests(client: Any, observer: Observer) -> None:
     client.meta.events.register("after-call-error", failed)
 
 
-def _shapes_reached(shapes: Mapping[str, Any], roots: Iterable[str]) -> set[str]:
-    """The names of ``roots`` and of every shape they reach."""
-    seen: set[str] = set()
-    todo = [name for name in roots if name]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in shapes:
-            continue
-        seen.add(name)
-        shape = shapes[name]
-        refs = [member.get("shape") for member in (shape.get("members") or {}).values()]
-        refs += [(shape.get(part) or {}).get("shape") for part in ("member", "key", "value")]
-        todo += [ref for ref in refs if ref]
-    return seen
-
-
 def _undocumented(value: Any) -> Any:
     """``value`` (a JSON tree) without its ``documentation`` strings."""
     if isinstance(value, dict):
@@ -154,12 +138,20 @@ def trim_service_model(model: Mapping[str, Any], operations: Iterable[str]) -> d
     without documentation strings. A client built on it raises ``AttributeError`` for any other method."""
     kept = {name: model["operations"][name] for name in operations if name in model.get("operations", {})}
     shapes = model.get("shapes") or {}
-    roots = [
+    todo = [
         ref.get("shape")
         for operation in kept.values()
         for ref in (operation.get("input") or {}, operation.get("output") or {}, *operation.get("errors", ()))
     ]
-    reached = _shapes_reached(shapes, roots)
+    reached: set[str] = set()
+    while todo:  # the shapes the operations name, and every shape those reach
+        name = todo.pop()
+        if not name or name in reached or name not in shapes:
+            continue
+        reached.add(name)
+        shape = shapes[name]
+        todo += [member.get("shape") for member in (shape.get("members") or {}).values()]
+        todo += [(shape.get(part) or {}).get("shape") for part in ("member", "key", "value")]
     trimmed = {
         key: value for key, value in model.items() if key not in ("operations", "shapes", "documentation")
     }
@@ -358,11 +350,8 @@ class InstanceResolver:
     async def _run_batch(self) -> None:
         await asyncio.sleep(self.window_s)
         while self._waiting:
-            await self._slots.acquire()
+            await self._slots.acquire()  # only get_many adds to _waiting meanwhile: the batch is never empty
             ids = list(self._waiting)[: self.max_batch]
-            if not ids:
-                self._slots.release()
-                return
             waiters = {instance_id: self._waiting.pop(instance_id) for instance_id in ids}
             task = asyncio.create_task(self._call(waiters), name="describe-instances-call")
             self._in_flight.add(task)

@@ -134,10 +134,11 @@ def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
     return str.__add__(kind, "-" + digest)
 
 
-def _detail(key: str, *, top: bool = False, **field: Any) -> Any:
-    """A field read from ``detail.<key>``, or also top-level with ``top`` (sent straight to SQS); ``field``: more."""
-    path = AliasPath("detail", key)
-    return Field(validation_alias=AliasChoices(path, key) if top else path, **field)
+def _detail(*keys: str, top: bool = False, **field: Any) -> Any:
+    """A field read from ``detail.<key>`` (the first of ``keys`` there), or also top-level with ``top`` (sent straight
+    to SQS); ``field``: more."""
+    choices = [AliasPath("detail", key) for key in keys] + (list(keys) if top else [])
+    return Field(validation_alias=AliasChoices(*choices) if len(choices) > 1 else choices[0], **field)
 
 
 def _detail_type(name: str) -> Any:
@@ -195,12 +196,7 @@ class CapacityReservationInterruptionEvent(_InstanceEvent):
     kind: Literal[EventKind.CAPACITY_RESERVATION_INTERRUPTION] = EventKind.CAPACITY_RESERVATION_INTERRUPTION
     instance_termination_time: AwareDatetime | None = _detail("instance-termination-time", default=None)
     instance_action: str | None = _detail("instance-action", default=None)
-    availability_zone_id: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(
-            AliasPath("detail", "availability-zone-id"), AliasPath("detail", "azId")
-        ),
-    )
+    availability_zone_id: str | None = _detail("availability-zone-id", "azId", default=None)
 
     @computed_field
     @cached_field

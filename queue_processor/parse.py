@@ -160,22 +160,14 @@ def parse_health_time(value: str) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
-def _instance_id(value: str) -> str:
-    # An instance ARN (arn:aws:ec2:region:account:instance/i-…) names the instance after "instance/".
-    marker = ":instance/"
-    return value.split(marker, 1)[1] if marker in value else value
-
-
 def _affected_instances(msg: HealthMessage) -> list[str]:
     entities = msg.detail.affected_entities
     values = (
         [entity.entity_value for entity in entities] if entities is not None else list(msg.resources or ())
     )
-    instances: dict[str, None] = {}
-    for value in values:
-        if value and value.strip():
-            instances[_instance_id(value.strip())] = None
-    return list(instances)
+    # An instance ARN (arn:aws:ec2:region:account:instance/i-…) names the instance after "instance/".
+    stripped = (value.strip() for value in values if value and value.strip())
+    return list(dict.fromkeys(value.split(":instance/", 1)[-1] for value in stripped))
 
 
 def finish_health(msg: HealthMessage) -> ParseResult[ScheduledChangeEvent]:

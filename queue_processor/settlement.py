@@ -198,7 +198,21 @@ class Ledger:
             await asyncio.sleep(DELETE_WINDOW_S)
             while self._pending_deletes:
                 queue_url, taken = self._pending_deletes.popitem()
-                await self._delete_batches(queue_url, taken)
+                entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in taken]
+                refused = await self._batch(
+                    self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE
+                )
+                for index, (ref, future) in enumerate(taken):
+                    entry = refused.get(index)
+                    if entry:
+                        log.warning(
+                            "delete failed",
+                            message_id=ref.message_id,
+                            code=entry.get("Code"),
+                            error=entry.get("Message"),
+                        )
+                    if not future.done():  # whether SQS deleted it
+                        future.set_result(index not in refused)
         finally:  # after a normal end nothing is left; after a death no other batcher takes what is
             left = [*taken, *(item for items in self._pending_deletes.values() for item in items)]
             self._pending_deletes.clear()
@@ -208,24 +222,6 @@ class Ledger:
                 self.observer.error(ErrorWhere.DELETE)
                 log.error("delete not sent: the delete batcher ended", message_id=ref.message_id)
                 future.set_result(False)
-
-    async def _delete_batches(
-        self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
-    ) -> None:
-        """DeleteMessageBatch for ``items``; each future gets whether SQS deleted it."""
-        entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in items]
-        refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
-        for index, (ref, future) in enumerate(items):
-            entry = refused.get(index)
-            if entry:
-                log.warning(
-                    "delete failed",
-                    message_id=ref.message_id,
-                    code=entry.get("Code"),
-                    error=entry.get("Message"),
-                )
-            if not future.done():
-                future.set_result(index not in refused)
 
     async def _batch(
         self,
