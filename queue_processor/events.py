@@ -399,10 +399,6 @@ class MessageOutcome(StrEnum):
     REQUEUE = "requeue"
 
 
-#: Messages whose every operation has ended: (message ID, what to do with it) pairs.
-Settlement = tuple[tuple[str, MessageOutcome], ...]
-
-
 @dataclass
 class _MessageState:
     failed: bool = False
@@ -465,9 +461,10 @@ class EventStore:
                 operation.messages.append(message.message_id)
         return Admission(kind, operation)
 
-    def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
-        """End an operation, remembering a success's event IDs (not unsettled actions'); the messages with none left:
-        DELETE when all theirs succeeded, actions settled, else REQUEUE. ``KeyError`` for one not in flight."""
+    def finish(self, operation: NodeOperation, *, succeeded: bool) -> tuple[tuple[str, MessageOutcome], ...]:
+        """End an operation, remembering a success's event IDs (not unsettled actions'); ``(message ID, outcome)`` of
+        the messages with none left: DELETE when all theirs succeeded, actions settled, else REQUEUE. ``KeyError``
+        for one not in flight."""
         if self._operations.get(operation.key) is not operation:
             raise KeyError(f"no operation in flight for {operation.key}")
         del self._operations[operation.key]

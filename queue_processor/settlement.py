@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -129,16 +130,7 @@ class Ledger:
             return
         # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
         receipts = [(message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement]
-        results = await asyncio.gather(
-            *(self._settle(message_id, ref, outcome, operation) for message_id, ref, outcome in receipts),
-            return_exceptions=True,
-        )
-        for (message_id, _, outcome), result in zip(receipts, results, strict=True):
-            if isinstance(result, Exception):
-                self.observer.error(ErrorWhere.SETTLE)
-                log.error(
-                    "settlement failed", message_id=message_id, outcome=str(outcome), error=repr(result)
-                )
+        await asyncio.gather(*(self._settle(*receipt, operation) for receipt in receipts))
 
     async def _settle(
         self, message_id: str, ref: SqsMessageRef | None, outcome: MessageOutcome, operation: NodeOperation
@@ -168,6 +160,9 @@ class Ledger:
                 await self._change_visibility(ref, backoff)
                 self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
                 log.info("requeued", message_id=message_id, visible_in_s=backoff)
+        except Exception as exc:
+            self.observer.error(ErrorWhere.SETTLE)
+            log.error("settlement failed", message_id=message_id, outcome=str(outcome), error=repr(exc))
         finally:
             self.release_slot(message_id)
 
@@ -321,20 +316,19 @@ class Ledger:
                     del self._extending[message_id]
 
 
+@dataclass
 class Room:
-    """Slots reserved for one poll (``size``); ``claim`` gives one to a message. Valid inside its ``async with``."""
+    """Slots reserved for one poll (``size``: 1 to the ``at_most`` asked for; ``unclaimed``: those no message claimed
+    yet, returned when the block exits); ``claim`` gives one to a message. Valid inside its ``async with``."""
 
-    def __init__(self, slots: InFlightSlots, size: int) -> None:
-        self._slots = slots
-        self.size = size
-        """Slots reserved (1 to the ``at_most`` asked for)."""
-        self.unclaimed = size
-        """Reserved slots no message claimed yet (returned when the block exits)."""
+    slots: InFlightSlots
+    size: int
+    unclaimed: int
 
     def claim(self, ref: SqsMessageRef) -> bool:
         """Give a reserved slot to ``ref``'s message; ``False``, taking none, when it holds one already (its receipt
         handle becomes ``ref``'s). Raises ``RuntimeError`` when none is left or the block has exited."""
-        held = self._slots._held
+        held = self.slots._held
         if ref.message_id in held:
             held[ref.message_id] = ref
             return False
@@ -381,7 +375,7 @@ class InFlightSlots:
             self.waiting -= 1
         taken = min(self.free, max(1, at_most))
         self.free -= taken
-        room = Room(self, taken)
+        room = Room(self, taken, taken)
         try:
             yield room
         finally:
