@@ -17,7 +17,7 @@ from botocore.exceptions import NoCredentialsError
 from queue_processor import rest
 from queue_processor.aws import call, error_code
 from queue_processor.config import default
-from queue_processor.events import AdmissionKind, Mode, NodeOperation, SqsMessageRef
+from queue_processor.events import AdmissionKind, NodeOperation, SqsMessageRef
 from queue_processor.handler import Handler
 from queue_processor.outcomes import ErrorWhere, MessageFate
 from queue_processor.parse import parse
@@ -84,8 +84,7 @@ class Consumer:
         self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         """Resolved with one line naming the setting when SQS refuses the very first receives for good."""
         handler.park_messages = ledger.park_messages
-        self._operations: dict[tuple[str, Mode], asyncio.Task[None]] = {}
-        self._settling: set[asyncio.Task[None]] = set()  # operation tasks settling their messages
+        self._operations: set[asyncio.Task[None]] = set()  # operation tasks, settling ones included
         self._loops: list[asyncio.Task[None]] = []
         self._polling: set[asyncio.Task[Any]] = set()  # loops from their poll until its messages are taken
         self._stopping = asyncio.Event()
@@ -112,7 +111,7 @@ class Consumer:
     @property
     def tasks(self) -> int:
         """Operation tasks alive, settling ones included."""
-        return len(self._operations) + len(self._settling)
+        return len(self._operations)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """EarlyExit for everything: stop receiving, cancel every operation and heartbeat, make held messages and
@@ -129,7 +128,7 @@ class Consumer:
                 operations=len(self._operations),
                 polls=sum(1 for task in self._loops if not task.done()),
             )
-        await rest.stop(*self._loops, *self._operations.values(), *self._settling)
+        await rest.stop(*self._loops, *self._operations)
         await self.ledger.close()
         await self.ledger.heartbeats.close()
 
@@ -139,7 +138,7 @@ class Consumer:
                 task.cancel()
         held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
         # Settlements under way stop too: every message still held is made visible below anyway.
-        await rest.stop(*self._operations.values(), *self._settling)
+        await rest.stop(*self._operations)
         leases = self.handler.parts.leases
         if leases is not None:
             # Leases free before their messages are visible to another replica; a hung batch is left to close().
@@ -264,7 +263,7 @@ class Consumer:
             bound.info("message repeats events already handled: deleted")
             self.ledger.slots.release(ref.message_id)  # before the delete, which may raise or be cancelled
             await self.ledger.delete(ref, kinds)
-        self.observer.in_flight(self.store.held_count, len(self._operations))
+        self.observer.in_flight(*self.store.counts())
         return True
 
     async def _start(self, operation: NodeOperation) -> None:
@@ -273,7 +272,7 @@ class Consumer:
             task = rest.spawn(
                 self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}"
             )
-            self._operations[operation.key] = task
+            self._operations.add(task)
             task.add_done_callback(functools.partial(self._operation_ended, operation))
         except Exception:
             await self.ledger.finish(operation, succeeded=False)
@@ -281,9 +280,7 @@ class Consumer:
 
     def _operation_ended(self, operation: NodeOperation, task: asyncio.Task[None]) -> None:
         """Drop the ended task; finish as failed an operation a shutdown cancelled before it ran."""
-        if self._operations.get(operation.key) is task:
-            del self._operations[operation.key]
-        self._settling.discard(task)
+        self._operations.discard(task)
         if self.store.running(operation):
             for message_id, _ in self.store.finish(operation, succeeded=False):
                 self.ledger.release_slot(message_id)
@@ -293,10 +290,6 @@ class Consumer:
         try:
             succeeded = await self.handler.handle(operation) is Outcome.DONE
         finally:
-            current = asyncio.current_task()
-            if self._operations.get(operation.key) is current and current is not None:
-                del self._operations[operation.key]
-                self._settling.add(current)
             # A shutdown makes every held message visible: then only their slots are returned.
             await self.ledger.finish(operation, succeeded=succeeded, letting_go=self._stopping.is_set())
-            self.observer.in_flight(self.store.held_count, len(self._operations))
+            self.observer.in_flight(*self.store.counts())

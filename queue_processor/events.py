@@ -433,10 +433,9 @@ class EventStore:
         """The IDs of every message that still has an operation running."""
         return list(self._messages)
 
-    @property
-    def held_count(self) -> int:
-        """How many messages :meth:`held` would return."""
-        return len(self._messages)
+    def counts(self) -> tuple[int, int]:
+        """``(messages held, operations in flight)``."""
+        return len(self._messages), len(self._operations)
 
     def admit(self, event: Event) -> Admission:
         """Start, join or repeat an operation; the event's ``message`` is tracked until all it joined have ended."""
