@@ -291,15 +291,6 @@ REGISTRY: dict[tuple[str, str], type[BaseModel]] = {
 
 def parse_direct(body: str | bytes) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
     """An Auto Scaling notification sent straight to SQS: one event, a skip (not an action), or poison."""
-    text = body if isinstance(body, str) else body.decode("utf-8", "replace")
-    model = next(
-        (model for transition, model in TRANSITION_EVENTS.items() if f'"{transition}"' in text), None
-    )
-    if model is not None:
-        try:
-            return ParseResult.of_events((model.model_validate_json(body),), "asg-direct")
-        except ValidationError as exc:
-            error = exc
     try:
         probe = LifecycleProbe.model_validate_json(body)
     except ValidationError as exc:
@@ -307,13 +298,11 @@ def parse_direct(body: str | bytes) -> ParseResult[AsgTerminateLifecycleEvent | 
     skipped = probe.not_an_action("asg-direct")
     if skipped is not None:
         return skipped
-    if model is None:  # the text search missed the transition (JSON escapes in it); the probe read it
-        try:
-            event = TRANSITION_EVENTS[str(probe.lifecycle_transition)].model_validate_json(body)
-            return ParseResult.of_events((event,), "asg-direct")
-        except ValidationError as exc:
-            error = exc
-    return ParseResult.invalid(error, "asg-direct", direct=True)
+    try:
+        event = TRANSITION_EVENTS[str(probe.lifecycle_transition)].model_validate_json(body)
+    except ValidationError as exc:
+        return ParseResult.invalid(exc, "asg-direct", direct=True)
+    return ParseResult.of_events((event,), "asg-direct")
 
 
 #: Errors of the tagged union that mean "not one of the registered EventBridge kinds".
@@ -452,7 +441,7 @@ def _other(body: str | bytes, *, wrapped: bool, tried_eventbridge: bool) -> Pars
     # An Auto Scaling notification sent straight to SQS.
     direct = raw.lifecycle_transition is not None or raw.lifecycle_hook_name is not None
     if direct or (raw.event or "").startswith("autoscaling:"):
-        return raw.not_an_action("asg-direct") or parse_direct(body)
+        return parse_direct(body)
     return ParseResult.poison(
         PoisonClass.UNKNOWN_SHAPE,
         "not a known message shape: neither an EventBridge event, an Auto Scaling notification "
