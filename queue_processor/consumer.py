@@ -130,7 +130,6 @@ class Consumer:
             )
         await rest.stop(*self._loops, *self._operations)
         await self.ledger.close()
-        await self.ledger.heartbeats.close()
 
     async def _shut_down(self) -> None:
         for task in self._loops:
@@ -145,10 +144,7 @@ class Consumer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELEASES_AT_SHUTDOWN_S):
                     await leases.flush()
-        await self.ledger.heartbeats.close()  # nothing beats once this replica lets its messages go
-        await self.ledger.stop_renewing()
-        await self.ledger.deletes_sent()  # deletes already decided
-        await self.ledger.release_held(held)
+        await self.ledger.let_go(held)
         # An open poll may take the messages just made visible: its loop makes them visible again (_poll).
         await rest.wait(*self._loops)
 

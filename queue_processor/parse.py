@@ -366,14 +366,10 @@ def _parse(body: str | bytes, *, wrapped: bool) -> ParseResult[Event]:
         too_large = _size_reason(body)
         if too_large is not None:
             return ParseResult.poison(PoisonClass.TOO_LARGE, too_large)
-    # Hints, not decisions: what the likely shape does not take goes through the others.
-    result: ParseResult[Event] | None = None
+    # A hint, not a decision: what the EventBridge kinds do not take goes through the other shapes.
     text = body if isinstance(body, str) else body.decode("utf-8", "replace")
     hinted = '"detail-type"' in text
-    if hinted:
-        result = _eventbridge(body)
-    elif '"LifecycleTransition"' in text:
-        result = parse_direct(body)
+    result = _eventbridge(body) if hinted else None
     if result is None:
         result = _other(body, wrapped=wrapped, tried_eventbridge=hinted)
     if wrapped:

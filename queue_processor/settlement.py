@@ -105,17 +105,10 @@ class Ledger:
         """Start renewing the visibility of the messages held."""
         self._extender = rest.spawn(self._extend_loop(), name="visibility-extender")
 
-    async def stop_renewing(self) -> None:
-        """Stop the visibility renewals (a renewal in flight is cancelled and awaited)."""
-        await rest.stop(self._extender)
-
-    async def deletes_sent(self) -> None:
-        """Wait until the deletes already decided have been answered."""
-        await rest.wait(self._delete_flusher)
-
     async def close(self) -> None:
-        """Stop everything the ledger runs; a delete not sent yet is answered as failed."""
+        """Stop everything the ledger runs, heartbeats included; a delete not sent yet is answered as failed."""
         await rest.stop(self._extender, self._delete_flusher)
+        await self.heartbeats.close()
 
     async def poison(self, ref: SqsMessageRef) -> None:
         """Hide a poison message for POISON_VISIBILITY_TIMEOUT_SEC, never deleting it (the redrive policy acts)."""
@@ -175,8 +168,12 @@ class Ledger:
         if await future:
             self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
 
-    async def release_held(self, refs: list[SqsMessageRef]) -> None:
-        """Make ``refs`` (messages of any queues) visible again at once (shutdown)."""
+    async def let_go(self, refs: list[SqsMessageRef]) -> None:
+        """Shutdown: stop the heartbeats and renewals (one in flight cancelled), wait for the deletes already decided,
+        then make ``refs`` (messages of any queues) visible again at once."""
+        await self.heartbeats.close()  # nothing beats once this replica lets its messages go
+        await rest.stop(self._extender)
+        await rest.wait(self._delete_flusher)
         for queue_url in dict.fromkeys(ref.queue_url for ref in refs):
             await self.make_visible(
                 queue_url, [ref.receipt_handle for ref in refs if ref.queue_url == queue_url]
