@@ -19,7 +19,7 @@ from queue_processor.aws import call, error_code
 from queue_processor.config import default
 from queue_processor.events import AdmissionKind, NodeOperation, SqsMessageRef
 from queue_processor.handler import Handler
-from queue_processor.outcomes import ErrorWhere, MessageFate
+from queue_processor.outcomes import ErrorWhere, MessageFate, PoisonClass, SkipClass
 from queue_processor.parse import parse
 from queue_processor.settlement import Ledger, Room
 from queue_processor.steps import Outcome
@@ -236,15 +236,15 @@ class Consumer:
         result = parse(message.get("Body") or "", ref)
         kinds = ",".join(sorted({str(e.kind) for e in result.events})) or result.outcome
         self.observer.message(queue_url, MessageFate.RECEIVED, kinds)
-        if result.outcome == "poison":
+        reason_class = result.reason_class  # a poison result's PoisonClass, a skip's SkipClass
+        if isinstance(reason_class, PoisonClass):
             bound.warning("poison message left for the dead-letter queue", reason=result.reason)
-            self.observer.poison(queue_url, result.poison_class)
+            self.observer.poison(queue_url, reason_class)
             await self.ledger.poison(ref)
             return False
-        if result.outcome == "skip":
+        if isinstance(reason_class, SkipClass):
             bound.info("message skipped", reason=result.reason)
-            if result.skip_class is not None:
-                self.observer.skipped(queue_url, result.skip_class)
+            self.observer.skipped(queue_url, reason_class)
             await self.ledger.delete(ref, kinds)
             return True
         self.ledger.hold_message(room, ref)  # held already (received again): it keeps the slot it has

@@ -39,23 +39,14 @@ Outcome = Literal["events", "skip", "poison"]
 
 class ParseResult(NamedTuple, Generic[E]):
     """One body's result: ``"events"``, ``"skip"`` (not acted on) or ``"poison"`` (to the redrive policy), a ``reason``;
-    ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``, ``"sns+<inner>"`` or ``None``."""
+    ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``, ``"sns+<inner>"`` or ``None``; ``reason_class``: the
+    :class:`PoisonClass` of every poison result, the :class:`SkipClass` of every skip."""
 
     outcome: Outcome
     events: tuple[E, ...] = ()
     reason: str | None = None
     envelope: str | None = None
     reason_class: PoisonClass | SkipClass | None = None
-
-    @property
-    def poison_class(self) -> PoisonClass:
-        """The :class:`PoisonClass` of a poison result (``other`` for any other result)."""
-        return self.reason_class if isinstance(self.reason_class, PoisonClass) else PoisonClass.OTHER
-
-    @property
-    def skip_class(self) -> SkipClass | None:
-        """The :class:`SkipClass` of a skip result, else ``None``."""
-        return self.reason_class if isinstance(self.reason_class, SkipClass) else None
 
     @classmethod
     def of_events(cls, events: tuple[E, ...], envelope: str = "eventbridge") -> ParseResult[E]:
