@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 #: Error codes AWS uses for throttling (botocore's standard retry mode lists the same family).
 THROTTLING = frozenset(
@@ -94,15 +93,6 @@ async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
         with attempt:
             return await fn(**kwargs)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Iterable[U]], /) -> list[U]:
-    """What ``pick`` takes from each page of ``pages()`` (fresh, one held at a time), retried like :func:`call`."""
-
-    async def read_pages() -> list[U]:
-        return [item async for page in pages() for item in pick(page)]
-
-    return await call(read_pages)
 
 
 def _count_requests(client: Any, observer: Observer) -> None:
@@ -258,21 +248,22 @@ def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") ->
 Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
 
 
-def _instances(page: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    for reservation in page.get("Reservations") or []:
-        for instance in reservation.get("Instances") or []:
-            yield dict(instance)
-
-
 async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[dict[str, Any]]:
     """EC2 DescribeInstances of ``instance_ids`` by an ``instance-id`` filter (``InstanceIds`` would fail them all
     with ``InvalidInstanceID.NotFound``), retried as a whole. Raises the AWS error after retries or if not retryable."""
-    return await collect(
-        lambda: ec2.get_paginator("describe_instances").paginate(
+
+    async def read_pages() -> list[dict[str, Any]]:  # afresh on each attempt, one page held at a time
+        pages = ec2.get_paginator("describe_instances").paginate(
             Filters=[{"Name": "instance-id", "Values": instance_ids}]
-        ),
-        _instances,
-    )
+        )
+        return [
+            dict(instance)
+            async for page in pages
+            for reservation in page.get("Reservations") or []
+            for instance in reservation.get("Instances") or []
+        ]
+
+    return await call(read_pages)
 
 
 #: Tags per page of the tagged-instances listing (DescribeTags ``MaxResults``: 5 to 1,000).
@@ -282,17 +273,15 @@ TAGGED_PAGE_SIZE = 1000
 async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
     """The IDs of every instance carrying the tag key ``tag`` (NTH's ``nth_tagged_instances``), from EC2 DescribeTags
     (lighter than NTH's DescribeInstances). Raises the AWS error after retries or if not retryable."""
-    ids = await collect(
-        lambda: ec2.get_paginator("describe_tags").paginate(
-            Filters=[
-                {"Name": "resource-type", "Values": ["instance"]},
-                {"Name": "key", "Values": [tag]},
-            ],
+
+    async def read_pages() -> set[str]:
+        pages = ec2.get_paginator("describe_tags").paginate(
+            Filters=[{"Name": "resource-type", "Values": ["instance"]}, {"Name": "key", "Values": [tag]}],
             PaginationConfig={"PageSize": TAGGED_PAGE_SIZE},
-        ),
-        lambda page: (str(item["ResourceId"]) for item in page.get("Tags") or []),
-    )
-    return set(ids)
+        )
+        return {str(item["ResourceId"]) async for page in pages for item in page.get("Tags") or []}
+
+    return await call(read_pages)
 
 
 class InstanceResolver:
