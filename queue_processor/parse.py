@@ -80,10 +80,8 @@ class ParseResult(NamedTuple, Generic[E]):
         reason = f"{loc}: {first['msg']}" if loc else str(first["msg"])
         if len(errors) > 1:
             reason += f" (and {len(errors) - 1} more)"
-        missing = first["type"] == "missing"
-        return cls.poison(
-            PoisonClass.MISSING_FIELD if missing else PoisonClass.INVALID_FIELD, reason, envelope
-        )
+        kind = PoisonClass.MISSING_FIELD if first["type"] == "missing" else PoisonClass.INVALID_FIELD
+        return cls.poison(kind, reason, envelope)
 
 
 #: EventBridge envelope field → the direct Auto Scaling notification's key for the same value.
@@ -210,13 +208,6 @@ def finish_health(msg: HealthMessage) -> ParseResult[ScheduledChangeEvent]:
 
 #: Instance states after which the node will not come back as it was.
 DRAIN_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
-
-
-def finish_state_change(event: StateChangeEvent) -> ParseResult[StateChangeEvent]:
-    """The event for a state in :data:`DRAIN_STATES`, a skip for any other state."""
-    if event.state not in DRAIN_STATES:
-        return ParseResult.skip(SkipClass.UNHANDLED_STATE, f"instance state {event.state!r} is not acted on")
-    return ParseResult.of_events((event,))
 
 
 TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
@@ -386,8 +377,10 @@ def _eventbridge(body: str | bytes) -> ParseResult[Event] | None:
         return _not_acted_on(validated.source, validated.detail_type)
     if isinstance(validated, HealthMessage):
         return finish_health(validated)
-    if isinstance(validated, StateChangeEvent):
-        return finish_state_change(validated)
+    if isinstance(validated, StateChangeEvent) and validated.state not in DRAIN_STATES:
+        return ParseResult.skip(
+            SkipClass.UNHANDLED_STATE, f"instance state {validated.state!r} is not acted on"
+        )
     return ParseResult.of_events((validated,))
 
 

@@ -275,13 +275,11 @@ def test_bytes_and_text_give_the_same_result() -> None:
 
 
 def test_an_unexpected_error_in_a_kind_is_poison_not_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(event: Any) -> Any:
+    def broken(message: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(parse_module, "finish_state_change", broken)
-    result = parse(
-        eventbridge("EC2 Instance State-change Notification", {"instance-id": "i-1", "state": "stopping"})
-    )
+    monkeypatch.setattr(parse_module, "finish_health", broken)
+    result = parse(eventbridge("AWS Health Event", {"service": "EC2"}, source="aws.health"))
     assert result.outcome == "poison"
     assert result.reason == "unexpected RuntimeError while parsing: boom"
 
