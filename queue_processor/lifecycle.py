@@ -138,35 +138,31 @@ class Lifecycle:
 
     async def interval_s(self, action: AsgLifecycleEvent) -> float | None:
         """Seconds between heartbeats: HEARTBEAT_INTERVAL, or (-1) half the hook's HeartbeatTimeout; ``None`` for
-        none (0, or the hook unknown or unreadable). Raises a retryable error with retries exhausted."""
-        configured = self.settings.heartbeat_interval
+        none (0, or the hook unknown or unreadable). Warns once per hook when HEARTBEAT_INTERVAL is not shorter than
+        its HeartbeatTimeout. Raises a retryable error with retries exhausted."""
+        configured = float(self.settings.heartbeat_interval)
+        key = (action.auto_scaling_group_name, action.lifecycle_hook_name)
         if configured == 0:
             return None
-        if configured > 0:
-            await self._check_interval(action, float(configured))
-            return float(configured)
-        timeout = await self.hook_timeout_s(action.auto_scaling_group_name, action.lifecycle_hook_name)
-        return timeout / 2 if timeout else None
-
-    async def _check_interval(self, action: AsgLifecycleEvent, interval: float) -> None:
-        """Warn once per hook when HEARTBEAT_INTERVAL is not shorter than its HeartbeatTimeout."""
-        key = (action.auto_scaling_group_name, action.lifecycle_hook_name)
-        if key in self._checked:
-            return
-        self._checked.add(key)
-        try:
-            timeout = await self.hook_timeout_s(*key, quiet=True)
-        except ClientError:
-            return
-        if timeout is not None and interval >= timeout:
-            log.warning(
-                "HEARTBEAT_INTERVAL is not shorter than the lifecycle hook's HeartbeatTimeout: its actions time "
-                "out between heartbeats; lower HEARTBEAT_INTERVAL or set it to -1 (automatic)",
-                group=key[0],
-                hook=key[1],
-                heartbeat_interval_s=interval,
-                heartbeat_timeout_s=timeout,
-            )
+        if configured < 0:
+            timeout = await self.hook_timeout_s(*key)
+            return timeout / 2 if timeout else None
+        if key not in self._checked:
+            self._checked.add(key)
+            try:
+                timeout = await self.hook_timeout_s(*key, quiet=True)
+            except ClientError:
+                timeout = None
+            if timeout is not None and configured >= timeout:
+                log.warning(
+                    "HEARTBEAT_INTERVAL is not shorter than the lifecycle hook's HeartbeatTimeout: its actions time "
+                    "out between heartbeats; lower HEARTBEAT_INTERVAL or set it to -1 (automatic)",
+                    group=key[0],
+                    hook=key[1],
+                    heartbeat_interval_s=configured,
+                    heartbeat_timeout_s=timeout,
+                )
+        return configured
 
     def until_s(self) -> float:
         """How long heartbeats may go on for one action (HEARTBEAT_UNTIL, or AWS's 48 h limit)."""
