@@ -246,15 +246,6 @@ class _EventBridgeProbe(BaseModel):
     detail: LifecycleProbe | None = None
 
 
-def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
-    """A skip for a lifecycle EventBridge message that failed validation but is no action, else ``None``."""
-    try:
-        probe = _EventBridgeProbe.model_validate_json(body)
-    except ValidationError:
-        return None
-    return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
-
-
 #: EventBridge ``(source, detail-type)`` → the model of the kind acted on, told apart by its ``detail_type`` Literal.
 REGISTRY: dict[tuple[str, str], type[BaseModel]] = {
     (source, detail_type): model
@@ -371,8 +362,15 @@ def _eventbridge(body: str | bytes) -> ParseResult[Event] | None:
         # A registered kind (the first location item is its detail-type) that lacks what it needs; a terminate
         # action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
         model = next(model for (_, detail_type), model in REGISTRY.items() if detail_type == first["loc"][0])
-        explained = _explain_invalid(body) if issubclass(model, AsgLifecycleEvent) else None
-        return explained or ParseResult.invalid(exc, "eventbridge", skip_loc=1)
+        if issubclass(model, AsgLifecycleEvent):  # skipped when it is no action
+            try:
+                probe = _EventBridgeProbe.model_validate_json(body).detail
+            except ValidationError:
+                probe = None
+            skipped = probe.not_an_action("eventbridge") if probe is not None else None
+            if skipped is not None:
+                return skipped
+        return ParseResult.invalid(exc, "eventbridge", skip_loc=1)
     if (validated.source, validated.detail_type) not in REGISTRY:
         return _not_acted_on(validated.source, validated.detail_type)
     if isinstance(validated, HealthMessage):
@@ -407,10 +405,8 @@ def _other(body: str | bytes, *, wrapped: bool, tried_eventbridge: bool) -> Pars
                 return result
         return _not_acted_on(raw.source, raw.detail_type)
     if raw.sns_type is not None:
-        if wrapped:
-            return ParseResult.poison(
-                PoisonClass.UNKNOWN_SHAPE, "an SNS envelope inside an SNS envelope"
-            )  # the caller adds "sns"
+        if wrapped:  # the caller adds "sns"
+            return ParseResult.poison(PoisonClass.UNKNOWN_SHAPE, "an SNS envelope inside an SNS envelope")
         if raw.sns_type != "Notification":
             return ParseResult.skip(
                 SkipClass.SNS_CONTROL, f"SNS {raw.sns_type} message is not acted on", "sns"
