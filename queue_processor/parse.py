@@ -323,22 +323,15 @@ def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResul
     return result
 
 
-def _size_reason(body: str | bytes) -> str | None:
-    length = len(body)
-    if isinstance(body, str):
-        if length > MAX_MESSAGE_BYTES:
-            return f"larger than SQS allows: more than {MAX_MESSAGE_BYTES} bytes"
-        length = len(body.encode("utf-8", "surrogatepass"))
-    if length > MAX_MESSAGE_BYTES:
-        return f"larger than SQS allows: {length} bytes > {MAX_MESSAGE_BYTES}"
-    return None
-
-
 def _parse(body: str | bytes, *, wrapped: bool) -> ParseResult[Event]:
     if len(body) * 4 > MAX_MESSAGE_BYTES:  # a UTF-8 character is at most 4 bytes
-        too_large = _size_reason(body)
-        if too_large is not None:
-            return ParseResult.poison(PoisonClass.TOO_LARGE, too_large)
+        if isinstance(body, str) and len(body) > MAX_MESSAGE_BYTES:  # too large whatever its encoding
+            reason = f"larger than SQS allows: more than {MAX_MESSAGE_BYTES} bytes"
+            return ParseResult.poison(PoisonClass.TOO_LARGE, reason)
+        size = len(body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body)
+        if size > MAX_MESSAGE_BYTES:
+            reason = f"larger than SQS allows: {size} bytes > {MAX_MESSAGE_BYTES}"
+            return ParseResult.poison(PoisonClass.TOO_LARGE, reason)
     # A hint, not a decision: what the EventBridge kinds do not take goes through the other shapes.
     text = body if isinstance(body, str) else body.decode("utf-8", "replace")
     hinted = '"detail-type"' in text
