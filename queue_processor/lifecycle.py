@@ -271,18 +271,15 @@ class Heartbeats:
             beat.task.add_done_callback(functools.partial(self._forget, key))
         beat.requeued_until = beat.visible_at = None
         beat.held.set()
-        self._confirm(beat)
+        self.hold([key])
 
     def hold(self, keys: Iterable[ActionKey]) -> None:
         """The messages carrying ``keys``' actions are ours for another ``hold_s`` seconds: beat on."""
         for key in keys:
             beat = self._beats.get(key)
             if beat is not None:
-                self._confirm(beat)
-
-    def _confirm(self, beat: _Beat) -> None:
-        beat.held_until = None if self.hold_s is None else self.clock() + self.hold_s
-        beat.confirmed.set()
+                beat.held_until = None if self.hold_s is None else self.clock() + self.hold_s
+                beat.confirmed.set()
 
     def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
         """The action's message was requeued, visible in ``visible_in_s`` seconds: beat on until then, then only as

@@ -34,15 +34,13 @@ MAX_MESSAGE_BYTES = 1_048_576
 #: The event type a :class:`ParseResult` carries: one kind's, or :data:`queue_processor.events.Event`.
 E = TypeVar("E", bound=BaseEvent, covariant=True)
 
-Outcome = Literal["events", "skip", "poison"]
-
 
 class ParseResult(NamedTuple, Generic[E]):
     """One body's result: ``"events"``, ``"skip"`` (not acted on) or ``"poison"`` (to the redrive policy), a ``reason``;
     ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``, ``"sns+<inner>"`` or ``None``; ``reason_class``: the
     :class:`PoisonClass` of every poison result, the :class:`SkipClass` of every skip."""
 
-    outcome: Outcome
+    outcome: Literal["events", "skip", "poison"]
     events: tuple[E, ...] = ()
     reason: str | None = None
     envelope: str | None = None
@@ -278,10 +276,6 @@ def parse_direct(body: str | bytes) -> ParseResult[AsgTerminateLifecycleEvent | 
     return ParseResult.of_events((event,), "asg-direct")
 
 
-#: Errors of the tagged union that mean "not one of the registered EventBridge kinds".
-_NOT_A_KIND = frozenset({"union_tag_not_found", "union_tag_invalid"})
-
-
 class OtherMessage(LifecycleProbe):
     """The top level of a body that is not a registered EventBridge kind."""
 
@@ -350,8 +344,8 @@ def _eventbridge(body: str | bytes) -> ParseResult[Event] | None:
     except ValidationError as exc:
         first = _first_error(exc)
         unreadable = _unreadable(first)
-        if unreadable is not None or first["type"] in _NOT_A_KIND:
-            return unreadable
+        if unreadable is not None or first["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            return unreadable  # or None: not one of the registered kinds
         # A registered kind (the first location item is its detail-type) that lacks what it needs; a terminate
         # action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
         model = next(model for (_, detail_type), model in REGISTRY.items() if detail_type == first["loc"][0])
