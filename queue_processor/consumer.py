@@ -265,9 +265,8 @@ class Consumer:
     async def _start(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` and settles its messages; if that raises, finish it as failed."""
         try:
-            task = rest.spawn(
-                self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}"
-            )
+            name = f"operation-{operation.instance_id}-{operation.mode}"
+            task = rest.spawn(self._run(operation), name=name)
             self._operations.add(task)
             task.add_done_callback(functools.partial(self._operation_ended, operation))
         except Exception:

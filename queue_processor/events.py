@@ -121,9 +121,7 @@ class BaseEvent(BaseModel):
         return self.time
 
     def attach(self, message: SqsMessageRef) -> None:
-        """Record the SQS message this event came from; ``ValueError`` when it already has a different one."""
-        if self.message is not None and self.message != message:
-            raise ValueError(f"event {self.event_id} already came from message {self.message.message_id}")
+        """Record the SQS message this event came from (the parser does, once, on the event it made)."""
         self.__dict__["message"] = message
 
 

@@ -1,4 +1,4 @@
-"""Message body → typed events: ``parse(body) -> ParseResult[Event]``, pure and total. Accepted: an EventBridge
+"""Message body → typed events: ``parse(body) -> ParseResult``, pure and total. Accepted: an EventBridge
 event of a kind in :data:`REGISTRY`, an Auto Scaling notification sent straight to SQS, or either in an SNS
 envelope ("Amazon SNS message and JSON formats"), validated straight from JSON. AWS Health ``scheduledChange``
 events ("Monitoring AWS Health events with Amazon EventBridge") give one event per affected instance; state changes
@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import cache, lru_cache
-from typing import Annotated, Any, Generic, Literal, NamedTuple, TypeVar, Union, get_args
+from typing import Annotated, Any, Literal, NamedTuple, Union, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -17,7 +17,6 @@ from queue_processor.events import (
     AsgLaunchLifecycleEvent,
     AsgLifecycleEvent,
     AsgTerminateLifecycleEvent,
-    BaseEvent,
     CapacityReservationInterruptionEvent,
     Event,
     RebalanceRecommendationEvent,
@@ -31,39 +30,34 @@ from queue_processor.outcomes import PoisonClass, SkipClass
 #: The largest SQS message body: 1 MiB ("Amazon SQS message quotas", SQS Developer Guide).
 MAX_MESSAGE_BYTES = 1_048_576
 
-#: The event type a :class:`ParseResult` carries: one kind's, or :data:`queue_processor.events.Event`.
-E = TypeVar("E", bound=BaseEvent, covariant=True)
 
-
-class ParseResult(NamedTuple, Generic[E]):
+class ParseResult(NamedTuple):
     """One body's result: ``"events"``, ``"skip"`` (not acted on) or ``"poison"`` (to the redrive policy), a ``reason``;
     ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``, ``"sns+<inner>"`` or ``None``; ``reason_class``: the
     :class:`PoisonClass` of every poison result, the :class:`SkipClass` of every skip."""
 
     outcome: Literal["events", "skip", "poison"]
-    events: tuple[E, ...] = ()
+    events: tuple[Event, ...] = ()
     reason: str | None = None
     envelope: str | None = None
     reason_class: PoisonClass | SkipClass | None = None
 
     @classmethod
-    def of_events(cls, events: tuple[E, ...], envelope: str = "eventbridge") -> ParseResult[E]:
+    def of_events(cls, events: tuple[Event, ...], envelope: str = "eventbridge") -> ParseResult:
         return cls("events", events, None, envelope)
 
     @classmethod
-    def skip(
-        cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge"
-    ) -> ParseResult[Any]:
+    def skip(cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge") -> ParseResult:
         return cls("skip", (), reason, envelope, reason_class)
 
     @classmethod
-    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult[Any]:
+    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult:
         return cls("poison", (), reason, envelope, reason_class)
 
     @classmethod
     def invalid(
         cls, exc: ValidationError, envelope: str | None = None, *, skip_loc: int = 0, direct: bool = False
-    ) -> ParseResult[Any]:
+    ) -> ParseResult:
         """Poison for a ``ValidationError``: ``missing-field`` (its first error's) or ``invalid-field``, the reason
         ``"<path>: <message>"`` of its first error with the count of the others; ``skip_loc``: leading path items
         left out (a union's tag); ``direct``: named by the keys of a notification straight to SQS."""
@@ -90,7 +84,7 @@ def _first_error(exc: ValidationError) -> Any:
     return exc.errors(include_url=False, include_input=False, include_context=False)[0]
 
 
-def _unreadable(first: Any) -> ParseResult[Any] | None:
+def _unreadable(first: Any) -> ParseResult | None:
     """Poison when a body's first validation error says it is not JSON or not an object, else ``None``."""
     if first["type"] == "json_invalid":
         return ParseResult.poison(
@@ -157,7 +151,7 @@ def _affected_instances(msg: HealthMessage) -> list[str]:
     return list(dict.fromkeys(value.split(":instance/", 1)[-1] for value in stripped))
 
 
-def finish_health(msg: HealthMessage) -> ParseResult[ScheduledChangeEvent]:
+def finish_health(msg: HealthMessage) -> ParseResult:
     """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip;
     poison without a readable ``time`` / ``startTime`` or an affected instance."""
     health = msg.detail
@@ -226,7 +220,7 @@ class LifecycleProbe(BaseModel):
     lifecycle_transition: str | None = Field(default=None, alias="LifecycleTransition")
     lifecycle_hook_name: str | None = Field(default=None, alias="LifecycleHookName")
 
-    def not_an_action(self, envelope: str) -> ParseResult[Any] | None:
+    def not_an_action(self, envelope: str) -> ParseResult | None:
         """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
         transition = self.lifecycle_transition
         if TEST_NOTIFICATION in (self.event, transition):  # sent when a hook is created
@@ -260,7 +254,7 @@ REGISTRY: dict[tuple[str, str], type[BaseModel]] = {
 }
 
 
-def parse_direct(body: str | bytes) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
+def parse_direct(body: str | bytes) -> ParseResult:
     """An Auto Scaling notification sent straight to SQS: one event, a skip (not an action), or poison."""
     try:
         probe = LifecycleProbe.model_validate_json(body)
@@ -296,7 +290,7 @@ def _kinds() -> TypeAdapter[Any]:
     )
 
 
-def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult[Event]:
+def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult:
     """The :class:`ParseResult` of one SQS message body (str or UTF-8), ``message`` on each event; never raises."""
     try:
         result = _parse(body, wrapped=False)
@@ -317,7 +311,7 @@ def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResul
     return result
 
 
-def _parse(body: str | bytes, *, wrapped: bool) -> ParseResult[Event]:
+def _parse(body: str | bytes, *, wrapped: bool) -> ParseResult:
     if len(body) * 4 > MAX_MESSAGE_BYTES:  # a UTF-8 character is at most 4 bytes
         if isinstance(body, str) and len(body) > MAX_MESSAGE_BYTES:  # too large whatever its encoding
             reason = f"larger than SQS allows: more than {MAX_MESSAGE_BYTES} bytes"
@@ -337,7 +331,7 @@ def _parse(body: str | bytes, *, wrapped: bool) -> ParseResult[Event]:
     return result
 
 
-def _eventbridge(body: str | bytes) -> ParseResult[Event] | None:
+def _eventbridge(body: str | bytes) -> ParseResult | None:
     """A registered EventBridge kind, validated into its model; ``None`` when the body is not one."""
     try:
         validated = _kinds().validator.validate_json(body)
@@ -369,7 +363,7 @@ def _eventbridge(body: str | bytes) -> ParseResult[Event] | None:
     return ParseResult.of_events((validated,))
 
 
-def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[Any]:
+def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult:
     """An EventBridge event of no registered kind: a skip, or poison without its ``source`` or ``detail-type``."""
     for name, value in (("source", source), ("detail-type", detail_type)):
         if value is None:
@@ -379,7 +373,7 @@ def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[An
     )
 
 
-def _other(body: str | bytes, *, wrapped: bool, tried_eventbridge: bool) -> ParseResult[Event]:
+def _other(body: str | bytes, *, wrapped: bool, tried_eventbridge: bool) -> ParseResult:
     """SNS, a direct Auto Scaling notification, an EventBridge event of another kind, or poison."""
     try:
         raw = OtherMessage.model_validate_json(body)
