@@ -42,15 +42,12 @@ DEFER_MAX = 0.25
 
 def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
     """The parameters that address ``action`` in the lifecycle API calls: its token, else its instance."""
-    params = {
+    by = "LifecycleActionToken" if action.lifecycle_action_token else "InstanceId"
+    return {
         "AutoScalingGroupName": action.auto_scaling_group_name,
         "LifecycleHookName": action.lifecycle_hook_name,
+        by: action.lifecycle_action_token or action.instance_id,
     }
-    if action.lifecycle_action_token:
-        params["LifecycleActionToken"] = action.lifecycle_action_token
-    else:
-        params["InstanceId"] = action.instance_id
-    return params
 
 
 class Lifecycle:
