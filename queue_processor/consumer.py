@@ -45,14 +45,6 @@ _REFUSALS = {
 }
 
 
-def _refusal(queue_url: str, exc: BaseException) -> str | None:
-    """One line naming the setting when ``exc`` is a refusal no retry heals, else ``None``."""
-    if isinstance(exc, NoCredentialsError):
-        return "no AWS credentials found (environment, web identity token, or instance profile)"
-    why = _REFUSALS.get(error_code(exc))
-    return f"QUEUE_URL={queue_url}: {why} ({error_code(exc)})" if why is not None else None
-
-
 #: Seconds a shutdown waits for node Lease releases before making their messages visible again.
 RELEASES_AT_SHUTDOWN_S = 1.0
 
@@ -178,16 +170,7 @@ class Consumer:
                     MessageSystemAttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
                 )
             except Exception as exc:
-                self.observer.error(ErrorWhere.RECEIVE)
-                self.failed_at = time.monotonic()
-                refused = _refusal(queue_url, exc)
-                if refused is not None and not self.answered_at:  # never answered: a setting, not a blip
-                    log.error("the queue refuses this controller: stopping", queue=queue_url, error=repr(exc))
-                    if not self.refused.done():
-                        self.refused.set_result(refused)
-                    return -1
-                log.warning("receive failed", queue=queue_url, error=repr(exc))
-                return 1.0
+                return self._receive_failed(queue_url, exc)
             self.answered_at = time.monotonic()
             self.observer.receive_answered(queue_url)
             messages = answer.get("Messages") or []
@@ -220,6 +203,24 @@ class Consumer:
             return 0.0
         finally:
             self._polling.discard(current)
+
+    def _receive_failed(self, queue_url: str, exc: Exception) -> float:
+        """Count and log a failed ReceiveMessage: wait 1 s, or -1 when SQS refuses this controller for good (a
+        refusal no retry heals before any answer: a setting, not a blip; :attr:`refused` names it)."""
+        self.observer.error(ErrorWhere.RECEIVE)
+        self.failed_at = time.monotonic()
+        code = error_code(exc)
+        if self.answered_at or not (code in _REFUSALS or isinstance(exc, NoCredentialsError)):
+            log.warning("receive failed", queue=queue_url, error=repr(exc))
+            return 1.0
+        log.error("the queue refuses this controller: stopping", queue=queue_url, error=repr(exc))
+        if not self.refused.done():
+            self.refused.set_result(
+                f"QUEUE_URL={queue_url}: {_REFUSALS[code]} ({code})"
+                if code in _REFUSALS
+                else "no AWS credentials found (environment, web identity token, or instance profile)"
+            )
+        return -1
 
     async def _take_message(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
         """Take one received message; one kept claims a slot of ``room`` until settled. ``False``: poison."""
