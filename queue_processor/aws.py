@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # the stubs are a development dependency
     from types_aiobotocore_sqs import SQSClient
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 #: Error codes AWS uses for throttling (botocore's standard retry mode lists the same family).
 THROTTLING = frozenset(
@@ -81,67 +80,38 @@ def is_no_active_action(exc: BaseException) -> bool:
 ATTEMPTS = 5
 
 
-def _retrying() -> AsyncRetrying:
-    return AsyncRetrying(
+async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
+    """``await fn(**kwargs)``, retried while :func:`is_retryable` (jittered backoff up to 0.2 s * 2^n, at most
+    5 s between attempts, :data:`ATTEMPTS` in all); raises the last error, or a non-retryable one at once."""
+    retrying = AsyncRetrying(
         retry=retry_if_exception(is_retryable),
         wait=wait_random_exponential(multiplier=0.2, max=5),
         stop=stop_after_attempt(ATTEMPTS),
         reraise=True,
     )
-
-
-async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
-    """``await fn(**kwargs)``, retried while :func:`is_retryable` (jittered backoff up to 0.2 s * 2^n, at most
-    5 s between attempts, :data:`ATTEMPTS` in all); raises the last error, or a non-retryable one at once."""
-    async for attempt in _retrying():
+    async for attempt in retrying:  # not retrying(fn): botocore's client methods are not coroutine functions
         with attempt:
             return await fn(**kwargs)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def collect(pages: Callable[[], AsyncIterator[T]], pick: Callable[[T], Iterable[U]], /) -> list[U]:
-    """What ``pick`` takes from each page of ``pages()`` (fresh, one held at a time), retried like :func:`call`."""
-    async for attempt in _retrying():
-        with attempt:
-            return [item async for page in pages() for item in pick(page)]
-    raise AssertionError("unreachable")  # pragma: no cover
+def _count_requests(client: Any, observer: Observer) -> None:
+    """Report each HTTP request of ``client`` to ``observer``, from botocore's ``after-call`` (an answer came) and
+    ``after-call-error.<service-id>.<Operation>`` (none came) events."""
+    service = str(client.meta.service_model.service_name)
 
-
-class _CallCounter:
-    """botocore ``after-call``/``after-call-error`` handlers reporting each request of one client's
-    ``service`` to an :class:`~queue_processor.observe.metrics.Observer`."""
-
-    def __init__(self, service: str, observer: Observer) -> None:
-        self.service = service
-        self.observer = observer
-
-    def answered(self, http_response: Any, parsed: Mapping[str, Any], model: Any, **_: Any) -> None:
-        """An answer came (botocore's ``after-call`` event)."""
+    def answered(http_response: Any, parsed: Mapping[str, Any], model: Any, **_: Any) -> None:
         result: AwsResult = "ok"
         if int(getattr(http_response, "status_code", 0)) >= 300:
             code = str((parsed.get("Error") or {}).get("Code", ""))
             result = "throttled" if code in THROTTLING else "error"
-        self.observer.aws_request(self.service, str(model.name), result)
+        observer.aws_request(service, str(model.name), result)
 
-    def failed(self, event_name: str, **_: Any) -> None:
-        """No answer came (botocore's ``after-call-error.<service-id>.<Operation>`` event)."""
-        self.observer.aws_request(self.service, event_name.rsplit(".", 1)[-1], "error")
+    def failed(event_name: str, **_: Any) -> None:
+        observer.aws_request(service, event_name.rsplit(".", 1)[-1], "error")
 
-
-def _shapes_reached(shapes: Mapping[str, Any], roots: Iterable[str]) -> set[str]:
-    """The names of ``roots`` and of every shape they reach."""
-    seen: set[str] = set()
-    todo = [name for name in roots if name]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in shapes:
-            continue
-        seen.add(name)
-        shape = shapes[name]
-        refs = [member.get("shape") for member in (shape.get("members") or {}).values()]
-        refs += [(shape.get(part) or {}).get("shape") for part in ("member", "key", "value")]
-        todo += [ref for ref in refs if ref]
-    return seen
+    client.meta.events.register("after-call", answered)
+    client.meta.events.register("after-call-error", failed)
 
 
 def _undocumented(value: Any) -> Any:
@@ -158,12 +128,20 @@ def trim_service_model(model: Mapping[str, Any], operations: Iterable[str]) -> d
     without documentation strings. A client built on it raises ``AttributeError`` for any other method."""
     kept = {name: model["operations"][name] for name in operations if name in model.get("operations", {})}
     shapes = model.get("shapes") or {}
-    roots = [
+    todo = [
         ref.get("shape")
         for operation in kept.values()
         for ref in (operation.get("input") or {}, operation.get("output") or {}, *operation.get("errors", ()))
     ]
-    reached = _shapes_reached(shapes, roots)
+    reached: set[str] = set()
+    while todo:  # the shapes the operations name, and every shape those reach
+        name = todo.pop()
+        if not name or name in reached or name not in shapes:
+            continue
+        reached.add(name)
+        shape = shapes[name]
+        todo += [member.get("shape") for member in (shape.get("members") or {}).values()]
+        todo += [(shape.get(part) or {}).get("shape") for part in ("member", "key", "value")]
     trimmed = {
         key: value for key, value in model.items() if key not in ("operations", "shapes", "documentation")
     }
@@ -236,9 +214,7 @@ class AwsClients:
         self.ec2: EC2Client = await open_client("ec2")
         self.autoscaling: AutoScalingClient = await open_client("autoscaling")
         for client in (self.sqs, self.ec2, self.autoscaling):
-            counter = _CallCounter(client.meta.service_model.service_name, self.observer)
-            client.meta.events.register("after-call", counter.answered)
-            client.meta.events.register("after-call-error", counter.failed)
+            _count_requests(client, self.observer)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -272,21 +248,22 @@ def is_managed(info: InstanceInfo, *, check: bool, tag: str, value: str = "") ->
 Describe = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
 
 
-def _instances(page: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    for reservation in page.get("Reservations") or []:
-        for instance in reservation.get("Instances") or []:
-            yield dict(instance)
-
-
 async def describe_instances(ec2: EC2Client, instance_ids: list[str]) -> list[dict[str, Any]]:
     """EC2 DescribeInstances of ``instance_ids`` by an ``instance-id`` filter (``InstanceIds`` would fail them all
     with ``InvalidInstanceID.NotFound``), retried as a whole. Raises the AWS error after retries or if not retryable."""
-    return await collect(
-        lambda: ec2.get_paginator("describe_instances").paginate(
+
+    async def read_pages() -> list[dict[str, Any]]:  # afresh on each attempt, one page held at a time
+        pages = ec2.get_paginator("describe_instances").paginate(
             Filters=[{"Name": "instance-id", "Values": instance_ids}]
-        ),
-        _instances,
-    )
+        )
+        return [
+            dict(instance)
+            async for page in pages
+            for reservation in page.get("Reservations") or []
+            for instance in reservation.get("Instances") or []
+        ]
+
+    return await call(read_pages)
 
 
 #: Tags per page of the tagged-instances listing (DescribeTags ``MaxResults``: 5 to 1,000).
@@ -296,17 +273,15 @@ TAGGED_PAGE_SIZE = 1000
 async def tagged_instances(ec2: EC2Client, tag: str) -> set[str]:
     """The IDs of every instance carrying the tag key ``tag`` (NTH's ``nth_tagged_instances``), from EC2 DescribeTags
     (lighter than NTH's DescribeInstances). Raises the AWS error after retries or if not retryable."""
-    ids = await collect(
-        lambda: ec2.get_paginator("describe_tags").paginate(
-            Filters=[
-                {"Name": "resource-type", "Values": ["instance"]},
-                {"Name": "key", "Values": [tag]},
-            ],
+
+    async def read_pages() -> set[str]:
+        pages = ec2.get_paginator("describe_tags").paginate(
+            Filters=[{"Name": "resource-type", "Values": ["instance"]}, {"Name": "key", "Values": [tag]}],
             PaginationConfig={"PageSize": TAGGED_PAGE_SIZE},
-        ),
-        lambda page: (str(item["ResourceId"]) for item in page.get("Tags") or []),
-    )
-    return set(ids)
+        )
+        return {str(item["ResourceId"]) async for page in pages for item in page.get("Tags") or []}
+
+    return await call(read_pages)
 
 
 class InstanceResolver:
@@ -364,11 +339,8 @@ class InstanceResolver:
     async def _run_batch(self) -> None:
         await asyncio.sleep(self.window_s)
         while self._waiting:
-            await self._slots.acquire()
+            await self._slots.acquire()  # only get_many adds to _waiting meanwhile: the batch is never empty
             ids = list(self._waiting)[: self.max_batch]
-            if not ids:
-                self._slots.release()
-                return
             waiters = {instance_id: self._waiting.pop(instance_id) for instance_id in ids}
             task = asyncio.create_task(self._call(waiters), name="describe-instances-call")
             self._in_flight.add(task)
@@ -376,26 +348,25 @@ class InstanceResolver:
 
     async def _call(self, waiters: dict[str, list[asyncio.Future[InstanceInfo | None]]]) -> None:
         try:
-            try:
-                found = {info.instance_id: info for info in map(_info, await self._describe(list(waiters)))}
-            except BaseException as exc:
-                error = exc if isinstance(exc, Exception) else asyncio.CancelledError()
-                for future in (future for futures in waiters.values() for future in futures):
-                    if not future.done():
-                        future.set_exception(error)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            self.calls += 1
-            expiry = time.monotonic() + self.ttl_s
-            for instance_id, futures in waiters.items():
-                info = found.get(instance_id)
-                self._cache[instance_id] = (expiry, info)
-                for future in futures:
-                    if not future.done():
-                        future.set_result(info)
+            found = {info.instance_id: info for info in map(_info, await self._describe(list(waiters)))}
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else asyncio.CancelledError()
+            for future in (future for futures in waiters.values() for future in futures):
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
+            return
         finally:
             self._slots.release()
+        self.calls += 1
+        expiry = time.monotonic() + self.ttl_s
+        for instance_id, futures in waiters.items():
+            info = found.get(instance_id)
+            self._cache[instance_id] = (expiry, info)
+            for future in futures:
+                if not future.done():
+                    future.set_result(info)
 
 
 def _info(instance: dict[str, Any]) -> InstanceInfo:

@@ -17,9 +17,9 @@ from botocore.exceptions import NoCredentialsError
 from queue_processor import rest
 from queue_processor.aws import call, error_code
 from queue_processor.config import default
-from queue_processor.events import AdmissionKind, Mode, NodeOperation, SqsMessageRef
+from queue_processor.events import AdmissionKind, NodeOperation, SqsMessageRef
 from queue_processor.handler import Handler
-from queue_processor.outcomes import ErrorWhere, MessageFate
+from queue_processor.outcomes import ErrorWhere, MessageFate, PoisonClass, SkipClass
 from queue_processor.parse import parse
 from queue_processor.settlement import Ledger, Room
 from queue_processor.steps import Outcome
@@ -43,14 +43,6 @@ _REFUSALS = {
     "ExpiredToken": "the AWS credentials have expired",
     "MissingAuthenticationToken": "no AWS credentials were sent",
 }
-
-
-def _refusal(queue_url: str, exc: BaseException) -> str | None:
-    """One line naming the setting when ``exc`` is a refusal no retry heals, else ``None``."""
-    if isinstance(exc, NoCredentialsError):
-        return "no AWS credentials found (environment, web identity token, or instance profile)"
-    why = _REFUSALS.get(error_code(exc))
-    return f"QUEUE_URL={queue_url}: {why} ({error_code(exc)})" if why is not None else None
 
 
 #: Seconds a shutdown waits for node Lease releases before making their messages visible again.
@@ -84,8 +76,7 @@ class Consumer:
         self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         """Resolved with one line naming the setting when SQS refuses the very first receives for good."""
         handler.park_messages = ledger.park_messages
-        self._operations: dict[tuple[str, Mode], asyncio.Task[None]] = {}
-        self._settling: set[asyncio.Task[None]] = set()  # operation tasks settling their messages
+        self._operations: set[asyncio.Task[None]] = set()  # operation tasks, settling ones included
         self._loops: list[asyncio.Task[None]] = []
         self._polling: set[asyncio.Task[Any]] = set()  # loops from their poll until its messages are taken
         self._stopping = asyncio.Event()
@@ -112,7 +103,7 @@ class Consumer:
     @property
     def tasks(self) -> int:
         """Operation tasks alive, settling ones included."""
-        return len(self._operations) + len(self._settling)
+        return len(self._operations)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """EarlyExit for everything: stop receiving, cancel every operation and heartbeat, make held messages and
@@ -129,9 +120,8 @@ class Consumer:
                 operations=len(self._operations),
                 polls=sum(1 for task in self._loops if not task.done()),
             )
-        await rest.stop(*self._loops, *self._operations.values(), *self._settling)
+        await rest.stop(*self._loops, *self._operations)
         await self.ledger.close()
-        await self.ledger.heartbeats.close()
 
     async def _shut_down(self) -> None:
         for task in self._loops:
@@ -139,17 +129,14 @@ class Consumer:
                 task.cancel()
         held = self.ledger.held()  # no new receipt handle can come in now; operations may end below
         # Settlements under way stop too: every message still held is made visible below anyway.
-        await rest.stop(*self._operations.values(), *self._settling)
+        await rest.stop(*self._operations)
         leases = self.handler.parts.leases
         if leases is not None:
             # Leases free before their messages are visible to another replica; a hung batch is left to close().
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELEASES_AT_SHUTDOWN_S):
                     await leases.flush()
-        await self.ledger.heartbeats.close()  # nothing beats once this replica lets its messages go
-        await self.ledger.stop_renewing()
-        await self.ledger.deletes_sent()  # deletes already decided
-        await self.ledger.release_held(held)
+        await self.ledger.let_go(held)
         # An open poll may take the messages just made visible: its loop makes them visible again (_poll).
         await rest.wait(*self._loops)
 
@@ -183,16 +170,7 @@ class Consumer:
                     MessageSystemAttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
                 )
             except Exception as exc:
-                self.observer.error(ErrorWhere.RECEIVE)
-                self.failed_at = time.monotonic()
-                refused = _refusal(queue_url, exc)
-                if refused is not None and not self.answered_at:  # never answered: a setting, not a blip
-                    log.error("the queue refuses this controller: stopping", queue=queue_url, error=repr(exc))
-                    if not self.refused.done():
-                        self.refused.set_result(refused)
-                    return -1
-                log.warning("receive failed", queue=queue_url, error=repr(exc))
-                return 1.0
+                return self._receive_failed(queue_url, exc)
             self.answered_at = time.monotonic()
             self.observer.receive_answered(queue_url)
             messages = answer.get("Messages") or []
@@ -226,6 +204,24 @@ class Consumer:
         finally:
             self._polling.discard(current)
 
+    def _receive_failed(self, queue_url: str, exc: Exception) -> float:
+        """Count and log a failed ReceiveMessage: wait 1 s, or -1 when SQS refuses this controller for good (a
+        refusal no retry heals before any answer: a setting, not a blip; :attr:`refused` names it)."""
+        self.observer.error(ErrorWhere.RECEIVE)
+        self.failed_at = time.monotonic()
+        code = error_code(exc)
+        if self.answered_at or not (code in _REFUSALS or isinstance(exc, NoCredentialsError)):
+            log.warning("receive failed", queue=queue_url, error=repr(exc))
+            return 1.0
+        log.error("the queue refuses this controller: stopping", queue=queue_url, error=repr(exc))
+        if not self.refused.done():
+            self.refused.set_result(
+                f"QUEUE_URL={queue_url}: {_REFUSALS[code]} ({code})"
+                if code in _REFUSALS
+                else "no AWS credentials found (environment, web identity token, or instance profile)"
+            )
+        return -1
+
     async def _take_message(self, queue_url: str, message: MessageTypeDef, room: Room) -> bool:
         """Take one received message; one kept claims a slot of ``room`` until settled. ``False``: poison."""
         attributes = message.get("Attributes") or {}
@@ -241,15 +237,15 @@ class Consumer:
         result = parse(message.get("Body") or "", ref)
         kinds = ",".join(sorted({str(e.kind) for e in result.events})) or result.outcome
         self.observer.message(queue_url, MessageFate.RECEIVED, kinds)
-        if result.outcome == "poison":
+        reason_class = result.reason_class  # a poison result's PoisonClass, a skip's SkipClass
+        if isinstance(reason_class, PoisonClass):
             bound.warning("poison message left for the dead-letter queue", reason=result.reason)
-            self.observer.poison(queue_url, result.poison_class)
+            self.observer.poison(queue_url, reason_class)
             await self.ledger.poison(ref)
             return False
-        if result.outcome == "skip":
+        if isinstance(reason_class, SkipClass):
             bound.info("message skipped", reason=result.reason)
-            if result.skip_class is not None:
-                self.observer.skipped(queue_url, result.skip_class)
+            self.observer.skipped(queue_url, reason_class)
             await self.ledger.delete(ref, kinds)
             return True
         self.ledger.hold_message(room, ref)  # held already (received again): it keeps the slot it has
@@ -264,16 +260,15 @@ class Consumer:
             bound.info("message repeats events already handled: deleted")
             self.ledger.slots.release(ref.message_id)  # before the delete, which may raise or be cancelled
             await self.ledger.delete(ref, kinds)
-        self.observer.in_flight(self.store.held_count, len(self._operations))
+        self.observer.in_flight(*self.store.counts())
         return True
 
     async def _start(self, operation: NodeOperation) -> None:
         """Start the task that runs ``operation`` and settles its messages; if that raises, finish it as failed."""
         try:
-            task = rest.spawn(
-                self._run(operation), name=f"operation-{operation.instance_id}-{operation.mode}"
-            )
-            self._operations[operation.key] = task
+            name = f"operation-{operation.instance_id}-{operation.mode}"
+            task = rest.spawn(self._run(operation), name=name)
+            self._operations.add(task)
             task.add_done_callback(functools.partial(self._operation_ended, operation))
         except Exception:
             await self.ledger.finish(operation, succeeded=False)
@@ -281,9 +276,7 @@ class Consumer:
 
     def _operation_ended(self, operation: NodeOperation, task: asyncio.Task[None]) -> None:
         """Drop the ended task; finish as failed an operation a shutdown cancelled before it ran."""
-        if self._operations.get(operation.key) is task:
-            del self._operations[operation.key]
-        self._settling.discard(task)
+        self._operations.discard(task)
         if self.store.running(operation):
             for message_id, _ in self.store.finish(operation, succeeded=False):
                 self.ledger.release_slot(message_id)
@@ -293,10 +286,6 @@ class Consumer:
         try:
             succeeded = await self.handler.handle(operation) is Outcome.DONE
         finally:
-            current = asyncio.current_task()
-            if self._operations.get(operation.key) is current and current is not None:
-                del self._operations[operation.key]
-                self._settling.add(current)
             # A shutdown makes every held message visible: then only their slots are returned.
             await self.ledger.finish(operation, succeeded=succeeded, letting_go=self._stopping.is_set())
-            self.observer.in_flight(self.store.held_count, len(self._operations))
+            self.observer.in_flight(*self.store.counts())

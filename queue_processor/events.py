@@ -121,9 +121,7 @@ class BaseEvent(BaseModel):
         return self.time
 
     def attach(self, message: SqsMessageRef) -> None:
-        """Record the SQS message this event came from; ``ValueError`` when it already has a different one."""
-        if self.message is not None and self.message != message:
-            raise ValueError(f"event {self.event_id} already came from message {self.message.message_id}")
+        """Record the SQS message this event came from (the parser does, once, on the event it made)."""
         self.__dict__["message"] = message
 
 
@@ -134,10 +132,11 @@ def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
     return str.__add__(kind, "-" + digest)
 
 
-def _detail(key: str, *, top: bool = False, **field: Any) -> Any:
-    """A field read from ``detail.<key>``, or also top-level with ``top`` (sent straight to SQS); ``field``: more."""
-    path = AliasPath("detail", key)
-    return Field(validation_alias=AliasChoices(path, key) if top else path, **field)
+def _detail(*keys: str, top: bool = False, **field: Any) -> Any:
+    """A field read from ``detail.<key>`` (the first of ``keys`` there), or also top-level with ``top`` (sent straight
+    to SQS); ``field``: more."""
+    choices = [AliasPath("detail", key) for key in keys] + (list(keys) if top else [])
+    return Field(validation_alias=AliasChoices(*choices) if len(choices) > 1 else choices[0], **field)
 
 
 def _detail_type(name: str) -> Any:
@@ -195,12 +194,7 @@ class CapacityReservationInterruptionEvent(_InstanceEvent):
     kind: Literal[EventKind.CAPACITY_RESERVATION_INTERRUPTION] = EventKind.CAPACITY_RESERVATION_INTERRUPTION
     instance_termination_time: AwareDatetime | None = _detail("instance-termination-time", default=None)
     instance_action: str | None = _detail("instance-action", default=None)
-    availability_zone_id: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(
-            AliasPath("detail", "availability-zone-id"), AliasPath("detail", "azId")
-        ),
-    )
+    availability_zone_id: str | None = _detail("availability-zone-id", "azId", default=None)
 
     @computed_field
     @cached_field
@@ -403,10 +397,6 @@ class MessageOutcome(StrEnum):
     REQUEUE = "requeue"
 
 
-#: Messages whose every operation has ended: (message ID, what to do with it) pairs.
-Settlement = tuple[tuple[str, MessageOutcome], ...]
-
-
 @dataclass
 class _MessageState:
     failed: bool = False
@@ -441,10 +431,9 @@ class EventStore:
         """The IDs of every message that still has an operation running."""
         return list(self._messages)
 
-    @property
-    def held_count(self) -> int:
-        """How many messages :meth:`held` would return."""
-        return len(self._messages)
+    def counts(self) -> tuple[int, int]:
+        """``(messages held, operations in flight)``."""
+        return len(self._messages), len(self._operations)
 
     def admit(self, event: Event) -> Admission:
         """Start, join or repeat an operation; the event's ``message`` is tracked until all it joined have ended."""
@@ -469,9 +458,10 @@ class EventStore:
                 operation.messages.append(message.message_id)
         return Admission(kind, operation)
 
-    def finish(self, operation: NodeOperation, *, succeeded: bool) -> Settlement:
-        """End an operation, remembering a success's event IDs (not unsettled actions'); the messages with none left:
-        DELETE when all theirs succeeded, actions settled, else REQUEUE. ``KeyError`` for one not in flight."""
+    def finish(self, operation: NodeOperation, *, succeeded: bool) -> tuple[tuple[str, MessageOutcome], ...]:
+        """End an operation, remembering a success's event IDs (not unsettled actions'); ``(message ID, outcome)`` of
+        the messages with none left: DELETE when all theirs succeeded, actions settled, else REQUEUE. ``KeyError``
+        for one not in flight."""
         if self._operations.get(operation.key) is not operation:
             raise KeyError(f"no operation in flight for {operation.key}")
         del self._operations[operation.key]

@@ -42,15 +42,12 @@ DEFER_MAX = 0.25
 
 def action_params(action: AsgLifecycleEvent) -> dict[str, str]:
     """The parameters that address ``action`` in the lifecycle API calls: its token, else its instance."""
-    params = {
+    by = "LifecycleActionToken" if action.lifecycle_action_token else "InstanceId"
+    return {
         "AutoScalingGroupName": action.auto_scaling_group_name,
         "LifecycleHookName": action.lifecycle_hook_name,
+        by: action.lifecycle_action_token or action.instance_id,
     }
-    if action.lifecycle_action_token:
-        params["LifecycleActionToken"] = action.lifecycle_action_token
-    else:
-        params["InstanceId"] = action.instance_id
-    return params
 
 
 class Lifecycle:
@@ -138,35 +135,31 @@ class Lifecycle:
 
     async def interval_s(self, action: AsgLifecycleEvent) -> float | None:
         """Seconds between heartbeats: HEARTBEAT_INTERVAL, or (-1) half the hook's HeartbeatTimeout; ``None`` for
-        none (0, or the hook unknown or unreadable). Raises a retryable error with retries exhausted."""
-        configured = self.settings.heartbeat_interval
+        none (0, or the hook unknown or unreadable). Warns once per hook when HEARTBEAT_INTERVAL is not shorter than
+        its HeartbeatTimeout. Raises a retryable error with retries exhausted."""
+        configured = float(self.settings.heartbeat_interval)
+        key = (action.auto_scaling_group_name, action.lifecycle_hook_name)
         if configured == 0:
             return None
-        if configured > 0:
-            await self._check_interval(action, float(configured))
-            return float(configured)
-        timeout = await self.hook_timeout_s(action.auto_scaling_group_name, action.lifecycle_hook_name)
-        return timeout / 2 if timeout else None
-
-    async def _check_interval(self, action: AsgLifecycleEvent, interval: float) -> None:
-        """Warn once per hook when HEARTBEAT_INTERVAL is not shorter than its HeartbeatTimeout."""
-        key = (action.auto_scaling_group_name, action.lifecycle_hook_name)
-        if key in self._checked:
-            return
-        self._checked.add(key)
-        try:
-            timeout = await self.hook_timeout_s(*key, quiet=True)
-        except ClientError:
-            return
-        if timeout is not None and interval >= timeout:
-            log.warning(
-                "HEARTBEAT_INTERVAL is not shorter than the lifecycle hook's HeartbeatTimeout: its actions time "
-                "out between heartbeats; lower HEARTBEAT_INTERVAL or set it to -1 (automatic)",
-                group=key[0],
-                hook=key[1],
-                heartbeat_interval_s=interval,
-                heartbeat_timeout_s=timeout,
-            )
+        if configured < 0:
+            timeout = await self.hook_timeout_s(*key)
+            return timeout / 2 if timeout else None
+        if key not in self._checked:
+            self._checked.add(key)
+            try:
+                timeout = await self.hook_timeout_s(*key, quiet=True)
+            except ClientError:
+                timeout = None
+            if timeout is not None and configured >= timeout:
+                log.warning(
+                    "HEARTBEAT_INTERVAL is not shorter than the lifecycle hook's HeartbeatTimeout: its actions time "
+                    "out between heartbeats; lower HEARTBEAT_INTERVAL or set it to -1 (automatic)",
+                    group=key[0],
+                    hook=key[1],
+                    heartbeat_interval_s=configured,
+                    heartbeat_timeout_s=timeout,
+                )
+        return configured
 
     def until_s(self) -> float:
         """How long heartbeats may go on for one action (HEARTBEAT_UNTIL, or AWS's 48 h limit)."""
@@ -235,12 +228,8 @@ class _Beat:
     requeued_until: float | None = None  # clock reading; None while a receive of ours holds the action
     visible_at: float | None = None  # clock reading: when the requeued message is back in the queue
     held_until: float | None = None  # clock reading: when our hold of the message lapses; None: never
-    held: asyncio.Event = field(
-        default_factory=asyncio.Event
-    )  # set while a receive of ours holds the message
-    confirmed: asyncio.Event = field(
-        default_factory=asyncio.Event
-    )  # set when a receive or renewal confirms it
+    held: asyncio.Event = field(default_factory=asyncio.Event)  # set while a receive of ours holds it
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)  # set by a receive or a renewal
 
 
 class Heartbeats:
@@ -279,18 +268,15 @@ class Heartbeats:
             beat.task.add_done_callback(functools.partial(self._forget, key))
         beat.requeued_until = beat.visible_at = None
         beat.held.set()
-        self._confirm(beat)
+        self.hold([key])
 
     def hold(self, keys: Iterable[ActionKey]) -> None:
         """The messages carrying ``keys``' actions are ours for another ``hold_s`` seconds: beat on."""
         for key in keys:
             beat = self._beats.get(key)
             if beat is not None:
-                self._confirm(beat)
-
-    def _confirm(self, beat: _Beat) -> None:
-        beat.held_until = None if self.hold_s is None else self.clock() + self.hold_s
-        beat.confirmed.set()
+                beat.held_until = None if self.hold_s is None else self.clock() + self.hold_s
+                beat.confirmed.set()
 
     def requeued(self, action: AsgLifecycleEvent, visible_in_s: float, for_s: float) -> None:
         """The action's message was requeued, visible in ``visible_in_s`` seconds: beat on until then, then only as
@@ -424,19 +410,14 @@ class Heartbeats:
         if beat.visible_at is None or self.clock() < beat.visible_at:
             return False
         assert beat.requeued_until is not None
-        await self._until_held(beat, min(beat.requeued_until, limit))
+        timeout = min(beat.requeued_until, limit) - self.clock()
+        if timeout > 0 and not beat.held.is_set():
+            waiters = [asyncio.ensure_future(beat.held.wait()), asyncio.ensure_future(self.sleep(timeout))]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await rest.stop(*waiters)
         if beat.held.is_set() or await self.lifecycle.waiting(action) is not False:
             return False
         self._mark_over(action.action_key)
         return True
-
-    async def _until_held(self, beat: _Beat, until: float) -> None:
-        """Wait until a receive holds the beat's message again or the clock reads ``until``."""
-        timeout = until - self.clock()
-        if timeout <= 0 or beat.held.is_set():
-            return
-        waiters = [asyncio.ensure_future(beat.held.wait()), asyncio.ensure_future(self.sleep(timeout))]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await rest.stop(*waiters)

@@ -1,4 +1,4 @@
-"""Message body → typed events: ``parse(body) -> ParseResult[Event]``, pure and total. Accepted: an EventBridge
+"""Message body → typed events: ``parse(body) -> ParseResult``, pure and total. Accepted: an EventBridge
 event of a kind in :data:`REGISTRY`, an Auto Scaling notification sent straight to SQS, or either in an SNS
 envelope ("Amazon SNS message and JSON formats"), validated straight from JSON. AWS Health ``scheduledChange``
 events ("Monitoring AWS Health events with Amazon EventBridge") give one event per affected instance; state changes
@@ -6,19 +6,17 @@ are acted on for :data:`DRAIN_STATES` only, matched exactly."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import cache, lru_cache
-from typing import Annotated, Any, Generic, Literal, NamedTuple, TypeVar, Union, get_args
+from typing import Annotated, Any, Literal, NamedTuple, Union, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from queue_processor.events import (
     AsgLaunchLifecycleEvent,
+    AsgLifecycleEvent,
     AsgTerminateLifecycleEvent,
-    BaseEvent,
     CapacityReservationInterruptionEvent,
     Event,
     RebalanceRecommendationEvent,
@@ -32,72 +30,50 @@ from queue_processor.outcomes import PoisonClass, SkipClass
 #: The largest SQS message body: 1 MiB ("Amazon SQS message quotas", SQS Developer Guide).
 MAX_MESSAGE_BYTES = 1_048_576
 
-#: The event type a :class:`ParseResult` carries: one kind's, or :data:`queue_processor.events.Event`.
-E = TypeVar("E", bound=BaseEvent, covariant=True)
 
-Outcome = Literal["events", "skip", "poison"]
-
-
-class ParseResult(NamedTuple, Generic[E]):
+class ParseResult(NamedTuple):
     """One body's result: ``"events"``, ``"skip"`` (not acted on) or ``"poison"`` (to the redrive policy), a ``reason``;
-    ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``, ``"sns+<inner>"`` or ``None``."""
+    ``envelope``: ``"eventbridge"``, ``"asg-direct"``, ``"sns"``, ``"sns+<inner>"`` or ``None``; ``reason_class``: the
+    :class:`PoisonClass` of every poison result, the :class:`SkipClass` of every skip."""
 
-    outcome: Outcome
-    events: tuple[E, ...] = ()
+    outcome: Literal["events", "skip", "poison"]
+    events: tuple[Event, ...] = ()
     reason: str | None = None
     envelope: str | None = None
     reason_class: PoisonClass | SkipClass | None = None
 
-    @property
-    def poison_class(self) -> PoisonClass:
-        """The :class:`PoisonClass` of a poison result (``other`` for any other result)."""
-        return self.reason_class if isinstance(self.reason_class, PoisonClass) else PoisonClass.OTHER
-
-    @property
-    def skip_class(self) -> SkipClass | None:
-        """The :class:`SkipClass` of a skip result, else ``None``."""
-        return self.reason_class if isinstance(self.reason_class, SkipClass) else None
-
     @classmethod
-    def of_events(cls, events: tuple[E, ...], envelope: str = "eventbridge") -> ParseResult[E]:
+    def of_events(cls, events: tuple[Event, ...], envelope: str = "eventbridge") -> ParseResult:
         return cls("events", events, None, envelope)
 
     @classmethod
-    def skip(
-        cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge"
-    ) -> ParseResult[Any]:
+    def skip(cls, reason_class: SkipClass, reason: str, envelope: str | None = "eventbridge") -> ParseResult:
         return cls("skip", (), reason, envelope, reason_class)
 
     @classmethod
-    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult[Any]:
+    def poison(cls, reason_class: PoisonClass, reason: str, envelope: str | None = None) -> ParseResult:
         return cls("poison", (), reason, envelope, reason_class)
 
     @classmethod
-    def invalid(cls, exc: ValidationError, reason: str, envelope: str | None = None) -> ParseResult[Any]:
-        """A ``poison`` result for a ``ValidationError``: ``missing-field`` (its first error's) or ``invalid-field``."""
-        missing = _first_error(exc)["type"] == "missing"
-        return cls.poison(
-            PoisonClass.MISSING_FIELD if missing else PoisonClass.INVALID_FIELD, reason, envelope
-        )
-
-
-KindParser = Callable[[Any, SqsMessageRef | None], ParseResult[Any]]
-InvalidHook = Callable[[str | bytes], ParseResult[Any] | None]
-
-
-def _single(event: Any, message: SqsMessageRef | None) -> ParseResult[Any]:
-    return ParseResult.of_events((event,))
-
-
-@dataclass(frozen=True, slots=True)
-class KindSpec:
-    """An EventBridge kind: ``source``, ``model`` (told apart by its ``detail_type`` ``Literal``), ``finish`` (default:
-    the validated model is the event); ``on_invalid`` may explain (as a skip) a body that failed validation."""
-
-    source: str
-    model: type[BaseModel]
-    finish: KindParser = _single
-    on_invalid: InvalidHook | None = None
+    def invalid(
+        cls, exc: ValidationError, envelope: str | None = None, *, skip_loc: int = 0, direct: bool = False
+    ) -> ParseResult:
+        """Poison for a ``ValidationError``: ``missing-field`` (its first error's) or ``invalid-field``, the reason
+        ``"<path>: <message>"`` of its first error with the count of the others; ``skip_loc``: leading path items
+        left out (a union's tag); ``direct``: named by the keys of a notification straight to SQS."""
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        first = errors[0]
+        parts = first["loc"][skip_loc:]
+        if direct:
+            parts = tuple(
+                _DIRECT_KEYS.get(str(p), p) for p in (parts[1:] if parts[:1] == ("detail",) else parts)
+            )
+        loc = ".".join(str(part) for part in parts)
+        reason = f"{loc}: {first['msg']}" if loc else str(first["msg"])
+        if len(errors) > 1:
+            reason += f" (and {len(errors) - 1} more)"
+        kind = PoisonClass.MISSING_FIELD if first["type"] == "missing" else PoisonClass.INVALID_FIELD
+        return cls.poison(kind, reason, envelope)
 
 
 #: EventBridge envelope field → the direct Auto Scaling notification's key for the same value.
@@ -108,7 +84,7 @@ def _first_error(exc: ValidationError) -> Any:
     return exc.errors(include_url=False, include_input=False, include_context=False)[0]
 
 
-def _unreadable(first: Any) -> ParseResult[Any] | None:
+def _unreadable(first: Any) -> ParseResult | None:
     """Poison when a body's first validation error says it is not JSON or not an object, else ``None``."""
     if first["type"] == "json_invalid":
         return ParseResult.poison(
@@ -117,21 +93,6 @@ def _unreadable(first: Any) -> ParseResult[Any] | None:
     if first["type"] in ("dict_type", "model_type") and not first["loc"]:
         return ParseResult.poison(PoisonClass.NOT_OBJECT, "not a JSON object")
     return None
-
-
-def describe_validation_error(exc: ValidationError, skip_loc: int = 0, *, direct: bool = False) -> str:
-    """``"<path>: <message>"`` of a ``ValidationError``'s first error, with the count of the others; ``skip_loc``
-    leading path items left out (a union's tag); ``direct``: named by the keys of a notification straight to SQS."""
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    first = errors[0]
-    parts = first["loc"][skip_loc:]
-    if direct:
-        parts = tuple(_DIRECT_KEYS.get(str(p), p) for p in (parts[1:] if parts[:1] == ("detail",) else parts))
-    loc = ".".join(str(part) for part in parts)
-    line = f"{loc}: {first['msg']}" if loc else str(first["msg"])
-    if len(errors) > 1:
-        line += f" (and {len(errors) - 1} more)"
-    return line
 
 
 class AffectedEntity(BaseModel):
@@ -166,48 +127,18 @@ class HealthMessage(BaseModel):
     detail: HealthDetail
 
 
-_MONTHS = {
-    name: number
-    for number, name in enumerate(
-        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
-    )
-}
-
-
 @lru_cache(maxsize=256)
 def parse_health_time(value: str) -> datetime:
     """An AWS Health time, RFC 1123 or ISO 8601, as an aware datetime; ``ValueError`` when it is neither."""
     text = value.strip()
     if text[:1].isdigit():
         parsed = datetime.fromisoformat(text)
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    parts = text.split()
-    # The layout AWS Health uses, read directly (email.utils' parser is slow).
-    if len(parts) == 6 and parts[5] == "GMT" and parts[2] in _MONTHS and parts[4].count(":") == 2:
-        hour, minute, second = parts[4].split(":")
+    else:
         try:
-            return datetime(
-                int(parts[3]),
-                _MONTHS[parts[2]],
-                int(parts[1]),
-                int(hour),
-                int(minute),
-                int(second),
-                tzinfo=UTC,
-            )
-        except ValueError:
-            pass
-    try:
-        parsed = parsedate_to_datetime(text)
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    except (TypeError, ValueError, IndexError) as exc:
-        raise ValueError(f"{value!r} is neither RFC 1123 nor ISO 8601") from exc
-
-
-def _instance_id(value: str) -> str:
-    # An instance ARN (arn:aws:ec2:region:account:instance/i-…) names the instance after "instance/".
-    marker = ":instance/"
-    return value.split(marker, 1)[1] if marker in value else value
+            parsed = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"{value!r} is neither RFC 1123 nor ISO 8601") from exc
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _affected_instances(msg: HealthMessage) -> list[str]:
@@ -215,14 +146,12 @@ def _affected_instances(msg: HealthMessage) -> list[str]:
     values = (
         [entity.entity_value for entity in entities] if entities is not None else list(msg.resources or ())
     )
-    instances: dict[str, None] = {}
-    for value in values:
-        if value and value.strip():
-            instances[_instance_id(value.strip())] = None
-    return list(instances)
+    # An instance ARN (arn:aws:ec2:region:account:instance/i-…) names the instance after "instance/".
+    stripped = (value.strip() for value in values if value and value.strip())
+    return list(dict.fromkeys(value.split(":instance/", 1)[-1] for value in stripped))
 
 
-def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseResult[ScheduledChangeEvent]:
+def finish_health(msg: HealthMessage) -> ParseResult:
     """One :class:`ScheduledChangeEvent` per affected instance of an open EC2 ``scheduledChange``, else a skip;
     poison without a readable ``time`` / ``startTime`` or an affected instance."""
     health = msg.detail
@@ -259,7 +188,6 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
             time=msg.time,
             scheduled_start_time=start_time,
             source_id=health.event_arn or msg.id,
-            message=message,
             event_arn=health.event_arn,
             event_type_code=health.event_type_code,
             end_time=end_time,
@@ -272,15 +200,6 @@ def finish_health(msg: HealthMessage, message: SqsMessageRef | None) -> ParseRes
 
 #: Instance states after which the node will not come back as it was.
 DRAIN_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
-
-
-def finish_state_change(
-    event: StateChangeEvent, message: SqsMessageRef | None
-) -> ParseResult[StateChangeEvent]:
-    """The event for a state in :data:`DRAIN_STATES`, a skip for any other state."""
-    if event.state not in DRAIN_STATES:
-        return ParseResult.skip(SkipClass.UNHANDLED_STATE, f"instance state {event.state!r} is not acted on")
-    return ParseResult.of_events((event,))
 
 
 TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
@@ -301,7 +220,7 @@ class LifecycleProbe(BaseModel):
     lifecycle_transition: str | None = Field(default=None, alias="LifecycleTransition")
     lifecycle_hook_name: str | None = Field(default=None, alias="LifecycleHookName")
 
-    def not_an_action(self, envelope: str) -> ParseResult[Any] | None:
+    def not_an_action(self, envelope: str) -> ParseResult | None:
         """A skip when this notification is not a lifecycle action the controller acts on, else ``None``."""
         transition = self.lifecycle_transition
         if TEST_NOTIFICATION in (self.event, transition):  # sent when a hook is created
@@ -319,78 +238,36 @@ class _EventBridgeProbe(BaseModel):
     detail: LifecycleProbe | None = None
 
 
-def _explain_invalid(body: str | bytes) -> ParseResult[Any] | None:
-    """A skip for a lifecycle EventBridge message that failed validation but is no action, else ``None``."""
-    try:
-        probe = _EventBridgeProbe.model_validate_json(body)
-    except ValidationError:
-        return None
-    return probe.detail.not_an_action("eventbridge") if probe.detail is not None else None
-
-
-#: The EventBridge kinds acted on, by model (the parser's hot path).
-BY_MODEL: dict[type[BaseModel], KindSpec] = {
-    spec.model: spec
-    for spec in (
-        KindSpec("aws.ec2", SpotInterruptionEvent),
-        KindSpec("aws.ec2", RebalanceRecommendationEvent),
-        KindSpec("aws.ec2", CapacityReservationInterruptionEvent),
-        KindSpec("aws.ec2", StateChangeEvent, finish_state_change),
-        KindSpec("aws.health", HealthMessage, finish_health),
-        # A terminate action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
-        KindSpec("aws.autoscaling", AsgTerminateLifecycleEvent, on_invalid=_explain_invalid),
-        KindSpec("aws.autoscaling", AsgLaunchLifecycleEvent, on_invalid=_explain_invalid),
+#: EventBridge ``(source, detail-type)`` → the model of the kind acted on, told apart by its ``detail_type`` Literal.
+REGISTRY: dict[tuple[str, str], type[BaseModel]] = {
+    (source, detail_type): model
+    for source, model in (
+        ("aws.ec2", SpotInterruptionEvent),
+        ("aws.ec2", RebalanceRecommendationEvent),
+        ("aws.ec2", CapacityReservationInterruptionEvent),
+        ("aws.ec2", StateChangeEvent),
+        ("aws.health", HealthMessage),
+        ("aws.autoscaling", AsgTerminateLifecycleEvent),
+        ("aws.autoscaling", AsgLaunchLifecycleEvent),
     )
-}
-#: EventBridge ``(source, detail-type)`` → its kind.
-REGISTRY: dict[tuple[str, str], KindSpec] = {
-    (spec.source, detail_type): spec
-    for spec in BY_MODEL.values()
-    for detail_type in get_args(spec.model.model_fields["detail_type"].annotation)
+    for detail_type in get_args(model.model_fields["detail_type"].annotation)
 }
 
 
-def parse_direct(
-    body: str | bytes, message: SqsMessageRef | None
-) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
+def parse_direct(body: str | bytes) -> ParseResult:
     """An Auto Scaling notification sent straight to SQS: one event, a skip (not an action), or poison."""
-    text = body if isinstance(body, str) else body.decode("utf-8", "replace")
-    model = next(
-        (model for transition, model in TRANSITION_EVENTS.items() if f'"{transition}"' in text), None
-    )
-    if model is not None:
-        try:
-            return _direct_event(model, body, message)
-        except ValidationError as exc:
-            error = exc
     try:
         probe = LifecycleProbe.model_validate_json(body)
     except ValidationError as exc:
-        return ParseResult.invalid(exc, describe_validation_error(exc), "asg-direct")
+        return ParseResult.invalid(exc, "asg-direct")
     skipped = probe.not_an_action("asg-direct")
     if skipped is not None:
         return skipped
-    if model is None:  # the text search missed the transition (JSON escapes in it); the probe read it
-        try:
-            return _direct_event(TRANSITION_EVENTS[str(probe.lifecycle_transition)], body, message)
-        except ValidationError as exc:
-            error = exc
-    return ParseResult.invalid(error, describe_validation_error(error, direct=True), "asg-direct")
-
-
-def _direct_event(
-    model: type[AsgTerminateLifecycleEvent] | type[AsgLaunchLifecycleEvent],
-    body: str | bytes,
-    message: SqsMessageRef | None,
-) -> ParseResult[AsgTerminateLifecycleEvent | AsgLaunchLifecycleEvent]:
-    event = model.model_validate_json(body)
-    if message is not None:
-        event.attach(message)
+    try:
+        event = TRANSITION_EVENTS[str(probe.lifecycle_transition)].model_validate_json(body)
+    except ValidationError as exc:
+        return ParseResult.invalid(exc, "asg-direct", direct=True)
     return ParseResult.of_events((event,), "asg-direct")
-
-
-#: Errors of the tagged union that mean "not one of the registered EventBridge kinds".
-_NOT_A_KIND = frozenset({"union_tag_not_found", "union_tag_invalid"})
 
 
 class OtherMessage(LifecycleProbe):
@@ -405,7 +282,7 @@ class OtherMessage(LifecycleProbe):
 @cache
 def _kinds() -> TypeAdapter[Any]:
     """Every registered model as one union tagged by ``detail-type``, built once."""
-    models = tuple(dict.fromkeys(spec.model for spec in REGISTRY.values()))
+    models = tuple(dict.fromkeys(REGISTRY.values()))
     union: Any = Union[models]  # noqa: UP007 - a runtime tuple of types needs the subscript form
     # cache_strings=False: a message's values (IDs, tokens, times) are unique, so the cache only costs.
     return TypeAdapter(
@@ -413,13 +290,15 @@ def _kinds() -> TypeAdapter[Any]:
     )
 
 
-def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult[Event]:
+def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResult:
     """The :class:`ParseResult` of one SQS message body (str or UTF-8), ``message`` on each event; never raises."""
     try:
-        result = _parse(body, message, wrapped=False)
+        result = _parse(body, wrapped=False)
     except Exception as exc:  # parse is total: a bug in a kind parser must not kill the receive loop
         return ParseResult.poison(PoisonClass.OTHER, f"unexpected {type(exc).__name__} while parsing: {exc}")
     for event in result.events:
+        if message is not None:
+            event.attach(message)
         # A start time past year 9999 is poison now, not an OverflowError mid-drain; only year 9999 can overflow.
         if event.time.year < 9999:
             continue
@@ -432,64 +311,59 @@ def parse(body: str | bytes, message: SqsMessageRef | None = None) -> ParseResul
     return result
 
 
-def _size_reason(body: str | bytes) -> str | None:
-    length = len(body)
-    if isinstance(body, str):
-        if length > MAX_MESSAGE_BYTES:
-            return f"larger than SQS allows: more than {MAX_MESSAGE_BYTES} bytes"
-        length = len(body.encode("utf-8", "surrogatepass"))
-    if length > MAX_MESSAGE_BYTES:
-        return f"larger than SQS allows: {length} bytes > {MAX_MESSAGE_BYTES}"
-    return None
-
-
-def _parse(body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool) -> ParseResult[Event]:
+def _parse(body: str | bytes, *, wrapped: bool) -> ParseResult:
     if len(body) * 4 > MAX_MESSAGE_BYTES:  # a UTF-8 character is at most 4 bytes
-        too_large = _size_reason(body)
-        if too_large is not None:
-            return ParseResult.poison(PoisonClass.TOO_LARGE, too_large)
-    # Hints, not decisions: what the likely shape does not take goes through the others.
-    result: ParseResult[Event] | None = None
+        if isinstance(body, str) and len(body) > MAX_MESSAGE_BYTES:  # too large whatever its encoding
+            reason = f"larger than SQS allows: more than {MAX_MESSAGE_BYTES} bytes"
+            return ParseResult.poison(PoisonClass.TOO_LARGE, reason)
+        size = len(body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body)
+        if size > MAX_MESSAGE_BYTES:
+            reason = f"larger than SQS allows: {size} bytes > {MAX_MESSAGE_BYTES}"
+            return ParseResult.poison(PoisonClass.TOO_LARGE, reason)
+    # A hint, not a decision: what the EventBridge kinds do not take goes through the other shapes.
     text = body if isinstance(body, str) else body.decode("utf-8", "replace")
     hinted = '"detail-type"' in text
-    if hinted:
-        result = _eventbridge(body, message)
-    elif '"LifecycleTransition"' in text:
-        result = parse_direct(body, message)
+    result = _eventbridge(body) if hinted else None
     if result is None:
-        result = _other(body, message, wrapped=wrapped, tried_eventbridge=hinted)
+        result = _other(body, wrapped=wrapped, tried_eventbridge=hinted)
     if wrapped:
         return result._replace(envelope="sns" if result.envelope is None else f"sns+{result.envelope}")
     return result
 
 
-def _eventbridge(body: str | bytes, message: SqsMessageRef | None) -> ParseResult[Event] | None:
+def _eventbridge(body: str | bytes) -> ParseResult | None:
     """A registered EventBridge kind, validated into its model; ``None`` when the body is not one."""
     try:
         validated = _kinds().validator.validate_json(body)
     except ValidationError as exc:
         first = _first_error(exc)
         unreadable = _unreadable(first)
-        if unreadable is not None or first["type"] in _NOT_A_KIND:
-            return unreadable
-        # A registered kind (the first location item is its detail-type) that lacks what it needs.
-        spec = next(spec for (_, detail_type), spec in REGISTRY.items() if detail_type == first["loc"][0])
-        explained = spec.on_invalid(body) if spec.on_invalid is not None else None
-        if explained is not None:
-            return explained
-        return ParseResult.invalid(exc, describe_validation_error(exc, skip_loc=1), "eventbridge")
-    spec = BY_MODEL[type(validated)]
-    if validated.source != spec.source:
+        if unreadable is not None or first["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            return unreadable  # or None: not one of the registered kinds
+        # A registered kind (the first location item is its detail-type) that lacks what it needs; a terminate
+        # action under the launch detail-type (or the reverse) fails its Literal: poison, naming both.
+        model = next(model for (_, detail_type), model in REGISTRY.items() if detail_type == first["loc"][0])
+        if issubclass(model, AsgLifecycleEvent):  # skipped when it is no action
+            try:
+                probe = _EventBridgeProbe.model_validate_json(body).detail
+            except ValidationError:
+                probe = None
+            skipped = probe.not_an_action("eventbridge") if probe is not None else None
+            if skipped is not None:
+                return skipped
+        return ParseResult.invalid(exc, "eventbridge", skip_loc=1)
+    if (validated.source, validated.detail_type) not in REGISTRY:
         return _not_acted_on(validated.source, validated.detail_type)
-    result: ParseResult[Event] = spec.finish(validated, message)
-    if message is not None:
-        for event in result.events:
-            if event.message is None:
-                event.attach(message)
-    return result
+    if isinstance(validated, HealthMessage):
+        return finish_health(validated)
+    if isinstance(validated, StateChangeEvent) and validated.state not in DRAIN_STATES:
+        return ParseResult.skip(
+            SkipClass.UNHANDLED_STATE, f"instance state {validated.state!r} is not acted on"
+        )
+    return ParseResult.of_events((validated,))
 
 
-def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[Any]:
+def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult:
     """An EventBridge event of no registered kind: a skip, or poison without its ``source`` or ``detail-type``."""
     for name, value in (("source", source), ("detail-type", detail_type)):
         if value is None:
@@ -499,36 +373,32 @@ def _not_acted_on(source: str | None, detail_type: str | None) -> ParseResult[An
     )
 
 
-def _other(
-    body: str | bytes, message: SqsMessageRef | None, *, wrapped: bool, tried_eventbridge: bool
-) -> ParseResult[Event]:
+def _other(body: str | bytes, *, wrapped: bool, tried_eventbridge: bool) -> ParseResult:
     """SNS, a direct Auto Scaling notification, an EventBridge event of another kind, or poison."""
     try:
         raw = OtherMessage.model_validate_json(body)
     except ValidationError as exc:
-        return _unreadable(_first_error(exc)) or ParseResult.invalid(exc, describe_validation_error(exc))
+        return _unreadable(_first_error(exc)) or ParseResult.invalid(exc)
     if raw.source is not None or raw.detail_type is not None:
         if not tried_eventbridge:  # the hint missed it (an escaped key): go the EventBridge way
-            result = _eventbridge(body, message)
+            result = _eventbridge(body)
             if result is not None:
                 return result
         return _not_acted_on(raw.source, raw.detail_type)
     if raw.sns_type is not None:
-        if wrapped:
-            return ParseResult.poison(
-                PoisonClass.UNKNOWN_SHAPE, "an SNS envelope inside an SNS envelope"
-            )  # the caller adds "sns"
+        if wrapped:  # the caller adds "sns"
+            return ParseResult.poison(PoisonClass.UNKNOWN_SHAPE, "an SNS envelope inside an SNS envelope")
         if raw.sns_type != "Notification":
             return ParseResult.skip(
                 SkipClass.SNS_CONTROL, f"SNS {raw.sns_type} message is not acted on", "sns"
             )
         if raw.sns_message is None:
             return ParseResult.poison(PoisonClass.MISSING_FIELD, "Message: Field required", "sns")
-        return _parse(raw.sns_message, message, wrapped=True)
+        return _parse(raw.sns_message, wrapped=True)
     # An Auto Scaling notification sent straight to SQS.
     direct = raw.lifecycle_transition is not None or raw.lifecycle_hook_name is not None
     if direct or (raw.event or "").startswith("autoscaling:"):
-        return raw.not_an_action("asg-direct") or parse_direct(body, message)
+        return parse_direct(body)
     return ParseResult.poison(
         PoisonClass.UNKNOWN_SHAPE,
         "not a known message shape: neither an EventBridge event, an Auto Scaling notification "

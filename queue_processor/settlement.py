@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -75,19 +76,14 @@ class Ledger:
         self._extender: asyncio.Task[None] | None = None
         self._pending_deletes: dict[str, list[tuple[SqsMessageRef, asyncio.Future[bool]]]] = {}
         self._delete_flusher: asyncio.Task[None] | None = None
-        self._received: dict[str, float] = {}  # receipt handle → when it was received (monotonic)
-        self._extending: dict[
-            str, asyncio.Future[None]
-        ] = {}  # message ID → the renewal in flight carrying it
+        self._received: dict[str, float] = {}  # message ID → when its newest receipt came (monotonic)
+        self._extending: dict[str, asyncio.Future[None]] = {}  # message ID → the renewal carrying it
 
     def hold_message(self, room: Room, ref: SqsMessageRef) -> None:
         """Hold ``ref``'s message in one of ``room``'s slots, or the one it holds already, with ``ref``'s receipt
         handle. Raises ``RuntimeError`` when ``room`` has no slot left."""
-        before = self.slots.ref(ref.message_id)
         room.claim(ref)
-        if before is not None:
-            self._received.pop(before.receipt_handle, None)
-        self._received[ref.receipt_handle] = time.monotonic()
+        self._received[ref.message_id] = time.monotonic()
 
     def held(self) -> list[SqsMessageRef]:
         """The newest receipt of every message that still has an operation running."""
@@ -97,9 +93,7 @@ class Ledger:
     def release_slot(self, message_id: str) -> None:
         """Return ``message_id``'s slot unless the store holds the message again (received while settling)."""
         if not self.store.in_flight(message_id):
-            ref = self.slots.ref(message_id)
-            if ref is not None:
-                self._received.pop(ref.receipt_handle, None)
+            self._received.pop(message_id, None)
             self.slots.release(message_id)
 
     def park_messages(self, message_ids: list[str]) -> None:
@@ -111,17 +105,10 @@ class Ledger:
         """Start renewing the visibility of the messages held."""
         self._extender = rest.spawn(self._extend_loop(), name="visibility-extender")
 
-    async def stop_renewing(self) -> None:
-        """Stop the visibility renewals (a renewal in flight is cancelled and awaited)."""
-        await rest.stop(self._extender)
-
-    async def deletes_sent(self) -> None:
-        """Wait until the deletes already decided have been answered."""
-        await rest.wait(self._delete_flusher)
-
     async def close(self) -> None:
-        """Stop everything the ledger runs; a delete not sent yet is answered as failed."""
+        """Stop everything the ledger runs, heartbeats included; a delete not sent yet is answered as failed."""
         await rest.stop(self._extender, self._delete_flusher)
+        await self.heartbeats.close()
 
     async def poison(self, ref: SqsMessageRef) -> None:
         """Hide a poison message for POISON_VISIBILITY_TIMEOUT_SEC, never deleting it (the redrive policy acts)."""
@@ -136,16 +123,7 @@ class Ledger:
             return
         # Receipts as of now: a receive while the settlement runs updates the slot, not this settlement.
         receipts = [(message_id, self.slots.ref(message_id), outcome) for message_id, outcome in settlement]
-        results = await asyncio.gather(
-            *(self._settle(message_id, ref, outcome, operation) for message_id, ref, outcome in receipts),
-            return_exceptions=True,
-        )
-        for (message_id, _, outcome), result in zip(receipts, results, strict=True):
-            if isinstance(result, Exception):
-                self.observer.error(ErrorWhere.SETTLE)
-                log.error(
-                    "settlement failed", message_id=message_id, outcome=str(outcome), error=repr(result)
-                )
+        await asyncio.gather(*(self._settle(*receipt, operation) for receipt in receipts))
 
     async def _settle(
         self, message_id: str, ref: SqsMessageRef | None, outcome: MessageOutcome, operation: NodeOperation
@@ -175,6 +153,9 @@ class Ledger:
                 await self._change_visibility(ref, backoff)
                 self.observer.message(ref.queue_url, MessageFate.REQUEUED, kinds)
                 log.info("requeued", message_id=message_id, visible_in_s=backoff)
+        except Exception as exc:
+            self.observer.error(ErrorWhere.SETTLE)
+            log.error("settlement failed", message_id=message_id, outcome=str(outcome), error=repr(exc))
         finally:
             self.release_slot(message_id)
 
@@ -187,8 +168,12 @@ class Ledger:
         if await future:
             self.observer.message(ref.queue_url, MessageFate.DELETED, kinds)
 
-    async def release_held(self, refs: list[SqsMessageRef]) -> None:
-        """Make ``refs`` (messages of any queues) visible again at once (shutdown)."""
+    async def let_go(self, refs: list[SqsMessageRef]) -> None:
+        """Shutdown: stop the heartbeats and renewals (one in flight cancelled), wait for the deletes already decided,
+        then make ``refs`` (messages of any queues) visible again at once."""
+        await self.heartbeats.close()  # nothing beats once this replica lets its messages go
+        await rest.stop(self._extender)
+        await rest.wait(self._delete_flusher)
         for queue_url in dict.fromkeys(ref.queue_url for ref in refs):
             await self.make_visible(
                 queue_url, [ref.receipt_handle for ref in refs if ref.queue_url == queue_url]
@@ -205,7 +190,21 @@ class Ledger:
             await asyncio.sleep(DELETE_WINDOW_S)
             while self._pending_deletes:
                 queue_url, taken = self._pending_deletes.popitem()
-                await self._delete_batches(queue_url, taken)
+                entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in taken]
+                refused = await self._batch(
+                    self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE
+                )
+                for index, (ref, future) in enumerate(taken):
+                    entry = refused.get(index)
+                    if entry:
+                        log.warning(
+                            "delete failed",
+                            message_id=ref.message_id,
+                            code=entry.get("Code"),
+                            error=entry.get("Message"),
+                        )
+                    if not future.done():  # whether SQS deleted it
+                        future.set_result(index not in refused)
         finally:  # after a normal end nothing is left; after a death no other batcher takes what is
             left = [*taken, *(item for items in self._pending_deletes.values() for item in items)]
             self._pending_deletes.clear()
@@ -215,24 +214,6 @@ class Ledger:
                 self.observer.error(ErrorWhere.DELETE)
                 log.error("delete not sent: the delete batcher ended", message_id=ref.message_id)
                 future.set_result(False)
-
-    async def _delete_batches(
-        self, queue_url: str, items: list[tuple[SqsMessageRef, asyncio.Future[bool]]]
-    ) -> None:
-        """DeleteMessageBatch for ``items``; each future gets whether SQS deleted it."""
-        entries = [{"ReceiptHandle": ref.receipt_handle} for ref, _ in items]
-        refused = await self._batch(self.sqs.delete_message_batch, queue_url, entries, ErrorWhere.DELETE)
-        for index, (ref, future) in enumerate(items):
-            entry = refused.get(index)
-            if entry:
-                log.warning(
-                    "delete failed",
-                    message_id=ref.message_id,
-                    code=entry.get("Code"),
-                    error=entry.get("Message"),
-                )
-            if not future.done():
-                future.set_result(index not in refused)
 
     async def _batch(
         self,
@@ -292,50 +273,38 @@ class Ledger:
             await asyncio.sleep(period)
             await self.renew_held()
 
-    async def _receive_anew(self, queue_url: str, refs: list[SqsMessageRef]) -> list[SqsMessageRef]:
-        """Those of ``refs`` whose visibility may be renewed; one held for almost :data:`SQS_HOLD_MAX_S` (less two
-        visibility timeouts) is made visible now, to be received anew, before SQS refuses its renewal."""
-        limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
-        now = time.monotonic()
-        expiring = [ref for ref in refs if now - self._received.get(ref.receipt_handle, now) >= limit]
-        if expiring:
-            log.info(
-                "messages held for almost SQS's limit made visible again, to be received anew",
-                message_ids=[ref.message_id for ref in expiring],
-            )
-            await self._set_visibility(
-                queue_url, [ref.receipt_handle for ref in expiring], 0, ErrorWhere.VISIBILITY
-            )
-        return [ref for ref in refs if ref not in expiring]
-
     async def renew_held(self) -> None:
-        """Renew every held message's visibility (batches of 10), never after its requeue or delete."""
+        """Renew every held message's visibility (batches of 10), never after its requeue or delete. One held for
+        almost :data:`SQS_HOLD_MAX_S` (less two visibility timeouts) is made visible instead, to be received anew,
+        before SQS refuses its renewal."""
         loop = asyncio.get_running_loop()
         refs = self.held()
         renewals = {ref.message_id: loop.create_future() for ref in refs}
         self._extending.update(renewals)
+        limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
         try:
-            by_queue: dict[str, list[SqsMessageRef]] = {}
-            for ref in refs:
-                by_queue.setdefault(ref.queue_url, []).append(ref)
-            for queue_url, queued in by_queue.items():
-                for start in range(0, len(queued), 10):
-                    chunk = queued[start : start + 10]
-                    live = [ref for ref in chunk if self.store.in_flight(ref.message_id)]
-                    for ref in chunk:
-                        if ref not in live:
-                            renewals[ref.message_id].set_result(None)
-                    live = await self._receive_anew(queue_url, live)
-                    if live:
-                        handles = [ref.receipt_handle for ref in live]
-                        renewed = await self._set_visibility(
-                            queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
-                        )
-                        for ref in live:  # ours for another visibility timeout: their actions may be beaten
-                            if ref.receipt_handle in renewed:
-                                self.heartbeats.hold(self.store.actions_of(ref.message_id))
-                    for ref in live:
-                        renewals[ref.message_id].set_result(None)
+            for queue_url in dict.fromkeys(ref.queue_url for ref in refs):
+                queued = [ref for ref in refs if ref.queue_url == queue_url]
+                now = time.monotonic()
+                live = [ref for ref in queued if self.store.in_flight(ref.message_id)]
+                expiring = [ref for ref in live if now - self._received.get(ref.message_id, now) >= limit]
+                if expiring:
+                    log.info(
+                        "messages held for almost SQS's limit made visible again, to be received anew",
+                        message_ids=[ref.message_id for ref in expiring],
+                    )
+                    handles = [ref.receipt_handle for ref in expiring]
+                    await self._set_visibility(queue_url, handles, 0, ErrorWhere.VISIBILITY)
+                live = [ref for ref in live if ref not in expiring]
+                handles = [ref.receipt_handle for ref in live]
+                renewed = await self._set_visibility(
+                    queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
+                )
+                for ref in live:  # ours for another visibility timeout: their actions may be beaten
+                    if ref.receipt_handle in renewed:
+                        self.heartbeats.hold(self.store.actions_of(ref.message_id))
+                for ref in queued:
+                    renewals[ref.message_id].set_result(None)
         finally:
             for message_id, renewal in renewals.items():
                 if not renewal.done():
@@ -344,20 +313,19 @@ class Ledger:
                     del self._extending[message_id]
 
 
+@dataclass
 class Room:
-    """Slots reserved for one poll (``size``); ``claim`` gives one to a message. Valid inside its ``async with``."""
+    """Slots reserved for one poll (``size``: 1 to the ``at_most`` asked for; ``unclaimed``: those no message claimed
+    yet, returned when the block exits); ``claim`` gives one to a message. Valid inside its ``async with``."""
 
-    def __init__(self, slots: InFlightSlots, size: int) -> None:
-        self._slots = slots
-        self.size = size
-        """Slots reserved (1 to the ``at_most`` asked for)."""
-        self.unclaimed = size
-        """Reserved slots no message claimed yet (returned when the block exits)."""
+    slots: InFlightSlots
+    size: int
+    unclaimed: int
 
     def claim(self, ref: SqsMessageRef) -> bool:
         """Give a reserved slot to ``ref``'s message; ``False``, taking none, when it holds one already (its receipt
         handle becomes ``ref``'s). Raises ``RuntimeError`` when none is left or the block has exited."""
-        held = self._slots._held
+        held = self.slots._held
         if ref.message_id in held:
             held[ref.message_id] = ref
             return False
@@ -404,7 +372,7 @@ class InFlightSlots:
             self.waiting -= 1
         taken = min(self.free, max(1, at_most))
         self.free -= taken
-        room = Room(self, taken)
+        room = Room(self, taken, taken)
         try:
             yield room
         finally:

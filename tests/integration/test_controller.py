@@ -284,7 +284,7 @@ async def test_after_a_stop_every_message_in_flight_stays_visible(sandbox: Sandb
         for instance_id in instances:
             sandbox.aws.terminate_instance(instance_id)
         await until(
-            lambda: running.controller.consumer.store.held_count == 4, timeout_s=30, what="4 messages held"
+            lambda: len(running.controller.consumer.store.held()) == 4, timeout_s=30, what="4 messages held"
         )
     assert running.queue_depth() == (4, 0)
     await asyncio.sleep(1.0)  # a poll left open on the server would take them now

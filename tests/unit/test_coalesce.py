@@ -283,7 +283,7 @@ def test_the_store_holds_each_message_until_every_operation_it_joined_has_ended(
     redelivered = first.model_copy(update={"message": msg("m1", handle="rh2")})  # received again
     assert store.admit(redelivered).kind is AdmissionKind.JOINED
     assert store.held() == ["m1"]  # once: its receipt handles are the settlement ledger's
-    assert store.held_count == 1
+    assert len(store.held()) == 1
     settlement = store.finish(admitted.operation, succeeded=True)
     assert settlement == (("m1", MessageOutcome.DELETE),)
     assert store.held() == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -10,6 +9,7 @@ from typing import Any, get_args
 
 import pytest
 
+from queue_processor import parse as parse_module
 from queue_processor.events import (
     AsgLifecycleEvent,
     EventKind,
@@ -18,7 +18,7 @@ from queue_processor.events import (
     SqsMessageRef,
     make_event_id,
 )
-from queue_processor.parse import BY_MODEL, MAX_MESSAGE_BYTES, REGISTRY, parse
+from queue_processor.parse import MAX_MESSAGE_BYTES, REGISTRY, parse
 
 MESSAGE = SqsMessageRef(
     queue_url="https://sqs.us-east-1.amazonaws.com/1/q", message_id="m-1", receipt_handle="rh"
@@ -275,12 +275,11 @@ def test_bytes_and_text_give_the_same_result() -> None:
 
 
 def test_an_unexpected_error_in_a_kind_is_poison_not_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(event: Any, message: Any) -> Any:
+    def broken(message: Any) -> Any:
         raise RuntimeError("boom")
 
-    spec = REGISTRY[("aws.ec2", SPOT)]
-    monkeypatch.setitem(BY_MODEL, spec.model, dataclasses.replace(spec, finish=broken))
-    result = parse(spot())
+    monkeypatch.setattr(parse_module, "finish_health", broken)
+    result = parse(eventbridge("AWS Health Event", {"service": "EC2"}, source="aws.health"))
     assert result.outcome == "poison"
     assert result.reason == "unexpected RuntimeError while parsing: boom"
 
@@ -289,8 +288,8 @@ def test_each_detail_type_names_one_kind() -> None:
     # Kinds are told apart by detail-type alone: none may be listed under two models or two sources.
     detail_types = [
         detail_type
-        for spec in BY_MODEL.values()
-        for detail_type in get_args(spec.model.model_fields["detail_type"].annotation)
+        for model in set(REGISTRY.values())
+        for detail_type in get_args(model.model_fields["detail_type"].annotation)
     ]
     assert len(set(detail_types)) == len(detail_types) == len(REGISTRY)
 
