@@ -152,6 +152,9 @@ async def _undo_on_return(ctx: OperationContext, draining: Draining, deadline: f
             or drained_elsewhere
         ):
             return False
+        if record.pending(datetime.now(UTC)):
+            ctx.log.info("back before the notice that reclaims it ends: left cordoned", ends=record.ends)
+            return False
         return node_ready(found) and (from_pool or came_back(record, ctx.info, found))
 
     if await parts.drainer.writes.undo(ctx.node, decide):

@@ -9,6 +9,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -28,8 +29,11 @@ log = structlog.get_logger("queue_processor.returns")
 
 def came_back(record: CordonRecord, info: InstanceInfo | None, node: dict[str, Any]) -> bool:
     """Whether the instance of a node we cordoned (``record``) is back, as EC2 (``info``) and the node say: running,
-    a ``LaunchTime`` other than the recorded one (EC2's latest launch or start), and the node Ready."""
+    a ``LaunchTime`` other than the recorded one (EC2's latest launch or start), the node Ready, and no notice of
+    the record still to reclaim it."""
     if info is None or info.state != "running" or info.launch_time is None or not record.launch_time:
+        return False
+    if record.pending(datetime.now(UTC)):
         return False
     return info.launch_time.isoformat() != record.launch_time and node_ready(node)
 

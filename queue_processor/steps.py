@@ -135,15 +135,18 @@ class OperationContext:
 
     def cordon_record(self) -> CordonRecord | None:
         """The instance facts every write of ours on the node records (:class:`CordonRecord`): its ID,
-        its ``LaunchTime`` (another later one means stopped and started since), whether bound for a warm pool, when."""
+        its ``LaunchTime`` (another later one means stopped and started since), whether bound for a warm pool, when,
+        and when a notice reclaims it."""
         if self.info is None:
             return None
         launch_time = self.info.launch_time
+        ends = [event.start_time for event in self.operation.events if RULES[event.kind].notice]
         return CordonRecord(
             instance_id=self.operation.instance_id,
             launch_time=launch_time.isoformat() if launch_time is not None else "",
             warm_pool=any(action.destination == "WarmPool" for action in self.operation.terminate_actions),
             since=datetime.now(UTC).isoformat(timespec="seconds"),
+            ends=min(ends).isoformat() if ends else "",
         )
 
 

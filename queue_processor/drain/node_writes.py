@@ -12,6 +12,7 @@ import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from queue_processor.kube import KubeClient
@@ -22,8 +23,9 @@ from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_ANNOTATION, RECORD_L
 @dataclass(frozen=True)
 class CordonRecord:
     """What the controller changed on one Node (``unschedulable``, ``taints`` added, ``replaced`` others' taints,
-    ``labels`` added) and the instance then: ``instance_id``, ``launch_time`` and ``since`` (ISO 8601, ``""``:
-    unknown), ``warm_pool`` (cordoned for a move into a warm pool)."""
+    ``labels`` added) and the instance then: ``instance_id``, ``launch_time``, ``since`` and ``ends`` (when a Spot or
+    Capacity Reservation notice reclaims it) (ISO 8601, ``""``: unknown), ``warm_pool`` (cordoned for a move into a
+    warm pool)."""
 
     unschedulable: bool = False
     taints: tuple[tuple[str, str], ...] = ()
@@ -33,6 +35,15 @@ class CordonRecord:
     launch_time: str = ""
     warm_pool: bool = False
     since: str = ""
+    ends: str = ""
+
+    def pending(self, now: datetime) -> bool:
+        """Whether the notice the record names reclaims the instance after ``now`` (aware): a return before then
+        does not hold ("Monitor interruptible Capacity Reservations", EC2 User Guide)."""
+        try:
+            return bool(self.ends) and datetime.fromisoformat(self.ends) > now
+        except (ValueError, TypeError):
+            return False
 
     def to_json(self) -> str:
         """The annotation's value (see the module)."""
@@ -46,6 +57,7 @@ class CordonRecord:
                 "launchTime": self.launch_time,
                 "warmPool": self.warm_pool,
                 "since": self.since,
+                **({"ends": self.ends} if self.ends else {}),
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -72,6 +84,7 @@ class CordonRecord:
                 launch_time=str(data.get("launchTime") or ""),
                 warm_pool=bool(data.get("warmPool")),
                 since=str(data.get("since") or ""),
+                ends=str(data.get("ends") or ""),
             )
         except (ValueError, TypeError, AttributeError):
             return None
@@ -114,6 +127,7 @@ def cordon_patch(
             launch_time=about.launch_time or record.launch_time,
             warm_pool=about.warm_pool,
             since=record.since or about.since,
+            ends=about.ends or record.ends,
         )
     patch: dict[str, Any] = {
         "metadata": {"resourceVersion": metadata.get("resourceVersion")},

@@ -689,6 +689,33 @@ async def test_a_warm_pool_return_gets_its_node_back_when_its_launch_action_is_h
     assert left == {**BACK, "foreign": False}
 
 
+async def test_a_warm_pool_return_before_its_capacity_reservation_notice_ends_stays_cordoned(
+    sandbox: Sandbox,
+) -> None:
+    """Explorer seed 2735: a Capacity Reservation interruption drains the node; the instance moves into the warm
+    pool and back before the notice's termination time, which still reclaims it. The launch action is
+    completed, but the node is not given back: pods scheduled there would go with the instance, undrained."""
+    instance = sandbox.instances[1]
+    node = instance.private_dns_name
+    async with controller(sandbox, return_check_interval_sec=3600) as running:
+        sandbox.aws.capacity_reservation_interruption(instance.instance_id, notice_s=3600)
+        await until(lambda: unschedulable(sandbox, node), what="the cordon")
+        await until(lambda: running.queue_depth() == (0, 0), what="the notice's drain")
+        (leaving,) = sandbox.aws.terminate_instance(instance.instance_id, to_warm_pool=True)
+        await until(lambda: sandbox.aws.action(leaving.token).status != "open", what="terminate completion")
+        await until(
+            lambda: (sandbox.aws.lifecycle_state(instance.instance_id) or "").startswith("Warmed:"),
+            what="the instance in the warm pool",
+        )
+        (back,) = sandbox.aws.launch_instances(instance.asg_name, 1, origin="WarmPool")
+        assert back.instance_id == instance.instance_id
+        (returning,) = sandbox.aws.actions(instance.instance_id, status="open")
+        await until(lambda: sandbox.aws.action(returning.token).status != "open", what="launch completion")
+        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    assert sandbox.aws.action(returning.token).result == "CONTINUE"
+    assert unschedulable(sandbox, node)
+
+
 async def test_a_warm_pool_return_waits_until_another_replica_s_drain_of_its_node_ends(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:

@@ -37,9 +37,11 @@ class Resolver:
         return [self.infos.get(instance_id) for instance_id in instance_ids]
 
 
-async def cordoned(cluster: KubeCluster, drainer: Drainer, instance_id: str, *, ready: bool = True) -> str:
+async def cordoned(
+    cluster: KubeCluster, drainer: Drainer, instance_id: str, *, ready: bool = True, ends: str = ""
+) -> str:
     """A fresh node (Ready unless ``ready`` is false: registered, never Ready), cordoned by us for
-    ``instance_id`` launched at :data:`CORDONED_AT`."""
+    ``instance_id`` launched at :data:`CORDONED_AT` (a notice reclaiming it at ``ends``, if given)."""
     name = f"ip-10-4-0-{uuid.uuid4().hex[:6]}.ec2.internal"
     cluster.add_node(name, ready_after_s=0.0 if ready else None)
     if ready:
@@ -49,7 +51,7 @@ async def cordoned(cluster: KubeCluster, drainer: Drainer, instance_id: str, *, 
             if await drainer.kube.get_node(name) is not None:
                 break
             await asyncio.sleep(0.01)
-    about = CordonRecord(instance_id=instance_id, launch_time=CORDONED_AT.isoformat())
+    about = CordonRecord(instance_id=instance_id, launch_time=CORDONED_AT.isoformat(), ends=ends)
     assert await drainer.writes.cordon(name, about=about)
     return name
 
@@ -95,6 +97,31 @@ async def test_only_the_nodes_whose_instance_came_back_are_read(
     assert not (await kube.get_node(nodes[back]) or {})["spec"].get("unschedulable")
     for instance in (away, stopped):
         assert (await kube.get_node(nodes[instance]) or {})["spec"]["unschedulable"] is True
+
+
+async def test_an_instance_back_before_the_notice_that_reclaims_it_ends_keeps_its_node_cordoned(
+    cluster: KubeCluster, kube: KubeClient
+) -> None:
+    """A Capacity Reservation interruption's instance stopped and started again (a warm pool) before the
+    notice's termination time: back, by its ``LaunchTime``, but reclaimed then all the same. The check leaves
+    its node cordoned, and gives back the node of an instance whose notice ended before it came back."""
+    drainer = Drainer(kube, DrainOptions(), budget=10)
+    resolver = Resolver()
+    suffix = uuid.uuid4().hex[:8]
+    pending, ended = f"i-pending{suffix}", f"i-ended{suffix}"
+    later, earlier = datetime.now(UTC) + timedelta(hours=1), datetime.now(UTC) - timedelta(hours=1)
+    nodes = {
+        pending: await cordoned(cluster, drainer, pending, ends=later.isoformat()),
+        ended: await cordoned(cluster, drainer, ended, ends=earlier.isoformat()),
+    }
+    resolver.infos = {
+        instance: info(instance, node, "running", CORDONED_AT + timedelta(hours=1))
+        for instance, node in nodes.items()
+    }
+    returns = Returns(kube, drainer, resolver, busy=lambda _: False, interval_s=30)  # type: ignore[arg-type]
+    await listed_from_cache(kube, set(nodes.values()))
+    assert await returns.check() == [nodes[ended]]
+    assert (await kube.get_node(nodes[pending]) or {})["spec"]["unschedulable"] is True
 
 
 async def test_with_the_watched_copy_nothing_is_listed_and_nodes_not_ready_are_not_described(
