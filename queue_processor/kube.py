@@ -118,10 +118,8 @@ class KubeClient:
             pool: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kube{pool}")
             for pool, workers in (("", threads), ("-urgent", URGENT_THREADS), ("-replica", REPLICA_THREADS))
         }
-        self.answered_at = 0.0
-        """``time.monotonic()`` of the last answer from the API server (for readiness)."""
-        self.unreachable_at = 0.0
-        """``time.monotonic()`` of the last request that got no answer (connection refused, timeout)."""
+        self.answered_at = 0.0  # time.monotonic() of the API server's last answer (for readiness)
+        self.unreachable_at = 0.0  # time.monotonic() of the last request that got none (refused, timed out)
 
     def close(self, *, wait: bool = True) -> None:
         """Shut the thread pools and connections down; without ``wait``, abandon the calls in progress."""
@@ -146,9 +144,9 @@ class KubeClient:
         """One API request; the decoded JSON answer (``{}`` when empty). ``urgent``: first through the rate limiter,
         own threads; ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``sending``: asked
         once the token came, ``False`` gives it back and raises :class:`NotSentError`."""
-        call = (method, path, query, body, content_type, urgent, agent, sending)
+        send = functools.partial(self._call, method, path, query, body, content_type, agent)
         if not retry:  # no retry machinery held by each of the evictions waiting at once
-            return await self._attempt(*call)
+            return await self._attempt(send, method, path, urgent, sending)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(retryable),
             wait=retry_wait,
@@ -156,21 +154,18 @@ class KubeClient:
             reraise=True,
         ):
             with attempt:
-                return await self._attempt(*call)
+                return await self._attempt(send, method, path, urgent, sending)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _attempt(
         self,
+        send: Callable[[], tuple[int, bytes, float | None]],
         method: str,
         path: str,
-        query: Mapping[str, str] | None,
-        body: Any,
-        content_type: str,
         urgent: bool,
-        agent: str | None,
         sending: Callable[[], bool] | None,
     ) -> Obj:
-        """One attempt of :meth:`request`: a token, a thread, the answer; raises :class:`KubeError`."""
+        """One attempt of :meth:`request`: a token, a thread to ``send`` it, the answer; raises :class:`KubeError`."""
         await self.limiter.acquire(urgent=urgent)
         if sending is not None and not sending():
             self.limiter.give_back()
@@ -178,9 +173,7 @@ class KubeClient:
         pool = self._pools[
             "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
         ]
-        sent = asyncio.get_running_loop().run_in_executor(
-            pool, self._call, method, path, query, body, content_type, agent
-        )
+        sent = asyncio.get_running_loop().run_in_executor(pool, send)
         try:
             status, data, retry_after = await asyncio.shield(sent)
         except asyncio.CancelledError:
@@ -208,7 +201,7 @@ class KubeClient:
         body: Any,
         content_type: str,
         agent: str | None,
-    ) -> tuple[int, bytes, float | None]:
+    ) -> tuple[int, bytes, float | None]:  # the status (0: no answer), body, Retry-After
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -264,9 +257,7 @@ class KubeClient:
         :class:`KubeError`: 410 when the resourceVersion is too old ("Efficient detection of changes"), an error
         answer's status, 0 for a failed connection or a non-event (``WatchReceiverError``: a callback raised)."""
         await self.limiter.acquire()
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[str] = loop.create_future()
-        stream = WatchStream(loop, deliver, ended, opened)
+        stream = WatchStream(asyncio.get_running_loop(), deliver, opened)
         params = {
             **(query or {}),
             "watch": "1",
@@ -279,7 +270,7 @@ class KubeClient:
         args = (self.api, path, params, accept, timeout_s, stream, keep, answered)
         threading.Thread(target=read_watch, args=args, name="kube-watch", daemon=True).start()
         try:
-            return await ended
+            return await stream.ended
         finally:
             stream.close()
 

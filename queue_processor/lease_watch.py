@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from queue_processor.kube import LEASES, KubeClient
 from queue_processor.rules import HANDOVER_PREFIX
@@ -50,16 +50,6 @@ def label_value(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
-def parse_time(value: str | None) -> datetime | None:
-    """A Lease's MicroTime (``acquireTime``, ``renewTime``), aware UTC; ``None`` when absent."""
-    if not value:
-        return None
-    try:
-        return datetime.strptime(value, _MICRO).replace(tzinfo=UTC)
-    except ValueError:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 def holder_of(lease: dict[str, Any] | None) -> str | None:
     """The Lease's ``holderIdentity``, ``None`` when it has none (or there is no Lease)."""
     holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
@@ -67,11 +57,11 @@ def holder_of(lease: dict[str, Any] | None) -> str | None:
 
 
 def expired(lease: dict[str, Any], default_s: int) -> bool:
-    """Whether the Lease's last renewal (or acquisition) + its ``leaseDurationSeconds`` is past."""
+    """Whether the Lease's last renewal (or acquisition) + its ``leaseDurationSeconds`` is past (MicroTimes)."""
     spec = lease.get("spec") or {}
-    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+    renewed = spec.get("renewTime") or spec.get("acquireTime")
     duration = int(spec.get("leaseDurationSeconds") or default_s)
-    return renewed is None or renewed + timedelta(seconds=duration) < datetime.now(UTC)
+    return not renewed or datetime.fromisoformat(renewed) + timedelta(seconds=duration) < datetime.now(UTC)
 
 
 def new_lease(name: str, namespace: str, holder: str) -> dict[str, Any]:
@@ -113,6 +103,24 @@ REPLICA_ANNOTATION = "queue-processor/replica-lease"
 UNWATCHED_POLL_S = 5.0
 
 
+class _Copy(NamedTuple):
+    """What the watch keeps of a node Lease."""
+
+    holder: str | None  # holderIdentity
+    replica: str | None  # the replica Lease its REPLICA_ANNOTATION names
+    handed: dict[str, str]  # its hand-over annotations
+
+
+_NONE = _Copy(None, None, {})
+
+
+def _copy_of(lease: dict[str, Any]) -> _Copy:
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    replica = str(annotations[REPLICA_ANNOTATION]) if annotations.get(REPLICA_ANNOTATION) else None
+    handed = {key: str(value) for key, value in annotations.items() if key.startswith(HANDOVER_PREFIX)}
+    return _Copy(holder_of(lease), replica, handed)
+
+
 class LeaseWatch(Watched):
     """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`."""
 
@@ -126,24 +134,22 @@ class LeaseWatch(Watched):
         super().__init__(kube, LEASES.format(namespace), query={"labelSelector": selector})
         self.namespace = namespace
         self.selector = selector
-        self._holders: dict[str, str | None] = {}  # Lease name → holderIdentity
-        self._handed: dict[str, dict[str, str]] = {}  # Lease name → its hand-over annotations
-        self._replicas: dict[str, str] = {}  # Lease name → the replica Lease its annotation names
+        self._copies: dict[str, _Copy] = {}  # Lease name → what is kept of it
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.on_handed: Callable[[str, Mapping[str, str]], None] | None = None
         """Called (in the event loop) with a Lease's name and its hand-over annotations whenever they change."""
 
     def holder(self, name: str) -> str | None:
         """The ``holderIdentity`` of Lease ``name`` (``None``: no such Lease, or no current copy)."""
-        return self._holders.get(name) if self.live else None
+        return self._copies.get(name, _NONE).holder if self.live else None
 
     def replica(self, name: str) -> str | None:
         """The replica Lease that node Lease ``name`` names (:data:`REPLICA_ANNOTATION`), or ``None``."""
-        return self._replicas.get(name) if self.live else None
+        return self._copies.get(name, _NONE).replica if self.live else None
 
     def handed(self, name: str) -> dict[str, str]:
         """The hand-over annotations of Lease ``name`` (empty without a current copy)."""
-        return dict(self._handed.get(name) or {}) if self.live else {}
+        return dict(self._copies.get(name, _NONE).handed) if self.live else {}
 
     async def released(self, name: str, holder: str | None, within_s: float) -> None:
         """Return once Lease ``name`` is no longer held by ``holder`` (``None``: at its next change, waiting at most
@@ -155,7 +161,7 @@ class LeaseWatch(Watched):
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within_s):
-                while self.live and (holder is None or self._holders.get(name) == holder):
+                while self.live and (holder is None or self._copies.get(name, _NONE).holder == holder):
                     await self._next_change(name)
                     if holder is None:
                         return
@@ -174,40 +180,22 @@ class LeaseWatch(Watched):
 
     async def _begin(self) -> str:
         items, version = await self.kube.list_leases(self.namespace, self.selector)
-        names = set(self._holders)
-        self._holders, handed, self._handed, self._replicas = {}, self._handed, {}, {}
-        for lease in items:
-            self._put(lease)
-        for name in names | set(self._holders):
-            self._changed(name, handed.get(name, {}))
+        before = self._copies
+        self._copies = {str(lease["metadata"]["name"]): _copy_of(lease) for lease in items}
+        for name in before.keys() | self._copies.keys():
+            self._changed(name, before.get(name, _NONE).handed)
         return version
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:
-            metadata = (event.get("object") or {}).get("metadata") or {}
-            name = metadata.get("name")
+            lease = event.get("object") or {}
+            name = (lease.get("metadata") or {}).get("name")
             if name is None or event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
                 continue
-            before = self._handed.get(name, {})
-            self._drop(name)
+            before = self._copies.pop(name, _NONE).handed
             if event.get("type") != "DELETED":
-                self._put(event["object"])
+                self._copies[name] = _copy_of(lease)
             self._changed(name, before)
-
-    def _put(self, lease: dict[str, Any]) -> None:
-        metadata = lease.get("metadata") or {}
-        name = str(metadata["name"])
-        self._holders[name] = holder_of(lease)
-        annotations = metadata.get("annotations") or {}
-        if annotations.get(REPLICA_ANNOTATION):
-            self._replicas[name] = str(annotations[REPLICA_ANNOTATION])
-        handed = {key: str(value) for key, value in annotations.items() if key.startswith(HANDOVER_PREFIX)}
-        if handed:
-            self._handed[name] = handed
-
-    def _drop(self, name: str) -> None:
-        for copy in (self._holders, self._handed, self._replicas):
-            copy.pop(name, None)
 
     def _set_live(self, live: bool) -> None:
         super()._set_live(live)
@@ -223,6 +211,6 @@ class LeaseWatch(Watched):
     def _changed(self, name: str, handed: dict[str, str]) -> None:
         """Wake the waiters of Lease ``name``; tell its hand-over annotations when they changed from ``handed``."""
         self._wake(name)
-        now = self._handed.get(name)
+        now = self._copies.get(name, _NONE).handed
         if now and now != handed and self.on_handed is not None:
             self.on_handed(name, dict(now))

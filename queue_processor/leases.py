@@ -13,7 +13,7 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -68,8 +68,8 @@ class ReplicaLease:
         self._renewal: asyncio.Task[KubeError | None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._lapse: asyncio.TimerHandle | None = None
+        # Node Leases whose release failed (name → the Lease as last written): released again at each renewal.
         self.unreleased: dict[str, dict[str, Any]] = {}
-        """Node Leases whose release failed (name → the Lease as last written): released again at each renewal."""
 
     def age(self) -> float:
         """Seconds since the last renewal that succeeded was sent (infinite before the first)."""
@@ -282,10 +282,8 @@ class NodeLeases:
         self._releaser: asyncio.Task[None] | None = None
         self._lapsed: dict[str, float] = {}  # holder → clock() when its replica Lease was found lapsed
         self._live: dict[str, float] = {}  # holder → clock() when its replica Lease was found current
-        self.watch = LeaseWatch(kube, self.namespace, LEASE_LABEL)
-        """The watched node Leases of the namespace, started by the controller and stopped by :meth:`close`."""
-        self.batches = True
-        """Whether releases go in batches: false once the API server refused ``deletecollection``."""
+        self.watch = LeaseWatch(kube, self.namespace, LEASE_LABEL)  # started by the controller, closed here
+        self.batches = True  # whether releases go in batches: false once ``deletecollection`` was refused
 
     async def claim(self, node: str) -> Claim | None:
         """The node's Lease for this replica, or ``None`` when another holds it. Raises :class:`KubeError`."""
@@ -444,7 +442,6 @@ class NodeLeases:
         while the replica Lease is younger than two thirds of its duration (none can be taken over yet). Leases of an
         ended epoch or sharing a held Lease's label, or of a batch unsent or unanswered: :meth:`_clear_each`."""
         self.replica.check()
-        loop = asyncio.get_running_loop()
         epoch = self.replica.epoch
         held = {label_value(claim.name) for claim in self.replica.claims} | {
             label_value(name) for name in self._claiming
@@ -455,10 +452,7 @@ class NodeLeases:
             if released_in != epoch or label_value(name) in held
         }
         together = {name: lease for name, (lease, _) in batch.items() if name not in alone}
-        answers: dict[str, asyncio.Future[None]] = {name: loop.create_future() for name in alone}
-        batch_answer: asyncio.Future[None] = loop.create_future()
-        answers.update(dict.fromkeys(together, batch_answer))
-        self._sending.update(answers)
+        self._sending.update({name: asyncio.get_running_loop().create_future() for name in batch})
         try:
             if together:
                 selector = (
@@ -486,13 +480,12 @@ class NodeLeases:
                     else:
                         log.warning("lease releases failed", leases=len(together), error=str(exc))
                     await self._clear_each(together)
-                self._answer(together, batch_answer)
+                self._answer(together)
             for name, lease in alone.items():
                 await self._clear_each({name: lease})
-                self._answer([name], answers[name])
+                self._answer([name])
         finally:
-            for name, answer in answers.items():
-                self._answer([name], answer)
+            self._answer(batch)
 
     async def _clear_each(self, leases: dict[str, dict[str, Any]]) -> None:
         """Release each of ``leases`` alone (:meth:`clear`); a failed one again at each renewal."""
@@ -500,12 +493,12 @@ class NodeLeases:
             if not await self.clear(lease):
                 self.replica.unreleased[name] = lease
 
-    def _answer(self, names: Any, answer: asyncio.Future[None]) -> None:
+    def _answer(self, names: Iterable[str]) -> None:
+        """Wake the claims waiting for the release of ``names`` (one batch is sent at a time)."""
         for name in names:
-            if self._sending.get(name) is answer:
-                del self._sending[name]
-        if not answer.done():
-            answer.set_result(None)
+            answer = self._sending.pop(name, None)
+            if answer is not None:
+                answer.set_result(None)
 
     async def flush(self) -> None:
         """Send the pending releases now and wait until every release made so far is answered (not raised)."""

@@ -14,9 +14,9 @@ import itertools
 import json
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 import structlog
@@ -60,9 +60,8 @@ class RateLimiter:
         self.clock = clock
         self._tokens = float(burst)
         self._last = clock()
-        self._urgent: list[tuple[float, int, _Waiter]] = []  # a heap: (rank, arrival, waiter)
+        self._line: list[tuple[bool, float, int, _Waiter]] = []  # a heap: (not urgent, rank, arrival, waiter)
         self._arrivals = itertools.count()
-        self._ordinary: deque[_Waiter] = deque()
 
     def _refill(self) -> None:
         now = self.clock()
@@ -70,26 +69,18 @@ class RateLimiter:
         self._last = now
 
     def _head(self) -> _Waiter | None:
-        urgent = self._urgent
-        while urgent and urgent[0][2].gone:  # cancelled callers leave the heap when they reach its top
-            heapq.heappop(urgent)
-        return urgent[0][2] if urgent else self._ordinary[0] if self._ordinary else None
+        line = self._line
+        while line and line[0][3].gone:  # callers that left stay in the heap until they reach its top
+            heapq.heappop(line)
+        return line[0][3] if line else None
 
     def _leave_line(self, waiter: _Waiter) -> None:
-        """``waiter`` leaves its line; the bucket's tokens go to the head callers at once, the next head sleeps for the
-        next. An urgent one is only marked (removal from a heap's middle is slow): :meth:`_head` drops it on top."""
-        if waiter.urgent:
-            waiter.gone = True
-        else:
-            with contextlib.suppress(ValueError):
-                self._ordinary.remove(waiter)
+        """``waiter`` leaves; the bucket's tokens go to the head callers at once, the next head sleeps for the next."""
+        waiter.gone = True
         self._refill()
         head = self._head()
         while head is not None and self._tokens >= _WHOLE:
-            if self._urgent:
-                heapq.heappop(self._urgent)
-            else:
-                self._ordinary.popleft()
+            heapq.heappop(self._line)
             self._tokens -= 1
             head.granted = True
             _wake(head)
@@ -102,11 +93,9 @@ class RateLimiter:
         if self._head() is None and self._tokens >= _WHOLE:
             self._tokens -= 1
             return
-        waiter = _Waiter(urgent)
-        if urgent:
-            heapq.heappush(self._urgent, (URGENT_RANK.get(), next(self._arrivals), waiter))
-        else:
-            self._ordinary.append(waiter)
+        waiter = _Waiter()
+        rank = URGENT_RANK.get() if urgent else 0.0
+        heapq.heappush(self._line, (not urgent, rank, next(self._arrivals), waiter))
         try:
             while not waiter.granted:
                 if self._head() is not waiter:
@@ -134,12 +123,11 @@ class RateLimiter:
 
 
 class _Waiter:  # a caller in RateLimiter's line: its turn resolves at the head or when granted
-    __slots__ = ("gone", "granted", "turn", "urgent")
+    __slots__ = ("gone", "granted", "turn")
 
-    def __init__(self, urgent: bool) -> None:
-        self.urgent = urgent
+    def __init__(self) -> None:
         self.granted = False
-        self.gone = False  # it left the line: an urgent waiter still in the heap is skipped
+        self.gone = False  # it left the line: still in the heap, it is skipped
         self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
@@ -170,22 +158,19 @@ Obj = dict[str, Any]
 Keep = Callable[[Obj], Obj | None]
 
 
+@dataclass(eq=False)
 class WatchStream:
     """What a watch thread shares with the loop (``deliver`` and ``ended`` only through :meth:`call`)."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        deliver: Callable[[list[Obj]], None],
-        ended: asyncio.Future[str],
-        opened: Callable[[], None] | None = None,
-    ) -> None:
-        self.loop = loop
-        self.deliver = deliver
-        self.ended = ended
-        self.opened = opened
-        self.response: Any = None
-        self.closed = False
+    loop: asyncio.AbstractEventLoop
+    deliver: Callable[[list[Obj]], None]
+    opened: Callable[[], None] | None = None
+    response: Any = None
+    closed: bool = False
+    ended: asyncio.Future[str] = field(init=False)  # the last resourceVersion, or the error that ended it
+
+    def __post_init__(self) -> None:
+        self.ended = self.loop.create_future()
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` in the loop (dropped once the watch is closed or the loop is gone)."""

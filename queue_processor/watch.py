@@ -56,12 +56,9 @@ class Watched:
         self.kube = kube
         self._path = path
         self._options = {"opened": functools.partial(self._set_live, True), **options}
-        self.live = False
-        """Whether the watch's stream runs now (or resumes from where it stopped)."""
-        self.refused: KubeError | None = None
-        """The API server's refusal of the read or the watch, if it refused."""
-        self.answered = asyncio.Event()
-        """Set once the watch is open or refused (its first answer)."""
+        self.live = False  # whether the watch's stream runs now (or resumes from where it stopped)
+        self.refused: KubeError | None = None  # the API server's refusal of the read or the watch
+        self.answered = asyncio.Event()  # set once the watch is open or refused (its first answer)
         self._rv = ""  # where the watch resumes: the first read's resourceVersion, then each event's
         self._task: asyncio.Task[None] | None = None
         self._started_at = 0.0  # the event loop's time at start()
@@ -152,9 +149,6 @@ class Watched:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 
-
-#: Nodes per page of the start-up list.
-PAGE = 500
 
 #: Seconds after the copy's start a claim or cordon waits for its first answer before a GET of its node.
 FIRST_COPY_WAIT_S = 5.0
@@ -268,7 +262,7 @@ class NodeCache(Watched):
         """Every node, page by page, as slim copies; the list's resourceVersion."""
         self._nodes, self._hostnames, self._instances = {}, {}, {}
         rv = ""
-        async for items, version in self.kube.node_pages(PAGE):
+        async for items, version in self.kube.node_pages():
             rv = rv or version
             for node in items:
                 self._put(slim(node))
@@ -358,10 +352,8 @@ class Departures(Watched):
     def __init__(self, kube: KubeClient) -> None:
         super().__init__(kube, "/api/v1/pods", metadata_only=True, keep=deletion)
         self.memory = MEMORY
-        self.epoch = 0
-        """Starts of the watch from a fresh resourceVersion: a ticket of an earlier epoch is not trusted."""
-        self.seen = 0
-        """Deletions seen since the process started."""
+        self.epoch = 0  # starts from a fresh resourceVersion: a ticket of an earlier epoch is not trusted
+        self.seen = 0  # deletions seen since the process started
         self._gone: dict[Any, int] = {}  # uid -> its number among the deletions seen, oldest first
         self._waiting: dict[Any, set[Waiting]] = {}
 
@@ -487,21 +479,19 @@ class NodeFinder:
         return None
 
     async def _by_provider_id(self, info: InstanceInfo) -> dict[str, Any] | None:
-        name = await self._provider_name(info, refresh=False)
-        if name is None:
-            name = await self._provider_name(info, refresh=True)
-        return await self.kube.get_node(name) if name is not None else None
-
-    async def _provider_name(self, info: InstanceInfo, *, refresh: bool) -> str | None:
-        async with self._index_lock:
-            age = time.monotonic() - self._indexed_at
-            if age > 30.0 or (refresh and age > 2.0):
-                nodes = await self.kube.list_nodes(cached=True)
-                self._by_provider = {
-                    (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes
-                }
-                self._indexed_at = time.monotonic()
-        name = self._by_provider.get(info.provider_id)
-        if name is None:  # some providers omit the zone: aws:///<instance-id>
-            name = next((n for p, n in self._by_provider.items() if p.endswith("/" + info.instance_id)), None)
-        return name
+        for refresh in (False, True):  # the index as it is, then read again after a miss
+            async with self._index_lock:
+                age = time.monotonic() - self._indexed_at
+                if age > 30.0 or (refresh and age > 2.0):
+                    nodes = await self.kube.list_nodes(cached=True)
+                    self._by_provider = {
+                        (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes
+                    }
+                    self._indexed_at = time.monotonic()
+            name = self._by_provider.get(info.provider_id)
+            if name is None:  # some providers omit the zone: aws:///<instance-id>
+                suffix = "/" + info.instance_id
+                name = next((n for p, n in self._by_provider.items() if p.endswith(suffix)), None)
+            if name is not None:
+                return await self.kube.get_node(name)
+        return None
