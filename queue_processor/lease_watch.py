@@ -135,7 +135,7 @@ class LeaseWatch(Watched):
         self.namespace = namespace
         self.selector = selector
         self._copies: dict[str, _Copy] = {}  # Lease name → what is kept of it
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._changes: dict[str, asyncio.Future[None]] = {}  # Lease name → resolved at its next change
         self.on_handed: Callable[[str, Mapping[str, str]], None] | None = None
         """Called (in the event loop) with a Lease's name and its hand-over annotations whenever they change."""
 
@@ -167,16 +167,8 @@ class LeaseWatch(Watched):
                         return
 
     async def _next_change(self, name: str) -> None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(name, set()).add(waiter)
-        try:
-            await waiter
-        finally:
-            waiters = self._waiters.get(name)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._waiters[name]
+        change = self._changes.setdefault(name, asyncio.get_running_loop().create_future())
+        await asyncio.shield(change)  # shared: a waiter cancelled leaves it to the others
 
     async def _begin(self) -> str:
         items, version = await self.kube.list_leases(self.namespace, self.selector)
@@ -200,13 +192,13 @@ class LeaseWatch(Watched):
     def _set_live(self, live: bool) -> None:
         super()._set_live(live)
         if not live:
-            for name in list(self._waiters):
+            for name in list(self._changes):
                 self._wake(name)
 
     def _wake(self, name: str) -> None:
-        for waiter in self._waiters.get(name, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        change = self._changes.pop(name, None)
+        if change is not None:
+            change.set_result(None)
 
     def _changed(self, name: str, handed: dict[str, str]) -> None:
         """Wake the waiters of Lease ``name``; tell its hand-over annotations when they changed from ``handed``."""

@@ -179,22 +179,13 @@ class WatchStream:
                 self.loop.call_soon_threadsafe(self._call, fn, args)
 
     def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        if self.closed:
+        if self.closed or self.ended.done():
             return
         try:
             fn(*args)
         except Exception as exc:  # the receiver could not take the events: the watch ends with that
-            self.settle("", KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}"))
+            self.ended.set_exception(KubeError(0, "WatchReceiverError", f"{type(exc).__name__}: {exc}"))
             self.close()
-
-    def settle(self, rv: str, exc: BaseException | None = None) -> None:
-        """End the watch at ``rv``, or with ``exc`` (in the loop: through :meth:`call`)."""
-        if self.ended.done():
-            return
-        if exc is None:
-            self.ended.set_result(rv)
-        else:
-            self.ended.set_exception(exc)
 
     def close(self) -> None:
         self.closed = True
@@ -242,13 +233,12 @@ def read_watch(
             events, rv = _events_of(lines, rv, keep)
             if events:
                 stream.call(stream.deliver, events)
-        stream.call(stream.settle, rv)
+        stream.call(stream.ended.set_result, rv)
     except KubeError as exc:
-        stream.call(stream.settle, "", exc)
+        stream.call(stream.ended.set_exception, exc)
     except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-        if not stream.closed:
-            stream.call(answered, 0)
-        stream.call(stream.settle, "", KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
+        stream.call(answered, 0)
+        stream.call(stream.ended.set_exception, KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
     finally:
         if stream.response is not None:
             stream.response.close()

@@ -324,7 +324,6 @@ class Waiting:
 
     pending: set[Entry]
     ticket: Ticket | None
-    uids: tuple[Any, ...] = ()
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     current: bool = False
     """Whether the deletions remembered at its ticket were applied: from then on each one reaches it directly."""
@@ -375,14 +374,14 @@ class Departures(Watched):
     @contextlib.contextmanager
     def waiting(self, pending: set[Entry], ticket: Ticket | None) -> Iterator[Waiting]:
         """Follow ``pending`` (copied) while the block runs; ``ticket`` was taken before the list that found them."""
-        wait = Waiting(set(pending), ticket, tuple({uid for _, uid in pending}))
-        for uid in wait.uids:
+        wait, uids = Waiting(set(pending), ticket), {uid for _, uid in pending}
+        for uid in uids:
             self._waiting.setdefault(uid, set()).add(wait)
         self._forget_gone(wait)
         try:
             yield wait
         finally:
-            for uid in wait.uids:
+            for uid in uids:
                 waits = self._waiting.get(uid, set())
                 waits.discard(wait)
                 if not waits:
@@ -412,13 +411,11 @@ class Departures(Watched):
 
     def _set_live(self, live: bool) -> None:
         """The stream runs (``True``) or is broken; either way every drain looks again."""
-        changed = live != self.live
+        if live != self.live:
+            for waits in self._waiting.values():
+                for wait in waits:
+                    wait.changed.set()
         super()._set_live(live)
-        if not changed:
-            return
-        for waits in self._waiting.values():
-            for wait in waits:
-                wait.changed.set()
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:
@@ -432,8 +429,7 @@ class Departures(Watched):
             if len(self._gone) > self.memory:
                 del self._gone[next(iter(self._gone))]
             for wait in self._waiting.get(uid, ()):
-                for entry in [entry for entry in wait.pending if entry[1] == uid]:
-                    wait.pending.discard(entry)
+                wait.pending.difference_update([entry for entry in wait.pending if entry[1] == uid])
                 wait.changed.set()
 
 
@@ -445,12 +441,8 @@ def node_ready(node: dict[str, Any]) -> bool:
 
 def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
     """How many ``nodes`` run one of ``instance_ids`` by ``spec.providerID``, as NTH counts them."""
-    count = 0
-    for node in nodes:
-        parts = str((node.get("spec") or {}).get("providerID") or "").split("/")
-        if len(parts) == 5 and parts[4].startswith("i-") and parts[4] in instance_ids:
-            count += 1
-    return count
+    ids = (str((node.get("spec") or {}).get("providerID") or "").split("/") for node in nodes)
+    return sum(len(parts) == 5 and parts[4].startswith("i-") and parts[4] in instance_ids for parts in ids)
 
 
 class NodeFinder:
