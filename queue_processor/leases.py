@@ -303,9 +303,7 @@ class NodeLeases:
             claimed = await self._take(name, replica.epoch)
             return claimed
         finally:
-            self._claiming[name] -= 1
-            if self._claiming[name] <= 0:
-                del self._claiming[name]
+            self._claiming -= Counter([name])  # gone at 0
             if claimed is None and unreleased is not None:
                 replica.unreleased.setdefault(name, unreleased)
 
@@ -412,8 +410,7 @@ class NodeLeases:
     def _batchable(self, lease: dict[str, Any]) -> bool:
         """Whether ``lease`` carries this replica's labels as written here (a batch's selector finds it)."""
         metadata = lease.get("metadata") or {}
-        labels = metadata.get("labels") or {}
-        return bool(labels == {**labels, **self._labels(metadata["name"])})
+        return self._labels(metadata["name"]).items() <= (metadata.get("labels") or {}).items()
 
     def _release_later(self, lease: dict[str, Any], epoch: int) -> None:
         """Queue ``lease`` (held by a claim of ``epoch`` just given up) for the next batch of releases."""

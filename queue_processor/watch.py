@@ -452,7 +452,7 @@ class NodeFinder:
     def __init__(self, kube: KubeClient, *, use_provider_id: bool) -> None:
         self.kube = kube
         self.use_provider_id = use_provider_id
-        self._by_provider: dict[str, str] = {}
+        self._by_instance: dict[str, str] = {}  # instance ID (the end of spec.providerID) → node name
         self._indexed_at = -1e18
         self._index_lock = asyncio.Lock()
 
@@ -476,14 +476,13 @@ class NodeFinder:
                 age = time.monotonic() - self._indexed_at
                 if age > 30.0 or (refresh and age > 2.0):
                     nodes = await self.kube.list_nodes(cached=True)
-                    self._by_provider = {
-                        (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes
+                    self._by_instance = {
+                        instance_of((n.get("spec") or {}).get("providerID", "")): n["metadata"]["name"]
+                        for n in nodes
                     }
                     self._indexed_at = time.monotonic()
-            name = self._by_provider.get(info.provider_id)
-            if name is None:  # some providers omit the zone: aws:///<instance-id>
-                suffix = "/" + info.instance_id
-                name = next((n for p, n in self._by_provider.items() if p.endswith(suffix)), None)
+            # The providerID's instance ID: some providers omit the zone (aws:///<instance ID>).
+            name = self._by_instance.get(info.instance_id)
             if name is not None:
                 return await self.kube.get_node(name)
         return None
