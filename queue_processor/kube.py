@@ -21,24 +21,11 @@ import urllib3
 from kubernetes import client, config
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
-from queue_processor import __version__
+from queue_processor import __version__, rest
 from queue_processor.config import default
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import KubeError, NotSentError, StartupError
-from queue_processor.rest import (
-    REPLICA_RANK,
-    URGENT_RANK,
-    Keep,
-    Obj,
-    RateLimiter,
-    WatchStream,
-    describe,
-    error_of,
-    read_watch,
-    retry_wait,
-    retryable,
-    seconds_of,
-)
+from queue_processor.rest import Obj
 
 #: Accept header of metadata-only reads and watches ("Receiving resources as Tables or metadata only", API concepts).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
@@ -47,11 +34,10 @@ METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
-#: Threads (and connections) for drain traffic; reserved for urgent calls (node reads and cordons, and Lease calls).
+#: Threads (and connections) for drain traffic; reserved for urgent calls (node reads and cordons, and Lease calls);
+#: for the replica's upkeep (:data:`~queue_processor.rest.REPLICA_RANK`), not behind claims and cordons.
 THREADS = 32
 URGENT_THREADS = 16
-
-#: Threads for the replica's upkeep (:data:`REPLICA_RANK`), not behind claims and cordons.
 REPLICA_THREADS = 2
 
 #: Watch connections the controller keeps open (pod deletions, nodes, and the node Leases with NODE_LEASES).
@@ -111,7 +97,7 @@ class KubeClient:
         observer: Observer = NULL_OBSERVER,
     ) -> None:
         self.api = api_client
-        self.limiter = RateLimiter(qps, burst)
+        self.limiter = rest.RateLimiter(qps, burst)
         self.attempts = attempts
         self.observer = observer
         self._pools = {
@@ -148,8 +134,8 @@ class KubeClient:
         if not retry:  # no retry machinery held by each of the evictions waiting at once
             return await self._attempt(send, method, path, urgent, sending)
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception(retryable),
-            wait=retry_wait,
+            retry=retry_if_exception(rest.retryable),
+            wait=rest.retry_wait,
             stop=stop_after_attempt(self.attempts),
             reraise=True,
         ):
@@ -171,7 +157,7 @@ class KubeClient:
             self.limiter.give_back()
             raise NotSentError(f"{method} {path}")
         pool = self._pools[
-            "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
+            "" if not urgent else "-replica" if rest.URGENT_RANK.get() == rest.REPLICA_RANK else "-urgent"
         ]
         sent = asyncio.get_running_loop().run_in_executor(pool, send)
         try:
@@ -182,14 +168,14 @@ class KubeClient:
             if method != "GET" and not sent.done():
                 await asyncio.wait({sent})
             raise
-        verb, resource = describe(method, path)
+        verb, resource = rest.describe(method, path)
         self.observer.kube_request(verb, resource, status or None)
         if status:
             self.answered_at = time.monotonic()
         else:
             self.unreachable_at = time.monotonic()
         if status >= 400 or status == 0:
-            raise error_of(status, data, retry_after)
+            raise rest.error_of(status, data, retry_after)
         answer: Obj = json.loads(data) if data else {}
         return answer
 
@@ -221,7 +207,7 @@ class KubeClient:
             return (
                 int(response.status),
                 bytes(response.data or b""),
-                seconds_of(response.getheader("Retry-After")),  # type: ignore[no-untyped-call]
+                rest.seconds_of(response.getheader("Retry-After")),  # type: ignore[no-untyped-call]
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
@@ -249,7 +235,7 @@ class KubeClient:
         opened: Callable[[], None] | None = None,
         query: Mapping[str, str] | None = None,
         metadata_only: bool = False,
-        keep: Keep | None = None,
+        keep: rest.Keep | None = None,
     ) -> str:
         """One watch of ``path`` from ``resource_version``, read by a thread until the server ends it (``timeout_s``
         s); the last resourceVersion seen. ``deliver`` gets each chunk's ``{"type", "object"}`` events ``keep`` kept
@@ -257,7 +243,7 @@ class KubeClient:
         :class:`KubeError`: 410 when the resourceVersion is too old ("Efficient detection of changes"), an error
         answer's status, 0 for a failed connection or a non-event (``WatchReceiverError``: a callback raised)."""
         await self.limiter.acquire()
-        stream = WatchStream(asyncio.get_running_loop(), deliver, opened)
+        stream = rest.WatchStream(asyncio.get_running_loop(), deliver, opened)
         params = {
             **(query or {}),
             "watch": "1",
@@ -268,7 +254,7 @@ class KubeClient:
         accept = METADATA_ONLY if metadata_only else "application/json"
         answered = functools.partial(self._answered, path)
         args = (self.api, path, params, accept, timeout_s, stream, keep, answered)
-        threading.Thread(target=read_watch, args=args, name="kube-watch", daemon=True).start()
+        threading.Thread(target=rest.read_watch, args=args, name="kube-watch", daemon=True).start()
         try:
             return await stream.ended
         finally:
@@ -278,7 +264,7 @@ class KubeClient:
         if not status:
             self.unreachable_at = time.monotonic()
             return
-        self.observer.kube_request("watch", describe("GET", path)[1], status)
+        self.observer.kube_request("watch", rest.describe("GET", path)[1], status)
         if status == 200:
             self.answered_at = time.monotonic()
 

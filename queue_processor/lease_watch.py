@@ -20,10 +20,9 @@ from queue_processor.watch import Watched
 #: ``leaseDurationSeconds`` of a node Lease held by a replica Lease (earlier versions judge by it): over any drain.
 HELD_BY_REPLICA_S = 3600
 
-#: The label naming a node Lease's holder (:func:`label_value`): what a batch of releases selects by.
+#: The labels naming a node Lease's holder and the Lease itself (:func:`label_value`): what a batch of releases
+#: selects by (the Leases ``in (…)``).
 HOLDER_LABEL = "queue-processor/holder"
-
-#: The label naming the node Lease itself (:func:`label_value`): what a batch selects each by (``in (…)``).
 LEASE_LABEL = "queue-processor/lease"
 
 #: A Lease's MicroTime as written.

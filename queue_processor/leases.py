@@ -46,10 +46,9 @@ RENEW_ATTEMPTS = 3
 #: Seconds before a failed renewal of the replica Lease is tried again (or a renewal period, when shorter).
 RENEW_RETRY_S = 2.0
 
-#: Seconds a released node Lease waits for others to be released with it (one request for all).
+#: Seconds a released node Lease waits for others to be released with it (one request for all), and the most one
+#: request deletes (the selector names each in 21 characters of the URL).
 RELEASE_BATCH_S = 0.5
-
-#: The most node Leases one request deletes (the selector names each in 21 characters of the URL).
 RELEASE_BATCH_MAX = 50
 
 

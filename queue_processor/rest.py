@@ -342,9 +342,7 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 async def wait(*tasks: asyncio.Future[Any] | None) -> None:
     """Wait until every one of ``tasks`` (``None`` skipped) has ended; what each ends with is not raised.
     Raises ``CancelledError`` when the caller is cancelled."""
-    live = [task for task in tasks if task is not None]
-    if live:
-        await asyncio.gather(*live, return_exceptions=True)
+    await asyncio.gather(*(task for task in tasks if task is not None), return_exceptions=True)
 
 
 async def stop(*tasks: asyncio.Future[Any] | None) -> None:
