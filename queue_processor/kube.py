@@ -204,11 +204,8 @@ class KubeClient:
                 params[2]["User-Agent"] = f"{self.api.user_agent} {agent}"
             response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT_S)
             response.read()  # type: ignore[no-untyped-call]
-            return (
-                int(response.status),
-                bytes(response.data or b""),
-                rest.seconds_of(response.getheader("Retry-After")),  # type: ignore[no-untyped-call]
-            )
+            retry_after = rest.seconds_of(response.getheader("Retry-After"))  # type: ignore[no-untyped-call]
+            return int(response.status), bytes(response.data or b""), retry_after
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
 
@@ -243,7 +240,8 @@ class KubeClient:
         :class:`KubeError`: 410 when the resourceVersion is too old ("Efficient detection of changes"), an error
         answer's status, 0 for a failed connection or a non-event (``WatchReceiverError``: a callback raised)."""
         await self.limiter.acquire()
-        stream = rest.WatchStream(asyncio.get_running_loop(), deliver, opened)
+        answered = functools.partial(self._answered, path, opened)
+        stream = rest.WatchStream(asyncio.get_running_loop(), deliver, answered)
         params = {
             **(query or {}),
             "watch": "1",
@@ -252,21 +250,22 @@ class KubeClient:
             "timeoutSeconds": str(int(timeout_s)),
         }
         accept = METADATA_ONLY if metadata_only else "application/json"
-        answered = functools.partial(self._answered, path)
-        args = (self.api, path, params, accept, timeout_s, stream, keep, answered)
+        args = (self.api, path, params, accept, timeout_s, stream, keep)
         threading.Thread(target=rest.read_watch, args=args, name="kube-watch", daemon=True).start()
         try:
             return await stream.ended
         finally:
             stream.close()
 
-    def _answered(self, path: str, status: int) -> None:  # status 0: no answer
-        if not status:
+    def _answered(self, path: str, opened: Callable[[], None] | None, status: int) -> None:
+        if not status:  # no answer
             self.unreachable_at = time.monotonic()
             return
         self.observer.kube_request("watch", rest.describe("GET", path)[1], status)
         if status == 200:
             self.answered_at = time.monotonic()
+            if opened is not None:
+                opened()
 
     def reachable(self) -> bool:
         """Readiness: the API server answered the latest request made (or none was made yet)."""
@@ -326,11 +325,8 @@ class KubeClient:
         """POST a policy/v1 Eviction (``grace_s`` seconds; ``drain``, ``sending``: :meth:`request`'s ``agent``,
         ``sending``); not retried. Raises :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption
         (named in :attr:`KubeError.causes`), 500 when several match the pod, 404 when gone; :class:`NotSentError`."""
-        body: Obj = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-        }
+        metadata = {"name": name, "namespace": namespace}
+        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": metadata}
         options: Obj = {}
         if grace_s is not None and grace_s >= 0:
             options["gracePeriodSeconds"] = grace_s

@@ -164,7 +164,7 @@ class WatchStream:
 
     loop: asyncio.AbstractEventLoop
     deliver: Callable[[list[Obj]], None]
-    opened: Callable[[], None] | None = None
+    answered: Callable[[int], None]  # with the answer's status (0: none came)
     response: Any = None
     closed: bool = False
     ended: asyncio.Future[str] = field(init=False)  # the last resourceVersion, or the error that ended it
@@ -203,10 +203,8 @@ def read_watch(
     timeout_s: float,
     stream: WatchStream,
     keep: Keep | None,
-    answered: Callable[[int], None],
 ) -> None:
-    """The watch thread: connect with ``api`` (an ApiClient), read chunks of lines, hand their events to the loop,
-    end ``stream``. ``answered(status)`` runs in the loop (status 0: no answer)."""
+    """The watch thread: connect (``api``: an ApiClient), hand each chunk's events to the loop, end ``stream``."""
     rv = str(query["resourceVersion"])
     try:
         params = api.param_serialize(
@@ -219,11 +217,9 @@ def read_watch(
         response = api.call_api(*params, _request_timeout=(10.0, timeout_s + 30.0)).response
         stream.response = response
         status = int(response.status)
-        stream.call(answered, status)
+        stream.call(stream.answered, status)
         if status != 200:
             raise error_of(status, bytes(response.data or b""))
-        if stream.opened is not None:
-            stream.call(stream.opened)
         rest = b""
         for chunk in response.stream(1 << 16):
             if stream.closed:
@@ -237,7 +233,7 @@ def read_watch(
     except KubeError as exc:
         stream.call(stream.ended.set_exception, exc)
     except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-        stream.call(answered, 0)
+        stream.call(stream.answered, 0)
         stream.call(stream.ended.set_exception, KubeError(0, "ConnectionError", f"watch {path}: {exc}"))
     finally:
         if stream.response is not None:

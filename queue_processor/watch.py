@@ -169,11 +169,7 @@ def slim(node: dict[str, Any]) -> dict[str, Any]:
     }
     if RECORD_ANNOTATION in annotations:
         kept["annotations"] = {RECORD_ANNOTATION: annotations[RECORD_ANNOTATION]}
-    kept_spec: dict[str, Any] = {}
-    if spec.get("providerID"):
-        kept_spec["providerID"] = spec["providerID"]
-    if spec.get("unschedulable"):
-        kept_spec["unschedulable"] = True
+    kept_spec = {key: spec[key] for key in ("providerID", "unschedulable") if spec.get(key)}
     if spec.get("taints"):
         kept_spec["taints"] = [dict(taint) for taint in spec["taints"]]
     slimmed: dict[str, Any] = {"metadata": kept, "spec": kept_spec}
@@ -320,13 +316,13 @@ class Ticket:
 
 @dataclass(eq=False)
 class Waiting:
-    """A drain's ``pending`` (key, uid) pods, last list's ticket, ``changed`` when a pod went or the watch moved."""
+    """A drain's ``pending`` (key, uid) pods, last list's ticket, ``changed`` when a pod went or the watch moved;
+    ``current`` once the deletions remembered at its ticket were applied (from then on each one reaches it)."""
 
     pending: set[Entry]
     ticket: Ticket | None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     current: bool = False
-    """Whether the deletions remembered at its ticket were applied: from then on each one reaches it directly."""
 
 
 def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
