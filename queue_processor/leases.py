@@ -202,15 +202,12 @@ class Claim:
     def __init__(self, leases: NodeLeases, lease: dict[str, Any], epoch: int) -> None:
         self._leases = leases
         self.lease = lease
+        self.name = str(lease["metadata"]["name"])
         self.epoch = epoch
         self.lost = asyncio.Event()
         leases.replica.hold(self)
         if epoch != leases.replica.epoch:
             self._mark_lost(f"the replica's Lease {leases.replica.name} lapsed while the node's was claimed")
-
-    @property
-    def name(self) -> str:
-        return str(self.lease["metadata"]["name"])
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
