@@ -65,11 +65,8 @@ def expired(lease: dict[str, Any], default_s: int) -> bool:
 
 def new_lease(name: str, namespace: str, holder: str) -> dict[str, Any]:
     """A Lease to create, acquired by ``holder`` now (to be written as :func:`held_lease`)."""
-    spec = {
-        "holderIdentity": holder,
-        "acquireTime": datetime.now(UTC).strftime(_MICRO),
-        "leaseTransitions": 0,
-    }
+    now = datetime.now(UTC).strftime(_MICRO)
+    spec = {"holderIdentity": holder, "acquireTime": now, "leaseTransitions": 0}
     metadata = {"name": name, "namespace": namespace}
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
 
@@ -102,9 +99,7 @@ REPLICA_ANNOTATION = "queue-processor/replica-lease"
 UNWATCHED_POLL_S = 5.0
 
 
-class _Copy(NamedTuple):
-    """What the watch keeps of a node Lease."""
-
+class _Copy(NamedTuple):  # what the watch keeps of a node Lease
     holder: str | None  # holderIdentity
     replica: str | None  # the replica Lease its REPLICA_ANNOTATION names
     handed: dict[str, str]  # its hand-over annotations

@@ -87,7 +87,6 @@ class Watched:
         return True
 
     async def close(self) -> None:
-        """Stop the watch (its connection is shut)."""
         await rest.stop(self._task)
         self._task = None
         self.live = False
@@ -442,8 +441,7 @@ def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
 
 
 class NodeFinder:
-    """Finds the Node of an instance (see the module docstring). The providerID index (one cached node LIST) is
-    rebuilt when older than 30 seconds, or after a miss when older than 2."""
+    """An instance's Node (module docstring); its providerID index is listed again after 30 s, 2 s after a miss."""
 
     def __init__(self, kube: KubeClient, *, use_provider_id: bool) -> None:
         self.kube = kube
