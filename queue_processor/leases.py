@@ -420,10 +420,9 @@ class NodeLeases:
         """Send the pending releases, a batch every :data:`RELEASE_BATCH_S` (sooner when full or flushed)."""
         rank_urgent(AFTER_CORDONS)
         while self._pending:
-            if not self._hurry.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(RELEASE_BATCH_S):
-                        await self._hurry.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASE_BATCH_S):
+                    await self._hurry.wait()  # at once when set
             names = list(self._pending)[:RELEASE_BATCH_MAX]
             batch = {name: self._pending.pop(name) for name in names}
             if not self._flushing and len(self._pending) < RELEASE_BATCH_MAX:

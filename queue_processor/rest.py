@@ -93,7 +93,7 @@ class RateLimiter:
         if self._head() is None and self._tokens >= _WHOLE:
             self._tokens -= 1
             return
-        waiter = _Waiter()
+        waiter = _Waiter(asyncio.get_running_loop().create_future())
         rank = URGENT_RANK.get() if urgent else 0.0
         heapq.heappush(self._line, (not urgent, rank, next(self._arrivals), waiter))
         try:
@@ -122,13 +122,11 @@ class RateLimiter:
         _wake(self._head())
 
 
+@dataclass(slots=True, eq=False)
 class _Waiter:  # a caller in RateLimiter's line: its turn resolves at the head or when granted
-    __slots__ = ("gone", "granted", "turn")
-
-    def __init__(self) -> None:
-        self.granted = False
-        self.gone = False  # it left the line: still in the heap, it is skipped
-        self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    turn: asyncio.Future[None]
+    granted: bool = False
+    gone: bool = False  # it left the line: still in the heap, it is skipped
 
 
 def _wake(waiter: _Waiter | None) -> None:
