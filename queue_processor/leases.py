@@ -435,9 +435,8 @@ class NodeLeases:
         ended epoch or sharing a held Lease's label, or of a batch unsent or unanswered: :meth:`_clear_each`."""
         self.replica.check()
         epoch = self.replica.epoch
-        held = {label_value(claim.name) for claim in self.replica.claims} | {
-            label_value(name) for name in self._claiming
-        }
+        claims = [claim.name for claim in self.replica.claims]
+        held = {label_value(name) for name in [*self._claiming, *claims]}  # held or being claimed here
         alone = {
             name: lease
             for name, (lease, released_in) in batch.items()
