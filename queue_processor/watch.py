@@ -424,8 +424,7 @@ class Departures(Watched):
             if len(self._gone) > self.memory:
                 del self._gone[next(iter(self._gone))]
             for wait in self._waiting.get(uid, ()):
-                wait.pending.difference_update([entry for entry in wait.pending if entry[1] == uid])
-                wait.changed.set()
+                self._forget_gone(wait)
 
 
 def node_ready(node: dict[str, Any]) -> bool:
