@@ -204,7 +204,11 @@ class KubeClient:
                 params[2]["User-Agent"] = f"{self.api.user_agent} {agent}"
             response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT_S)
             response.read()  # type: ignore[no-untyped-call]
-            retry_after = rest.seconds_of(response.getheader("Retry-After"))  # type: ignore[no-untyped-call]
+            header = response.getheader("Retry-After")  # type: ignore[no-untyped-call]
+            try:  # the API server sends delta-seconds; None when absent or not a number
+                retry_after: float | None = float(header or "")
+            except ValueError:
+                retry_after = None
             return int(response.status), bytes(response.data or b""), retry_after
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None

@@ -288,14 +288,6 @@ def describe(method: str, path: str) -> tuple[str, str]:
     return verbs.get(method, method.lower()), resource
 
 
-def seconds_of(value: str | None) -> float | None:
-    """A Retry-After in seconds (the API server sends delta-seconds); ``None`` when absent or not a number."""
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
 def error_of(status: int, data: bytes, retry_after_s: float | None = None) -> KubeError:
     try:
         body = json.loads(data) if data else {}
