@@ -156,13 +156,10 @@ class LeaseWatch(Watched):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within_s):
                 while self.live and (holder is None or self._copies.get(name, _NONE).holder == holder):
-                    await self._next_change(name)
+                    change = self._changes.setdefault(name, asyncio.get_running_loop().create_future())
+                    await asyncio.shield(change)  # shared: a waiter cancelled leaves it to the others
                     if holder is None:
                         return
-
-    async def _next_change(self, name: str) -> None:
-        change = self._changes.setdefault(name, asyncio.get_running_loop().create_future())
-        await asyncio.shield(change)  # shared: a waiter cancelled leaves it to the others
 
     async def _begin(self) -> str:
         items, version = await self.kube.list_leases(self.namespace, self.selector)
