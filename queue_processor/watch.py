@@ -453,15 +453,14 @@ class NodeFinder:
         """The Node (a dict), or ``None`` when the cluster has none for the instance."""
         if self.use_provider_id:
             return await self._by_provider_id(info)
-        if info.private_dns_name:
-            node = await self.kube.get_node(info.private_dns_name)
-            if node is not None:
-                return node
-            short = info.private_dns_name.split(".")[0]
-            nodes = await self.kube.list_nodes(f"kubernetes.io/hostname in ({info.private_dns_name},{short})")
-            if nodes:
-                return nodes[0]
-        return None
+        if not info.private_dns_name:
+            return None
+        node = await self.kube.get_node(info.private_dns_name)
+        if node is not None:
+            return node
+        short = info.private_dns_name.split(".")[0]
+        nodes = await self.kube.list_nodes(f"{HOSTNAME_LABEL} in ({info.private_dns_name},{short})")
+        return nodes[0] if nodes else None
 
     async def _by_provider_id(self, info: InstanceInfo) -> dict[str, Any] | None:
         for refresh in (False, True):  # the index as it is, then read again after a miss
