@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
+import re
 import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -21,24 +24,80 @@ import structlog
 from queue_processor import rest
 from queue_processor.config import default
 from queue_processor.kube import KubeClient
-from queue_processor.lease_watch import (
-    HELD_BY_REPLICA_S,
-    HOLDER_LABEL,
-    LEASE_LABEL,
-    REPLICA_ANNOTATION,
-    LeaseWatch,
-    expired,
-    held_lease,
-    holder_of,
-    label_value,
-    lease_name,
-    new_lease,
-    replica_lease_name,
-)
 from queue_processor.outcomes import ClaimLost, KubeError, NotSentError
 from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, rank_urgent
+from queue_processor.watch import REPLICA_ANNOTATION, LeaseWatch, holder_of
 
 log = structlog.get_logger("queue_processor.leases")
+
+#: ``leaseDurationSeconds`` of a node Lease held by a replica Lease (earlier versions judge by it): over any drain.
+HELD_BY_REPLICA_S = 3600
+
+#: The labels naming a node Lease's holder and the Lease itself (:func:`label_value`): what a batch of releases
+#: selects by (the Leases ``in (…)``).
+HOLDER_LABEL = "queue-processor/holder"
+LEASE_LABEL = "queue-processor/lease"
+
+#: A Lease's MicroTime as written.
+_MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def object_name(name: str) -> str:
+    """``name`` made a valid object name: lower case, ``[a-z0-9.-]``, at most 253 characters."""
+    return re.sub(r"[^a-z0-9.-]", "-", name.lower())[:253].rstrip(".-")
+
+
+def lease_name(node: str) -> str:
+    """``queue-processor-<node>``, made a valid object name (lower case, at most 253 characters)."""
+    return object_name("queue-processor-" + node)
+
+
+def replica_lease_name(identity: str) -> str:
+    """``queue-processor.replica.<identity>``, made a valid object name, never a node Lease's."""
+    return object_name("queue-processor.replica." + identity)
+
+
+def label_value(text: str) -> str:
+    """A label value standing for ``text``, which may not fit one: 20 hex digits of its BLAKE2b digest."""
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
+
+
+def expired(lease: dict[str, Any], default_s: int) -> bool:
+    """Whether the Lease's last renewal (or acquisition) + its ``leaseDurationSeconds`` is past (MicroTimes)."""
+    spec = lease.get("spec") or {}
+    renewed = spec.get("renewTime") or spec.get("acquireTime")
+    duration = int(spec.get("leaseDurationSeconds") or default_s)
+    return not renewed or datetime.fromisoformat(renewed) + timedelta(seconds=duration) < datetime.now(UTC)
+
+
+def new_lease(name: str, namespace: str, holder: str) -> dict[str, Any]:
+    """A Lease to create, acquired by ``holder`` now (to be written as :func:`held_lease`)."""
+    now = datetime.now(UTC).strftime(_MICRO)
+    spec = {"holderIdentity": holder, "acquireTime": now, "leaseTransitions": 0}
+    metadata = {"name": name, "namespace": namespace}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+
+def held_lease(
+    lease: dict[str, Any],
+    holder: str,
+    duration_s: int,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``lease`` as ``holder`` writes it on its resourceVersion: renewed (and acquired, if someone else's)."""
+    now = datetime.now(UTC).strftime(_MICRO)
+    metadata = dict(lease.get("metadata") or {})
+    for key, marks in (("annotations", annotations), ("labels", labels)):
+        if marks:
+            metadata[key] = {**(metadata.get(key) or {}), **marks}
+    spec = dict(lease.get("spec") or {})
+    if spec.get("holderIdentity") != holder:
+        spec["acquireTime"] = now
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+    spec.update(holderIdentity=holder, leaseDurationSeconds=duration_s, renewTime=now)
+    return {**lease, "metadata": metadata, "spec": spec}
+
 
 #: How many times one write re-reads the Lease and writes again after a 409 that left it ours.
 RENEW_ATTEMPTS = 3

@@ -4,6 +4,7 @@ reflector: list, then watch from the last resourceVersion; a 410 Gone or an even
 :class:`Departures`: pod deletions (metadata-only): a drain takes a :class:`Ticket` *before* listing its pods; while
 the stream holds and fewer than :data:`MEMORY` deletions passed, every listed pod gone is known or will come. API
 concepts: "Efficient detection of changes", "Resource versions", "Receiving resources as Tables or metadata only".
+:class:`LeaseWatch`: the node Leases (NODE_LEASES), their holders and the events handed over (unwatched: waiters poll).
 :class:`NodeFinder`: an instance's Node read from the API server (by PrivateDnsName, then the
 ``kubernetes.io/hostname`` label; or, with USE_PROVIDER_ID, ``spec.providerID``).
 """
@@ -15,17 +16,18 @@ import contextlib
 import functools
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
 from queue_processor import rest
 from queue_processor.aws import InstanceInfo
-from queue_processor.kube import KubeClient
+from queue_processor.kube import LEASES, KubeClient
 from queue_processor.outcomes import KubeError
 from queue_processor.rest import REPLICA_RANK, rank_urgent
+from queue_processor.rules import HANDOVER_PREFIX
 
 log = structlog.get_logger(__name__)
 
@@ -478,3 +480,116 @@ class NodeFinder:
             if name is not None:
                 return await self.kube.get_node(name)
         return None
+
+
+#: The annotation of a node Lease naming the replica Lease it is held by (held while that one is renewed).
+REPLICA_ANNOTATION = "queue-processor/replica-lease"
+
+#: Without a live watch: how often a replica waiting for a node's Lease tries its claim again (seconds).
+UNWATCHED_POLL_S = 5.0
+
+
+def holder_of(lease: dict[str, Any] | None) -> str | None:
+    """The Lease's ``holderIdentity``, ``None`` when it has none (or there is no Lease)."""
+    holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+    return str(holder) if holder else None
+
+
+class _Copy(NamedTuple):  # what the watch keeps of a node Lease
+    holder: str | None  # holderIdentity
+    replica: str | None  # the replica Lease its REPLICA_ANNOTATION names
+    handed: dict[str, str]  # its hand-over annotations
+
+
+_NONE = _Copy(None, None, {})
+
+
+def _copy_of(lease: dict[str, Any]) -> _Copy:
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    replica = str(annotations[REPLICA_ANNOTATION]) if annotations.get(REPLICA_ANNOTATION) else None
+    handed = {key: str(value) for key, value in annotations.items() if key.startswith(HANDOVER_PREFIX)}
+    return _Copy(holder_of(lease), replica, handed)
+
+
+class LeaseWatch(Watched):
+    """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`."""
+
+    name = "lease-watch"
+    refusal = (
+        "cannot list and watch node Leases: a replica waiting for a node's Lease polls for it, and events "
+        "handed over reach a holder only through its own receive (grant leases list and watch)"
+    )
+
+    def __init__(self, kube: KubeClient, namespace: str, selector: str) -> None:
+        super().__init__(kube, LEASES.format(namespace), query={"labelSelector": selector})
+        self.namespace = namespace
+        self.selector = selector
+        self._copies: dict[str, _Copy] = {}  # Lease name → what is kept of it
+        self._changes: dict[str, asyncio.Future[None]] = {}  # Lease name → resolved at its next change
+        self.on_handed: Callable[[str, Mapping[str, str]], None] | None = None
+        """Called (in the event loop) with a Lease's name and its hand-over annotations whenever they change."""
+
+    def holder(self, name: str) -> str | None:
+        """The ``holderIdentity`` of Lease ``name`` (``None``: no such Lease, or no current copy)."""
+        return self._copies.get(name, _NONE).holder if self.live else None
+
+    def replica(self, name: str) -> str | None:
+        """The replica Lease that node Lease ``name`` names (:data:`REPLICA_ANNOTATION`), or ``None``."""
+        return self._copies.get(name, _NONE).replica if self.live else None
+
+    def handed(self, name: str) -> dict[str, str]:
+        """The hand-over annotations of Lease ``name`` (empty without a current copy)."""
+        return dict(self._copies.get(name, _NONE).handed) if self.live else {}
+
+    async def released(self, name: str, holder: str | None, within_s: float) -> None:
+        """Return once Lease ``name`` is no longer held by ``holder`` (``None``: at its next change, waiting at most
+        :data:`UNWATCHED_POLL_S`, as when unwatched), or after ``within_s`` seconds. Raises only ``CancelledError``."""
+        if not self.live or holder is None:
+            within_s = min(within_s, UNWATCHED_POLL_S)
+        if not self.live:
+            await asyncio.sleep(max(0.0, within_s))
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while self.live and (holder is None or self._copies.get(name, _NONE).holder == holder):
+                    change = self._changes.setdefault(name, asyncio.get_running_loop().create_future())
+                    await asyncio.shield(change)  # shared: a waiter cancelled leaves it to the others
+                    if holder is None:
+                        return
+
+    async def _begin(self) -> str:
+        items, version = await self.kube.list_leases(self.namespace, self.selector)
+        before = self._copies
+        self._copies = {str(lease["metadata"]["name"]): _copy_of(lease) for lease in items}
+        for name in before.keys() | self._copies.keys():
+            self._changed(name, before.get(name, _NONE).handed)
+        return version
+
+    def _apply(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            lease = event.get("object") or {}
+            name = (lease.get("metadata") or {}).get("name")
+            if name is None or event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                continue
+            before = self._copies.pop(name, _NONE).handed
+            if event.get("type") != "DELETED":
+                self._copies[name] = _copy_of(lease)
+            self._changed(name, before)
+
+    def _set_live(self, live: bool) -> None:
+        super()._set_live(live)
+        if not live:
+            for name in list(self._changes):
+                self._wake(name)
+
+    def _wake(self, name: str) -> None:
+        change = self._changes.pop(name, None)
+        if change is not None:
+            change.set_result(None)
+
+    def _changed(self, name: str, handed: dict[str, str]) -> None:
+        """Wake the waiters of Lease ``name``; tell its hand-over annotations when they changed from ``handed``."""
+        self._wake(name)
+        now = self._copies.get(name, _NONE).handed
+        if now and now != handed and self.on_handed is not None:
+            self.on_handed(name, dict(now))
