@@ -30,8 +30,7 @@ from queue_processor.events import (
     StateChangeEvent,
 )
 from queue_processor.launch import Draining, run_launch
-from queue_processor.lease_watch import lease_name
-from queue_processor.leases import Claim, NodeLeases
+from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats
 from queue_processor.observe.events import (
     CANCEL_DRAIN,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,24 +21,11 @@ import urllib3
 from kubernetes import client, config
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
-from queue_processor import __version__
+from queue_processor import __version__, rest
 from queue_processor.config import default
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import KubeError, StartupError
-from queue_processor.rest import (
-    REPLICA_RANK,
-    URGENT_RANK,
-    Keep,
-    Obj,
-    RateLimiter,
-    WatchStream,
-    describe,
-    error_of,
-    read_watch,
-    retry_wait,
-    retryable,
-    seconds_of,
-)
+from queue_processor.rest import Obj
 
 #: Accept header of metadata-only reads and watches ("Receiving resources as Tables or metadata only", API concepts).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
@@ -46,11 +34,10 @@ METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
-#: Threads (and connections) for drain traffic; reserved for urgent calls (node reads and cordons, and Lease calls).
+#: Threads (and connections) for drain traffic; reserved for urgent calls (node reads and cordons, and Lease calls);
+#: for the replica's upkeep (:data:`~queue_processor.rest.REPLICA_RANK`), not behind claims and cordons.
 THREADS = 32
 URGENT_THREADS = 16
-
-#: Threads for the replica's upkeep (:data:`REPLICA_RANK`), not behind claims and cordons.
 REPLICA_THREADS = 2
 
 #: Watch connections the controller keeps open (pod deletions, nodes, and the node Leases with NODE_LEASES).
@@ -110,17 +97,15 @@ class KubeClient:
         observer: Observer = NULL_OBSERVER,
     ) -> None:
         self.api = api_client
-        self.limiter = RateLimiter(qps, burst)
+        self.limiter = rest.RateLimiter(qps, burst)
         self.attempts = attempts
         self.observer = observer
         self._pools = {
             pool: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kube{pool}")
             for pool, workers in (("", threads), ("-urgent", URGENT_THREADS), ("-replica", REPLICA_THREADS))
         }
-        self.answered_at = 0.0
-        """``time.monotonic()`` of the last answer from the API server (for readiness)."""
-        self.unreachable_at = 0.0
-        """``time.monotonic()`` of the last request that got no answer (connection refused, timeout)."""
+        self.answered_at = 0.0  # time.monotonic() of the API server's last answer (for readiness)
+        self.unreachable_at = 0.0  # time.monotonic() of the last request that got none (refused, timed out)
 
     def close(self, *, wait: bool = True) -> None:
         """Shut the thread pools and connections down; without ``wait``, abandon the calls in progress."""
@@ -145,41 +130,36 @@ class KubeClient:
         """One API request; the decoded JSON answer (``{}`` when empty). ``urgent``: first through the rate limiter,
         own threads; ``agent``: appended to the User-Agent (``drain/<id>``, for the audit log); ``taken``: the caller
         took the token (:attr:`limiter`) to decide after its wait whether to send: not retried."""
-        call = (method, path, query, body, content_type, urgent, agent)
+        send = functools.partial(self._call, method, path, query, body, content_type, agent)
         if not retry or taken:  # no retry machinery held by each of the evictions waiting at once
-            return await self._attempt(*call, taken=taken)
+            return await self._attempt(send, method, path, urgent, taken=taken)
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception(retryable),
-            wait=retry_wait,
+            retry=retry_if_exception(rest.retryable),
+            wait=rest.retry_wait,
             stop=stop_after_attempt(self.attempts),
             reraise=True,
         ):
             with attempt:
-                return await self._attempt(*call)
+                return await self._attempt(send, method, path, urgent)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _attempt(
         self,
+        send: Callable[[], tuple[int, bytes, float | None]],
         method: str,
         path: str,
-        query: Mapping[str, str] | None,
-        body: Any,
-        content_type: str,
         urgent: bool,
-        agent: str | None,
         *,
         taken: bool = False,
     ) -> Obj:
-        """One attempt of :meth:`request`: a token (unless ``taken``), a thread, the answer; raises
+        """One attempt of :meth:`request`: a token (unless ``taken``), a thread to ``send`` it, the answer; raises
         :class:`KubeError`."""
         if not taken:
             await self.limiter.acquire(urgent=urgent)
         pool = self._pools[
-            "" if not urgent else "-replica" if URGENT_RANK.get() == REPLICA_RANK else "-urgent"
+            "" if not urgent else "-replica" if rest.URGENT_RANK.get() == rest.REPLICA_RANK else "-urgent"
         ]
-        sent = asyncio.get_running_loop().run_in_executor(
-            pool, self._call, method, path, query, body, content_type, agent
-        )
+        sent = asyncio.get_running_loop().run_in_executor(pool, send)
         try:
             status, data, retry_after = await asyncio.shield(sent)
         except asyncio.CancelledError:
@@ -188,14 +168,14 @@ class KubeClient:
             if method != "GET" and not sent.done():
                 await asyncio.wait({sent})
             raise
-        verb, resource = describe(method, path)
+        verb, resource = rest.describe(method, path)
         self.observer.kube_request(verb, resource, status or None)
         if status:
             self.answered_at = time.monotonic()
         else:
             self.unreachable_at = time.monotonic()
         if status >= 400 or status == 0:
-            raise error_of(status, data, retry_after)
+            raise rest.error_of(status, data, retry_after)
         answer: Obj = json.loads(data) if data else {}
         return answer
 
@@ -207,7 +187,7 @@ class KubeClient:
         body: Any,
         content_type: str,
         agent: str | None,
-    ) -> tuple[int, bytes, float | None]:
+    ) -> tuple[int, bytes, float | None]:  # the status (0: no answer), body, Retry-After
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -224,11 +204,12 @@ class KubeClient:
                 params[2]["User-Agent"] = f"{self.api.user_agent} {agent}"
             response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT_S)
             response.read()  # type: ignore[no-untyped-call]
-            return (
-                int(response.status),
-                bytes(response.data or b""),
-                seconds_of(response.getheader("Retry-After")),  # type: ignore[no-untyped-call]
-            )
+            header = response.getheader("Retry-After")  # type: ignore[no-untyped-call]
+            try:  # the API server sends delta-seconds; None when absent or not a number
+                retry_after: float | None = float(header or "")
+            except ValueError:
+                retry_after = None
+            return int(response.status), bytes(response.data or b""), retry_after
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return 0, json.dumps({"reason": "ConnectionError", "message": str(exc)}).encode(), None
 
@@ -253,7 +234,7 @@ class KubeClient:
         timeout_s: float,
         query: Mapping[str, str] | None = None,
         metadata_only: bool = False,
-        keep: Keep | None = None,
+        keep: rest.Keep | None = None,
     ) -> AsyncGenerator[list[Obj], None]:
         """One watch of ``path`` from ``resource_version``, read by a thread until the server ends it (``timeout_s``
         s): an empty list once the server accepted it, then each chunk's ``{"type", "object"}`` events ``keep``
@@ -262,7 +243,7 @@ class KubeClient:
         ("Efficient detection of changes"), an error answer's status, 0 for a failed connection or a non-event
         (``WatchReceiverError``: ``keep`` raised)."""
         await self.limiter.acquire()
-        stream = WatchStream(asyncio.get_running_loop())
+        stream = rest.WatchStream(asyncio.get_running_loop())
         params = {
             **(query or {}),
             "watch": "1",
@@ -272,7 +253,7 @@ class KubeClient:
         }
         accept = METADATA_ONLY if metadata_only else "application/json"
         args = (self.api, path, params, accept, timeout_s, stream, keep)
-        threading.Thread(target=read_watch, args=args, name="kube-watch", daemon=True).start()
+        threading.Thread(target=rest.read_watch, args=args, name="kube-watch", daemon=True).start()
         try:
             while (got := await stream.queue.get())[0] != "end":
                 kind, value = got
@@ -287,11 +268,11 @@ class KubeClient:
         finally:
             stream.close()
 
-    def _answered(self, path: str, status: int) -> None:  # status 0: no answer
-        if not status:
+    def _answered(self, path: str, status: int) -> None:
+        if not status:  # no answer
             self.unreachable_at = time.monotonic()
             return
-        self.observer.kube_request("watch", describe("GET", path)[1], status)
+        self.observer.kube_request("watch", rest.describe("GET", path)[1], status)
         if status == 200:
             self.answered_at = time.monotonic()
 
@@ -353,11 +334,8 @@ class KubeClient:
         """POST a policy/v1 Eviction (``grace_s`` seconds; ``drain``, ``taken``: :meth:`request`'s ``agent``,
         ``taken``); not retried. Raises :class:`KubeError`: 429 when a PodDisruptionBudget allows no disruption
         (named in :attr:`KubeError.causes`), 500 when several match the pod, 404 when gone."""
-        body: Obj = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-        }
+        metadata = {"name": name, "namespace": namespace}
+        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": metadata}
         options: Obj = {}
         if grace_s is not None and grace_s >= 0:
             options["gracePeriodSeconds"] = grace_s

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
+import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -21,24 +24,80 @@ import structlog
 from queue_processor import rest
 from queue_processor.config import default
 from queue_processor.kube import KubeClient
-from queue_processor.lease_watch import (
-    HELD_BY_REPLICA_S,
-    HOLDER_LABEL,
-    LEASE_LABEL,
-    REPLICA_ANNOTATION,
-    LeaseWatch,
-    expired,
-    held_lease,
-    holder_of,
-    label_value,
-    lease_name,
-    new_lease,
-    replica_lease_name,
-)
 from queue_processor.outcomes import ClaimLost, KubeError
 from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, rank_urgent
+from queue_processor.watch import REPLICA_ANNOTATION, LeaseWatch, holder_of
 
 log = structlog.get_logger("queue_processor.leases")
+
+#: ``leaseDurationSeconds`` of a node Lease held by a replica Lease (earlier versions judge by it): over any drain.
+HELD_BY_REPLICA_S = 3600
+
+#: The labels naming a node Lease's holder and the Lease itself (:func:`label_value`): what a batch of releases
+#: selects by (the Leases ``in (…)``).
+HOLDER_LABEL = "queue-processor/holder"
+LEASE_LABEL = "queue-processor/lease"
+
+#: A Lease's MicroTime as written.
+_MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def object_name(name: str) -> str:
+    """``name`` made a valid object name: lower case, ``[a-z0-9.-]``, at most 253 characters."""
+    return re.sub(r"[^a-z0-9.-]", "-", name.lower())[:253].rstrip(".-")
+
+
+def lease_name(node: str) -> str:
+    """``queue-processor-<node>``, made a valid object name (lower case, at most 253 characters)."""
+    return object_name("queue-processor-" + node)
+
+
+def replica_lease_name(identity: str) -> str:
+    """``queue-processor.replica.<identity>``, made a valid object name, never a node Lease's."""
+    return object_name("queue-processor.replica." + identity)
+
+
+def label_value(text: str) -> str:
+    """A label value standing for ``text``, which may not fit one: 20 hex digits of its BLAKE2b digest."""
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
+
+
+def expired(lease: dict[str, Any], default_s: int) -> bool:
+    """Whether the Lease's last renewal (or acquisition) + its ``leaseDurationSeconds`` is past (MicroTimes)."""
+    spec = lease.get("spec") or {}
+    renewed = spec.get("renewTime") or spec.get("acquireTime")
+    duration = int(spec.get("leaseDurationSeconds") or default_s)
+    return not renewed or datetime.fromisoformat(renewed) + timedelta(seconds=duration) < datetime.now(UTC)
+
+
+def new_lease(name: str, namespace: str, holder: str) -> dict[str, Any]:
+    """A Lease to create, acquired by ``holder`` now (to be written as :func:`held_lease`)."""
+    now = datetime.now(UTC).strftime(_MICRO)
+    spec = {"holderIdentity": holder, "acquireTime": now, "leaseTransitions": 0}
+    metadata = {"name": name, "namespace": namespace}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+
+def held_lease(
+    lease: dict[str, Any],
+    holder: str,
+    duration_s: int,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``lease`` as ``holder`` writes it on its resourceVersion: renewed (and acquired, if someone else's)."""
+    now = datetime.now(UTC).strftime(_MICRO)
+    metadata = dict(lease.get("metadata") or {})
+    for key, marks in (("annotations", annotations), ("labels", labels)):
+        if marks:
+            metadata[key] = {**(metadata.get(key) or {}), **marks}
+    spec = dict(lease.get("spec") or {})
+    if spec.get("holderIdentity") != holder:
+        spec["acquireTime"] = now
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+    spec.update(holderIdentity=holder, leaseDurationSeconds=duration_s, renewTime=now)
+    return {**lease, "metadata": metadata, "spec": spec}
+
 
 #: How many times one write re-reads the Lease and writes again after a 409 that left it ours.
 RENEW_ATTEMPTS = 3
@@ -46,10 +105,9 @@ RENEW_ATTEMPTS = 3
 #: Seconds before a failed renewal of the replica Lease is tried again (or a renewal period, when shorter).
 RENEW_RETRY_S = 2.0
 
-#: Seconds a released node Lease waits for others to be released with it (one request for all).
+#: Seconds a released node Lease waits for others to be released with it (one request for all), and the most one
+#: request deletes (the selector names each in 21 characters of the URL).
 RELEASE_BATCH_S = 0.5
-
-#: The most node Leases one request deletes (the selector names each in 21 characters of the URL).
 RELEASE_BATCH_MAX = 50
 
 
@@ -68,8 +126,8 @@ class ReplicaLease:
         self._renewal: asyncio.Task[KubeError | None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._lapse: asyncio.TimerHandle | None = None
+        # Node Leases whose release failed (name → the Lease as last written): released again at each renewal.
         self.unreleased: dict[str, dict[str, Any]] = {}
-        """Node Leases whose release failed (name → the Lease as last written): released again at each renewal."""
 
     def age(self) -> float:
         """Seconds since the last renewal that succeeded was sent (infinite before the first)."""
@@ -203,15 +261,12 @@ class Claim:
     def __init__(self, leases: NodeLeases, lease: dict[str, Any], epoch: int) -> None:
         self._leases = leases
         self.lease = lease
+        self.name = str(lease["metadata"]["name"])
         self.epoch = epoch
         self.lost = asyncio.Event()
         leases.replica.hold(self)
         if epoch != leases.replica.epoch:
             self._mark_lost(f"the replica's Lease {leases.replica.name} lapsed while the node's was claimed")
-
-    @property
-    def name(self) -> str:
-        return str(self.lease["metadata"]["name"])
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
@@ -282,10 +337,8 @@ class NodeLeases:
         self._releaser: asyncio.Task[None] | None = None
         self._lapsed: dict[str, float] = {}  # holder → clock() when its replica Lease was found lapsed
         self._live: dict[str, float] = {}  # holder → clock() when its replica Lease was found current
-        self.watch = LeaseWatch(kube, self.namespace, LEASE_LABEL)
-        """The watched node Leases of the namespace, started by the controller and stopped by :meth:`close`."""
-        self.batches = True
-        """Whether releases go in batches: false once the API server refused ``deletecollection``."""
+        self.watch = LeaseWatch(kube, self.namespace, LEASE_LABEL)  # started by the controller, closed here
+        self.batches = True  # whether releases go in batches: false once ``deletecollection`` was refused
 
     async def claim(self, node: str) -> Claim | None:
         """The node's Lease for this replica, or ``None`` when another holds it. Raises :class:`KubeError`."""
@@ -305,9 +358,7 @@ class NodeLeases:
             claimed = await self._take(name, replica.epoch)
             return claimed
         finally:
-            self._claiming[name] -= 1
-            if self._claiming[name] <= 0:
-                del self._claiming[name]
+            self._claiming -= Counter([name])  # gone at 0
             if claimed is None and unreleased is not None:
                 replica.unreleased.setdefault(name, unreleased)
 
@@ -414,8 +465,7 @@ class NodeLeases:
     def _batchable(self, lease: dict[str, Any]) -> bool:
         """Whether ``lease`` carries this replica's labels as written here (a batch's selector finds it)."""
         metadata = lease.get("metadata") or {}
-        labels = metadata.get("labels") or {}
-        return bool(labels == {**labels, **self._labels(metadata["name"])})
+        return self._labels(metadata["name"]).items() <= (metadata.get("labels") or {}).items()
 
     def _release_later(self, lease: dict[str, Any], epoch: int) -> None:
         """Queue ``lease`` (held by a claim of ``epoch`` just given up) for the next batch of releases."""
@@ -429,10 +479,9 @@ class NodeLeases:
         """Send the pending releases, a batch every :data:`RELEASE_BATCH_S` (sooner when full or flushed)."""
         rank_urgent(AFTER_CORDONS)
         while self._pending:
-            if not self._hurry.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(RELEASE_BATCH_S):
-                        await self._hurry.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASE_BATCH_S):
+                    await self._hurry.wait()  # at once when set
             names = list(self._pending)[:RELEASE_BATCH_MAX]
             batch = {name: self._pending.pop(name) for name in names}
             if not self._flushing and len(self._pending) < RELEASE_BATCH_MAX:
@@ -444,21 +493,16 @@ class NodeLeases:
         while the replica Lease is younger than two thirds of its duration (none can be taken over yet). Leases of an
         ended epoch or sharing a held Lease's label, or of a batch unsent or unanswered: :meth:`_clear_each`."""
         self.replica.check()
-        loop = asyncio.get_running_loop()
         epoch = self.replica.epoch
-        held = {label_value(claim.name) for claim in self.replica.claims} | {
-            label_value(name) for name in self._claiming
-        }
+        claims = [claim.name for claim in self.replica.claims]
+        held = {label_value(name) for name in [*self._claiming, *claims]}  # held or being claimed here
         alone = {
             name: lease
             for name, (lease, released_in) in batch.items()
             if released_in != epoch or label_value(name) in held
         }
         together = {name: lease for name, (lease, _) in batch.items() if name not in alone}
-        answers: dict[str, asyncio.Future[None]] = {name: loop.create_future() for name in alone}
-        batch_answer: asyncio.Future[None] = loop.create_future()
-        answers.update(dict.fromkeys(together, batch_answer))
-        self._sending.update(answers)
+        self._sending.update({name: asyncio.get_running_loop().create_future() for name in batch})
         try:
             if together:
                 selector = (
@@ -483,13 +527,12 @@ class NodeLeases:
                     else:
                         log.warning("lease releases failed", leases=len(together), error=str(exc))
                     await self._clear_each(together)
-                self._answer(together, batch_answer)
+                self._answer(together)
             for name, lease in alone.items():
                 await self._clear_each({name: lease})
-                self._answer([name], answers[name])
+                self._answer([name])
         finally:
-            for name, answer in answers.items():
-                self._answer([name], answer)
+            self._answer(batch)
 
     async def _clear_each(self, leases: dict[str, dict[str, Any]]) -> None:
         """Release each of ``leases`` alone (:meth:`clear`); a failed one again at each renewal."""
@@ -497,12 +540,12 @@ class NodeLeases:
             if not await self.clear(lease):
                 self.replica.unreleased[name] = lease
 
-    def _answer(self, names: Any, answer: asyncio.Future[None]) -> None:
+    def _answer(self, names: Iterable[str]) -> None:
+        """Wake the claims waiting for the release of ``names`` (one batch is sent at a time)."""
         for name in names:
-            if self._sending.get(name) is answer:
-                del self._sending[name]
-        if not answer.done():
-            answer.set_result(None)
+            answer = self._sending.pop(name, None)
+            if answer is not None:
+                answer.set_result(None)
 
     async def flush(self) -> None:
         """Send the pending releases now and wait until every release made so far is answered (not raised)."""

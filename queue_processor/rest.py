@@ -14,9 +14,9 @@ import itertools
 import json
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import structlog
@@ -60,9 +60,8 @@ class RateLimiter:
         self.clock = clock
         self._tokens = float(burst)
         self._last = clock()
-        self._urgent: list[tuple[float, int, _Waiter]] = []  # a heap: (rank, arrival, waiter)
+        self._line: list[tuple[bool, float, int, _Waiter]] = []  # a heap: (not urgent, rank, arrival, waiter)
         self._arrivals = itertools.count()
-        self._ordinary: deque[_Waiter] = deque()
 
     def _refill(self) -> None:
         now = self.clock()
@@ -70,26 +69,18 @@ class RateLimiter:
         self._last = now
 
     def _head(self) -> _Waiter | None:
-        urgent = self._urgent
-        while urgent and urgent[0][2].gone:  # cancelled callers leave the heap when they reach its top
-            heapq.heappop(urgent)
-        return urgent[0][2] if urgent else self._ordinary[0] if self._ordinary else None
+        line = self._line
+        while line and line[0][3].gone:  # callers that left stay in the heap until they reach its top
+            heapq.heappop(line)
+        return line[0][3] if line else None
 
     def _leave_line(self, waiter: _Waiter) -> None:
-        """``waiter`` leaves its line; the bucket's tokens go to the head callers at once, the next head sleeps for the
-        next. An urgent one is only marked (removal from a heap's middle is slow): :meth:`_head` drops it on top."""
-        if waiter.urgent:
-            waiter.gone = True
-        else:
-            with contextlib.suppress(ValueError):
-                self._ordinary.remove(waiter)
+        """``waiter`` leaves; the bucket's tokens go to the head callers at once, the next head sleeps for the next."""
+        waiter.gone = True
         self._refill()
         head = self._head()
         while head is not None and self._tokens >= _WHOLE:
-            if self._urgent:
-                heapq.heappop(self._urgent)
-            else:
-                self._ordinary.popleft()
+            heapq.heappop(self._line)
             self._tokens -= 1
             head.granted = True
             _wake(head)
@@ -102,11 +93,9 @@ class RateLimiter:
         if self._head() is None and self._tokens >= _WHOLE:
             self._tokens -= 1
             return
-        waiter = _Waiter(urgent)
-        if urgent:
-            heapq.heappush(self._urgent, (URGENT_RANK.get(), next(self._arrivals), waiter))
-        else:
-            self._ordinary.append(waiter)
+        waiter = _Waiter(asyncio.get_running_loop().create_future())
+        rank = URGENT_RANK.get() if urgent else 0.0
+        heapq.heappush(self._line, (not urgent, rank, next(self._arrivals), waiter))
         try:
             while not waiter.granted:
                 if self._head() is not waiter:
@@ -133,14 +122,11 @@ class RateLimiter:
         _wake(self._head())
 
 
+@dataclass(slots=True, eq=False)
 class _Waiter:  # a caller in RateLimiter's line: its turn resolves at the head or when granted
-    __slots__ = ("gone", "granted", "turn", "urgent")
-
-    def __init__(self, urgent: bool) -> None:
-        self.urgent = urgent
-        self.granted = False
-        self.gone = False  # it left the line: an urgent waiter still in the heap is skipped
-        self.turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    turn: asyncio.Future[None]
+    granted: bool = False
+    gone: bool = False  # it left the line: still in the heap, it is skipped
 
 
 def _wake(waiter: _Waiter | None) -> None:
@@ -291,14 +277,6 @@ def describe(method: str, path: str) -> tuple[str, str]:
     return verbs.get(method, method.lower()), resource
 
 
-def seconds_of(value: str | None) -> float | None:
-    """A Retry-After in seconds (the API server sends delta-seconds); ``None`` when absent or not a number."""
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
 def error_of(status: int, data: bytes, retry_after_s: float | None = None) -> KubeError:
     try:
         body = json.loads(data) if data else {}
@@ -339,9 +317,7 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 async def wait(*tasks: asyncio.Future[Any] | None) -> None:
     """Wait until every one of ``tasks`` (``None`` skipped) has ended; what each ends with is not raised.
     Raises ``CancelledError`` when the caller is cancelled."""
-    live = [task for task in tasks if task is not None]
-    if live:
-        await asyncio.gather(*live, return_exceptions=True)
+    await asyncio.gather(*(task for task in tasks if task is not None), return_exceptions=True)
 
 
 async def stop(*tasks: asyncio.Future[Any] | None) -> None:

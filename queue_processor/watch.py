@@ -4,6 +4,7 @@ reflector: list, then watch from the last resourceVersion; a 410 Gone or an even
 :class:`Departures`: pod deletions (metadata-only): a drain takes a :class:`Ticket` *before* listing its pods; while
 the stream holds and fewer than :data:`MEMORY` deletions passed, every listed pod gone is known or will come. API
 concepts: "Efficient detection of changes", "Resource versions", "Receiving resources as Tables or metadata only".
+:class:`LeaseWatch`: the node Leases (NODE_LEASES), their holders and the events handed over (unwatched: waiters poll).
 :class:`NodeFinder`: an instance's Node read from the API server (by PrivateDnsName, then the
 ``kubernetes.io/hostname`` label; or, with USE_PROVIDER_ID, ``spec.providerID``).
 """
@@ -14,17 +15,18 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
 from queue_processor import rest
 from queue_processor.aws import InstanceInfo
-from queue_processor.kube import KubeClient
+from queue_processor.kube import LEASES, KubeClient
 from queue_processor.outcomes import KubeError
 from queue_processor.rest import REPLICA_RANK, rank_urgent
+from queue_processor.rules import HANDOVER_PREFIX
 
 log = structlog.get_logger(__name__)
 
@@ -55,12 +57,9 @@ class Watched:
         self.kube = kube
         self._path = path
         self._options = options
-        self.live = False
-        """Whether the watch's stream runs now (or resumes from where it stopped)."""
-        self.refused: KubeError | None = None
-        """The API server's refusal of the read or the watch, if it refused."""
-        self.answered = asyncio.Event()
-        """Set once the watch is open or refused (its first answer)."""
+        self.live = False  # whether the watch's stream runs now (or resumes from where it stopped)
+        self.refused: KubeError | None = None  # the API server's refusal of the read or the watch
+        self.answered = asyncio.Event()  # set once the watch is open or refused (its first answer)
         self._rv = ""  # where the watch resumes: the first read's resourceVersion, then each event's
         self._task: asyncio.Task[None] | None = None
         self._started_at = 0.0  # the event loop's time at start()
@@ -89,7 +88,6 @@ class Watched:
         return True
 
     async def close(self) -> None:
-        """Stop the watch (its connection is shut)."""
         await rest.stop(self._task)
         self._task = None
         self.live = False
@@ -107,32 +105,27 @@ class Watched:
             self.answered.set()
         self.live = live
 
-    def _receive(self, events: list[dict[str, Any]]) -> bool:
-        """Apply one chunk's events and move the resourceVersion on: whether they were applied."""
-        try:
-            self._apply(events)
-        except Exception:
-            # Part of the chunk may be applied: read everything again.
-            log.exception("watch event not applied; reading again", watch=self.name)
-            self._rv = ""
-            self._set_live(False)
-            return False
-        for event in events:
-            rv = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
-            if rv:
-                self._rv = str(rv)
-        return True
-
     async def _stream(self) -> bool:
-        """One connection, its events applied as they come: whether it ended as the server ends one."""
+        """One connection, each chunk's events applied as they come and the resourceVersion moved on: whether it
+        ended as the server ends one (else an event was not applied: read everything again)."""
         timeout_s = WATCH_TIMEOUT_S * random.uniform(0.8, 1.0)
         watch = self.kube.watch(self._path, self._rv, timeout_s=timeout_s, **self._options)
         async with contextlib.aclosing(watch) as chunks:
             async for events in chunks:
                 if not events:  # accepted
                     self._set_live(True)
-                elif not self._receive(events):
+                    continue
+                try:
+                    self._apply(events)
+                except Exception:  # part of the chunk may be applied
+                    log.exception("watch event not applied; reading again", watch=self.name)
+                    self._rv = ""
+                    self._set_live(False)
                     return False
+                for event in events:
+                    rv = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        self._rv = str(rv)
         return True
 
     async def _run(self) -> None:
@@ -162,9 +155,6 @@ class Watched:
             delay = min(delay * 2, RETRY_MAX_S)
 
 
-#: Nodes per page of the start-up list.
-PAGE = 500
-
 #: Seconds after the copy's start a claim or cordon waits for its first answer before a GET of its node.
 FIRST_COPY_WAIT_S = 5.0
 
@@ -184,11 +174,7 @@ def slim(node: dict[str, Any]) -> dict[str, Any]:
     }
     if RECORD_ANNOTATION in annotations:
         kept["annotations"] = {RECORD_ANNOTATION: annotations[RECORD_ANNOTATION]}
-    kept_spec: dict[str, Any] = {}
-    if spec.get("providerID"):
-        kept_spec["providerID"] = spec["providerID"]
-    if spec.get("unschedulable"):
-        kept_spec["unschedulable"] = True
+    kept_spec = {key: spec[key] for key in ("providerID", "unschedulable") if spec.get(key)}
     if spec.get("taints"):
         kept_spec["taints"] = [dict(taint) for taint in spec["taints"]]
     slimmed: dict[str, Any] = {"metadata": kept, "spec": kept_spec}
@@ -277,7 +263,7 @@ class NodeCache(Watched):
         """Every node, page by page, as slim copies; the list's resourceVersion."""
         self._nodes, self._hostnames, self._instances = {}, {}, {}
         rv = ""
-        async for items, version in self.kube.node_pages(PAGE):
+        async for items, version in self.kube.node_pages():
             rv = rv or version
             for node in items:
                 self._put(slim(node))
@@ -335,14 +321,13 @@ class Ticket:
 
 @dataclass(eq=False)
 class Waiting:
-    """A drain's ``pending`` (key, uid) pods, last list's ticket, ``changed`` when a pod went or the watch moved."""
+    """A drain's ``pending`` (key, uid) pods, last list's ticket, ``changed`` when a pod went or the watch moved;
+    ``current`` once the deletions remembered at its ticket were applied (from then on each one reaches it)."""
 
     pending: set[Entry]
     ticket: Ticket | None
-    uids: tuple[Any, ...] = ()
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     current: bool = False
-    """Whether the deletions remembered at its ticket were applied: from then on each one reaches it directly."""
 
 
 def deletion(event: dict[str, Any]) -> dict[str, Any] | None:
@@ -367,10 +352,8 @@ class Departures(Watched):
     def __init__(self, kube: KubeClient) -> None:
         super().__init__(kube, "/api/v1/pods", metadata_only=True, keep=deletion)
         self.memory = MEMORY
-        self.epoch = 0
-        """Starts of the watch from a fresh resourceVersion: a ticket of an earlier epoch is not trusted."""
-        self.seen = 0
-        """Deletions seen since the process started."""
+        self.epoch = 0  # starts from a fresh resourceVersion: a ticket of an earlier epoch is not trusted
+        self.seen = 0  # deletions seen since the process started
         self._gone: dict[Any, int] = {}  # uid -> its number among the deletions seen, oldest first
         self._waiting: dict[Any, set[Waiting]] = {}
 
@@ -392,14 +375,14 @@ class Departures(Watched):
     @contextlib.contextmanager
     def waiting(self, pending: set[Entry], ticket: Ticket | None) -> Iterator[Waiting]:
         """Follow ``pending`` (copied) while the block runs; ``ticket`` was taken before the list that found them."""
-        wait = Waiting(set(pending), ticket, tuple({uid for _, uid in pending}))
-        for uid in wait.uids:
+        wait, uids = Waiting(set(pending), ticket), {uid for _, uid in pending}
+        for uid in uids:
             self._waiting.setdefault(uid, set()).add(wait)
         self._forget_gone(wait)
         try:
             yield wait
         finally:
-            for uid in wait.uids:
+            for uid in uids:
                 waits = self._waiting.get(uid, set())
                 waits.discard(wait)
                 if not waits:
@@ -429,13 +412,11 @@ class Departures(Watched):
 
     def _set_live(self, live: bool) -> None:
         """The stream runs (``True``) or is broken; either way every drain looks again."""
-        changed = live != self.live
+        if live != self.live:
+            for waits in self._waiting.values():
+                for wait in waits:
+                    wait.changed.set()
         super()._set_live(live)
-        if not changed:
-            return
-        for waits in self._waiting.values():
-            for wait in waits:
-                wait.changed.set()
 
     def _apply(self, events: list[dict[str, Any]]) -> None:
         for event in events:
@@ -449,9 +430,7 @@ class Departures(Watched):
             if len(self._gone) > self.memory:
                 del self._gone[next(iter(self._gone))]
             for wait in self._waiting.get(uid, ()):
-                for entry in [entry for entry in wait.pending if entry[1] == uid]:
-                    wait.pending.discard(entry)
-                wait.changed.set()
+                self._forget_gone(wait)
 
 
 def node_ready(node: dict[str, Any]) -> bool:
@@ -462,22 +441,17 @@ def node_ready(node: dict[str, Any]) -> bool:
 
 def tagged_nodes(nodes: list[dict[str, Any]], instance_ids: set[str]) -> int:
     """How many ``nodes`` run one of ``instance_ids`` by ``spec.providerID``, as NTH counts them."""
-    count = 0
-    for node in nodes:
-        parts = str((node.get("spec") or {}).get("providerID") or "").split("/")
-        if len(parts) == 5 and parts[4].startswith("i-") and parts[4] in instance_ids:
-            count += 1
-    return count
+    ids = (str((node.get("spec") or {}).get("providerID") or "").split("/") for node in nodes)
+    return sum(len(parts) == 5 and parts[4].startswith("i-") and parts[4] in instance_ids for parts in ids)
 
 
 class NodeFinder:
-    """Finds the Node of an instance (see the module docstring). The providerID index (one cached node LIST) is
-    rebuilt when older than 30 seconds, or after a miss when older than 2."""
+    """An instance's Node (module docstring); its providerID index is listed again after 30 s, 2 s after a miss."""
 
     def __init__(self, kube: KubeClient, *, use_provider_id: bool) -> None:
         self.kube = kube
         self.use_provider_id = use_provider_id
-        self._by_provider: dict[str, str] = {}
+        self._by_instance: dict[str, str] = {}  # instance ID (the end of spec.providerID) → node name
         self._indexed_at = -1e18
         self._index_lock = asyncio.Lock()
 
@@ -485,32 +459,141 @@ class NodeFinder:
         """The Node (a dict), or ``None`` when the cluster has none for the instance."""
         if self.use_provider_id:
             return await self._by_provider_id(info)
-        if info.private_dns_name:
-            node = await self.kube.get_node(info.private_dns_name)
-            if node is not None:
-                return node
-            short = info.private_dns_name.split(".")[0]
-            nodes = await self.kube.list_nodes(f"kubernetes.io/hostname in ({info.private_dns_name},{short})")
-            if nodes:
-                return nodes[0]
-        return None
+        if not info.private_dns_name:
+            return None
+        node = await self.kube.get_node(info.private_dns_name)
+        if node is not None:
+            return node
+        short = info.private_dns_name.split(".")[0]
+        nodes = await self.kube.list_nodes(f"{HOSTNAME_LABEL} in ({info.private_dns_name},{short})")
+        return nodes[0] if nodes else None
 
     async def _by_provider_id(self, info: InstanceInfo) -> dict[str, Any] | None:
-        name = await self._provider_name(info, refresh=False)
-        if name is None:
-            name = await self._provider_name(info, refresh=True)
-        return await self.kube.get_node(name) if name is not None else None
+        for refresh in (False, True):  # the index as it is, then read again after a miss
+            async with self._index_lock:
+                age = time.monotonic() - self._indexed_at
+                if age > 30.0 or (refresh and age > 2.0):
+                    nodes = await self.kube.list_nodes(cached=True)
+                    self._by_instance = {
+                        instance_of((n.get("spec") or {}).get("providerID", "")): n["metadata"]["name"]
+                        for n in nodes
+                    }
+                    self._indexed_at = time.monotonic()
+            # The providerID's instance ID: some providers omit the zone (aws:///<instance ID>).
+            name = self._by_instance.get(info.instance_id)
+            if name is not None:
+                return await self.kube.get_node(name)
+        return None
 
-    async def _provider_name(self, info: InstanceInfo, *, refresh: bool) -> str | None:
-        async with self._index_lock:
-            age = time.monotonic() - self._indexed_at
-            if age > 30.0 or (refresh and age > 2.0):
-                nodes = await self.kube.list_nodes(cached=True)
-                self._by_provider = {
-                    (n.get("spec") or {}).get("providerID", ""): n["metadata"]["name"] for n in nodes
-                }
-                self._indexed_at = time.monotonic()
-        name = self._by_provider.get(info.provider_id)
-        if name is None:  # some providers omit the zone: aws:///<instance-id>
-            name = next((n for p, n in self._by_provider.items() if p.endswith("/" + info.instance_id)), None)
-        return name
+
+#: The annotation of a node Lease naming the replica Lease it is held by (held while that one is renewed).
+REPLICA_ANNOTATION = "queue-processor/replica-lease"
+
+#: Without a live watch: how often a replica waiting for a node's Lease tries its claim again (seconds).
+UNWATCHED_POLL_S = 5.0
+
+
+def holder_of(lease: dict[str, Any] | None) -> str | None:
+    """The Lease's ``holderIdentity``, ``None`` when it has none (or there is no Lease)."""
+    holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+    return str(holder) if holder else None
+
+
+class _Copy(NamedTuple):  # what the watch keeps of a node Lease
+    holder: str | None  # holderIdentity
+    replica: str | None  # the replica Lease its REPLICA_ANNOTATION names
+    handed: dict[str, str]  # its hand-over annotations
+
+
+_NONE = _Copy(None, None, {})
+
+
+def _copy_of(lease: dict[str, Any]) -> _Copy:
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    replica = str(annotations[REPLICA_ANNOTATION]) if annotations.get(REPLICA_ANNOTATION) else None
+    handed = {key: str(value) for key, value in annotations.items() if key.startswith(HANDOVER_PREFIX)}
+    return _Copy(holder_of(lease), replica, handed)
+
+
+class LeaseWatch(Watched):
+    """The watched node Leases of ``namespace`` selected by ``selector``, from :meth:`start` to :meth:`close`."""
+
+    name = "lease-watch"
+    refusal = (
+        "cannot list and watch node Leases: a replica waiting for a node's Lease polls for it, and events "
+        "handed over reach a holder only through its own receive (grant leases list and watch)"
+    )
+
+    def __init__(self, kube: KubeClient, namespace: str, selector: str) -> None:
+        super().__init__(kube, LEASES.format(namespace), query={"labelSelector": selector})
+        self.namespace = namespace
+        self.selector = selector
+        self._copies: dict[str, _Copy] = {}  # Lease name → what is kept of it
+        self._changes: dict[str, asyncio.Future[None]] = {}  # Lease name → resolved at its next change
+        self.on_handed: Callable[[str, Mapping[str, str]], None] | None = None
+        """Called (in the event loop) with a Lease's name and its hand-over annotations whenever they change."""
+
+    def holder(self, name: str) -> str | None:
+        """The ``holderIdentity`` of Lease ``name`` (``None``: no such Lease, or no current copy)."""
+        return self._copies.get(name, _NONE).holder if self.live else None
+
+    def replica(self, name: str) -> str | None:
+        """The replica Lease that node Lease ``name`` names (:data:`REPLICA_ANNOTATION`), or ``None``."""
+        return self._copies.get(name, _NONE).replica if self.live else None
+
+    def handed(self, name: str) -> dict[str, str]:
+        """The hand-over annotations of Lease ``name`` (empty without a current copy)."""
+        return dict(self._copies.get(name, _NONE).handed) if self.live else {}
+
+    async def released(self, name: str, holder: str | None, within_s: float) -> None:
+        """Return once Lease ``name`` is no longer held by ``holder`` (``None``: at its next change, waiting at most
+        :data:`UNWATCHED_POLL_S`, as when unwatched), or after ``within_s`` seconds. Raises only ``CancelledError``."""
+        if not self.live or holder is None:
+            within_s = min(within_s, UNWATCHED_POLL_S)
+        if not self.live:
+            await asyncio.sleep(max(0.0, within_s))
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while self.live and (holder is None or self._copies.get(name, _NONE).holder == holder):
+                    change = self._changes.setdefault(name, asyncio.get_running_loop().create_future())
+                    await asyncio.shield(change)  # shared: a waiter cancelled leaves it to the others
+                    if holder is None:
+                        return
+
+    async def _begin(self) -> str:
+        items, version = await self.kube.list_leases(self.namespace, self.selector)
+        before = self._copies
+        self._copies = {str(lease["metadata"]["name"]): _copy_of(lease) for lease in items}
+        for name in before.keys() | self._copies.keys():
+            self._changed(name, before.get(name, _NONE).handed)
+        return version
+
+    def _apply(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            lease = event.get("object") or {}
+            name = (lease.get("metadata") or {}).get("name")
+            if name is None or event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                continue
+            before = self._copies.pop(name, _NONE).handed
+            if event.get("type") != "DELETED":
+                self._copies[name] = _copy_of(lease)
+            self._changed(name, before)
+
+    def _set_live(self, live: bool) -> None:
+        super()._set_live(live)
+        if not live:
+            for name in list(self._changes):
+                self._wake(name)
+
+    def _wake(self, name: str) -> None:
+        change = self._changes.pop(name, None)
+        if change is not None:
+            change.set_result(None)
+
+    def _changed(self, name: str, handed: dict[str, str]) -> None:
+        """Wake the waiters of Lease ``name``; tell its hand-over annotations when they changed from ``handed``."""
+        self._wake(name)
+        now = self._copies.get(name, _NONE).handed
+        if now and now != handed and self.on_handed is not None:
+            self.on_handed(name, dict(now))

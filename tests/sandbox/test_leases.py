@@ -11,15 +11,9 @@ from typing import Any
 import pytest
 
 from queue_processor.kube import KubeClient
-from queue_processor.lease_watch import (
-    HELD_BY_REPLICA_S,
-    HOLDER_LABEL,
-    LEASE_LABEL,
-    REPLICA_ANNOTATION,
-    lease_name,
-)
-from queue_processor.leases import NodeLeases
+from queue_processor.leases import HELD_BY_REPLICA_S, HOLDER_LABEL, LEASE_LABEL, NodeLeases, lease_name
 from queue_processor.outcomes import ClaimLost, KubeError
+from queue_processor.watch import REPLICA_ANNOTATION
 from queue_processor_sandbox.cluster import KubeCluster
 from tests.sandbox.conftest import Requests
 

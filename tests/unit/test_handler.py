@@ -42,8 +42,7 @@ from queue_processor.events import (
     StateChangeEvent,
 )
 from queue_processor.handler import Handler
-from queue_processor.lease_watch import lease_name
-from queue_processor.leases import Claim, NodeLeases
+from queue_processor.leases import Claim, NodeLeases, lease_name
 from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
@@ -860,7 +859,7 @@ async def test_a_lease_held_by_another_replica_is_waited_for_and_the_spot_warnin
     over on the node's Lease (the holder's drain takes it) and waits for the Lease, its message held, instead of
     requeuing it; once the holder releases the Lease it finishes the operation (the Lease watch is not running
     here: it tries its claim again every UNWATCHED_POLL_S)."""
-    monkeypatch.setattr("queue_processor.lease_watch.UNWATCHED_POLL_S", 0.01)
+    monkeypatch.setattr("queue_processor.watch.UNWATCHED_POLL_S", 0.01)
     world = World(settings(node_leases=True), leases=True)
     other = NodeLeases(world.kube, namespace="ops", identity="replica-b")  # type: ignore[arg-type]
     held = await other.claim(NODE)
@@ -892,7 +891,7 @@ async def test_a_stop_that_waited_for_the_lease_asks_again_whether_the_instance_
     """Explorer seed 1504: a stop's duplicate waited for the node's Lease while another replica drained the
     node for the stop; the instance left its warm pool meanwhile. Once the Lease is free, EC2 is read again:
     running since, nothing to drain, the node of an instance in service is not cordoned."""
-    monkeypatch.setattr("queue_processor.lease_watch.UNWATCHED_POLL_S", 0.01)
+    monkeypatch.setattr("queue_processor.watch.UNWATCHED_POLL_S", 0.01)
     world = World(settings(node_leases=True), leases=True)
     world.resolver.fresh_info = InstanceInfo(INSTANCE, NODE, "us-east-1a", "stopped", dict(MANAGED))
     other = NodeLeases(world.kube, namespace="ops", identity="replica-b")  # type: ignore[arg-type]

@@ -34,9 +34,9 @@ LAYERS: list[set[str]] = [
     {
         "queue_processor.kube",
         "queue_processor.aws",
+        "queue_processor.rules",
     },
-    {"queue_processor.watch", "queue_processor.rules"},
-    {"queue_processor.lease_watch"},
+    {"queue_processor.watch"},
     {
         "queue_processor.drain.surge",
         "queue_processor.observe.events",

@@ -13,7 +13,7 @@ from pathlib import Path
 import botocore.session
 from botocore import xform_name
 
-from queue_processor import kube, lease_watch, permissions, watch
+from queue_processor import kube, permissions, watch
 from queue_processor.rest import describe
 
 PACKAGE = Path(permissions.__file__).parent
@@ -71,14 +71,13 @@ def _kube_requests() -> set[str]:
     ``super().__init__(kube, path, …)`` (:class:`~queue_processor.watch.Watched`).
     A request whose path is a plain variable is a helper's own (counted where the helper is called)."""
     found: set[str] = set()
-    for module in (watch, lease_watch):
-        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "__init__"
-            ):
-                found.add(f"watch {describe('GET', _path(node.args[1]))[1]}")
+    for node in ast.walk(ast.parse(Path(watch.__file__).read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "__init__"
+        ):
+            found.add(f"watch {describe('GET', _path(node.args[1]))[1]}")
     tree = ast.parse(Path(kube.__file__).read_text())
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):

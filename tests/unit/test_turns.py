@@ -13,7 +13,7 @@ import pytest
 
 from queue_processor.aws import InstanceInfo
 from queue_processor.events import RebalanceRecommendationEvent, ScheduledChangeEvent, SqsMessageRef
-from queue_processor.lease_watch import lease_name
+from queue_processor.leases import lease_name
 from queue_processor.rules import leaves_time
 from queue_processor.settlement import InFlightSlots
 from queue_processor.turns import Turns, turn_limit
@@ -229,7 +229,7 @@ async def test_a_waiting_drain_keeps_its_node_lease_and_a_warning_handed_over_en
     replica's check for instances back in service could undo its cordon, and its turn later drained a node back
     in service without cordoning it again). A Spot warning another replica receives for that node is handed
     over on the Lease, joins, and starts the waiting drain at once."""
-    monkeypatch.setattr("queue_processor.lease_watch.UNWATCHED_POLL_S", 0.01)
+    monkeypatch.setattr("queue_processor.watch.UNWATCHED_POLL_S", 0.01)
     evicting: list[str] = []
     gate = asyncio.Event()
 
