@@ -17,13 +17,13 @@ import structlog
 
 from queue_processor import rest
 from queue_processor.config import default
-from queue_processor.drain.budgets import budget_arithmetic
 from queue_processor.drain.evictions import (
     LEAST_SLOTS,
     DrainRun,
     Evictions,
     Running,
     Tell,
+    budget_arithmetic,
     failed,
     raise_failed,
     settled,
@@ -45,7 +45,6 @@ from queue_processor.drain.plan import (
     plan_waves,
     pod_key,
 )
-from queue_processor.drain.surge import Surge
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
@@ -338,7 +337,8 @@ class Drainer:
             # One stop for all (a second cancellation leaves nothing running); a lost Lease's new owner takes surges.
             await rest.stop(*running)
             if not isinstance(exc, ClaimLost) and not (run.lost is not None and run.lost()):
-                await self._take_back(run.held)
+                for surge in run.held:
+                    await self.evictions.surges.end(surge)
             raise
         finally:
             await rest.stop(recut)
@@ -385,8 +385,6 @@ class Drainer:
         run: DrainRun,
     ) -> Tally:
         """After the waits: grace verdicts, the deadline step if due, surges taken back, and the causes."""
-        for outcome in outcomes:
-            by_key[outcome.key].granted_s, by_key[outcome.key].cut = outcome.grace_s, outcome.cut
         graces = grace_verdicts(outcomes, left, run.bounds.instance_end)
         for grace in graces.values():
             self.observer.pod_drained(grace)
@@ -394,14 +392,10 @@ class Drainer:
         refused: list[str] = []  # deletions at the deadline the API server refused
         if left and run.bounds.final(self.timing)[1]:
             left, removed, refused = await self._delete_at_deadline(left, run)
-        await self._take_back(run.held)  # those whose pod was not evicted: kept until the deadline step
+        for surge in run.held:  # those whose pod was not evicted: kept until the deadline step
+            await self.evictions.surges.end(surge)
         why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
         return Tally(outcomes, graces, len(left), removed, why)
-
-    async def _take_back(self, held: list[Surge]) -> None:
-        """End every surge of ``held`` not ended yet (one read each for those that were)."""
-        for surge in held:
-            await self.evictions.surges.end(surge)
 
     async def _recut_graces(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
         """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
@@ -512,10 +506,11 @@ class Drainer:
             if o.result is EvictionOutcome.ERROR
         ]
         evicted = {o.key for o in outcomes if o.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE)}
+        granted = {o.key: o.grace_s for o in outcomes if o.grace_s is not None}
         stuck = sorted((e for e in left if e.key in evicted or not e.evict), key=lambda e: e.key)
         if stuck:
             names = names_of(
-                f"{e.key[0]}/{e.key[1]} (grace {e.granted_s if e.granted_s is not None else e.grace_s} s)"
+                f"{e.key[0]}/{e.key[1]} (grace {granted.get(e.key, e.grace_s)} s)"
                 if e.evict
                 else f"{e.key[0]}/{e.key[1]} (being deleted before the drain)"
                 for e in stuck

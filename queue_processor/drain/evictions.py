@@ -1,7 +1,8 @@
 """One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
 429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
 Across drains, :class:`Slots` bound evictions awaiting their first request and :class:`BudgetGates` hold a workload's
-pods (by controller owner) while its PodDisruptionBudget refused a moment ago.
+pods (by controller owner) while its PodDisruptionBudget refused a moment ago. A budget's 429 carries a
+``DisruptionBudget`` cause (the API server's ``pkg/registry/core/pod/storage/eviction.go``).
 """
 
 from __future__ import annotations
@@ -11,17 +12,17 @@ import contextlib
 import functools
 import itertools
 import random
+import re
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from queue_processor.config import default
-from queue_processor.drain.budgets import budget_of
 from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
@@ -44,7 +45,6 @@ class Slots:
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError("size must be >= 1")
-        self.size = size
         self.free = size
         self._line: deque[tuple[int, asyncio.Future[int]]] = deque()
 
@@ -96,6 +96,36 @@ class Slot:
         if self._slots is not None:
             self._slots.give(1)
             self._slots = None
+
+
+_BUDGET_CAUSE = re.compile(r"^The disruption budget (\S+) ")
+
+
+def budget_of(error: KubeError, namespace: str) -> str | None:
+    """``namespace/name`` of the PodDisruptionBudget a 429's ``DisruptionBudget`` cause names ("The disruption
+    budget NAME ..."), or ``None``."""
+    for cause in error.causes:
+        if cause.get("reason") == "DisruptionBudget":
+            match = _BUDGET_CAUSE.match(str(cause.get("message") or ""))
+            if match:
+                return f"{namespace}/{match.group(1)}"
+    return None
+
+
+def budget_arithmetic(pdb: Mapping[str, Any]) -> str:
+    """A PodDisruptionBudget's spec and status in one line (``minAvailable 2, currentHealthy 2, ...,
+    unhealthyPodEvictionPolicy IfHealthyBudget``, the policy's default when unset)."""
+    spec = pdb.get("spec") or {}
+    status = pdb.get("status") or {}
+    parts = [
+        f"{name} {spec[name]}" for name in ("minAvailable", "maxUnavailable") if spec.get(name) is not None
+    ]
+    parts += [
+        f"{name} {status.get(name, 0)}"
+        for name in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")
+    ]
+    policy = spec.get("unhealthyPodEvictionPolicy") or "IfHealthyBudget"
+    return ", ".join([*parts, f"unhealthyPodEvictionPolicy {policy}"])
 
 
 #: How long a budget stays closed after its first refusal (seconds; kubectl retries after 5 s).
@@ -169,12 +199,8 @@ EVICTION_RETRY_S = (1.0, 10.0)
 log = structlog.get_logger("queue_processor.drain")
 
 
-class Tell(Protocol):
-    """Records an Event on a pod, as :meth:`~queue_processor.observe.events.NodeEventRecorder.record_pod`."""
-
-    async def __call__(
-        self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
-    ) -> None: ...
+Tell = Callable[..., Awaitable[None]]
+"""Records an Event on a pod: :meth:`~queue_processor.observe.events.NodeEventRecorder.record_pod`."""
 
 
 @dataclass
@@ -299,22 +325,21 @@ class Evictions:
                 except NotSentError:  # its budget refused another pod of the workload while it waited for QPS
                     continue
                 except KubeError as exc:
-                    ended = self._final_answer(exc, entry)
-                    if ended is not None:
-                        return ended
                     if exc.status == 429:
                         blocking = self._recount(blocking, budget_of(exc, entry.key[0]))
                         if blocking is not None and entry.owner is not None:
                             self.gates.refused(entry.owner, blocking, exc.message, self.clock())
                             continue  # the gate says when to try again
-                    if self.clock() + delay >= bounds.final(self.timing)[0]:
-                        return self._given_up(entry, exc, blocking)
+                    late = self.clock() + delay >= bounds.final(self.timing)[0]
+                    ended = self._ended(entry, exc, blocking, late=late)
+                    if ended is not None:
+                        return ended
                     tightened = await bounds.sleep(delay * random.uniform(0.8, 1.2))
                     delay = EVICTION_RETRY_S[0] if tightened else min(delay * 2, EVICTION_RETRY_S[1])
                     continue  # a new end: try again now, with the new grace
                 return await self._accepted(entry, run, grace, cut)
         finally:
-            self._blocking(blocking, -1)
+            self._recount(blocking, None)
 
     async def _send(
         self, entry: DrainPod, grace_s: int | None, drain_id: str, slot: Slot | None, gated: bool
@@ -328,17 +353,16 @@ class Evictions:
             if slot is not None:
                 slot.release()
 
-    def _final_answer(self, exc: KubeError, entry: DrainPod) -> Eviction | None:
-        """The eviction's end for an answer not worth retrying: 404 gone, a 500 for several budgets."""
+    def _ended(self, entry: DrainPod, exc: KubeError, blocking: str | None, *, late: bool) -> Eviction | None:
+        """The eviction's end for ``exc``, ``None`` to retry: 404 gone, a 500 for several budgets; once ``late`` (no
+        time for a retry), refused by a budget (429) or failed."""
         if exc.status == 404:
             return self._evicted(entry, EvictionOutcome.GONE, "gone")
         if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
             detail = f"several PodDisruptionBudgets match it: {exc.message}"
             return self._evicted(entry, EvictionOutcome.ERROR, detail)
-        return None
-
-    def _given_up(self, entry: DrainPod, exc: KubeError, blocking: str | None) -> Eviction:
-        """The eviction's end when its retries run out of time: refused by a budget, or failed."""
+        if not late:
+            return None
         if exc.status == 429:
             return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
         return self._evicted(entry, EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
@@ -352,10 +376,15 @@ class Evictions:
         return outcome
 
     def _recount(self, current: str | None, budget: str | None) -> str | None:
-        """Count the pod under ``budget`` rather than ``current`` (:attr:`blocked`); ``budget``."""
-        if budget != current:
-            self._blocking(current, -1)
-            self._blocking(budget, +1)
+        """Count the pod under ``budget`` rather than ``current`` in :attr:`blocked` (``None``: none), across drains,
+        told to the observer; returns ``budget``."""
+        for name, change in ((current, -1), (budget, +1)):
+            if name is None or budget == current:
+                continue
+            self.blocked[name] += change
+            self.observer.drain_blocked(name, self.blocked[name])
+            if self.blocked[name] <= 0:
+                del self.blocked[name]
         return budget
 
     async def surge(
@@ -453,15 +482,6 @@ class Evictions:
                 continue
             self.observer.eviction(EvictionOutcome.EVICTED)
             return True
-
-    def _blocking(self, budget: str | None, change: int) -> None:
-        """Count one pod more (+1) or fewer (-1) that ``budget`` refuses now, across drains; tell the observer."""
-        if budget is None:
-            return
-        self.blocked[budget] += change
-        self.observer.drain_blocked(budget, self.blocked[budget])
-        if self.blocked[budget] <= 0:
-            del self.blocked[budget]
 
     def _evicted(
         self,

@@ -413,8 +413,6 @@ class DrainPod:
     grace_s: int
     evict: bool
     owner: str | None = None
-    granted_s: int | None = None
-    cut: bool = False
     surge: str | None = None
     labels: Mapping[str, str] | None = None
 
