@@ -25,8 +25,6 @@ from queue_processor.outcomes import EvictionOutcome
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 """Annotation the kubelet puts on a static pod's API mirror ("Static Pods")."""
 
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-
 
 @dataclass(frozen=True)
 class DrainOptions:
@@ -122,17 +120,6 @@ def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def is_daemonset_pod(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod's controller reference is of kind ``DaemonSet``."""
-    controller = controller_of(pod)
-    return controller is not None and controller.get("kind") == "DaemonSet"
-
-
-def is_mirror_pod(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod carries :data:`MIRROR_POD_ANNOTATION` (a static pod's mirror)."""
-    return MIRROR_POD_ANNOTATION in _mapping(_metadata(pod).get("annotations"))
-
-
 def is_terminating(pod: Mapping[str, Any]) -> bool:
     """Whether ``metadata.deletionTimestamp`` is set (the pod is being deleted)."""
     return _metadata(pod).get("deletionTimestamp") is not None
@@ -154,14 +141,7 @@ def deletion_timestamp(pod: Mapping[str, Any]) -> datetime | None:
 def is_finished(pod: Mapping[str, Any]) -> bool:
     """Whether ``status.phase`` is ``Succeeded`` or ``Failed``."""
     phase = _mapping(pod.get("status")).get("phase")
-    return isinstance(phase, str) and phase in FINISHED_PHASES
-
-
-def has_local_storage(pod: Mapping[str, Any]) -> bool:
-    """Whether one of ``spec.volumes`` is an ``emptyDir`` (its data goes with the pod)."""
-    return any(
-        volume.get("emptyDir") is not None for volume in _items(_mapping(pod.get("spec")).get("volumes"))
-    )
+    return phase in ("Succeeded", "Failed")
 
 
 #: The reason :func:`own_pod_filter` gives: the handler evicts that pod itself, last, once the rest is drained.
@@ -176,8 +156,9 @@ def own_pod_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime)
 
 
 def mirror_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """SKIP mirror (static) pods: the kubelet owns them; the API server cannot delete them."""
-    if is_mirror_pod(pod):
+    """SKIP mirror (static) pods (:data:`MIRROR_POD_ANNOTATION`): the kubelet owns them; the API server cannot delete
+    them."""
+    if MIRROR_POD_ANNOTATION in _mapping(_metadata(pod).get("annotations")):
         return FilterStatus(Verdict.SKIP, "mirror: mirror (static) pod")
     return OK
 
@@ -185,7 +166,8 @@ def mirror_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) 
 def daemonset_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
     """DaemonSet-managed pods: SKIP with ``ignore_daemonsets``, else ERROR; a finished one is always SKIP. The
     DaemonSet controller ignores unschedulable nodes and would recreate an evicted pod at once ("DaemonSet")."""
-    if not is_daemonset_pod(pod):
+    controller = controller_of(pod)
+    if controller is None or controller.get("kind") != "DaemonSet":
         return OK
     if options.ignore_daemonsets:
         return FilterStatus(Verdict.SKIP, "daemonset: DaemonSet-managed pod")
@@ -220,8 +202,10 @@ def finished_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime
 
 
 def local_storage_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """Running pods with an emptyDir volume: EVICT with a warning with ``delete_emptydir_data``, else ERROR."""
-    if not has_local_storage(pod) or is_finished(pod):
+    """Running pods with an ``emptyDir`` volume (its data goes with the pod): EVICT with a warning with
+    ``delete_emptydir_data``, else ERROR."""
+    volumes = _items(_mapping(pod.get("spec")).get("volumes"))
+    if is_finished(pod) or not any(volume.get("emptyDir") is not None for volume in volumes):
         return OK
     if options.delete_emptydir_data:
         return FilterStatus(Verdict.EVICT, "local-storage: uses emptyDir (its data is deleted)")
@@ -335,19 +319,17 @@ def workload_of(pod: Mapping[str, Any]) -> str:
     return f"{namespace}/{kind}/{name}"
 
 
-def is_critical(pod: Mapping[str, Any], threshold: int = SYSTEM_CLUSTER_CRITICAL) -> bool:
-    """Whether ``pod``'s priority class is in :data:`CRITICAL_CLASSES` or ``spec.priority`` ≥ ``threshold``."""
-    spec = _mapping(pod.get("spec"))
-    if spec.get("priorityClassName") in CRITICAL_CLASSES:
-        return True
-    priority = spec.get("priority")
-    return isinstance(priority, int) and not isinstance(priority, bool) and priority >= threshold
-
-
 def wave_of(pod: Mapping[str, Any], order: DrainOrder, threshold: int = SYSTEM_CLUSTER_CRITICAL) -> int:
-    """The wave ``pod`` is evicted in: 1 when critical (with ``waves``) or annotated ``last``, else 0."""
-    last = drain_policy(pod)[0] is DrainPolicy.LAST
-    return 1 if last or (order is DrainOrder.WAVES and is_critical(pod, threshold)) else 0
+    """The wave ``pod`` is evicted in: 1 when annotated ``last`` or, with ``waves``, critical (its priority class in
+    :data:`CRITICAL_CLASSES` or ``spec.priority`` ≥ ``threshold``), else 0."""
+    if drain_policy(pod)[0] is DrainPolicy.LAST:
+        return 1
+    spec = _mapping(pod.get("spec"))
+    priority = spec.get("priority")
+    high = isinstance(priority, int) and not isinstance(priority, bool) and priority >= threshold
+    return (
+        1 if order is DrainOrder.WAVES and (spec.get("priorityClassName") in CRITICAL_CLASSES or high) else 0
+    )
 
 
 def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
@@ -359,15 +341,6 @@ def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return DEFAULT_GRACE_S
-
-
-def granted_grace(own_s: int, until_end_s: float | None, margin_s: float) -> tuple[int, bool]:
-    """The grace to ask for (seconds) and whether it was cut: ``own_s`` cut to end ``margin_s`` before the instance's
-    end (``until_end_s`` from now; ``None``: unknown, no cut; negative ``margin_s``: no cut), a cut one at least 1 s."""
-    if until_end_s is None or margin_s < 0:
-        return own_s, False
-    room = max(1, math.floor(until_end_s - margin_s))
-    return (own_s, False) if own_s <= room else (room, True)
 
 
 #: Seconds added to the longest grace of the waves still to come, when a wave's wait is cut short for them.
@@ -456,7 +429,9 @@ def plan_waves(
         entry = DrainPod(
             (decision.namespace, decision.name), pod["metadata"].get("uid"), own_grace(pod, grace_s), evict
         )
-        entry.owner = _owner_uid(pod)
+        owner = controller_of(pod)
+        uid = None if owner is None else owner.get("uid")
+        entry.owner = sys.intern(uid) if isinstance(uid, str) and uid else None  # one string per workload
         split[wave_of(pod, timing.order, timing.critical_priority)].append(entry)
         policy, unknown = drain_policy(pod)
         workload = workload_of(pod)
@@ -475,13 +450,6 @@ def plan_waves(
         refused=[replace(decision, pod={}) for decision in decisions.errors],
         notices=notices,
     )
-
-
-def _owner_uid(pod: Mapping[str, Any]) -> str | None:
-    """The uid of the pod's controller owner, interned (the pods of one workload share it), or ``None``."""
-    owner = controller_of(pod)
-    uid = None if owner is None else owner.get("uid")
-    return sys.intern(uid) if isinstance(uid, str) and uid else None
 
 
 def join_plans(first: WavePlan, later: WavePlan) -> WavePlan:
@@ -546,9 +514,12 @@ class DrainBounds:
         await self._tightened.wait()
 
     def grace(self, own_s: int, timing: DrainTiming, now: float) -> tuple[int, bool]:
-        """:func:`granted_grace` of ``own_s`` (seconds) at ``now`` (a ``clock`` reading) for the instance's end."""
-        end = self.instance_end
-        return granted_grace(own_s, None if end is None else end - now, timing.grace_margin_s)
+        """The grace to ask for at ``now`` (a ``clock`` reading) and whether it was cut: ``own_s`` (seconds) cut to end
+        GRACE_DEADLINE_MARGIN before the instance's end (unknown or a negative margin: no cut), a cut one ≥ 1 s."""
+        if self.instance_end is None or timing.grace_margin_s < 0:
+            return own_s, False
+        room = max(1, math.floor(self.instance_end - now - timing.grace_margin_s))
+        return (own_s, False) if own_s <= room else (room, True)
 
     def fixed(self, compute: Callable[[], float]) -> Callable[[], float]:
         """``compute`` computed once per version of the bounds (a wait polling it does not move it)."""

@@ -22,10 +22,7 @@ from queue_processor.drain.plan import (
     daemonset_filter,
     deletion_timestamp,
     finished_filter,
-    has_local_storage,
-    is_daemonset_pod,
     is_finished,
-    is_mirror_pod,
     is_terminating,
     local_storage_filter,
     mirror_filter,
@@ -95,6 +92,16 @@ def evicted_pods(plan: DrainPlan) -> list[dict[str, Any]]:
     return [d.pod for d in plan.decisions if d.verdict is Verdict.EVICT]
 
 
+def is_daemonset_pod(pod: dict[str, Any]) -> bool:
+    """Whether :func:`daemonset_filter` takes ``pod`` for a DaemonSet's (it lets no other pod through)."""
+    return daemonset_filter(pod, STRICT, NOW).verdict is not Verdict.EVICT
+
+
+def is_mirror_pod(pod: dict[str, Any]) -> bool:
+    """Whether :func:`mirror_filter` takes ``pod`` for a static pod's mirror."""
+    return mirror_filter(pod, STRICT, NOW).verdict is not Verdict.EVICT
+
+
 def waited_for(plan: DrainPlan) -> list[dict[str, Any]]:
     """The pods a drain waits for (:func:`plan_waves` keeps them): evicted or awaiting deletion."""
     return [d.pod for d in plan.decisions if d.verdict is Verdict.EVICT or d.awaiting_deletion]
@@ -133,23 +140,32 @@ def test_controller_of_returns_the_controller_reference_not_the_first_one() -> N
         (None, True, False),
     ],
 )
-def test_is_daemonset_pod(owner: str | None, controller: bool, expected: bool) -> None:
-    assert is_daemonset_pod(make_pod(owner=owner, controller=controller)) is expected
+def test_a_daemonset_pod_is_one_whose_controller_is_a_daemonset(
+    owner: str | None, controller: bool, expected: bool
+) -> None:
+    status = daemonset_filter(make_pod(owner=owner, controller=controller), STRICT, NOW)
+    assert (status.verdict is Verdict.ERROR) is expected
 
 
-def test_is_mirror_pod_looks_for_the_annotation_whatever_its_value() -> None:
-    assert is_mirror_pod(make_pod(annotations={MIRROR_POD_ANNOTATION: ""}))
-    assert is_mirror_pod(make_pod(annotations={MIRROR_POD_ANNOTATION: "0f1e2d"}))
-    assert not is_mirror_pod(make_pod(annotations={"kubernetes.io/config.source": "file"}))
-    assert not is_mirror_pod(make_pod())
+def test_a_mirror_pod_is_one_with_the_annotation_whatever_its_value() -> None:
+    def mirror(pod: dict[str, Any]) -> bool:
+        return mirror_filter(pod, STRICT, NOW).verdict is Verdict.SKIP
+
+    assert mirror(make_pod(annotations={MIRROR_POD_ANNOTATION: ""}))
+    assert mirror(make_pod(annotations={MIRROR_POD_ANNOTATION: "0f1e2d"}))
+    assert not mirror(make_pod(annotations={"kubernetes.io/config.source": "file"}))
+    assert not mirror(make_pod())
 
 
-def test_has_local_storage_only_for_a_non_null_empty_dir() -> None:
-    assert has_local_storage(make_pod(empty_dir=True))
-    assert not has_local_storage(make_pod())
+def test_local_storage_is_only_a_non_null_empty_dir() -> None:
+    def local(pod: dict[str, Any]) -> bool:
+        return local_storage_filter(pod, STRICT, NOW).verdict is Verdict.ERROR
+
+    assert local(make_pod(empty_dir=True))
+    assert not local(make_pod())
     pod = make_pod()
     pod["spec"]["volumes"] = [{"name": "x", "emptyDir": None}, {"name": "h", "hostPath": {"path": "/tmp"}}]
-    assert not has_local_storage(pod)
+    assert not local(pod)
 
 
 @pytest.mark.parametrize(("phase", "expected"), [("Succeeded", True), ("Failed", True), ("Running", False)])
