@@ -10,7 +10,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import structlog
@@ -89,19 +89,19 @@ Grace = Literal["own", "cut", "outlasted"]
 
 def grace_verdicts(
     outcomes: list[Eviction], left: Mapping[tuple[str, str], Any], instance_end: float | None
-) -> dict[tuple[str, str], Grace]:
+) -> list[Grace]:
     """How each evicted pod's grace went (pure): ``cut``, ``own`` (all of it before the instance's end, or, that
     unknown, gone by the drain's end) or ``outlasted`` (killed mid-grace when the instance goes)."""
-    verdicts: dict[tuple[str, str], Grace] = {}
+    verdicts: list[Grace] = []
     for outcome in outcomes:
         if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
             continue
         if outcome.cut:
-            verdicts[outcome.key] = "cut"
+            verdicts.append("cut")
         elif instance_end is not None:
-            verdicts[outcome.key] = "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
+            verdicts.append("own" if outcome.at + outcome.grace_s <= instance_end else "outlasted")
         elif outcome.key not in left:
-            verdicts[outcome.key] = "own"
+            verdicts.append("own")
     return verdicts
 
 
@@ -110,20 +110,14 @@ class Tally:
     """What a drain's execution saw (evictions with re-cuts, grace verdicts, counts, causes)."""
 
     outcomes: list[Eviction] = field(default_factory=list)
-    graces: dict[tuple[str, str], Grace] = field(default_factory=dict)
+    graces: list[Grace] = field(default_factory=list)
     remaining: int = 0
     deleted: int = 0
     causes: list[str] = field(default_factory=list)
 
     def joined(self, later: Tally) -> Tally:
-        """What two passes of one drain saw, together."""
-        return Tally(
-            self.outcomes + later.outcomes,
-            {**self.graces, **later.graces},
-            self.remaining + later.remaining,
-            self.deleted + later.deleted,
-            self.causes + later.causes,
-        )
+        """What two passes of one drain saw, together, field by field."""
+        return Tally(*(getattr(self, name.name) + getattr(later, name.name) for name in fields(Tally)))
 
     def finished(self) -> bool:
         """Whether a pass ended with every pod gone and no eviction failed."""
@@ -150,7 +144,6 @@ def summarise(planned: WavePlan, done: Tally, drain_id: str) -> DrainResult:
         outcome = DrainOutcome.ERROR if failed else DrainOutcome.TIMEOUT
     else:
         outcome = DrainOutcome.DELETED if done.deleted else DrainOutcome.DRAINED
-    verdicts = list(done.graces.values())
     return DrainResult(
         completed=done.finished(),
         outcome=outcome,
@@ -161,8 +154,8 @@ def summarise(planned: WavePlan, done: Tally, drain_id: str) -> DrainResult:
         skipped=planned.skipped,
         remaining=done.remaining,
         cut_short=sum(1 for o in evicted if o.cut),
-        finished_grace=verdicts.count("own"),
-        outlasted=verdicts.count("outlasted"),
+        finished_grace=done.graces.count("own"),
+        outlasted=done.graces.count("outlasted"),
         deleted_at_deadline=done.deleted,
         waves=[len(wave) for wave in planned.waves],
         causes=done.causes,
@@ -324,7 +317,8 @@ class Drainer:
             await run.record((notice.namespace, notice.name), (reason, message), warning=True)
 
     async def _execute(self, node: str, run: DrainRun, planned: WavePlan, following: Waiting | None) -> Tally:
-        """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
+        """Evict wave by wave, wait, then grace verdicts, the deadline step if due, surges taken back, and the causes;
+        stopped, take surges back unless ``lost()``."""
         running = Running([])  # its evictions grow as each wave's launcher starts them
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
         recut = rest.spawn(self._recut_graces(run, by_key), name=f"recut-{node}")
@@ -343,7 +337,14 @@ class Drainer:
         finally:
             await rest.stop(recut)
         outcomes = [run.accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
-        return await self._conclude(outcomes, by_key, left, run)
+        graces = grace_verdicts(outcomes, left, run.bounds.instance_end)
+        for grace in graces:
+            self.observer.pod_drained(grace)
+        left, removed, refused = await self._delete_at_deadline(left, run)
+        for surge in run.held:  # those whose pod was not evicted: kept until the deadline step
+            await self.evictions.surges.end(surge)
+        why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
+        return Tally(outcomes, graces, len(left), removed, why)
 
     async def _run_waves(
         self, node: str, planned: WavePlan, run: DrainRun, running: Running, following: Waiting | None
@@ -377,34 +378,11 @@ class Drainer:
 
         return bounds.fixed(wave_bound)  # re-planned every poll it would keep pushing the next wave later
 
-    async def _conclude(
-        self,
-        outcomes: list[Eviction],
-        by_key: dict[tuple[str, str], DrainPod],
-        left: dict[tuple[str, str], Any],
-        run: DrainRun,
-    ) -> Tally:
-        """After the waits: grace verdicts, the deadline step if due, surges taken back, and the causes."""
-        graces = grace_verdicts(outcomes, left, run.bounds.instance_end)
-        for grace in graces.values():
-            self.observer.pod_drained(grace)
-        removed = 0
-        refused: list[str] = []  # deletions at the deadline the API server refused
-        if left and run.bounds.final(self.timing)[1]:
-            left, removed, refused = await self._delete_at_deadline(left, run)
-        for surge in run.held:  # those whose pod was not evicted: kept until the deadline step
-            await self.evictions.surges.end(surge)
-        why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
-        return Tally(outcomes, graces, len(left), removed, why)
-
     async def _recut_graces(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
         """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
         accepted = run.accepted
         while True:
-            await run.bounds.tightening()
-            end = run.bounds.instance_end
-            if end is None:
-                continue
+            await run.bounds.tightening()  # no instance end: nothing is cut
             for key, outcome in list(accepted.items()):
                 if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
                     continue
@@ -461,8 +439,11 @@ class Drainer:
     async def _delete_at_deadline(
         self, left: dict[tuple[str, str], Any], run: DrainRun
     ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
-        """DELETE_AT_DEADLINE: delete the pods left (grace 0, uid precondition): those not deleted, count, causes."""
+        """DELETE_AT_DEADLINE, when due: delete the pods left (grace 0, uid precondition): those not deleted, the count
+        deleted, and a cause per deletion the API server refused."""
         refused: list[str] = []
+        if not left or not run.bounds.final(self.timing)[1]:
+            return left, 0, refused
 
         async def delete(key: tuple[str, str], uid: Any) -> bool | None:
             namespace, name = key

@@ -89,9 +89,6 @@ class FilterStatus:
 
 OK = FilterStatus(Verdict.EVICT)
 
-PodFilter = Callable[[Mapping[str, Any], DrainOptions, datetime], FilterStatus]
-"""A filter: ``(pod, options, now) -> FilterStatus``; pure, never raises."""
-
 
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
@@ -226,7 +223,7 @@ def unreplicated_filter(pod: Mapping[str, Any], options: DrainOptions, now: date
     )
 
 
-FILTERS: tuple[PodFilter, ...] = (
+FILTERS: tuple[Callable[[Mapping[str, Any], DrainOptions, datetime], FilterStatus], ...] = (
     own_pod_filter,
     mirror_filter,
     daemonset_filter,
@@ -235,7 +232,7 @@ FILTERS: tuple[PodFilter, ...] = (
     local_storage_filter,
     unreplicated_filter,
 )
-"""The filters in the order :func:`plan_drain` runs them; the first that does not say EVICT decides."""
+"""The filters (pure, never raise) in the order :func:`plan_drain` runs them; the first not saying EVICT decides."""
 
 
 def _decide(pod: dict[str, Any], options: DrainOptions, now: datetime) -> PodDecision:
@@ -327,9 +324,8 @@ def wave_of(pod: Mapping[str, Any], order: DrainOrder, threshold: int = SYSTEM_C
     spec = _mapping(pod.get("spec"))
     priority = spec.get("priority")
     high = isinstance(priority, int) and not isinstance(priority, bool) and priority >= threshold
-    return (
-        1 if order is DrainOrder.WAVES and (spec.get("priorityClassName") in CRITICAL_CLASSES or high) else 0
-    )
+    critical = high or spec.get("priorityClassName") in CRITICAL_CLASSES
+    return 1 if order is DrainOrder.WAVES and critical else 0
 
 
 def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
@@ -345,7 +341,6 @@ def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
 
 #: Seconds added to the longest grace of the waves still to come, when a wave's wait is cut short for them.
 WAVE_PAD_S = 2.0
-
 
 _DEFAULT_ORDER = DrainOrder(default("drain_order"))
 
