@@ -63,9 +63,9 @@ log = structlog.get_logger("queue_processor.drain")
 @dataclass
 class DrainResult:
     """How a drain ended: ``completed`` when every pod to evict is gone, else ``reason``; ``outcome`` says which. Pod
-    counts: ``evicted`` (``cut_short`` with a cut grace), ``blocked`` (by a budget to the end), ``failed``,
-    ``skipped`` (by the filters), ``finished_grace``/``outlasted`` (:func:`grace_verdicts`), ``deleted_at_deadline``,
-    ``remaining``; ``waves``: pods per wave; ``causes``; ``drain_id``: its evictions' ``drain/<id>`` User-Agent."""
+    counts: ``evicted`` (``cut_short`` with a cut grace), ``blocked`` (by a budget to the end), ``failed``, ``skipped``
+    (by the filters), ``deleted_at_deadline``, ``remaining``; ``waves``: pods per wave; ``causes``; ``drain_id``: its
+    evictions' ``drain/<id>`` User-Agent."""
 
     completed: bool
     outcome: DrainOutcome = DrainOutcome.TIMEOUT
@@ -76,8 +76,6 @@ class DrainResult:
     skipped: list[PodDecision] = field(default_factory=list)
     remaining: int = 0
     cut_short: int = 0
-    finished_grace: int = 0
-    outlasted: int = 0
     deleted_at_deadline: int = 0
     waves: list[int] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
@@ -107,10 +105,9 @@ def grace_verdicts(
 
 @dataclass
 class Tally:
-    """What a drain's execution saw (evictions with re-cuts, grace verdicts, counts, causes)."""
+    """What a drain's execution saw (evictions with re-cuts, counts, causes)."""
 
     outcomes: list[Eviction] = field(default_factory=list)
-    graces: list[Grace] = field(default_factory=list)
     remaining: int = 0
     deleted: int = 0
     causes: list[str] = field(default_factory=list)
@@ -154,8 +151,6 @@ def summarise(planned: WavePlan, done: Tally, drain_id: str) -> DrainResult:
         skipped=planned.skipped,
         remaining=done.remaining,
         cut_short=sum(1 for o in evicted if o.cut),
-        finished_grace=done.graces.count("own"),
-        outlasted=done.graces.count("outlasted"),
         deleted_at_deadline=done.deleted,
         waves=[len(wave) for wave in planned.waves],
         causes=done.causes,
@@ -337,14 +332,13 @@ class Drainer:
         finally:
             await rest.stop(recut)
         outcomes = [run.accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
-        graces = grace_verdicts(outcomes, left, run.bounds.instance_end)
-        for grace in graces:
+        for grace in grace_verdicts(outcomes, left, run.bounds.instance_end):
             self.observer.pod_drained(grace)
         left, removed, refused = await self._delete_at_deadline(left, run)
         for surge in run.held:  # those whose pod was not evicted: kept until the deadline step
             await self.evictions.surges.end(surge)
         why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
-        return Tally(outcomes, graces, len(left), removed, why)
+        return Tally(outcomes, len(left), removed, why)
 
     async def _run_waves(
         self, node: str, planned: WavePlan, run: DrainRun, running: Running, following: Waiting | None

@@ -14,7 +14,6 @@ import itertools
 import random
 import re
 import sys
-import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,12 +21,11 @@ from typing import Any
 
 import structlog
 
-from queue_processor.config import default
 from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import POD_EVICTION
-from queue_processor.observe.metrics import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import Observer
 from queue_processor.outcomes import EvictionOutcome, KubeError, NotSentError, SurgeResult
 
 #: The fewest slots, whatever the QPS.
@@ -69,7 +67,7 @@ class Slots:
             raise
 
     def give(self, count: int = 1) -> None:
-        """Return ``count`` slots taken with :meth:`take`, serving the head of the line."""
+        """Return ``count`` slots taken with :meth:`take_slots`, serving the head of the line."""
         self.free += count
         self._serve()
 
@@ -84,7 +82,7 @@ class Slots:
 
 
 class Slot:
-    """One slot of ``slots``, held by one eviction until its first request is answered."""
+    """One slot of ``slots``, held by one eviction until its first request is answered (or it waits at a gate)."""
 
     __slots__ = ("_slots",)
 
@@ -92,7 +90,7 @@ class Slot:
         self._slots: Slots | None = slots
 
     def release(self, _task: object = None) -> None:
-        """Give the slot back, the first time only; also a done callback of the eviction's task."""
+        """Give the slot back, the first time only (also the eviction task's done callback)."""
         if self._slots is not None:
             self._slots.give(1)
             self._slots = None
@@ -102,8 +100,7 @@ _BUDGET_CAUSE = re.compile(r"^The disruption budget (\S+) ")
 
 
 def budget_of(error: KubeError, namespace: str) -> str | None:
-    """``namespace/name`` of the PodDisruptionBudget a 429's ``DisruptionBudget`` cause names ("The disruption
-    budget NAME ..."), or ``None``."""
+    """``namespace/name`` of the budget a 429's ``DisruptionBudget`` cause names ("The disruption budget NAME ..")."""
     for cause in error.causes:
         if cause.get("reason") == "DisruptionBudget":
             match = _BUDGET_CAUSE.match(str(cause.get("message") or ""))
@@ -238,10 +235,10 @@ class Evictions:
         kube: KubeClient,
         *,
         timing: DrainTiming,
-        grace_s: int = default("pod_termination_grace_period"),
-        observer: Observer = NULL_OBSERVER,
-        clock: Callable[[], float] = time.monotonic,
-        in_flight: int = LEAST_SLOTS,
+        grace_s: int,
+        observer: Observer,
+        clock: Callable[[], float],
+        in_flight: int,
     ) -> None:
         self.kube = kube
         self.timing = timing

@@ -97,6 +97,7 @@ def cordon_patch(
     known = set(record.taints) | {(key, effect) for key, _, effect in record.replaced}
     new = [taint for taint in wanted if taint not in known]
     added = {key: value for key, value in (labels or {}).items() if key not in (metadata.get("labels") or {})}
+    about = about or record  # no instance facts: the record's own
     record = replace(
         record,
         unschedulable=record.unschedulable or (unschedulable and not spec.get("unschedulable")),
@@ -106,15 +107,11 @@ def cordon_patch(
             (str(k), str(present[(k, e)].get("value") or ""), str(e)) for k, e in new if (k, e) in present
         ),
         labels={**record.labels, **added},
+        instance_id=about.instance_id or record.instance_id,
+        launch_time=about.launch_time or record.launch_time,
+        warm_pool=about.warm_pool,
+        since=record.since or about.since,
     )
-    if about is not None:
-        record = replace(
-            record,
-            instance_id=about.instance_id or record.instance_id,
-            launch_time=about.launch_time or record.launch_time,
-            warm_pool=about.warm_pool,
-            since=record.since or about.since,
-        )
     patch: dict[str, Any] = {
         "metadata": {"resourceVersion": metadata.get("resourceVersion")},
         "spec": {"unschedulable": True} if unschedulable else {},
@@ -134,12 +131,9 @@ def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
     """The strategic-merge patch undoing ``record`` on ``node`` (as read now), with its ``resourceVersion`` so a
     concurrent change answers 409: our cordon, our taints (replaced ones restored; the list has no patch merge
     key), our labels still holding our value, and the record go; what others set stays."""
-    metadata = node.get("metadata") or {}
-    spec = node.get("spec") or {}
-    current_labels = metadata.get("labels") or {}
-    labels: dict[str, Any] = {
-        key: None for key, value in record.labels.items() if current_labels.get(key) == value
-    }
+    metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
+    current = metadata.get("labels") or {}
+    labels: dict[str, Any] = {key: None for key, value in record.labels.items() if current.get(key) == value}
     labels[RECORD_LABEL] = None
     patch: dict[str, Any] = {
         "metadata": {
@@ -219,10 +213,9 @@ class NodeWrites:
         once written, ``False`` when the node is gone or there is nothing to write; raises :class:`KubeError`."""
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             current = None
-            if attempt == 0 and cached and self.nodes is not None:  # a stale copy answers 409: the next reads
-                await self.nodes.wait_first_answer(
-                    FIRST_COPY_WAIT_S
-                )  # at start-up: the copy, not a GET per node
+            # At start-up, the copy once it answers (not a GET per node); a stale copy's 409 makes the next one read.
+            if attempt == 0 and cached and self.nodes is not None:
+                await self.nodes.wait_first_answer(FIRST_COPY_WAIT_S)
                 current = self.nodes.get(node)
             if current is None:
                 current = await self.kube.get_node(node)
