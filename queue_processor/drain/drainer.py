@@ -24,9 +24,6 @@ from queue_processor.drain.evictions import (
     Running,
     Tell,
     budget_arithmetic,
-    failed,
-    raise_failed,
-    settled,
 )
 from queue_processor.drain.node_writes import NodeWrites
 from queue_processor.drain.plan import (
@@ -194,8 +191,7 @@ class Drainer:
             clock=clock,
             in_flight=evictions_in_flight,
         )
-        self.departures = departures
-        """The watch of pod deletions a drain waits on instead of re-listing (``None``: re-list)."""
+        self.departures = departures  # the watch of pod deletions a drain waits on (None: it re-lists)
         self.options = options
         self.budget = asyncio.Semaphore(budget)
         self.grace_s = grace_s
@@ -234,21 +230,15 @@ class Drainer:
 
     async def _drain(self, node: str, run: DrainRun) -> DrainResult:
         """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
-        bounds = run.bounds
-        listed = self.clock()
+        relist_at = self.clock() + self.timing.relist_s
         planned, done = await self._pass(node, run, set(), self.use_cache)
-        relist_s = self.timing.relist_s
-        if relist_s > 0 and not planned.refused and done.finished():
-            await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
+        if self.timing.relist_s > 0 and not planned.refused and done.finished():
+            await run.bounds.sleep(min(relist_at, run.bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
             seen |= {((d.namespace, d.name), None) for d in planned.skipped}
             later, more = await self._pass(node, run, seen, True)
-            if any(later.waves):
-                log.info(
-                    LOOKED_AGAIN,
-                    node=node,
-                    pods=sorted(f"{e.key[0]}/{e.key[1]}" for wave in later.waves for e in wave),
-                )
+            if late := sorted(f"{e.key[0]}/{e.key[1]}" for wave in later.waves for e in wave):
+                log.info(LOOKED_AGAIN, node=node, pods=late)
             planned, done = join_plans(planned, later), Tally.joined(done, more)
         return summarise(planned, done, run.drain_id)
 
@@ -321,7 +311,7 @@ class Drainer:
             await self._run_waves(node, planned, run, running, following)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             final = lambda: run.bounds.final(self.timing)[0]  # noqa: E731
-            left = dict(await self._wait_gone(node, waiting, final, run.bounds, following=following))
+            left = dict(await self._wait_gone(node, waiting, final, run.bounds, running, following))
         except BaseException as exc:
             # One stop for all (a second cancellation leaves nothing running); a lost Lease's new owner takes surges.
             await rest.stop(*running)
@@ -346,7 +336,8 @@ class Drainer:
         """Evict wave after wave, each waited for until its bound (when a later wave keeps time); then await all."""
         launchers = running.launchers
         for index, wave in enumerate(planned.waves):
-            raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
+            if (failure := running.failure()) is not None:  # a wave's wait ended on it: no later wave starts
+                raise failure
             before = launchers[-1] if launchers else None
             later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
             wave_by = self._wave_bound(run.bounds, later) if later else None
@@ -356,10 +347,10 @@ class Drainer:
             if wave_by is not None:
                 pods = {(e.key, e.uid) for e in wave}
                 behind = await self._wait_gone(node, pods, wave_by, run.bounds, running, following)
-                if behind and not any(failed(task) for task in running):
+                if behind and running.failure() is None:
                     names = sorted(f"{key[0]}/{key[1]}" for key, _ in behind)
                     log.info(WAVE_TIME_UP, node=node, wave=index + 1, pods=names)
-        await settled(running)
+        await running.settled()
 
     def _wave_bound(self, bounds: DrainBounds, later: list[DrainPod]) -> Callable[[], float]:
         """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves, their longest
@@ -393,8 +384,8 @@ class Drainer:
         waiting: set[tuple[tuple[str, str], Any]],
         deadline: Callable[[], float],
         bounds: DrainBounds,
-        evictions: Iterable[asyncio.Task[Any]] = (),
-        following: Waiting | None = None,
+        running: Running,
+        following: Waiting | None,
     ) -> set[tuple[tuple[str, str], Any]]:
         """Wait until none of ``waiting`` is left, ``deadline()`` passes or an eviction failed; those left. Woken by the
         watch when covered (then one last list if pods are left), else re-listing with backoff."""
@@ -409,7 +400,7 @@ class Drainer:
             if following is not None:
                 following.changed.clear()
             waiting &= covered.pending if covered else await self._present(node, following)
-            if not waiting or self.clock() >= deadline() or any(failed(task) for task in evictions):
+            if not waiting or self.clock() >= deadline() or running.failure() is not None:
                 if waiting and covered:
                     waiting &= await self._present(node, following)  # the last word is a list
                 break
@@ -433,8 +424,7 @@ class Drainer:
     async def _delete_at_deadline(
         self, left: dict[tuple[str, str], Any], run: DrainRun
     ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
-        """DELETE_AT_DEADLINE, when due: delete the pods left (grace 0, uid precondition): those not deleted, the count
-        deleted, and a cause per deletion the API server refused."""
+        """DELETE_AT_DEADLINE, when due: delete the pods left (grace 0, uid precondition); those kept, count, causes."""
         refused: list[str] = []
         if not left or not run.bounds.final(self.timing)[1]:
             return left, 0, refused

@@ -15,7 +15,7 @@ import random
 import re
 import sys
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,14 +96,11 @@ class Slot:
             self._slots = None
 
 
-_BUDGET_CAUSE = re.compile(r"^The disruption budget (\S+) ")
-
-
 def budget_of(error: KubeError, namespace: str) -> str | None:
     """``namespace/name`` of the budget a 429's ``DisruptionBudget`` cause names ("The disruption budget NAME ..")."""
     for cause in error.causes:
         if cause.get("reason") == "DisruptionBudget":
-            match = _BUDGET_CAUSE.match(str(cause.get("message") or ""))
+            match = re.match(r"The disruption budget (\S+) ", str(cause.get("message") or ""))
             if match:
                 return f"{namespace}/{match.group(1)}"
     return None
@@ -270,7 +267,7 @@ class Evictions:
         while rest:
             await run.confirm()
             count = await self.slots.take_slots(len(rest))
-            if any(failed(task) for task in running):  # the drain ends (a guard raised): no more start
+            if running.failure() is not None:  # the drain ends (a guard raised): no more start
                 self.slots.give(count)
                 return
             for entry in rest[:count]:
@@ -518,24 +515,18 @@ class Running:
         held = (item for item in self._evictions if isinstance(item, asyncio.Task))
         return itertools.chain(self.launchers, held)
 
+    def failure(self) -> BaseException | None:
+        """The exception of the first launcher or eviction that failed (not cancelled), if one did."""
+        for task in self:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None
 
-def failed(task: asyncio.Task[Any]) -> bool:
-    """Whether ``task`` ended with an exception (not a cancellation)."""
-    return task.done() and not task.cancelled() and task.exception() is not None
-
-
-def raise_failed(running: Iterable[asyncio.Task[Any]]) -> None:
-    """Raise the exception of the first of ``running`` that failed, if one did."""
-    for task in running:
-        if failed(task):
-            raise task.exception()  # type: ignore[misc]  # not None: failed
-
-
-async def settled(running: Running) -> None:
-    """Wait until every launcher and eviction of ``running`` has ended; raise the first failure at once."""
-    raise_failed(running)  # one may have failed already
-    while pending := [task for task in running if not task.done()]:
-        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        raise_failed(running)
-    for task in running:
-        task.result()  # a cancellation raises here, as gather would
+    async def settled(self) -> None:
+        """Wait until every launcher and eviction has ended; raise the first failure at once."""
+        while (failure := self.failure()) is None and (pending := [t for t in self if not t.done()]):
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if failure is not None:
+            raise failure
+        for task in self:
+            task.result()  # a cancellation raises here, as gather would

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from queue_processor.config import Settings, default
 from queue_processor.outcomes import EvictionOutcome
@@ -153,8 +153,7 @@ def own_pod_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime)
 
 
 def mirror_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """SKIP mirror (static) pods (:data:`MIRROR_POD_ANNOTATION`): the kubelet owns them; the API server cannot delete
-    them."""
+    """SKIP mirror pods (:data:`MIRROR_POD_ANNOTATION`): the kubelet owns them; the API server cannot delete them."""
     if MIRROR_POD_ANNOTATION in _mapping(_metadata(pod).get("annotations")):
         return FilterStatus(Verdict.SKIP, "mirror: mirror (static) pod")
     return OK
@@ -177,8 +176,8 @@ def daemonset_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetim
 
 
 def terminating_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """Pods being deleted: SKIP the eviction and wait for them, unless deleted longer than
-    ``skip_wait_for_delete_timeout_s`` (> 0) ago (an unreadable deletionTimestamp counts as recent)."""
+    """Pods being deleted: SKIP and wait for them, unless deleted over ``skip_wait_for_delete_timeout_s`` (> 0) ago
+    (an unreadable deletionTimestamp counts as recent)."""
     if not is_terminating(pod):
         return OK
     timeout = options.skip_wait_for_delete_timeout_s
@@ -199,8 +198,7 @@ def finished_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime
 
 
 def local_storage_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """Running pods with an ``emptyDir`` volume (its data goes with the pod): EVICT with a warning with
-    ``delete_emptydir_data``, else ERROR."""
+    """Running pods with an ``emptyDir`` volume: EVICT with a warning with ``delete_emptydir_data``, else ERROR."""
     volumes = _items(_mapping(pod.get("spec")).get("volumes"))
     if is_finished(pod) or not any(volume.get("emptyDir") is not None for volume in volumes):
         return OK
@@ -385,9 +383,6 @@ class DrainPod:
     labels: Mapping[str, str] | None = None
 
 
-Why = Literal["unknown", "surge-off", "cannot-surge"]
-
-
 @dataclass(frozen=True)
 class PolicyNotice:
     """A pod whose ``queue-processor/drain`` annotation ``value`` cannot be followed, its ``workload``, and
@@ -397,7 +392,7 @@ class PolicyNotice:
     name: str
     workload: str
     value: str
-    why: Why = "unknown"
+    why: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -431,7 +426,7 @@ def plan_waves(
         policy, unknown = drain_policy(pod)
         workload = workload_of(pod)
         kind, _, deployment = workload.split("/", 1)[1].partition("/")
-        why: Why | None = "unknown" if unknown is not None else None
+        why = "unknown" if unknown is not None else None
         if policy is DrainPolicy.SURGE and evict and timing.surge and kind == "Deployment":
             entry.surge, entry.labels = deployment, dict(pod["metadata"].get("labels") or {})
         elif policy is DrainPolicy.SURGE and evict:
@@ -463,8 +458,7 @@ class DrainBounds:
     def __init__(self, deadline: float, instance_end: float | None = None) -> None:
         self.deadline = deadline
         self.instance_end = instance_end
-        self.version = 0
-        """How many times the bounds tightened."""
+        self.version = 0  # how many times the bounds tightened
         self._tightened = asyncio.Event()
 
     def tighten(self, deadline: float, instance_end: float | None) -> bool:
