@@ -264,11 +264,8 @@ class Drainer:
         await self._report(planned.notices, run)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
         departures = self.departures
-        with (
-            contextlib.nullcontext()
-            if departures is None
-            else departures.waiting(entries, ticket) as following
-        ):
+        watching = contextlib.nullcontext() if departures is None else departures.waiting(entries, ticket)
+        with watching as following:
             done = await self._execute(node, replace(run, accepted={}, held=[]), planned, following)
         return planned, done
 
@@ -302,8 +299,7 @@ class Drainer:
             await run.record((notice.namespace, notice.name), (reason, message), warning=True)
 
     async def _execute(self, node: str, run: DrainRun, planned: WavePlan, following: Waiting | None) -> Tally:
-        """Evict wave by wave, wait, then grace verdicts, the deadline step if due, surges taken back, and the causes;
-        stopped, take surges back unless ``lost()``."""
+        """Evict wave by wave, wait, the deadline step, surges back, causes; stopped: surges back unless ``lost()``."""
         running = Running([])  # its evictions grow as each wave's launcher starts them
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
         recut = rest.spawn(self._recut_graces(run, by_key), name=f"recut-{node}")
@@ -392,11 +388,8 @@ class Drainer:
         departures = self.departures
         poll = 0.05
         while waiting:
-            covered = (
-                following
-                if following is not None and departures is not None and departures.covers(following)
-                else None
-            )
+            watched = following is not None and departures is not None and departures.covers(following)
+            covered = following if watched else None
             if following is not None:
                 following.changed.clear()
             waiting &= covered.pending if covered else await self._present(node, following)

@@ -107,8 +107,7 @@ def budget_of(error: KubeError, namespace: str) -> str | None:
 
 
 def budget_arithmetic(pdb: Mapping[str, Any]) -> str:
-    """A PodDisruptionBudget's spec and status in one line (``minAvailable 2, currentHealthy 2, ...,
-    unhealthyPodEvictionPolicy IfHealthyBudget``, the policy's default when unset)."""
+    """A PodDisruptionBudget's spec, status and unhealthyPodEvictionPolicy in one line: ``minAvailable 2, ...``."""
     spec = pdb.get("spec") or {}
     status = pdb.get("status") or {}
     parts = [
@@ -243,8 +242,7 @@ class Evictions:
         self.observer = observer
         self.clock = clock
         self.slots = Slots(in_flight)
-        self.blocked: Counter[str] = Counter()
-        """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
+        self.blocked: Counter[str] = Counter()  # budget (namespace/name) → pods it refuses now, across drains
         self.gates = BudgetGates()
         self.surges = Surges(kube)
 
@@ -307,9 +305,8 @@ class Evictions:
                     if closed.until >= bounds.final(self.timing)[0]:
                         return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, closed.message, blocking)
                     spread = random.uniform(0.0, 0.2) * closed.length_s
-                    await bounds.sleep(
-                        min(closed.until + spread, bounds.final(self.timing)[0]) - self.clock()
-                    )
+                    until = min(closed.until + spread, bounds.final(self.timing)[0])
+                    await bounds.sleep(until - self.clock())
                     continue
                 grace, cut = bounds.grace(entry.grace_s, self.timing, self.clock())
                 granted = grace if cut or self.grace_s >= 0 else None
@@ -331,15 +328,18 @@ class Evictions:
                     tightened = await bounds.sleep(delay * random.uniform(0.8, 1.2))
                     delay = EVICTION_RETRY_S[0] if tightened else min(delay * 2, EVICTION_RETRY_S[1])
                     continue  # a new end: try again now, with the new grace
-                return await self._accepted(entry, run, grace, cut)
+                self.gates.accepted(entry.owner)
+                await run.record(entry.key, POD_EVICTION)
+                accepted = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace, cut=cut)
+                run.accepted[entry.key] = accepted
+                return accepted
         finally:
             self._recount(blocking, None)
 
     async def _send(
         self, entry: DrainPod, grace_s: int | None, drain_id: str, slot: Slot | None, gated: bool
     ) -> None:
-        """Ask for the eviction, then give the slot back; ``gated``: only through an open gate (else
-        :class:`NotSentError`). Raises :class:`KubeError`."""
+        """Ask for the eviction, then give the slot back; ``gated``: only through an open gate (else NotSentError)."""
         sending = (lambda: self.gates.closed(entry.owner, self.clock()) is None) if gated else None
         try:
             await self.kube.evict(*entry.key, grace_s, drain=drain_id, sending=sending)
@@ -348,8 +348,7 @@ class Evictions:
                 slot.release()
 
     def _ended(self, entry: DrainPod, exc: KubeError, blocking: str | None, *, late: bool) -> Eviction | None:
-        """The eviction's end for ``exc``, ``None`` to retry: 404 gone, a 500 for several budgets; once ``late`` (no
-        time for a retry), refused by a budget (429) or failed."""
+        """The end for ``exc`` (``None``: retry): 404 gone, 500 several budgets; ``late``: 429 refused, else failed."""
         if exc.status == 404:
             return self._evicted(entry, EvictionOutcome.GONE, "gone")
         if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
@@ -361,17 +360,8 @@ class Evictions:
             return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
         return self._evicted(entry, EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
 
-    async def _accepted(self, entry: DrainPod, run: DrainRun, grace_s: int, cut: bool) -> Eviction:
-        """The eviction's end when the API server took it."""
-        self.gates.accepted(entry.owner)
-        await run.record(entry.key, POD_EVICTION)
-        outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace_s, cut=cut)
-        run.accepted[entry.key] = outcome
-        return outcome
-
     def _recount(self, current: str | None, budget: str | None) -> str | None:
-        """Count the pod under ``budget`` rather than ``current`` in :attr:`blocked` (``None``: none), across drains,
-        told to the observer; returns ``budget``."""
+        """Count the pod under ``budget`` instead of ``current`` (``None``: none) in :attr:`blocked`; ``budget``."""
         for name, change in ((current, -1), (budget, +1)):
             if name is None or budget == current:
                 continue
@@ -499,7 +489,6 @@ class Running:
         self._evictions: list[asyncio.Task[Eviction] | Eviction] = []  # in the order they started
 
     def add(self, task: asyncio.Task[Eviction]) -> None:
-        """Follow the eviction ``task``."""
         task.add_done_callback(functools.partial(self._keep_eviction, len(self._evictions)))
         self._evictions.append(task)
 

@@ -57,8 +57,7 @@ class PodExplanation:
 
 @dataclass
 class NodeExplanation:
-    """A node's drain as it would go now: ``found`` (the node exists), ``unschedulable`` (cordoned),
-    ``pods`` (one :class:`PodExplanation` each, evicted pods first by wave), and ``summary``, one line."""
+    """A node's drain as it would go now: ``found``, ``unschedulable`` (cordoned), ``pods`` (by wave), ``summary``."""
 
     node: str
     found: bool
@@ -80,8 +79,7 @@ async def explain_node(
     critical_priority: int = SYSTEM_CLUSTER_CRITICAL,
     grace_override_s: int = -1,
 ) -> NodeExplanation:
-    """What would block a drain of ``node`` now. Raises :class:`KubeError` when the node, its pods or a
-    namespace's PodDisruptionBudgets cannot be read."""
+    """What would block a drain of ``node`` now; :class:`KubeError` when its node, pods or budgets cannot be read."""
     found = await kube.get_node(node)
     if found is None:
         return NodeExplanation(node, False, summary=f"node {node} not found")

@@ -161,8 +161,7 @@ TAINT_WRITE_ATTEMPTS = 8
 
 
 class NodeWrites:
-    """Cordons, taints and their undo through ``kube``; ``nodes``: the watched copy a first attempt writes on
-    without reading the node (``None``: a GET per write)."""
+    """Cordons, taints and their undo; ``nodes``: the watched copy a first attempt writes on (``None``: a GET each)."""
 
     def __init__(self, kube: KubeClient, nodes: NodeCache | None = None) -> None:
         self.kube = kube
@@ -187,8 +186,7 @@ class NodeWrites:
     async def taint(
         self, node: str, key: str, value: str, effect: str, *, about: CordonRecord | None = None
     ) -> None:
-        """Add (or update) one taint, keeping the others, as :meth:`cordon`; recorded with ``about``'s instance
-        facts when new. Raises :class:`KubeError` (404: the node is gone)."""
+        """Add or update one taint as :meth:`cordon` does, keeping the others; :class:`KubeError` (404: node gone)."""
         body = functools.partial(
             cordon_patch, unschedulable=False, taints=[(key, value, effect)], about=about
         )

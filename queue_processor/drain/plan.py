@@ -176,8 +176,7 @@ def daemonset_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetim
 
 
 def terminating_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """Pods being deleted: SKIP and wait for them, unless deleted over ``skip_wait_for_delete_timeout_s`` (> 0) ago
-    (an unreadable deletionTimestamp counts as recent)."""
+    """Pods being deleted: SKIP, waited for unless readably deleted > ``skip_wait_for_delete_timeout_s`` (> 0) ago."""
     if not is_terminating(pod):
         return OK
     timeout = options.skip_wait_for_delete_timeout_s
@@ -327,8 +326,7 @@ def wave_of(pod: Mapping[str, Any], order: DrainOrder, threshold: int = SYSTEM_C
 
 
 def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
-    """The grace (seconds) for ``pod`` without a deadline: ``override_s`` (POD_TERMINATION_GRACE_PERIOD) when
-    ≥ 0, else its ``terminationGracePeriodSeconds`` (:data:`DEFAULT_GRACE_S` when absent or mistyped)."""
+    """The grace (seconds) without a deadline: ``override_s`` if ≥ 0, else ``terminationGracePeriodSeconds`` (or 30)."""
     if override_s >= 0:
         return override_s
     value = _mapping(pod.get("spec")).get("terminationGracePeriodSeconds")
@@ -385,8 +383,7 @@ class DrainPod:
 
 @dataclass(frozen=True)
 class PolicyNotice:
-    """A pod whose ``queue-processor/drain`` annotation ``value`` cannot be followed, its ``workload``, and
-    ``why``: ``unknown`` policy, ``surge-off`` (no SURGE_DRAINS) or ``cannot-surge`` (not a Deployment's pod)."""
+    """A pod whose drain policy ``value`` cannot be followed: ``why`` ``unknown``, ``surge-off`` or ``cannot-surge``."""
 
     namespace: str
     name: str
