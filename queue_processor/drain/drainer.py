@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -59,10 +59,9 @@ log = structlog.get_logger("queue_processor.drain")
 
 @dataclass
 class DrainResult:
-    """How a drain ended: ``completed`` when every pod to evict is gone, else ``reason``; ``outcome`` says which. Pod
-    counts: ``evicted`` (``cut_short`` with a cut grace), ``blocked`` (by a budget to the end), ``failed``, ``skipped``
-    (by the filters), ``deleted_at_deadline``, ``remaining``; ``waves``: pods per wave; ``causes``; ``drain_id``: its
-    evictions' ``drain/<id>`` User-Agent."""
+    """How a drain ended: ``completed`` when every pod to evict is gone, else ``reason``; ``outcome`` says which. Pods:
+    ``evicted`` (``cut_short``: with a cut grace), ``blocked`` (by a budget to the end), ``failed``, ``skipped``,
+    ``deleted_at_deadline``, ``remaining``, per wave: ``waves``; ``causes``; ``drain_id``: ``drain/<id>`` User-Agent."""
 
     completed: bool
     outcome: DrainOutcome = DrainOutcome.TIMEOUT
@@ -84,20 +83,18 @@ Grace = Literal["own", "cut", "outlasted"]
 
 def grace_verdicts(
     outcomes: list[Eviction], left: Mapping[tuple[str, str], Any], instance_end: float | None
-) -> list[Grace]:
+) -> Iterator[Grace]:
     """How each evicted pod's grace went (pure): ``cut``, ``own`` (all of it before the instance's end, or, that
     unknown, gone by the drain's end) or ``outlasted`` (killed mid-grace when the instance goes)."""
-    verdicts: list[Grace] = []
     for outcome in outcomes:
         if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
             continue
         if outcome.cut:
-            verdicts.append("cut")
+            yield "cut"
         elif instance_end is not None:
-            verdicts.append("own" if outcome.at + outcome.grace_s <= instance_end else "outlasted")
+            yield "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
         elif outcome.key not in left:
-            verdicts.append("own")
-    return verdicts
+            yield "own"
 
 
 @dataclass

@@ -198,9 +198,8 @@ Tell = Callable[..., Awaitable[None]]
 
 @dataclass
 class DrainRun:
-    """One drain of ``node`` as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>``
-    User-Agent); ``guard``, ``lost``, ``tell`` as :meth:`Drainer.drain` takes them; the evictions the API server
-    ``accepted`` (as last given) and the surges ``held`` (taken back when the drain ends, if not before)."""
+    """One drain of ``node`` as its evictions see it: ``bounds``, ``drain_id``, ``guard``, ``lost``, ``tell`` as
+    :meth:`Drainer.drain` has them; the evictions ``accepted`` (as last given), the surges ``held`` (to take back)."""
 
     bounds: DrainBounds
     drain_id: str = ""
@@ -375,10 +374,16 @@ class Evictions:
         self, entry: DrainPod, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Surge | None:
         """Scale the pod's Deployment up (:mod:`~queue_processor.drain.surge`), wait for the replica until
-        :meth:`_evict_by`: the surge to take back (in ``run.held``) or ``None``. Raises what the guard raises."""
+        ``evict_by()``: the surge to take back (in ``run.held``) or ``None``. Raises what the guard raises."""
         namespace, name = entry.key
-        deployment, held = str(entry.surge), run.held
-        evict_by = self._evict_by(entry, run.bounds, wave_by)
+        deployment, held, bounds = str(entry.surge), run.held, run.bounds
+        grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
+
+        def evict_by() -> float:
+            """When the eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
+            final = bounds.final(self.timing)[0]
+            return (final if wave_by is None else min(final, wave_by())) - grace() - WAVE_PAD_S
+
         fallback = functools.partial(self._fallback, f"{namespace}/{name}")
         if evict_by() - self.clock() < SURGE_LEAST_S:
             fallback(SurgeResult.NO_TIME, "too little time before the eviction must start")
@@ -429,19 +434,6 @@ class Evictions:
         else:
             self._fallback(pod, SurgeResult.NOT_READY, "the replacement was not available in time")
         return started
-
-    def _evict_by(
-        self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
-    ) -> Callable[[], float]:
-        """When a surge pod's eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
-        grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
-
-        def evict_by() -> float:
-            final = bounds.final(self.timing)[0]
-            by = final if wave_by is None else min(final, wave_by())
-            return by - grace() - WAVE_PAD_S
-
-        return evict_by
 
     def _fallback(self, pod: str, result: SurgeResult, why: str) -> None:
         self.observer.surge(result)

@@ -150,9 +150,7 @@ def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
     kept = [t for t in taints if (t.get("key"), t.get("effect")) not in ours]
     restored = [{"key": key, "value": value, "effect": effect} for key, value, effect in record.replaced]
     if len(kept) != len(taints) or restored:
-        patch["spec"]["taints"] = kept + [
-            {k: v for k, v in taint.items() if v or k != "value"} for taint in restored
-        ]
+        patch["spec"]["taints"] = kept + [{k: v for k, v in t.items() if v or k != "value"} for t in restored]
     return patch
 
 

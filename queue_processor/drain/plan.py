@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import sys
@@ -509,15 +510,12 @@ class DrainBounds:
 
     def fixed(self, compute: Callable[[], float]) -> Callable[[], float]:
         """``compute`` computed once per version of the bounds (a wait polling it does not move it)."""
-        kept: dict[int, float] = {}
 
-        def value() -> float:
-            if self.version not in kept:
-                kept.clear()
-                kept[self.version] = compute()
-            return kept[self.version]
+        @functools.lru_cache(maxsize=1)
+        def at(version: int) -> float:
+            return compute()
 
-        return value
+        return lambda: at(self.version)
 
 
 @dataclass(frozen=True)
