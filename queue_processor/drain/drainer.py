@@ -78,12 +78,9 @@ class DrainResult:
     drain_id: str = ""
 
 
-Grace = Literal["own", "cut", "outlasted"]
-
-
 def grace_verdicts(
     outcomes: list[Eviction], left: Mapping[tuple[str, str], Any], instance_end: float | None
-) -> Iterator[Grace]:
+) -> Iterator[Literal["own", "cut", "outlasted"]]:
     """How each evicted pod's grace went (pure): ``cut``, ``own`` (all of it before the instance's end, or, that
     unknown, gone by the drain's end) or ``outlasted`` (killed mid-grace when the instance goes)."""
     for outcome in outcomes:
@@ -272,10 +269,9 @@ class Drainer:
             if (notice.workload, notice.value) in self._reported:
                 continue
             self._reported.add((notice.workload, notice.value))
-            known = ", ".join(policy.value for policy in DrainPolicy)
             problem, line = {
                 "unknown": (
-                    f"is not a drain policy ({known})",
+                    f"is not a drain policy ({', '.join(DrainPolicy)})",
                     "unknown drain policy: evicted as by default",
                 ),
                 "surge-off": ("needs SURGE_DRAINS=true", "surge drains are off: evicted as by default"),

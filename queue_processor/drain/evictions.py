@@ -62,23 +62,20 @@ class Slots:
             if turn.done() and not turn.cancelled():
                 self.give(turn.result())  # its turn came as it was cancelled: the slots go on
             else:
-                with contextlib.suppress(ValueError):  # skipped already by _serve
+                with contextlib.suppress(ValueError):  # skipped already by give
                     self._line.remove(entry)
             raise
 
     def give(self, count: int = 1) -> None:
         """Return ``count`` slots taken with :meth:`take_slots`, serving the head of the line."""
         self.free += count
-        self._serve()
-
-    def _serve(self) -> None:
         while self._line and self.free >= 1:
             wanted, turn = self._line.popleft()
             if turn.done():  # cancelled, its caller not yet resumed to leave the line: skipped
                 continue
-            count = min(wanted, self.free)
-            self.free -= count
-            turn.set_result(count)
+            served = min(wanted, self.free)
+            self.free -= served
+            turn.set_result(served)
 
 
 class Slot:
@@ -155,11 +152,10 @@ class BudgetGates:
         budget = None if name is None else self._budgets.get(name)
         return None if budget is None or budget.until <= now else budget
 
-    def refused(self, owner: str | None, budget: str, message: str, now: float) -> None:
+    def refused(self, owner: str, budget: str, message: str, now: float) -> None:
         """A 429 of ``budget`` for a pod of ``owner``: link them and close the budget unless closed, for
         :data:`GATE_FIRST_S`, or twice the last closing (up to :data:`GATE_MOST_S`) when it refuses again at once."""
-        if owner is not None:
-            self._owners[sys.intern(owner)] = budget
+        self._owners[sys.intern(owner)] = budget
         state = self._budgets.get(budget)
         if state is None:
             self._forget(now)

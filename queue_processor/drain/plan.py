@@ -123,19 +123,6 @@ def is_terminating(pod: Mapping[str, Any]) -> bool:
     return _metadata(pod).get("deletionTimestamp") is not None
 
 
-def deletion_timestamp(pod: Mapping[str, Any]) -> datetime | None:
-    """``metadata.deletionTimestamp`` as an aware datetime (naive means UTC), or ``None`` if unset or unreadable."""
-    value = _metadata(pod).get("deletionTimestamp")
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def is_finished(pod: Mapping[str, Any]) -> bool:
     """Whether ``status.phase`` is ``Succeeded`` or ``Failed``."""
     phase = _mapping(pod.get("status")).get("phase")
@@ -178,15 +165,20 @@ def daemonset_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetim
 
 def terminating_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
     """Pods being deleted: SKIP, waited for unless readably deleted > ``skip_wait_for_delete_timeout_s`` (> 0) ago."""
-    if not is_terminating(pod):
+    deleted = _metadata(pod).get("deletionTimestamp")
+    if deleted is None:
         return OK
+    if isinstance(deleted, str):
+        with contextlib.suppress(ValueError):
+            deleted = datetime.fromisoformat(deleted)
     timeout = options.skip_wait_for_delete_timeout_s
-    deleted_at = deletion_timestamp(pod)
-    if timeout > 0 and deleted_at is not None and (now - deleted_at).total_seconds() > timeout:
-        return FilterStatus(
-            Verdict.SKIP,
-            f"terminating: deleted more than {timeout:g}s ago, not waited for (skip-wait timeout)",
-        )
+    if timeout > 0 and isinstance(deleted, datetime):
+        age = now - (deleted if deleted.tzinfo is not None else deleted.replace(tzinfo=UTC))  # naive: UTC
+        if age.total_seconds() > timeout:
+            return FilterStatus(
+                Verdict.SKIP,
+                f"terminating: deleted more than {timeout:g}s ago, not waited for (skip-wait timeout)",
+            )
     return FilterStatus(Verdict.SKIP, "terminating: already being deleted", awaiting_deletion=True)
 
 

@@ -20,7 +20,6 @@ from queue_processor.drain.plan import (
     Verdict,
     controller_of,
     daemonset_filter,
-    deletion_timestamp,
     finished_filter,
     is_finished,
     is_terminating,
@@ -173,16 +172,30 @@ def test_is_finished(phase: str, expected: bool) -> None:
     assert is_finished(make_pod(phase=phase)) is expected
 
 
-def test_deletion_timestamp_reads_rfc3339_and_datetimes() -> None:
-    assert deletion_timestamp(make_pod(deleted=NOW)) == NOW
-    assert deletion_timestamp(make_pod(deleted="2024-05-01T12:00:00.5+02:00")) == datetime(
-        2024, 5, 1, 10, 0, 0, 500_000, tzinfo=UTC
+def deleted_at(pod: dict[str, Any], moment: datetime) -> bool:
+    """Whether :func:`terminating_filter` reads ``pod``'s deletionTimestamp as ``moment`` (to the microsecond): 10 s
+    later, the pod is just old enough for a 10 s skip-wait timeout less 1 µs, not for 10 s."""
+    now = moment + timedelta(seconds=10)
+
+    def awaited(timeout_s: float) -> bool:
+        options = DrainOptions(skip_wait_for_delete_timeout_s=timeout_s)
+        return terminating_filter(pod, options, now).awaiting_deletion
+
+    return awaited(10) and not awaited(10 - 1e-6)
+
+
+def test_the_deletion_timestamp_is_read_from_rfc3339_and_datetimes() -> None:
+    assert deleted_at(make_pod(deleted=NOW), NOW)
+    assert deleted_at(
+        make_pod(deleted="2024-05-01T12:00:00.5+02:00"), datetime(2024, 5, 1, 10, 0, 0, 500_000, tzinfo=UTC)
     )
     naive = make_pod()
     naive["metadata"]["deletionTimestamp"] = datetime(2024, 5, 1, 12)  # naive: UTC
-    assert deletion_timestamp(naive) == NOW
-    assert deletion_timestamp(make_pod(deleted="yesterday")) is None
-    assert deletion_timestamp(make_pod()) is None
+    assert deleted_at(naive, NOW)
+    unreadable = make_pod(deleted="yesterday")  # waited for, however short the timeout and late the moment
+    options = DrainOptions(skip_wait_for_delete_timeout_s=1e-6)
+    assert terminating_filter(unreadable, options, NOW + timedelta(days=365)).awaiting_deletion
+    assert terminating_filter(make_pod(), STRICT, NOW) == FilterStatus(Verdict.EVICT)  # none: not terminating
     assert is_terminating(make_pod(deleted="yesterday"))
     assert not is_terminating(make_pod())
 
