@@ -152,10 +152,11 @@ class BudgetGates:
         budget = None if name is None else self._budgets.get(name)
         return None if budget is None or budget.until <= now else budget
 
-    def refused(self, owner: str, budget: str, message: str, now: float) -> None:
+    def refused(self, owner: str | None, budget: str, message: str, now: float) -> None:
         """A 429 of ``budget`` for a pod of ``owner``: link them and close the budget unless closed, for
         :data:`GATE_FIRST_S`, or twice the last closing (up to :data:`GATE_MOST_S`) when it refuses again at once."""
-        self._owners[sys.intern(owner)] = budget
+        if owner is not None:
+            self._owners[sys.intern(owner)] = budget
         state = self._budgets.get(budget)
         if state is None:
             self._forget(now)
