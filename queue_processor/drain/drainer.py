@@ -56,6 +56,8 @@ WAVE_TIME_UP = "a wave's time is up: the next wave starts with pods of it still 
 
 log = structlog.get_logger("queue_processor.drain")
 
+PodRefs = set[tuple[tuple[str, str], Any]]  # ((namespace, name), uid) of pods on a node
+
 
 @dataclass
 class DrainResult:
@@ -105,7 +107,7 @@ class Tally:
 
     def joined(self, later: Tally) -> Tally:
         """What two passes of one drain saw, together, field by field."""
-        return Tally(*(getattr(self, name.name) + getattr(later, name.name) for name in fields(Tally)))
+        return Tally(*(getattr(self, part.name) + getattr(later, part.name) for part in fields(Tally)))
 
     def finished(self) -> bool:
         """Whether a pass ended with every pod gone and no eviction failed."""
@@ -236,13 +238,7 @@ class Drainer:
             planned, done = join_plans(planned, later), Tally.joined(done, more)
         return summarise(planned, done, run.drain_id)
 
-    async def _pass(
-        self,
-        node: str,
-        run: DrainRun,
-        seen: set[tuple[tuple[str, str], Any]],
-        cached: bool,
-    ) -> tuple[WavePlan, Tally]:
+    async def _pass(self, node: str, run: DrainRun, seen: PodRefs, cached: bool) -> tuple[WavePlan, Tally]:
         """List the node's pods (``cached``: ``resourceVersion=0``), and plan and execute those not ``seen``."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
         ticket = self.departures.ticket() if self.departures is not None and not cached else None
@@ -370,12 +366,12 @@ class Drainer:
     async def _wait_gone(
         self,
         node: str,
-        waiting: set[tuple[tuple[str, str], Any]],
+        waiting: PodRefs,
         deadline: Callable[[], float],
         bounds: DrainBounds,
         running: Running,
         following: Waiting | None,
-    ) -> set[tuple[tuple[str, str], Any]]:
+    ) -> PodRefs:
         """Wait until none of ``waiting`` is left, ``deadline()`` passes or an eviction failed; those left. Woken by the
         watch when covered (then one last list if pods are left), else re-listing with backoff."""
         departures = self.departures
@@ -397,7 +393,7 @@ class Drainer:
                 poll = min(poll * 1.5, 2.0)
         return waiting
 
-    async def _present(self, node: str, following: Waiting | None) -> set[tuple[tuple[str, str], Any]]:
+    async def _present(self, node: str, following: Waiting | None) -> PodRefs:
         """The (key, uid) of every pod on ``node`` now (a quorum list), told to the watch of deletions."""
         departures = self.departures
         ticket = departures.ticket() if departures is not None else None

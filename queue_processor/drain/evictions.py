@@ -17,7 +17,7 @@ import sys
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -189,8 +189,12 @@ EVICTION_RETRY_S = (1.0, 10.0)
 log = structlog.get_logger("queue_processor.drain")
 
 
-Tell = Callable[..., Awaitable[None]]
-"""Records an Event on a pod: :meth:`~queue_processor.observe.events.NodeEventRecorder.record_pod`."""
+class Tell(Protocol):
+    """Records an Event on a pod, as :meth:`~queue_processor.observe.events.NodeEventRecorder.record_pod`."""
+
+    async def __call__(
+        self, namespace: str, name: str, reason: str, message: str, *, warning: bool = False
+    ) -> None: ...
 
 
 @dataclass

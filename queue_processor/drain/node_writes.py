@@ -209,7 +209,6 @@ class NodeWrites:
         once written, ``False`` when the node is gone or there is nothing to write; raises :class:`KubeError`."""
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             current = None
-            # At start-up, the copy once it answers (not a GET per node); a stale copy's 409 makes the next one read.
             if attempt == 0 and cached and self.nodes is not None:
                 await self.nodes.wait_first_answer(FIRST_COPY_WAIT_S)
                 current = self.nodes.get(node)
