@@ -350,10 +350,9 @@ class Drainer:
 
     async def _recut_graces(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
         """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
-        accepted = run.accepted
         while True:
             await run.bounds.tightening()  # no instance end: nothing is cut
-            for key, outcome in list(accepted.items()):
+            for key, outcome in list(run.accepted.items()):
                 if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
                     continue
                 grace, cut = run.bounds.grace(pods[key].grace_s, self.timing, self.clock())
@@ -361,7 +360,7 @@ class Drainer:
                     continue
                 with contextlib.suppress(KubeError):
                     await self.kube.evict(key[0], key[1], grace, drain=run.drain_id)
-                    accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
+                    run.accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
     async def _wait_gone(
         self,
@@ -441,11 +440,10 @@ class Drainer:
             if budget is None:
                 lines.append(f"a PodDisruptionBudget refuses the eviction of {names}: {refused[0].detail}")
                 continue
-            namespace, _, name = budget.partition("/")
-            pdb = None
+            status = refused[0].detail  # the 429's own words when the budget cannot be read
             with contextlib.suppress(KubeError):
-                pdb = await self.kube.get_pdb(namespace, name)
-            status = budget_arithmetic(pdb) if pdb is not None else refused[0].detail
+                if (pdb := await self.kube.get_pdb(*budget.split("/", 1))) is not None:
+                    status = budget_arithmetic(pdb)
             lines.append(f"PodDisruptionBudget {budget} refuses the eviction of {names}: {status}")
         lines += [
             f"eviction of {o.key[0]}/{o.key[1]} failed: {o.detail}"
