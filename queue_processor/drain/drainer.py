@@ -9,24 +9,21 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import structlog
 
 from queue_processor import rest
 from queue_processor.config import default
-from queue_processor.drain.budgets import budget_arithmetic
 from queue_processor.drain.evictions import (
     LEAST_SLOTS,
     DrainRun,
     Evictions,
     Running,
     Tell,
-    failed,
-    raise_failed,
-    settled,
+    budget_arithmetic,
 )
 from queue_processor.drain.node_writes import NodeWrites
 from queue_processor.drain.plan import (
@@ -45,7 +42,6 @@ from queue_processor.drain.plan import (
     plan_waves,
     pod_key,
 )
-from queue_processor.drain.surge import Surge
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, SURGE_NOT_POSSIBLE, UNKNOWN_DRAIN_POLICY
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
@@ -60,13 +56,14 @@ WAVE_TIME_UP = "a wave's time is up: the next wave starts with pods of it still 
 
 log = structlog.get_logger("queue_processor.drain")
 
+PodRefs = set[tuple[tuple[str, str], Any]]  # ((namespace, name), uid) of pods on a node
+
 
 @dataclass
 class DrainResult:
-    """How a drain ended: ``completed`` when every pod to evict is gone, else ``reason``; ``outcome`` says which. Pod
-    counts: ``evicted`` (``cut_short`` with a cut grace), ``blocked`` (by a budget to the end), ``failed``,
-    ``skipped`` (by the filters), ``finished_grace``/``outlasted`` (:func:`grace_verdicts`), ``deleted_at_deadline``,
-    ``remaining``; ``waves``: pods per wave; ``causes``; ``drain_id``: its evictions' ``drain/<id>`` User-Agent."""
+    """How a drain ended: ``completed`` when every pod to evict is gone, else ``reason``; ``outcome`` says which. Pods:
+    ``evicted`` (``cut_short``: with a cut grace), ``blocked`` (by a budget to the end), ``failed``, ``skipped``,
+    ``deleted_at_deadline``, ``remaining``, per wave: ``waves``; ``causes``; ``drain_id``: ``drain/<id>`` User-Agent."""
 
     completed: bool
     outcome: DrainOutcome = DrainOutcome.TIMEOUT
@@ -77,54 +74,40 @@ class DrainResult:
     skipped: list[PodDecision] = field(default_factory=list)
     remaining: int = 0
     cut_short: int = 0
-    finished_grace: int = 0
-    outlasted: int = 0
     deleted_at_deadline: int = 0
     waves: list[int] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
     drain_id: str = ""
 
 
-Grace = Literal["own", "cut", "outlasted"]
-
-
 def grace_verdicts(
     outcomes: list[Eviction], left: Mapping[tuple[str, str], Any], instance_end: float | None
-) -> dict[tuple[str, str], Grace]:
+) -> Iterator[Literal["own", "cut", "outlasted"]]:
     """How each evicted pod's grace went (pure): ``cut``, ``own`` (all of it before the instance's end, or, that
     unknown, gone by the drain's end) or ``outlasted`` (killed mid-grace when the instance goes)."""
-    verdicts: dict[tuple[str, str], Grace] = {}
     for outcome in outcomes:
         if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
             continue
         if outcome.cut:
-            verdicts[outcome.key] = "cut"
+            yield "cut"
         elif instance_end is not None:
-            verdicts[outcome.key] = "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
+            yield "own" if outcome.at + outcome.grace_s <= instance_end else "outlasted"
         elif outcome.key not in left:
-            verdicts[outcome.key] = "own"
-    return verdicts
+            yield "own"
 
 
 @dataclass
 class Tally:
-    """What a drain's execution saw (evictions with re-cuts, grace verdicts, counts, causes)."""
+    """What a drain's execution saw (evictions with re-cuts, counts, causes)."""
 
     outcomes: list[Eviction] = field(default_factory=list)
-    graces: dict[tuple[str, str], Grace] = field(default_factory=dict)
     remaining: int = 0
     deleted: int = 0
     causes: list[str] = field(default_factory=list)
 
     def joined(self, later: Tally) -> Tally:
-        """What two passes of one drain saw, together."""
-        return Tally(
-            self.outcomes + later.outcomes,
-            {**self.graces, **later.graces},
-            self.remaining + later.remaining,
-            self.deleted + later.deleted,
-            self.causes + later.causes,
-        )
+        """What two passes of one drain saw, together, field by field."""
+        return Tally(*(getattr(self, part.name) + getattr(later, part.name) for part in fields(Tally)))
 
     def finished(self) -> bool:
         """Whether a pass ended with every pod gone and no eviction failed."""
@@ -151,7 +134,6 @@ def summarise(planned: WavePlan, done: Tally, drain_id: str) -> DrainResult:
         outcome = DrainOutcome.ERROR if failed else DrainOutcome.TIMEOUT
     else:
         outcome = DrainOutcome.DELETED if done.deleted else DrainOutcome.DRAINED
-    verdicts = list(done.graces.values())
     return DrainResult(
         completed=done.finished(),
         outcome=outcome,
@@ -162,8 +144,6 @@ def summarise(planned: WavePlan, done: Tally, drain_id: str) -> DrainResult:
         skipped=planned.skipped,
         remaining=done.remaining,
         cut_short=sum(1 for o in evicted if o.cut),
-        finished_grace=verdicts.count("own"),
-        outlasted=verdicts.count("outlasted"),
         deleted_at_deadline=done.deleted,
         waves=[len(wave) for wave in planned.waves],
         causes=done.causes,
@@ -207,8 +187,7 @@ class Drainer:
             clock=clock,
             in_flight=evictions_in_flight,
         )
-        self.departures = departures
-        """The watch of pod deletions a drain waits on instead of re-listing (``None``: re-list)."""
+        self.departures = departures  # the watch of pod deletions a drain waits on (None: it re-lists)
         self.options = options
         self.budget = asyncio.Semaphore(budget)
         self.grace_s = grace_s
@@ -247,31 +226,19 @@ class Drainer:
 
     async def _drain(self, node: str, run: DrainRun) -> DrainResult:
         """Plan (pure), execute, look again (DRAIN_RELIST_AFTER), summarise (pure)."""
-        bounds = run.bounds
-        listed = self.clock()
+        relist_at = self.clock() + self.timing.relist_s
         planned, done = await self._pass(node, run, set(), self.use_cache)
-        relist_s = self.timing.relist_s
-        if relist_s > 0 and not planned.refused and done.finished():
-            await bounds.sleep(min(listed + relist_s, bounds.final(self.timing)[0]) - self.clock())
+        if self.timing.relist_s > 0 and not planned.refused and done.finished():
+            await run.bounds.sleep(min(relist_at, run.bounds.final(self.timing)[0]) - self.clock())
             seen = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
             seen |= {((d.namespace, d.name), None) for d in planned.skipped}
             later, more = await self._pass(node, run, seen, True)
-            if any(later.waves):
-                log.info(
-                    LOOKED_AGAIN,
-                    node=node,
-                    pods=sorted(f"{e.key[0]}/{e.key[1]}" for wave in later.waves for e in wave),
-                )
+            if late := sorted(f"{e.key[0]}/{e.key[1]}" for wave in later.waves for e in wave):
+                log.info(LOOKED_AGAIN, node=node, pods=late)
             planned, done = join_plans(planned, later), Tally.joined(done, more)
         return summarise(planned, done, run.drain_id)
 
-    async def _pass(
-        self,
-        node: str,
-        run: DrainRun,
-        seen: set[tuple[tuple[str, str], Any]],
-        cached: bool,
-    ) -> tuple[WavePlan, Tally]:
+    async def _pass(self, node: str, run: DrainRun, seen: PodRefs, cached: bool) -> tuple[WavePlan, Tally]:
         """List the node's pods (``cached``: ``resourceVersion=0``), and plan and execute those not ``seen``."""
         # Taken before the list: the watch then reports every deletion of a listed pod the list did not see.
         ticket = self.departures.ticket() if self.departures is not None and not cached else None
@@ -287,11 +254,8 @@ class Drainer:
         await self._report(planned.notices, run)
         entries = {(entry.key, entry.uid) for wave in planned.waves for entry in wave}
         departures = self.departures
-        with (
-            contextlib.nullcontext()
-            if departures is None
-            else departures.waiting(entries, ticket) as following
-        ):
+        watching = contextlib.nullcontext() if departures is None else departures.waiting(entries, ticket)
+        with watching as following:
             done = await self._execute(node, replace(run, accepted={}, held=[]), planned, following)
         return planned, done
 
@@ -301,10 +265,9 @@ class Drainer:
             if (notice.workload, notice.value) in self._reported:
                 continue
             self._reported.add((notice.workload, notice.value))
-            known = ", ".join(policy.value for policy in DrainPolicy)
             problem, line = {
                 "unknown": (
-                    f"is not a drain policy ({known})",
+                    f"is not a drain policy ({', '.join(DrainPolicy)})",
                     "unknown drain policy: evicted as by default",
                 ),
                 "surge-off": ("needs SURGE_DRAINS=true", "surge drains are off: evicted as by default"),
@@ -325,7 +288,7 @@ class Drainer:
             await run.record((notice.namespace, notice.name), (reason, message), warning=True)
 
     async def _execute(self, node: str, run: DrainRun, planned: WavePlan, following: Waiting | None) -> Tally:
-        """Evict wave by wave, wait, take the deadline step if due; stopped, take surges back unless ``lost()``."""
+        """Evict wave by wave, wait, the deadline step, surges back, causes; stopped: surges back unless ``lost()``."""
         running = Running([])  # its evictions grow as each wave's launcher starts them
         by_key = {entry.key: entry for wave in planned.waves for entry in wave}
         recut = rest.spawn(self._recut_graces(run, by_key), name=f"recut-{node}")
@@ -333,17 +296,24 @@ class Drainer:
             await self._run_waves(node, planned, run, running, following)
             waiting = {(entry.key, entry.uid) for entry in by_key.values()}
             final = lambda: run.bounds.final(self.timing)[0]  # noqa: E731
-            left = dict(await self._wait_gone(node, waiting, final, run.bounds, following=following))
+            left = dict(await self._wait_gone(node, waiting, final, run.bounds, running, following))
         except BaseException as exc:
             # One stop for all (a second cancellation leaves nothing running); a lost Lease's new owner takes surges.
             await rest.stop(*running)
             if not isinstance(exc, ClaimLost) and not (run.lost is not None and run.lost()):
-                await self._take_back(run.held)
+                for surge in run.held:
+                    await self.evictions.surges.end(surge)
             raise
         finally:
             await rest.stop(recut)
         outcomes = [run.accepted.get(ended.key, ended) for ended in running.outcomes()]  # re-cuts included
-        return await self._conclude(outcomes, by_key, left, run)
+        for grace in grace_verdicts(outcomes, left, run.bounds.instance_end):
+            self.observer.pod_drained(grace)
+        left, removed, refused = await self._delete_at_deadline(left, run)
+        for surge in run.held:  # those whose pod was not evicted: kept until the deadline step
+            await self.evictions.surges.end(surge)
+        why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
+        return Tally(outcomes, len(left), removed, why)
 
     async def _run_waves(
         self, node: str, planned: WavePlan, run: DrainRun, running: Running, following: Waiting | None
@@ -351,7 +321,8 @@ class Drainer:
         """Evict wave after wave, each waited for until its bound (when a later wave keeps time); then await all."""
         launchers = running.launchers
         for index, wave in enumerate(planned.waves):
-            raise_failed(running)  # a wave's wait ended on a failure: no later wave starts
+            if (failure := running.failure()) is not None:  # a wave's wait ended on it: no later wave starts
+                raise failure
             before = launchers[-1] if launchers else None
             later = [entry for later_wave in planned.waves[index + 1 :] for entry in later_wave]
             wave_by = self._wave_bound(run.bounds, later) if later else None
@@ -361,10 +332,10 @@ class Drainer:
             if wave_by is not None:
                 pods = {(e.key, e.uid) for e in wave}
                 behind = await self._wait_gone(node, pods, wave_by, run.bounds, running, following)
-                if behind and not any(failed(task) for task in running):
+                if behind and running.failure() is None:
                     names = sorted(f"{key[0]}/{key[1]}" for key, _ in behind)
                     log.info(WAVE_TIME_UP, node=node, wave=index + 1, pods=names)
-        await settled(running)
+        await running.settled()
 
     def _wave_bound(self, bounds: DrainBounds, later: list[DrainPod]) -> Callable[[], float]:
         """When a wave's wait ends: the drain's last moment less the time kept for the ``later`` waves, their longest
@@ -377,41 +348,11 @@ class Drainer:
 
         return bounds.fixed(wave_bound)  # re-planned every poll it would keep pushing the next wave later
 
-    async def _conclude(
-        self,
-        outcomes: list[Eviction],
-        by_key: dict[tuple[str, str], DrainPod],
-        left: dict[tuple[str, str], Any],
-        run: DrainRun,
-    ) -> Tally:
-        """After the waits: grace verdicts, the deadline step if due, surges taken back, and the causes."""
-        for outcome in outcomes:
-            by_key[outcome.key].granted_s, by_key[outcome.key].cut = outcome.grace_s, outcome.cut
-        graces = grace_verdicts(outcomes, left, run.bounds.instance_end)
-        for grace in graces.values():
-            self.observer.pod_drained(grace)
-        removed = 0
-        refused: list[str] = []  # deletions at the deadline the API server refused
-        if left and run.bounds.final(self.timing)[1]:
-            left, removed, refused = await self._delete_at_deadline(left, run)
-        await self._take_back(run.held)  # those whose pod was not evicted: kept until the deadline step
-        why = await self._causes(outcomes, [by_key[key] for key in left]) + refused
-        return Tally(outcomes, graces, len(left), removed, why)
-
-    async def _take_back(self, held: list[Surge]) -> None:
-        """End every surge of ``held`` not ended yet (one read each for those that were)."""
-        for surge in held:
-            await self.evictions.surges.end(surge)
-
     async def _recut_graces(self, run: DrainRun, pods: Mapping[tuple[str, str], DrainPod]) -> None:
         """On each tightening, evict again with a cut grace each evicted pod whose grace would outlast the new end."""
-        accepted = run.accepted
         while True:
-            await run.bounds.tightening()
-            end = run.bounds.instance_end
-            if end is None:
-                continue
-            for key, outcome in list(accepted.items()):
+            await run.bounds.tightening()  # no instance end: nothing is cut
+            for key, outcome in list(run.accepted.items()):
                 if outcome.result is not EvictionOutcome.EVICTED or outcome.grace_s is None:
                     continue
                 grace, cut = run.bounds.grace(pods[key].grace_s, self.timing, self.clock())
@@ -419,31 +360,28 @@ class Drainer:
                     continue
                 with contextlib.suppress(KubeError):
                     await self.kube.evict(key[0], key[1], grace, drain=run.drain_id)
-                    accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
+                    run.accepted[key] = replace(outcome, grace_s=grace, cut=True, at=self.clock())
 
     async def _wait_gone(
         self,
         node: str,
-        waiting: set[tuple[tuple[str, str], Any]],
+        waiting: PodRefs,
         deadline: Callable[[], float],
         bounds: DrainBounds,
-        evictions: Iterable[asyncio.Task[Any]] = (),
-        following: Waiting | None = None,
-    ) -> set[tuple[tuple[str, str], Any]]:
+        running: Running,
+        following: Waiting | None,
+    ) -> PodRefs:
         """Wait until none of ``waiting`` is left, ``deadline()`` passes or an eviction failed; those left. Woken by the
         watch when covered (then one last list if pods are left), else re-listing with backoff."""
         departures = self.departures
         poll = 0.05
         while waiting:
-            covered = (
-                following
-                if following is not None and departures is not None and departures.covers(following)
-                else None
-            )
+            watched = following is not None and departures is not None and departures.covers(following)
+            covered = following if watched else None
             if following is not None:
                 following.changed.clear()
             waiting &= covered.pending if covered else await self._present(node, following)
-            if not waiting or self.clock() >= deadline() or any(failed(task) for task in evictions):
+            if not waiting or self.clock() >= deadline() or running.failure() is not None:
                 if waiting and covered:
                     waiting &= await self._present(node, following)  # the last word is a list
                 break
@@ -454,7 +392,7 @@ class Drainer:
                 poll = min(poll * 1.5, 2.0)
         return waiting
 
-    async def _present(self, node: str, following: Waiting | None) -> set[tuple[tuple[str, str], Any]]:
+    async def _present(self, node: str, following: Waiting | None) -> PodRefs:
         """The (key, uid) of every pod on ``node`` now (a quorum list), told to the watch of deletions."""
         departures = self.departures
         ticket = departures.ticket() if departures is not None else None
@@ -467,8 +405,10 @@ class Drainer:
     async def _delete_at_deadline(
         self, left: dict[tuple[str, str], Any], run: DrainRun
     ) -> tuple[dict[tuple[str, str], Any], int, list[str]]:
-        """DELETE_AT_DEADLINE: delete the pods left (grace 0, uid precondition): those not deleted, count, causes."""
+        """DELETE_AT_DEADLINE, when due: delete the pods left (grace 0, uid precondition); those kept, count, causes."""
         refused: list[str] = []
+        if not left or not run.bounds.final(self.timing)[1]:
+            return left, 0, refused
 
         async def delete(key: tuple[str, str], uid: Any) -> bool | None:
             namespace, name = key
@@ -500,11 +440,10 @@ class Drainer:
             if budget is None:
                 lines.append(f"a PodDisruptionBudget refuses the eviction of {names}: {refused[0].detail}")
                 continue
-            namespace, _, name = budget.partition("/")
-            pdb = None
+            status = refused[0].detail  # the 429's own words when the budget cannot be read
             with contextlib.suppress(KubeError):
-                pdb = await self.kube.get_pdb(namespace, name)
-            status = budget_arithmetic(pdb) if pdb is not None else refused[0].detail
+                if (pdb := await self.kube.get_pdb(*budget.split("/", 1))) is not None:
+                    status = budget_arithmetic(pdb)
             lines.append(f"PodDisruptionBudget {budget} refuses the eviction of {names}: {status}")
         lines += [
             f"eviction of {o.key[0]}/{o.key[1]} failed: {o.detail}"
@@ -512,10 +451,11 @@ class Drainer:
             if o.result is EvictionOutcome.ERROR
         ]
         evicted = {o.key for o in outcomes if o.result in (EvictionOutcome.EVICTED, EvictionOutcome.GONE)}
+        granted = {o.key: o.grace_s for o in outcomes if o.grace_s is not None}
         stuck = sorted((e for e in left if e.key in evicted or not e.evict), key=lambda e: e.key)
         if stuck:
             names = names_of(
-                f"{e.key[0]}/{e.key[1]} (grace {e.granted_s if e.granted_s is not None else e.grace_s} s)"
+                f"{e.key[0]}/{e.key[1]} (grace {granted.get(e.key, e.grace_s)} s)"
                 if e.evict
                 else f"{e.key[0]}/{e.key[1]} (being deleted before the drain)"
                 for e in stuck

@@ -1,7 +1,7 @@
 """One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
 429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
 Across drains, :class:`Slots` bound evictions awaiting their first request and :class:`BudgetGates` hold a workload's
-pods (by controller owner) while its PodDisruptionBudget refused a moment ago.
+pods (by owner) while the budget a 429 names (the API server's ``pkg/registry/core/pod/storage/eviction.go``) refuses.
 """
 
 from __future__ import annotations
@@ -11,22 +11,20 @@ import contextlib
 import functools
 import itertools
 import random
+import re
 import sys
-import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
 
-from queue_processor.config import default
-from queue_processor.drain.budgets import budget_of
 from queue_processor.drain.plan import WAVE_PAD_S, DrainBounds, DrainPod, DrainTiming, Eviction
 from queue_processor.drain.surge import SURGE_LEAST_S, Surge, Surges
 from queue_processor.kube import KubeClient
 from queue_processor.observe.events import POD_EVICTION
-from queue_processor.observe.metrics import NULL_OBSERVER, Observer
+from queue_processor.observe.metrics import Observer
 from queue_processor.outcomes import EvictionOutcome, KubeError, SurgeResult
 
 #: The fewest slots, whatever the QPS.
@@ -44,7 +42,6 @@ class Slots:
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError("size must be >= 1")
-        self.size = size
         self.free = size
         self._line: deque[tuple[int, asyncio.Future[int]]] = deque()
 
@@ -64,27 +61,24 @@ class Slots:
             if turn.done() and not turn.cancelled():
                 self.give(turn.result())  # its turn came as it was cancelled: the slots go on
             else:
-                with contextlib.suppress(ValueError):  # skipped already by _serve
+                with contextlib.suppress(ValueError):  # skipped already by give
                     self._line.remove(entry)
             raise
 
     def give(self, count: int = 1) -> None:
-        """Return ``count`` slots taken with :meth:`take`, serving the head of the line."""
+        """Return ``count`` slots taken with :meth:`take_slots`, serving the head of the line."""
         self.free += count
-        self._serve()
-
-    def _serve(self) -> None:
         while self._line and self.free >= 1:
             wanted, turn = self._line.popleft()
             if turn.done():  # cancelled, its caller not yet resumed to leave the line: skipped
                 continue
-            count = min(wanted, self.free)
-            self.free -= count
-            turn.set_result(count)
+            served = min(wanted, self.free)
+            self.free -= served
+            turn.set_result(served)
 
 
 class Slot:
-    """One slot of ``slots``, held by one eviction until its first request is answered."""
+    """One slot of ``slots``, held by one eviction until its first request is answered (or it waits at a gate)."""
 
     __slots__ = ("_slots",)
 
@@ -92,10 +86,35 @@ class Slot:
         self._slots: Slots | None = slots
 
     def release(self, _task: object = None) -> None:
-        """Give the slot back, the first time only; also a done callback of the eviction's task."""
+        """Give the slot back, the first time only (also the eviction task's done callback)."""
         if self._slots is not None:
             self._slots.give(1)
             self._slots = None
+
+
+def budget_of(error: KubeError, namespace: str) -> str | None:
+    """``namespace/name`` of the budget a 429's ``DisruptionBudget`` cause names ("The disruption budget NAME ..")."""
+    for cause in error.causes:
+        if cause.get("reason") == "DisruptionBudget":
+            match = re.match(r"The disruption budget (\S+) ", str(cause.get("message") or ""))
+            if match:
+                return f"{namespace}/{match.group(1)}"
+    return None
+
+
+def budget_arithmetic(pdb: Mapping[str, Any]) -> str:
+    """A PodDisruptionBudget's spec, status and unhealthyPodEvictionPolicy in one line: ``minAvailable 2, ...``."""
+    spec = pdb.get("spec") or {}
+    status = pdb.get("status") or {}
+    parts = [
+        f"{name} {spec[name]}" for name in ("minAvailable", "maxUnavailable") if spec.get(name) is not None
+    ]
+    parts += [
+        f"{name} {status.get(name, 0)}"
+        for name in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")
+    ]
+    policy = spec.get("unhealthyPodEvictionPolicy") or "IfHealthyBudget"
+    return ", ".join([*parts, f"unhealthyPodEvictionPolicy {policy}"])
 
 
 #: How long a budget stays closed after its first refusal (seconds; kubectl retries after 5 s).
@@ -179,9 +198,8 @@ class Tell(Protocol):
 
 @dataclass
 class DrainRun:
-    """One drain of ``node`` as its evictions see it: its ``bounds``; ``drain_id`` (its evictions' ``drain/<id>``
-    User-Agent); ``guard``, ``lost``, ``tell`` as :meth:`Drainer.drain` takes them; the evictions the API server
-    ``accepted`` (as last given) and the surges ``held`` (taken back when the drain ends, if not before)."""
+    """One drain of ``node`` as its evictions see it: ``bounds``, ``drain_id``, ``guard``, ``lost``, ``tell`` as
+    :meth:`Drainer.drain` has them; the evictions ``accepted`` (as last given), the surges ``held`` (to take back)."""
 
     bounds: DrainBounds
     drain_id: str = ""
@@ -212,10 +230,10 @@ class Evictions:
         kube: KubeClient,
         *,
         timing: DrainTiming,
-        grace_s: int = default("pod_termination_grace_period"),
-        observer: Observer = NULL_OBSERVER,
-        clock: Callable[[], float] = time.monotonic,
-        in_flight: int = LEAST_SLOTS,
+        grace_s: int,
+        observer: Observer,
+        clock: Callable[[], float],
+        in_flight: int,
     ) -> None:
         self.kube = kube
         self.timing = timing
@@ -223,8 +241,7 @@ class Evictions:
         self.observer = observer
         self.clock = clock
         self.slots = Slots(in_flight)
-        self.blocked: Counter[str] = Counter()
-        """PodDisruptionBudget (``namespace/name``) → pods whose eviction it refuses now, across drains."""
+        self.blocked: Counter[str] = Counter()  # budget (namespace/name) → pods it refuses now, across drains
         self.gates = BudgetGates()
         self.surges = Surges(kube)
 
@@ -247,7 +264,7 @@ class Evictions:
         while rest:
             await run.confirm()
             count = await self.slots.take_slots(len(rest))
-            if any(failed(task) for task in running):  # the drain ends (a guard raised): no more start
+            if running.failure() is not None:  # the drain ends (a guard raised): no more start
                 self.slots.give(count)
                 return
             for entry in rest[:count]:
@@ -287,9 +304,8 @@ class Evictions:
                     if closed.until >= bounds.final(self.timing)[0]:
                         return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, closed.message, blocking)
                     spread = random.uniform(0.0, 0.2) * closed.length_s
-                    await bounds.sleep(
-                        min(closed.until + spread, bounds.final(self.timing)[0]) - self.clock()
-                    )
+                    until = min(closed.until + spread, bounds.final(self.timing)[0])
+                    await bounds.sleep(until - self.clock())
                     continue
                 grace, cut = bounds.grace(entry.grace_s, self.timing, self.clock())
                 granted = grace if cut or self.grace_s >= 0 else None
@@ -298,22 +314,25 @@ class Evictions:
                     if not await self._send(entry, granted, run.drain_id, slot, gated):
                         continue  # its budget refused another pod of the workload while it waited for QPS
                 except KubeError as exc:
-                    ended = self._final_answer(exc, entry)
-                    if ended is not None:
-                        return ended
                     if exc.status == 429:
                         blocking = self._recount(blocking, budget_of(exc, entry.key[0]))
                         if blocking is not None and entry.owner is not None:
                             self.gates.refused(entry.owner, blocking, exc.message, self.clock())
                             continue  # the gate says when to try again
-                    if self.clock() + delay >= bounds.final(self.timing)[0]:
-                        return self._given_up(entry, exc, blocking)
+                    late = self.clock() + delay >= bounds.final(self.timing)[0]
+                    ended = self._ended(entry, exc, blocking, late=late)
+                    if ended is not None:
+                        return ended
                     tightened = await bounds.sleep(delay * random.uniform(0.8, 1.2))
                     delay = EVICTION_RETRY_S[0] if tightened else min(delay * 2, EVICTION_RETRY_S[1])
                     continue  # a new end: try again now, with the new grace
-                return await self._accepted(entry, run, grace, cut)
+                self.gates.accepted(entry.owner)
+                await run.record(entry.key, POD_EVICTION)
+                accepted = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace, cut=cut)
+                run.accepted[entry.key] = accepted
+                return accepted
         finally:
-            self._blocking(blocking, -1)
+            self._recount(blocking, None)
 
     async def _send(
         self, entry: DrainPod, grace_s: int | None, drain_id: str, slot: Slot | None, gated: bool
@@ -332,44 +351,44 @@ class Evictions:
             if slot is not None:
                 slot.release()
 
-    def _final_answer(self, exc: KubeError, entry: DrainPod) -> Eviction | None:
-        """The eviction's end for an answer not worth retrying: 404 gone, a 500 for several budgets."""
+    def _ended(self, entry: DrainPod, exc: KubeError, blocking: str | None, *, late: bool) -> Eviction | None:
+        """The end for ``exc`` (``None``: retry): 404 gone, 500 several budgets; ``late``: 429 refused, else failed."""
         if exc.status == 404:
             return self._evicted(entry, EvictionOutcome.GONE, "gone")
         if exc.status == 500 and "more than one PodDisruptionBudget" in exc.message:
             detail = f"several PodDisruptionBudgets match it: {exc.message}"
             return self._evicted(entry, EvictionOutcome.ERROR, detail)
-        return None
-
-    def _given_up(self, entry: DrainPod, exc: KubeError, blocking: str | None) -> Eviction:
-        """The eviction's end when its retries run out of time: refused by a budget, or failed."""
+        if not late:
+            return None
         if exc.status == 429:
             return self._evicted(entry, EvictionOutcome.PDB_BLOCKED, exc.message, blocking)
         return self._evicted(entry, EvictionOutcome.ERROR, f"{exc.status} {exc.reason}: {exc.message}")
 
-    async def _accepted(self, entry: DrainPod, run: DrainRun, grace_s: int, cut: bool) -> Eviction:
-        """The eviction's end when the API server took it."""
-        self.gates.accepted(entry.owner)
-        await run.record(entry.key, POD_EVICTION)
-        outcome = self._evicted(entry, EvictionOutcome.EVICTED, "evicted", grace_s=grace_s, cut=cut)
-        run.accepted[entry.key] = outcome
-        return outcome
-
     def _recount(self, current: str | None, budget: str | None) -> str | None:
-        """Count the pod under ``budget`` rather than ``current`` (:attr:`blocked`); ``budget``."""
-        if budget != current:
-            self._blocking(current, -1)
-            self._blocking(budget, +1)
+        """Count the pod under ``budget`` instead of ``current`` (``None``: none) in :attr:`blocked`; ``budget``."""
+        for name, change in ((current, -1), (budget, +1)):
+            if name is None or budget == current:
+                continue
+            self.blocked[name] += change
+            self.observer.drain_blocked(name, self.blocked[name])
+            if self.blocked[name] <= 0:
+                del self.blocked[name]
         return budget
 
     async def surge(
         self, entry: DrainPod, run: DrainRun, wave_by: Callable[[], float] | None = None
     ) -> Surge | None:
         """Scale the pod's Deployment up (:mod:`~queue_processor.drain.surge`), wait for the replica until
-        :meth:`_evict_by`: the surge to take back (in ``run.held``) or ``None``. Raises what the guard raises."""
+        ``evict_by()``: the surge to take back (in ``run.held``) or ``None``. Raises what the guard raises."""
         namespace, name = entry.key
-        deployment, held = str(entry.surge), run.held
-        evict_by = self._evict_by(entry, run.bounds, wave_by)
+        deployment, held, bounds = str(entry.surge), run.held, run.bounds
+        grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
+
+        def evict_by() -> float:
+            """When the eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
+            final = bounds.final(self.timing)[0]
+            return (final if wave_by is None else min(final, wave_by())) - grace() - WAVE_PAD_S
+
         fallback = functools.partial(self._fallback, f"{namespace}/{name}")
         if evict_by() - self.clock() < SURGE_LEAST_S:
             fallback(SurgeResult.NO_TIME, "too little time before the eviction must start")
@@ -419,19 +438,6 @@ class Evictions:
             self._fallback(pod, SurgeResult.NOT_READY, "the replacement was not available in time")
         return started
 
-    def _evict_by(
-        self, entry: DrainPod, bounds: DrainBounds, wave_by: Callable[[], float] | None
-    ) -> Callable[[], float]:
-        """When a surge pod's eviction must start: its wave's or drain's end less its grace and :data:`WAVE_PAD_S`."""
-        grace = bounds.fixed(lambda: bounds.grace(entry.grace_s, self.timing, self.clock())[0])
-
-        def evict_by() -> float:
-            final = bounds.final(self.timing)[0]
-            by = final if wave_by is None else min(final, wave_by())
-            return by - grace() - WAVE_PAD_S
-
-        return evict_by
-
     def _fallback(self, pod: str, result: SurgeResult, why: str) -> None:
         self.observer.surge(result)
         log.warning(f"surge: {why}: evicted without a replacement first", pod=pod)
@@ -456,15 +462,6 @@ class Evictions:
             self.observer.eviction(EvictionOutcome.EVICTED)
             return True
 
-    def _blocking(self, budget: str | None, change: int) -> None:
-        """Count one pod more (+1) or fewer (-1) that ``budget`` refuses now, across drains; tell the observer."""
-        if budget is None:
-            return
-        self.blocked[budget] += change
-        self.observer.drain_blocked(budget, self.blocked[budget])
-        if self.blocked[budget] <= 0:
-            del self.blocked[budget]
-
     def _evicted(
         self,
         entry: DrainPod,
@@ -487,7 +484,6 @@ class Running:
         self._evictions: list[asyncio.Task[Eviction] | Eviction] = []  # in the order they started
 
     def add(self, task: asyncio.Task[Eviction]) -> None:
-        """Follow the eviction ``task``."""
         task.add_done_callback(functools.partial(self._keep_eviction, len(self._evictions)))
         self._evictions.append(task)
 
@@ -503,24 +499,18 @@ class Running:
         held = (item for item in self._evictions if isinstance(item, asyncio.Task))
         return itertools.chain(self.launchers, held)
 
+    def failure(self) -> BaseException | None:
+        """The exception of the first launcher or eviction that failed (not cancelled), if one did."""
+        for task in self:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None
 
-def failed(task: asyncio.Task[Any]) -> bool:
-    """Whether ``task`` ended with an exception (not a cancellation)."""
-    return task.done() and not task.cancelled() and task.exception() is not None
-
-
-def raise_failed(running: Iterable[asyncio.Task[Any]]) -> None:
-    """Raise the exception of the first of ``running`` that failed, if one did."""
-    for task in running:
-        if failed(task):
-            raise task.exception()  # type: ignore[misc]  # not None: failed
-
-
-async def settled(running: Running) -> None:
-    """Wait until every launcher and eviction of ``running`` has ended; raise the first failure at once."""
-    raise_failed(running)  # one may have failed already
-    while pending := [task for task in running if not task.done()]:
-        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        raise_failed(running)
-    for task in running:
-        task.result()  # a cancellation raises here, as gather would
+    async def settled(self) -> None:
+        """Wait until every launcher and eviction has ended; raise the first failure at once."""
+        while (failure := self.failure()) is None and (pending := [t for t in self if not t.done()]):
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if failure is not None:
+            raise failure
+        for task in self:
+            task.result()  # a cancellation raises here, as gather would

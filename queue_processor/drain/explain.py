@@ -5,16 +5,18 @@ and the answer to a dry-run eviction (``dryRun=All``, as ``kubectl drain --dry-r
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from queue_processor.drain.budgets import budget_arithmetic, budget_of, is_ready
+from queue_processor.drain.evictions import budget_arithmetic, budget_of
 from queue_processor.drain.plan import (
     SYSTEM_CLUSTER_CRITICAL,
     DrainOptions,
     DrainOrder,
     Verdict,
     drain_policy,
+    is_terminating,
     own_grace,
     plan_drain,
     wave_of,
@@ -22,6 +24,15 @@ from queue_processor.drain.plan import (
 from queue_processor.drain.surge import selector_matches
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import KubeError
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod is Running, Ready and not terminating: "healthy" for a PodDisruptionBudget ("Specifying a
+    Disruption Budget for your Application")."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or is_terminating(pod):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 @dataclass
@@ -46,8 +57,7 @@ class PodExplanation:
 
 @dataclass
 class NodeExplanation:
-    """A node's drain as it would go now: ``found`` (the node exists), ``unschedulable`` (cordoned),
-    ``pods`` (one :class:`PodExplanation` each, evicted pods first by wave), and ``summary``, one line."""
+    """A node's drain as it would go now: ``found``, ``unschedulable`` (cordoned), ``pods`` (by wave), ``summary``."""
 
     node: str
     found: bool
@@ -69,8 +79,7 @@ async def explain_node(
     critical_priority: int = SYSTEM_CLUSTER_CRITICAL,
     grace_override_s: int = -1,
 ) -> NodeExplanation:
-    """What would block a drain of ``node`` now. Raises :class:`KubeError` when the node, its pods or a
-    namespace's PodDisruptionBudgets cannot be read."""
+    """What would block a drain of ``node`` now; :class:`KubeError` when its node, pods or budgets cannot be read."""
     found = await kube.get_node(node)
     if found is None:
         return NodeExplanation(node, False, summary=f"node {node} not found")

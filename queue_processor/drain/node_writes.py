@@ -110,6 +110,7 @@ def cordon_patch(
     known = set(record.taints) | {(key, effect) for key, _, effect in record.replaced}
     new = [taint for taint in wanted if taint not in known]
     added = {key: value for key, value in (labels or {}).items() if key not in (metadata.get("labels") or {})}
+    about = about or record  # no instance facts: the record's own
     record = replace(
         record,
         unschedulable=record.unschedulable or (unschedulable and not spec.get("unschedulable")),
@@ -119,16 +120,12 @@ def cordon_patch(
             (str(k), str(present[(k, e)].get("value") or ""), str(e)) for k, e in new if (k, e) in present
         ),
         labels={**record.labels, **added},
+        instance_id=about.instance_id or record.instance_id,
+        launch_time=about.launch_time or record.launch_time,
+        warm_pool=about.warm_pool,
+        since=record.since or about.since,
+        ends=about.ends or record.ends,
     )
-    if about is not None:
-        record = replace(
-            record,
-            instance_id=about.instance_id or record.instance_id,
-            launch_time=about.launch_time or record.launch_time,
-            warm_pool=about.warm_pool,
-            since=record.since or about.since,
-            ends=about.ends or record.ends,
-        )
     patch: dict[str, Any] = {
         "metadata": {"resourceVersion": metadata.get("resourceVersion")},
         "spec": {"unschedulable": True} if unschedulable else {},
@@ -148,12 +145,9 @@ def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
     """The strategic-merge patch undoing ``record`` on ``node`` (as read now), with its ``resourceVersion`` so a
     concurrent change answers 409: our cordon, our taints (replaced ones restored; the list has no patch merge
     key), our labels still holding our value, and the record go; what others set stays."""
-    metadata = node.get("metadata") or {}
-    spec = node.get("spec") or {}
-    current_labels = metadata.get("labels") or {}
-    labels: dict[str, Any] = {
-        key: None for key, value in record.labels.items() if current_labels.get(key) == value
-    }
+    metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
+    current = metadata.get("labels") or {}
+    labels: dict[str, Any] = {key: None for key, value in record.labels.items() if current.get(key) == value}
     labels[RECORD_LABEL] = None
     patch: dict[str, Any] = {
         "metadata": {
@@ -170,9 +164,7 @@ def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
     kept = [t for t in taints if (t.get("key"), t.get("effect")) not in ours]
     restored = [{"key": key, "value": value, "effect": effect} for key, value, effect in record.replaced]
     if len(kept) != len(taints) or restored:
-        patch["spec"]["taints"] = kept + [
-            {k: v for k, v in taint.items() if v or k != "value"} for taint in restored
-        ]
+        patch["spec"]["taints"] = kept + [{k: v for k, v in t.items() if v or k != "value"} for t in restored]
     return patch
 
 
@@ -181,8 +173,7 @@ TAINT_WRITE_ATTEMPTS = 8
 
 
 class NodeWrites:
-    """Cordons, taints and their undo through ``kube``; ``nodes``: the watched copy a first attempt writes on
-    without reading the node (``None``: a GET per write)."""
+    """Cordons, taints and their undo; ``nodes``: the watched copy a first attempt writes on (``None``: a GET each)."""
 
     def __init__(self, kube: KubeClient, nodes: NodeCache | None = None) -> None:
         self.kube = kube
@@ -207,8 +198,7 @@ class NodeWrites:
     async def taint(
         self, node: str, key: str, value: str, effect: str, *, about: CordonRecord | None = None
     ) -> None:
-        """Add (or update) one taint, keeping the others, as :meth:`cordon`; recorded with ``about``'s instance
-        facts when new. Raises :class:`KubeError` (404: the node is gone)."""
+        """Add or update one taint as :meth:`cordon` does, keeping the others; :class:`KubeError` (404: node gone)."""
         body = functools.partial(
             cordon_patch, unschedulable=False, taints=[(key, value, effect)], about=about
         )
@@ -233,10 +223,8 @@ class NodeWrites:
         once written, ``False`` when the node is gone or there is nothing to write; raises :class:`KubeError`."""
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             current = None
-            if attempt == 0 and cached and self.nodes is not None:  # a stale copy answers 409: the next reads
-                await self.nodes.wait_first_answer(
-                    FIRST_COPY_WAIT_S
-                )  # at start-up: the copy, not a GET per node
+            if attempt == 0 and cached and self.nodes is not None:
+                await self.nodes.wait_first_answer(FIRST_COPY_WAIT_S)
                 current = self.nodes.get(node)
             if current is None:
                 current = await self.kube.get_node(node)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import sys
@@ -17,15 +18,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from queue_processor.config import Settings, default
 from queue_processor.outcomes import EvictionOutcome
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 """Annotation the kubelet puts on a static pod's API mirror ("Static Pods")."""
-
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)
@@ -91,9 +90,6 @@ class FilterStatus:
 
 OK = FilterStatus(Verdict.EVICT)
 
-PodFilter = Callable[[Mapping[str, Any], DrainOptions, datetime], FilterStatus]
-"""A filter: ``(pod, options, now) -> FilterStatus``; pure, never raises."""
-
 
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
@@ -122,46 +118,15 @@ def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def is_daemonset_pod(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod's controller reference is of kind ``DaemonSet``."""
-    controller = controller_of(pod)
-    return controller is not None and controller.get("kind") == "DaemonSet"
-
-
-def is_mirror_pod(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod carries :data:`MIRROR_POD_ANNOTATION` (a static pod's mirror)."""
-    return MIRROR_POD_ANNOTATION in _mapping(_metadata(pod).get("annotations"))
-
-
 def is_terminating(pod: Mapping[str, Any]) -> bool:
     """Whether ``metadata.deletionTimestamp`` is set (the pod is being deleted)."""
     return _metadata(pod).get("deletionTimestamp") is not None
 
 
-def deletion_timestamp(pod: Mapping[str, Any]) -> datetime | None:
-    """``metadata.deletionTimestamp`` as an aware datetime (naive means UTC), or ``None`` if unset or unreadable."""
-    value = _metadata(pod).get("deletionTimestamp")
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def is_finished(pod: Mapping[str, Any]) -> bool:
     """Whether ``status.phase`` is ``Succeeded`` or ``Failed``."""
     phase = _mapping(pod.get("status")).get("phase")
-    return isinstance(phase, str) and phase in FINISHED_PHASES
-
-
-def has_local_storage(pod: Mapping[str, Any]) -> bool:
-    """Whether one of ``spec.volumes`` is an ``emptyDir`` (its data goes with the pod)."""
-    return any(
-        volume.get("emptyDir") is not None for volume in _items(_mapping(pod.get("spec")).get("volumes"))
-    )
+    return phase in ("Succeeded", "Failed")
 
 
 #: The reason :func:`own_pod_filter` gives: the handler evicts that pod itself, last, once the rest is drained.
@@ -176,8 +141,8 @@ def own_pod_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime)
 
 
 def mirror_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """SKIP mirror (static) pods: the kubelet owns them; the API server cannot delete them."""
-    if is_mirror_pod(pod):
+    """SKIP mirror pods (:data:`MIRROR_POD_ANNOTATION`): the kubelet owns them; the API server cannot delete them."""
+    if MIRROR_POD_ANNOTATION in _mapping(_metadata(pod).get("annotations")):
         return FilterStatus(Verdict.SKIP, "mirror: mirror (static) pod")
     return OK
 
@@ -185,7 +150,8 @@ def mirror_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) 
 def daemonset_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
     """DaemonSet-managed pods: SKIP with ``ignore_daemonsets``, else ERROR; a finished one is always SKIP. The
     DaemonSet controller ignores unschedulable nodes and would recreate an evicted pod at once ("DaemonSet")."""
-    if not is_daemonset_pod(pod):
+    controller = controller_of(pod)
+    if controller is None or controller.get("kind") != "DaemonSet":
         return OK
     if options.ignore_daemonsets:
         return FilterStatus(Verdict.SKIP, "daemonset: DaemonSet-managed pod")
@@ -198,17 +164,21 @@ def daemonset_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetim
 
 
 def terminating_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """Pods being deleted: SKIP the eviction and wait for them, unless deleted longer than
-    ``skip_wait_for_delete_timeout_s`` (> 0) ago (an unreadable deletionTimestamp counts as recent)."""
-    if not is_terminating(pod):
+    """Pods being deleted: SKIP, waited for unless readably deleted > ``skip_wait_for_delete_timeout_s`` (> 0) ago."""
+    deleted = _metadata(pod).get("deletionTimestamp")
+    if deleted is None:
         return OK
+    if isinstance(deleted, str):
+        with contextlib.suppress(ValueError):
+            deleted = datetime.fromisoformat(deleted)
     timeout = options.skip_wait_for_delete_timeout_s
-    deleted_at = deletion_timestamp(pod)
-    if timeout > 0 and deleted_at is not None and (now - deleted_at).total_seconds() > timeout:
-        return FilterStatus(
-            Verdict.SKIP,
-            f"terminating: deleted more than {timeout:g}s ago, not waited for (skip-wait timeout)",
-        )
+    if timeout > 0 and isinstance(deleted, datetime):
+        age = now - (deleted if deleted.tzinfo is not None else deleted.replace(tzinfo=UTC))  # naive: UTC
+        if age.total_seconds() > timeout:
+            return FilterStatus(
+                Verdict.SKIP,
+                f"terminating: deleted more than {timeout:g}s ago, not waited for (skip-wait timeout)",
+            )
     return FilterStatus(Verdict.SKIP, "terminating: already being deleted", awaiting_deletion=True)
 
 
@@ -220,8 +190,9 @@ def finished_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime
 
 
 def local_storage_filter(pod: Mapping[str, Any], options: DrainOptions, now: datetime) -> FilterStatus:
-    """Running pods with an emptyDir volume: EVICT with a warning with ``delete_emptydir_data``, else ERROR."""
-    if not has_local_storage(pod) or is_finished(pod):
+    """Running pods with an ``emptyDir`` volume: EVICT with a warning with ``delete_emptydir_data``, else ERROR."""
+    volumes = _items(_mapping(pod.get("spec")).get("volumes"))
+    if is_finished(pod) or not any(volume.get("emptyDir") is not None for volume in volumes):
         return OK
     if options.delete_emptydir_data:
         return FilterStatus(Verdict.EVICT, "local-storage: uses emptyDir (its data is deleted)")
@@ -242,7 +213,7 @@ def unreplicated_filter(pod: Mapping[str, Any], options: DrainOptions, now: date
     )
 
 
-FILTERS: tuple[PodFilter, ...] = (
+FILTERS: tuple[Callable[[Mapping[str, Any], DrainOptions, datetime], FilterStatus], ...] = (
     own_pod_filter,
     mirror_filter,
     daemonset_filter,
@@ -251,7 +222,7 @@ FILTERS: tuple[PodFilter, ...] = (
     local_storage_filter,
     unreplicated_filter,
 )
-"""The filters in the order :func:`plan_drain` runs them; the first that does not say EVICT decides."""
+"""The filters (pure, never raise) in the order :func:`plan_drain` runs them; the first not saying EVICT decides."""
 
 
 def _decide(pod: dict[str, Any], options: DrainOptions, now: datetime) -> PodDecision:
@@ -335,24 +306,20 @@ def workload_of(pod: Mapping[str, Any]) -> str:
     return f"{namespace}/{kind}/{name}"
 
 
-def is_critical(pod: Mapping[str, Any], threshold: int = SYSTEM_CLUSTER_CRITICAL) -> bool:
-    """Whether ``pod``'s priority class is in :data:`CRITICAL_CLASSES` or ``spec.priority`` ≥ ``threshold``."""
-    spec = _mapping(pod.get("spec"))
-    if spec.get("priorityClassName") in CRITICAL_CLASSES:
-        return True
-    priority = spec.get("priority")
-    return isinstance(priority, int) and not isinstance(priority, bool) and priority >= threshold
-
-
 def wave_of(pod: Mapping[str, Any], order: DrainOrder, threshold: int = SYSTEM_CLUSTER_CRITICAL) -> int:
-    """The wave ``pod`` is evicted in: 1 when critical (with ``waves``) or annotated ``last``, else 0."""
-    last = drain_policy(pod)[0] is DrainPolicy.LAST
-    return 1 if last or (order is DrainOrder.WAVES and is_critical(pod, threshold)) else 0
+    """The wave ``pod`` is evicted in: 1 when annotated ``last`` or, with ``waves``, critical (its priority class in
+    :data:`CRITICAL_CLASSES` or ``spec.priority`` ≥ ``threshold``), else 0."""
+    if drain_policy(pod)[0] is DrainPolicy.LAST:
+        return 1
+    spec = _mapping(pod.get("spec"))
+    priority = spec.get("priority")
+    high = isinstance(priority, int) and not isinstance(priority, bool) and priority >= threshold
+    critical = high or spec.get("priorityClassName") in CRITICAL_CLASSES
+    return 1 if order is DrainOrder.WAVES and critical else 0
 
 
 def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
-    """The grace (seconds) for ``pod`` without a deadline: ``override_s`` (POD_TERMINATION_GRACE_PERIOD) when
-    ≥ 0, else its ``terminationGracePeriodSeconds`` (:data:`DEFAULT_GRACE_S` when absent or mistyped)."""
+    """The grace (seconds) without a deadline: ``override_s`` if ≥ 0, else ``terminationGracePeriodSeconds`` (or 30)."""
     if override_s >= 0:
         return override_s
     value = _mapping(pod.get("spec")).get("terminationGracePeriodSeconds")
@@ -361,18 +328,8 @@ def own_grace(pod: Mapping[str, Any], override_s: int = -1) -> int:
     return DEFAULT_GRACE_S
 
 
-def granted_grace(own_s: int, until_end_s: float | None, margin_s: float) -> tuple[int, bool]:
-    """The grace to ask for (seconds) and whether it was cut: ``own_s`` cut to end ``margin_s`` before the instance's
-    end (``until_end_s`` from now; ``None``: unknown, no cut; negative ``margin_s``: no cut), a cut one at least 1 s."""
-    if until_end_s is None or margin_s < 0:
-        return own_s, False
-    room = max(1, math.floor(until_end_s - margin_s))
-    return (own_s, False) if own_s <= room else (room, True)
-
-
 #: Seconds added to the longest grace of the waves still to come, when a wave's wait is cut short for them.
 WAVE_PAD_S = 2.0
-
 
 _DEFAULT_ORDER = DrainOrder(default("drain_order"))
 
@@ -413,25 +370,19 @@ class DrainPod:
     grace_s: int
     evict: bool
     owner: str | None = None
-    granted_s: int | None = None
-    cut: bool = False
     surge: str | None = None
     labels: Mapping[str, str] | None = None
 
 
-Why = Literal["unknown", "surge-off", "cannot-surge"]
-
-
 @dataclass(frozen=True)
 class PolicyNotice:
-    """A pod whose ``queue-processor/drain`` annotation ``value`` cannot be followed, its ``workload``, and
-    ``why``: ``unknown`` policy, ``surge-off`` (no SURGE_DRAINS) or ``cannot-surge`` (not a Deployment's pod)."""
+    """A pod whose drain policy ``value`` cannot be followed: ``why`` ``unknown``, ``surge-off`` or ``cannot-surge``."""
 
     namespace: str
     name: str
     workload: str
     value: str
-    why: Why = "unknown"
+    why: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -458,12 +409,14 @@ def plan_waves(
         entry = DrainPod(
             (decision.namespace, decision.name), pod["metadata"].get("uid"), own_grace(pod, grace_s), evict
         )
-        entry.owner = _owner_uid(pod)
+        owner = controller_of(pod)
+        uid = None if owner is None else owner.get("uid")
+        entry.owner = sys.intern(uid) if isinstance(uid, str) and uid else None  # one string per workload
         split[wave_of(pod, timing.order, timing.critical_priority)].append(entry)
         policy, unknown = drain_policy(pod)
         workload = workload_of(pod)
         kind, _, deployment = workload.split("/", 1)[1].partition("/")
-        why: Why | None = "unknown" if unknown is not None else None
+        why = "unknown" if unknown is not None else None
         if policy is DrainPolicy.SURGE and evict and timing.surge and kind == "Deployment":
             entry.surge, entry.labels = deployment, dict(pod["metadata"].get("labels") or {})
         elif policy is DrainPolicy.SURGE and evict:
@@ -477,13 +430,6 @@ def plan_waves(
         refused=[replace(decision, pod={}) for decision in decisions.errors],
         notices=notices,
     )
-
-
-def _owner_uid(pod: Mapping[str, Any]) -> str | None:
-    """The uid of the pod's controller owner, interned (the pods of one workload share it), or ``None``."""
-    owner = controller_of(pod)
-    uid = None if owner is None else owner.get("uid")
-    return sys.intern(uid) if isinstance(uid, str) and uid else None
 
 
 def join_plans(first: WavePlan, later: WavePlan) -> WavePlan:
@@ -502,8 +448,7 @@ class DrainBounds:
     def __init__(self, deadline: float, instance_end: float | None = None) -> None:
         self.deadline = deadline
         self.instance_end = instance_end
-        self.version = 0
-        """How many times the bounds tightened."""
+        self.version = 0  # how many times the bounds tightened
         self._tightened = asyncio.Event()
 
     def tighten(self, deadline: float, instance_end: float | None) -> bool:
@@ -548,21 +493,21 @@ class DrainBounds:
         await self._tightened.wait()
 
     def grace(self, own_s: int, timing: DrainTiming, now: float) -> tuple[int, bool]:
-        """:func:`granted_grace` of ``own_s`` (seconds) at ``now`` (a ``clock`` reading) for the instance's end."""
-        end = self.instance_end
-        return granted_grace(own_s, None if end is None else end - now, timing.grace_margin_s)
+        """The grace to ask for at ``now`` (a ``clock`` reading) and whether it was cut: ``own_s`` (seconds) cut to end
+        GRACE_DEADLINE_MARGIN before the instance's end (unknown or a negative margin: no cut), a cut one ≥ 1 s."""
+        if self.instance_end is None or timing.grace_margin_s < 0:
+            return own_s, False
+        room = max(1, math.floor(self.instance_end - now - timing.grace_margin_s))
+        return (own_s, False) if own_s <= room else (room, True)
 
     def fixed(self, compute: Callable[[], float]) -> Callable[[], float]:
         """``compute`` computed once per version of the bounds (a wait polling it does not move it)."""
-        kept: dict[int, float] = {}
 
-        def value() -> float:
-            if self.version not in kept:
-                kept.clear()
-                kept[self.version] = compute()
-            return kept[self.version]
+        @functools.lru_cache(maxsize=1)
+        def at(version: int) -> float:
+            return compute()
 
-        return value
+        return lambda: at(self.version)
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,8 @@ from queue_processor.drain.plan import (
     Verdict,
     controller_of,
     daemonset_filter,
-    deletion_timestamp,
     finished_filter,
-    has_local_storage,
-    is_daemonset_pod,
     is_finished,
-    is_mirror_pod,
     is_terminating,
     local_storage_filter,
     mirror_filter,
@@ -95,6 +91,16 @@ def evicted_pods(plan: DrainPlan) -> list[dict[str, Any]]:
     return [d.pod for d in plan.decisions if d.verdict is Verdict.EVICT]
 
 
+def is_daemonset_pod(pod: dict[str, Any]) -> bool:
+    """Whether :func:`daemonset_filter` takes ``pod`` for a DaemonSet's (it lets no other pod through)."""
+    return daemonset_filter(pod, STRICT, NOW).verdict is not Verdict.EVICT
+
+
+def is_mirror_pod(pod: dict[str, Any]) -> bool:
+    """Whether :func:`mirror_filter` takes ``pod`` for a static pod's mirror."""
+    return mirror_filter(pod, STRICT, NOW).verdict is not Verdict.EVICT
+
+
 def waited_for(plan: DrainPlan) -> list[dict[str, Any]]:
     """The pods a drain waits for (:func:`plan_waves` keeps them): evicted or awaiting deletion."""
     return [d.pod for d in plan.decisions if d.verdict is Verdict.EVICT or d.awaiting_deletion]
@@ -133,23 +139,32 @@ def test_controller_of_returns_the_controller_reference_not_the_first_one() -> N
         (None, True, False),
     ],
 )
-def test_is_daemonset_pod(owner: str | None, controller: bool, expected: bool) -> None:
-    assert is_daemonset_pod(make_pod(owner=owner, controller=controller)) is expected
+def test_a_daemonset_pod_is_one_whose_controller_is_a_daemonset(
+    owner: str | None, controller: bool, expected: bool
+) -> None:
+    status = daemonset_filter(make_pod(owner=owner, controller=controller), STRICT, NOW)
+    assert (status.verdict is Verdict.ERROR) is expected
 
 
-def test_is_mirror_pod_looks_for_the_annotation_whatever_its_value() -> None:
-    assert is_mirror_pod(make_pod(annotations={MIRROR_POD_ANNOTATION: ""}))
-    assert is_mirror_pod(make_pod(annotations={MIRROR_POD_ANNOTATION: "0f1e2d"}))
-    assert not is_mirror_pod(make_pod(annotations={"kubernetes.io/config.source": "file"}))
-    assert not is_mirror_pod(make_pod())
+def test_a_mirror_pod_is_one_with_the_annotation_whatever_its_value() -> None:
+    def mirror(pod: dict[str, Any]) -> bool:
+        return mirror_filter(pod, STRICT, NOW).verdict is Verdict.SKIP
+
+    assert mirror(make_pod(annotations={MIRROR_POD_ANNOTATION: ""}))
+    assert mirror(make_pod(annotations={MIRROR_POD_ANNOTATION: "0f1e2d"}))
+    assert not mirror(make_pod(annotations={"kubernetes.io/config.source": "file"}))
+    assert not mirror(make_pod())
 
 
-def test_has_local_storage_only_for_a_non_null_empty_dir() -> None:
-    assert has_local_storage(make_pod(empty_dir=True))
-    assert not has_local_storage(make_pod())
+def test_local_storage_is_only_a_non_null_empty_dir() -> None:
+    def local(pod: dict[str, Any]) -> bool:
+        return local_storage_filter(pod, STRICT, NOW).verdict is Verdict.ERROR
+
+    assert local(make_pod(empty_dir=True))
+    assert not local(make_pod())
     pod = make_pod()
     pod["spec"]["volumes"] = [{"name": "x", "emptyDir": None}, {"name": "h", "hostPath": {"path": "/tmp"}}]
-    assert not has_local_storage(pod)
+    assert not local(pod)
 
 
 @pytest.mark.parametrize(("phase", "expected"), [("Succeeded", True), ("Failed", True), ("Running", False)])
@@ -157,16 +172,30 @@ def test_is_finished(phase: str, expected: bool) -> None:
     assert is_finished(make_pod(phase=phase)) is expected
 
 
-def test_deletion_timestamp_reads_rfc3339_and_datetimes() -> None:
-    assert deletion_timestamp(make_pod(deleted=NOW)) == NOW
-    assert deletion_timestamp(make_pod(deleted="2024-05-01T12:00:00.5+02:00")) == datetime(
-        2024, 5, 1, 10, 0, 0, 500_000, tzinfo=UTC
+def deleted_at(pod: dict[str, Any], moment: datetime) -> bool:
+    """Whether :func:`terminating_filter` reads ``pod``'s deletionTimestamp as ``moment`` (to the microsecond): 10 s
+    later, the pod is just old enough for a 10 s skip-wait timeout less 1 µs, not for 10 s."""
+    now = moment + timedelta(seconds=10)
+
+    def awaited(timeout_s: float) -> bool:
+        options = DrainOptions(skip_wait_for_delete_timeout_s=timeout_s)
+        return terminating_filter(pod, options, now).awaiting_deletion
+
+    return awaited(10) and not awaited(10 - 1e-6)
+
+
+def test_the_deletion_timestamp_is_read_from_rfc3339_and_datetimes() -> None:
+    assert deleted_at(make_pod(deleted=NOW), NOW)
+    assert deleted_at(
+        make_pod(deleted="2024-05-01T12:00:00.5+02:00"), datetime(2024, 5, 1, 10, 0, 0, 500_000, tzinfo=UTC)
     )
     naive = make_pod()
     naive["metadata"]["deletionTimestamp"] = datetime(2024, 5, 1, 12)  # naive: UTC
-    assert deletion_timestamp(naive) == NOW
-    assert deletion_timestamp(make_pod(deleted="yesterday")) is None
-    assert deletion_timestamp(make_pod()) is None
+    assert deleted_at(naive, NOW)
+    unreadable = make_pod(deleted="yesterday")  # waited for, however short the timeout and late the moment
+    options = DrainOptions(skip_wait_for_delete_timeout_s=1e-6)
+    assert terminating_filter(unreadable, options, NOW + timedelta(days=365)).awaiting_deletion
+    assert terminating_filter(make_pod(), STRICT, NOW) == FilterStatus(Verdict.EVICT)  # none: not terminating
     assert is_terminating(make_pod(deleted="yesterday"))
     assert not is_terminating(make_pod())
 

@@ -9,13 +9,12 @@ from hypothesis import strategies as st
 
 from queue_processor.drain.plan import (
     DEFAULT_GRACE_S,
+    DrainBounds,
     DrainOptions,
     DrainOrder,
     DrainPolicy,
     DrainTiming,
     drain_policy,
-    granted_grace,
-    is_critical,
     own_grace,
     plan_waves,
     wave_of,
@@ -31,6 +30,17 @@ def waves(pods: list[dict[str, Any]], order: DrainOrder) -> list[list[str]]:
     """The names of ``pods`` in each wave a drain plans for them (:func:`plan_waves`)."""
     planned = plan_waves(pods, DrainOptions(), DrainTiming(order=order), -1)
     return [[entry.key[1] for entry in wave] for wave in planned.waves]
+
+
+def is_critical(pod: dict[str, Any], threshold: int = 2_000_000_000) -> bool:
+    """Whether ``pod`` is critical: evicted in the last wave with DRAIN_ORDER=waves (:func:`wave_of`)."""
+    return wave_of(pod, DrainOrder.WAVES, threshold) == 1
+
+
+def granted_grace(own_s: int, until_end_s: float | None, margin_s: float) -> tuple[int, bool]:
+    """The grace a drain asks for ``own_s`` ``until_end_s`` before the instance's end (:meth:`DrainBounds.grace`)."""
+    bounds = DrainBounds(deadline=0.0, instance_end=until_end_s)
+    return bounds.grace(own_s, DrainTiming(grace_margin_s=margin_s), now=0.0)
 
 
 def test_the_system_classes_and_high_priorities_are_critical() -> None:

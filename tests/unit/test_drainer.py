@@ -12,7 +12,7 @@ import pytest
 import structlog.testing
 
 from queue_processor.drain.drainer import WAVE_TIME_UP, Drainer
-from queue_processor.drain.evictions import DrainRun, Running, Tell, settled
+from queue_processor.drain.evictions import DrainRun, Running, Tell
 from queue_processor.drain.plan import DrainBounds, DrainOptions, DrainOrder, DrainPod, DrainTiming, Eviction
 from queue_processor.observe.events import POD_DELETED_AT_DEADLINE, POD_EVICTION
 from queue_processor.observe.metrics import Metrics
@@ -447,7 +447,7 @@ async def test_a_drain_that_settles_raises_an_eviction_that_failed_before_withou
     running = Running([])
     running.add(failed)
     running.add(never)  # type: ignore[arg-type]
-    settling = asyncio.create_task(settled(running))
+    settling = asyncio.create_task(running.settled())
     for _ in range(5):
         await asyncio.sleep(0)
     assert settling.done()
@@ -477,7 +477,7 @@ async def test_an_eviction_that_ended_is_kept_as_its_outcome_and_its_task_let_go
     await asyncio.sleep(0)
     assert list(running) == [first]  # the ended one is no longer held as a task
     release.set()
-    await settled(running)
+    await running.settled()
     assert list(running) == []
     assert [outcome.key for outcome in running.outcomes()] == [("ns", "a"), ("ns", "b")]
 

@@ -43,7 +43,7 @@ LAYERS: list[set[str]] = [
         "queue_processor.leases",
     },
     {"queue_processor.drain.plan"},
-    {"queue_processor.drain.node_writes", "queue_processor.drain.budgets"},
+    {"queue_processor.drain.node_writes"},
     {"queue_processor.drain.evictions"},
     {
         "queue_processor.drain.drainer",
