@@ -420,7 +420,9 @@ def last_pods_evicted_early(
     """``last_pods_evicted_early`` of :func:`judge`, from the evictions in the order the API server took them;
     ``late`` pods (namespace, name) are left out: pods a drain found bound to its node after its first list
     (the controller's ``looked again`` line), or whose eviction a budget refused (they go when it lets them),
-    when the pods annotated last may have gone already."""
+    when the pods annotated last may have gone already. Only pods of one drain are compared when both name
+    theirs (:func:`~queue_processor_sandbox.cluster.drain_of`): a node back in service and drained again has
+    new pods."""
     firsts: dict[tuple[str, str, str], dict[str, Any]] = {}  # each pod's first eviction, in order
     for pod in evictions:
         metadata = pod["metadata"]
@@ -432,11 +434,18 @@ def last_pods_evicted_early(
         if _annotated_last(pod)
         and any(
             later["spec"].get("nodeName") == pod["spec"].get("nodeName")
+            and _same_drain(pod, later)
             and _ordinary(later)
             and (later["metadata"]["namespace"], later["metadata"]["name"]) not in late
             for later in ordered[index + 1 :]
         )
     )
+
+
+def _same_drain(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two evictions may be of one drain: the same drain ID, or one of them names none."""
+    first, second = drain_of(one), drain_of(other)
+    return first is None or second is None or first == second
 
 
 def _annotated_last(pod: dict[str, Any]) -> bool:

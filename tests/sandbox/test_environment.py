@@ -21,6 +21,7 @@ from queue_processor.cli import load_settings, main
 from queue_processor.events import EventKind
 from queue_processor.kube import KubeClient, load_api_client
 from queue_processor.parse import parse
+from queue_processor_sandbox.cluster import EVICTED_BY
 from queue_processor_sandbox.environment import SCENARIOS, Sandbox, SandboxOptions
 from queue_processor_sandbox.run import judge, last_pods_evicted_early
 
@@ -352,6 +353,13 @@ def test_the_judge_counts_a_pod_annotated_last_that_went_before_an_ordinary_one(
     assert last_pods_evicted_early([agent, web]) == 1  # the ordinary pod went after it
     assert last_pods_evicted_early([agent, mesh, pod("web", "n2")]) == 0  # critical, or another node's
     assert last_pods_evicted_early([web, agent, web]) == 0  # a repeated eviction is not a first one
+    # A node back in service and drained again (explorer seed 2735): its new pods are another drain's.
+    first, second = pod("agent-a", last=True), pod("web-b")
+    first["metadata"]["annotations"][EVICTED_BY] = "queue-processor/0.1.0 drain/aaa"
+    second["metadata"]["annotations"][EVICTED_BY] = "queue-processor/0.1.0 drain/bbb"
+    assert last_pods_evicted_early([first, second]) == 0
+    second["metadata"]["annotations"][EVICTED_BY] = "queue-processor/0.1.0 drain/aaa"
+    assert last_pods_evicted_early([first, second]) == 1
     # The controller's own pod leaves its node last of all, after the pods annotated last (explorer seed 119).
     own = pod("queue-processor-abc12")
     own["metadata"]["labels"] = {"app.kubernetes.io/name": "queue-processor"}
