@@ -35,7 +35,7 @@ from queue_processor.observe.events import NodeEventRecorder
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import StartupError
-from queue_processor.rest import AFTER_CORDONS, rank_urgent
+from queue_processor.rest import AFTER_CORDONS, URGENT_RANK
 from queue_processor.returns import Returns
 from queue_processor.settlement import Ledger
 from queue_processor.watch import Departures, NodeCache, NodeFinder, tagged_nodes
@@ -383,7 +383,7 @@ TAGGED_GAUGES_PERIOD_S = 30.0
 
 async def _tagged_gauges(ec2: Any, kube: KubeClient, watched: NodeCache, tag: str, metrics: Metrics) -> None:
     """Refresh NTH's ``nth_tagged_*`` gauges; a failed refresh leaves them as they were, as in NTH."""
-    rank_urgent(AFTER_CORDONS)
+    URGENT_RANK.set(AFTER_CORDONS)
     while True:
         await asyncio.sleep(TAGGED_GAUGES_PERIOD_S)
         try:

@@ -47,7 +47,7 @@ from queue_processor.outcomes import (
     NodeAction,
     OperationOutcome,
 )
-from queue_processor.rest import AFTER_CORDONS, rank_urgent
+from queue_processor.rest import AFTER_CORDONS, URGENT_RANK
 from queue_processor.rules import events_in, missing
 from queue_processor.steps import (
     INSTANCE_ENDED,
@@ -129,7 +129,7 @@ class Handler:
         """Run one operation: :attr:`Outcome.DONE` (acknowledge) or :attr:`Outcome.RETRY` (requeue). Raises only
         ``CancelledError``; other errors and a lost Lease (:class:`ClaimLost`) are logged as RETRY."""
         # A drain's claim and cordon go before those of operations started later; a launch waits for them.
-        rank_urgent(AFTER_CORDONS if operation.mode is Mode.LAUNCH else operation.started_at)
+        URGENT_RANK.set(AFTER_CORDONS if operation.mode is Mode.LAUNCH else operation.started_at)
         bound = log.bind(
             instance_id=operation.instance_id,
             kind=str(operation.first.kind),
@@ -176,7 +176,7 @@ class Handler:
         ctx.bind(node=ctx.node)
         if not await report_step(ctx, cordon(ctx), post_drain=False):
             return await _no_node(ctx)
-        rank_urgent(AFTER_CORDONS)  # the rest of the operation waits for others' claims and cordons
+        URGENT_RANK.set(AFTER_CORDONS)  # the rest of the operation waits for others' claims and cordons
         ctx.bind(node=ctx.node)
         if self.parts.webhook is not None:
             ctx.facts = await node_facts(self.parts.drainer.kube, ctx.node)

@@ -25,7 +25,7 @@ from queue_processor import rest
 from queue_processor.config import default
 from queue_processor.kube import KubeClient
 from queue_processor.outcomes import ClaimLost, KubeError
-from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, rank_urgent
+from queue_processor.rest import AFTER_CORDONS, REPLICA_RANK, URGENT_RANK
 from queue_processor.watch import REPLICA_ANNOTATION, LeaseWatch, holder_of
 
 log = structlog.get_logger("queue_processor.leases")
@@ -160,7 +160,7 @@ class ReplicaLease:
             claim._mark_lost(why)
 
     async def _renew_once(self) -> KubeError | None:
-        rank_urgent(REPLICA_RANK)  # a renewal asked for by an operation is still the replica's
+        URGENT_RANK.set(REPLICA_RANK)  # a renewal asked for by an operation is still the replica's
         leases = self._leases
         self.check()
         sent = leases.clock()
@@ -192,7 +192,7 @@ class ReplicaLease:
             return exc
 
     async def _renew_forever(self) -> None:
-        rank_urgent(AFTER_CORDONS)  # its releases sent again; each renewal ranks itself (_renew_once)
+        URGENT_RANK.set(AFTER_CORDONS)  # its releases sent again; each renewal ranks itself (_renew_once)
         leases = self._leases
         while True:
             due = leases.renew_every_s - self.age()
@@ -477,7 +477,7 @@ class NodeLeases:
 
     async def _release_batches(self) -> None:
         """Send the pending releases, a batch every :data:`RELEASE_BATCH_S` (sooner when full or flushed)."""
-        rank_urgent(AFTER_CORDONS)
+        URGENT_RANK.set(AFTER_CORDONS)
         while self._pending:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELEASE_BATCH_S):

@@ -38,11 +38,6 @@ URGENT_RANK: ContextVar[float] = ContextVar("queue_processor_urgent_rank", defau
 AFTER_CORDONS: Final = math.inf
 
 
-def rank_urgent(rank: float) -> None:
-    """Rank the urgent requests of the running task, and of the tasks it starts, at ``rank``."""
-    URGENT_RANK.set(rank)
-
-
 #: A token, less what the sums of a refill lose to floating point (a sleep of 1/qps gives back 0.999…).
 _WHOLE = 1 - 1e-9
 

@@ -21,7 +21,7 @@ from queue_processor.kube import KubeClient
 from queue_processor.leases import NodeLeases
 from queue_processor.observe.metrics import NULL_OBSERVER, Observer
 from queue_processor.outcomes import NodeAction
-from queue_processor.rest import AFTER_CORDONS, rank_urgent
+from queue_processor.rest import AFTER_CORDONS, URGENT_RANK
 from queue_processor.watch import RECORD_LABEL, NodeCache, node_ready
 
 log = structlog.get_logger("queue_processor.returns")
@@ -67,7 +67,7 @@ class Returns:
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled; a failed check is logged and the next one comes."""
-        rank_urgent(AFTER_CORDONS)
+        URGENT_RANK.set(AFTER_CORDONS)
         while True:
             await asyncio.sleep(self.interval_s)
             try:

@@ -25,7 +25,7 @@ from queue_processor import rest
 from queue_processor.aws import InstanceInfo
 from queue_processor.kube import LEASES, KubeClient
 from queue_processor.outcomes import KubeError
-from queue_processor.rest import REPLICA_RANK, rank_urgent
+from queue_processor.rest import REPLICA_RANK, URGENT_RANK
 from queue_processor.rules import HANDOVER_PREFIX
 
 log = structlog.get_logger(__name__)
@@ -129,7 +129,7 @@ class Watched:
         return True
 
     async def _run(self) -> None:
-        rank_urgent(REPLICA_RANK)
+        URGENT_RANK.set(REPLICA_RANK)
         delay = RETRY_S
         while True:
             try:

@@ -10,7 +10,7 @@ import pytest
 
 from queue_processor.kube import URGENT_THREADS, KubeClient, load_api_client
 from queue_processor.outcomes import KubeError
-from queue_processor.rest import rank_urgent
+from queue_processor.rest import URGENT_RANK
 from queue_processor_sandbox.clock import SandboxClock
 from queue_processor_sandbox.kube import KubeSandbox
 
@@ -69,7 +69,7 @@ async def test_the_replica_lease_is_renewed_while_every_urgent_thread_waits_on_a
             fault = sandbox.inject_fault("get", "nodes", delay_s=8.0, count=URGENT_THREADS + 4)
 
             async def operation_s_read() -> None:
-                rank_urgent(100.0)  # an operation's, as the handler ranks it
+                URGENT_RANK.set(100.0)  # an operation's, as the handler ranks it
                 assert await client.get_node(name) is not None
 
             slow = [asyncio.create_task(operation_s_read()) for _ in range(URGENT_THREADS + 4)]

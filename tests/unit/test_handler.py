@@ -47,7 +47,7 @@ from queue_processor.lifecycle import Heartbeats, Lifecycle
 from queue_processor.observe.metrics import Metrics
 from queue_processor.observe.webhook import Webhook
 from queue_processor.outcomes import KubeError
-from queue_processor.rest import URGENT_RANK, rank_urgent
+from queue_processor.rest import URGENT_RANK
 from queue_processor.rules import RULES
 from queue_processor.steps import EXCLUDE_FROM_LB_LABEL, OUT_OF_SERVICE_TAINT, Outcome
 from queue_processor_gotemplate import Struct, parse
@@ -1000,7 +1000,7 @@ async def test_node_lease_releases_wait_for_every_drain_s_claim_and_cordon_whoev
     ranks = rank_requests(world)
 
     async def claim_and_give_up() -> None:
-        rank_urgent(1234.5)  # an operation's task, before its cordon
+        URGENT_RANK.set(1234.5)  # an operation's task, before its cordon
         claim = await world.leases.claim(NODE)  # type: ignore[union-attr]
         assert claim is not None
         await claim.release()

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from queue_processor.rest import REPLICA_RANK, URGENT_RANK, rank_urgent
+from queue_processor.rest import REPLICA_RANK, URGENT_RANK
 from queue_processor.watch import Watched
 
 
@@ -74,7 +74,7 @@ async def test_the_wait_ends_when_the_watch_first_answers_and_not_again() -> Non
 async def test_the_copy_s_pages_rank_ahead_of_every_operation_whoever_starts_the_watch() -> None:
     """Claims and cordons wait for the copy's first answer at start-up: its pages go before them, even when
     the watch is (re)started from within an operation."""
-    rank_urgent(1234.5)  # this test's task is an operation's
+    URGENT_RANK.set(1234.5)  # this test's task is an operation's
     watch = Scripted()
     watch.start()
     try:
