@@ -58,6 +58,10 @@ PINNED: dict[int, str] = {
     2345: "our own node drained, we stayed for the other drains here, bounded by the deadline as it was then; a "
     "Spot warning for our instance joined, and its end came first: our pod went with the instance "
     "(gone-undrained): the stay is bounded by what the operation's events say at each wake",
+    2735: "a Capacity Reservation interruption drained a node; its instance moved into the warm pool and out "
+    "again before the notice's termination time, the launch gave the node back, and the reclaim took the pods "
+    "scheduled there meanwhile (gone-undrained): a node stays cordoned until the notice that drained it ends; and "
+    "the judge compared a pod annotated last with the next drain's pods of the node (last-early)",
     332008: "an AWS Health retirement drained a node; its instance went to the warm pool and came back (a stop "
     "and a start: other hardware), and the controller rightly gave the node back; the explorer then retired the "
     "instance at the change's start all the same, with pods on it (gone-undrained): the bench's model, mended "
