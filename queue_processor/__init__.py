@@ -1,6 +1,5 @@
 """queue-processor: drains Kubernetes nodes gracefully when their EC2 instances go away, from an SQS queue of
-interruption messages (aws-node-termination-handler's queue-processor mode, rebuilt); see :mod:`.cli`.
-"""
+interruption messages (aws-node-termination-handler's queue-processor mode, rebuilt); see :mod:`.cli`."""
 
 from importlib.metadata import PackageNotFoundError, version
 

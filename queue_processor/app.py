@@ -1,10 +1,7 @@
 """The controller assembled: :func:`run_controller` builds the clients and the pipeline, serves, consumes until
 asked to stop, then shuts down (stop receiving, EarlyExit for everything in flight, close the clients).
-
-:class:`ProbeServer` serves ``/metrics`` and the kubelet's probes (aiohttp). A probe answers 200 when every check
-passes, else 503, with the JSON body ``{"status": "ok" | "failing", "checks": {name: bool}, "failing": [name...]}``
-(plus ``"errors"`` for checks that raised). A failing liveness probe restarts the container.
-"""
+:class:`ProbeServer` serves ``/metrics`` and the kubelet's probes (aiohttp): 200 when every check passes, else 503,
+with ``{"status": "ok" | "failing", "checks": {name: bool}, "failing": [name...]}`` (``"errors"``: those raising)."""
 
 from __future__ import annotations
 

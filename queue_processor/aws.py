@@ -1,7 +1,5 @@
-"""The controller's AWS clients (aiobotocore); botocore's retries are off and :func:`call` retries instead
-("Error retries and exponential backoff in AWS", AWS General Reference). Other errors reach the caller at once.
-And what EC2 says of an instance: DescribeInstances batched and cached (:class:`InstanceResolver`), the managed-tag
-check."""
+"""The controller's AWS clients (aiobotocore), retried by :func:`call`, not botocore ("Error retries and exponential
+backoff in AWS", AWS General Reference); EC2's DescribeInstances batched and cached, and the managed-tag check."""
 
 from __future__ import annotations
 
@@ -71,8 +69,7 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def is_no_active_action(exc: BaseException) -> bool:
-    """Whether Auto Scaling answered ``ValidationError: No active Lifecycle Action found…``: the lifecycle
-    action is already over (terminal, never retried)."""
+    """Whether Auto Scaling answered ``ValidationError: No active Lifecycle Action found…`` (over; never retried)."""
     return error_code(exc) == "ValidationError" and "No active Lifecycle Action" in str(exc)
 
 
@@ -96,8 +93,7 @@ async def call(fn: Callable[..., Awaitable[T]], /, **kwargs: Any) -> T:
 
 
 def _count_requests(client: Any, observer: Observer) -> None:
-    """Report each HTTP request of ``client`` to ``observer``, from botocore's ``after-call`` (an answer came) and
-    ``after-call-error.<service-id>.<Operation>`` (none came) events."""
+    """Report each HTTP request of ``client`` to ``observer`` (botocore's ``after-call`` and ``after-call-error``)."""
     service = str(client.meta.service_model.service_name)
 
     def answered(http_response: Any, parsed: Mapping[str, Any], model: Any, **_: Any) -> None:
@@ -124,8 +120,7 @@ def _undocumented(value: Any) -> Any:
 
 
 def trim_service_model(model: Mapping[str, Any], operations: Iterable[str]) -> dict[str, Any]:
-    """A botocore service model (``service-2.json``) with only ``operations`` and the shapes they reach,
-    without documentation strings. A client built on it raises ``AttributeError`` for any other method."""
+    """A ``service-2.json`` with only ``operations`` and the shapes they reach, undocumented; others: AttributeError."""
     kept = {name: model["operations"][name] for name in operations if name in model.get("operations", {})}
     shapes = model.get("shapes") or {}
     todo = [
@@ -166,8 +161,7 @@ def trim_endpoints(endpoints: Mapping[str, Any], services: Iterable[str]) -> dic
 
 
 class TrimmedModels(JSONFileLoader):
-    """botocore's JSON file loader trimming the models of ``calls`` (service → operations) and the endpoints data,
-    which are kept for the life of the process (docs/benchmarks.md, "Memory, profiled")."""
+    """botocore's JSON loader trimming ``calls``' models (service → operations) and endpoints data, kept for life."""
 
     def __init__(self, calls: Mapping[str, Iterable[str]] = AWS_API_CALLS) -> None:
         self.calls = {service: tuple(operations) for service, operations in calls.items()}
@@ -186,8 +180,7 @@ class TrimmedModels(JSONFileLoader):
 
 
 class AwsClients:
-    """SQS, EC2 and Auto Scaling clients for ``AWS_REGION`` (and ``AWS_ENDPOINT`` when set), opened by
-    ``async with``; ``observer`` is told every HTTP request each client makes."""
+    """SQS, EC2 and Auto Scaling clients (``async with``) for AWS_REGION (AWS_ENDPOINT); requests to ``observer``."""
 
     def __init__(self, settings: Settings, *, observer: Observer = NULL_OBSERVER) -> None:
         self.settings = settings
@@ -223,8 +216,7 @@ class AwsClients:
 
 @dataclass(frozen=True)
 class InstanceInfo:
-    """What EC2 says of an instance (DescribeInstances); ``launch_time`` is when it was last launched or
-    started (aware; ``None`` when EC2 did not say)."""
+    """What EC2 says of an instance (DescribeInstances); ``launch_time``: last launch or start (aware, or ``None``)."""
 
     instance_id: str
     private_dns_name: str
@@ -316,8 +308,7 @@ class InstanceResolver:
     async def get_many(
         self, instance_ids: Sequence[str], *, fresh: bool = False
     ) -> list[InstanceInfo | None]:
-        """:meth:`get` of each of ``instance_ids``, in order, without a task each (callers ask for thousands):
-        answered from the cache (unless ``fresh``), else by the next batch."""
+        """:meth:`get` of each of ``instance_ids`` in order, no task each: cached (unless ``fresh``), else batched."""
         now = time.monotonic()
         futures: list[asyncio.Future[InstanceInfo | None]] = []
         for instance_id in instance_ids:

@@ -1,7 +1,5 @@
 """The ``queue-processor`` command, with those of the entry point group :data:`COMMANDS` (``sandbox``).
-
-Exit codes: 0 success; 2 a usage error, a bad setting (one line naming it) or a file that cannot be read.
-"""
+Exit codes: 0 success; 2 a usage error, a bad setting (one line naming it) or a file that cannot be read."""
 
 from __future__ import annotations
 
@@ -206,8 +204,7 @@ def _exit_if_threads_linger(status: int = 0) -> None:
 
 
 def _run_to_end(settings: Settings) -> None:
-    """Run the controller until SIGTERM or SIGINT, then ignore both (a second one would end a clean stop with
-    status -15). Raises :class:`StartupError`."""
+    """Run the controller until SIGTERM or SIGINT, then ignore both (a second: -15). Raises :class:`StartupError`."""
 
     async def run_until_signalled() -> None:
         stop = asyncio.Event()
@@ -340,7 +337,6 @@ ANNOTATIONS_MARKDOWN = [
 
 
 def _format_option(default: str, help_text: str) -> Callable[[F], F]:
-    """``--format``: ``json`` or ``table``."""
     choice = click.Choice(["json", "table"] if default == "json" else ["table", "json"])
     return click.option("--format", "output", type=choice, default=default, show_default=True, help=help_text)
 

@@ -50,8 +50,7 @@ RELEASES_AT_SHUTDOWN_S = 1.0
 
 
 class Consumer:
-    """Consumes ``queue_urls`` for ``handler`` through ``ledger`` (its SQS client, event store, heartbeats and
-    observer); ``loops_per_queue`` polls of ``wait_s`` seconds run per queue."""
+    """Consumes ``queue_urls`` for ``handler`` through ``ledger``: ``loops_per_queue`` polls of ``wait_s`` s each."""
 
     def __init__(
         self,
@@ -205,8 +204,7 @@ class Consumer:
             self._polling.discard(current)
 
     def _receive_failed(self, queue_url: str, exc: Exception) -> float:
-        """Count and log a failed ReceiveMessage: wait 1 s, or -1 when SQS refuses this controller for good (a
-        refusal no retry heals before any answer: a setting, not a blip; :attr:`refused` names it)."""
+        """Count and log a failed ReceiveMessage: wait 1 s, or -1 when SQS refuses for good (:attr:`refused`)."""
         self.observer.error(ErrorWhere.RECEIVE)
         self.failed_at = time.monotonic()
         code = error_code(exc)

@@ -1,11 +1,9 @@
 """The typed interruption events, one model per kind: one affected instance of one message each.
-
 Aliases read the wire format (EC2 User Guide: "Spot Instance interruption notices", "EC2 instance rebalance
 recommendations", "EC2 instance state-change events", "Monitor interruptible Capacity Reservations with EventBridge";
 "Amazon EC2 Auto Scaling lifecycle hooks", in ``detail`` or top-level when sent straight to SQS). :class:`EventStore`
 (pure) deduplicates by event ID and keeps one :class:`NodeOperation` per instance and mode: a node is drained **once**,
-every message asking for it settled when that drain ends (DESIGN.md rule 2).
-"""
+every message asking for it settled when that drain ends (DESIGN.md rule 2)."""
 
 from __future__ import annotations
 
@@ -133,8 +131,7 @@ def make_event_id(kind: EventKind, instance_id: str, key: str) -> str:
 
 
 def _detail(*keys: str, top: bool = False, **field: Any) -> Any:
-    """A field read from ``detail.<key>`` (the first of ``keys`` there), or also top-level with ``top`` (sent straight
-    to SQS); ``field``: more."""
+    """A field read from ``detail.<key>`` (the first of ``keys``), also top-level with ``top``; ``field``: more."""
     choices = [AliasPath("detail", key) for key in keys] + (list(keys) if top else [])
     return Field(validation_alias=AliasChoices(*choices) if len(choices) > 1 else choices[0], **field)
 
@@ -273,7 +270,6 @@ class ScheduledChangeEvent(BaseEvent):
     @computed_field
     @cached_field
     def start_time(self) -> datetime:
-        """The Health event's ``startTime``."""
         return self.scheduled_start_time
 
 
@@ -339,7 +335,6 @@ class NodeOperation:
 
     @property
     def first(self) -> Event:
-        """The event that started the operation."""
         return self.events[0]
 
     @property
@@ -459,9 +454,8 @@ class EventStore:
         return Admission(kind, operation)
 
     def finish(self, operation: NodeOperation, *, succeeded: bool) -> tuple[tuple[str, MessageOutcome], ...]:
-        """End an operation, remembering a success's event IDs (not unsettled actions'); ``(message ID, outcome)`` of
-        the messages with none left: DELETE when all theirs succeeded, actions settled, else REQUEUE. ``KeyError``
-        for one not in flight."""
+        """End an operation, remembering a success's event IDs (not unsettled actions'); ``(message ID, outcome)``
+        of messages with none left: DELETE if all succeeded and actions settled, else REQUEUE; raises ``KeyError``."""
         if self._operations.get(operation.key) is not operation:
             raise KeyError(f"no operation in flight for {operation.key}")
         del self._operations[operation.key]

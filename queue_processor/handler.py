@@ -1,8 +1,6 @@
 """The per-node drain pipeline: resolve → claim → PreDrain + cordon → drain → PostDrain; EarlyExit on error.
-
 Steps are functions over an :class:`~queue_processor.steps.OperationContext`; :class:`Handler` holds what operations
-share (count, Leases, drain turns). Launches: :func:`~queue_processor.launch.run_launch`.
-"""
+share (count, Leases, drain turns). Launches: :func:`~queue_processor.launch.run_launch`."""
 
 from __future__ import annotations
 
@@ -204,9 +202,8 @@ class Handler:
         return await report_step(ctx, post_drain(ctx), post_drain=True, guarded=True)
 
     async def _find_and_claim(self, ctx: OperationContext) -> Outcome | None:
-        """The node (``ctx.node``) and, with NODE_LEASES, its claimed Lease (``ctx.claim``); ``None`` when claimed,
-        else the outcome. Without Leases a node named by its private DNS name is assumed (and looked up if the
-        cordon misses)."""
+        """The node (``ctx.node``) and, with NODE_LEASES, its claimed Lease (``ctx.claim``); ``None`` when claimed, else
+        the outcome. Without Leases the private DNS name is assumed (looked up if the cordon misses)."""
         info, parts = ctx.info, self.parts
         assert info is not None
         by_name = not parts.settings.use_provider_id and bool(info.private_dns_name)
@@ -293,8 +290,7 @@ class Handler:
             _join_handed(ctx, annotations)
 
     async def _drain_in_turn(self, ctx: OperationContext) -> DrainResult | None:
-        """:func:`_drain`, with DRAIN_BUDGET_NON_URGENT in the group's turn (:func:`~.turns.drain_turn`); ``None``
-        if the instance started again while it waited."""
+        """:func:`_drain` in the group's turn (:func:`~.turns.drain_turn`); ``None`` if the instance started since."""
         if not self.parts.settings.drain_budget_non_urgent:
             return await _drain(ctx)
         async with drain_turn(ctx, self.turns, self.park_messages) as waited:
@@ -326,9 +322,8 @@ class Handler:
         return True
 
     async def _wait_for_the_others(self, ctx: OperationContext) -> None:
-        """DESIGN.md rule 16: our shutdown cancels the other operations here, so wait until none is left, but no
-        later than :data:`LEAVE_LEAD_S` before our instance's end nor one drain deadline from now, as the events
-        say at each wake (one that joins may bring the end nearer)."""
+        """Wait until no other operation is left (our shutdown cancels them; DESIGN.md rule 16), at most until
+        :data:`LEAVE_LEAD_S` before our instance's end (the events at each wake) or one drain deadline from now."""
         operation, clock = ctx.operation, self.parts.clock
         deadline = ctx.deadline()
 
@@ -474,9 +469,8 @@ async def _follow_joins(ctx: OperationContext, bounds: DrainBounds) -> None:
 
 
 async def _no_node(ctx: OperationContext) -> Outcome:
-    """No Node for the instance: DONE, actions completed, when the instance is gone, with
-    DELETE_SQS_MSG_IF_NODE_NOT_FOUND, or LAUNCH_READY_TIMEOUT_SEC after its ``LaunchTime`` (DESIGN.md rule 9);
-    else RETRY, a node may still register."""
+    """No Node for the instance: DONE, actions completed, if the instance is gone, with DELETE_SQS_MSG_IF_NODE_NOT_FOUND
+    or LAUNCH_READY_TIMEOUT_SEC after its ``LaunchTime`` (DESIGN.md rule 9); else RETRY (a node may yet register)."""
     settings = ctx.parts.settings
     if await instance_gone(ctx):
         return await nothing_to_drain(

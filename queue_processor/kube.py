@@ -1,8 +1,7 @@
 """The Kubernetes client: the ``kubernetes`` client's HTTP machinery behind bounded thread pools and a QPS/burst
 limit, speaking JSON dicts. Connection errors, 429s and 5xx are retried with jittered backoff (Retry-After honoured);
 evictions are not (the drain decides). API reference: core/v1 Node, Pod, Event; policy/v1 Eviction
-("API-initiated Eviction"); coordination.k8s.io/v1 Lease.
-"""
+("API-initiated Eviction"); coordination.k8s.io/v1 Lease."""
 
 from __future__ import annotations
 
@@ -152,8 +151,7 @@ class KubeClient:
         *,
         taken: bool = False,
     ) -> Obj:
-        """One attempt of :meth:`request`: a token (unless ``taken``), a thread to ``send`` it, the answer; raises
-        :class:`KubeError`."""
+        """One attempt of :meth:`request`: a token (unless ``taken``), a thread to ``send`` it. Raises KubeError."""
         if not taken:
             await self.limiter.acquire(urgent=urgent)
         pool = self._pools[
@@ -236,12 +234,11 @@ class KubeClient:
         metadata_only: bool = False,
         keep: rest.Keep | None = None,
     ) -> AsyncGenerator[list[Obj], None]:
-        """One watch of ``path`` from ``resource_version``, read by a thread until the server ends it (``timeout_s``
-        s): an empty list once the server accepted it, then each chunk's ``{"type", "object"}`` events ``keep``
-        kept (one whose last line was dropped ends with a ``BOOKMARK``: the last event names where the stream is).
-        Closing it shuts the connection. Raises :class:`KubeError`: 410 when the resourceVersion is too old
-        ("Efficient detection of changes"), an error answer's status, 0 for a failed connection or a non-event
-        (``WatchReceiverError``: ``keep`` raised)."""
+        """One watch of ``path`` from ``resource_version`` in a thread until the server ends it (``timeout_s``): ``[]``
+        once accepted, then each chunk's ``{"type", "object"}`` events ``keep`` kept (ending with a ``BOOKMARK`` where
+        the last line was dropped: where the stream is). Closing it shuts the connection. Raises :class:`KubeError`: 410
+        for a resourceVersion too old ("Efficient detection of changes"), an error answer's status, 0 for a failed
+        connection or a non-event (``WatchReceiverError``: ``keep`` raised)."""
         await self.limiter.acquire()
         stream = rest.WatchStream(asyncio.get_running_loop())
         params = {
@@ -393,7 +390,6 @@ class KubeClient:
         return await self._items(f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers")
 
     async def create_event(self, namespace: str, event: Obj) -> None:
-        """Record a core/v1 Event."""
         await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
 
     # Lease calls are urgent: a renewal behind evictions lets the Lease lapse (DESIGN.md rule 10).

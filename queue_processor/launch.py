@@ -1,8 +1,7 @@
 """The launch path: wait until a launching instance's node is registered and Ready, then complete its launch actions
 with CONTINUE (warm-pool ones only with COMPLETE_WARM_POOL_LAUNCH), first undoing our cordon of a node back in
 service (UNCORDON_ON_RETURN). Only while work can still finish them (DESIGN.md rule 9): an ended instance ends its
-actions, and a node not Ready within LAUNCH_READY_TIMEOUT_SEC gets the hook's DefaultResult.
-"""
+actions, and a node not Ready within LAUNCH_READY_TIMEOUT_SEC gets the hook's DefaultResult."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ class Draining:
 
 
 async def run_launch(ctx: OperationContext, draining: Draining) -> Outcome:
-    """The launch operation of ``ctx`` to its end (see the module docstring). A node being drained, here
-    (``draining``) or elsewhere (the Leases), is never uncordoned."""
+    """The launch of ``ctx`` (module docstring); a node drained here (``draining``) or elsewhere is never uncordoned."""
     parts, operation = ctx.parts, ctx.operation
     settings = parts.settings
     for action in operation.launch_actions:
@@ -85,8 +83,7 @@ async def run_launch(ctx: OperationContext, draining: Draining) -> Outcome:
 async def _ready_node(
     ctx: OperationContext, info: InstanceInfo | None, deadline: float
 ) -> dict[str, Any] | Outcome:
-    """Poll (0.1 s backing off to 5 s) until the node is registered and Ready, at most until ``deadline``
-    (monotonic seconds); the node, or the outcome when the launch ended otherwise."""
+    """Poll (0.1 s backing off to 5 s) until the node is Ready or ``deadline`` (monotonic): the node, or the outcome."""
     operation, parts = ctx.operation, ctx.parts
     poll = 0.1
     while True:
@@ -165,9 +162,8 @@ async def _undo_on_return(ctx: OperationContext, draining: Draining, deadline: f
 
 
 async def _drains_over(ctx: OperationContext, draining: Draining, deadline: float) -> bool:
-    """Poll (0.1 s backing off to 2 s) until no drain of the node runs here or elsewhere (a stop's late duplicate
-    may drain it as it returns; a holder on another replica confirmed alive), at most until ``deadline``
-    (monotonic seconds); whether none runs."""
+    """Poll (0.1 s backing off to 2 s) until ``deadline`` (monotonic) or no drain of the node runs here or elsewhere (a
+    live holder on another replica; a stop's late duplicate may drain it as it returns): whether none runs."""
     leases, clock = ctx.parts.leases, ctx.parts.clock
 
     async def being_drained() -> bool:

@@ -1,9 +1,7 @@
 """Per-node coordination.k8s.io/v1 Leases ("Leases") making a node's drain exclusive among replicas (DESIGN.md rule 6).
-
 A node's Lease, ``queue-processor-<node>`` (:meth:`NodeLeases.claim`), names the claimer's :class:`ReplicaLease`,
 is held while that one is renewed and deleted when released; another replica takes it once released or lapsed
-(409: another replica won). A lapse loses every :class:`Claim` held.
-"""
+(409: another replica won). A lapse loses every :class:`Claim` held."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ log = structlog.get_logger("queue_processor.leases")
 #: ``leaseDurationSeconds`` of a node Lease held by a replica Lease (earlier versions judge by it): over any drain.
 HELD_BY_REPLICA_S = 3600
 
-#: The labels naming a node Lease's holder and the Lease itself (:func:`label_value`): what a batch of releases
-#: selects by (the Leases ``in (…)``).
+#: The labels naming a node Lease's holder and the Lease (:func:`label_value`), which a batch of releases selects by.
 HOLDER_LABEL = "queue-processor/holder"
 LEASE_LABEL = "queue-processor/lease"
 
@@ -254,9 +251,8 @@ class ReplicaLease:
 
 
 class Claim:
-    """A held node Lease; :meth:`release` it when the node's handling ends. ``lost`` is set when the replica Lease
-    lapses (or is deleted or rewritten): the operation stops (EarlyExit). :meth:`confirm` it before anything that
-    must not be done twice (an eviction, a lifecycle completion)."""
+    """A held node Lease (:meth:`release` it at the end); ``lost`` is set when the replica Lease lapses (or is deleted
+    or rewritten): EarlyExit. :meth:`confirm` it before what must not be done twice (an eviction, a completion)."""
 
     def __init__(self, leases: NodeLeases, lease: dict[str, Any], epoch: int) -> None:
         self._leases = leases

@@ -1,9 +1,7 @@
 """Auto Scaling lifecycle actions: heartbeats from first receipt to the end, and CompleteLifecycleAction.
-
 Per "Amazon EC2 Auto Scaling lifecycle hooks" and the API Reference: a heartbeat restarts the hook's HeartbeatTimeout;
 an action over answers ``ValidationError: No active Lifecycle Action found``. :class:`Lifecycle` makes the calls;
-:class:`Heartbeats` beats each action until it is over, HEARTBEAT_UNTIL passes, or shutdown.
-"""
+:class:`Heartbeats` beats each action until it is over, HEARTBEAT_UNTIL passes, or shutdown."""
 
 from __future__ import annotations
 
@@ -253,7 +251,6 @@ class Heartbeats:
 
     @property
     def running(self) -> int:
-        """Heartbeat tasks alive."""
         return len(self._beats)
 
     def start(self, action: AsgLifecycleEvent) -> None:

@@ -1,6 +1,5 @@
 """The controller's errors and outcome vocabularies: the leaf every layer may import (DESIGN.md, "Layout").
-The enums' values are label values of the metrics: dashboards depend on them.
-"""
+The enums' values are label values of the metrics: dashboards depend on them."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ class KubeError(Exception):
 
 
 class ClaimLost(Exception):  # noqa: N818 - it names what happened
-    """The node's Lease is no longer this replica's: another replica holds it, or it lapsed (not renewed
-    within its duration, e.g. while the process was paused) and could not be renewed."""
+    """The node's Lease is no longer this replica's: another replica holds it, or it lapsed (e.g. a paused process)."""
 
 
 class PoisonClass(StrEnum):
@@ -221,8 +219,7 @@ class LifecycleResult(StrEnum):
 
 
 class OperationOutcome(StrEnum):
-    """``outcome`` of ``queue_processor_operation_outcomes_total``: why an operation ended without a drain
-    (the Lease ones are requeued, the others acknowledged)."""
+    """``outcome`` of ``queue_processor_operation_outcomes_total``: why no drain (Lease ones RETRY, others DONE)."""
 
     UNKNOWN_INSTANCE = "unknown-instance"
     """EC2 does not know the instance (gone long ago, or another account or region)."""

@@ -3,8 +3,7 @@ one list the Helm chart's ClusterRole/Role, the Terraform module's IAM policy an
 Less obvious uses: pods watch (metadata-only deletions), Events (in namespace ``default``), DescribeLifecycleHooks
 (a hook's HeartbeatTimeout), DescribeAutoScalingGroups (group sizes for DRAIN_BUDGET_NON_URGENT) and
 DescribeAutoScalingInstances (whether a lifecycle action still waits). Documents: "Using RBAC Authorization"
-(Kubernetes); "Service Authorization Reference" (AWS IAM).
-"""
+(Kubernetes); "Service Authorization Reference" (AWS IAM)."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def kubernetes_verbs() -> set[str]:
 
 
 def rbac_rules(*, cluster_wide: bool, enabled: frozenset[str] = frozenset()) -> list[dict[str, list[str]]]:
-    """The ``rules`` of the ClusterRole (``cluster_wide``) or the namespaced Role as the chart renders them;
-    a rule whose setting is not in ``enabled`` is left out."""
+    """The ClusterRole's (``cluster_wide``) or Role's ``rules`` as the chart renders them for settings ``enabled``."""
     return [
         {"apiGroups": [rule.api_group], "resources": [rule.resource], "verbs": list(rule.verbs)}
         for rule in KUBERNETES_RULES

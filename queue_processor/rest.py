@@ -184,8 +184,7 @@ def read_watch(
     stream: WatchStream,
     keep: Keep | None,
 ) -> None:
-    """The watch thread: connect with ``api`` (an ApiClient), read chunks of lines, put what it read in
-    ``stream`` (status 0: no answer)."""
+    """The watch thread: connect with ``api`` (an ApiClient), put the chunks read in ``stream`` (0: no answer)."""
     rv = str(query["resourceVersion"])
     try:
         params = api.param_serialize(
@@ -310,8 +309,7 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 
 
 async def wait(*tasks: asyncio.Future[Any] | None) -> None:
-    """Wait until every one of ``tasks`` (``None`` skipped) has ended; what each ends with is not raised.
-    Raises ``CancelledError`` when the caller is cancelled."""
+    """Wait until each of ``tasks`` (``None`` skipped) has ended; raises none of theirs, only ``CancelledError``."""
     await asyncio.gather(*(task for task in tasks if task is not None), return_exceptions=True)
 
 

@@ -1,7 +1,6 @@
 """Instances back in service (a stop and start, a warm pool): :class:`Returns` undoes exactly what we recorded on
 their nodes (:class:`~queue_processor.drain.node_writes.CordonRecord`) once the instance is back and no operation for
-it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``) is the launch path's.
-"""
+it runs anywhere. A return from a *running* warm pool (same ``LaunchTime``) is the launch path's."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ log = structlog.get_logger("queue_processor.returns")
 
 
 def came_back(record: CordonRecord, info: InstanceInfo | None, node: dict[str, Any]) -> bool:
-    """Whether the instance of a node we cordoned (``record``) is back, as EC2 (``info``) and the node say: running,
-    a ``LaunchTime`` other than the recorded one (EC2's latest launch or start), the node Ready, and no notice of
-    the record still to reclaim it."""
+    """Whether the instance of a node we cordoned (``record``) is back, as EC2 (``info``) and the node say: running, a
+    ``LaunchTime`` other than the recorded one, the node Ready, and no notice of the record still to reclaim it."""
     if info is None or info.state != "running" or info.launch_time is None or not record.launch_time:
         return False
     if record.pending(datetime.now(UTC)):

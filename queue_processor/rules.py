@@ -1,7 +1,6 @@
 """Per kind of event, pure (as Karpenter's ``actionForMessage``): the table :data:`RULES`, and the events handed to
 the holder of a node's Lease. With NODE_LEASES, a replica that cannot claim a node writes the events that bring its
-end nearer onto the Lease (:func:`annotation`); the holder joins them (:func:`events_in`).
-"""
+end nearer onto the Lease (:func:`annotation`); the holder joins them (:func:`events_in`)."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ def leaves_time(events: Sequence[Event], *, grace_period_s: float, wall: datetim
     return True
 
 
-#: The annotation keys of events handed over: ``queue-processor/event.<event ID>`` (an event ID is at most 54
-#: characters of ``[a-z0-9-]``, so the name part stays within the 63 an annotation key allows).
+#: Events handed over: ``queue-processor/event.<event ID>`` (IDs ≤ 54 characters: the name part stays within 63).
 HANDOVER_PREFIX = "queue-processor/event."
 
 

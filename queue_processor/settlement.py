@@ -1,9 +1,7 @@
 """The settlement ledger: a message this replica holds, from its receipt to its settlement.
-
 :class:`InFlightSlots`: at most ``size`` messages held, a slot per message ID with its newest receipt handle (a poll
 reserves a :class:`Room`). :class:`Ledger` renews visibility and heartbeats every half visibility timeout (DESIGN.md
-rule 5), and deletes or requeues (with a backoff) a message whose operations ended. Errors are logged.
-"""
+rule 5), and deletes or requeues (with a backoff) a message whose operations ended. Errors are logged."""
 
 from __future__ import annotations
 
@@ -274,9 +272,8 @@ class Ledger:
             await self.renew_held()
 
     async def renew_held(self) -> None:
-        """Renew every held message's visibility (batches of 10), never after its requeue or delete. One held for
-        almost :data:`SQS_HOLD_MAX_S` (less two visibility timeouts) is made visible instead, to be received anew,
-        before SQS refuses its renewal."""
+        """Renew every held message's visibility (batches of 10), never after its requeue or delete; one held almost
+        :data:`SQS_HOLD_MAX_S` (less two visibility timeouts) is made visible instead, before SQS refuses renewal."""
         loop = asyncio.get_running_loop()
         refs = self.held()
         renewals = {ref.message_id: loop.create_future() for ref in refs}

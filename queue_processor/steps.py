@@ -1,8 +1,7 @@
 """The steps of :mod:`~queue_processor.handler` and :mod:`~queue_processor.launch` over an :class:`OperationContext`:
 resolve the instance, PreDrain and cordon in one write (NTH's taint per kind, the exclude-from-load-balancers label,
 :class:`CordonRecord`), complete lifecycle actions, record Events; and the deadlines its events set. Tasks go through
-:meth:`OperationContext.spawn` (DESIGN.md rule 3).
-"""
+:meth:`OperationContext.spawn` (DESIGN.md rule 3)."""
 
 from __future__ import annotations
 
@@ -134,9 +133,8 @@ class OperationContext:
         )
 
     def cordon_record(self) -> CordonRecord | None:
-        """The instance facts every write of ours on the node records (:class:`CordonRecord`): its ID,
-        its ``LaunchTime`` (another later one means stopped and started since), whether bound for a warm pool, when,
-        and when a notice reclaims it."""
+        """The instance facts each write of ours on the node records (:class:`CordonRecord`): its ID, ``LaunchTime``,
+        whether bound for a warm pool, when, and when a notice reclaims it."""
         if self.info is None:
             return None
         launch_time = self.info.launch_time
@@ -156,7 +154,6 @@ class OperationContext:
 
 
 def pre_drains(kinds: Iterable[EventKind]) -> bool:
-    """Whether any of ``kinds`` gets NTH's PreDrain task."""
     return any(RULES[kind].pre_drain for kind in kinds)
 
 
@@ -210,10 +207,9 @@ def launch_ready_deadline(events: Sequence[Event], *, timeout_s: float, now: flo
 async def report_step(
     ctx: OperationContext, work: Awaitable[T], *, post_drain: bool, guarded: bool = False
 ) -> T:
-    """Run ``work`` (guarded by the Lease when ``guarded``) and report it as NTH does (its
-    pkg/observability/k8s-events.go): the cordon's failure as CordonError (CORDON_ONLY) or CordonAndDrainError;
-    PostDrain (``post_drain``) counted in ``actions_total`` and recorded as PostDrain or PostDrainError. Raises what
-    ``work`` raises; ``ClaimLost`` when the Lease is lost meanwhile."""
+    """Run ``work`` (guarded by the Lease when ``guarded``) and report it as NTH's pkg/observability/k8s-events.go: the
+    cordon's failure as CordonError (CORDON_ONLY) or CordonAndDrainError; PostDrain (``post_drain``) counted in
+    ``actions_total`` and recorded as PostDrain or PostDrainError. Raises what ``work`` raises, or ``ClaimLost``."""
     observer = ctx.parts.observer
     try:
         if guarded:
@@ -241,8 +237,7 @@ async def report_step(
 
 @contextlib.asynccontextmanager
 async def lease_guard(ctx: OperationContext) -> AsyncIterator[None]:
-    """Run the body; with a Lease, cancel it and raise :class:`ClaimLost` as soon as the Lease is lost (a body
-    that ends first keeps its result)."""
+    """Run the body; with a Lease, cancel it and raise :class:`ClaimLost` once the Lease is lost (unless done first)."""
     claim = ctx.claim
     if claim is None:
         yield
@@ -310,8 +305,7 @@ async def resolve(ctx: OperationContext) -> InstanceInfo | Outcome:
 
 async def started_again(ctx: OperationContext, *, fresh: bool = False) -> bool:
     """Whether the instance started again since its messages: ``LaunchTime`` after every ``SentTimestamp`` or, after
-    stops only, running and launched since the stops ("Warm pools for Amazon EC2 Auto Scaling"). Lifecycle actions
-    always drain."""
+    stops only, running and launched since ("Warm pools for Amazon EC2 Auto Scaling"); never for lifecycle actions."""
     operation, info = ctx.operation, ctx.info
     evaluated: list[Event] = []
     while len(evaluated) != len(operation.events):

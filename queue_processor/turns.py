@@ -1,8 +1,6 @@
 """Turns for drains that leave time (DRAIN_BUDGET_NON_URGENT): at most so many drains of one group at once.
-
 Every drain of a group is counted while it runs (:meth:`Turns.turn`); one whose events all leave time waits,
-cordoned, until fewer than :func:`turn_limit` run, in arrival order. Urgent drains are counted, never held.
-"""
+cordoned, until fewer than :func:`turn_limit` run, in arrival order. Urgent drains are counted, never held."""
 
 from __future__ import annotations
 
@@ -49,7 +47,6 @@ class Turns:
         self._limits: dict[asyncio.Event, int] = {}  # each waiter's limit
 
     def waiting(self, group: str) -> int:
-        """Drains of ``group`` waiting for a turn now."""
         return len(self._lines.get(group, []))
 
     @asynccontextmanager

@@ -5,9 +5,8 @@ reflector: list, then watch from the last resourceVersion; a 410 Gone or an even
 the stream holds and fewer than :data:`MEMORY` deletions passed, every listed pod gone is known or will come. API
 concepts: "Efficient detection of changes", "Resource versions", "Receiving resources as Tables or metadata only".
 :class:`LeaseWatch`: the node Leases (NODE_LEASES), their holders and the events handed over (unwatched: waiters poll).
-:class:`NodeFinder`: an instance's Node read from the API server (by PrivateDnsName, then the
-``kubernetes.io/hostname`` label; or, with USE_PROVIDER_ID, ``spec.providerID``).
-"""
+:class:`NodeFinder`: an instance's Node read from the API server (by PrivateDnsName, then the ``kubernetes.io/hostname``
+label; or, with USE_PROVIDER_ID, ``spec.providerID``)."""
 
 from __future__ import annotations
 
@@ -434,7 +433,6 @@ class Departures(Watched):
 
 
 def node_ready(node: dict[str, Any]) -> bool:
-    """Whether a Node's ``Ready`` condition is ``True`` (its kubelet reports it healthy)."""
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
@@ -494,7 +492,6 @@ UNWATCHED_POLL_S = 5.0
 
 
 def holder_of(lease: dict[str, Any] | None) -> str | None:
-    """The Lease's ``holderIdentity``, ``None`` when it has none (or there is no Lease)."""
     holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
     return str(holder) if holder else None
 

@@ -1,7 +1,6 @@
 """Drain one node as kubectl's ``RunNodeDrain`` ("Safely Drain a Node"): list its pods, plan
 (:mod:`~queue_processor.drain.plan`), evict wave by wave (:mod:`~queue_processor.drain.evictions`), wait until they
-are gone or the deadline, delete what is left when asked, summarise; one path whatever USE_APISERVER_CACHE says.
-"""
+are gone or the deadline, delete what is left when asked, summarise; one path whatever USE_APISERVER_CACHE says."""
 
 from __future__ import annotations
 
@@ -110,7 +109,6 @@ class Tally:
         return Tally(*(getattr(self, part.name) + getattr(later, part.name) for part in fields(Tally)))
 
     def finished(self) -> bool:
-        """Whether a pass ended with every pod gone and no eviction failed."""
         return not self.remaining and not any(o.result is EvictionOutcome.ERROR for o in self.outcomes)
 
 
@@ -208,11 +206,10 @@ class Drainer:
         lost: Callable[[], bool] | None = None,
         tell: Tell | None = None,
     ) -> DrainResult:
-        """Evict the node's pods and wait until they are gone or the deadline (a ``clock`` reading, or
-        :class:`DrainBounds` that may tighten), in a drain-budget slot. ``guard`` runs before each eviction and raises
-        to stop the drain (:meth:`queue_processor.leases.Claim.confirm`); with ``lost()`` true surges are left to the
-        node's new owner; ``tell`` (must not raise) records pod Events. Raises :class:`KubeError` when the pods cannot
-        be listed, and what ``guard`` raises."""
+        """Evict the node's pods and wait until gone or the deadline (a ``clock`` reading, or :class:`DrainBounds` that
+        may tighten), in a drain-budget slot. ``guard`` runs before each eviction and raises to stop the drain; with
+        ``lost()`` true surges are left to the node's new owner; ``tell`` (must not raise) records pod Events. Raises
+        :class:`KubeError` when the pods cannot be listed, and what ``guard`` raises."""
         bounds = deadline if isinstance(deadline, DrainBounds) else DrainBounds(deadline, instance_end)
         run = DrainRun(bounds, uuid.uuid4().hex[:12], guard, lost, tell, node)
         async with self.budget:

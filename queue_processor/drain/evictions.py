@@ -1,8 +1,7 @@
 """One pod's eviction through the policy/v1 Eviction API ("API-initiated Eviction"), as Karpenter's eviction queue:
 429s retried with backoff until the drain's last moment, 404 gone, 500 failed; a surge pod's replacement first.
 Across drains, :class:`Slots` bound evictions awaiting their first request and :class:`BudgetGates` hold a workload's
-pods (by owner) while the budget a 429 names (the API server's ``pkg/registry/core/pod/storage/eviction.go``) refuses.
-"""
+pods while the budget a 429 names (``pkg/registry/core/pod/storage/eviction.go``) refuses."""
 
 from __future__ import annotations
 
@@ -211,7 +210,6 @@ class DrainRun:
     held: list[Surge] = field(default_factory=list)
 
     async def confirm(self) -> None:
-        """Run the guard (raises to stop the drain)."""
         if self.guard is not None:
             await self.guard()
 

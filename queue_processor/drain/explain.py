@@ -27,8 +27,7 @@ from queue_processor.outcomes import KubeError
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod is Running, Ready and not terminating: "healthy" for a PodDisruptionBudget ("Specifying a
-    Disruption Budget for your Application")."""
+    """Running, Ready, not terminating: "healthy" ("Specifying a Disruption Budget for your Application")."""
     status = pod.get("status") or {}
     if status.get("phase") != "Running" or is_terminating(pod):
         return False
@@ -66,7 +65,6 @@ class NodeExplanation:
     summary: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        """The explanation as a JSON-ready dict (the dataclass fields, nested)."""
         return asdict(self)
 
 

@@ -23,9 +23,8 @@ from queue_processor.watch import FIRST_COPY_WAIT_S, RECORD_ANNOTATION, RECORD_L
 @dataclass(frozen=True)
 class CordonRecord:
     """What the controller changed on one Node (``unschedulable``, ``taints`` added, ``replaced`` others' taints,
-    ``labels`` added) and the instance then: ``instance_id``, ``launch_time``, ``since`` and ``ends`` (when a Spot or
-    Capacity Reservation notice reclaims it) (ISO 8601, ``""``: unknown), ``warm_pool`` (cordoned for a move into a
-    warm pool)."""
+    ``labels`` added) and the instance then: ``instance_id``, ``launch_time``, ``since``, ``ends`` (of a Spot or
+    Capacity Reservation notice; ISO 8601, ``""``: unknown), ``warm_pool`` (cordoned for a move into a warm pool)."""
 
     unschedulable: bool = False
     taints: tuple[tuple[str, str], ...] = ()
@@ -142,9 +141,8 @@ def cordon_patch(
 
 
 def undo_patch(node: Mapping[str, Any], record: CordonRecord) -> dict[str, Any]:
-    """The strategic-merge patch undoing ``record`` on ``node`` (as read now), with its ``resourceVersion`` so a
-    concurrent change answers 409: our cordon, our taints (replaced ones restored; the list has no patch merge
-    key), our labels still holding our value, and the record go; what others set stays."""
+    """The strategic-merge patch undoing ``record`` on ``node`` (as read now; its ``resourceVersion``: 409 on a change):
+    our cordon, taints (the whole list: no patch merge key), labels still our value, and the record go; others' stay."""
     metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
     current = metadata.get("labels") or {}
     labels: dict[str, Any] = {key: None for key, value in record.labels.items() if current.get(key) == value}
@@ -187,9 +185,8 @@ class NodeWrites:
         labels_if_absent: Mapping[str, str] | None = None,
         about: CordonRecord | None = None,
     ) -> bool:
-        """Mark the node unschedulable and, in the same write, add ``taints`` (``(key, value, effect)``) and the
-        ``labels_if_absent`` it lacks, recorded (with ``about``'s instance facts) for :meth:`undo`; idempotent, 409s
-        retried (:meth:`_patch`). ``False`` when the node does not exist; raises :class:`KubeError` otherwise."""
+        """Cordon the node (idempotent), adding ``taints`` (``(key, value, effect)``) and the ``labels_if_absent`` it
+        lacks in one write, recorded with ``about``'s facts for :meth:`undo`. ``False``: no node; raises KubeError."""
         body = functools.partial(
             cordon_patch, unschedulable=True, taints=taints, labels=labels_if_absent, about=about
         )
@@ -218,9 +215,8 @@ class NodeWrites:
     async def _patch(
         self, node: str, body_of: Callable[[dict[str, Any]], dict[str, Any] | None], *, cached: bool
     ) -> bool:
-        """Patch the node with ``body_of(node as read)`` (``None``: nothing to write), each 409 Conflict retried on
-        a fresh read (:data:`TAINT_WRITE_ATTEMPTS`); ``cached``: the first attempt writes on the watched copy. ``True``
-        once written, ``False`` when the node is gone or there is nothing to write; raises :class:`KubeError`."""
+        """Patch the node with ``body_of(node as read)``, 409s retried on a fresh read (:data:`TAINT_WRITE_ATTEMPTS`;
+        ``cached``: first on the watched copy): ``True`` if written, ``False`` if gone or ``None``; raises KubeError."""
         for attempt in range(TAINT_WRITE_ATTEMPTS):
             current = None
             if attempt == 0 and cached and self.nodes is not None:

@@ -1,10 +1,8 @@
 """A drain's plan, pure but for :class:`DrainBounds`: which pods go, in which wave, with which grace.
-
 kubectl-drain's pod filters (``k8s.io/kubectl/pkg/drain``) over API JSON dicts (a mistyped field counts as absent),
 except that DaemonSet pods are never evicted, terminating ones only waited for, and warnings kept. DRAIN_ORDER=waves
 evicts *critical* pods ("Pod Priority and Preemption") last. With a known instance end a grace
-(``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds before it, ≥ 1 s.
-"""
+(``deleteOptions.gracePeriodSeconds``, "API-initiated Eviction") is cut to end ``margin`` seconds before it, ≥ 1 s."""
 
 from __future__ import annotations
 
@@ -75,7 +73,6 @@ class DrainPlan:
 
     @property
     def errors(self) -> list[PodDecision]:
-        """The decisions that forbid the drain."""
         return [d for d in self.decisions if d.verdict is Verdict.ERROR]
 
 
@@ -119,12 +116,10 @@ def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def is_terminating(pod: Mapping[str, Any]) -> bool:
-    """Whether ``metadata.deletionTimestamp`` is set (the pod is being deleted)."""
     return _metadata(pod).get("deletionTimestamp") is not None
 
 
 def is_finished(pod: Mapping[str, Any]) -> bool:
-    """Whether ``status.phase`` is ``Succeeded`` or ``Failed``."""
     phase = _mapping(pod.get("status")).get("phase")
     return phase in ("Succeeded", "Failed")
 
@@ -489,7 +484,6 @@ class DrainBounds:
         return tightened.is_set()
 
     async def tightening(self) -> None:
-        """Wait until the bounds tighten next."""
         await self._tightened.wait()
 
     def grace(self, own_s: int, timing: DrainTiming, now: float) -> tuple[int, bool]:

@@ -1,10 +1,7 @@
-"""Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``; docs/kinds.md).
-
-The pod's Deployment is scaled up one replica; once one more replica is *available* the pod is evicted and the
-Deployment scaled back. :data:`SURGE_RECORD_ANNOTATION` is written with the count in one merge patch on the read
-``resourceVersion``: another's count is never lowered; a surge cut short (SIGKILL, lost Lease) is taken over or back.
-Deployments an HPA scales are not surged.
-"""
+"""Replacement before eviction (SURGE_DRAINS, pod annotation ``queue-processor/drain: surge``; docs/kinds.md): the
+pod's Deployment (unless an HPA scales it) is scaled up one replica; once one more is *available* the pod is evicted
+and the Deployment scaled back. :data:`SURGE_RECORD_ANNOTATION` holds the count, written in one merge patch on the
+read ``resourceVersion`` (another's count never lowered); a surge cut short (SIGKILL, lost Lease) is taken over/back."""
 
 from __future__ import annotations
 
@@ -130,8 +127,7 @@ def label_selector(selector: Mapping[str, Any]) -> str:
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
     """Whether a ``LabelSelector`` (``matchLabels``; ``matchExpressions`` In, NotIn, Exists, DoesNotExist; another
-    operator selects nothing) selects ``labels``. Empty selects everything; ``None`` nothing ("Labels and
-    Selectors"; a policy/v1 budget without a selector)."""
+    operator: nothing) selects ``labels``; empty: everything, ``None``: nothing (a budget's, "Labels and Selectors")."""
     if selector is None:
         return False
     if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
@@ -184,8 +180,7 @@ class Surges:
         )
 
     def _writer(self, namespace: str, deployment: str) -> asyncio.Lock:
-        """One read-modify-write of a Deployment at a time in this process: surges ending together (one node's
-        pods) would otherwise lose to each other's 409s until their attempts run out."""
+        """One read-modify-write of a Deployment at a time, else surges ending together lose to each other's 409s."""
         lock = self._writing.get((namespace, deployment))
         if lock is None:
             lock = self._writing[(namespace, deployment)] = asyncio.Lock()

@@ -1,7 +1,6 @@
 """Kubernetes Events ("Event" v1) on nodes and pods, when EMIT_KUBERNETES_EVENTS, with the reasons, messages and
 annotations of aws-node-termination-handler v1.25.6 (``pkg/observability/k8s-events.go``). Best effort: an
-Event that cannot be written is logged, never a reason to fail a drain.
-"""
+Event that cannot be written is logged, never a reason to fail a drain."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Structured logging to standard error: structlog, and the standard library's loggers through the same renderer.
-
 JSON lines hold ``timestamp`` (ISO 8601, UTC), ``level``, ``logger``, ``event``, the :data:`CONVENTION_KEYS` that
-are bound (bind them when known), then the other keys; an exception is a structured ``exception`` list.
-"""
+are bound (bind them when known), then the other keys; an exception is a structured ``exception`` list."""
 
 from __future__ import annotations
 

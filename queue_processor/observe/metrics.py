@@ -1,6 +1,5 @@
 """What the pipeline reports: :class:`Metrics`, its Prometheus registry (:data:`Observer` to the pipeline). "Metric
-and label naming" (prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unprefixed for its dashboards.
-"""
+and label naming" (prometheus.io); NTH's (``pkg/observability/opentelemetry.go``) are unprefixed for its dashboards."""
 
 from __future__ import annotations
 
@@ -144,8 +143,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometh
 class Metrics:
     """What the pipeline reports, as the metrics of :data:`FAMILIES` in :attr:`registry`; methods never raise.
     ``queue``: a queue URL as configured; ``kind``: an event kind, kinds joined by commas, ``skip`` or ``poison``;
-    times in seconds. ``version`` labels ``build_info``; ``process_metrics`` adds prometheus-client's process,
-    platform and GC collectors."""
+    times in seconds. ``version`` labels ``build_info``; ``process_metrics``: process, platform and GC collectors."""
 
     actions: Counter
     events_error: Counter
