@@ -273,41 +273,49 @@ class Ledger:
 
     async def renew_held(self) -> None:
         """Renew every held message's visibility (batches of 10), never after its requeue or delete; one held almost
-        :data:`SQS_HOLD_MAX_S` (less two visibility timeouts) is made visible instead, before SQS refuses renewal."""
+        :data:`SQS_HOLD_MAX_S` (less two visibility timeouts) is made visible instead, before SQS refuses renewal.
+        A message's settlement waits for its own batch only."""
         loop = asyncio.get_running_loop()
         refs = self.held()
         renewals = {ref.message_id: loop.create_future() for ref in refs}
         self._extending.update(renewals)
-        limit = SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
         try:
             for queue_url in dict.fromkeys(ref.queue_url for ref in refs):
                 queued = [ref for ref in refs if ref.queue_url == queue_url]
-                now = time.monotonic()
-                live = [ref for ref in queued if self.store.in_flight(ref.message_id)]
-                expiring = [ref for ref in live if now - self._received.get(ref.message_id, now) >= limit]
-                if expiring:
-                    log.info(
-                        "messages held for almost SQS's limit made visible again, to be received anew",
-                        message_ids=[ref.message_id for ref in expiring],
-                    )
-                    handles = [ref.receipt_handle for ref in expiring]
-                    await self._set_visibility(queue_url, handles, 0, ErrorWhere.VISIBILITY)
-                live = [ref for ref in live if ref not in expiring]
-                handles = [ref.receipt_handle for ref in live]
-                renewed = await self._set_visibility(
-                    queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
-                )
-                for ref in live:  # ours for another visibility timeout: their actions may be beaten
-                    if ref.receipt_handle in renewed:
-                        self.heartbeats.hold(self.store.actions_of(ref.message_id))
-                for ref in queued:
-                    renewals[ref.message_id].set_result(None)
+                for start in range(0, len(queued), 10):
+                    await self._renew(queue_url, queued[start : start + 10])
+                    for ref in queued[start : start + 10]:
+                        renewals[ref.message_id].set_result(None)
         finally:
             for message_id, renewal in renewals.items():
                 if not renewal.done():
                     renewal.set_result(None)
                 if self._extending.get(message_id) is renewal:
                     del self._extending[message_id]
+
+    async def _renew(self, queue_url: str, batch: list[SqsMessageRef]) -> None:
+        """Renew the messages of ``batch`` whose operations still run, or make visible those held too long."""
+        now, limit = time.monotonic(), SQS_HOLD_MAX_S - 2 * self.visibility_timeout_s
+        live = [ref for ref in batch if self.store.in_flight(ref.message_id)]
+        expiring = [ref for ref in live if now - self._received.get(ref.message_id, now) >= limit]
+        if expiring:
+            log.info(
+                "messages held for almost SQS's limit made visible again, to be received anew",
+                message_ids=[ref.message_id for ref in expiring],
+            )
+            await self._set_visibility(
+                queue_url, [ref.receipt_handle for ref in expiring], 0, ErrorWhere.VISIBILITY
+            )
+        live = [ref for ref in live if ref not in expiring]
+        if not live:
+            return
+        handles = [ref.receipt_handle for ref in live]
+        renewed = await self._set_visibility(
+            queue_url, handles, self.visibility_timeout_s, ErrorWhere.VISIBILITY
+        )
+        for ref in live:  # ours for another visibility timeout: their actions may be beaten
+            if ref.receipt_handle in renewed:
+                self.heartbeats.hold(self.store.actions_of(ref.message_id))
 
 
 @dataclass

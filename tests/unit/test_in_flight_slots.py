@@ -4,11 +4,13 @@ its newest receipt handle), returned however the block exits, released once per 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from queue_processor.events import SqsMessageRef
-from queue_processor.settlement import InFlightSlots
+from queue_processor.settlement import InFlightSlots, Ledger
 
 
 def ref(message_id: str, handle: str = "rh-1") -> SqsMessageRef:
@@ -111,3 +113,42 @@ async def test_a_held_message_keeps_its_newest_receipt_handle_until_its_slot_is_
     assert held.receipt_handle == "rh-2-m-1"  # only the newest works (SQS DeleteMessage)
     assert slots.release("m-1")
     assert slots.ref("m-1") is None
+
+
+async def test_a_message_whose_operation_ended_settles_after_the_renewal_batch_carrying_it() -> None:
+    """A settlement waits for the renewal that carries its message; that renewal ends with the message's own
+    batch of ten, not with the whole pass (at 2,000 held messages, 200 calls, each retried when throttled)."""
+    calls: list[asyncio.Event] = []
+
+    class Sqs:
+        async def change_message_visibility_batch(self, **request: Any) -> dict[str, Any]:
+            answered = asyncio.Event()
+            calls.append(answered)
+            await answered.wait()
+            return {}
+
+    refs = [SqsMessageRef(queue_url="q", message_id=f"m{i}", receipt_handle=f"h{i}") for i in range(30)]
+    running = {ref.message_id for ref in refs}
+    store = SimpleNamespace(in_flight=lambda message_id: message_id in running, actions_of=lambda _: [])
+    heartbeats = SimpleNamespace(hold=lambda actions: None)
+    ledger = Ledger(Sqs(), store, heartbeats, in_flight_budget=100, visibility_timeout_s=60)  # type: ignore[arg-type]
+    ledger.held = lambda: list(refs)  # type: ignore[method-assign]
+    renewal = asyncio.create_task(ledger.renew_held())
+    await turns()
+    assert len(calls) == 1  # the first batch (m0 to m9) is on its way
+    carrying_m0 = ledger._extending["m0"]
+    running.discard("m0")  # m0's operation ends meanwhile: its settlement waits for this renewal
+    calls[0].set()
+    await turns()
+    assert carrying_m0.done()
+    assert len(calls) == 2  # the pass goes on with the next batch
+    while not renewal.done():
+        for answered in calls:
+            answered.set()
+        await asyncio.sleep(0)
+
+
+async def turns() -> None:
+    """Let the loop run a few turns (the fakes answer at once: this measures nothing)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
