@@ -237,16 +237,17 @@ async def report_step(
 
 @contextlib.asynccontextmanager
 async def lease_guard(ctx: OperationContext) -> AsyncIterator[None]:
-    """Run the body; with a Lease, cancel it and raise :class:`ClaimLost` once the Lease is lost (unless done first)."""
-    claim = ctx.claim
-    if claim is None:
+    """Run the body; with a Lease, cancel it and raise :class:`ClaimLost` once the Lease is lost, unless the body
+    ended first (in the same turn too) or a shutdown is cancelling it already (its cleanup runs undisturbed)."""
+    claim, task = ctx.claim, asyncio.current_task()
+    if claim is None or task is None:
         yield
         return
-    scope, over = asyncio.timeout(None), False
+    scope, over, cancelling = asyncio.timeout(None), False, task.cancelling()
 
     async def expire() -> None:
         await claim.lost.wait()
-        if not over:
+        if not over and task.cancelling() == cancelling:
             scope.reschedule(asyncio.get_running_loop().time())
 
     try:
@@ -256,6 +257,8 @@ async def lease_guard(ctx: OperationContext) -> AsyncIterator[None]:
                 yield
             finally:
                 over = True
+                if not scope.expired():
+                    scope.reschedule(None)
                 await rest.stop(watcher)
     except TimeoutError:
         if not scope.expired():
