@@ -132,15 +132,20 @@ class KubeClient:
         send = functools.partial(self._call, method, path, query, body, content_type, agent)
         if not retry or taken:  # no retry machinery held by each of the evictions waiting at once
             return await self._attempt(send, method, path, urgent, taken=taken)
-        async for attempt in AsyncRetrying(
+        async for attempt in self.retrying():
+            with attempt:
+                return await self._attempt(send, method, path, urgent)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def retrying(self) -> AsyncRetrying:
+        """The attempts of one request (``attempts``, after no answer, a 429 or a 5xx, waiting as
+        :func:`~queue_processor.rest.retry_wait` says), the last error raised."""
+        return AsyncRetrying(
             retry=retry_if_exception(rest.retryable),
             wait=rest.retry_wait,
             stop=stop_after_attempt(self.attempts),
             reraise=True,
-        ):
-            with attempt:
-                return await self._attempt(send, method, path, urgent)
-        raise AssertionError("unreachable")  # pragma: no cover
+        )
 
     async def _attempt(
         self,

@@ -506,11 +506,7 @@ class NodeLeases:
                     f"{LEASE_LABEL} in ({','.join(sorted(label_value(name) for name in together))})"
                 )
                 try:
-                    await self.kube.limiter.acquire(urgent=True)
-                    if self.replica.epoch == epoch and self.replica.age() < self.duration_s * 2 / 3:
-                        await self.kube.delete_leases(self.namespace, selector, taken=True)
-                    else:  # unsent: the epoch ended or the Lease aged while the batch waited for its token
-                        self.kube.limiter.give_back()
+                    if not await self._delete_together(selector, epoch):
                         await self._clear_each(together)
                 except KubeError as exc:
                     if exc.status in (403, 404, 405) and self.batches:
@@ -529,6 +525,19 @@ class NodeLeases:
                 self._answer([name])
         finally:
             self._answer(batch)
+
+    async def _delete_together(self, selector: str, epoch: int) -> bool:
+        """Delete the Leases ``selector`` names in one request, retried as the client retries one; each attempt
+        only in ``epoch`` while the replica Lease is younger than two thirds of its duration, asked once its token
+        came: whether it was sent. Raises :class:`KubeError`."""
+        async for attempt in self.kube.retrying():
+            with attempt:
+                await self.kube.limiter.acquire(urgent=True)
+                if self.replica.epoch != epoch or self.replica.age() >= self.duration_s * 2 / 3:
+                    self.kube.limiter.give_back()  # the epoch ended or the Lease aged while it waited
+                    return False
+                await self.kube.delete_leases(self.namespace, selector, taken=True)
+        return True
 
     async def _clear_each(self, leases: dict[str, dict[str, Any]]) -> None:
         """Release each of ``leases`` alone (:meth:`clear`); a failed one again at each renewal."""

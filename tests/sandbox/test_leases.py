@@ -308,6 +308,7 @@ class ScriptedLeaseWrites:
         self.during: Any = None
         self.fail = 0
         self.hang = False
+        self.alone = 0  # node Leases deleted one by one (not in a batch)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.kube, name)
@@ -325,6 +326,7 @@ class ScriptedLeaseWrites:
         return answer
 
     async def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
+        self.alone += 1
         if self.fail:
             self.fail -= 1
             raise KubeError(500, "InternalError", "etcdserver: request timed out")
@@ -335,6 +337,25 @@ class ScriptedLeaseWrites:
             self.fail -= 1
             raise KubeError(500, "InternalError", "etcdserver: request timed out")
         return await self.kube.delete_leases(namespace, label_selector, **kwargs)
+
+
+async def test_a_batch_of_releases_answered_500_is_sent_again_not_broken_up(kube: KubeClient) -> None:
+    """In the bad minute (a 429, a 5xx) a batch of releases is tried again as one request, as any request is,
+    rather than falling back at once to a DELETE per Lease, up to 50 of them."""
+    scripted = ScriptedLeaseWrites(kube)
+    leases = NodeLeases(scripted, namespace=OPS, identity=unique("retried"), duration_s=15)  # type: ignore[arg-type]
+    node = unique("n15")
+    claim = await leases.claim(node)
+    keep = await leases.claim(unique("n15"))
+    assert claim is not None
+    assert keep is not None
+    scripted.fail = 1
+    await claim.release()
+    await leases.flush()
+    assert await kube.get_lease(OPS, lease_name(node)) is None
+    assert scripted.alone == 0
+    await keep.release()
+    await leases.close()
 
 
 async def test_a_renewal_that_lands_after_the_lease_lapsed_loses_the_claims(kube: KubeClient) -> None:
@@ -408,7 +429,7 @@ async def test_a_release_the_api_server_did_not_answer_is_made_again_at_the_next
     other_node = await leases.claim(unique("n11"))  # the replica keeps renewing its Lease for this one
     assert claim is not None
     assert other_node is not None
-    scripted.fail = 2  # the batch, then the release alone
+    scripted.fail = kube.attempts + 1  # each attempt of the batch, then the release alone
     await claim.release()
     await leases.flush()  # answered 500
     assert lease_name(node) in leases.replica.unreleased
@@ -436,7 +457,7 @@ async def test_a_release_made_again_leaves_alone_the_lease_the_replica_claimed_a
     node = unique("n12")
     claim = await leases.claim(node)
     assert claim is not None
-    scripted.fail = 2  # the batch, then the release alone
+    scripted.fail = kube.attempts + 1  # each attempt of the batch, then the release alone
     await claim.release()
     await leases.flush()  # answered 500: made again at the next renewal
     again = await leases.claim(node)  # the same replica, before that renewal
@@ -485,7 +506,7 @@ async def test_a_claim_that_fails_gives_back_the_release_it_took_over(kube: Kube
     keep = await leases.claim(unique("n14"))  # another node held: the replica Lease stays renewed
     assert claim is not None
     assert keep is not None
-    scripted.fail = 2  # the batch, then the release alone
+    scripted.fail = kube.attempts + 1  # each attempt of the batch, then the release alone
     await claim.release()
     await leases.flush()  # answered 500
     assert lease_name(node) in leases.replica.unreleased

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import structlog
 from botocore.exceptions import ClientError
+from tenacity import AsyncRetrying, stop_after_attempt
 
 from queue_processor import rest
 from queue_processor.aws import InstanceInfo
@@ -333,6 +334,9 @@ class FakeKube:
         if resource_version is not None and current["metadata"]["resourceVersion"] != resource_version:
             raise KubeError(409, "Conflict", "Precondition failed: ResourceVersion in precondition")
         del self.leases[name]
+
+    def retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(stop=stop_after_attempt(1), reraise=True)  # the fake answers once
 
     async def delete_leases(self, namespace: str, label_selector: str, **kwargs: Any) -> list[str]:
         selects = parse_label_selector(label_selector)
