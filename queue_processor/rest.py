@@ -196,6 +196,8 @@ def read_watch(
         )
         response = api.call_api(*params, _request_timeout=(10.0, timeout_s + 30.0)).response
         stream.response = response
+        if stream.closed:  # closed while connecting: close() found nothing to shut
+            return
         status = int(response.status)
         stream.put("answered", status)
         if status != 200:
