@@ -662,6 +662,26 @@ async def test_an_instance_stopped_then_started_again_gets_its_node_back_as_it_w
         assert unschedulable(sandbox, rebalanced)  # checked in the same pass, and left alone
 
 
+async def into_warm_pool(sandbox: Sandbox, instance: Any) -> None:
+    """Scale ``instance`` in into its group's warm pool; until its terminate action is over and it is warmed."""
+    (leaving,) = sandbox.aws.terminate_instance(instance.instance_id, to_warm_pool=True)
+    await until(lambda: sandbox.aws.action(leaving.token).status != "open", what="terminate completion")
+    await until(
+        lambda: (sandbox.aws.lifecycle_state(instance.instance_id) or "").startswith("Warmed:"),
+        what="the instance in the warm pool",
+    )
+
+
+async def out_of_warm_pool(sandbox: Sandbox, running: Any, instance: Any) -> Any:
+    """Bring ``instance`` back into its group; until its launch action is over and the queue empty: the action."""
+    (back,) = sandbox.aws.launch_instances(instance.asg_name, 1, origin="WarmPool")
+    assert back.instance_id == instance.instance_id
+    (returning,) = sandbox.aws.actions(instance.instance_id, status="open")
+    await until(lambda: sandbox.aws.action(returning.token).status != "open", what="launch completion")
+    await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+    return returning
+
+
 async def test_a_warm_pool_return_gets_its_node_back_when_its_launch_action_is_handled(
     sandbox: Sandbox,
 ) -> None:
@@ -671,19 +691,10 @@ async def test_a_warm_pool_return_gets_its_node_back_when_its_launch_action_is_h
     instance = sandbox.instances[1]
     settings = {"taint_node": True, "exclude_from_load_balancers": True, "return_check_interval_sec": 3600}
     async with controller(sandbox, **settings) as running:
-        (leaving,) = sandbox.aws.terminate_instance(instance.instance_id, to_warm_pool=True)
-        await until(lambda: sandbox.aws.action(leaving.token).status != "open", what="terminate completion")
-        await until(
-            lambda: (sandbox.aws.lifecycle_state(instance.instance_id) or "").startswith("Warmed:"),
-            what="the instance in the warm pool",
-        )
+        await into_warm_pool(sandbox, instance)
         await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
         assert unschedulable(sandbox, instance.private_dns_name)
-        (back,) = sandbox.aws.launch_instances(instance.asg_name, 1, origin="WarmPool")
-        assert back.instance_id == instance.instance_id
-        (returning,) = sandbox.aws.actions(instance.instance_id, status="open")
-        await until(lambda: sandbox.aws.action(returning.token).status != "open", what="launch completion")
-        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+        returning = await out_of_warm_pool(sandbox, running, instance)
     assert sandbox.aws.action(returning.token).result == "CONTINUE"
     left = ours_left(sandbox, instance.private_dns_name)
     assert left == {**BACK, "foreign": False}
@@ -701,17 +712,8 @@ async def test_a_warm_pool_return_before_its_capacity_reservation_notice_ends_st
         sandbox.aws.capacity_reservation_interruption(instance.instance_id, notice_s=3600)
         await until(lambda: unschedulable(sandbox, node), what="the cordon")
         await until(lambda: running.queue_depth() == (0, 0), what="the notice's drain")
-        (leaving,) = sandbox.aws.terminate_instance(instance.instance_id, to_warm_pool=True)
-        await until(lambda: sandbox.aws.action(leaving.token).status != "open", what="terminate completion")
-        await until(
-            lambda: (sandbox.aws.lifecycle_state(instance.instance_id) or "").startswith("Warmed:"),
-            what="the instance in the warm pool",
-        )
-        (back,) = sandbox.aws.launch_instances(instance.asg_name, 1, origin="WarmPool")
-        assert back.instance_id == instance.instance_id
-        (returning,) = sandbox.aws.actions(instance.instance_id, status="open")
-        await until(lambda: sandbox.aws.action(returning.token).status != "open", what="launch completion")
-        await until(lambda: running.queue_depth() == (0, 0), what="queue drained")
+        await into_warm_pool(sandbox, instance)
+        returning = await out_of_warm_pool(sandbox, running, instance)
     assert sandbox.aws.action(returning.token).result == "CONTINUE"
     assert unschedulable(sandbox, node)
 
